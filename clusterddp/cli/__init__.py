@@ -1,0 +1,1 @@
+"""Thin Typer commands, one module per verb: the only place that prints, colours or exits."""

@@ -1,0 +1,20 @@
+"""The `clusterddp` command. Each verb lives in its own module; heavy imports happen inside them."""
+
+from __future__ import annotations
+
+import typer
+
+from . import up as up_cmd
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Start PyTorch DDP training on several machines over SSH, from one command.")
+app.command("up", context_settings={"help_option_names": ["-h", "--help"]})(up_cmd.up)
+
+
+@app.callback()
+def _root() -> None:
+    """Start PyTorch DDP training on several machines over SSH, from one command."""
+
+
+def main() -> None:
+    app()

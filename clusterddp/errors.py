@@ -1,0 +1,76 @@
+"""The one error hierarchy of clusterddp.
+
+Library code raises these; only the CLI turns them into a message and an exit code
+(0 ok, 1 job failed, 2 bad input, 130 interrupted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ClusterDDPError(Exception):
+    """Base error: a message, and what the user should do about it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UsageError(ClusterDDPError):
+    """Bad input on the command line or in a file: exit code 2."""
+
+    exit_code = 2
+
+
+class InventoryError(UsageError):
+    """An inventory problem located by file, field path (``hosts[1].gpus``) and, where known, line."""
+
+    def __init__(self, path: str, message: str, field: str | None = None, line: int | None = None,
+                 hint: str | None = None) -> None:
+        where = path if line is None else f"{path}:{line}"
+        head = f"{where}: {field}: {message}" if field else f"{where}: {message}"
+        super().__init__(head, hint)
+        self.path, self.field, self.line = path, field, line
+
+
+class RunNotFound(UsageError):
+    """A run id (or prefix) that names no run, or more than one."""
+
+
+class HostError(ClusterDDPError):
+    """Something went wrong talking to one host (connect, auth, host key, command)."""
+
+    def __init__(self, host: str, message: str, hint: str | None = None) -> None:
+        super().__init__(f"{host}: {message}", hint)
+        self.host = host
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """How one node's part of a run ended."""
+
+    host: str
+    node_rank: int
+    exit_code: int | None  # None: never started, lost, or killed before it could record one
+    error: str | None = None
+
+
+class RunFailed(ClusterDDPError):
+    """A run ended badly; carries every node's outcome and names the first failure."""
+
+    def __init__(self, run_id: str, outcomes: list[NodeOutcome], first_failed: str | None,
+                 status: str = "failed") -> None:
+        lines = [f"run {run_id} {status}" + (f": {first_failed} failed first" if first_failed else "")]
+        for o in outcomes:
+            what = f"exit {o.exit_code}" if o.exit_code is not None else "no exit code"
+            lines.append(f"  {o.host} (node {o.node_rank}): {what}" + (f" - {o.error}" if o.error else ""))
+        super().__init__("\n".join(lines),
+                         f"see the logs under the run folder, or `clusterddp logs {run_id}`")
+        self.run_id, self.outcomes, self.first_failed, self.status = run_id, outcomes, first_failed, status

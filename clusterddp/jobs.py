@@ -1,0 +1,152 @@
+"""One run, from plan to record: the steps behind `clusterddp up`, free of any printing.
+
+The CLI calls :func:`prepare` (pure planning plus the run record) and then :func:`execute`
+(start, watch, collect, record the outcome).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import inventory as inv_mod
+from . import plan as P
+from .artifacts import CollectResult, collect_node
+from .errors import HostError, NodeOutcome, RunFailed, UsageError
+from .store import RunStore, host_record, new_run_id, utcnow
+from .supervisor import NodeState, RunOutcome, Supervisor, fan_out
+
+SKIP_DIRS = {".git", "__pycache__", ".clusterddp", ".pytest_cache", ".mypy_cache", ".venv"}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    plan: P.LaunchPlan
+    store: RunStore
+    source_dir: Path
+
+
+def load_inventory(arg: str, gpus: int | None) -> inv_mod.Inventory:
+    if arg == inv_mod.LOCAL:
+        return inv_mod.local(gpus=gpus or "auto", python=sys.executable)
+    return inv_mod.load(arg)
+
+
+def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
+            run_id: str | None = None) -> Prepared:
+    """Validate input and plan the run (no network). Raises UsageError for bad input."""
+    script = Path(spec.script)
+    if not script.is_file():
+        raise UsageError(f"script {spec.script}: no such file", "pass the path of your training script")
+    inventory = load_inventory(inventory_arg, spec.gpus)
+    if hosts:
+        inventory = inventory.select(hosts)
+    store = RunStore(runs_dir)
+    run_id = run_id or new_run_id()
+    local = {}
+    if inventory_arg == inv_mod.LOCAL:
+        local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
+    plan = P.build_plan(inventory, spec, run_id, **local)
+    return Prepared(plan, store, script.resolve().parent)
+
+
+def source_tarball(source_dir: Path, runs_dir: Path) -> bytes:
+    """The script's folder as a gzip tarball, without VCS, caches and the runs folder."""
+    buf = io.BytesIO()
+    skip_abs = {runs_dir.resolve()}
+
+    def keep(ti: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(ti.name).parts
+        if any(p in SKIP_DIRS for p in parts) or (source_dir / ti.name).resolve() in skip_abs:
+            return None
+        return ti
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        for entry in sorted(os.listdir(source_dir)):
+            tar.add(source_dir / entry, arcname=entry, filter=keep)
+    return buf.getvalue()
+
+
+def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> dict:
+    plan = prep.plan
+    return {
+        "run_id": plan.run_id, "name": plan.spec.name, "inventory": (
+            inventory_arg if inventory_arg == inv_mod.LOCAL else str(Path(inventory_arg).resolve())),
+        "script": plan.spec.script, "args": list(plan.spec.script_args), "status": "running",
+        "exit_code": None, "failed_host": None, "schedule": schedule, "local": plan.local,
+        "started_at": utcnow(), "ended_at": None, "launch_dir": os.getcwd(),
+        "master": {"addr": plan.master_addr, "port": plan.master_port}, "collect": list(plan.collect),
+        "nodes": [{"host": n.host.name, "address": n.host.address, "node_rank": n.node_rank,
+                   "nproc": n.nproc, "run_dir": n.run_dir, "control_dir": n.control_dir, "marker": n.marker,
+                   "state": NodeState.PENDING.value, "exit_code": None, "error": None,
+                   "settings": host_record(n.host)} for n in plan.nodes],
+    }
+
+
+def node_patch(sup: Supervisor) -> dict:
+    return {n.name: {"state": n.state.value, "exit_code": n.exit_code, "error": n.error} for n in sup.nodes}
+
+
+def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
+            on_collect: Callable[[CollectResult], None] = lambda r: None,
+            connect: Callable | None = None) -> RunOutcome | None:
+    """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
+
+    Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C teardown.
+    """
+    plan, store = prep.plan, prep.store
+    run_id = plan.run_id
+
+    def output(host: str, data: bytes) -> None:
+        store.append_log(run_id, host, data)
+        on_output(host, data)
+    tar = source_tarball(prep.source_dir, store.root) if plan.upload else None
+    sup = Supervisor(plan, on_output=output, source_tar=tar, **({"connect": connect} if connect else {}))
+    try:
+        try:
+            sup.start()
+        except HostError as e:
+            finish(store, run_id, sup, RunOutcome("failed", _outcomes(sup), e.host))
+            raise
+        store.update(run_id, nodes=node_patch(sup))
+        if detach:
+            return None
+        try:
+            outcome = sup.follow()
+        except KeyboardInterrupt:
+            store.close_logs()
+            collect(sup, store, run_id, plan.collect, on_collect)
+            finish(store, run_id, sup, sup.outcome)
+            raise
+        store.close_logs()
+        collect(sup, store, run_id, plan.collect, on_collect)
+        finish(store, run_id, sup, outcome)
+        if outcome.status != "succeeded":
+            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, outcome.status)
+        return outcome
+    finally:
+        store.close_logs()
+        sup.close()
+
+
+def _outcomes(sup: Supervisor) -> tuple[NodeOutcome, ...]:
+    return tuple(NodeOutcome(n.name, n.launch.node_rank, n.exit_code, n.error) for n in sup.nodes)
+
+
+def collect(sup: Supervisor, store: RunStore, run_id: str, globs: tuple[str, ...],
+            on_collect: Callable[[CollectResult], None]) -> list[CollectResult]:
+    nodes = [n for n in sup.nodes if n.transport is not None]
+    results = fan_out(nodes, lambda n: collect_node(n.transport, n.launch, store, run_id, globs))
+    for r in results:
+        if isinstance(r, CollectResult):
+            on_collect(r)
+    return results
+
+
+def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> None:
+    store.update(run_id, status=outcome.status, exit_code=outcome.exit_code, failed_host=outcome.first_failed,
+                 ended_at=utcnow(), nodes=node_patch(sup))

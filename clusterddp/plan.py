@@ -1,0 +1,284 @@
+"""Pure launch planning: inventory + run spec -> one :class:`NodeLaunch` per host.
+
+Every shell command clusterddp sends to a node is rendered here, and all quoting
+happens here, once (``shlex.quote``). Nothing in this module touches the network,
+the clock or the filesystem: the run id and facts are passed in, so ``--dry-run``
+shows exactly what a real run executes and tests compare it to golden files.
+
+On each node a run lives in ``<workdir>/runs/<run_id>/`` (the script's folder is
+unpacked there) with a control folder ``.clusterddp/`` holding ``launch.sh``,
+``node.log`` (all output), ``pid`` and, once the job ends, ``exit_code``. The job
+runs in its own session, detached from SSH, and every process of it carries the
+environment marker ``CLUSTERDDP_JOB=<run_id>/<host>``, which is how teardown finds
+exactly this node's processes (torchrun puts its workers in sessions of their own,
+so a process group alone would miss them).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from dataclasses import dataclass, field
+
+from .inventory import Host, Inventory
+
+CONTROL = ".clusterddp"
+MARKER = "CLUSTERDDP_JOB"
+DEFAULT_GRACE = 10.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the user asked for on the command line (flags win over the inventory)."""
+
+    script: str                                  # as given, relative to the launch directory or absolute
+    script_args: tuple[str, ...] = ()
+    name: str | None = None
+    gpus: int | None = None                      # --gpus: processes per node, for every node
+    master_port: int | None = None
+    env: tuple[tuple[str, str], ...] = ()        # -e K=V, applied after the inventory's env
+    collect: tuple[str, ...] = ()                # --collect, added to the inventory's globs
+    max_restarts: int = 0
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """Everything one node runs, as data."""
+
+    host: Host
+    node_rank: int
+    nproc: int | str              # a count, or "auto" (probed on the node: GPUs, 1 when none)
+    run_dir: str                  # where the script runs; may start with "~/"
+    control_dir: str
+    marker: str                   # value of CLUSTERDDP_JOB for every process of this node's job
+    env: tuple[tuple[str, str], ...]
+    argv: tuple[str, ...]         # the torchrun command line
+    launch_script: str            # the full text of launch.sh
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A whole run: what every node does, and what comes back afterwards."""
+
+    run_id: str
+    inventory: Inventory
+    spec: RunSpec
+    nodes: tuple[NodeLaunch, ...]
+    master_addr: str
+    master_port: int
+    collect: tuple[str, ...]
+    upload: bool                  # copy the script's folder to each node (not in local mode)
+    local: bool = field(default=False)
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+
+def q(s: str) -> str:
+    """Quote one word for a POSIX shell."""
+    return shlex.quote(s)
+
+
+def qpath(path: str) -> str:
+    """Quote a path, letting a leading ``~/`` expand to the remote user's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + q(path[2:])
+    return q(path)
+
+
+def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_dir: str | None = None,
+               local_control_dir: str | None = None, grace: float = DEFAULT_GRACE) -> LaunchPlan:
+    """Plan a run. Local mode (``up local``: run in place, ``torchrun --standalone``) is chosen by
+    passing the absolute launch directory and the control folder."""
+    local = local_run_dir is not None
+    master_port = spec.master_port or inventory.master.port
+    nodes = []
+    for rank, host in enumerate(inventory.hosts):
+        if local:
+            assert local_control_dir, "local mode needs a control folder"
+            run_dir, control_dir = local_run_dir, local_control_dir
+            script = spec.script
+        else:
+            run_dir = posixpath.join(host.workdir, "runs", run_id)
+            control_dir = posixpath.join(run_dir, CONTROL)
+            script = posixpath.basename(spec.script)
+        nproc: int | str = spec.gpus or host.gpus
+        node_env = tuple({**dict(host.env), **dict(spec.env)}.items())
+        torchrun = [host.python, "-m", "torch.distributed.run"]
+        if local:
+            torchrun += ["--standalone", "--nnodes", "1"]
+        else:
+            torchrun += ["--nnodes", str(len(inventory.hosts)), "--node-rank", str(rank),
+                         "--master-addr", inventory.master.addr, "--master-port", str(master_port)]
+        torchrun += ["--nproc-per-node", "$NPROC" if nproc == "auto" else str(nproc),
+                     "--max-restarts", str(spec.max_restarts), script, *spec.script_args]
+        marker = f"{run_id}/{host.name}"
+        node = NodeLaunch(host, rank, nproc, run_dir, control_dir, marker, node_env, tuple(torchrun), "")
+        nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, local))
+    collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
+    return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
+                      collect, upload=not local, local=local)
+
+
+# ---- launch.sh ----
+
+_IFACE_FN = r"""cddp_iface() {  # the interface on this node that routes to $1 (the master)
+  local a; a=$(getent ahostsv4 "$1" 2>/dev/null | awk 'NR==1{print $1}'); a=${a:-$1}
+  ip -o -4 addr show to "$a" 2>/dev/null | awk 'NR==1{print $2; f=1} END{exit !f}' && return 0
+  ip -o route get "$a" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -n 1
+}"""
+
+_NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
+               "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
+
+
+def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, local: bool) -> NodeLaunch:
+    h = node.host
+    ctl = node.control_dir
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# clusterddp run {run_id}: node {node.node_rank} of {nnodes} ({h.name})",
+        "# A stop signal must not kill this shell before it records the exit code;",
+        "# a trap (unlike ignoring the signal) is reset for the children, so torchrun still gets it.",
+        "trap 'echo \"[clusterddp] stop signal received\" >&2' TERM INT HUP",
+        f"CTL={qpath(ctl)}",
+        'cddp_exit() { echo "$1" > "$CTL/exit_code.tmp" && mv "$CTL/exit_code.tmp" "$CTL/exit_code"; exit "$1"; }',
+        f"cd {qpath(node.run_dir)} || cddp_exit 97",
+        f"export CLUSTERDDP_RUN_ID={q(run_id)} CLUSTERDDP_HOST={q(h.name)} "
+        f"CLUSTERDDP_NODE_RANK={node.node_rank}",
+    ]
+    for line in h.setup:
+        lines.append(f"{{ {line}\n}} || {{ echo {q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98; }}")
+    for k, v in node.env:
+        lines.append(f"export {k}={q(v)}")
+    env_keys = {k for k, _ in node.env}
+    if not local and not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys:
+        lines += [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
+                  'if [ -n "$IFACE" ]; then']
+        lines += [f"  export {k}=\"$IFACE\"" for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+                  if k not in env_keys]
+        warning = (f"[clusterddp] warning: no interface routes to {master_addr}; "
+                   "set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME in the inventory env")
+        lines += ["else", f"  echo {q(warning)} >&2", "fi"]
+    if node.nproc == "auto":
+        lines.append(_NPROC_AUTO)
+    argv = " ".join('"$NPROC"' if a == "$NPROC" else q(a) for a in node.argv)
+    lines += [
+        f"echo \"[clusterddp] node {node.node_rank}/{nnodes} on $(hostname)"
+        + (" iface=${IFACE:-?}" if not local else "") + "\"",
+        argv,
+        "cddp_exit $?",
+        "",
+    ]
+    return NodeLaunch(**{**node.__dict__, "launch_script": "\n".join(lines)})
+
+
+# ---- commands sent to a node (all through `bash -c` / the login shell) ----
+
+def prepare_command(node: NodeLaunch) -> str:
+    """Create the run and control folders; refuse to reuse a run folder that already has a job."""
+    return (f"mkdir -p {qpath(node.control_dir)} && cd {qpath(node.control_dir)} && "
+            f"if [ -e pid ]; then echo 'run folder already holds a job' >&2; exit 3; fi && pwd")
+
+
+def upload_command(path: str) -> str:
+    """Write standard input to ``path`` (used for the source tarball and launch.sh)."""
+    return f"cat > {qpath(path)}"
+
+
+def unpack_command(node: NodeLaunch) -> str:
+    tar = qpath(node.control_dir + "/source.tar.gz")
+    return f"cd {qpath(node.run_dir)} && tar -xzf {tar} && rm -f {tar}"
+
+
+def start_command(node: NodeLaunch) -> str:
+    """Start launch.sh in a new session, detached from this SSH connection; print its pid.
+
+    ``setsid`` is not a process group leader here, so it execs in place and ``$!`` is the
+    job's shell. Its output goes to node.log, so the job never depends on the SSH channel.
+    """
+    return (f"cd {qpath(node.control_dir)} || exit 3; {MARKER}={q(node.marker)} setsid bash launch.sh "
+            "> node.log 2>&1 < /dev/null & echo $! > pid; cat pid")
+
+
+def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.2) -> str:
+    """Stream node.log from ``from_line`` until the job's shell exits."""
+    ctl = node.control_dir
+    return (f"cd {qpath(ctl)} && exec tail -n +{int(from_line)} -s {poll} -F --pid=\"$(cat pid)\" node.log "
+            f"2>/dev/null")
+
+
+def status_command(node: NodeLaunch) -> str:
+    """Print one line: ``running``, ``exit N``, ``lost`` (no process, no exit code) or ``missing``."""
+    return (f"cd {qpath(node.control_dir)} 2>/dev/null || {{ echo missing; exit 0; }}; "
+            "if [ -s exit_code ]; then echo \"exit $(cat exit_code)\"; "
+            f"elif [ -n \"$(grep -lzxF {q(MARKER + '=' + node.marker)} /proc/[0-9]*/environ 2>/dev/null)\" ]; "
+            "then echo running; else echo lost; fi")
+
+
+def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE) -> str:
+    """End every process of this node's job: SIGTERM, then SIGKILL after ``grace`` seconds.
+
+    Processes are found by their environment marker, so nothing of another run is touched.
+    Prints ``clean`` (nothing ran), ``terminated``, ``killed`` or ``survivors <pids>``.
+    """
+    m = q(f"{MARKER}={node.marker}")
+    steps = max(1, int(grace * 10))
+    return (f"cddp_pids() {{ grep -lzxF {m} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}; "
+            "P=$(cddp_pids); [ -z \"$P\" ] && { echo clean; exit 0; }; "
+            "kill -TERM $P 2>/dev/null; "
+            f"for i in $(seq {steps}); do sleep 0.1; P=$(cddp_pids); [ -z \"$P\" ] && {{ echo terminated; exit 0; }}; done; "
+            "kill -KILL $P 2>/dev/null; sleep 0.3; P=$(cddp_pids); "
+            "if [ -z \"$P\" ]; then echo killed; else echo survivors $P; fi")
+
+
+_LIST_PY = r"""
+import glob, hashlib, json, os, sys
+os.chdir(sys.argv[1])
+seen = set()
+for pat in sys.argv[2:]:
+    for p in sorted(glob.glob(pat, recursive=True)):
+        if p in seen or not os.path.isfile(p) or os.path.islink(p) or p.startswith(".clusterddp"):
+            continue
+        seen.add(p)
+        st = os.stat(p)
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for b in iter(lambda: f.read(1 << 20), b""):
+                h.update(b)
+        st2 = os.stat(p)
+        stable = (st.st_size, st.st_mtime_ns) == (st2.st_size, st2.st_mtime_ns)
+        print(json.dumps({"path": p, "size": st2.st_size, "sha256": h.hexdigest(), "stable": stable}))
+"""
+
+
+def list_command(node: NodeLaunch, globs: tuple[str, ...]) -> str:
+    """List files matching ``globs`` under the run folder as JSON lines (path, size, sha256, stable)."""
+    setup = "".join(f"{{ {line}\n}} >/dev/null 2>&1; " for line in node.host.setup)
+    py = node.host.python
+    return (f"{setup}{q(py)} -c {q(_LIST_PY)} {qpath(node.run_dir)} " + " ".join(q(g) for g in globs))
+
+
+def cat_command(node: NodeLaunch, rel_path: str) -> str:
+    return f"cat {qpath(posixpath.join(node.run_dir, rel_path))}"
+
+
+def node_log_command(node: NodeLaunch) -> str:
+    return f"cat {qpath(node.control_dir + '/node.log')}"
+
+
+def render(plan: LaunchPlan) -> str:
+    """The dry-run text: for every node, where it runs and the exact launch script."""
+    out = [f"run {plan.run_id}: {plan.nnodes} node(s), master {plan.master_addr}:{plan.master_port}"]
+    for n in plan.nodes:
+        h = n.host
+        where = "this machine" if plan.local else f"{h.user + '@' if h.user else ''}{h.address}" + (
+            f":{h.port}" if h.port else "")
+        out += ["", f"== {h.name} (node {n.node_rank}, {where}) ==",
+                f"run folder: {n.run_dir}", f"start: {start_command(n)}", "launch.sh:", n.launch_script]
+    if plan.collect:
+        out += ["", "collect: " + ", ".join(plan.collect)]
+    return "\n".join(out)

@@ -1,0 +1,18 @@
+"""Transports run shell commands on a node. Loaded lazily by name so `--help` stays fast."""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from ..inventory import Host
+from .base import CommandResult, Transport
+
+__all__ = ["CommandResult", "Transport", "connect"]
+
+_BACKENDS = {"ssh": "clusterddp.transport.ssh", "local": "clusterddp.transport.local"}
+
+
+def connect(host: Host) -> Transport:
+    """Open a transport to ``host`` (raises :class:`~clusterddp.errors.HostError` naming it)."""
+    module = import_module(_BACKENDS[host.transport])
+    return module.open(host)

@@ -1,0 +1,44 @@
+"""The narrow seam between clusterddp and a node: run a command, stream a command, close."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """Exit status and captured output of one command on one host."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+
+class Transport(Protocol):
+    """A connection to one node. Commands are POSIX shell text rendered by :mod:`clusterddp.plan`.
+
+    Every method raises :class:`~clusterddp.errors.HostError` when the host cannot be reached
+    or stops answering within ``timeout``; a command's own non-zero exit is not an error.
+    """
+
+    name: str
+
+    def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        """Run ``command`` to completion, feeding ``stdin`` if given."""
+        ...
+
+    def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None) -> int:
+        """Run ``command``, passing stdout and stderr chunks to ``on_data`` as they come; return its exit code.
+
+        ``timeout`` bounds the wait for each chunk (not the whole command).
+        """
+        ...
+
+    def close(self) -> None:
+        """Close the connection; pending streams end with a HostError."""
+        ...

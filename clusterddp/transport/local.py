@@ -1,0 +1,51 @@
+"""Run node commands on this machine with bash (``clusterddp up local``)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from typing import Callable
+
+from ..errors import HostError
+from ..inventory import Host
+from .base import CommandResult
+
+
+class LocalTransport:
+    """The local machine as a node: the same shell commands, no SSH."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        try:
+            p = subprocess.run(["bash", "-c", command], input=stdin if stdin is not None else b"",
+                               capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise HostError(self.name, f"command timed out after {timeout:g}s") from None
+        return CommandResult(p.returncode, p.stdout, p.stderr)
+
+    def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None) -> int:
+        p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+        with self._lock:
+            self._procs.add(p)
+        try:
+            assert p.stdout is not None
+            while chunk := p.stdout.read1(65536):
+                on_data(chunk)
+            return p.wait()
+        finally:
+            with self._lock:
+                self._procs.discard(p)
+
+    def close(self) -> None:
+        with self._lock:
+            for p in self._procs:
+                p.kill()
+
+
+def open(host: Host) -> LocalTransport:  # noqa: A001 - the backend entry point
+    return LocalTransport(host.name)

@@ -1,0 +1,144 @@
+"""SSH transport: Fabric resolves the connection (ssh_config, keys, agent); paramiko channels run commands.
+
+The only module that imports fabric or paramiko. Host keys are always checked against the
+inventory's ``known_hosts`` (Fabric alone would accept any key): ``strict`` refuses unknown
+and changed keys, ``accept-new`` records unknown ones and still refuses changed ones.
+Agent forwarding is never enabled.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Callable
+
+import paramiko
+from fabric import Connection
+
+from ..errors import HostError
+from ..inventory import Host
+from .base import CommandResult
+
+KEEPALIVE_S = 5
+_known_hosts_lock = threading.Lock()
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """Like OpenSSH's ``StrictHostKeyChecking=accept-new``: remember unknown keys, never changed ones."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with _known_hosts_lock:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class SSHTransport:
+    """One SSH connection to one host; each command gets its own channel (thread-safe)."""
+
+    def __init__(self, host: Host) -> None:
+        self.name = host.name
+        self.host = host
+        kwargs: dict = {"allow_agent": True}
+        if host.identity_file:
+            kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
+        conn = Connection(host.address, user=host.user, port=host.port,
+                          connect_timeout=max(1, int(host.connect_timeout)), connect_kwargs=kwargs,
+                          forward_agent=False)
+        known = os.path.expanduser(host.known_hosts)
+        if os.path.exists(known):
+            conn.client.load_host_keys(known)
+        if host.host_key_policy == "accept-new":
+            conn.client.set_missing_host_key_policy(_AcceptNew(known))
+        else:
+            conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        self._conn = conn
+        self._known = known
+
+    def open(self) -> "SSHTransport":
+        target = f"{self._conn.user}@{self._conn.host}:{self._conn.port}"
+        try:
+            self._conn.open()
+        except paramiko.BadHostKeyException:
+            raise HostError(self.name, f"host key for {self._conn.host} has CHANGED (refused)",
+                            f"if the host was reinstalled, verify its new key and remove the old one with "
+                            f"`ssh-keygen -R {self._conn.host} -f {self._known}`") from None
+        except paramiko.AuthenticationException as e:
+            raise HostError(self.name, f"authentication failed for {target}: {e}",
+                            "check user and identity_file in the inventory, or your ssh-agent") from None
+        except paramiko.SSHException as e:
+            if "not found in known_hosts" in str(e):
+                raise HostError(self.name, f"host key of {self._conn.host} is unknown (host_key_policy: strict)",
+                                f"verify the host and add its key: `ssh-keyscan -H {self._conn.host} >> "
+                                f"{self._known}`, or set host_key_policy: accept-new") from None
+            raise HostError(self.name, f"SSH to {target} failed: {e}") from None
+        except (socket.timeout, TimeoutError):
+            raise HostError(self.name, f"no answer from {target} within {self._conn.connect_timeout}s",
+                            "check that the host is up and the address and port are right") from None
+        except OSError as e:
+            raise HostError(self.name, f"cannot connect to {target}: {e.strerror or e}",
+                            "check that the host is up, sshd runs, and the address and port are right") from None
+        self._conn.transport.set_keepalive(KEEPALIVE_S)
+        return self
+
+    def _channel(self, command: str, timeout: float | None) -> paramiko.Channel:
+        try:
+            chan = self._conn.transport.open_session(timeout=timeout or self.host.connect_timeout)
+            chan.settimeout(timeout)
+            chan.exec_command(command)
+            return chan
+        except (paramiko.SSHException, OSError, EOFError, AttributeError) as e:
+            raise HostError(self.name, f"connection lost: {e or type(e).__name__}") from None
+
+    def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        chan = self._channel(command, timeout)
+        out, err = bytearray(), bytearray()
+        try:
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            while True:
+                if chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    continue
+                chunk = chan.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+            while chunk := chan.recv_stderr(65536):
+                err += chunk
+            code = chan.recv_exit_status()
+        except socket.timeout:
+            raise HostError(self.name, f"command timed out after {timeout:g}s") from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise HostError(self.name, f"connection lost: {e or type(e).__name__}") from None
+        finally:
+            chan.close()
+        return CommandResult(code, bytes(out), bytes(err))
+
+    def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None) -> int:
+        chan = self._channel(command, timeout)
+        chan.set_combine_stderr(True)
+        try:
+            chan.shutdown_write()
+            while chunk := chan.recv(65536):
+                on_data(chunk)
+            return chan.recv_exit_status()
+        except socket.timeout:
+            raise HostError(self.name, f"no data for {timeout:g}s") from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise HostError(self.name, f"connection lost: {e or type(e).__name__}") from None
+        finally:
+            chan.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def open(host: Host) -> SSHTransport:  # noqa: A001 - the backend entry point
+    return SSHTransport(host).open()

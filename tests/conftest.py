@@ -1,0 +1,70 @@
+"""Shared fixtures: SSH test beds of network-namespace nodes (see tests/testbed.py)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+# pytest's default import mode puts this folder on sys.path; do it anyway so
+# `from testbed import ...` also works under --import-mode=importlib.
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
+from testbed import TestBed, missing_requirements  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Markers live here, not in pyproject.toml, so this file is self-contained.
+    config.addinivalue_line("markers", "integration: needs root and the namespace SSH test bed")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+def _require_bed() -> None:
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(f"test bed unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
+    """Two SSH nodes shared by the whole session (prefix cddp, 10.77.0.0/24).
+
+    Tests must leave it as they found it; tests that break nodes (cut links,
+    change host keys) should use make_bed instead.
+    """
+    _require_bed()
+    with TestBed(2, tmp_path_factory.mktemp("bed")) as b:
+        yield b
+
+
+@pytest.fixture
+def make_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], TestBed]]:
+    """Factory: make_bed(n) starts a private n-node bed, stopped when the test ends.
+
+    The k-th bed of a test gets prefix cddpb<k> and subnet 10.78.<k>, distinct from the
+    session bed and from each other; later tests reuse the names after teardown.
+    """
+    _require_bed()
+    beds: list[TestBed] = []
+
+    def make(n: int) -> TestBed:
+        k = len(beds)
+        b = TestBed(n, tmp_path_factory.mktemp(f"bed{n}n"), prefix=f"cddpb{k}", subnet=f"10.78.{k}")
+        beds.append(b)  # before start(), so a half-started bed is still stopped
+        return b.start()
+
+    try:
+        yield make
+    finally:
+        errors = []
+        for b in reversed(beds):
+            try:
+                b.stop()
+            except Exception as e:  # stop the other beds anyway
+                errors.append(e)
+        if errors:
+            raise errors[0]

@@ -1,0 +1,87 @@
+"""The CLI contract: exit codes, messages for bad input, dry-run, `up local` with real torchrun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, cddp, record, run_id_of
+
+GOOD_INV = "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n  - {name: gpu-02, address: gpu-02.invalid}\n"
+
+
+@pytest.fixture
+def script(tmp_path) -> Path:
+    s = tmp_path / "t.py"
+    s.write_text("print('hi')\n")
+    return s
+
+
+def test_help_is_fast_and_imports_no_heavy_library():
+    code = ("import sys, clusterddp.cli.app as a; "
+            "print(sorted(m for m in ('fabric', 'paramiko', 'torch', 'pydantic') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("inv_text, words", [
+    ("hosts:\n  - name: a\n    gpus: -2\n", "inv.yaml:3: hosts[0].gpus: must be >= 1"),
+    ("hosts: [\n", "inv.yaml:2: not valid YAML"),
+    ("hosts:\n  - name: a\n    colour: red\n", "hosts[0].colour: unknown key"),
+])
+def test_bad_inventory_exits_2_with_located_message(tmp_path, script, inv_text, words):
+    (tmp_path / "inv.yaml").write_text(inv_text)
+    r = cddp("up", "inv.yaml", str(script), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert r.returncode == 2 and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert not (tmp_path / "runs").exists()  # nothing written for bad input
+
+
+@pytest.mark.parametrize("args, words", [
+    (["up", "inv.yaml", "missing.py"], "script missing.py: no such file"),
+    (["up", "nope.yaml", "t.py"], "nope.yaml: no such file"),
+    (["up", "inv.yaml", "t.py", "-e", "NOEQUALS"], "expected NAME=VALUE"),
+    (["up", "inv.yaml", "t.py", "--hosts", "gpu-09"], "--hosts names gpu-09"),
+    (["up", "inv.yaml", "t.py", "--gpus", "0"], "--gpus"),
+])
+def test_bad_arguments_exit_2(tmp_path, script, args, words):
+    (tmp_path / "inv.yaml").write_text(GOOD_INV)
+    r = cddp(*args, cwd=tmp_path)
+    assert r.returncode == 2 and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_dry_run_prints_every_node_and_contacts_nobody(tmp_path, script):
+    (tmp_path / "inv.yaml").write_text(GOOD_INV)
+    r = cddp("up", "inv.yaml", "t.py", "--runs-dir", "runs", "--dry-run", "--", "--lr", "0.1 x", cwd=tmp_path,
+             check_rc=0, timeout=30)
+    run_id = run_id_of(r.stdout)
+    assert "== gpu-01 (node 0, gpu-01.invalid) ==" in r.stdout and "== gpu-02 (node 1" in r.stdout
+    assert "--node-rank 1 --master-addr gpu-01.invalid" in r.stdout and "t.py --lr '0.1 x'" in r.stdout
+    assert not (tmp_path / "runs").exists() and run_id
+
+
+def test_up_local_runs_real_torchrun(tmp_path):
+    runs = tmp_path / "runs"
+    r = cddp("up", "local", str(REPO / "examples" / "ddp_train.py"), "--gpus", "2", "--runs-dir", str(runs),
+             "--collect", "checkpoints/**", "--", "--epochs", "1", "--checkpoint-dir", "checkpoints",
+             cwd=tmp_path, check_rc=0)
+    run_id = run_id_of(r.stdout)
+    assert "[local] done world_size=2" in r.stdout
+    rec = record(runs, run_id)
+    assert rec["status"] == "succeeded" and rec["nodes"][0]["host"] == "local" and rec["nodes"][0]["exit_code"] == 0
+    assert (tmp_path / "checkpoints").is_dir()  # ran in the current directory
+    assert list((runs / run_id / "artifacts" / "local" / "checkpoints").glob("step-*.pt"))
+    assert "done world_size=2" in (runs / run_id / "logs" / "local.log").read_text()
+
+
+def test_up_local_failure_exits_1_and_names_the_host(tmp_path):
+    (tmp_path / "bad.py").write_text("import sys; print('about to fail'); sys.exit(7)\n")
+    r = cddp("up", "local", "bad.py", "--gpus", "1", "--runs-dir", "runs", cwd=tmp_path, check_rc=1)
+    rec = record(tmp_path / "runs", run_id_of(r.stdout))
+    assert rec["status"] == "failed" and rec["failed_host"] == "local"
+    assert "local failed first" in r.stderr and "[local] about to fail" in r.stdout

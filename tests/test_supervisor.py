@@ -1,0 +1,151 @@
+"""The supervisor's state machine on real processes: local transport, a stand-in `python`.
+
+These tests use the same rendered launch.sh, start/follow/status/teardown commands as a real
+run; only torchrun is replaced by a tiny shell script so each case takes about a second.
+The real thing (sshd hosts, real torchrun) is covered in test_up_ssh.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from clusterddp import inventory, plan
+from clusterddp.errors import HostError
+from clusterddp.supervisor import NodeState, Supervisor, parse_status
+from clusterddp.transport import connect
+
+FAKE_PY = """#!/bin/bash
+# Stand-in for `python -m torch.distributed.run ...`: behaves as $MODE says.
+echo "hello from $CLUSTERDDP_HOST rank $CLUSTERDDP_NODE_RANK"
+case "$MODE" in
+  ok) exit 0 ;;
+  fail) sleep 0.5; echo "boom" >&2; exit 3 ;;
+  hang) sleep 300 & wait ;;
+esac
+"""
+
+
+def make_plan(tmp_path: Path, modes: dict[str, str]) -> plan.LaunchPlan:
+    py = tmp_path / "fakepy"
+    py.write_text(FAKE_PY)
+    py.chmod(0o755)
+    hosts = tuple(
+        replace(inventory.local(python=str(py)).hosts[0], name=name, workdir=str(tmp_path / name),
+                env=(("MODE", mode),))
+        for name, mode in modes.items())
+    inv = inventory.Inventory("t", "t", hosts, inventory.Master(hosts[0].name, "127.0.0.1", 29500))
+    return plan.build_plan(inv, plan.RunSpec("t.py"), "20261129-000000-test")
+
+
+def job_pids(p: plan.LaunchPlan) -> list[str]:
+    out = []
+    for n in p.nodes:
+        r = subprocess.run(["bash", "-c", f"grep -lzxF {plan.MARKER}={n.marker} /proc/[0-9]*/environ"],
+                           capture_output=True, text=True)
+        out += r.stdout.split()
+    return out
+
+
+def run(p, **kw):
+    lines: list[tuple[str, bytes]] = []
+    sup = Supervisor(p, on_output=lambda h, b: lines.append((h, b)), grace_s=2, **kw)
+    sup.start()
+    return sup, lines
+
+
+def test_all_nodes_succeed(tmp_path):
+    p = make_plan(tmp_path, {"a": "ok", "b": "ok"})
+    sup, lines = run(p)
+    out = sup.follow()
+    assert out.status == "succeeded" and out.exit_code == 0
+    assert [n.exit_code for n in out.nodes] == [0, 0]
+    text = b"".join(b for h, b in lines if h == "b").decode()
+    assert "hello from b rank 1" in text
+    assert (tmp_path / "b/runs/20261129-000000-test/.clusterddp/exit_code").read_text().strip() == "0"
+
+
+def test_first_failure_ends_every_other_node(tmp_path):
+    p = make_plan(tmp_path, {"a": "hang", "b": "fail"})
+    sup, lines = run(p)
+    t0 = time.monotonic()
+    out = sup.follow()
+    assert out.status == "failed" and out.first_failed == "b"
+    assert time.monotonic() - t0 < 10
+    a, b = sup.nodes
+    assert (b.state, b.exit_code) == (NodeState.FAILED, 3)
+    assert a.state == NodeState.STOPPED
+    assert job_pids(p) == []  # nothing of the run remains, the backgrounded sleep included
+    assert b"boom" in b"".join(x for h, x in lines if h == "b")
+
+
+def test_ctrl_c_ends_every_node(tmp_path):
+    p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
+    sup, _ = run(p)
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        sup.follow()
+    assert sup.outcome.status == "stopped"
+    assert {n.state for n in sup.nodes} == {NodeState.STOPPED}
+    assert job_pids(p) == []
+
+
+class _Flaky:
+    """Wraps a transport; after ``fail_after`` commands every further `run` fails like a dead host."""
+
+    def __init__(self, inner, fail_after: int) -> None:
+        self.inner, self.name, self.calls, self.fail_after = inner, inner.name, 0, fail_after
+
+    def run(self, command, **kw):
+        self.calls += 1
+        if self.calls > self.fail_after:
+            raise HostError(self.name, "timed out")
+        return self.inner.run(command, **kw)
+
+    def stream(self, command, on_data, **kw):
+        return self.inner.stream(command, on_data, **kw)
+
+    def close(self):
+        self.inner.close()
+
+
+def test_a_host_that_stops_answering_is_lost_and_the_run_fails(tmp_path):
+    p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
+    flaky = {}
+
+    def conn(host):
+        t = connect(host)
+        if host.name == "b":
+            t = flaky.setdefault("b", _Flaky(t, fail_after=4))  # the 4 start commands succeed
+        return t
+    sup, _ = run(p, connect=conn, heartbeat_s=0.2)
+    out = sup.follow()
+    assert out.status == "failed" and out.first_failed == "b"
+    assert sup.nodes[1].state == NodeState.LOST and "stopped answering" in sup.nodes[1].error
+    subprocess.run(["bash", "-c", plan.teardown_command(p.nodes[1], 1)], check=True)  # what a later `stop` does
+    assert job_pids(p) == []
+
+
+def test_start_failure_names_the_host_and_starts_nothing(tmp_path):
+    p = make_plan(tmp_path, {"a": "hang", "b": "ok"})
+    (tmp_path / "b").write_text("a file where the workdir should be")
+    sup = Supervisor(p, on_output=lambda h, b: None, grace_s=1)
+    with pytest.raises(HostError) as e:
+        sup.start()
+    assert e.value.host == "b" and "cannot create the run folder" in str(e.value)
+    assert job_pids(p) == []
+
+
+@pytest.mark.parametrize("text, parsed", [
+    ("running\n", ("running", None)), ("exit 0\n", ("exited", 0)), ("exit 143", ("exited", 143)),
+    ("lost", ("lost", None)), ("missing", ("missing", None)), ("garbage", ("lost", None)),
+])
+def test_parse_status(text, parsed):
+    assert parse_status(text) == parsed

@@ -1,0 +1,151 @@
+"""`clusterddp up` for real: 2 sshd hosts in network namespaces, real torchrun (gloo, CPU)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, cddp, cddp_popen, eventually, job_pids, record, run_id_of, wait_for_line
+
+pytestmark = pytest.mark.integration
+
+HOSTILE = ["two words", "it's", '"dq"', "$(touch /tmp/cddp-pwned)", "a;b|c&d", "naïve ✓", "", "*", "\\n"]
+
+PROBE = r'''
+import json, os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+keys = ["MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "CLUSTERDDP_RUN_ID",
+        "CDDP_TEST_INV", "CDDP_TEST_CLI", "WORLD_SIZE", "RANK"]
+print("PROBE " + json.dumps({"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}), flush=True)
+mode = os.environ.get("CDDP_TEST_MODE", "")
+if mode == "crash":
+    print(f"rank {dist.get_rank()} ready", flush=True)
+    if dist.get_rank() == dist.get_world_size() - 1:
+        time.sleep(2)
+        os._exit(13)
+    import torch
+    dist.all_reduce(torch.ones(1))  # the others block here until the crash breaks the collective
+elif mode == "hang":
+    print(f"rank {dist.get_rank()} ready", flush=True)
+    time.sleep(600)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+@pytest.fixture
+def job(tmp_path):
+    src = tmp_path / "job"
+    src.mkdir()
+    (src / "probe.py").write_text(PROBE)
+    (src / "data.txt").write_text("copied with the script's folder\n")
+    (src / ".git").mkdir()
+    (src / ".git" / "big").write_text("never copied")
+    return src
+
+
+def inv(bed, tmp_path, **extra) -> Path:
+    return bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"env": {"CDDP_TEST_INV": "inv $HOME 'q'"}},
+                               extra=extra)
+
+
+def probes(stdout: str) -> list[tuple[str, dict]]:
+    out = []
+    for line in stdout.splitlines():
+        host, _, rest = line.partition("] ")
+        if rest.startswith("PROBE "):
+            out.append((host.strip("[ "), json.loads(rest[6:])))
+    return out
+
+
+def no_leftovers(bed, run_id):
+    assert eventually(lambda: not job_pids(run_id), 15), f"processes of {run_id} remain: {job_pids(run_id)}"
+    for node in bed.nodes:
+        assert eventually(lambda: not bed.ns_pids(node), 15), f"{node.name} still runs {bed.ns_pids(node)}"
+
+
+def test_two_nodes_succeed_with_logs_and_checkpoints(bed, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copy(REPO / "examples" / "ddp_train.py", tmp_path / "ddp_train.py")
+    r = cddp("up", str(inv(bed, tmp_path, collect=["checkpoints/**"])), str(tmp_path / "ddp_train.py"),
+             "--runs-dir", str(runs), "--", "--epochs", "2", check_rc=0)
+    run_id = run_id_of(r.stdout)
+    assert "[node1] done world_size=4" in r.stdout  # 2 nodes x 2 processes, rank 0 on node1
+    rec = record(runs, run_id)
+    assert rec["status"] == "succeeded" and rec["exit_code"] == 0 and rec["failed_host"] is None
+    assert [(n["host"], n["node_rank"], n["exit_code"], n["address"]) for n in rec["nodes"]] == [
+        (bed.nodes[0].name, 0, 0, bed.nodes[0].address), (bed.nodes[1].name, 1, 0, bed.nodes[1].address)]
+    ckpts = sorted(p.name for p in (runs / run_id / "artifacts" / "node1" / "checkpoints").glob("step-*.pt"))
+    assert ckpts, "rank 0's checkpoints were not brought back"
+    for node in bed.nodes:
+        log = (runs / run_id / "logs" / f"{node.name}.log").read_text()
+        assert f"node {rec['nodes'][int(node.name[-1]) - 1]['node_rank']}/2 on {node.name} iface=eth0" in log
+    assert "done world_size=4" in (runs / run_id / "logs" / "node1.log").read_text()
+    no_leftovers(bed, run_id)
+
+
+def test_arguments_and_env_arrive_byte_for_byte(bed, tmp_path, job):
+    runs = tmp_path / "runs"
+    r = cddp("up", str(inv(bed, tmp_path)), str(job / "probe.py"), "--runs-dir", str(runs),
+             "-e", "CDDP_TEST_CLI=cli $(x) `y` \"z\" ü", "--", *HOSTILE, check_rc=0)
+    run_id = run_id_of(r.stdout)
+    seen = probes(r.stdout)
+    assert len(seen) == 4, r.stdout
+    master = bed.nodes[0].address
+    for host, p in seen:
+        assert p["argv"] == HOSTILE
+        e = p["env"]
+        assert e["CDDP_TEST_INV"] == "inv $HOME 'q'" and e["CDDP_TEST_CLI"] == "cli $(x) `y` \"z\" ü"
+        assert e["CLUSTERDDP_RUN_ID"] == run_id and e["MASTER_ADDR"] == master and e["WORLD_SIZE"] == "4"
+        # the routed interface, found on each node: without it gloo advertises 127.0.0.1 here
+        assert e["GLOO_SOCKET_IFNAME"] == e["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert not Path("/tmp/cddp-pwned").exists()
+    remote = Path(bed.nodes[1].workdir) / "runs" / run_id
+    assert (remote / "data.txt").read_text() == "copied with the script's folder\n"
+    assert not (remote / ".git").exists()
+
+
+def test_one_rank_crashing_ends_the_whole_job(bed, tmp_path, job):
+    runs = tmp_path / "runs"
+    t0 = time.monotonic()
+    r = cddp("up", str(inv(bed, tmp_path)), str(job / "probe.py"), "--runs-dir", str(runs),
+             "-e", "CDDP_TEST_MODE=crash", check_rc=1)
+    took = time.monotonic() - t0
+    run_id = run_id_of(r.stdout)
+    rec = record(runs, run_id)
+    assert rec["status"] == "failed" and rec["failed_host"] == "node2", rec
+    assert "node2" in r.stderr and "failed first" in r.stderr
+    assert took < 90, f"a crash took {took:.0f}s to end the job"
+    assert (runs / run_id / "logs" / "node2.log").stat().st_size > 0
+    no_leftovers(bed, run_id)
+
+
+def test_ctrl_c_ends_every_node(bed, tmp_path, job):
+    runs = tmp_path / "runs"
+    p = cddp_popen("up", str(inv(bed, tmp_path)), str(job / "probe.py"), "--runs-dir", str(runs),
+                   "-e", "CDDP_TEST_MODE=hang")
+    try:
+        lines = wait_for_line(p, "rank 3 ready")
+        run_id = run_id_of(lines[0])
+        assert job_pids(run_id), "the job should be running now"
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 130
+    finally:
+        p.kill()
+    assert record(runs, run_id)["status"] == "stopped"
+    no_leftovers(bed, run_id)
+
+
+def test_unknown_host_key_is_refused_by_name(bed, tmp_path, job):
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    path = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"known_hosts": str(empty)})
+    r = cddp("up", str(path), str(job / "probe.py"), "--runs-dir", str(tmp_path / "runs"), check_rc=1)
+    assert "node1: host key of" in r.stderr and "unknown" in r.stderr and "Traceback" not in r.stderr
+    assert empty.read_text() == ""  # strict never writes known_hosts
