@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import Optional
 
@@ -24,6 +25,9 @@ def up(
     collect: list[str] = typer.Option([], "--collect", help="Glob to bring back, relative to the run folder."),
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="Passed to torchrun."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every node's command; contact no host."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return; it runs on without us."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", hidden=True,
+                                           help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
     """Start a DDP job on every host of INVENTORY (or `local`) and follow it to the end."""
     from .. import jobs, plan
@@ -37,7 +41,7 @@ def up(
     if dry_run:
         print(plan.render(prep.plan))
         return
-    prep.store.create(jobs.new_record(prep, inventory))
+    prep.store.create(jobs.new_record(prep, inventory, schedule=schedule))
     from .common import PrefixPrinter
     printer = PrefixPrinter([n.host.name for n in prep.plan.nodes])
     sigterm_as_interrupt()
@@ -49,10 +53,18 @@ def up(
         elif r.fetched or r.skipped:
             print(f"collected {len(r.fetched)} file(s) from {r.host}"
                   + (f", skipped {len(r.skipped)} still being written" if r.skipped else ""), flush=True)
+    run_id = prep.plan.run_id
     try:
-        jobs.execute(prep, printer, on_collect=on_collect)
+        jobs.execute(prep, printer, on_collect=on_collect, detach=detach)
     finally:
         printer.flush()
+    if detach:
+        rd = f" --runs-dir {shlex.quote(runs_dir)}" if runs_dir != "./runs" else ""
+        print(f"detached; the job runs on without this command.\n"
+              f"  follow: clusterddp logs {run_id} --follow{rd}\n"
+              f"  status: clusterddp status {run_id}{rd}\n"
+              f"  stop:   clusterddp stop {run_id}{rd}", flush=True)
+        return
     took = time.monotonic() - started
     print(f"run {prep.plan.run_id} succeeded in {took:.1f}s; run folder: {prep.store.run_dir(prep.plan.run_id)}",
           flush=True)

@@ -1,0 +1,421 @@
+"""Training-side helpers for scripts started by ``torchrun`` (and so by ``clusterddp up``).
+
+Depends only on torch and the standard library, so it can be copied next to a
+training script on machines where clusterddp itself is not installed::
+
+    import clusterddp.train as ct
+
+    ctx = ct.init()                                  # world of one outside torchrun
+    model = ct.wrap(MyModel())                       # DDP when distributed
+    loader = ct.make_loader(dataset, batch_size=32)  # DistributedSampler + set_epoch
+    start = 0
+    if (found := ct.load_latest()) is not None:
+        state, start = found
+        ...
+    for epoch in loader.epochs(start, 10):
+        for x, y in loader:
+            ...
+        ct.save_checkpoint({...}, step=epoch + 1)
+    ct.cleanup()
+
+``save_checkpoint`` and ``load_latest`` are collective: every rank must call them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import io
+import os
+import re
+import secrets
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+__all__ = [
+    "Context",
+    "DistLoader",
+    "cleanup",
+    "context",
+    "init",
+    "load_latest",
+    "make_loader",
+    "print0",
+    "save_checkpoint",
+    "unwrap",
+    "wrap",
+]
+
+# Only these names are complete checkpoints; temp files (".step-N.*.tmp") never match.
+_CKPT_RE = re.compile(r"^step-(\d+)\.pt$")
+_TMP_PREFIX = ".step-"
+_TMP_SUFFIX = ".tmp"
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where this process sits in the job. ``distributed`` is False for a plain ``python`` run."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str | None
+    distributed: bool
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the only rank that prints and writes checkpoints."""
+        return self.rank == 0
+
+
+_CTX: Context | None = None
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def init(backend: str | None = None, timeout: datetime.timedelta | None = None) -> Context:
+    """Initialise the process group from torchrun's environment and return the Context.
+
+    Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
+    ``backend`` defaults to ``nccl`` when CUDA is available and ``gloo`` otherwise. The CUDA
+    device is set from LOCAL_RANK *before* the group is created so NCCL binds each process to
+    its own GPU. Without RANK/WORLD_SIZE in the environment (plain ``python train.py``) it
+    returns a world of one with ``distributed=False`` and creates no process group.
+    Calling it again returns the same Context (until :func:`cleanup`).
+    """
+    global _CTX
+    if _CTX is not None:
+        if backend is not None and _CTX.distributed and backend != _CTX.backend:
+            raise ValueError(f"already initialised with backend {_CTX.backend!r}, not {backend!r}")
+        return _CTX
+
+    cuda = torch.cuda.is_available()
+    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = _env_int("RANK", 0) if distributed else 0
+    world_size = _env_int("WORLD_SIZE", 1) if distributed else 1
+    local_rank = _env_int("LOCAL_RANK", 0) if distributed else 0
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", 1) if distributed else 1
+
+    if cuda:
+        device = torch.device("cuda", local_rank)
+        # Before init_process_group: otherwise every rank's NCCL communicator lands on GPU 0.
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+
+    chosen = None
+    if distributed:
+        chosen = backend or ("nccl" if cuda else "gloo")
+        if not dist.is_initialized():  # the script may have initialised the group itself
+            kwargs: dict[str, Any] = {"backend": chosen}
+            if timeout is not None:
+                kwargs["timeout"] = timeout
+            # device_id lets NCCL create its communicator eagerly and lets barrier() pick the
+            # right GPU; it only exists in torch >= 2.3 and only makes sense for a CUDA device.
+            if device.type == "cuda" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+                kwargs["device_id"] = device
+            dist.init_process_group(**kwargs)
+        else:
+            chosen = dist.get_backend()
+
+    port = os.environ.get("MASTER_PORT")
+    _CTX = Context(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        device=device,
+        backend=chosen,
+        distributed=distributed,
+        master_addr=os.environ.get("MASTER_ADDR") if distributed else None,
+        master_port=int(port) if distributed and port else None,
+    )
+    return _CTX
+
+
+def context() -> Context:
+    """The current Context, initialising (as :func:`init` with defaults) if needed."""
+    return _CTX if _CTX is not None else init()
+
+
+def cleanup() -> None:
+    """Destroy the process group if one is initialised; safe to call more than once."""
+    global _CTX
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _CTX = None
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    """``print`` on global rank 0 only, always flushed (torchrun pipes stdout, so unflushed
+    lines would show up late or be lost when a rank is killed)."""
+    rank = _CTX.rank if _CTX is not None else _env_int("RANK", 0)  # no init just to print
+    if rank == 0:
+        kwargs["flush"] = True
+        print(*args, **kwargs)
+
+
+def wrap(model: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:
+    """Move ``model`` to this rank's device and wrap it in DistributedDataParallel.
+
+    Returns the (moved) model unchanged when not distributed. ``ddp_kwargs`` go to DDP.
+    """
+    ctx = context()
+    model = model.to(ctx.device)
+    if not ctx.distributed:
+        return model
+    if ctx.device.type == "cuda":
+        ddp_kwargs.setdefault("device_ids", [ctx.device.index])
+        ddp_kwargs.setdefault("output_device", ctx.device.index)
+    return DistributedDataParallel(model, **ddp_kwargs)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The bare module inside DDP/DataParallel, so state_dict keys carry no ``module.`` prefix."""
+    while isinstance(model, (DistributedDataParallel, torch.nn.DataParallel)):
+        model = model.module
+    return model
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _barrier(ctx: Context) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def _broadcast_obj(ctx: Context, obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    # NCCL can only move CUDA tensors; the pickled object travels as one.
+    dist.broadcast_object_list(box, src=0, device=ctx.device if ctx.backend == "nccl" else None)
+    return box[0]
+
+
+def _checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``directory``, newest (highest step) first."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    found = [(int(m.group(1)), directory / n) for n in names if (m := _CKPT_RE.match(n))]
+    return sorted(found, reverse=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename is only durable once the directory entry is on disk.
+    if not hasattr(os, "O_DIRECTORY"):  # e.g. Windows: cannot open a directory
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(obj: Any, step: int, dir: str | os.PathLike[str] = "checkpoints",
+                    keep: int | None = 3) -> Path | None:
+    """Atomically write ``obj`` to ``<dir>/step-<step>.pt`` on rank 0; collective.
+
+    Rank 0 ``torch.save``s into a temp file in the same directory, flushes and fsyncs it,
+    ``os.replace``s it to the final name and fsyncs the directory, so a crash at any point
+    leaves either the old set of checkpoints or the new one, never a partial ``step-*.pt``.
+    It then deletes all but the newest ``keep`` checkpoints by step number (``keep=None``
+    keeps all) plus temp files left behind by earlier crashes. Every rank then waits at a
+    barrier, so no rank runs ahead of a checkpoint that is not on disk yet. Every rank must
+    call this; ``obj`` is only used on rank 0 (save ``unwrap(model).state_dict()``).
+
+    Returns the checkpoint path on rank 0 and None on the other ranks.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be >= 1 or None, got {keep}")
+    ctx = context()
+    directory = Path(dir)
+    path: Path | None = None
+    if ctx.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
+        # Not tempfile.mkstemp: it creates mode 0600, we want the usual umask-based mode.
+        tmp = directory / f"{_TMP_PREFIX}{step}.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+            path = directory / f"step-{step}.pt"
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(directory)
+        _prune(directory, keep, current=tmp)
+    _barrier(ctx)
+    return path
+
+
+def _prune(directory: Path, keep: int | None, current: Path) -> None:
+    if keep is not None:
+        for _, old in _checkpoints(directory)[keep:]:
+            old.unlink(missing_ok=True)
+    # Temp files can only be left over by a crashed save: rank 0 is the only writer.
+    for name in os.listdir(directory):
+        if name.startswith(_TMP_PREFIX) and name.endswith(_TMP_SUFFIX) and directory / name != current:
+            (directory / name).unlink(missing_ok=True)
+
+
+def _intact_zip(source: Path | io.BytesIO) -> bool:
+    """True if ``source`` is a zip whose members all match their CRCs (torch.save's format)."""
+    try:
+        if isinstance(source, io.BytesIO):
+            source.seek(0)
+        with zipfile.ZipFile(source) as zf:
+            return zf.testzip() is None
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError):
+        return False
+
+
+def _try_load(source: Path | io.BytesIO, map_location: Any, load_kwargs: dict[str, Any]) -> tuple[bool, Any]:
+    """(True, obj), or (False, None) when the file is damaged or missing."""
+    try:
+        return True, torch.load(source, map_location=map_location, **load_kwargs)
+    except Exception:
+        # Damaged files fail in many ways (EOFError, zip RuntimeError, and a flipped byte in
+        # the pickle even looks like a weights_only refusal), so judge the file, not the error:
+        # a file whose zip CRCs check out is intact, and its failure (weights_only=True
+        # refusing a type, a class that no longer imports...) must surface instead of
+        # silently resuming from an older checkpoint.
+        if _intact_zip(source):
+            raise
+        return False, None
+
+
+def load_latest(dir: str | os.PathLike[str] = "checkpoints", map_location: Any = None,
+                **load_kwargs: Any) -> tuple[Any, int] | None:
+    """Load the newest complete checkpoint in ``dir``: ``(obj, step)``, or None if there is none.
+
+    Collective: every rank must call it and every rank gets the same step. Rank 0 lists
+    ``step-<int>.pt`` files (temp files never count), tries them newest first, skips files
+    that fail to load, and broadcasts its choice; each rank then loads that step from its own
+    ``dir``. A rank that lacks the file or cannot read it (no shared filesystem, stale copy)
+    receives rank 0's bytes over the process group instead, so ``dir`` need not be shared.
+
+    A file counts as damaged, and is skipped, when it fails to load and its zip CRCs do not
+    check out (truncated, empty, garbage, flipped bytes). An intact file that fails to load
+    raises rather than silently resuming from an older step.
+
+    ``map_location`` defaults to this rank's device. ``torch.load`` runs with its own default
+    ``weights_only=True`` (safe; enough for state_dicts, tensors, numbers, strings, lists,
+    dicts); pass ``weights_only=False`` in ``load_kwargs`` for checkpoints holding other
+    Python objects, and only for files you trust.
+    """
+    ctx = context()
+    directory = Path(dir)
+    if map_location is None:
+        map_location = ctx.device
+
+    chosen: int | None = None
+    obj: Any = None
+    if ctx.is_main:
+        for step, path in _checkpoints(directory):
+            ok, obj = _try_load(path, map_location, load_kwargs)
+            if ok:
+                chosen = step
+                break
+    chosen = _broadcast_obj(ctx, chosen)
+    if chosen is None:
+        return None
+    if not ctx.distributed:
+        return obj, chosen
+
+    ok = ctx.is_main
+    if not ctx.is_main:
+        ok, obj = _try_load(directory / f"step-{chosen}.pt", map_location, load_kwargs)
+    # One all_reduce tells everyone whether rank 0 must ship the file's bytes.
+    missing = torch.tensor([0 if ok else 1], device=ctx.device if ctx.backend == "nccl" else "cpu")
+    dist.all_reduce(missing)
+    if int(missing.item()) > 0:
+        data = (directory / f"step-{chosen}.pt").read_bytes() if ctx.is_main else None
+        data = _broadcast_obj(ctx, data)
+        if not ok:
+            ok, obj = _try_load(io.BytesIO(data), map_location, load_kwargs)
+            if not ok:
+                raise RuntimeError(f"rank {ctx.rank}: cannot load step-{chosen}.pt received from rank 0")
+    return obj, chosen
+
+
+# --------------------------------------------------------------------------- data
+
+
+class DistLoader:
+    """A DataLoader whose sampler gives each rank its own shard and reshuffles every epoch.
+
+    Iterate it once per epoch. The epoch that seeds the shuffle is the one passed to
+    :meth:`set_epoch` (or yielded by :meth:`epochs`) before the iteration; if none was set,
+    it is one more than the previous iteration's (0 the first time). So a plain
+    ``for epoch in range(n): for batch in loader`` still reshuffles each epoch, and a resumed
+    job that uses ``for epoch in loader.epochs(start, stop)`` replays exactly the order the
+    uninterrupted job would have used. All ranks must use the same epoch numbers.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
+                 **dataloader_kwargs: Any) -> None:
+        ctx = context()
+        # Used even in a world of one (num_replicas=1) so shuffling is seeded by
+        # (seed, epoch) the same way with and without torchrun. The sampler pads the last
+        # shard (its drop_last=False) so every rank runs the same number of steps; DDP
+        # would hang in backward if one rank had a batch more than another.
+        self.sampler: DistributedSampler = DistributedSampler(
+            dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed,
+        )
+        self.dataloader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler,
+                                     **dataloader_kwargs)
+        self._next_epoch = 0
+        self.epoch: int | None = None  # epoch of the current/last iteration
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` to seed the shuffle of the next iteration."""
+        self._next_epoch = epoch
+
+    def epochs(self, start: int, stop: int) -> Iterator[int]:
+        """Yield ``start .. stop-1``, calling :meth:`set_epoch` before each is used."""
+        for epoch in range(start, stop):
+            self.set_epoch(epoch)
+            yield epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        self.epoch = self._next_epoch
+        self.sampler.set_epoch(self.epoch)
+        self._next_epoch = self.epoch + 1
+        return iter(self.dataloader)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        return len(self.dataloader)
+
+
+def make_loader(dataset: Dataset, batch_size: int, shuffle: bool = True, **kwargs: Any) -> DistLoader:
+    """A :class:`DistLoader` over ``dataset``; ``batch_size`` is per process, so the
+    effective batch is ``batch_size * world_size``. ``seed`` seeds the sampler's shuffle;
+    other keyword arguments (``num_workers``, ``pin_memory``, ``drop_last``...) go to the
+    DataLoader."""
+    return DistLoader(dataset, batch_size, shuffle=shuffle, **kwargs)
