@@ -1,9 +1,12 @@
 """Bring a run's logs and ``collect`` globs back, verified.
 
-What to fetch is decided from the node's own listing (path, size, sha256, and whether the
-file changed while it was hashed); fetching writes to a temporary file, checks size and
-sha256 against the listing, then renames it into ``artifacts/<host>/<path>``. A local copy
-that already matches is skipped, so re-collecting a whole run re-downloads nothing.
+Listing a node's files is cheap (path, size, mtime). A file is fetched in one pass: the
+node streams it while hashing and reports size, sha256 and whether it changed during the
+read; the launcher hashes what it receives into a temporary file and renames it into
+``artifacts/<host>/<path>`` only when both agree. A local copy whose size matches is checked
+against a sha256 computed on the node and skipped when whole, so re-collecting a run whose
+artifacts are already whole re-downloads nothing. A file that changes while it is read (a
+running job still writing it) is not taken half-written: it is reported as skipped.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Protocol
 
 from . import plan as P
 from .errors import HostError
@@ -25,13 +28,12 @@ from .transport import Transport
 class RemoteFile:
     path: str
     size: int
-    sha256: str
-    stable: bool = True
+    mtime_ns: int = 0
 
 
 @dataclass(frozen=True)
 class CollectResult:
-    """Per-host outcome: files fetched, already whole, skipped (still being written), failed."""
+    """Per-host outcome: files fetched, already whole, skipped (changing while read), error."""
 
     host: str
     fetched: tuple[str, ...] = ()
@@ -41,8 +43,21 @@ class CollectResult:
     bytes: int = 0
 
 
-def parse_listing(text: str) -> list[RemoteFile]:
-    return [RemoteFile(**json.loads(line)) for line in text.splitlines() if line.startswith("{")]
+class Progress(Protocol):
+    def start(self, host: str, total: int) -> None: ...
+    def advance(self, host: str, n: int) -> None: ...
+
+
+class _Quiet:
+    def start(self, host: str, total: int) -> None:
+        pass
+
+    def advance(self, host: str, n: int) -> None:
+        pass
+
+
+def parse_json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
 def sha256_file(path: Path) -> str:
@@ -53,35 +68,49 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def is_whole(path: Path, rf: RemoteFile) -> bool:
-    return path.is_file() and path.stat().st_size == rf.size and sha256_file(path) == rf.sha256
+class Changing(Exception):
+    """The file changed on the node while it was being read."""
 
 
-def fetch_file(t: Transport, node: P.NodeLaunch, rf: RemoteFile, dest: Path,
-               progress: Callable[[int], None] = lambda n: None) -> None:
-    """Fetch one file to ``dest`` through a temp file; raise HostError unless size and sha256 match."""
+def fetch_file(t: Transport, node: P.NodeLaunch, rf: RemoteFile, dest: Path, progress: Progress) -> int:
+    """Fetch one file to ``dest`` through a temp file; return its size.
+
+    Raises HostError when the copy does not match what the node sent, Changing when the
+    node saw the file change while reading it.
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".part")
     h = hashlib.sha256()
     size = 0
-    with open(tmp, "wb") as f:
-        def write(b: bytes) -> None:
-            nonlocal size
-            f.write(b)
-            h.update(b)
-            size += len(b)
-            progress(len(b))
-        code = t.stream(P.cat_command(node, rf.path), write, timeout=60)
-    if code != 0 or size != rf.size or h.hexdigest() != rf.sha256:
+    trailer = bytearray()
+    try:
+        with open(tmp, "wb") as f:
+            def write(b: bytes) -> None:
+                nonlocal size
+                f.write(b)
+                h.update(b)
+                size += len(b)
+                progress.advance(node.host.name, len(b))
+            code = t.stream(P.send_command(node, rf.path), write, timeout=120, stderr_to=trailer)
+        sent = (parse_json_lines(trailer.decode("utf-8", "replace")) or [{}])[-1]
+        if code != 0 or "sha256" not in sent:
+            raise HostError(node.host.name, f"{rf.path}: cannot read it on the node: "
+                                            f"{trailer.decode('utf-8', 'replace').strip() or f'exit {code}'}")
+        if not sent["stable"]:
+            raise Changing(rf.path)
+        if size != sent["size"] or h.hexdigest() != sent["sha256"]:
+            raise HostError(node.host.name, f"{rf.path}: local copy does not match the node's "
+                                            f"({size} of {sent['size']} bytes)", "run `clusterddp collect` again")
+        os.replace(tmp, dest)
+        return size
+    finally:
         tmp.unlink(missing_ok=True)
-        raise HostError(node.host.name, f"{rf.path}: fetched copy does not match the node's "
-                                        f"(size {size} vs {rf.size}, exit {code})", "run `clusterddp collect` again")
-    os.replace(tmp, dest)
 
 
 def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str, globs: tuple[str, ...],
-                 progress: Callable[[int], None] = lambda n: None) -> CollectResult:
+                 progress: Progress | None = None) -> CollectResult:
     """Fetch the node's log and the files its run folder holds under ``globs``."""
+    progress = progress or _Quiet()
     name = node.host.name
     try:
         log = t.run(P.node_log_command(node), timeout=120)
@@ -91,18 +120,27 @@ def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str,
             return CollectResult(name)
         res = t.run(P.list_command(node, globs), timeout=600)
         if res.exit_code != 0:
-            return CollectResult(name, error=f"listing failed: {res.stderr.decode('utf-8', 'replace').strip()}")
-        fetched, whole, skipped, total = [], [], [], 0
-        for rf in parse_listing(res.text):
-            dest = store.artifact_path(run_id, name, rf.path)
-            if not rf.stable:
-                skipped.append(rf.path)
-            elif is_whole(dest, rf):
-                whole.append(rf.path)
-            else:
-                fetch_file(t, node, rf, dest, progress)
+            detail = res.stderr.decode("utf-8", "replace").strip() or f"exit {res.exit_code}"
+            return CollectResult(name, error=f"listing files failed: {detail}")
+        files = [RemoteFile(**d) for d in parse_json_lines(res.text)]
+        dests = {rf.path: store.artifact_path(run_id, name, rf.path) for rf in files}
+        # Candidates for "already whole": same size locally; confirm with a hash computed on the node.
+        same_size = [rf.path for rf in files if dests[rf.path].is_file()
+                     and dests[rf.path].stat().st_size == rf.size]
+        remote_sha = {}
+        if same_size:
+            hashed = t.run(P.hash_command(node, same_size), timeout=600)
+            remote_sha = {d["path"]: d.get("sha256") for d in parse_json_lines(hashed.text)}
+        whole = [p for p in same_size if remote_sha.get(p) and sha256_file(dests[p]) == remote_sha[p]]
+        todo = [rf for rf in files if rf.path not in whole]
+        progress.start(name, sum(rf.size for rf in todo))
+        fetched, skipped, total = [], [], 0
+        for rf in todo:
+            try:
+                total += fetch_file(t, node, rf, dests[rf.path], progress)
                 fetched.append(rf.path)
-                total += rf.size
+            except Changing:
+                skipped.append(rf.path)
         return CollectResult(name, tuple(fetched), tuple(whole), tuple(skipped), None, total)
     except HostError as e:
         return CollectResult(name, error=str(e))

@@ -148,5 +148,7 @@ def collect(sup: Supervisor, store: RunStore, run_id: str, globs: tuple[str, ...
 
 
 def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> None:
-    store.update(run_id, status=outcome.status, exit_code=outcome.exit_code, failed_host=outcome.first_failed,
+    # `clusterddp stop` from another terminal ends the nodes with a signal: that is a stop, not a failure
+    stopped = store.load(run_id)["status"] == "stopped"
+    store.update(run_id, status="stopped" if stopped else outcome.status, exit_code=outcome.exit_code, failed_host=outcome.first_failed,
                  ended_at=utcnow(), nodes=node_patch(sup))

@@ -236,7 +236,7 @@ def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE) -> str:
 
 
 _LIST_PY = r"""
-import glob, hashlib, json, os, sys
+import glob, json, os, sys
 os.chdir(sys.argv[1])
 seen = set()
 for pat in sys.argv[2:]:
@@ -245,25 +245,63 @@ for pat in sys.argv[2:]:
             continue
         seen.add(p)
         st = os.stat(p)
-        h = hashlib.sha256()
+        print(json.dumps({"path": p, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
+"""
+
+_HASH_PY = r"""
+import hashlib, json, os, sys
+os.chdir(sys.argv[1])
+for p in sys.argv[2:]:
+    h = hashlib.sha256()
+    try:
         with open(p, "rb") as f:
             for b in iter(lambda: f.read(1 << 20), b""):
                 h.update(b)
-        st2 = os.stat(p)
-        stable = (st.st_size, st.st_mtime_ns) == (st2.st_size, st2.st_mtime_ns)
-        print(json.dumps({"path": p, "size": st2.st_size, "sha256": h.hexdigest(), "stable": stable}))
+        print(json.dumps({"path": p, "sha256": h.hexdigest()}))
+    except OSError as e:
+        print(json.dumps({"path": p, "error": str(e)}))
+"""
+
+# Sends a file on stdout and, at the end, its size, sha256 and whether it changed while being
+# read on stderr: one pass over the file on the node, so fetching runs at the link's speed.
+_SEND_PY = r"""
+import hashlib, json, os, sys
+p = sys.argv[1]
+st = os.stat(p)
+h = hashlib.sha256()
+n = 0
+out = sys.stdout.buffer
+with open(p, "rb") as f:
+    for b in iter(lambda: f.read(1 << 20), b""):
+        out.write(b)
+        h.update(b)
+        n += len(b)
+out.flush()
+st2 = os.stat(p)
+stable = (st.st_size, st.st_mtime_ns) == (st2.st_size, st2.st_mtime_ns) == (n, st2.st_mtime_ns)
+sys.stderr.write(json.dumps({"size": n, "sha256": h.hexdigest(), "stable": stable}) + "\n")
 """
 
 
-def list_command(node: NodeLaunch, globs: tuple[str, ...]) -> str:
-    """List files matching ``globs`` under the run folder as JSON lines (path, size, sha256, stable)."""
+def _py(node: NodeLaunch, code: str, *args: str) -> str:
+    """Run a stdlib-only Python snippet with the node's interpreter, after its setup lines."""
     setup = "".join(f"{{ {line}\n}} >/dev/null 2>&1; " for line in node.host.setup)
-    py = node.host.python
-    return (f"{setup}{q(py)} -c {q(_LIST_PY)} {qpath(node.run_dir)} " + " ".join(q(g) for g in globs))
+    return f"{setup}{q(node.host.python)} -c {q(code)} " + " ".join(args)
 
 
-def cat_command(node: NodeLaunch, rel_path: str) -> str:
-    return f"cat {qpath(posixpath.join(node.run_dir, rel_path))}"
+def list_command(node: NodeLaunch, globs: tuple[str, ...]) -> str:
+    """List files matching ``globs`` under the run folder as JSON lines (path, size, mtime_ns)."""
+    return _py(node, _LIST_PY, qpath(node.run_dir), *(q(g) for g in globs))
+
+
+def hash_command(node: NodeLaunch, paths: list[str]) -> str:
+    """Print the sha256 of each path (relative to the run folder) as JSON lines."""
+    return _py(node, _HASH_PY, qpath(node.run_dir), *(q(p) for p in paths))
+
+
+def send_command(node: NodeLaunch, rel_path: str) -> str:
+    """Stream one file on stdout; its size, sha256 and stability follow on stderr."""
+    return _py(node, _SEND_PY, qpath(posixpath.join(node.run_dir, rel_path)))
 
 
 def node_log_command(node: NodeLaunch) -> str:

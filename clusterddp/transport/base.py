@@ -32,9 +32,11 @@ class Transport(Protocol):
         """Run ``command`` to completion, feeding ``stdin`` if given."""
         ...
 
-    def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None) -> int:
-        """Run ``command``, passing stdout and stderr chunks to ``on_data`` as they come; return its exit code.
+    def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None,
+               stderr_to: bytearray | None = None) -> int:
+        """Run ``command``, passing output chunks to ``on_data`` as they come; return its exit code.
 
+        stderr is merged into the stream unless ``stderr_to`` is given, which then collects it.
         ``timeout`` bounds the wait for each chunk (not the whole command).
         """
         ...

@@ -27,15 +27,18 @@ class LocalTransport:
             raise HostError(self.name, f"command timed out after {timeout:g}s") from None
         return CommandResult(p.returncode, p.stdout, p.stderr)
 
-    def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None) -> int:
+    def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None,
+               stderr_to: bytearray | None = None) -> int:
         p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT)
+                             stderr=subprocess.STDOUT if stderr_to is None else subprocess.PIPE)
         with self._lock:
             self._procs.add(p)
         try:
             assert p.stdout is not None
-            while chunk := p.stdout.read1(65536):
+            while chunk := p.stdout.read1(1 << 20):
                 on_data(chunk)
+            if stderr_to is not None and p.stderr is not None:
+                stderr_to += p.stderr.read()  # small: a status line; stdout is already drained
             return p.wait()
         finally:
             with self._lock:

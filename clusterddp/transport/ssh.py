@@ -121,13 +121,17 @@ class SSHTransport:
             chan.close()
         return CommandResult(code, bytes(out), bytes(err))
 
-    def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None) -> int:
+    def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None,
+               stderr_to: bytearray | None = None) -> int:
         chan = self._channel(command, timeout)
-        chan.set_combine_stderr(True)
+        chan.set_combine_stderr(stderr_to is None)
         try:
             chan.shutdown_write()
-            while chunk := chan.recv(65536):
+            while chunk := chan.recv(1 << 20):
                 on_data(chunk)
+            if stderr_to is not None:
+                while chunk := chan.recv_stderr(65536):
+                    stderr_to += chunk
             return chan.recv_exit_status()
         except socket.timeout:
             raise HostError(self.name, f"no data for {timeout:g}s") from None

@@ -1,0 +1,167 @@
+"""`clusterddp runs | status | logs | stop | collect`: history and control of runs, no daemon needed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Iterator, Optional
+
+import typer
+
+from .common import RUNS_DIR, PrefixPrinter, err, handle_errors, is_tty
+
+RUN = typer.Argument(..., help="A run id, or a unique prefix of one.")
+
+
+def _store(runs_dir: str):
+    from ..store import RunStore
+    return RunStore(runs_dir)
+
+
+def _duration(row: dict) -> str:
+    try:
+        start = datetime.fromisoformat(row["started_at"])
+        end = datetime.fromisoformat(row["ended_at"]) if row.get("ended_at") else datetime.now(start.tzinfo)
+    except (TypeError, ValueError):
+        return "-"
+    secs = int((end - start).total_seconds())
+    return f"{secs // 3600}h{secs % 3600 // 60:02d}m" if secs >= 3600 else f"{secs // 60}m{secs % 60:02d}s"
+
+
+@handle_errors
+def runs(runs_dir: str = RUNS_DIR, as_json: bool = typer.Option(False, "--json", help="Print a JSON list.")) -> None:
+    """List runs, newest first."""
+    rows = _store(runs_dir).list()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        print(f"no runs in {_store(runs_dir).root}")
+        return
+    head = ("RUN", "NAME", "STATUS", "HOSTS", "STARTED", "DURATION", "SCHEDULE")
+    table = [head] + [(r["run_id"], r["name"] or "-", r["status"] + (f" ({r['failed_host']})" if r["failed_host"]
+                                                                       else ""),
+                       r["hosts"] or "-", (r["started_at"] or "-")[:19].replace("T", " "), _duration(r),
+                       r.get("schedule") or "-") for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+@handle_errors
+def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
+    """Ask every node whether its part of RUN still runs; update the run record."""
+    from .. import control
+    store = _store(runs_dir)
+    run_id = store.resolve(run)
+    rec, nodes = control.status(store, run_id)
+    print(f"run {run_id}: {rec['status']}" + (f" (failed first: {rec['failed_host']})"
+                                             if rec["status"] == "failed" and rec["failed_host"] else ""))
+    for n in nodes:
+        code = "" if n.exit_code is None else f" exit {n.exit_code}"
+        print(f"  {n.host}: {n.state}{code}" + (f" - {n.error}" if n.error else ""))
+    bad = [n.host for n in nodes if n.state in ("exited", "lost", "missing") and n.exit_code != 0]
+    if rec["status"] == "running" and bad:
+        print(f"warning: {', '.join(bad)} ended badly while other nodes still run; "
+              f"stop the run with `clusterddp stop {run_id}`")
+
+
+@handle_errors
+def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
+         follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the run ends."),
+         host: Optional[list[str]] = typer.Option(None, "--host", help="Only this host (repeatable)."),
+         tail: Optional[int] = typer.Option(None, "--tail", min=0, help="Only the last N lines of each node.")
+         ) -> None:
+    """Print RUN's node logs with host prefixes: from the nodes when reachable, else the local copies."""
+    from .. import control
+    store = _store(runs_dir)
+    run_id = store.resolve(run)
+    rec = store.load(run_id)
+    names = [n["host"] for n in rec["nodes"]]
+    unknown = [h for h in host or [] if h not in names]
+    if unknown:
+        from ..errors import UsageError
+        raise UsageError(f"--host {', '.join(unknown)}: not a host of run {run_id}", f"choose from {', '.join(names)}")
+    printer = PrefixPrinter(names)
+    logs_ = control.node_logs(store, run_id, host)
+    from_lines = {}
+    for h, (data, source) in logs_.items():
+        lines = data.split(b"\n")[:-1]  # complete lines only; a partial last one comes with --follow
+        from_lines[h] = len(lines) + 1
+        if source != "node":
+            err(f"{h}: node not reachable; showing the {source}")
+        shown = lines[-tail:] if tail is not None else lines
+        if tail == 0:
+            shown = []
+        printer(h, b"".join(line + b"\n" for line in shown))
+    if follow and rec["status"] == "running":
+        control.follow(store, run_id, printer, host, from_lines)
+        printer.flush()
+
+
+@contextmanager
+def _progress() -> Iterator[object]:
+    """A rich transfer bar per host on a terminal; silent otherwise."""
+    if not is_tty():
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), transient=True) as bar:
+        class P:
+            ids: dict = {}
+
+            def start(self, host: str, total: int) -> None:
+                if total > 8 << 20:  # small transfers need no bar
+                    self.ids[host] = bar.add_task(host, total=total)
+
+            def advance(self, host: str, n: int) -> None:
+                if host in self.ids:
+                    bar.advance(self.ids[host], n)
+        yield P()
+
+
+def _report(results) -> int:
+    failed = 0
+    for r in sorted(results, key=lambda r: r.host):
+        if r.error:
+            failed += 1
+            err(f"  {r.host}: error: {r.error}")
+        else:
+            extra = f", {len(r.skipped)} skipped (still being written)" if r.skipped else ""
+            print(f"  {r.host}: {len(r.fetched)} fetched ({r.bytes / 1e6:.1f} MB), {len(r.whole)} already whole{extra}")
+    return failed
+
+
+@handle_errors
+def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
+         grace: float = typer.Option(10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")) -> None:
+    """End RUN on every node (SIGTERM, then SIGKILL), mark it stopped, and collect its logs."""
+    from .. import control
+    store = _store(runs_dir)
+    run_id = store.resolve(run)
+    rec, results, collected = control.stop(store, run_id, grace)
+    print(f"run {run_id}: {rec['status']}")
+    unreachable = 0
+    for h, what in results.items():
+        print(f"  {h}: {what}")
+        unreachable += what.startswith(("unreachable", "error", "survivors"))
+    if unreachable:
+        err("some nodes could not be stopped; run `clusterddp stop` again once they answer")
+        raise typer.Exit(1)
+
+
+@handle_errors
+def collect(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
+    """Bring back RUN's logs and collect globs from every node, verifying each file by sha256."""
+    from .. import control
+    store = _store(runs_dir)
+    run_id = store.resolve(run)
+    with _progress() as progress:
+        results = control.collect(store, run_id, progress=progress)
+    print(f"run {run_id}: collected into {store.run_dir(run_id) / 'artifacts'}")
+    if _report(results):
+        raise typer.Exit(1)
+    sys.stdout.flush()

@@ -1,0 +1,156 @@
+"""Run history and control on the test bed: detach, runs, status, logs, stop, collect, launcher death."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import cddp, cddp_popen, eventually, job_pids, record, run_id_of, wait_for_line
+
+pytestmark = pytest.mark.integration
+
+TICKER = r'''
+import os, sys, time
+rank = int(os.environ["RANK"])
+n = int(os.environ.get("CDDP_TEST_TICKS", "600"))
+if rank == 0:
+    os.makedirs("checkpoints", exist_ok=True)
+    with open("checkpoints/weights.bin", "wb") as f:
+        f.write(os.urandom(3 << 20))
+print(f"rank {rank} ready", flush=True)
+for i in range(n):
+    print(f"rank {rank} tick {i}", flush=True)
+    time.sleep(0.25)
+print(f"rank {rank} finished", flush=True)
+'''
+
+
+@pytest.fixture
+def ticker(tmp_path) -> Path:
+    src = tmp_path / "job"
+    src.mkdir()
+    (src / "ticker.py").write_text(TICKER)
+    return src / "ticker.py"
+
+
+def up_detached(inv, script, runs, *extra) -> str:
+    r = cddp("up", str(inv), str(script), "--runs-dir", str(runs), "--gpus", "1", "--detach", *extra, check_rc=0,
+             timeout=60)
+    assert "clusterddp stop" in r.stdout
+    return run_id_of(r.stdout)
+
+
+def test_detach_then_runs_status_logs_stop(bed, tmp_path, ticker):
+    runs = tmp_path / "runs"
+    inv = bed.write_inventory(tmp_path / "inv.yaml")
+    t0 = time.monotonic()
+    run_id = up_detached(inv, ticker, runs, "--name", "nightly")
+    assert time.monotonic() - t0 < 30  # returns once started, long before the job's 150 s
+    rows = json.loads(cddp("runs", "--json", "--runs-dir", str(runs), check_rc=0).stdout)
+    assert rows[0]["run_id"] == run_id and rows[0]["status"] == "running" and rows[0]["name"] == "nightly"
+    st = cddp("status", run_id, "--runs-dir", str(runs), check_rc=0).stdout
+    assert f"run {run_id}: running" in st and "node1: running" in st and "node2: running" in st
+    assert eventually(lambda: "tick 2" in cddp("logs", run_id, "--runs-dir", str(runs)).stdout, 60)
+    out = cddp("logs", run_id, "--runs-dir", str(runs), "--host", "node2", "--tail", "1", check_rc=0).stdout
+    assert out.count("\n") == 1 and out.startswith("[node2] ")
+    stop = cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "3", check_rc=0).stdout
+    assert f"run {run_id}: stopped" in stop
+    assert eventually(lambda: not job_pids(run_id), 10), job_pids(run_id)
+    assert record(runs, run_id)["status"] == "stopped"
+    assert "tick" in (runs / run_id / "logs" / "node1.log").read_text()  # stop collected the logs
+    table = cddp("runs", "--runs-dir", str(runs), check_rc=0).stdout
+    assert run_id in table and "stopped" in table and "nightly" in table
+
+
+def test_job_survives_launcher_sigkill_and_can_be_stopped_later(bed, tmp_path, ticker):
+    runs = tmp_path / "runs"
+    inv = bed.write_inventory(tmp_path / "inv.yaml")
+    p = cddp_popen("up", str(inv), str(ticker), "--runs-dir", str(runs), "--gpus", "1")
+    lines = wait_for_line(p, "rank 1 ready")
+    run_id = run_id_of(lines[0])
+    p.send_signal(signal.SIGKILL)  # the laptop closes
+    p.wait(timeout=10)
+    time.sleep(2)
+    pids = job_pids(run_id)
+    assert pids, "the job died with its launcher"
+    for node in bed.nodes:
+        assert (Path(node.workdir) / "runs" / run_id / ".clusterddp" / "pid").is_file()
+    st = cddp("status", run_id[:17], "--runs-dir", str(runs), check_rc=0).stdout  # a prefix is enough
+    assert f"run {run_id}: running" in st
+    assert cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "3", check_rc=0)
+    assert eventually(lambda: not job_pids(run_id), 10)
+    for node in bed.nodes:
+        assert eventually(lambda: not bed.ns_pids(node), 10), bed.ns_pids(node)
+
+
+def test_logs_follow_streams_until_the_run_ends_and_status_records_success(bed, tmp_path, ticker):
+    runs = tmp_path / "runs"
+    inv = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"env": {"CDDP_TEST_TICKS": "12"}})
+    run_id = up_detached(inv, ticker, runs)
+    r = cddp("logs", run_id, "--follow", "--runs-dir", str(runs), check_rc=0, timeout=120)
+    assert "[node1] rank 0 finished" in r.stdout and "[node2] rank 1 finished" in r.stdout
+    assert r.stdout.count("[node2] rank 1 tick 11") == 1  # no line twice across the catch-up and the follow
+    assert "run " + run_id + ": succeeded" in cddp("status", run_id, "--runs-dir", str(runs), check_rc=0).stdout
+    rec = record(runs, run_id)
+    assert rec["status"] == "succeeded" and rec["ended_at"] and [n["exit_code"] for n in rec["nodes"]] == [0, 0]
+
+
+def test_collect_repairs_a_truncated_copy_and_skips_whole_files(bed, tmp_path, ticker):
+    runs = tmp_path / "runs"
+    inv = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"env": {"CDDP_TEST_TICKS": "1"}},
+                              extra={"collect": ["checkpoints/**"]})
+    r = cddp("up", str(inv), str(ticker), "--runs-dir", str(runs), "--gpus", "1", check_rc=0)
+    run_id = run_id_of(r.stdout)
+    local = runs / run_id / "artifacts" / "node1" / "checkpoints" / "weights.bin"
+    remote = Path(bed.nodes[0].workdir) / "runs" / run_id / "checkpoints" / "weights.bin"
+    assert local.read_bytes() == remote.read_bytes()
+    with open(local, "r+b") as f:
+        f.truncate(1000)
+    out = cddp("collect", run_id, "--runs-dir", str(runs), check_rc=0).stdout
+    assert "node1: 1 fetched" in out
+    assert local.read_bytes() == remote.read_bytes()
+    with open(local, "r+b") as f:  # same size, one byte flipped: only a hash can tell
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert "node1: 1 fetched" in cddp("collect", run_id, "--runs-dir", str(runs), check_rc=0).stdout
+    assert local.read_bytes() == remote.read_bytes()
+    t0 = time.monotonic()
+    out = cddp("collect", run_id, "--runs-dir", str(runs), check_rc=0).stdout
+    assert "node1: 0 fetched (0.0 MB), 1 already whole" in out and time.monotonic() - t0 < 10
+
+
+def test_unknown_and_ambiguous_run_ids_exit_2(tmp_path):
+    runs = tmp_path / "runs"
+    for rid in ("20261129-100000-aaaa", "20261129-100000-aaab"):
+        (runs / rid).mkdir(parents=True)
+        (runs / rid / "run.json").write_text(json.dumps({"run_id": rid, "nodes": [], "status": "running"}))
+    r = cddp("status", "20261129-1000", "--runs-dir", str(runs))
+    assert r.returncode == 2 and "matches 2 runs" in r.stderr
+    r = cddp("logs", "nope", "--runs-dir", str(runs))
+    assert r.returncode == 2 and "no run matches 'nope'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_unreachable_node_is_reported_in_bounded_time(make_bed, tmp_path, ticker):
+    bed = make_bed(2)
+    runs = tmp_path / "runs"
+    inv = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"connect_timeout": 3})
+    run_id = up_detached(inv, ticker, runs)
+    subprocess.run(["ip", "link", "set", bed.nodes[1].veth, "down"], check=True)
+    try:
+        t0 = time.monotonic()
+        out = cddp("status", run_id, "--runs-dir", str(runs), check_rc=0, timeout=60).stdout
+        took = time.monotonic() - t0
+        assert "node1: running" in out and "node2: unreachable" in out, out
+        assert took < 15, f"status took {took:.1f}s with a node down"
+    finally:
+        subprocess.run(["ip", "link", "set", bed.nodes[1].veth, "up"], check=True)
+    cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "2", check_rc=0, timeout=60)
+    assert eventually(lambda: not job_pids(run_id), 10)
