@@ -29,14 +29,17 @@ import io
 import os
 import re
 import secrets
+import sys
+import warnings
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -125,6 +128,9 @@ def init(backend: str | None = None, timeout: datetime.timedelta | None = None) 
             kwargs: dict[str, Any] = {"backend": chosen}
             if timeout is not None:
                 kwargs["timeout"] = timeout
+            store = _restart_safe_store(rank, timeout)
+            if store is not None:
+                kwargs.update(store=store, rank=rank, world_size=world_size)
             # device_id lets NCCL create its communicator eagerly and lets barrier() pick the
             # right GPU; it only exists in torch >= 2.3 and only makes sense for a CUDA device.
             if device.type == "cuda" and "device_id" in inspect.signature(dist.init_process_group).parameters:
@@ -148,6 +154,31 @@ def init(backend: str | None = None, timeout: datetime.timedelta | None = None) 
     return _CTX
 
 
+def _restart_safe_store(rank: int, timeout: datetime.timedelta | None) -> dist.Store | None:
+    """A store whose keys cannot collide with those of an earlier torchrun restart, or None.
+
+    Since torch 2.5 torchrun's c10d rendezvous shares its agent's TCPStore with the workers
+    (TORCHELASTIC_USE_AGENT_STORE=True), and in torch 2.13 that store outlives a restart
+    with no per-attempt key prefix: after ``--max-restarts`` kicks in, gloo/NCCL read the
+    previous attempt's peer addresses and fail with "Connection refused" or hang
+    (pytorch/pytorch#135712, #167288). On a single node every worker sees the same
+    TORCHELASTIC_RESTART_COUNT, so prefixing the keys with it isolates attempts. Across
+    nodes the count is per agent and may differ, so there the only fix is launching torchrun
+    with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh store per attempt); warn if missing.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    if _env_int("GROUP_WORLD_SIZE", 1) != 1:
+        if rank == 0 and _env_int("TORCHELASTIC_MAX_RESTARTS", 0) > 0:
+            warnings.warn("torchrun shares its TCPStore with workers and restarts are enabled: "
+                          "restarted workers may fail to connect; launch torchrun with "
+                          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", RuntimeWarning, stacklevel=3)
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout or default_pg_timeout)
+    return dist.PrefixStore(f"clusterddp/restart_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def context() -> Context:
     """The current Context, initialising (as :func:`init` with defaults) if needed."""
     return _CTX if _CTX is not None else init()
@@ -161,13 +192,20 @@ def cleanup() -> None:
     _CTX = None
 
 
-def print0(*args: Any, **kwargs: Any) -> None:
-    """``print`` on global rank 0 only, always flushed (torchrun pipes stdout, so unflushed
-    lines would show up late or be lost when a rank is killed)."""
+def print0(*args: Any, sep: str | None = " ", end: str | None = "\n", file: TextIO | None = None,
+           flush: bool = True) -> None:
+    """``print`` on global rank 0 only, and always flushed: unflushed lines show up late, or
+    never if the rank is killed.
+
+    The line goes out in one ``write``: torchrun runs workers with ``python -u``, where
+    ``print`` writes each piece separately, so lines from ranks sharing a pipe can interleave.
+    """
     rank = _CTX.rank if _CTX is not None else _env_int("RANK", 0)  # no init just to print
-    if rank == 0:
-        kwargs["flush"] = True
-        print(*args, **kwargs)
+    if rank != 0:
+        return
+    out = sys.stdout if file is None else file
+    out.write((" " if sep is None else sep).join(map(str, args)) + ("\n" if end is None else end))
+    out.flush()
 
 
 def wrap(model: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:

@@ -1,0 +1,382 @@
+"""Tests for clusterddp.train and the examples, in-process and under a real 2-process torchrun (gloo, CPU)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import TensorDataset
+
+import clusterddp.train as ct
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+TORCHRUN_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                     "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+
+
+def _env() -> dict[str, str]:
+    """Environment for child processes: 1 thread each (2-core CI box), package importable."""
+    # Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE the restart test exercises ct.init's own fix.
+    env = {k: v for k, v in os.environ.items()
+           if k not in TORCHRUN_ENV_VARS and k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    # Own session, so a hung run is killed with all its workers, not just the torchrun agent.
+    with subprocess.Popen(args, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, start_new_session=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            pytest.fail(f"timed out after {timeout}s: {args}\n{out}")
+    return subprocess.CompletedProcess(args, proc.returncode, out)
+
+
+def _torchrun(script: Path, *args: str, cwd: Path, extra: tuple[str, ...] = (),
+              timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    # --standalone picks a free rendezvous port, so runs never collide.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           *extra, str(script), *args]
+    return _run(cmd, cwd, timeout)
+
+
+@pytest.fixture
+def solo(monkeypatch: pytest.MonkeyPatch):
+    """A clean non-torchrun world: no torchrun env vars, no cached context, no group left over."""
+    for name in TORCHRUN_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    ct.cleanup()
+    yield
+    ct.cleanup()
+
+
+def _load_example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ----------------------------------------------------------------------------- world of one
+
+
+def test_init_outside_torchrun_is_world_of_one(solo, capsys) -> None:
+    ctx = ct.init()
+    assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.distributed, ctx.is_main) == (0, 1, 0, False, True)
+    assert ctx.backend is None
+    assert ctx.device == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
+    assert not dist.is_initialized()
+    assert ct.init() is ctx  # cached
+    with pytest.raises(AttributeError):
+        ctx.rank = 1  # type: ignore[misc]  # frozen
+    model = torch.nn.Linear(2, 2)
+    assert ct.wrap(model) is model
+    ct.print0("hello", 1)
+    ct.print0("a", "b", sep="-", end="!")
+    assert capsys.readouterr().out == "hello 1\na-b!"
+    ct.cleanup()
+    ct.cleanup()  # idempotent
+
+
+def test_print0_is_silent_on_other_ranks(solo, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("RANK", "1")  # before init, print0 reads RANK rather than initialising
+    ct.print0("nope")
+    assert capsys.readouterr().out == ""
+
+
+def test_loader_reshuffles_per_epoch_and_replays_after_resume(solo) -> None:
+    data = TensorDataset(torch.arange(20))
+    loader = ct.make_loader(data, batch_size=4)
+    assert len(loader) == 5
+
+    def order() -> list[int]:
+        return [int(v) for (batch,) in loader for v in batch]
+
+    plain = [order() for _ in range(3)]  # no set_epoch at all: epochs 0, 1, 2
+    assert all(sorted(o) == list(range(20)) for o in plain)
+    assert plain[0] != plain[1] != plain[2]
+    resumed = ct.make_loader(data, batch_size=4)  # a restarted job resuming at epoch 1
+    assert [e for e in resumed.epochs(1, 3)] == [1, 2]
+    replay = []
+    for _ in resumed.epochs(1, 3):
+        replay.append([int(v) for (batch,) in resumed for v in batch])
+    assert replay == plain[1:]
+    loader.set_epoch(0)
+    assert order() == plain[0]
+    assert loader.epoch == 0
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_save_and_load_round_trip(solo, tmp_path) -> None:
+    assert ct.load_latest(tmp_path / "none") is None
+    for step in (1, 2):
+        path = ct.save_checkpoint({"w": torch.full((3,), float(step)), "step": step}, step, tmp_path)
+        assert path == tmp_path / f"step-{step}.pt"
+    obj, step = ct.load_latest(tmp_path)
+    assert step == 2 and torch.equal(obj["w"], torch.full((3,), 2.0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1.pt", "step-2.pt"]
+    assert (tmp_path / "step-2.pt").stat().st_mode & 0o777 != 0o600  # not mkstemp's private mode
+
+
+@pytest.mark.parametrize("fail_in", ["torch.save", "os.replace"])
+def test_failed_save_keeps_previous_checkpoint(solo, tmp_path, monkeypatch, fail_in) -> None:
+    ct.save_checkpoint({"v": 1}, 1, tmp_path)
+    real_save = torch.save
+
+    def partial_save(obj, f, *a, **kw):  # half a file reaches the disk, then the "crash"
+        buf = __import__("io").BytesIO()
+        real_save(obj, buf)
+        f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+        raise OSError("disk full")
+
+    def failing_replace(src, dst):
+        raise OSError("crash before rename")
+
+    if fail_in == "torch.save":
+        monkeypatch.setattr(torch, "save", partial_save)
+    else:
+        monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        ct.save_checkpoint({"v": 2}, 2, tmp_path)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["step-1.pt"]  # no step-2.pt, temp removed
+    assert ct.load_latest(tmp_path) == ({"v": 1}, 1)
+
+
+def test_hard_crash_mid_save_leaves_only_a_temp_file(solo, tmp_path) -> None:
+    # os._exit in place of os.replace: like SIGKILL after the data is written, no cleanup runs.
+    script = tmp_path / "crash.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import clusterddp.train as ct
+        ct.save_checkpoint({"v": 1}, 1, sys.argv[1])
+        os.replace = lambda *a: os._exit(9)
+        ct.save_checkpoint({"v": 2}, 2, sys.argv[1])
+    """))
+    ckpt = tmp_path / "ck"
+    proc = _run([sys.executable, str(script), str(ckpt)], tmp_path, timeout=60)
+    assert proc.returncode == 9, proc.stdout
+    names = sorted(p.name for p in ckpt.iterdir())
+    assert names[1] == "step-1.pt" and names[0].startswith(".step-2.") and names[0].endswith(".tmp")
+    assert ct.load_latest(ckpt) == ({"v": 1}, 1)
+    ct.save_checkpoint({"v": 3}, 3, ckpt)  # the next save sweeps the leftover temp file
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-1.pt", "step-3.pt"]
+
+
+def test_only_step_int_pt_names_count(solo, tmp_path) -> None:
+    torch.save({"v": 1}, tmp_path / "step-1.pt")
+    for stray in ("step-9.pt.tmp", ".step-8.123.ab.tmp", "step-x.pt", "step-7.pt.bak", "step--6.pt",
+                  "xstep-5.pt"):
+        torch.save({"v": "stray"}, tmp_path / stray)
+    assert ct.load_latest(tmp_path) == ({"v": 1}, 1)
+
+
+def test_corrupt_newest_checkpoint_is_skipped(solo, tmp_path) -> None:
+    ct.save_checkpoint({"v": 1}, 1, tmp_path, keep=None)
+    ct.save_checkpoint({"v": 2}, 2, tmp_path, keep=None)
+    data = (tmp_path / "step-2.pt").read_bytes()
+    (tmp_path / "step-2.pt").write_bytes(data[: len(data) // 2])  # truncated
+    (tmp_path / "step-3.pt").write_bytes(b"")  # empty
+    (tmp_path / "step-4.pt").write_bytes(b"garbage" * 10)
+    # A flipped byte inside the pickle of a well-formed zip: torch.load reports it as a
+    # weights_only refusal, only the zip CRC tells it apart from a real one.
+    flipped = bytearray((tmp_path / "step-1.pt").read_bytes())
+    flipped[flipped.index(b"\x80\x02") + 2] ^= 0xFF
+    (tmp_path / "step-5.pt").write_bytes(bytes(flipped))
+    with pytest.raises(Exception):
+        torch.load(tmp_path / "step-5.pt")
+    assert ct.load_latest(tmp_path) == ({"v": 1}, 1)
+
+
+def test_weights_only_refusal_is_not_mistaken_for_corruption(solo, tmp_path) -> None:
+    ct.save_checkpoint({"v": 1}, 1, tmp_path)
+    ct.save_checkpoint({"args": argparse.Namespace(lr=0.1)}, 2, tmp_path)
+    # torch's default weights_only=True refuses Namespace: raise, don't silently resume from step 1.
+    with pytest.raises(pickle.UnpicklingError):
+        ct.load_latest(tmp_path)
+    obj, step = ct.load_latest(tmp_path, weights_only=False)
+    assert step == 2 and obj["args"].lr == 0.1
+
+
+def test_keep_prunes_by_step_number_not_mtime(solo, tmp_path) -> None:
+    for step in (100, 20, 3):
+        torch.save({"v": step}, tmp_path / f"step-{step}.pt")
+    # Make mtimes run opposite to steps: step-3 newest on disk, step-100 oldest.
+    for age, step in enumerate((3, 20, 100)):
+        os.utime(tmp_path / f"step-{step}.pt", (1_000_000 - age * 1000,) * 2)
+    ct.save_checkpoint({"v": 50}, 50, tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-100.pt", "step-50.pt"]
+    ct.save_checkpoint({"v": 1}, 1, tmp_path, keep=None)
+    assert len(list(tmp_path.iterdir())) == 3
+    with pytest.raises(ValueError):
+        ct.save_checkpoint({}, 5, tmp_path, keep=0)
+
+
+# ----------------------------------------------------------------------------- real torchrun
+
+WORKER = """
+import json, sys
+from pathlib import Path
+import torch
+import clusterddp.train as ct
+from torch.utils.data import TensorDataset
+
+base = Path(sys.argv[1])
+ctx = ct.init()
+assert ct.init() is ctx
+out = {"rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank,
+       "backend": ctx.backend, "distributed": ctx.distributed, "is_main": ctx.is_main,
+       "wrapped": type(ct.wrap(torch.nn.Linear(2, 2))).__name__}
+
+# Each case dir has rank0/ and rank1/: like two nodes with their own local disks.
+def load(case):
+    found = ct.load_latest(base / case / f"rank{ctx.rank}")
+    return None if found is None else [found[0]["who"], found[1]]
+for case in ("agree", "missing", "corrupt", "empty"):
+    out[case] = load(case)
+
+shared = base / "shared"
+path = ct.save_checkpoint({"who": "saved"}, 7, shared)
+out["saved_path"] = None if path is None else path.name
+out["visible_after_barrier"] = (shared / "step-7.pt").exists()  # the barrier ordered it
+
+loader = ct.make_loader(TensorDataset(torch.arange(10)), batch_size=2)
+out["shard"] = [int(v) for (b,) in loader for v in b]
+# One file per rank: both ranks share torchrun's stdout, where lines can interleave.
+(base / f"result-{ctx.rank}.json").write_text(json.dumps(out))
+ct.cleanup()
+"""
+
+
+@pytest.fixture(scope="module")
+def torchrun_results(tmp_path_factory) -> dict[int, dict]:
+    """One 2-process torchrun shared by the tests below (each torchrun costs seconds)."""
+    base = tmp_path_factory.mktemp("tr")
+
+    def put(case: str, rank: int, step: int, who: str | None) -> None:
+        d = base / case / f"rank{rank}"
+        d.mkdir(parents=True, exist_ok=True)
+        if who is None:
+            (d / f"step-{step}.pt").write_bytes(b"truncated")
+        else:
+            torch.save({"who": who}, d / f"step-{step}.pt")
+
+    # agree: rank 1's disk has a stray newer step-3 that rank 0's does not; rank 0 decides.
+    for r in (0, 1):
+        put("agree", r, 1, f"r{r}")
+        put("agree", r, 2, f"r{r}")
+    put("agree", 1, 3, "r1-stray")
+    # missing: rank 1 has nothing; it must get step 2 from rank 0 over the process group.
+    put("missing", 0, 1, "r0")
+    put("missing", 0, 2, "r0")
+    (base / "missing" / "rank1").mkdir(parents=True)
+    # corrupt: rank 0's step-3 is truncated (rank 1's is fine), so everyone falls back to 2.
+    put("corrupt", 0, 3, None)
+    put("corrupt", 1, 3, "r1")
+    put("corrupt", 0, 2, "r0")
+    put("corrupt", 1, 2, "r1")
+    # empty: rank 0 has no checkpoint, rank 1 has one; rank 0 decides "none".
+    (base / "empty" / "rank0").mkdir(parents=True)
+    put("empty", 1, 5, "r1")
+
+    script = base / "worker.py"
+    script.write_text(WORKER)
+    proc = _torchrun(script, str(base), cwd=base)
+    assert proc.returncode == 0, proc.stdout
+    return {r: json.loads((base / f"result-{r}.json").read_text()) for r in (0, 1)}
+
+
+def test_init_under_torchrun(torchrun_results) -> None:
+    for rank, r in torchrun_results.items():
+        assert (r["world_size"], r["local_rank"], r["backend"], r["distributed"]) == (2, rank, "gloo", True)
+        assert r["is_main"] == (rank == 0)
+        assert r["wrapped"] == "DistributedDataParallel"
+
+
+def test_load_latest_agrees_across_ranks(torchrun_results) -> None:
+    r0, r1 = torchrun_results[0], torchrun_results[1]
+    assert r0["agree"] == ["r0", 2] and r1["agree"] == ["r1", 2]  # own copy of step 2, not stray 3
+    assert r0["missing"] == ["r0", 2] and r1["missing"] == ["r0", 2]  # shipped from rank 0
+    assert r0["corrupt"] == ["r0", 2] and r1["corrupt"] == ["r1", 2]
+    assert r0["empty"] is None and r1["empty"] is None
+
+
+def test_save_and_loader_under_torchrun(torchrun_results) -> None:
+    r0, r1 = torchrun_results[0], torchrun_results[1]
+    assert r0["saved_path"] == "step-7.pt" and r1["saved_path"] is None
+    assert r1["visible_after_barrier"]
+    assert len(r0["shard"]) == len(r1["shard"]) == 5
+    assert sorted(r0["shard"] + r1["shard"]) == list(range(10))  # disjoint shards cover the data
+
+
+# ----------------------------------------------------------------------------- examples
+
+
+def test_ddp_train_runs_then_resumes(tmp_path, solo, capsys) -> None:
+    ckpt = tmp_path / "ck"
+    proc = _torchrun(EXAMPLES / "ddp_train.py", "--checkpoint-dir", str(ckpt), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout
+    # 512 samples / 2 ranks / batch 32 = 8 steps per epoch, 3 epochs; rank 0 alone prints.
+    assert proc.stdout.count("done world_size=2 final_step=24") == 1, proc.stdout
+    assert "resumed" not in proc.stdout
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-16.pt", "step-24.pt", "step-8.pt"]
+
+    # Second run, in-process as a plain `python ddp_train.py`: resumes at world size 1.
+    _load_example("ddp_train").main(["--checkpoint-dir", str(ckpt), "--epochs", "4"])
+    out = capsys.readouterr().out
+    assert "resumed from step 24" in out and "done world_size=1 final_step=40" in out, out
+
+
+def test_ddp_train_restarts_after_crash(tmp_path) -> None:
+    ckpt = tmp_path / "ck"
+    proc = _torchrun(EXAMPLES / "ddp_train.py", "--checkpoint-dir", str(ckpt), "--crash-at-epoch", "1",
+                     "--crash-rank", "1", cwd=tmp_path, extra=("--max-restarts", "1"))
+    assert proc.returncode == 0, proc.stdout
+    assert "simulated crash at epoch 1" in proc.stdout
+    assert "resumed from step 8" in proc.stdout and "done world_size=2 final_step=24" in proc.stdout
+    assert (ckpt / ".crashed-1").exists()
+
+
+def test_ddp_train_echo_args(solo, tmp_path, monkeypatch, capsys) -> None:
+    argv = ["--checkpoint-dir", str(tmp_path), "--epochs", "0", "--echo-args", "a b", "", "ünï",
+            "$HOME", "'\"\\", "--not-an-option=1", "-x"]
+    monkeypatch.setenv("CDDP_TEST_X", "v a l")
+    monkeypatch.setenv("CLUSTERDDP_Y", "y")
+    monkeypatch.setenv("OTHER_Z", "z")
+    _load_example("ddp_train").main(argv)
+    lines = capsys.readouterr().out.splitlines()
+    assert json.loads(lines[0].removeprefix("ARGS ")) == argv
+    assert json.loads(lines[1].removeprefix("ENV ")) == {"CDDP_TEST_X": "v a l", "CLUSTERDDP_Y": "y"}
+    assert lines[-1] == "done world_size=1 final_step=0"
+    with pytest.raises(SystemExit):  # without --echo-args, unknown options are still errors
+        _load_example("ddp_train").parse_args(["--bogus"])
+
+
+def test_dp_vs_ddp_tiny(tmp_path) -> None:
+    proc = _run([sys.executable, str(EXAMPLES / "dp_vs_ddp.py"), "--tiny"], tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stdout
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("DataParallel: ") and line.endswith(" samples/s") for line in lines), proc.stdout
+    assert any(line.startswith("DDP (2 procs): ") and line.endswith(" samples/s") for line in lines)
+    assert any(line.startswith("DDP/DataParallel speed-up: ") and line.endswith("x") for line in lines)
