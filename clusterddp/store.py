@@ -27,6 +27,12 @@ CREATE TABLE IF NOT EXISTS runs (
   status TEXT NOT NULL, exit_code INTEGER, started_at TEXT, ended_at TEXT,
   failed_host TEXT, schedule TEXT
 )"""
+# A cron run that found its previous run still going (flock held) starts nothing; it leaves a row here.
+_SKIPS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS skips (
+  schedule TEXT NOT NULL, at TEXT NOT NULL, holder TEXT, reason TEXT
+)"""
+_SKIP_COLUMNS = ("schedule", "at", "holder", "reason")
 _COLUMNS = ("run_id", "name", "inventory", "script", "hosts", "status", "exit_code", "started_at",
             "ended_at", "failed_host", "schedule")
 
@@ -56,6 +62,7 @@ class RunStore:
         con.execute("PRAGMA busy_timeout = 30000")
         con.execute("PRAGMA journal_mode = WAL")
         con.execute(_SCHEMA)
+        con.execute(_SKIPS_SCHEMA)
         return con
 
     def _index(self, rec: dict) -> None:
@@ -124,6 +131,33 @@ class RunStore:
         with closing(self._db()) as con:
             cur = con.execute(f"SELECT {','.join(_COLUMNS)} FROM runs ORDER BY started_at DESC, run_id DESC")
             return [dict(zip(_COLUMNS, row)) for row in cur]
+
+    # ---- scheduled runs ----
+    def last_run(self, schedule: str) -> dict | None:
+        """The newest run started by ``schedule``, or None."""
+        if not (self.root / "runs.db").exists():
+            return None
+        with closing(self._db()) as con:
+            row = con.execute(f"SELECT {','.join(_COLUMNS)} FROM runs WHERE schedule = ? "
+                              "ORDER BY started_at DESC, run_id DESC LIMIT 1", (schedule,)).fetchone()
+        return dict(zip(_COLUMNS, row)) if row else None
+
+    def record_skip(self, schedule: str, reason: str, holder: str | None = None) -> dict:
+        """Record that ``schedule`` fired while its previous run (``holder``, if known) still ran."""
+        row = {"schedule": schedule, "at": utcnow(), "holder": holder, "reason": reason}
+        with closing(self._db()) as con:
+            con.execute(f"INSERT INTO skips ({','.join(_SKIP_COLUMNS)}) VALUES (?, ?, ?, ?)",
+                        [row[k] for k in _SKIP_COLUMNS])
+        return row
+
+    def skips(self, schedule: str) -> list[dict]:
+        """Every recorded skip of ``schedule``, newest first."""
+        if not (self.root / "runs.db").exists():
+            return []
+        with closing(self._db()) as con:
+            cur = con.execute(f"SELECT {','.join(_SKIP_COLUMNS)} FROM skips WHERE schedule = ? "
+                              "ORDER BY at DESC, rowid DESC", (schedule,))
+            return [dict(zip(_SKIP_COLUMNS, r)) for r in cur]
 
     # ---- logs and artifacts ----
     def log_path(self, run_id: str, host: str) -> Path:

@@ -1,0 +1,187 @@
+"""`clusterddp schedule add|list|remove|run`: scheduled runs on the system cron."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Optional
+
+import typer
+
+from .common import EXIT_INTERRUPTED, RUNS_DIR, err, handle_errors, parse_env
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Run `clusterddp up` on a timetable, from your crontab.")
+
+
+@app.command("add")
+@handle_errors
+def add(
+    name: str = typer.Argument(..., help="Schedule name: letters, digits, '.', '_', '-'."),
+    inventory: str = typer.Argument(..., help="Inventory YAML file, or `local` for this machine's GPUs."),
+    script: str = typer.Argument(..., help="Training script."),
+    script_args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script, after `--`."),
+    cron: str = typer.Option(..., "--cron", help="When to run, as cron fields: '0 2 * * *', or @daily."),
+    runs_dir: str = RUNS_DIR,
+    replace: bool = typer.Option(False, "--replace", help="Overwrite a schedule of the same name."),
+    agent_socket: Optional[str] = typer.Option(
+        None, "--agent-socket", help="SSH_AUTH_SOCK for the runs (cron has no ssh-agent of its own)."),
+    run_name: Optional[str] = typer.Option(None, "--name", help="A name for each run."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="Run on these hosts only: a,b,c."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="Processes per node (overrides the inventory)."),
+    master_port: Optional[int] = typer.Option(None, "--master-port", min=1, max=65535),
+    env: list[str] = typer.Option([], "-e", "--env", help="NAME=VALUE for the job (repeatable)."),
+    collect: list[str] = typer.Option([], "--collect", help="Glob to bring back, relative to the run folder."),
+    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="Passed to torchrun."),
+) -> None:
+    """Add a crontab entry that runs `clusterddp up INVENTORY SCRIPT` at the --cron times, from here."""
+    from .. import jobs, plan
+    from .. import schedule as S
+    from ..inventory import LOCAL
+
+    S.check_name(name)
+    expr = S.check_cron(cron)
+    run = plan.RunSpec(script=script, script_args=tuple(script_args or ()), name=run_name,
+                       gpus=gpus, master_port=master_port, env=parse_env(env), collect=tuple(collect),
+                       max_restarts=max_restarts)
+    host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    prep = jobs.prepare(inventory, run, runs_dir, host_list)  # the same checks as `up`; no network
+    run = dataclasses.replace(run, script=os.path.abspath(script))
+    executable, bin_dir = S.current_executable()
+    spec = S.ScheduleSpec(
+        name=name, cron=expr, workdir=os.getcwd(), runs_dir=str(prep.store.root), executable=executable,
+        bin_dir=bin_dir, inventory=inventory if inventory == LOCAL else os.path.abspath(inventory), run=run,
+        hosts=tuple(host_list or ()),
+        agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None)
+    _, replaced = S.add(spec, replace)
+
+    print(f"{'replaced' if replaced else 'added'} schedule {name}: {expr}")
+    print("  next:  " + ", ".join(t.strftime("%Y-%m-%d %H:%M %Z") for t in S.next_runs(expr, 3)))
+    print(f"  runs:  {spec.runs_dir}\n  log:   {spec.log_path}\n  try it now: clusterddp schedule run {name}")
+    no_key = [h.name for h in prep.plan.inventory.hosts if h.transport == "ssh" and not h.identity_file]
+    if no_key and not spec.agent_socket:
+        err(f"warning: cron runs without your ssh-agent, and {', '.join(no_key)} "
+            f"{'has' if len(no_key) == 1 else 'have'} no identity_file in the inventory: the runs can only log "
+            "in with a key from ~/.ssh/config or a default key without a passphrase.\n"
+            "  set identity_file in the inventory, or pass --agent-socket PATH")
+    if spec.agent_socket and not _is_socket(spec.agent_socket):
+        err(f"warning: --agent-socket {spec.agent_socket} is not a socket now; the runs need an agent there")
+    if not S.cron_daemon_running():
+        err("warning: no cron daemon is running on this machine; start it (e.g. `service cron start`) "
+            "or the schedule never fires")
+
+
+def _is_socket(path: str) -> bool:
+    import stat
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+@app.command("list")
+@handle_errors
+def list_() -> None:
+    """Every schedule in your crontab: expression, next three runs, last run and its status."""
+    from datetime import datetime
+
+    from .. import schedule as S
+    from ..store import RunStore
+
+    found = S.entries(S.read_crontab())
+    if not found:
+        print(f"no schedules in the crontab of {S.current_user().pw_name}; add one with `clusterddp schedule add`")
+        return
+    now = datetime.now().astimezone()
+    rows = [("NAME", "CRON", f"NEXT RUNS ({now.tzname()})", "LAST RUN", "STATUS", "SKIPS")]
+    for e in found:
+        try:
+            nxt = "  ".join(t.strftime("%Y-%m-%d %H:%M") for t in S.next_runs(e.cron, 3, now))
+        except Exception:  # an entry edited by hand into something croniter cannot follow
+            nxt = "?"
+        store = RunStore(e.runs_dir) if e.runs_dir else None
+        last = store.last_run(e.name) if store else None
+        skips = len(store.skips(e.name)) if store else 0
+        rows.append((e.name, e.cron, nxt, last["run_id"] if last else "-", last["status"] if last else "-",
+                     str(skips)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+
+
+@app.command("remove")
+@handle_errors
+def remove(name: str = typer.Argument(..., help="The schedule to remove.")) -> None:
+    """Remove a schedule's crontab entry (its runs, log and lock file stay)."""
+    from .. import schedule as S
+
+    S.remove(S.check_name(name))
+    print(f"removed schedule {name}")
+
+
+@app.command("run")
+@handle_errors
+def run(name: str = typer.Argument(..., help="The schedule to run now.")) -> None:
+    """Run a schedule's entry now, exactly as cron would (same command and environment), and wait."""
+    from .. import schedule as S
+
+    S.check_name(name)
+    text = S.read_crontab()
+    entry = S.find(text, name)
+    if entry is None:
+        raise S.UnknownSchedule(name)
+    log = entry.log_path
+    pos = os.path.getsize(log) if log and os.path.exists(log) else 0
+    print(f"running schedule {name} as cron would" + (f"; its log: {log}" if log else ""), flush=True)
+    proc = S.start(text, entry)
+    try:
+        while True:
+            done = proc.poll() is not None
+            pos = _copy_new(log, pos)
+            if done:
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:  # the run got the Ctrl-C too, and tears down; wait for it
+        proc.wait()
+        _copy_new(log, pos)
+        err("interrupted")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    if rc == S.SKIP_EXIT:
+        err(f"schedule {name}: skipped, its previous run still holds the lock")
+    raise typer.Exit(rc)
+
+
+def _copy_new(log: str | None, pos: int) -> int:
+    """Print what was appended to ``log`` since ``pos``; return the new position."""
+    if not log:
+        return pos
+    try:
+        with open(log, "rb") as f:
+            f.seek(pos)
+            data = f.read()
+    except FileNotFoundError:
+        return pos
+    if data:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return pos + len(data)
+
+
+@app.command("_skipped", hidden=True)
+@handle_errors
+def skipped(name: str = typer.Argument(...), runs_dir: str = RUNS_DIR) -> None:
+    """Called by a schedule's entry when the previous run still holds the lock: record the skip."""
+    from .. import schedule as S
+    from ..store import RunStore
+
+    store = RunStore(runs_dir)
+    last = store.last_run(S.check_name(name))
+    holder = last["run_id"] if last and last["status"] == "running" else None
+    reason = (f"the previous run{' ' + holder if holder else ''} still holds "
+              f"{S.lock_path(str(store.root), name)}")
+    rec = store.record_skip(name, reason, holder)
+    print(f"[clusterddp] {rec['at']} schedule {name}: skipped; {reason}", flush=True)
