@@ -23,7 +23,8 @@ HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 BUILTIN = dict(host_key_policy="strict", gpus="auto", python="python3", workdir="~/clusterddp",
-               known_hosts="~/.ssh/known_hosts", connect_timeout=10.0)
+               known_hosts="~/.ssh/known_hosts", connect_timeout=10.0, keepalive=5.0)
+DEFAULT_FANOUT = 32  # hosts contacted at once by fleet commands, like pdsh's default
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Host:
     setup: tuple[str, ...]
     connect_timeout: float
     transport: str = "ssh"  # "ssh" or "local"
+    keepalive: float = BUILTIN["keepalive"]  # seconds between SSH keepalives; 0: none
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Inventory:
     hosts: tuple[Host, ...]
     master: Master
     collect: tuple[str, ...] = field(default=())
+    fanout: int = DEFAULT_FANOUT  # at most this many hosts are contacted at once
 
     def select(self, names: list[str]) -> "Inventory":
         """The same inventory restricted to ``names`` (kept in inventory order)."""
@@ -74,7 +77,7 @@ class Inventory:
         master = self.master
         if master.host not in names:  # the master left the subset: the first chosen host leads
             master = Master(hosts[0].name, hosts[0].address, master.port)
-        return Inventory(self.path, self.name, hosts, master, self.collect)
+        return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout)
 
 
 # ---- the YAML schema (pydantic stays in this module) ----
@@ -92,6 +95,7 @@ class _Settings(BaseModel):
     env: dict[str, Any] | None = None
     setup: list[str] | None = None
     connect_timeout: float | int | None = Field(None, gt=0)
+    keepalive: float | int | None = Field(None, ge=0)
 
     @field_validator("gpus")
     @classmethod
@@ -144,6 +148,7 @@ class _InventoryFile(BaseModel):
     defaults: _Settings = _Settings()
     master: _MasterEntry = _MasterEntry()
     collect: list[str] = []
+    fanout: int | None = Field(None, ge=1, le=1024)
     hosts: list[_HostEntry] = Field(min_length=1)
 
 
@@ -235,7 +240,8 @@ def _resolve(inv: _InventoryFile, path: str, root: yaml.Node) -> Inventory:
             gpus=pick("gpus") or BUILTIN["gpus"], python=pick("python") or BUILTIN["python"],
             workdir=pick("workdir") or BUILTIN["workdir"], env=tuple(env.items()),
             setup=tuple(pick("setup") or ()),
-            connect_timeout=float(pick("connect_timeout") or BUILTIN["connect_timeout"])))
+            connect_timeout=float(pick("connect_timeout") or BUILTIN["connect_timeout"]),
+            keepalive=float(BUILTIN["keepalive"] if pick("keepalive") is None else pick("keepalive"))))
     m = inv.master
     master_name = m.host or hosts[0].name
     if master_name not in seen:
@@ -243,7 +249,8 @@ def _resolve(inv: _InventoryFile, path: str, root: yaml.Node) -> Inventory:
                              line=_line_of(root, ("master", "host")), hint=f"use one of: {', '.join(seen)}")
     master_host = hosts[seen[master_name]]
     master = Master(master_name, m.addr or master_host.address, m.port)
-    return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect))
+    return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
+                     inv.fanout or DEFAULT_FANOUT)
 
 
 def load(path: str | Path) -> Inventory:

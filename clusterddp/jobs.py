@@ -19,7 +19,8 @@ from . import plan as P
 from .artifacts import CollectResult, collect_node
 from .errors import HostError, NodeOutcome, RunFailed, UsageError
 from .store import RunStore, host_record, new_run_id, utcnow
-from .supervisor import NodeState, RunOutcome, Supervisor, fan_out
+from .fleet import Fleet, fan_out
+from .supervisor import NodeState, RunOutcome, Supervisor
 
 SKIP_DIRS = {".git", "__pycache__", ".clusterddp", ".pytest_cache", ".mypy_cache", ".venv"}
 
@@ -91,14 +92,40 @@ def node_patch(sup: Supervisor) -> dict:
     return {n.name: {"state": n.state.value, "exit_code": n.exit_code, "error": n.error} for n in sup.nodes}
 
 
+def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | None:
+    """Before starting a job, the cheap checks that catch a job that would hang or fail at once.
+
+    One short SSH command per host, in parallel: every host answers, python/torch/CUDA agree,
+    an interface routes to the master, the master port is free. Raises
+    :class:`~clusterddp.check.PreflightFailed` (exit 1) naming each problem; otherwise returns
+    the open connections, for :func:`execute` to reuse. Local runs need none of it: None.
+    """
+    if plan.local:
+        return None
+    from .check import PreflightFailed, run_checks
+    fleet = Fleet(plan.inventory.hosts, fanout=plan.inventory.fanout, **({"connect": connect} if connect else {}))
+    try:
+        report = run_checks(plan.inventory, full=False, master_port=plan.master_port, fleet=fleet,
+                            env={n.host.name: n.env for n in plan.nodes})
+    except BaseException:
+        fleet.close()
+        raise
+    if not report.ok:
+        fleet.close()
+        raise PreflightFailed(report, plan.inventory.path)
+    return fleet
+
+
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
             on_collect: Callable[[CollectResult], None] = lambda r: None,
-            connect: Callable | None = None) -> RunOutcome | None:
+            connect: Callable | None = None, fleet: Fleet | None = None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
 
+    ``fleet`` (from :func:`preflight`) lends its open connections to the nodes.
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C teardown.
     """
     plan, store = prep.plan, prep.store
+    connect = connect or (fleet.take if fleet is not None else None)
     run_id = plan.run_id
 
     def output(host: str, data: bytes) -> None:
@@ -131,6 +158,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     finally:
         store.close_logs()
         sup.close()
+        if fleet is not None:
+            fleet.close()
 
 
 def _outcomes(sup: Supervisor) -> tuple[NodeOutcome, ...]:
@@ -140,7 +169,8 @@ def _outcomes(sup: Supervisor) -> tuple[NodeOutcome, ...]:
 def collect(sup: Supervisor, store: RunStore, run_id: str, globs: tuple[str, ...],
             on_collect: Callable[[CollectResult], None]) -> list[CollectResult]:
     nodes = [n for n in sup.nodes if n.transport is not None]
-    results = fan_out(nodes, lambda n: collect_node(n.transport, n.launch, store, run_id, globs))
+    results = fan_out(nodes, lambda n: collect_node(n.transport, n.launch, store, run_id, globs),
+                      sup.plan.inventory.fanout)
     for r in results:
         if isinstance(r, CollectResult):
             on_collect(r)

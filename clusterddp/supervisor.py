@@ -16,13 +16,13 @@ from __future__ import annotations
 import enum
 import queue
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from threading import Thread
 from typing import Callable
 
 from . import plan as P
 from .errors import HostError, NodeOutcome
+from .fleet import fan_out  # the one parallel layer; also imported from here by older callers
 from .transport import Transport
 from .transport import connect as default_connect
 
@@ -78,19 +78,6 @@ def parse_status(text: str) -> tuple[str, int | None]:
     return (word if word in ("running", "lost", "missing") else "lost"), None
 
 
-def fan_out(items: list, fn: Callable, limit: int = 32) -> list:
-    """Call ``fn`` on every item in parallel (at most ``limit`` at once); results or exceptions, in order."""
-    def safe(x):
-        try:
-            return fn(x)
-        except Exception as e:  # noqa: BLE001 - every host's own result, good or bad, is kept
-            return e
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(limit, len(items)))) as pool:
-        return list(pool.map(safe, items))
-
-
 @dataclass
 class Supervisor:
     """Runs one plan. ``on_output(host, bytes)`` gets every node's output as it arrives."""
@@ -120,9 +107,11 @@ class Supervisor:
         """Connect to every node and start its job; on any failure end what started and raise."""
         def connect(node: Node) -> None:
             node.transport = self.connect(node.launch.host)
-        errors = [(n, e) for n, e in zip(self.nodes, fan_out(self.nodes, connect)) if isinstance(e, Exception)]
+        limit = self.plan.inventory.fanout
+        errors = [(n, e) for n, e in zip(self.nodes, fan_out(self.nodes, connect, limit))
+                  if isinstance(e, Exception)]
         if not errors:
-            errors = [(n, e) for n, e in zip(self.nodes, fan_out(self.nodes, self._start_node))
+            errors = [(n, e) for n, e in zip(self.nodes, fan_out(self.nodes, self._start_node, limit))
                       if isinstance(e, Exception)]
         if errors:
             for n, e in errors:
@@ -226,7 +215,7 @@ class Supervisor:
         def beat(node: Node) -> None:
             assert node.transport is not None
             node.transport.run(P.status_command(node.launch), timeout=node.launch.host.connect_timeout)
-        for node, res in zip(running, fan_out(running, beat)):
+        for node, res in zip(running, fan_out(running, beat, self.plan.inventory.fanout)):
             if isinstance(res, Exception):
                 node.misses += 1
                 if node.misses >= self.max_misses:
@@ -247,7 +236,7 @@ class Supervisor:
                 kind, code = parse_status(node.transport.run(P.status_command(node.launch), timeout=30).text)
                 node.exit_code = code
                 self._set(node, NodeState.STOPPED)
-        for node, res in zip(targets, fan_out(targets, end)):
+        for node, res in zip(targets, fan_out(targets, end, self.plan.inventory.fanout)):
             if isinstance(res, Exception) and node.state in ACTIVE:
                 node.error = f"teardown failed: {res}"
                 self._set(node, NodeState.LOST)

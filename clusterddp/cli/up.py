@@ -26,6 +26,8 @@ def up(
     max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="Passed to torchrun."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every node's command; contact no host."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return; it runs on without us."),
+    skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
+                                    "versions agree, master port free)."),
     schedule: Optional[str] = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -41,6 +43,7 @@ def up(
     if dry_run:
         print(plan.render(prep.plan))
         return
+    fleet = None if skip_check else jobs.preflight(prep.plan)
     prep.store.create(jobs.new_record(prep, inventory, schedule=schedule))
     from .common import PrefixPrinter
     printer = PrefixPrinter([n.host.name for n in prep.plan.nodes])
@@ -55,7 +58,7 @@ def up(
                   + (f", skipped {len(r.skipped)} still being written" if r.skipped else ""), flush=True)
     run_id = prep.plan.run_id
     try:
-        jobs.execute(prep, printer, on_collect=on_collect, detach=detach)
+        jobs.execute(prep, printer, on_collect=on_collect, detach=detach, fleet=fleet)
     finally:
         printer.flush()
     if detach:

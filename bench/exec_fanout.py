@@ -1,0 +1,161 @@
+"""How long does a fleet command take as the host count grows? `clusterddp exec` against pdsh.
+
+Starts a test bed of SSH hosts (network namespaces on this machine, see tests/testbed.py; needs
+root) and times, for each host count, the whole command from the shell's point of view:
+
+  clusterddp   python -m clusterddp exec inv.yaml -- true             (default fan-out, 32)
+  pdsh         pdsh -R ssh -l root -w <addresses> true                 (its default fan-out, 32)
+  fabric pool  a bare Fabric + thread pool script (FABRIC_POOL below): the floor for a Python launcher
+  sequential   python -m clusterddp exec inv.yaml --fanout 1 -- true   (one host after another)
+  ssh loop     for a in <addresses>; do ssh a true; done               (OpenSSH, one after another)
+
+Runs are interleaved (every tool once per round) so a busy machine slows all of them alike;
+the medians are reported, with the ratios to pdsh and to the sequential runs, as a Markdown
+table, a JSON file and, if matplotlib is installed, a plot.
+
+    sudo python bench/exec_fanout.py                      # 4, 16, 32 hosts, 7 rounds
+    sudo python bench/exec_fanout.py --hosts 4 16 --rounds 3 --out /tmp/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from testbed import TestBed  # noqa: E402
+
+
+# What a launcher built on Fabric cannot beat: import Fabric, connect to every host in a thread
+# pool, run the command, close. The gap between this and `clusterddp exec` is our own overhead
+# (CLI, inventory validation, setup/env rendering).
+FABRIC_POOL = r"""
+import sys
+from concurrent.futures import ThreadPoolExecutor
+import paramiko
+from fabric import Connection
+key, known, *addrs = sys.argv[1:]
+def one(a):
+    c = Connection(a, user="root", connect_kwargs={"key_filename": [key]})
+    c.client.load_host_keys(known)
+    c.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    c.open()
+    ch = c.transport.open_session()
+    ch.exec_command("true")
+    code = ch.recv_exit_status()
+    c.close()
+    return code
+with ThreadPoolExecutor(32) as pool:
+    sys.exit(max(pool.map(one, addrs)))
+"""
+
+
+def timed(cmd: list[str], env: dict | None = None, shell: bool = False) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd if not shell else " ".join(cmd), shell=shell, env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True)
+    took = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"benchmark command failed (exit {r.returncode}): {cmd if not shell else cmd}\n{r.stderr}")
+    return took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", type=int, nargs="+", default=[4, 16, 32])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-sequential", action="store_true", help="skip the two one-after-another runs")
+    ap.add_argument("--out", type=Path, default=REPO / "bench", help="where results-exec.json and the plot go")
+    args = ap.parse_args()
+    if shutil.which("pdsh") is None:
+        raise SystemExit("pdsh is not installed (apt-get install pdsh)")
+    n_max = max(args.hosts)
+    root = Path(tempfile.mkdtemp(prefix="cddp-bench-"))
+    bed = TestBed(n_max, root / "bed", prefix="cddpx", subnet="10.79.0")
+    results: dict[int, dict[str, list[float]]] = {}
+    with bed:
+        ssh_opts = (f"-i {bed.identity_file} -o UserKnownHostsFile={bed.known_hosts} "
+                    "-o StrictHostKeyChecking=yes -o BatchMode=yes")
+        pdsh_env = {**os.environ, "PDSH_SSH_ARGS_APPEND": ssh_opts}
+        py = [sys.executable, "-m", "clusterddp", "exec"]
+        for n in args.hosts:
+            nodes = bed.nodes[:n]
+            inv = bed.write_inventory(root / f"inv{n}.yaml", nodes)
+            addrs = ",".join(x.address for x in nodes)
+            tools = {
+                "clusterddp": lambda: timed([*py, str(inv), "--", "true"]),
+                "pdsh": lambda: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"], env=pdsh_env),
+                "fabric pool": lambda: timed([sys.executable, "-c", FABRIC_POOL, str(bed.identity_file),
+                                              str(bed.known_hosts), *(x.address for x in nodes)]),
+            }
+            if not args.no_sequential:
+                tools["sequential"] = lambda: timed([*py, str(inv), "--fanout", "1", "--", "true"])
+                loop = f"for a in {' '.join(x.address for x in nodes)}; do ssh {ssh_opts} root@$a true || exit 1; done"
+                tools["ssh loop"] = lambda: timed(["bash", "-c", loop])
+            for f in tools.values():  # warm up: page cache, sshd's first fork, known_hosts
+                f()
+            times: dict[str, list[float]] = {k: [] for k in tools}
+            for _ in range(args.rounds):
+                for k, f in tools.items():
+                    times[k].append(f())
+            results[n] = times
+            print(f"{n} hosts: " + ", ".join(f"{k} {statistics.median(v):.2f}s" for k, v in times.items()),
+                  flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+    report(results, args)
+
+
+def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace) -> None:
+    med = {n: {k: statistics.median(v) for k, v in t.items()} for n, t in results.items()}
+    load = os.getloadavg()
+    lines = [f"cores: {os.cpu_count()}, load average after the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
+             f"median of {args.rounds} interleaved rounds, seconds", "",
+             "| hosts | clusterddp exec | pdsh | ratio vs pdsh | bare Fabric pool | sequential (--fanout 1) | "
+             "ssh loop | ratio vs sequential |", "|---|---|---|---|---|---|---|---|"]
+    for n, m in med.items():
+        seq = m.get("sequential")
+        lines.append(f"| {n} | {m['clusterddp']:.2f} | {m['pdsh']:.2f} | {m['clusterddp'] / m['pdsh']:.2f} | "
+                     f"{m['fabric pool']:.2f} | "
+                     + (f"{seq:.2f} | {m['ssh loop']:.2f} | {m['clusterddp'] / seq:.2f} |" if seq else "- | - | - |"))
+    print("\n".join(lines))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results-exec.json").write_text(json.dumps(
+        {"cores": os.cpu_count(), "load": load, "rounds": args.rounds,
+         "seconds": {str(n): t for n, t in results.items()}}, indent=1))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no plot)")
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ns = list(med)
+    for k, style in (("clusterddp", "o-"), ("pdsh", "s-"), ("fabric pool", "x:"), ("sequential", "^--"),
+                     ("ssh loop", "v--")):
+        if all(k in med[n] for n in ns):
+            ax.plot(ns, [med[n][k] for n in ns], style, label="clusterddp exec --fanout 1" if k == "sequential"
+                    else "clusterddp exec" if k == "clusterddp" else k)
+    ax.set_xlabel("hosts")
+    ax.set_ylabel("wall time, s (median)")
+    ax.set_title("`exec -- true` on N test-bed hosts")
+    ax.set_xticks(ns)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out / "exec-fanout.png", dpi=100)
+    print(f"plot: {args.out / 'exec-fanout.png'}")
+
+
+if __name__ == "__main__":
+    main()

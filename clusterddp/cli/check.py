@@ -1,0 +1,101 @@
+"""`clusterddp check INVENTORY [--json]`: will these hosts run a DDP job together?"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Optional
+
+import typer
+
+from .common import EXIT_FAILED, handle_errors, is_tty
+
+HOSTS = typer.Option(None, "--hosts", help="Only these hosts: a,b,c.")
+FANOUT = typer.Option(None, "--fanout", min=1, max=1024,
+                      help="Hosts contacted at once (default: the inventory's `fanout`, else 32).")
+
+
+def load_inventory(path: str, hosts: Optional[str], fanout: Optional[int]):
+    """The inventory, narrowed to ``--hosts`` and with ``--fanout`` applied (the flag wins)."""
+    from dataclasses import replace
+
+    from .. import inventory as inv_mod
+    from ..errors import UsageError
+
+    inv = inv_mod.load(path)
+    if hosts is not None:
+        names = [h.strip() for h in hosts.split(",") if h.strip()]
+        if not names:
+            raise UsageError("--hosts names no host", "pass host names from the inventory: --hosts a,b")
+        inv = inv.select(names)
+    return replace(inv, fanout=fanout) if fanout else inv
+
+
+_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+
+
+@handle_errors
+def check(
+    inventory: str = typer.Argument(..., help="Inventory YAML file."),
+    hosts: Optional[str] = HOSTS,
+    fanout: Optional[int] = FANOUT,
+    master_port: Optional[int] = typer.Option(None, "--master-port", min=1, max=65535,
+                                              help="Check this master port instead of the inventory's."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check that every host is ready for a DDP job, in parallel.
+
+    SSH and host key; python, torch, CUDA and NCCL identical on every node; GPUs against `gpus`; the interface that routes to the master; the master port free; free disk in workdir; clock skew.
+
+    Exit 0 when every host passes, 1 when anything fails; each failure names the host and the fix.
+    """
+    from ..check import FAIL, WARN, run_checks
+
+    inv = load_inventory(inventory, hosts, fanout)
+    started = time.monotonic()
+    report = run_checks(inv, full=True, master_port=master_port)
+    took = time.monotonic() - started
+    if as_json:
+        print(json.dumps({**report.to_dict(), "seconds": round(took, 2)}, indent=2))
+        raise typer.Exit(0 if report.ok else EXIT_FAILED)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=False, width=None if is_tty() else 200)
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    table.add_column("host")
+    for c in report.checks:
+        table.add_column(c)
+    table.add_column("verdict")
+    for h in report.hosts:
+        cells = []
+        for c in report.checks:
+            f = h.get(c)
+            cells.append("[dim]-[/dim]" if f is None else f"[{_STYLE[f.status]}]{_escape(f.value)}[/]")
+        verdict = {"ok": "PASS", "warn": "PASS (warn)", "fail": "FAIL"}[h.status]
+        table.add_row(h.host, *cells, f"[{_STYLE[h.status]}]{verdict}[/]")
+    console.print(table)
+    # Problems as plain lines (never wrapped or cut by the table): host, what, and the fix.
+    for status, word in ((FAIL, "FAIL"), (WARN, "warn")):
+        for host, f in report.problems(status):
+            print(f"{word} {host} {f.check}: {f.problem}")
+            if f.fix:
+                print(f"     fix: {f.fix}")
+    n = len(report.hosts)
+    bad = [h.host for h in report.hosts if h.status == FAIL]
+    warned = len(report.problems(WARN))
+    note = f" ({warned} warning{'s' * (warned != 1)})" if warned else ""
+    if bad:
+        print(f"FAIL: {len(bad)} of {n} host(s) not ready: {', '.join(bad)}{note} [{took:.1f}s]")
+    else:
+        print(f"PASS: all {n} host(s) ready{note} [{took:.1f}s]")
+    sys.stdout.flush()
+    if bad:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+    return escape(text)

@@ -1,0 +1,48 @@
+"""`clusterddp exec INVENTORY [--hosts a,b] -- COMMAND...`: one command on every host, like pdsh."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from .check import FANOUT, HOSTS, load_inventory
+from .common import EXIT_FAILED, err, handle_errors
+
+
+@handle_errors
+def exec_(
+    inventory: str = typer.Argument(..., help="Inventory YAML file."),
+    command: Optional[list[str]] = typer.Argument(None, help="The command, after `--`.", show_default=False),
+    hosts: Optional[str] = HOSTS,
+    fanout: Optional[int] = FANOUT,
+) -> None:
+    """Run COMMAND on every host in parallel; each output line is prefixed by its host.
+
+    Like ssh and pdsh, the words are joined with spaces and run by the host's shell, after its setup lines and with its env.
+
+    Quote what the remote shell must see whole: clusterddp exec inv.yaml -- 'du -sh ~/clusterddp/runs/*'
+
+    Exit 0 only when every host exited 0; failed and unreachable hosts are listed at the end.
+    """
+    from .. import plan
+    from ..errors import UsageError
+
+    if not command:
+        raise UsageError("no command given", "put it after `--`, e.g. clusterddp exec inv.yaml -- nvidia-smi")
+    inv = load_inventory(inventory, hosts, fanout)
+    from ..fleet import Fleet
+    from .common import PrefixPrinter
+
+    printer = PrefixPrinter([h.name for h in inv.hosts])
+    try:
+        with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
+            results = fleet.run(lambda h: plan.exec_command(h, command), on_output=printer)
+    finally:
+        printer.flush()
+    failed = [r for r in results if not r.ok]
+    if failed:
+        err(f"exec: {len(failed)} of {len(results)} host(s) failed:")
+        for r in failed:
+            err(f"  {r.error}".replace("\n", "\n  ") if r.error else f"  {r.host}: exit {r.exit_code}")
+        raise typer.Exit(EXIT_FAILED)

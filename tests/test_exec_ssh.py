@@ -1,0 +1,70 @@
+"""`clusterddp exec` for real: output by host, exit codes aggregated, the fan-out bound kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import cddp
+
+pytestmark = pytest.mark.integration
+
+
+def test_output_is_prefixed_and_exit_codes_aggregate(bed, tmp_path):
+    inv = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={
+        "env": {"GREETING": "hi 'there' $HOME"}, "setup": ["export FROM_SETUP=yes", "echo setup chatter"]})
+    r = cddp("exec", str(inv), "--", 'echo "$GREETING $FROM_SETUP $CLUSTERDDP_HOST on $(hostname)"', check_rc=0)
+    assert sorted(r.stdout.splitlines()) == ["[node1] hi 'there' $HOME yes node1 on node1",
+                                             "[node2] hi 'there' $HOME yes node2 on node2"]
+    assert r.stderr == ""
+
+    r = cddp("exec", str(inv), "--", "echo out; echo err >&2; case $(hostname) in node2) exit 3;; esac",
+             check_rc=1)
+    lines = r.stdout.splitlines()
+    assert {"[node1] out", "[node1] err", "[node2] out", "[node2] err"} == set(lines)
+    assert r.stderr == "exec: 1 of 2 host(s) failed:\n  node2: exit 3\n"
+
+    r = cddp("exec", str(inv), "--hosts", "node2", "--", "hostname", check_rc=0)
+    assert r.stdout == "[node2] node2\n"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--"], "no command given"),
+    (["--hosts", "node9", "--", "true"], "--hosts names node9"),
+    (["--fanout", "0", "--", "true"], "--fanout"),
+])
+def test_bad_input_exits_2(bed, tmp_path, args, words):
+    inv = bed.write_inventory(tmp_path / "inv.yaml")
+    r = cddp("exec", str(inv), *args)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def peak_concurrency(log: Path) -> int:
+    events = sorted((float(t), int(d)) for t, d in (line.split() for line in log.read_text().splitlines()))
+    now = peak = 0
+    for _, d in events:
+        now += d
+        peak = max(peak, now)
+    return peak
+
+
+def test_fanout_bound_is_honoured(make_bed, tmp_path):
+    b = make_bed(3)
+    inv = b.write_inventory(tmp_path / "inv.yaml")
+    # every node shares this filesystem: each appends when its command starts and when it ends
+    cmd = "echo $(date +%s.%N) 1 >> {log}; sleep 1; echo $(date +%s.%N) -1 >> {log}"
+
+    def peak(*args: str, inventory: Path = inv) -> int:
+        log = tmp_path / f"log{len(list(tmp_path.glob('log*')))}"
+        cddp("exec", str(inventory), *args, "--", cmd.format(log=log), check_rc=0)
+        return peak_concurrency(log)
+    assert peak("--fanout", "2") == 2
+
+    doc = yaml.safe_load(inv.read_text())
+    doc["fanout"] = 1
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump(doc))
+    assert peak(inventory=one) == 1  # the inventory's fanout: one host after another
+    assert peak("--fanout", "3", inventory=one) >= 2  # the flag wins over the inventory
