@@ -164,7 +164,10 @@ def node_logs(store: RunStore, run_id: str, hosts: list[str] | None, connect: Ca
 
 def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None], hosts: list[str] | None,
            from_lines: dict[str, int], connect: Callable = default_connect) -> dict[str, int | None]:
-    """Stream each node's log from ``from_lines[host]`` until its job ends; return exit codes by host."""
+    """Stream each node's log from ``from_lines[host]`` until its job ends; return exit codes by host.
+
+    Raises HostError naming the first node whose stream broke off.
+    """
     rec = store.load(run_id)
     with Session(rec, connect) as s:
         for h, e in s.errors.items():
@@ -176,4 +179,7 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
             t.stream(P.follow_command(n, from_lines.get(n.host.name, 1)), lambda b: on_output(n.host.name, b))
             return parse_status(t.run(P.status_command(n), timeout=60).text)[1]
         res = s.each(one)
-    return {h: (r if not isinstance(r, Exception) else None) for h, r in res.items()}
+    broken = [r for r in res.values() if isinstance(r, Exception)]
+    if broken:
+        raise broken[0] if isinstance(broken[0], HostError) else HostError("?", str(broken[0]))
+    return res  # type: ignore[return-value]

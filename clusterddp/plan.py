@@ -16,9 +16,11 @@ so a process group alone would miss them).
 
 from __future__ import annotations
 
+import json
 import posixpath
 import shlex
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .inventory import Host, Inventory
 
@@ -106,10 +108,23 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
             control_dir = posixpath.join(run_dir, CONTROL)
             script = posixpath.basename(spec.script)
         nproc: int | str = spec.gpus or host.gpus
-        node_env = tuple({**dict(host.env), **dict(spec.env)}.items())
+        # With restarts, torchrun's shared rendezvous store hands restarted workers the previous
+        # attempt's addresses and gloo's connectFullMesh is refused (pytorch/pytorch#135712):
+        # workers get a store of their own instead. The inventory or -e may still set it.
+        restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts > 0 else {}
+        node_env = tuple({**restart_env, **dict(host.env), **dict(spec.env)}.items())
         torchrun = [host.python, "-m", "torch.distributed.run"]
         if local:
             torchrun += ["--standalone", "--nnodes", "1"]
+        elif spec.max_restarts > 0:
+            # Static rendezvous does not restart nodes together: a restarted node would meet the
+            # others' previous attempt. c10d rendezvous runs each restart as a new round on every
+            # node; torch then assigns node ranks itself. is_host and --local-addr spare torch from
+            # resolving the node's own hostname, which need not resolve.
+            is_host = int(host.name == inventory.master.host)
+            torchrun += ["--nnodes", str(len(inventory.hosts)), "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", f"{inventory.master.addr}:{master_port}", "--rdzv-id", run_id,
+                         "--rdzv-conf", f"is_host={is_host}", "--local-addr", "$LOCAL_ADDR"]
         else:
             torchrun += ["--nnodes", str(len(inventory.hosts)), "--node-rank", str(rank),
                          "--master-addr", inventory.master.addr, "--master-port", str(master_port)]
@@ -131,6 +146,7 @@ _IFACE_FN = r"""cddp_iface() {  # the interface on this node that routes to $1 (
   ip -o route get "$a" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -n 1
 }"""
 
+_PROBED = ("$NPROC", "$LOCAL_ADDR")  # argv words whose value launch.sh finds on the node
 _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
 
@@ -155,17 +171,20 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
     for k, v in node.env:
         lines.append(f"export {k}={q(v)}")
     env_keys = {k for k, _ in node.env}
-    if not local and not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys:
+    if not local and ("$LOCAL_ADDR" in node.argv
+                      or not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys):
         lines += [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
                   'if [ -n "$IFACE" ]; then']
         lines += [f"  export {k}=\"$IFACE\"" for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
                   if k not in env_keys]
         warning = (f"[clusterddp] warning: no interface routes to {master_addr}; "
                    "set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME in the inventory env")
+        if "$LOCAL_ADDR" in node.argv:
+            lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" | awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
         lines += ["else", f"  echo {q(warning)} >&2", "fi"]
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
-    argv = " ".join('"$NPROC"' if a == "$NPROC" else q(a) for a in node.argv)
+    argv = " ".join(f'"{a}"' if a in _PROBED else q(a) for a in node.argv)
     lines += [
         f"echo \"[clusterddp] node {node.node_rank}/{nnodes} on $(hostname)"
         + (" iface=${IFACE:-?}" if not local else "") + "\"",
@@ -204,11 +223,47 @@ def start_command(node: NodeLaunch) -> str:
             "> node.log 2>&1 < /dev/null & echo $! > pid; cat pid")
 
 
-def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.2) -> str:
-    """Stream node.log from ``from_line`` until the job's shell exits."""
-    ctl = node.control_dir
-    return (f"cd {qpath(ctl)} && exec tail -n +{int(from_line)} -s {poll} -F --pid=\"$(cat pid)\" node.log "
-            f"2>/dev/null")
+# Follows node.log until the job has ended and the log is drained. The end is the exit_code
+# file, or the job's shell gone or a zombie: `tail --pid` treats an unreaped zombie as alive,
+# and an orphan's reaping can lag by seconds, so tail would hold every run's end back.
+_FOLLOW_PY = r"""
+import os, sys, time
+os.chdir(sys.argv[1])
+line, poll = int(sys.argv[2]), float(sys.argv[3])
+pid = int(open("pid").read().strip() or 0)
+def alive():
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+out = sys.stdout.buffer
+log = open("node.log", "rb")
+while line > 1:  # skip to the first line wanted, waiting for it if needed
+    pos, text = log.tell(), log.readline()
+    if text.endswith(b"\n"):
+        line -= 1
+        continue
+    log.seek(pos)
+    if os.path.exists("exit_code") or not alive():
+        sys.exit(0)
+    time.sleep(poll)
+while True:
+    done = os.path.exists("exit_code") or not alive()
+    chunk = log.read(1 << 16)
+    if chunk:
+        out.write(chunk)
+        out.flush()
+    elif done:
+        break
+    else:
+        time.sleep(poll)
+"""
+
+
+def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.1) -> str:
+    """Stream node.log from ``from_line`` until the job has ended and its log is drained."""
+    return _py(node, _FOLLOW_PY, qpath(node.control_dir), str(int(from_line)), str(poll))
 
 
 def status_command(node: NodeLaunch) -> str:
@@ -320,3 +375,127 @@ def render(plan: LaunchPlan) -> str:
     if plan.collect:
         out += ["", "collect: " + ", ".join(plan.collect)]
     return "\n".join(out)
+
+
+# ---- fleet commands: the preflight probe and `clusterddp exec` ----
+
+PROBE_MARK = "CLUSTERDDP_PROBE "
+
+# Runs with the node's own `python`, which may be old: no f-strings, each part guarded, so a
+# partial report still comes back. Prints one line: PROBE_MARK + JSON (parsed in check.py).
+_PROBE_PY = r"""
+import json, os, socket, sys, time
+a = json.loads(sys.argv[1])
+r = {"python": "%d.%d.%d" % tuple(sys.version_info[:3]), "executable": sys.executable,
+     "hostname": socket.gethostname(), "iface": sys.argv[2] or None, "torch": None, "cuda": None,
+     "nccl": None, "torch_error": None, "full": a["full"]}
+try:  # torch's version and CUDA build from its version.py: no `import torch` (seconds) needed
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        r["torch_error"] = "not installed"
+    else:
+        ns = {}
+        with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as f:
+            exec(f.read(), ns)
+        r["torch"], r["cuda"] = ns.get("__version__"), ns.get("cuda")
+except Exception as e:
+    r["torch_error"] = "%s: %s" % (type(e).__name__, e)
+if a["full"] and r["torch"]:
+    try:
+        import torch
+        r["torch"], r["cuda"] = torch.__version__, torch.version.cuda
+        if torch.version.cuda:
+            try:
+                v = torch.cuda.nccl.version()
+                r["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+            except Exception:
+                pass
+    except Exception as e:
+        r["torch_error"] = "import torch failed: %s: %s" % (type(e).__name__, e)
+if a["full"]:
+    import subprocess
+    try:
+        p = subprocess.Popen(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True)
+        out, err = p.communicate(timeout=30)
+        if p.returncode == 0:
+            r["gpus"] = sum(1 for l in out.splitlines() if l.startswith("GPU "))
+        else:
+            r["gpu_error"] = ((err or out).strip().splitlines() or ["exit %d" % p.returncode])[-1]
+    except OSError:
+        r["gpus"] = None
+    except Exception as e:
+        p.kill()
+        r["gpu_error"] = "nvidia-smi did not answer: %s" % e
+try:
+    r["interfaces"] = sorted(n for _, n in socket.if_nameindex())
+except Exception:
+    r["interfaces"] = None
+try:
+    import shutil
+    r["ip_tool"] = shutil.which("ip") is not None
+except Exception:
+    pass
+r["env_ifname"] = dict((k, os.environ.get(k)) for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"))
+try:  # free space where the runs will go: the workdir, or its nearest existing parent
+    w = p = os.path.expanduser(a["workdir"])
+    while p and not os.path.exists(p):
+        p = os.path.dirname(p.rstrip("/"))
+    p = p or "."
+    st = os.statvfs(p)
+    r.update(disk_path=p, disk_free=st.f_bavail * st.f_frsize, workdir_exists=os.path.isdir(w),
+             disk_writable=os.access(p, os.W_OK | os.X_OK))
+except Exception as e:
+    r["disk_error"] = "%s: %s" % (type(e).__name__, e)
+if a["port"]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore: TIME_WAIT is no conflict
+    try:
+        s.bind(("", a["port"]))
+        r["port_free"] = True
+    except Exception as e:
+        r["port_free"], r["port_error"] = False, getattr(e, "strerror", None) or str(e)
+    s.close()
+r["time"] = time.time()
+sys.stdout.write(a["mark"] + json.dumps(r) + "\n")
+sys.stdout.flush()
+os._exit(0)  # now: the launcher's clock reading must follow the node's at once (and torch's teardown is slow)
+"""
+
+
+def _setup_lines(host: Host, stdout_to: str, on_fail: Callable[[str], str]) -> list[str]:
+    """The host's setup lines, their stdout redirected, each followed by ``on_fail(line)`` if it fails."""
+    return [f"{{ {line}\n}} {stdout_to} || {{ {on_fail(line)}; }}" for line in host.setup]
+
+
+def probe_command(host: Host, master_addr: str, master_port: int | None, *, full: bool = True,
+                  env: tuple[tuple[str, str], ...] | None = None) -> str:
+    """One command that reports what the preflight checks need about ``host``, as one JSON line.
+
+    It runs the host's setup lines and exports its env first, as launch.sh does, then its
+    ``python``. ``master_port`` is given for the master only (it tries to bind it). ``full``
+    also imports torch (NCCL version, a broken install) and asks nvidia-smi for the GPUs;
+    without it the probe takes a fraction of a second (what ``up`` runs before starting).
+    """
+    args = {"full": full, "port": master_port, "workdir": host.workdir, "mark": PROBE_MARK}
+    lines = _setup_lines(host, ">&2", lambda line: f"echo {q(PROBE_MARK + json.dumps({'setup_failed': line}))}; exit 0")
+    lines += [f"export {k}={q(v)}" for k, v in (host.env if env is None else env)]
+    lines += [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
+              f"exec {q(host.python)} -c {q(_PROBE_PY)} {q(json.dumps(args))} \"$IFACE\""]
+    return "\n".join(lines)
+
+
+def exec_command(host: Host, words: list[str] | tuple[str, ...]) -> str:
+    """The user's command for ``clusterddp exec``, after the host's setup lines and env.
+
+    Like ssh and pdsh, the words are joined with spaces and the remote shell interprets
+    them (pipes, globs, ``$VAR``): ``exec inv -- 'ls runs | wc -l'`` works, and arguments
+    that must stay one word need quoting for the remote shell.
+    """
+    lines = [f"export CLUSTERDDP_HOST={q(host.name)}"]
+    lines += _setup_lines(host, ">/dev/null",
+                          lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
+    lines += [f"export {k}={q(v)}" for k, v in host.env]
+    lines.append(" ".join(words))
+    return "\n".join(lines)

@@ -85,3 +85,12 @@ def test_up_local_failure_exits_1_and_names_the_host(tmp_path):
     rec = record(tmp_path / "runs", run_id_of(r.stdout))
     assert rec["status"] == "failed" and rec["failed_host"] == "local"
     assert "local failed first" in r.stderr and "[local] about to fail" in r.stdout
+
+
+def test_up_local_restarts_a_crashed_rank_from_its_checkpoint(tmp_path):
+    r = cddp("up", "local", str(REPO / "examples" / "ddp_train.py"), "--gpus", "2", "--max-restarts", "1",
+             "--runs-dir", "runs", "--", "--epochs", "3", "--crash-at-epoch", "2", "--crash-rank", "1",
+             cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "rank 1: simulated crash at epoch 2" in r.stdout
+    assert "[local] resumed from step" in r.stdout and "[local] done world_size=2" in r.stdout

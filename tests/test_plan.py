@@ -57,7 +57,7 @@ def test_local_plan_matches_golden():
 
 
 def test_node_ranks_master_and_flags():
-    p = two_node_plan(gpus=3, master_port=29999, env=(("NCCL_DEBUG", "INFO"),), max_restarts=2)
+    p = two_node_plan(gpus=3, master_port=29999, env=(("NCCL_DEBUG", "INFO"),))
     a, b = p.nodes
     assert (a.node_rank, b.node_rank) == (0, 1)
     for n in (a, b):
@@ -65,9 +65,22 @@ def test_node_ranks_master_and_flags():
         assert argv[argv.index("--master-addr") + 1] == "10.0.0.11"
         assert argv[argv.index("--master-port") + 1] == "29999"
         assert argv[argv.index("--nproc-per-node") + 1] == "3"  # --gpus beats host and defaults
-        assert argv[argv.index("--max-restarts") + 1] == "2"
+        assert argv[argv.index("--max-restarts") + 1] == "0"
         assert dict(n.env)["NCCL_DEBUG"] == "INFO"  # -e beats the inventory
     assert p.collect == ("checkpoints/**", "logs/*.txt")
+
+
+def test_restarts_use_c10d_rendezvous_and_a_fresh_store_per_attempt():
+    p = two_node_plan(max_restarts=2)
+    for n in p.nodes:
+        argv = list(n.argv)
+        assert argv[argv.index("--max-restarts") + 1] == "2"
+        assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
+        assert argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.11:29500"
+        assert argv[argv.index("--rdzv-id") + 1] == RUN_ID and "--node-rank" not in argv
+        assert dict(n.env)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+        assert '--local-addr "$LOCAL_ADDR"' in n.launch_script and "LOCAL_ADDR=$(ip" in n.launch_script
+    golden("two_nodes_restarts.txt", plan.render(p))
 
 
 def test_interface_detection_only_for_variables_the_inventory_leaves_unset():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -24,6 +25,8 @@ from clusterddp.transport import connect
 
 FAKE_PY = """#!/bin/bash
 # Stand-in for `python -m torch.distributed.run ...`: behaves as $MODE says.
+# `python -c` (clusterddp's own helpers on the node, e.g. the log follower) runs the real one.
+[ "$1" = "-c" ] && exec PYTHON "$@"
 echo "hello from $CLUSTERDDP_HOST rank $CLUSTERDDP_NODE_RANK"
 case "$MODE" in
   ok) exit 0 ;;
@@ -35,7 +38,7 @@ esac
 
 def make_plan(tmp_path: Path, modes: dict[str, str]) -> plan.LaunchPlan:
     py = tmp_path / "fakepy"
-    py.write_text(FAKE_PY)
+    py.write_text(FAKE_PY.replace("PYTHON", sys.executable))
     py.chmod(0o755)
     hosts = tuple(
         replace(inventory.local(python=str(py)).hosts[0], name=name, workdir=str(tmp_path / name),

@@ -149,3 +149,15 @@ def test_unknown_host_key_is_refused_by_name(bed, tmp_path, job):
     r = cddp("up", str(path), str(job / "probe.py"), "--runs-dir", str(tmp_path / "runs"), check_rc=1)
     assert "node1: host key of" in r.stderr and "unknown" in r.stderr and "Traceback" not in r.stderr
     assert empty.read_text() == ""  # strict never writes known_hosts
+
+
+def test_a_rank_dying_once_restarts_and_resumes_from_its_checkpoint(bed, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copy(REPO / "examples" / "ddp_train.py", tmp_path / "ddp_train.py")
+    r = cddp("up", str(inv(bed, tmp_path)), str(tmp_path / "ddp_train.py"), "--runs-dir", str(runs),
+             "--max-restarts", "1", "--", "--epochs", "3", "--crash-at-epoch", "2", "--crash-rank", "3",
+             timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "simulated crash at epoch 2" in r.stdout
+    assert "[node1] resumed from step" in r.stdout and "[node1] done world_size=4" in r.stdout
+    no_leftovers(bed, run_id_of(r.stdout))

@@ -8,6 +8,7 @@ Agent forwarding is never enabled.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -20,8 +21,17 @@ from ..errors import HostError
 from ..inventory import Host
 from .base import CommandResult
 
-KEEPALIVE_S = 5
 _known_hosts_lock = threading.Lock()
+# paramiko logs failures on its own threads (a banner timeout, a reset) with tracebacks, which
+# Python's last-resort handler would print; every failure already reaches the user as a HostError.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+# paramiko starts a re-key after 512 MiB; a channel closing while that re-key is pending
+# deadlocks its transport thread until "Key-exchange timed out waiting for key negotiation"
+# (paramiko issue #822), so any fetch past 512 MiB on one connection failed. Leave re-keying
+# to the server (OpenSSH re-keys on its own schedule), which does not hit that race.
+paramiko.packet.Packetizer.REKEY_BYTES = 1 << 62
+paramiko.packet.Packetizer.REKEY_PACKETS = 1 << 62
 
 
 class _AcceptNew(paramiko.MissingHostKeyPolicy):
@@ -44,7 +54,10 @@ class SSHTransport:
     def __init__(self, host: Host) -> None:
         self.name = host.name
         self.host = host
-        kwargs: dict = {"allow_agent": True}
+        # connect_timeout bounds every stage of the handshake, not only the TCP connect, so a host
+        # that accepts the connection but never answers is reported as fast as one that is down.
+        kwargs: dict = {"allow_agent": True, "banner_timeout": host.connect_timeout,
+                        "auth_timeout": host.connect_timeout}
         if host.identity_file:
             kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
         conn = Connection(host.address, user=host.user, port=host.port,
@@ -76,6 +89,11 @@ class SSHTransport:
                 raise HostError(self.name, f"host key of {self._conn.host} is unknown (host_key_policy: strict)",
                                 f"verify the host and add its key: `ssh-keyscan -H {self._conn.host} >> "
                                 f"{self._known}`, or set host_key_policy: accept-new") from None
+            if "banner" in str(e):  # TCP connected, but no SSH greeting within banner_timeout
+                raise HostError(self.name, f"{target} accepted the connection but sent no SSH greeting "
+                                           f"within {self.host.connect_timeout:g}s",
+                                "check that sshd (not another service) listens there and is not overloaded"
+                                ) from None
             raise HostError(self.name, f"SSH to {target} failed: {e}") from None
         except (socket.timeout, TimeoutError):
             raise HostError(self.name, f"no answer from {target} within {self._conn.connect_timeout}s",
@@ -83,7 +101,8 @@ class SSHTransport:
         except OSError as e:
             raise HostError(self.name, f"cannot connect to {target}: {e.strerror or e}",
                             "check that the host is up, sshd runs, and the address and port are right") from None
-        self._conn.transport.set_keepalive(KEEPALIVE_S)
+        if self.host.keepalive > 0:
+            self._conn.transport.set_keepalive(max(1, int(self.host.keepalive)))
         return self
 
     def _channel(self, command: str, timeout: float | None) -> paramiko.Channel:

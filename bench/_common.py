@@ -1,0 +1,34 @@
+"""Shared bits for the benchmarks: alternate runs of two commands, report medians and the ratio."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+from typing import Callable
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def compare(name_a: str, a: Callable[[], object], name_b: str, b: Callable[[], object], rounds: int,
+            before_each: Callable[[], object] = lambda: None) -> dict:
+    """Run a and b alternately ``rounds`` times (alternating evens out machine noise); medians and a/b."""
+    ta, tb = [], []
+    for _ in range(rounds):
+        before_each()
+        ta.append(timed(a))
+        before_each()
+        tb.append(timed(b))
+    ma, mb = statistics.median(ta), statistics.median(tb)
+    print(f"{name_a}: median {ma:.3f}s  (runs: {', '.join(f'{x:.2f}' for x in ta)})")
+    print(f"{name_b}: median {mb:.3f}s  (runs: {', '.join(f'{x:.2f}' for x in tb)})")
+    print(f"ratio {name_a} / {name_b}: {ma / mb:.3f}")
+    return {"a": ma, "b": mb, "ratio": ma / mb}
+
+
+def run(cmd: list[str], **kw) -> None:
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
