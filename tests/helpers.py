@@ -24,9 +24,15 @@ def cddp(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict | 
     return r
 
 
+def _default_sigint() -> None:
+    # A test run started in the background (`cmd &` in a script) inherits SIGINT ignored, and
+    # Python keeps it ignored; the Ctrl-C tests need the launcher to see it as a terminal would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cddp_popen(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "clusterddp", *args], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_default_sigint,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 

@@ -92,9 +92,13 @@ def test_first_failure_ends_every_other_node(tmp_path):
 def test_ctrl_c_ends_every_node(tmp_path):
     p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
     sup, _ = run(p)
-    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    with pytest.raises(KeyboardInterrupt):
-        sup.follow()
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
+    try:
+        threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            sup.follow()
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert sup.outcome.status == "stopped"
     assert {n.state for n in sup.nodes} == {NodeState.STOPPED}
     assert job_pids(p) == []
