@@ -19,6 +19,30 @@ RUNS_DIR = typer.Option("./runs", "--runs-dir", envvar="CLUSTERDDP_RUNS_DIR",
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+# The options of a run, shared by `up` and `schedule add` (which records them for cron).
+INVENTORY = typer.Argument(..., help="Inventory YAML file, or `local` for this machine's GPUs.")
+SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.")
+RUN_NAME = typer.Option(None, "--name", help="A name for the run.")
+HOSTS = typer.Option(None, "--hosts", help="Run on these hosts only: a,b,c.")
+GPUS = typer.Option(None, "--gpus", min=1, help="Processes per node (overrides the inventory).")
+MASTER_PORT = typer.Option(None, "--master-port", min=1, max=65535)
+ENV = typer.Option([], "-e", "--env", help="NAME=VALUE for the job (repeatable).")
+COLLECT = typer.Option([], "--collect", help="Glob to bring back, relative to the run folder.")
+MAX_RESTARTS = typer.Option(0, "--max-restarts", min=0, help="Passed to torchrun.")
+
+
+def run_spec(script: str, script_args: list[str] | None, name: str | None, gpus: int | None,
+             master_port: int | None, env: list[str], collect: list[str], max_restarts: int):
+    """The RunSpec those options describe (``-e`` checked here)."""
+    from ..plan import RunSpec
+    return RunSpec(script=script, script_args=tuple(script_args or ()), name=name, gpus=gpus,
+                   master_port=master_port, env=parse_env(env), collect=tuple(collect), max_restarts=max_restarts)
+
+
+def host_list(hosts: str | None) -> list[str] | None:
+    """``--hosts a,b`` as a list, or None for every host."""
+    return [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+
 
 def err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)

@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from .common import EXIT_INTERRUPTED, RUNS_DIR, err, handle_errors, parse_env
+from .common import (COLLECT, ENV, EXIT_INTERRUPTED, GPUS, HOSTS, INVENTORY, MASTER_PORT, MAX_RESTARTS, RUN_NAME,
+                     RUNS_DIR, SCRIPT_ARGS, err, handle_errors, host_list, run_spec)
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -21,40 +22,38 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 @handle_errors
 def add(
     name: str = typer.Argument(..., help="Schedule name: letters, digits, '.', '_', '-'."),
-    inventory: str = typer.Argument(..., help="Inventory YAML file, or `local` for this machine's GPUs."),
+    inventory: str = INVENTORY,
     script: str = typer.Argument(..., help="Training script."),
-    script_args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script, after `--`."),
+    script_args: Optional[list[str]] = SCRIPT_ARGS,
     cron: str = typer.Option(..., "--cron", help="When to run, as cron fields: '0 2 * * *', or @daily."),
     runs_dir: str = RUNS_DIR,
     replace: bool = typer.Option(False, "--replace", help="Overwrite a schedule of the same name."),
     agent_socket: Optional[str] = typer.Option(
         None, "--agent-socket", help="SSH_AUTH_SOCK for the runs (cron has no ssh-agent of its own)."),
-    run_name: Optional[str] = typer.Option(None, "--name", help="A name for each run."),
-    hosts: Optional[str] = typer.Option(None, "--hosts", help="Run on these hosts only: a,b,c."),
-    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="Processes per node (overrides the inventory)."),
-    master_port: Optional[int] = typer.Option(None, "--master-port", min=1, max=65535),
-    env: list[str] = typer.Option([], "-e", "--env", help="NAME=VALUE for the job (repeatable)."),
-    collect: list[str] = typer.Option([], "--collect", help="Glob to bring back, relative to the run folder."),
-    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="Passed to torchrun."),
+    run_name: Optional[str] = RUN_NAME,
+    hosts: Optional[str] = HOSTS,
+    gpus: Optional[int] = GPUS,
+    master_port: Optional[int] = MASTER_PORT,
+    env: list[str] = ENV,
+    collect: list[str] = COLLECT,
+    max_restarts: int = MAX_RESTARTS,
 ) -> None:
     """Add a crontab entry that runs `clusterddp up INVENTORY SCRIPT` at the --cron times, from here."""
-    from .. import jobs, plan
+    from .. import jobs
     from .. import schedule as S
     from ..inventory import LOCAL
 
     S.check_name(name)
     expr = S.check_cron(cron)
-    run = plan.RunSpec(script=script, script_args=tuple(script_args or ()), name=run_name,
-                       gpus=gpus, master_port=master_port, env=parse_env(env), collect=tuple(collect),
-                       max_restarts=max_restarts)
-    host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
-    prep = jobs.prepare(inventory, run, runs_dir, host_list)  # the same checks as `up`; no network
+    run = run_spec(script, script_args, run_name, gpus, master_port, env, collect, max_restarts)
+    hosts_ = host_list(hosts)
+    prep = jobs.prepare(inventory, run, runs_dir, hosts_)  # the same checks as `up`; no network
     run = dataclasses.replace(run, script=os.path.abspath(script))
     executable, bin_dir = S.current_executable()
     spec = S.ScheduleSpec(
         name=name, cron=expr, workdir=os.getcwd(), runs_dir=str(prep.store.root), executable=executable,
         bin_dir=bin_dir, inventory=inventory if inventory == LOCAL else os.path.abspath(inventory), run=run,
-        hosts=tuple(host_list or ()),
+        hosts=tuple(hosts_ or ()),
         agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None)
     _, replaced = S.add(spec, replace)
 

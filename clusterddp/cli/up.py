@@ -8,22 +8,23 @@ from typing import Optional
 
 import typer
 
-from .common import RUNS_DIR, err, handle_errors, parse_env, sigterm_as_interrupt
+from .common import (COLLECT, ENV, GPUS, HOSTS, INVENTORY, MASTER_PORT, MAX_RESTARTS, RUN_NAME, RUNS_DIR,
+                     SCRIPT_ARGS, err, handle_errors, host_list, run_spec, sigterm_as_interrupt)
 
 
 @handle_errors
 def up(
-    inventory: str = typer.Argument(..., help="Inventory YAML file, or `local` for this machine's GPUs."),
+    inventory: str = INVENTORY,
     script: str = typer.Argument(..., help="Training script; its folder is copied to every node."),
-    script_args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script, after `--`."),
+    script_args: Optional[list[str]] = SCRIPT_ARGS,
     runs_dir: str = RUNS_DIR,
-    name: Optional[str] = typer.Option(None, "--name", help="A name for this run."),
-    hosts: Optional[str] = typer.Option(None, "--hosts", help="Run on these hosts only: a,b,c."),
-    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="Processes per node (overrides the inventory)."),
-    master_port: Optional[int] = typer.Option(None, "--master-port", min=1, max=65535),
-    env: list[str] = typer.Option([], "-e", "--env", help="NAME=VALUE for the job (repeatable)."),
-    collect: list[str] = typer.Option([], "--collect", help="Glob to bring back, relative to the run folder."),
-    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="Passed to torchrun."),
+    name: Optional[str] = RUN_NAME,
+    hosts: Optional[str] = HOSTS,
+    gpus: Optional[int] = GPUS,
+    master_port: Optional[int] = MASTER_PORT,
+    env: list[str] = ENV,
+    collect: list[str] = COLLECT,
+    max_restarts: int = MAX_RESTARTS,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every node's command; contact no host."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return; it runs on without us."),
     skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
@@ -34,11 +35,8 @@ def up(
     """Start a DDP job on every host of INVENTORY (or `local`) and follow it to the end."""
     from .. import jobs, plan
 
-    spec = plan.RunSpec(script=script, script_args=tuple(script_args or ()), name=name, gpus=gpus,
-                        master_port=master_port, env=parse_env(env), collect=tuple(collect),
-                        max_restarts=max_restarts)
-    host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
-    prep = jobs.prepare(inventory, spec, runs_dir, host_list)
+    spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
+    prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts))
     print(f"run {prep.plan.run_id}", flush=True)
     if dry_run:
         print(plan.render(prep.plan))
