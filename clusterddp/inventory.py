@@ -1,7 +1,7 @@
 """Read and validate a YAML host inventory into frozen data.
 
-The only module that knows the YAML shape. Precedence for each host setting:
-CLI flag (applied later, in the plan) > host entry > inventory ``defaults`` >
+With its private schema module ``_inventory_schema``, the only place that knows the YAML shape.
+Precedence for each host setting: CLI flag (applied later, in the plan) > host entry > inventory ``defaults`` >
 ``~/.ssh/config`` (for user, port, identity, address: left unset here, Fabric reads it) > built-in.
 ``env`` merges key by key (host wins); every other field is replaced whole.
 """
@@ -11,10 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InventoryError
 
@@ -80,78 +79,6 @@ class Inventory:
         return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout)
 
 
-# ---- the YAML schema (pydantic stays in this module) ----
-
-class _Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    user: str | None = None
-    port: int | None = Field(None, ge=1, le=65535)
-    identity_file: str | None = None
-    known_hosts: str | None = None
-    host_key_policy: Literal["strict", "accept-new"] | None = None
-    gpus: int | str | None = None
-    python: str | None = None
-    workdir: str | None = None
-    env: dict[str, Any] | None = None
-    setup: list[str] | None = None
-    connect_timeout: float | int | None = Field(None, gt=0)
-    keepalive: float | int | None = Field(None, ge=0)
-
-    @field_validator("gpus")
-    @classmethod
-    def _gpus(cls, v: Any) -> Any:
-        if v is None or v == "auto":
-            return v
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError("must be a whole number of processes (>= 1) or 'auto'")
-        if v < 1:
-            raise ValueError("must be >= 1 (processes per node) or 'auto'")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, Any] | None) -> dict[str, str] | None:
-        if v is None:
-            return v
-        out = {}
-        for k, val in v.items():
-            if not isinstance(k, str) or not ENV_NAME_RE.match(k):
-                raise ValueError(f"{k!r} is not a valid environment variable name")
-            if isinstance(val, bool) or not isinstance(val, (str, int)):
-                raise ValueError(f"{k}: value must be a string or a whole number; quote it, e.g. {k}: \"{val}\"")
-            out[k] = str(val)
-        return out
-
-
-class _HostEntry(_Settings):
-    name: str
-    address: str | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not HOST_NAME_RE.match(v) or v == LOCAL:
-            raise ValueError("must be letters, digits, '.', '_' or '-' (it names a log file), and not 'local'")
-        return v
-
-
-class _MasterEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    host: str | None = None
-    addr: str | None = None
-    port: int = Field(29500, ge=1, le=65535)
-
-
-class _InventoryFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    name: str | None = None
-    defaults: _Settings = _Settings()
-    master: _MasterEntry = _MasterEntry()
-    collect: list[str] = []
-    fanout: int | None = Field(None, ge=1, le=1024)
-    hosts: list[_HostEntry] = Field(min_length=1)
-
-
 def _path_str(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -206,8 +133,11 @@ def parse(text: str, path: str) -> Inventory:
     if not isinstance(data, dict):
         raise InventoryError(path, "must be a YAML mapping with a `hosts:` list",
                              hint="see inventory/lab.yaml for an example")
+    from pydantic import ValidationError  # imported here: `up local` and --help never pay for pydantic
+
+    from ._inventory_schema import InventoryFile
     try:
-        inv = _InventoryFile.model_validate(data)
+        inv = InventoryFile.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         loc = tuple(p for p in err["loc"] if isinstance(p, int) or not str(p).startswith(("function-", "literal[")))
@@ -217,7 +147,7 @@ def parse(text: str, path: str) -> Inventory:
     return _resolve(inv, path, root)
 
 
-def _resolve(inv: _InventoryFile, path: str, root: yaml.Node) -> Inventory:
+def _resolve(inv: Any, path: str, root: yaml.Node) -> Inventory:
     seen: dict[str, int] = {}
     for i, h in enumerate(inv.hosts):
         if h.name in seen:
