@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from . import plan as P
 from .errors import HostError
@@ -105,6 +105,15 @@ def fetch_file(t: Transport, node: P.NodeLaunch, rf: RemoteFile, dest: Path, pro
         return size
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def collect_nodes(pairs: Sequence[tuple[Transport, P.NodeLaunch]], store: RunStore, run_id: str,
+                  globs: tuple[str, ...], fanout: int, progress: Progress | None = None) -> list[CollectResult]:
+    """:func:`collect_node` on every (transport, node) in parallel; one result per node, errors included."""
+    from .fleet import fan_out
+    res = fan_out(pairs, lambda p: collect_node(p[0], p[1], store, run_id, globs, progress), fanout)
+    return [r if isinstance(r, CollectResult) else CollectResult(n.host.name, error=f"{type(r).__name__}: {r}")
+            for (_, n), r in zip(pairs, res)]
 
 
 def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str, globs: tuple[str, ...],

@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import plan as P
-from .artifacts import CollectResult, Progress, collect_node
+from .artifacts import CollectResult, Progress, collect_nodes
 from .errors import HostError
 from .inventory import Host
 from .store import RunStore, utcnow
-from .supervisor import fan_out, parse_status
+from .fleet import fan_out
+from .inventory import DEFAULT_FANOUT
+from .supervisor import parse_status
 from .transport import Transport
 from .transport import connect as default_connect
 
@@ -97,11 +99,13 @@ def status(store: RunStore, run_id: str, connect: Callable = default_connect) ->
             nodes.append(r)
         else:
             nodes.append(NodeStatus(name, "unreachable", None, s.errors.get(name) or str(r)))
-    st, failed = overall(rec, nodes)
     patch = {ns.host: {"state": ns.state, "exit_code": ns.exit_code, "error": ns.error} for ns in nodes}
-    fields = {"status": st, "failed_host": failed}
-    if st in ("succeeded", "failed") and rec["status"] == "running":
-        fields.update(ended_at=utcnow(), exit_code=0 if st == "succeeded" else 1)
+    fields: dict = {}
+    if rec["status"] == "running":  # an ended run keeps its outcome, even if its nodes were cleaned since
+        st, failed = overall(rec, nodes)
+        fields = {"status": st, "failed_host": failed}
+        if st in ("succeeded", "failed"):
+            fields.update(ended_at=utcnow(), exit_code=0 if st == "succeeded" else 1)
     rec = store.update(run_id, nodes=patch, **fields)
     return rec, nodes
 
@@ -131,10 +135,9 @@ def collect(store: RunStore, run_id: str, connect: Callable = default_connect,
 
 def _collect(s: Session, store: RunStore, run_id: str, globs: tuple[str, ...],
              progress: Progress | None) -> list[CollectResult]:
-    res = s.each(lambda n, t: collect_node(t, n, store, run_id, globs, progress))
-    out = [r if isinstance(r, CollectResult) else CollectResult(h, error=str(r)) for h, r in res.items()]
-    out += [CollectResult(h, error=e) for h, e in s.errors.items()]
-    return out
+    pairs = [(s.transports[n.host.name], n) for n in s.nodes if n.host.name in s.transports]
+    out = collect_nodes(pairs, store, run_id, globs, int(s.rec.get("fanout") or DEFAULT_FANOUT), progress)
+    return out + [CollectResult(h, error=e) for h, e in s.errors.items()]
 
 
 def node_logs(store: RunStore, run_id: str, hosts: list[str] | None, connect: Callable = default_connect
@@ -171,7 +174,8 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
     rec = store.load(run_id)
     with Session(rec, connect) as s:
         for h, e in s.errors.items():
-            raise HostError(h, f"cannot follow the log: {e}")
+            if not hosts or h in hosts:
+                raise HostError(h, f"cannot follow the log: {e}")
 
         def one(n: P.NodeLaunch, t: Transport) -> int | None:
             if hosts and n.host.name not in hosts:

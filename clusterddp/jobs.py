@@ -16,10 +16,10 @@ from typing import Callable
 
 from . import inventory as inv_mod
 from . import plan as P
-from .artifacts import CollectResult, collect_node
-from .errors import HostError, NodeOutcome, RunFailed, UsageError
+from .artifacts import CollectResult, collect_nodes
+from .errors import HostError, RunFailed, UsageError
 from .store import RunStore, host_record, new_run_id, utcnow
-from .fleet import Fleet, fan_out
+from .fleet import Fleet
 from .supervisor import NodeState, RunOutcome, Supervisor
 
 SKIP_DIRS = {".git", "__pycache__", ".clusterddp", ".pytest_cache", ".mypy_cache", ".venv"}
@@ -45,7 +45,7 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
     if not script.is_file():
         raise UsageError(f"script {spec.script}: no such file", "pass the path of your training script")
     inventory = load_inventory(inventory_arg, spec.gpus)
-    if hosts:
+    if hosts is not None:
         inventory = inventory.select(hosts)
     store = RunStore(runs_dir)
     run_id = run_id or new_run_id()
@@ -54,6 +54,17 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
     plan = P.build_plan(inventory, spec, run_id, **local)
     return Prepared(plan, store, script.resolve().parent)
+
+
+def pack(prep: Prepared) -> bytes | None:
+    """The script's folder to upload (None in local mode); an unreadable file is bad input."""
+    if not prep.plan.upload:
+        return None
+    try:
+        return source_tarball(prep.source_dir, prep.store.root)
+    except OSError as e:
+        raise UsageError(f"cannot pack the script's folder {prep.source_dir}: {e}",
+                         "make every file there readable, or move the script to a folder of its own") from None
 
 
 def source_tarball(source_dir: Path, runs_dir: Path) -> bytes:
@@ -118,10 +129,12 @@ def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | No
 
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
             on_collect: Callable[[CollectResult], None] = lambda r: None,
-            connect: Callable | None = None, fleet: Fleet | None = None) -> RunOutcome | None:
+            connect: Callable | None = None, fleet: Fleet | None = None,
+            source_tar: bytes | None = None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
 
-    ``fleet`` (from :func:`preflight`) lends its open connections to the nodes.
+    ``fleet`` (from :func:`preflight`) lends its open connections to the nodes; ``source_tar``
+    (from :func:`pack`) is the script's folder to upload.
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C teardown.
     """
     plan, store = prep.plan, prep.store
@@ -131,13 +144,16 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     def output(host: str, data: bytes) -> None:
         store.append_log(run_id, host, data)
         on_output(host, data)
-    tar = source_tarball(prep.source_dir, store.root) if plan.upload else None
-    sup = Supervisor(plan, on_output=output, source_tar=tar, **({"connect": connect} if connect else {}))
+    sup = Supervisor(plan, on_output=output, source_tar=source_tar, **({"connect": connect} if connect else {}))
     try:
         try:
             sup.start()
         except HostError as e:
-            finish(store, run_id, sup, RunOutcome("failed", _outcomes(sup), e.host))
+            finish(store, run_id, sup, RunOutcome("failed", sup.outcomes(), e.host))
+            raise
+        except KeyboardInterrupt:  # Ctrl-C while nodes start: end what started, record the stop
+            sup.teardown()
+            finish(store, run_id, sup, RunOutcome("stopped", sup.outcomes()))
             raise
         store.update(run_id, nodes=node_patch(sup))
         if detach:
@@ -151,9 +167,9 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             raise
         store.close_logs()
         collect(sup, store, run_id, plan.collect, on_collect)
-        finish(store, run_id, sup, outcome)
-        if outcome.status != "succeeded":
-            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, outcome.status)
+        status = finish(store, run_id, sup, outcome)
+        if status != "succeeded":
+            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status)
         return outcome
     finally:
         store.close_logs()
@@ -162,23 +178,21 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             fleet.close()
 
 
-def _outcomes(sup: Supervisor) -> tuple[NodeOutcome, ...]:
-    return tuple(NodeOutcome(n.name, n.launch.node_rank, n.exit_code, n.error) for n in sup.nodes)
-
-
 def collect(sup: Supervisor, store: RunStore, run_id: str, globs: tuple[str, ...],
             on_collect: Callable[[CollectResult], None]) -> list[CollectResult]:
-    nodes = [n for n in sup.nodes if n.transport is not None]
-    results = fan_out(nodes, lambda n: collect_node(n.transport, n.launch, store, run_id, globs),
-                      sup.plan.inventory.fanout)
+    pairs = [(n.transport, n.launch) for n in sup.nodes if n.transport is not None]
+    results = collect_nodes(pairs, store, run_id, globs, sup.plan.inventory.fanout)
     for r in results:
-        if isinstance(r, CollectResult):
-            on_collect(r)
+        on_collect(r)
     return results
 
 
-def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> None:
-    # `clusterddp stop` from another terminal ends the nodes with a signal: that is a stop, not a failure
-    stopped = store.load(run_id)["status"] == "stopped"
-    store.update(run_id, status="stopped" if stopped else outcome.status, exit_code=outcome.exit_code, failed_host=outcome.first_failed,
+def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> str:
+    """Record how the run ended; return the status recorded."""
+    rec = store.load(run_id)
+    if rec["status"] == "stopped":  # `clusterddp stop` from another terminal: a stop, not a failure
+        store.update(run_id, nodes=node_patch(sup), ended_at=rec.get("ended_at") or utcnow())
+        return "stopped"
+    store.update(run_id, status=outcome.status, exit_code=outcome.exit_code, failed_host=outcome.first_failed,
                  ended_at=utcnow(), nodes=node_patch(sup))
+    return outcome.status

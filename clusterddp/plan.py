@@ -92,7 +92,7 @@ def qpath(path: str) -> str:
 
 
 def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_dir: str | None = None,
-               local_control_dir: str | None = None, grace: float = DEFAULT_GRACE) -> LaunchPlan:
+               local_control_dir: str | None = None) -> LaunchPlan:
     """Plan a run. Local mode (``up local``: run in place, ``torchrun --standalone``) is chosen by
     passing the absolute launch directory and the control folder."""
     local = local_run_dir is not None

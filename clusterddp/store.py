@@ -18,9 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import RunNotFound
+from .errors import RunNotFound, UsageError
 
-STATUSES = ("running", "succeeded", "failed", "stopped")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, name TEXT, inventory TEXT, script TEXT, hosts TEXT,
@@ -79,7 +78,11 @@ class RunStore:
     def create(self, record: dict) -> dict:
         """Create the run folder and its first ``run.json``; index it."""
         d = self.run_dir(record["run_id"])
-        (d / "logs").mkdir(parents=True, exist_ok=False)
+        try:
+            (d / "logs").mkdir(parents=True, exist_ok=False)
+        except OSError as e:
+            raise UsageError(f"cannot create the run folder {d}: {e.strerror or e}",
+                             "pass a writable --runs-dir (or set CLUSTERDDP_RUNS_DIR)") from None
         self._write(record)
         return record
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 from . import plan as P
 from .errors import HostError, NodeOutcome
-from .fleet import fan_out  # the one parallel layer; also imported from here by older callers
+from .fleet import fan_out  # the one parallel layer
 from .transport import Transport
 from .transport import connect as default_connect
 
@@ -142,15 +142,14 @@ class Supervisor:
             raise HostError(node.name, f"{what}: {detail}")
 
     # ---- watch ----
-    def follow(self, from_lines: dict[str, int] | None = None) -> RunOutcome:
+    def follow(self) -> RunOutcome:
         """Stream every node's output until the run ends; end everything on the first failure.
 
         KeyboardInterrupt (Ctrl-C, or SIGTERM mapped to it by the CLI) ends every node's job and
         re-raises after the outcome is recorded in ``self.outcome``.
         """
         for node in self.nodes:
-            start_line = (from_lines or {}).get(node.name, 1)
-            th = Thread(target=self._stream, args=(node, start_line), name=f"stream-{node.name}", daemon=True)
+            th = Thread(target=self._stream, args=(node,), name=f"stream-{node.name}", daemon=True)
             th.start()
             self._threads.append(th)
         first_failed: str | None = None
@@ -195,11 +194,11 @@ class Supervisor:
     def _first_bad(self) -> str | None:
         return next((n.name for n in self.nodes if n.state == NodeState.LOST), None)
 
-    def _stream(self, node: Node, from_line: int) -> None:
+    def _stream(self, node: Node) -> None:
         t, n = node.transport, node.launch
         assert t is not None
         try:
-            t.stream(P.follow_command(n, from_line), lambda b: self.on_output(node.name, b))
+            t.stream(P.follow_command(n), lambda b: self.on_output(node.name, b))
             kind, code = parse_status(t.run(P.status_command(n), timeout=60).text)
             if kind == "running":  # the follower ended early (e.g. log rotated); count it as lost
                 self._events.put((node.name, None, "log stream ended while the job still runs"))
@@ -207,6 +206,8 @@ class Supervisor:
                 self._events.put((node.name, code, None if code is not None else f"job {kind}: no exit code"))
         except HostError as e:
             self._events.put((node.name, None, str(e)))
+        except Exception as e:  # noqa: BLE001 - e.g. the log disk is full: the run must not wait forever
+            self._events.put((node.name, None, f"following the log failed here: {e}"))
 
     def _heartbeat(self) -> None:
         """Ask every running node whether it still answers; mark it LOST after ``max_misses`` misses."""
@@ -255,6 +256,9 @@ class Supervisor:
             if n.transport is not None:
                 n.transport.close()
 
+    def outcomes(self) -> tuple[NodeOutcome, ...]:
+        """Every node's outcome so far."""
+        return tuple(NodeOutcome(n.name, n.launch.node_rank, n.exit_code, n.error) for n in self.nodes)
+
     def _outcome(self, status: str, first_failed: str | None) -> RunOutcome:
-        return RunOutcome(status, tuple(NodeOutcome(n.name, n.launch.node_rank, n.exit_code, n.error)
-                                        for n in self.nodes), first_failed)
+        return RunOutcome(status, self.outcomes(), first_failed)

@@ -415,7 +415,7 @@ def test_cli_reports_an_unreachable_host_with_exit_1(tmp_path):
     (["check", "nope.yaml"], "nope.yaml: no such file"),
     (["check", "inv.yaml", "--hosts", "gpu-9"], "--hosts names gpu-9"),
     (["check", "inv.yaml", "--fanout", "0"], "--fanout"),
-    (["exec", "inv.yaml", "--hosts", ",", "--", "true"], "--hosts names no host"),
+    (["exec", "inv.yaml", "--hosts", ",", "--", "true"], "--hosts ',' names no host"),
     (["exec", "bad.yaml", "--", "true"], "bad.yaml:1: fanout: input should be greater than or equal to 1"),
 ])
 def test_cli_bad_input_exits_2(tmp_path, args, words):

@@ -93,3 +93,12 @@ def test_up_local_restarts_a_crashed_rank_from_its_checkpoint(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "rank 1: simulated crash at epoch 2" in r.stdout
     assert "[local] resumed from step" in r.stdout and "[local] done world_size=2" in r.stdout
+
+
+def test_an_empty_hosts_list_and_an_unwritable_runs_dir_are_bad_input(tmp_path, script):
+    (tmp_path / "inv.yaml").write_text(GOOD_INV)
+    r = cddp("up", "inv.yaml", "t.py", "--hosts", ",", cwd=tmp_path)
+    assert r.returncode == 2 and "--hosts ',' names no host" in r.stderr
+    (tmp_path / "afile").write_text("not a folder")
+    r = cddp("up", "local", "t.py", "--runs-dir", "afile", cwd=tmp_path)
+    assert r.returncode == 2 and "cannot create the run folder" in r.stderr and "Traceback" not in r.stderr

@@ -21,13 +21,11 @@ def load_inventory(path: str, hosts: Optional[str], fanout: Optional[int]):
     from dataclasses import replace
 
     from .. import inventory as inv_mod
-    from ..errors import UsageError
+    from .common import host_list
 
     inv = inv_mod.load(path)
-    if hosts is not None:
-        names = [h.strip() for h in hosts.split(",") if h.strip()]
-        if not names:
-            raise UsageError("--hosts names no host", "pass host names from the inventory: --hosts a,b")
+    names = host_list(hosts)
+    if names is not None:
         inv = inv.select(names)
     return replace(inv, fanout=fanout) if fanout else inv
 

@@ -40,8 +40,14 @@ def run_spec(script: str, script_args: list[str] | None, name: str | None, gpus:
 
 
 def host_list(hosts: str | None) -> list[str] | None:
-    """``--hosts a,b`` as a list, or None for every host."""
-    return [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    """``--hosts a,b`` as a list, or None (no --hosts) for every host."""
+    if hosts is None:
+        return None
+    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not names:
+        from ..errors import UsageError
+        raise UsageError(f"--hosts {hosts!r} names no host", "give host names from the inventory: --hosts a,b")
+    return names
 
 
 def err(msg: str) -> None:

@@ -41,8 +41,14 @@ def up(
     if dry_run:
         print(plan.render(prep.plan))
         return
+    source_tar = jobs.pack(prep)
     fleet = None if skip_check else jobs.preflight(prep.plan)
-    prep.store.create(jobs.new_record(prep, inventory, schedule=schedule))
+    try:
+        prep.store.create(jobs.new_record(prep, inventory, schedule=schedule))
+    except BaseException:
+        if fleet is not None:
+            fleet.close()
+        raise
     from .common import PrefixPrinter
     printer = PrefixPrinter([n.host.name for n in prep.plan.nodes])
     sigterm_as_interrupt()
@@ -56,7 +62,7 @@ def up(
                   + (f", skipped {len(r.skipped)} still being written" if r.skipped else ""), flush=True)
     run_id = prep.plan.run_id
     try:
-        jobs.execute(prep, printer, on_collect=on_collect, detach=detach, fleet=fleet)
+        jobs.execute(prep, printer, on_collect=on_collect, detach=detach, fleet=fleet, source_tar=source_tar)
     finally:
         printer.flush()
     if detach:

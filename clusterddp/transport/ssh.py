@@ -22,6 +22,10 @@ from ..inventory import Host
 from .base import CommandResult
 
 _known_hosts_lock = threading.Lock()
+
+
+class _LocalError(Exception):
+    """Carries an exception raised by a stream's consumer past the connection-error handlers."""
 # paramiko logs failures on its own threads (a banner timeout, a reset) with tracebacks, which
 # Python's last-resort handler would print; every failure already reaches the user as a HostError.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -74,6 +78,16 @@ class SSHTransport:
         self._known = known
 
     def open(self) -> "SSHTransport":
+        try:
+            self._open()
+        except BaseException:
+            self._conn.close()  # paramiko leaves the socket and its thread up after a refused key or login
+            raise
+        if self.host.keepalive > 0:
+            self._conn.transport.set_keepalive(max(1, int(self.host.keepalive)))
+        return self
+
+    def _open(self) -> None:
         target = f"{self._conn.user}@{self._conn.host}:{self._conn.port}"
         try:
             self._conn.open()
@@ -101,9 +115,6 @@ class SSHTransport:
         except OSError as e:
             raise HostError(self.name, f"cannot connect to {target}: {e.strerror or e}",
                             "check that the host is up, sshd runs, and the address and port are right") from None
-        if self.host.keepalive > 0:
-            self._conn.transport.set_keepalive(max(1, int(self.host.keepalive)))
-        return self
 
     def _channel(self, command: str, timeout: float | None) -> paramiko.Channel:
         try:
@@ -147,13 +158,18 @@ class SSHTransport:
         try:
             chan.shutdown_write()
             while chunk := chan.recv(1 << 20):
-                on_data(chunk)
+                try:
+                    on_data(chunk)
+                except Exception as e:  # a local failure (full disk, closed pipe) is not "connection lost"
+                    raise _LocalError(e) from e
             if stderr_to is not None:
                 while chunk := chan.recv_stderr(65536):
                     stderr_to += chunk
             return chan.recv_exit_status()
         except socket.timeout:
             raise HostError(self.name, f"no data for {timeout:g}s") from None
+        except _LocalError as e:
+            raise e.__cause__ from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise HostError(self.name, f"connection lost: {e or type(e).__name__}") from None
         finally:
