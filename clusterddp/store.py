@@ -8,6 +8,7 @@ with each ``run.json``. Several launchers (a cron run and a person) may write at
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import secrets
@@ -94,8 +95,14 @@ class RunStore:
         self._index(rec)
 
     def update(self, run_id: str, **fields: Any) -> dict:
-        """Merge ``fields`` into run.json (``nodes`` may be a {host: {...}} patch) and re-index."""
-        with self._lock:
+        """Merge ``fields`` into run.json (``nodes`` may be a {host: {...}} patch) and re-index.
+
+        Read-merge-write runs under a file lock, so an attached `up` and a `stop` or `status`
+        in another process never lose each other's update.
+        """
+        self.load(run_id)  # a clear RunNotFound before any lock file is made
+        with self._lock, open(self.run_dir(run_id) / ".run.json.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             rec = self.load(run_id)
             patch = fields.pop("nodes", None)
             rec.update(fields)

@@ -69,3 +69,28 @@ def test_two_launchers_writing_at_once_lose_nothing(tmp_path):
     assert len(rows) == 80 and {r["status"] for r in rows} == {"succeeded"}
     for r in rows:
         assert json.loads((tmp_path / r["run_id"] / "run.json").read_text())["status"] == "succeeded"
+
+
+def _patcher(root: str, run_id: str, host: str, n: int, start_at: float) -> None:
+    import time
+    s = RunStore(root)
+    time.sleep(max(0.0, start_at - time.time()))  # both processes start writing together
+    for i in range(n):
+        s.update(run_id, nodes={host: {f"k{i}": i}})  # a lost update would drop a key for good
+
+
+def test_two_processes_updating_one_run_lose_no_update(tmp_path):
+    RunStore(tmp_path).create(rec("20261129-130000-cccc"))
+    ctx = mp.get_context("spawn")
+    import time
+    start_at = time.time() + 3
+    procs = [ctx.Process(target=_patcher, args=(str(tmp_path), "20261129-130000-cccc", h, 150, start_at))
+             for h in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    nodes = RunStore(tmp_path).load("20261129-130000-cccc")["nodes"]
+    for n in nodes:
+        assert sum(k.startswith("k") for k in n) == 150, f"{n['host']} lost updates"
