@@ -166,8 +166,7 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
         f"export CLUSTERDDP_RUN_ID={q(run_id)} CLUSTERDDP_HOST={q(h.name)} "
         f"CLUSTERDDP_NODE_RANK={node.node_rank}",
     ]
-    for line in h.setup:
-        lines.append(f"{{ {line}\n}} || {{ echo {q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98; }}")
+    lines += _setup_lines(h, "", lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98")
     for k, v in node.env:
         lines.append(f"export {k}={q(v)}")
     env_keys = {k for k, _ in node.env}
@@ -340,7 +339,7 @@ sys.stderr.write(json.dumps({"size": n, "sha256": h.hexdigest(), "stable": stabl
 
 def _py(node: NodeLaunch, code: str, *args: str) -> str:
     """Run a stdlib-only Python snippet with the node's interpreter, after its setup lines."""
-    setup = "".join(f"{{ {line}\n}} >/dev/null 2>&1; " for line in node.host.setup)
+    setup = "".join(f"{line}; " for line in _setup_lines(node.host, ">/dev/null 2>&1", lambda line: "true"))
     return f"{setup}{q(node.host.python)} -c {q(code)} " + " ".join(args)
 
 
@@ -465,8 +464,10 @@ os._exit(0)  # now: the launcher's clock reading must follow the node's at once 
 
 
 def _setup_lines(host: Host, stdout_to: str, on_fail: Callable[[str], str]) -> list[str]:
-    """The host's setup lines, their stdout redirected, each followed by ``on_fail(line)`` if it fails."""
-    return [f"{{ {line}\n}} {stdout_to} || {{ {on_fail(line)}; }}" for line in host.setup]
+    """The host's setup lines, output redirected by ``stdout_to`` (may be empty), each followed by
+    ``on_fail(line)`` if it fails. Every shell line that runs ``setup`` is rendered here."""
+    redirect = f" {stdout_to}" if stdout_to else ""
+    return [f"{{ {line}\n}}{redirect} || {{ {on_fail(line)}; }}" for line in host.setup]
 
 
 def probe_command(host: Host, master_addr: str, master_port: int | None, *, full: bool = True,
