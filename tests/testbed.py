@@ -115,6 +115,7 @@ class TestBed:
             for i in range(1, n + 1)
         ]
         self._sshd: dict[str, subprocess.Popen] = {}  # node name -> sshd listener
+        self._sshd_extra: dict[str, str] = {}  # node name -> extra sshd_config lines
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -208,6 +209,13 @@ class TestBed:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
+    def restart_sshd(self, node: Node, extra_config: str = "") -> None:
+        """Restart `node`'s sshd with `extra_config` lines appended to its sshd_config."""
+        self._stop_sshd(node)
+        self._sshd_extra[node.name] = extra_config
+        self._start_sshd(node)
+        self._wait_for_sshd([node])
+
     def regenerate_host_key(self, node: Node) -> None:
         """Give `node` a new host key and restart its sshd; known_hosts keeps the old key."""
         self._stop_sshd(node)
@@ -296,6 +304,7 @@ PrintMotd no
 LogLevel VERBOSE
 Subsystem sftp {SFTP_SERVER}
 """
+            + self._sshd_extra.get(node.name, "")
         )
         return cfg
 

@@ -33,9 +33,11 @@ class Transport(Protocol):
         ...
 
     def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None,
-               stderr_to: bytearray | None = None) -> int:
+               stderr_to: bytearray | None = None, stdin: bytes | None = None) -> int:
         """Run ``command``, passing output chunks to ``on_data`` as they come; return its exit code.
 
+        ``stdin`` is written in full before any output is read, so the command must read all of
+        its input before it writes much.
         stderr is merged into the stream unless ``stderr_to`` is given, which then collects it.
         ``timeout`` bounds the wait for each chunk (not the whole command).
         """

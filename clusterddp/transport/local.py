@@ -28,13 +28,20 @@ class LocalTransport:
         return CommandResult(p.returncode, p.stdout, p.stderr)
 
     def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None,
-               stderr_to: bytearray | None = None) -> int:
-        p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+               stderr_to: bytearray | None = None, stdin: bytes | None = None) -> int:
+        p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                             stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT if stderr_to is None else subprocess.PIPE)
         with self._lock:
             self._procs.add(p)
         try:
             assert p.stdout is not None
+            if stdin is not None and p.stdin is not None:
+                try:
+                    with p.stdin:
+                        p.stdin.write(stdin)
+                except BrokenPipeError:  # the command ended without reading it; its exit code says why
+                    pass
             while chunk := p.stdout.read1(1 << 20):
                 on_data(chunk)
             if stderr_to is not None and p.stderr is not None:

@@ -37,6 +37,23 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 paramiko.packet.Packetizer.REKEY_BYTES = 1 << 62
 paramiko.packet.Packetizer.REKEY_PACKETS = 1 << 62
 
+# Throughput (bench/collect_speed.py): paramiko prefers aes128-ctr + hmac-sha2-256, whose MAC
+# and per-packet work cost far more in Python than AES-GCM (an AEAD, one C call per packet);
+# OpenSSH servers offer GCM by default. Channels ask for 128 KiB packets (paramiko's default is
+# 32 KiB), so the per-packet Python overhead is paid a quarter as often; a 4 MiB window keeps the
+# server sending while the launcher writes. Together: a 256 MiB fetch about 1.3x faster here.
+_PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+_WINDOW = 4 << 20
+_MAX_PACKET = 128 << 10
+
+
+def _transport_factory(sock: socket.socket, **kwargs) -> paramiko.Transport:
+    t = paramiko.Transport(sock, **kwargs)
+    opts = t.get_security_options()
+    first = tuple(c for c in _PREFERRED_CIPHERS if c in opts.ciphers)
+    opts.ciphers = first + tuple(c for c in opts.ciphers if c not in first)
+    return t
+
 
 class _AcceptNew(paramiko.MissingHostKeyPolicy):
     """Like OpenSSH's ``StrictHostKeyChecking=accept-new``: remember unknown keys, never changed ones."""
@@ -61,7 +78,7 @@ class SSHTransport:
         # connect_timeout bounds every stage of the handshake, not only the TCP connect, so a host
         # that accepts the connection but never answers is reported as fast as one that is down.
         kwargs: dict = {"allow_agent": True, "banner_timeout": host.connect_timeout,
-                        "auth_timeout": host.connect_timeout}
+                        "auth_timeout": host.connect_timeout, "transport_factory": _transport_factory}
         if host.identity_file:
             kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
         conn = Connection(host.address, user=host.user, port=host.port,
@@ -118,7 +135,8 @@ class SSHTransport:
 
     def _channel(self, command: str, timeout: float | None) -> paramiko.Channel:
         try:
-            chan = self._conn.transport.open_session(timeout=timeout or self.host.connect_timeout)
+            chan = self._conn.transport.open_session(window_size=_WINDOW, max_packet_size=_MAX_PACKET,
+                                                     timeout=timeout or self.host.connect_timeout)
             chan.settimeout(timeout)
             chan.exec_command(command)
             return chan
@@ -152,10 +170,12 @@ class SSHTransport:
         return CommandResult(code, bytes(out), bytes(err))
 
     def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None,
-               stderr_to: bytearray | None = None) -> int:
+               stderr_to: bytearray | None = None, stdin: bytes | None = None) -> int:
         chan = self._channel(command, timeout)
         chan.set_combine_stderr(stderr_to is None)
         try:
+            if stdin:
+                chan.sendall(stdin)
             chan.shutdown_write()
             while chunk := chan.recv(1 << 20):
                 try:
