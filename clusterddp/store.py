@@ -193,8 +193,11 @@ class RunStore:
             f.close()
         self._logs.clear()
 
+    def artifacts_dir(self, run_id: str, host: str) -> Path:
+        return (self.run_dir(run_id) / "artifacts" / host).resolve()
+
     def artifact_path(self, run_id: str, host: str, rel: str) -> Path:
-        base = (self.run_dir(run_id) / "artifacts" / host).resolve()
+        base = self.artifacts_dir(run_id, host)
         p = (base / rel).resolve()
         if base not in p.parents:  # a remote name must never write outside the run folder
             raise ValueError(f"refusing artifact path outside the run folder: {rel!r}")

@@ -126,6 +126,38 @@ def test_collect_repairs_a_truncated_copy_and_skips_whole_files(bed, tmp_path, t
     assert "node1: 0 fetched (0.0 MB), 1 already whole" in out and time.monotonic() - t0 < 10
 
 
+LIVE_WRITER = r'''
+import os, time
+os.makedirs("checkpoints", exist_ok=True)
+with open("checkpoints/done.bin", "wb") as f:
+    f.write(os.urandom(1 << 20))
+with open("checkpoints/live.bin", "wb") as f:
+    f.write(os.urandom(16 << 20))
+    f.flush()
+    print("writing", flush=True)
+    for _ in range(100000):
+        f.write(b"x" * 4096)
+        f.flush()
+        time.sleep(0.001)
+'''
+
+
+def test_collect_of_a_running_job_skips_the_file_it_is_writing(bed, tmp_path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "live.py").write_text(LIVE_WRITER)
+    runs = tmp_path / "runs"
+    inv = bed.write_inventory(tmp_path / "inv.yaml", extra={"collect": ["checkpoints/**"]})
+    run_id = up_detached(inv, tmp_path / "job" / "live.py", runs)
+    try:
+        assert eventually(lambda: "writing" in cddp("logs", run_id, "--runs-dir", str(runs)).stdout, 60)
+        out = cddp("collect", run_id, "--runs-dir", str(runs), check_rc=0).stdout
+        assert "node1: 1 fetched" in out and "1 skipped (still being written)" in out, out
+        got = runs / run_id / "artifacts" / "node1" / "checkpoints"
+        assert sorted(p.name for p in got.iterdir()) == ["done.bin"]  # no live.bin, no .part
+    finally:
+        cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "2", check_rc=0, timeout=60)
+
+
 def test_unknown_and_ambiguous_run_ids_exit_2(tmp_path):
     runs = tmp_path / "runs"
     for rid in ("20261129-100000-aaaa", "20261129-100000-aaab"):

@@ -25,8 +25,8 @@ from clusterddp.transport import connect
 
 FAKE_PY = """#!/bin/bash
 # Stand-in for `python -m torch.distributed.run ...`: behaves as $MODE says.
-# `python -c` (clusterddp's own helpers on the node, e.g. the log follower) runs the real one.
-[ "$1" = "-c" ] && exec PYTHON "$@"
+# `python -S -c` (clusterddp's own helpers on the node, e.g. the log follower) runs the real one.
+[ "$1" = "-S" ] && exec PYTHON "$@"
 echo "hello from $CLUSTERDDP_HOST rank $CLUSTERDDP_NODE_RANK"
 case "$MODE" in
   ok) exit 0 ;;
