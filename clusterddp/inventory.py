@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from .errors import InventoryError
+
+if TYPE_CHECKING:  # yaml is imported when a file is parsed: commands that only read run.json skip it
+    import yaml
 
 LOCAL = "local"
 HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -91,6 +92,7 @@ def _path_str(loc: tuple) -> str:
 
 def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
     """The 1-based line of the YAML node at ``loc`` (or its nearest parent)."""
+    import yaml
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
@@ -122,6 +124,7 @@ def _message(err: dict) -> str:
 
 def parse(text: str, path: str) -> Inventory:
     """Validate inventory YAML text; raise :class:`InventoryError` naming file, field and line."""
+    import yaml
     try:
         data = yaml.safe_load(text)
         root = yaml.compose(text)
