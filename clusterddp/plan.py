@@ -328,6 +328,7 @@ for p in names:
         files[p] = os.stat(p)
 emit(files=[{"path": p, "size": st.st_size} for p, st in files.items()])
 last = time.monotonic()
+buf = memoryview(bytearray(1 << 20))  # one buffer for every read: no allocation per MiB
 for p, st in files.items():
     send = req["have"].get(p) != st.st_size
     try:
@@ -340,7 +341,7 @@ for p, st in files.items():
             emit(path=p, send=st.st_size)
         h, n = hashlib.sha256(), 0
         while n < st.st_size:
-            b = f.read(min(1 << 20, st.st_size - n))
+            b = buf[:f.readinto(buf[:min(len(buf), st.st_size - n)])]
             if not b:
                 break
             h.update(b)
@@ -351,8 +352,10 @@ for p, st in files.items():
                 emit(tick=1)
                 out.flush()
                 last = time.monotonic()
-        if send and n < st.st_size:
-            out.write(bytes(st.st_size - n))
+        padded = n
+        while send and padded < st.st_size:  # it shrank: keep the framing (reported unstable below)
+            out.write(bytes(min(len(buf), st.st_size - padded)))
+            padded += min(len(buf), st.st_size - padded)
         now = os.fstat(f.fileno())
     same = [(s.st_ino, s.st_size, s.st_mtime_ns) for s in (st, now)]
     emit(path=p, sha256=h.hexdigest(), stable=n == st.st_size and same[0] == same[1])

@@ -128,3 +128,22 @@ def test_a_missing_run_folder_is_an_error_naming_the_host(setup, node_dir, tmp_p
     r = collect_node(LocalTransport("local"), gone, store, RUN_ID, ("ckpt/**",))
     assert r.error and r.error.startswith("local: collect failed on the node: FileNotFoundError")
     assert r.fetched == ()
+
+
+def test_a_file_that_shrinks_while_sent_is_skipped_and_the_files_after_it_still_arrive(setup, node_dir):
+    node, store = setup
+    big, after = node_dir / "ckpt" / "a.bin", node_dir / "ckpt" / "z.txt"
+    big.write_bytes(os.urandom(32 << 20))
+    after.write_text("still framed right\n")
+
+    class TruncateOnFirstData(LocalTransport):
+        def stream(self, command, on_data, **kw):
+            def first(b: bytes) -> None:
+                if b"\"send\"" in b and big.stat().st_size:
+                    os.truncate(big, 1000)  # the node has read a few MiB of 32 at most
+                on_data(b)
+            return super().stream(command, first, **kw)
+    r = collect_node(TruncateOnFirstData("local"), node, store, RUN_ID, ("ckpt/a.bin", "ckpt/z.txt"))
+    assert r.skipped == ("ckpt/a.bin",) and r.fetched == ("ckpt/z.txt",) and r.error is None
+    assert (artifacts(store) / "ckpt/z.txt").read_text() == "still framed right\n"
+    assert not (artifacts(store) / "ckpt/a.bin").exists()
