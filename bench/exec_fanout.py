@@ -5,7 +5,7 @@ root) and times, for each host count, the whole command from the shell's point o
 
   clusterddp   python -m clusterddp exec inv.yaml -- true             (default fan-out, 32)
   pdsh         pdsh -R ssh -l root -w <addresses> true                 (its default fan-out, 32)
-  fabric pool  a bare Fabric + thread pool script (FABRIC_POOL below): the floor for a Python launcher
+  paramiko pool  a bare paramiko + thread pool script (PARAMIKO_POOL below): the floor for a Python launcher
   sequential   python -m clusterddp exec inv.yaml --fanout 1 -- true   (one host after another)
   ssh loop     for a in <addresses>; do ssh a true; done               (OpenSSH, one after another)
 
@@ -36,21 +36,20 @@ sys.path.insert(0, str(REPO / "tests"))
 from testbed import TestBed  # noqa: E402
 
 
-# What a launcher built on Fabric cannot beat: import Fabric, connect to every host in a thread
-# pool, run the command, close. The gap between this and `clusterddp exec` is our own overhead
-# (CLI, inventory validation, setup/env rendering).
-FABRIC_POOL = r"""
+# What a launcher built on paramiko cannot beat: import paramiko, connect to every host in a
+# thread pool, run the command, close. The gap between this and `clusterddp exec` is our own
+# overhead (CLI, inventory validation, setup/env rendering).
+PARAMIKO_POOL = r"""
 import sys
 from concurrent.futures import ThreadPoolExecutor
 import paramiko
-from fabric import Connection
 key, known, *addrs = sys.argv[1:]
 def one(a):
-    c = Connection(a, user="root", connect_kwargs={"key_filename": [key]})
-    c.client.load_host_keys(known)
-    c.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    c.open()
-    ch = c.transport.open_session()
+    c = paramiko.SSHClient()
+    c.load_host_keys(known)
+    c.set_missing_host_key_policy(paramiko.RejectPolicy())
+    c.connect(a, username="root", key_filename=[key])
+    ch = c.get_transport().open_session()
     ch.exec_command("true")
     code = ch.recv_exit_status()
     c.close()
@@ -95,7 +94,7 @@ def main() -> None:
             tools = {
                 "clusterddp": lambda: timed([*py, str(inv), "--", "true"]),
                 "pdsh": lambda: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"], env=pdsh_env),
-                "fabric pool": lambda: timed([sys.executable, "-c", FABRIC_POOL, str(bed.identity_file),
+                "paramiko pool": lambda: timed([sys.executable, "-c", PARAMIKO_POOL, str(bed.identity_file),
                                               str(bed.known_hosts), *(x.address for x in nodes)]),
             }
             if not args.no_sequential:
@@ -120,12 +119,12 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace)
     load = os.getloadavg()
     lines = [f"cores: {os.cpu_count()}, load average after the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
              f"median of {args.rounds} interleaved rounds, seconds", "",
-             "| hosts | clusterddp exec | pdsh | ratio vs pdsh | bare Fabric pool | sequential (--fanout 1) | "
+             "| hosts | clusterddp exec | pdsh | ratio vs pdsh | bare paramiko pool | sequential (--fanout 1) | "
              "ssh loop | ratio vs sequential |", "|---|---|---|---|---|---|---|---|"]
     for n, m in med.items():
         seq = m.get("sequential")
         lines.append(f"| {n} | {m['clusterddp']:.2f} | {m['pdsh']:.2f} | {m['clusterddp'] / m['pdsh']:.2f} | "
-                     f"{m['fabric pool']:.2f} | "
+                     f"{m['paramiko pool']:.2f} | "
                      + (f"{seq:.2f} | {m['ssh loop']:.2f} | {m['clusterddp'] / seq:.2f} |" if seq else "- | - | - |"))
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -141,7 +140,7 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace)
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     ns = list(med)
-    for k, style in (("clusterddp", "o-"), ("pdsh", "s-"), ("fabric pool", "x:"), ("sequential", "^--"),
+    for k, style in (("clusterddp", "o-"), ("pdsh", "s-"), ("paramiko pool", "x:"), ("sequential", "^--"),
                      ("ssh loop", "v--")):
         if all(k in med[n] for n in ns):
             ax.plot(ns, [med[n][k] for n in ns], style, label="clusterddp exec --fanout 1" if k == "sequential"

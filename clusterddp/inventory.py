@@ -2,7 +2,7 @@
 
 With its private schema module ``_inventory_schema``, the only place that knows the YAML shape.
 Precedence for each host setting: CLI flag (applied later, in the plan) > host entry > inventory ``defaults`` >
-``~/.ssh/config`` (for user, port, identity, address: left unset here, Fabric reads it) > built-in.
+``~/.ssh/config`` (for user, port, identity, address: left unset here, transport/ssh.py reads it) > built-in.
 ``env`` merges key by key (host wins); every other field is replaced whole.
 """
 

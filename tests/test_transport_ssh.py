@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+from dataclasses import replace
 
 import pytest
 
 from clusterddp import inventory
+from clusterddp.errors import HostError
 from clusterddp.transport import connect
 
 pytestmark = pytest.mark.integration
@@ -36,13 +39,13 @@ def test_aes_gcm_is_preferred_and_a_server_without_it_still_connects(make_bed, t
     host = inventory.load(bed.write_inventory(tmp_path / "inv.yaml")).hosts[0]
     t = connect(host)
     try:
-        assert t._conn.transport.remote_cipher == "aes128-gcm@openssh.com"
+        assert t._transport.remote_cipher == "aes128-gcm@openssh.com"
     finally:
         t.close()
     bed.restart_sshd(bed.nodes[0], "Ciphers aes256-ctr\n")
     t = connect(host)
     try:
-        assert t._conn.transport.remote_cipher == "aes256-ctr"
+        assert t._transport.remote_cipher == "aes256-ctr"
         assert t.run("echo ok").text == "ok\n"
     finally:
         t.close()
@@ -58,3 +61,49 @@ def test_stdin_reaches_a_streamed_command(bed, tmp_path):
         assert out.decode().split()[0] == hashlib.sha256(data).hexdigest()
     finally:
         t.close()
+
+
+def bare_host(bed, tmp_path, address: str) -> inventory.Host:
+    """A host entry that names only an ssh_config alias: user, port and key must come from ssh_config."""
+    h = inventory.load(bed.write_inventory(tmp_path / "inv.yaml")).hosts[0]
+    return replace(h, address=address, user=None, port=None, identity_file=None)
+
+
+def test_ssh_config_supplies_hostname_user_port_and_key(bed, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host gpu-a\n  HostName {bed.nodes[0].address}\n  User root\n  Port 22\n"
+        f"  IdentityFile {bed.identity_file}\n")
+    monkeypatch.setenv("HOME", str(home))  # no default keys there: only the config's IdentityFile can log in
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    t = connect(bare_host(bed, tmp_path, "gpu-a"))
+    try:
+        assert t.run("hostname").text == "node1\n"
+    finally:
+        t.close()
+    (home / ".ssh" / "config").write_text(f"Host gpu-a\n  HostName {bed.nodes[0].address}\n")
+    with pytest.raises(HostError, match="no SSH key to log in to root@10.77.0.11:22"):
+        connect(bare_host(bed, tmp_path, "gpu-a"))
+
+
+def test_proxyjump_reaches_a_node_this_machine_cannot(make_bed, tmp_path, monkeypatch):
+    bed = make_bed(2)
+    jump, target = bed.nodes
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host inner\n  HostName {target.address}\n  ProxyJump root@{jump.address}\n"
+        f"Host *\n  User root\n  IdentityFile {bed.identity_file}\n")
+    monkeypatch.setenv("HOME", str(home))
+    subprocess.run(["ip", "route", "add", "blackhole", f"{target.address}/32"], check=True)
+    try:
+        with pytest.raises(HostError, match="cannot connect to"):  # no direct way from here
+            connect(replace(bare_host(bed, tmp_path, target.address), connect_timeout=2))
+        t = connect(bare_host(bed, tmp_path, "inner"))
+        try:
+            assert t.run("hostname").text == "node2\n"
+        finally:
+            t.close()
+    finally:
+        subprocess.run(["ip", "route", "del", "blackhole", f"{target.address}/32"], check=True)

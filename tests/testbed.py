@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 SSHD = "/usr/sbin/sshd"  # sshd re-executes itself, so it must be started by absolute path
-SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # Fabric's put/get need the sftp subsystem
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # scp (the collect benchmark's baseline) speaks SFTP
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
 
 
