@@ -107,3 +107,13 @@ def test_proxyjump_reaches_a_node_this_machine_cannot(make_bed, tmp_path, monkey
             t.close()
     finally:
         subprocess.run(["ip", "route", "del", "blackhole", f"{target.address}/32"], check=True)
+
+
+def test_an_ssh_config_it_cannot_evaluate_is_a_host_error_with_the_fix(tmp_path, monkeypatch):
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text('Match exec "true"\n  User bob\n')
+    monkeypatch.setenv("HOME", str(tmp_path))
+    host = replace(inventory.local().hosts[0], name="a", transport="ssh", address="gpu-a", known_hosts=str(tmp_path / "kh"))
+    with pytest.raises(HostError, match="Match exec") as e:
+        connect(host)
+    assert "pip install invoke" in str(e.value.hint)
