@@ -160,10 +160,9 @@ class SSHTransport:
     def _open(self) -> None:
         try:
             hops, proxy_command = _route(self.host, _ssh_config())
-        except ImportError:  # paramiko runs `Match exec` blocks through invoke, which is not a dependency
-            raise HostError(self.name, "ssh_config has a `Match exec` block, which paramiko evaluates with the "
-                                       "invoke package", "`pip install invoke`, or move that block out of "
-                                       "~/.ssh/config") from None
+        except ImportError:  # paramiko runs `Match exec` through invoke, which the CLI keeps unloaded
+            raise HostError(self.name, "clusterddp does not run ssh_config `Match exec` blocks",
+                            "move that block out of ~/.ssh/config, or match on host names instead") from None
         except (paramiko.SSHException, ValueError, KeyError) as e:
             raise HostError(self.name, f"cannot use the ssh_config entry for {self.host.address}: {e}",
                             "check ~/.ssh/config (clusterddp reads HostName, User, Port, IdentityFile, "
