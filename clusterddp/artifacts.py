@@ -188,7 +188,8 @@ def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str,
         if rx.differ:  # same size, other content (a damaged copy): send them whatever their size
             again, rx.differ = rx.differ, []
             _exchange(t, node, rx, {"paths": again, "have": {}})
-            rx.skipped += [p for p in again if p not in rx.fetched + rx.skipped]
+            done = set(rx.fetched) | set(rx.skipped)
+            rx.skipped += [p for p in again if p not in done]
     except HostError as e:
         rx.errors.insert(0, str(e))
     finally:

@@ -354,8 +354,9 @@ for p, st in files.items():
                 last = time.monotonic()
         padded = n
         while send and padded < st.st_size:  # it shrank: keep the framing (reported unstable below)
-            out.write(bytes(min(len(buf), st.st_size - padded)))
-            padded += min(len(buf), st.st_size - padded)
+            k = min(len(buf), st.st_size - padded)
+            out.write(bytes(k))
+            padded += k
         now = os.fstat(f.fileno())
     same = [(s.st_ino, s.st_size, s.st_mtime_ns) for s in (st, now)]
     emit(path=p, sha256=h.hexdigest(), stable=n == st.st_size and same[0] == same[1])

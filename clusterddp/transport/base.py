@@ -38,6 +38,7 @@ class Transport(Protocol):
 
         ``stdin`` is written in full before any output is read, so the command must read all of
         its input before it writes much.
+
         stderr is merged into the stream unless ``stderr_to`` is given, which then collects it.
         ``timeout`` bounds the wait for each chunk (not the whole command).
         """
