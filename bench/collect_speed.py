@@ -21,7 +21,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from _common import compare, run, timed  # noqa: E402
-from testbed import TestBed  # noqa: E402
+from testbed import TestBed, session_slot  # noqa: E402
 
 WRITER = """import os
 if os.environ["RANK"] == "0":
@@ -41,7 +41,7 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cli = [sys.executable, "-m", "clusterddp"]
     try:
-        with TestBed(1, root / "bed", prefix="cddpbench", subnet="10.79.9") as bed:
+        with TestBed(1, root / "bed", prefix=f"cd{session_slot()}c", subnet=f"10.{100 + session_slot()}.251") as bed:
             node = bed.nodes[0]
             (root / "job").mkdir()
             (root / "job" / "w.py").write_text(WRITER.format(mib=args.mib))

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from testbed import TestBed  # noqa: E402
+from testbed import TestBed, session_slot  # noqa: E402
 
 
 # What a launcher built on paramiko cannot beat: import paramiko, connect to every host in a
@@ -80,7 +80,7 @@ def main() -> None:
         raise SystemExit("pdsh is not installed (apt-get install pdsh)")
     n_max = max(args.hosts)
     root = Path(tempfile.mkdtemp(prefix="cddp-bench-"))
-    bed = TestBed(n_max, root / "bed", prefix="cddpx", subnet="10.79.0")
+    bed = TestBed(n_max, root / "bed", prefix=f"cd{session_slot()}x", subnet=f"10.{100 + session_slot()}.250")
     results: dict[int, dict[str, list[float]]] = {}
     with bed:
         ssh_opts = (f"-i {bed.identity_file} -o UserKnownHostsFile={bed.known_hosts} "

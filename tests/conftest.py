@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from testbed import TestBed, missing_requirements  # noqa: E402
+from testbed import TestBed, missing_requirements, session_slot  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -23,21 +24,39 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
 def _require_bed() -> None:
     reason = missing_requirements()
     if reason:
+        if _in_ci():  # CI must run every real-host test: a skip there would hide a broken set-up
+            pytest.fail(f"test bed unavailable in CI: {reason}", pytrace=False)
         pytest.skip(f"test bed unavailable: {reason}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """In CI a skipped integration test is a failure: it would pass CI without testing anything."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and _in_ci() and item.get_closest_marker("integration") is not None:
+        rep.outcome = "failed"
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.longrepr = f"integration test skipped in CI (CI={os.environ.get('CI')}): {reason}"
 
 
 @pytest.fixture(scope="session")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
-    """Two SSH nodes shared by the whole session (prefix cddp, 10.77.0.0/24).
+    """Two SSH nodes shared by the whole session (prefix cd<slot>s, subnet 10.<100+slot>.0.0/24).
 
     Tests must leave it as they found it; tests that break nodes (cut links,
     change host keys) should use make_bed instead.
     """
     _require_bed()
-    with TestBed(2, tmp_path_factory.mktemp("bed")) as b:
+    slot = session_slot()
+    with TestBed(2, tmp_path_factory.mktemp("bed"), prefix=f"cd{slot}s", subnet=f"10.{100 + slot}.0") as b:
         yield b
 
 
@@ -45,15 +64,16 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
 def make_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], TestBed]]:
     """Factory: make_bed(n) starts a private n-node bed, stopped when the test ends.
 
-    The k-th bed of a test gets prefix cddpb<k> and subnet 10.78.<k>, distinct from the
-    session bed and from each other; later tests reuse the names after teardown.
+    The k-th bed of a test gets prefix cd<slot>b<k> and subnet 10.<100+slot>.<1+k>, distinct
+    from the session bed, from each other and from other test sessions on this machine;
+    later tests of this session reuse the names after teardown.
     """
     _require_bed()
     beds: list[TestBed] = []
 
     def make(n: int) -> TestBed:
-        k = len(beds)
-        b = TestBed(n, tmp_path_factory.mktemp(f"bed{n}n"), prefix=f"cddpb{k}", subnet=f"10.78.{k}")
+        k, slot = len(beds), session_slot()
+        b = TestBed(n, tmp_path_factory.mktemp(f"bed{n}n"), prefix=f"cd{slot}b{k}", subnet=f"10.{100 + slot}.{1 + k}")
         beds.append(b)  # before start(), so a half-started bed is still stopped
         return b.start()
 

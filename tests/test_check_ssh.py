@@ -75,7 +75,7 @@ def test_cut_link_is_reported_within_the_timeout_and_hides_no_one(make_bed, tmp_
     took = time.monotonic() - t0
     dead = host(rep, "node3")
     assert dead["status"] == "fail" and dead["by"]["ssh"]["status"] == "fail"
-    assert dead["by"]["ssh"]["value"] in ("timeout", "unreachable") and "10.78.0.13" in dead["by"]["ssh"]["problem"]
+    assert dead["by"]["ssh"]["value"] in ("timeout", "unreachable") and b.nodes[2].address in dead["by"]["ssh"]["problem"]
     assert host(rep, "node1")["status"] == host(rep, "node2")["status"] == "ok"  # the others still answer
     assert took < 3 + 20, f"check took {took:.0f}s with a 3s connect timeout"
 
@@ -96,8 +96,9 @@ def test_changed_host_key_is_refused_and_named(make_bed, tmp_path):
     known = b.known_hosts.read_text()
     b.regenerate_host_key(b.nodes[1])
     r = cddp("check", str(inv), check_rc=1, timeout=120)
-    assert "FAIL node2 ssh: host key for 10.78.0.12 has CHANGED (refused)" in r.stdout, r.stdout
-    assert "ssh-keygen -R 10.78.0.12" in r.stdout
+    addr = b.nodes[1].address
+    assert f"FAIL node2 ssh: host key for {addr} has CHANGED (refused)" in r.stdout, r.stdout
+    assert f"ssh-keygen -R {addr}" in r.stdout
     assert "FAIL: 1 of 2 host(s) not ready: node2" in r.stdout and "FAIL node1" not in r.stdout
     assert b.known_hosts.read_text() == known  # strict never rewrites known_hosts
 
@@ -140,7 +141,9 @@ def test_busy_master_port_fails_check_and_up_refuses(bed, tmp_path, script):
     node = bed.nodes[0]
     listener = subprocess.Popen(
         ["ip", "netns", "exec", node.ns, sys.executable, "-c",
-         "import socket, sys, time\ns = socket.socket(); s.bind(('0.0.0.0', 29500)); s.listen()\n"
+         # SO_REUSEADDR: an earlier test's TIME_WAIT connection to 29500 must not stop this bind
+         "import socket, sys, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+         "s.bind(('0.0.0.0', 29500)); s.listen()\n"
          "print('listening', flush=True); time.sleep(300)"], stdout=subprocess.PIPE, text=True)
     try:
         assert listener.stdout.readline().strip() == "listening"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 from dataclasses import replace
 
@@ -84,7 +85,7 @@ def test_ssh_config_supplies_hostname_user_port_and_key(bed, tmp_path, monkeypat
     finally:
         t.close()
     (home / ".ssh" / "config").write_text(f"Host gpu-a\n  HostName {bed.nodes[0].address}\n")
-    with pytest.raises(HostError, match="no SSH key to log in to root@10.77.0.11:22"):
+    with pytest.raises(HostError, match=re.escape(f"no SSH key to log in to root@{bed.nodes[0].address}:22")):
         connect(bare_host(bed, tmp_path, "gpu-a"))
 
 

@@ -4,11 +4,15 @@ Each node is a network namespace wired to a host bridge, running its own sshd
 in its own UTS namespace (so ``hostname`` says ``node<i>``).  The nodes share the
 host's filesystem and process table; only the network and hostname differ.
 
-Layout for ``TestBed(n, root, prefix="cddp", subnet="10.77.0")``::
+Layout for ``TestBed(n, root, prefix="cd0s", subnet="10.100.0")``::
 
-    host:   bridge cddp-br  10.77.0.1/24
-    node i: netns cddp-n<i>, veth cddp-v<i> (host side, on the bridge) <-> eth0
-            address 10.77.0.<10+i>/24, default route via 10.77.0.1, sshd on :22
+    host:   bridge cd0s-br  10.100.0.1/24
+    node i: netns cd0s-n<i>, veth cd0s-v<i> (host side, on the bridge) <-> eth0
+            address 10.100.0.<10+i>/24, default route via 10.100.0.1, sshd on :22
+
+Several test sessions (or a test run and a benchmark) share one machine safely: each takes
+its own slot with :func:`session_slot` and builds its prefixes and subnets from it, so no
+session ever removes another one's namespaces.
 
 Needs root, iproute2 (``ip``), OpenSSH server and client tools, util-linux
 ``unshare``; ``scripts/install-system-deps.sh`` installs them on Debian.
@@ -16,6 +20,7 @@ Needs root, iproute2 (``ip``), OpenSSH server and client tools, util-linux
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -34,6 +39,35 @@ import yaml
 SSHD = "/usr/sbin/sshd"  # sshd re-executes itself, so it must be started by absolute path
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"  # scp (the collect benchmark's baseline) speaks SFTP
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
+SLOT_DIR = Path("/run/lock")  # slot locks live in tmpfs: a reboot frees them all
+SLOTS = 50  # subnets 10.100.x .. 10.149.x
+
+_slot: tuple[int, int] | None = None  # (slot, fd of its held lock) for this process
+
+
+def session_slot() -> int:
+    """This process's test-bed slot (0..SLOTS-1), taken on first call and held until it exits.
+
+    A slot is an exclusive ``flock`` on a file, so the kernel frees it when the process dies:
+    a killed session never leaves its slot taken. Beds use prefixes ``cd<slot>...`` and
+    subnets ``10.<100+slot>.*``, and clean up only leftovers of their own prefix, which only
+    a dead holder of the same slot can have left.
+    """
+    global _slot
+    if _slot is None:
+        SLOT_DIR.mkdir(parents=True, exist_ok=True)
+        for k in range(SLOTS):
+            fd = os.open(SLOT_DIR / f"clusterddp-testbed-{k}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            _slot = (k, fd)
+            break
+        else:
+            raise RuntimeError(f"all {SLOTS} test-bed slots are taken ({SLOT_DIR}/clusterddp-testbed-*.lock)")
+    return _slot[0]
 
 
 @dataclass(frozen=True)
@@ -88,7 +122,7 @@ class TestBed:
 
     SSHD_START_TIMEOUT = 20.0  # seconds for all sshds to accept TCP connections
 
-    def __init__(self, n: int, root: Path, prefix: str = "cddp", subnet: str = "10.77.0") -> None:
+    def __init__(self, n: int, root: Path, prefix: str, subnet: str) -> None:
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, got {n}")
         # Interface names are limited to 15 characters: "<prefix>-v<n>".
