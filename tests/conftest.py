@@ -15,7 +15,11 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
+from ci_skips import in_ci  # noqa: E402
 from testbed import TestBed, missing_requirements, session_slot  # noqa: E402
+
+# In CI a skipped integration test is a failure (see ci_skips.py).
+pytest_plugins = ["ci_skips"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,27 +28,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
-
-
 def _require_bed() -> None:
     reason = missing_requirements()
     if reason:
-        if _in_ci():  # CI must run every real-host test: a skip there would hide a broken set-up
+        if in_ci():  # CI must run every real-host test: a skip there would hide a broken set-up
             pytest.fail(f"test bed unavailable in CI: {reason}", pytrace=False)
         pytest.skip(f"test bed unavailable: {reason}")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """In CI a skipped integration test is a failure: it would pass CI without testing anything."""
-    outcome = yield
-    rep = outcome.get_result()
-    if rep.skipped and _in_ci() and item.get_closest_marker("integration") is not None:
-        rep.outcome = "failed"
-        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
-        rep.longrepr = f"integration test skipped in CI (CI={os.environ.get('CI')}): {reason}"
 
 
 @pytest.fixture(scope="session")
