@@ -1,4 +1,4 @@
-"""README's SSH promises, each on real sshd hosts."""
+"""README's SSH promises, each on real sshd hosts: host_key_policy, ssh_config, agent, keepalives."""
 
 from __future__ import annotations
 
@@ -82,3 +82,82 @@ def test_accept_new_records_unknown_host_keys_and_refuses_a_changed_one(bed, tmp
     assert "[node2] node2" in r.stdout and "Traceback" not in r.stderr
     # the changed key is neither replaced nor added beside the old one; unknown node2 still is recorded
     assert known.read_text() == stale + host_key_line(bed, n2) + "\n"
+
+
+def test_proxycommand_carries_the_connection(bed, tmp_path):
+    """ProxyCommand `ssh -W` through node1: node2 sees node1, not this machine, as the client."""
+    n1, n2 = bed.nodes
+    proxy = (f"ssh -F /dev/null -i {bed.identity_file} -o BatchMode=yes -o StrictHostKeyChecking=yes "
+             f"-o UserKnownHostsFile={bed.known_hosts} -W %h:%p root@{n1.address}")
+    home = empty_home(tmp_path, f"Host behind-node1\n  HostName {n2.address}\n  ProxyCommand {proxy}\n")
+    doc = yaml.safe_load(bed.write_inventory(tmp_path / "inv.yaml").read_text())
+    doc["hosts"] = [{"name": "via-n1", "address": "behind-node1", "workdir": n2.workdir},
+                    {"name": "direct", "address": n2.address, "workdir": n2.workdir}]
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = cddp("exec", str(inv), "--", "echo", "$(hostname)", "from=${SSH_CONNECTION%% *}", check_rc=0,
+             timeout=120, env={"HOME": str(home)})
+    assert f"[via-n1] node2 from={n1.address}\n" in r.stdout, r.stdout  # came out of node1
+    assert f"[direct] node2 from={bed.gateway}\n" in r.stdout, r.stdout  # the direct route, for contrast
+
+
+def test_etc_ssh_config_is_read_after_the_users_config(bed, tmp_path):
+    """/etc/ssh/ssh_config fills what ~/.ssh/config leaves unset; for a keyword in both, ~/.ssh/config wins.
+
+    The CLI runs in a private mount namespace where the test's file is bind-mounted over
+    /etc/ssh/ssh_config, so no other process on this machine sees it.
+    """
+    n1, n2 = bed.nodes
+    etc_config = tmp_path / "etc_ssh_config"
+    etc_config.write_text(f"Host sys-alias\n  HostName {n1.address}\n  User no-such-user\n"
+                          f"  IdentityFile {bed.identity_file}\n")
+    home = empty_home(tmp_path, f"Host sys-alias\n  HostName {n2.address}\n  User root\n")
+    inv = inventory_without_ssh_fields(bed, tmp_path / "inv.yaml",
+                                       [{"name": "sys", "address": "sys-alias", "workdir": n2.workdir}])
+    real = Path("/etc/ssh/ssh_config").read_bytes()
+    r = cli("exec", str(inv), "--", "echo", "$(hostname)", "$(id -un)", env=no_agent_env(home),
+            prefix=("unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    'mount --bind "$0" /etc/ssh/ssh_config && exec "$@"', str(etc_config)))
+    assert r.returncode == 0, r
+    # HostName and User from ~/.ssh/config (first value wins); the only key that logs in, from /etc
+    assert r.stdout == "[sys] node2 root\n", r
+    assert Path("/etc/ssh/ssh_config").read_bytes() == real
+
+
+def test_inventory_fields_override_ssh_config(bed, tmp_path, monkeypatch):
+    """Host entry and defaults beat ssh_config's User, Port, IdentityFile, and its HostName for the name."""
+    n1, n2 = bed.nodes
+    wrong_key = tmp_path / "wrong_key"  # a key sshd does not accept
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)], check=True)
+    home = empty_home(tmp_path, f"Host gpu-*\n  HostName {n2.address}\nHost *\n  User no-such-user\n  Port 2222\n"
+                                f"  IdentityFile {wrong_key}\n")
+    doc = yaml.safe_load(bed.write_inventory(tmp_path / "inv.yaml").read_text())
+    doc["hosts"] = [  # gpu-a takes user, port, key from defaults; gpu-b sets them in its own entry
+        {"name": "gpu-a", "address": n1.address, "workdir": n1.workdir},
+        {"name": "gpu-b", "address": n1.address, "workdir": n1.workdir,
+         **{k: doc["defaults"][k] for k in SSH_FIELDS}},
+    ]
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = cli("exec", str(inv), "--", "echo", "$(hostname)", "$(id -un)", "$SSH_CONNECTION", env=no_agent_env(home))
+    assert r.returncode == 0, r
+    log = (bed.root / n1.name / "sshd.log").read_text()
+    fp = fingerprint(bed.identity_file.with_suffix(".pub"))
+    for name in ("gpu-a", "gpu-b"):
+        m = re.search(rf"^\[{name}\] node1 root {re.escape(bed.gateway)} (\d+) {re.escape(n1.address)} 22$",
+                      r.stdout, re.M)
+        assert m, r.stdout
+        # the inventory's key was offered first and logged in; ssh_config's key was never tried
+        conn = [line for line in log.splitlines() if f" port {m[1]} " in line]
+        assert any(f"Accepted publickey for root from {bed.gateway} port {m[1]} ssh2: ED25519 {fp}" in line
+                   for line in conn), conn
+        assert not any("Failed" in line for line in conn), conn
+
+    # Controls: ssh_config is read (so the overrides above meant something)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    h = inventory.load(inv).hosts[0]
+    with pytest.raises(HostError, match=re.escape(f"cannot connect to no-such-user@{n2.address}:2222")):
+        connect(replace(h, address="gpu-c", user=None, port=None, identity_file=None))
+    with pytest.raises(HostError, match=re.escape(f"authentication failed for root@{n1.address}:22")):
+        connect(replace(h, identity_file=None))  # only ssh_config's (refused) key is left to offer
