@@ -161,3 +161,71 @@ def test_inventory_fields_override_ssh_config(bed, tmp_path, monkeypatch):
         connect(replace(h, address="gpu-c", user=None, port=None, identity_file=None))
     with pytest.raises(HostError, match=re.escape(f"authentication failed for root@{n1.address}:22")):
         connect(replace(h, identity_file=None))  # only ssh_config's (refused) key is left to offer
+
+
+@pytest.fixture
+def agent(tmp_path):
+    """A real ssh-agent in debug mode (it logs every signature it makes), with the bed's key loaded."""
+    sock, log = tmp_path / "agent.sock", tmp_path / "agent.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen(["ssh-agent", "-d", "-a", str(sock)], stdout=f, stderr=f, stdin=subprocess.DEVNULL)
+    try:
+        assert eventually(sock.exists, 10), log.read_text()
+        yield sock, log
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_agent_logs_in_but_is_never_forwarded(bed, tmp_path, agent):
+    sock, agent_log = agent
+    env = {**no_agent_env(empty_home(tmp_path)), "SSH_AUTH_SOCK": str(sock)}
+    subprocess.run(["ssh-add", "-q", str(bed.identity_file)], env=env, check=True, capture_output=True)
+    inv = inventory_without_ssh_fields(
+        bed, tmp_path / "inv.yaml", [{"name": n.name, "address": n.address, "workdir": n.workdir} for n in bed.nodes])
+    doc = yaml.safe_load(inv.read_text())
+    doc["defaults"]["user"] = "root"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    r = cli("exec", str(inv), "--", "echo", "auth=${SSH_AUTH_SOCK:-none}", env=env)
+    assert r.returncode == 0, r
+    assert sorted(r.stdout.splitlines()) == ["[node1] auth=none", "[node2] auth=none"], r
+    assert agent_log.read_text().count("process_sign_request2: good signature") == 2  # the agent signed both logins
+
+    subprocess.run(["ssh-add", "-D"], env=env, check=True, capture_output=True)
+    r = cli("exec", str(inv), "--", "true", env=env)
+    assert r.returncode == 1 and f"no SSH key to log in to root@{bed.nodes[0].address}:22" in r.stderr, r
+
+
+def data_segments_from_client(bed, node, client_port: int) -> int:
+    """Data-carrying TCP segments node's sshd has received on the connection from client_port."""
+    out = subprocess.run(["ip", "netns", "exec", node.ns, "ss", "-Htin", "state", "established",
+                          f"( sport = :22 and dport = :{client_port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    m = re.search(r"\bdata_segs_in:(\d+)", out)
+    assert out.strip(), f"no connection from port {client_port} on {node.name}"
+    return int(m[1]) if m else 0
+
+
+def test_keepalive_sends_ssh_keepalives_and_zero_sends_none(bed, tmp_path):
+    node = bed.nodes[0]
+    conns = {}
+    try:
+        for k in (1, 0):
+            inv = bed.write_inventory(tmp_path / f"ka{k}.yaml", hosts=[node], defaults_extra={"keepalive": k})
+            conns[k] = connect(inventory.load(inv).hosts[0])
+        ports = {k: t._transport.sock.getsockname()[1] for k, t in conns.items()}
+
+        def segs(k: int) -> int:
+            return data_segments_from_client(bed, node, ports[k])
+
+        first = segs(1)
+        assert eventually(lambda: segs(1) > first, 30)  # past the handshake's tail on both connections
+        base = {k: segs(k) for k in conns}
+        # Both connections sit idle: keepalive 1 sends one packet a second, keepalive 0 nothing at all.
+        assert eventually(lambda: segs(1) >= base[1] + 3, 60), (segs(1), base)
+        assert segs(0) == base[0]
+        assert conns[0].run("echo alive").text == "alive\n" and conns[1].run("echo alive").text == "alive\n"
+    finally:
+        for t in conns.values():
+            t.close()
