@@ -93,7 +93,7 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
         with _known_hosts_lock:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
+            with io.open(self.path, "a", encoding="utf-8") as f:  # open() is this module's entry point
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
