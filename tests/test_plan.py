@@ -1,11 +1,13 @@
 """Planning is pure: the rendered per-node scripts and commands are compared to golden files.
 
-Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_plan.py`` and
-read the diff before committing it.
+Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_plan.py`` (never in
+CI: there it fails) and read the diff before committing it; the tests that rewrote a file xfail,
+naming it.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import subprocess
 from pathlib import Path
@@ -33,11 +35,32 @@ hosts:
 HOSTILE = ("--msg", "two words", "it's", '"dq"', "$(touch /tmp/pwned)", "a;b|c&d", "naïve ü", "", "*")
 
 
+def _flag(name: str) -> bool:
+    """Set, and not 0/false/no (tests/conftest.py reads CI the same way)."""
+    return os.environ.get(name, "").lower() not in ("", "0", "false", "no")
+
+
 def golden(name: str, text: str) -> None:
+    """Compare ``text`` with tests/golden/<name>. With UPDATE_GOLDEN (outside CI) rewrite the file
+    instead and xfail, so a run that rewrote golden files never reads as a passing one."""
     path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text(), f"{name} differs from its golden file"
+    if _flag("UPDATE_GOLDEN"):
+        if _flag("CI"):  # else a CI run with UPDATE_GOLDEN compares every file with itself and passes
+            pytest.fail(f"UPDATE_GOLDEN={os.environ['UPDATE_GOLDEN']!r} with CI={os.environ['CI']!r}: golden files "
+                        "are never rewritten in CI; regenerate them on your machine and commit the reviewed diff",
+                        pytrace=False)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            pytest.xfail(f"UPDATE_GOLDEN rewrote tests/golden/{name}: review `git diff tests/golden` before committing")
+        return
+    if not path.exists():
+        pytest.fail(f"tests/golden/{name} is missing: write it with UPDATE_GOLDEN=1 (outside CI) and review it",
+                    pytrace=False)
+    want = path.read_text()
+    if text != want:
+        diff = difflib.unified_diff(want.splitlines(True), text.splitlines(True), f"tests/golden/{name}", "rendered now")
+        pytest.fail(f"{name} differs from its golden file; if the change is intended, rerun with UPDATE_GOLDEN=1 "
+                    f"(outside CI) and review the diff:\n{''.join(diff)}", pytrace=False)
 
 
 def two_node_plan(**spec):
@@ -122,3 +145,22 @@ def test_qpath_expands_only_a_leading_home(path, rendered):
 def test_launch_script_is_valid_bash():
     for node in two_node_plan().nodes:
         subprocess.run(["bash", "-n"], input=node.launch_script.encode(), check=True)
+
+
+def test_golden_never_rewrites_in_ci_and_a_rewrite_never_passes(tmp_path, monkeypatch):
+    monkeypatch.setitem(globals(), "GOLDEN", tmp_path)
+    (tmp_path / "g.txt").write_text("old\n")
+    monkeypatch.setenv("UPDATE_GOLDEN", "1")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="golden files are never rewritten in CI"):
+        golden("g.txt", "new\n")
+    assert (tmp_path / "g.txt").read_text() == "old\n"
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.xfail.Exception, match="rewrote tests/golden/g.txt"):
+        golden("g.txt", "new\n")
+    assert (tmp_path / "g.txt").read_text() == "new\n"
+    golden("g.txt", "new\n")  # nothing to rewrite: passes
+    monkeypatch.delenv("UPDATE_GOLDEN")
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)differs from its golden file.*-new\n\+newer"):
+        golden("g.txt", "newer\n")
+
