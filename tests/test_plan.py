@@ -58,7 +58,8 @@ def golden(name: str, text: str) -> None:
                     pytrace=False)
     want = path.read_text()
     if text != want:
-        diff = difflib.unified_diff(want.splitlines(True), text.splitlines(True), f"tests/golden/{name}", "rendered now")
+        diff = difflib.unified_diff(want.splitlines(True), text.splitlines(True), f"tests/golden/{name}",
+                                    "rendered now")
         pytest.fail(f"{name} differs from its golden file; if the change is intended, rerun with UPDATE_GOLDEN=1 "
                     f"(outside CI) and review the diff:\n{''.join(diff)}", pytrace=False)
 
