@@ -247,6 +247,7 @@ def test_node_commands_are_valid_bash():
 
 
 def test_exec_runs_setup_first_and_keeps_env_values_byte_for_byte(tmp_path):
+    Path("/tmp/pwned-env").unlink(missing_ok=True)
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "venv" / "bin" / "activate").write_text("ACTIVATED=yes\n")
     host = inventory.parse(CMD_INV, "cmd.yaml").hosts[0]
