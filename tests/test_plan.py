@@ -1,11 +1,13 @@
 """Planning is pure: the rendered per-node scripts and commands are compared to golden files.
 
-Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_plan.py`` and
-read the diff before committing it.
+Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_plan.py`` (never in
+CI: there it fails) and read the diff before committing it; the tests that rewrote a file xfail,
+naming it.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import subprocess
 from pathlib import Path
@@ -33,11 +35,33 @@ hosts:
 HOSTILE = ("--msg", "two words", "it's", '"dq"', "$(touch /tmp/pwned)", "a;b|c&d", "naïve ü", "", "*")
 
 
+def _flag(name: str) -> bool:
+    """Set, and not 0/false/no (tests/conftest.py reads CI the same way)."""
+    return os.environ.get(name, "").lower() not in ("", "0", "false", "no")
+
+
 def golden(name: str, text: str) -> None:
+    """Compare ``text`` with tests/golden/<name>. With UPDATE_GOLDEN (outside CI) rewrite the file
+    instead and xfail, so a run that rewrote golden files never reads as a passing one."""
     path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text(), f"{name} differs from its golden file"
+    if _flag("UPDATE_GOLDEN"):
+        if _flag("CI"):  # else a CI run with UPDATE_GOLDEN compares every file with itself and passes
+            pytest.fail(f"UPDATE_GOLDEN={os.environ['UPDATE_GOLDEN']!r} with CI={os.environ['CI']!r}: golden files "
+                        "are never rewritten in CI; regenerate them on your machine and commit the reviewed diff",
+                        pytrace=False)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            pytest.xfail(f"UPDATE_GOLDEN rewrote tests/golden/{name}: review `git diff tests/golden` before committing")
+        return
+    if not path.exists():
+        pytest.fail(f"tests/golden/{name} is missing: write it with UPDATE_GOLDEN=1 (outside CI) and review it",
+                    pytrace=False)
+    want = path.read_text()
+    if text != want:
+        diff = difflib.unified_diff(want.splitlines(True), text.splitlines(True), f"tests/golden/{name}",
+                                    "rendered now")
+        pytest.fail(f"{name} differs from its golden file; if the change is intended, rerun with UPDATE_GOLDEN=1 "
+                    f"(outside CI) and review the diff:\n{''.join(diff)}", pytrace=False)
 
 
 def two_node_plan(**spec):
@@ -122,3 +146,114 @@ def test_qpath_expands_only_a_leading_home(path, rendered):
 def test_launch_script_is_valid_bash():
     for node in two_node_plan().nodes:
         subprocess.run(["bash", "-n"], input=node.launch_script.encode(), check=True)
+
+
+def test_golden_never_rewrites_in_ci_and_a_rewrite_never_passes(tmp_path, monkeypatch):
+    monkeypatch.setitem(globals(), "GOLDEN", tmp_path)
+    (tmp_path / "g.txt").write_text("old\n")
+    monkeypatch.setenv("UPDATE_GOLDEN", "1")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="golden files are never rewritten in CI"):
+        golden("g.txt", "new\n")
+    assert (tmp_path / "g.txt").read_text() == "old\n"
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.xfail.Exception, match="rewrote tests/golden/g.txt"):
+        golden("g.txt", "new\n")
+    assert (tmp_path / "g.txt").read_text() == "new\n"
+    golden("g.txt", "new\n")  # nothing to rewrite: passes
+    monkeypatch.delenv("UPDATE_GOLDEN")
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)differs from its golden file.*-new\n\+newer"):
+        golden("g.txt", "newer\n")
+
+
+# ---- every command sent to a node ----
+
+# Hosts whose setup lines, env values, workdir and python path hold what a shell could misread.
+CMD_INV = r"""
+defaults:
+  user: ubuntu
+  gpus: 2
+  python: /opt/venv/bin/python
+  workdir: ~/cddp work
+  env: {NCCL_DEBUG: WARN, QUOTED: "it's $HOME; `x`", DQ: '"dq" \ $(touch /tmp/pwned-env) 50%'}
+  setup: ["source ~/venv/bin/activate", "export STAGE=\"it's $HOME\" && test -n \"`echo x`\""]
+hosts:
+  - {name: gpu-01, address: 10.0.0.11}
+  - {name: gpu-02, address: 10.0.0.12, workdir: "/srv/o'neil $USER", python: "/opt/my env/bin/python3",
+     env: {GLOO_SOCKET_IFNAME: eth9}}
+"""
+# What a user passes to `clusterddp exec`: the remote shell interprets it, by design.
+EXEC_WORDS = ("du", "-sh", "~/clusterddp/runs/*", "|", "sort", "-h")
+# Node-side Python sent inside commands: shown once at the end of the golden file.
+SNIPPETS = {"_FOLLOW_PY": plan._FOLLOW_PY, "_COLLECT_PY": plan._COLLECT_PY, "_PROBE_PY": plan._PROBE_PY}
+
+
+def node_commands() -> list[tuple[str, str]]:
+    """(header naming the function and its arguments, the command) for every command clusterddp
+    sends to a node: a run's steps (supervisor, control, artifacts), check's and up's probe, exec."""
+    inv = inventory.parse(CMD_INV, "cmd.yaml")
+    p = build_plan(inv, RunSpec("train/t.py", HOSTILE, env=(("RUN_ONLY", "-e's $value"),)), RUN_ID)
+    out = []
+    for n in p.nodes:
+        h, tar, launch = n.host.name, n.control_dir + "/source.tar.gz", n.control_dir + "/launch.sh"
+        out += [
+            (f"prepare_command({h})", plan.prepare_command(n)),
+            (f"upload_command({tar!r})", plan.upload_command(tar)),
+            (f"unpack_command({h})", plan.unpack_command(n)),
+            (f"upload_command({launch!r})", plan.upload_command(launch)),
+            (f"start_command({h})", plan.start_command(n)),
+            (f"follow_command({h})", plan.follow_command(n)),
+            (f"follow_command({h}, from_line=42, poll=0.5)", plan.follow_command(n, 42, 0.5)),
+            (f"status_command({h})", plan.status_command(n)),
+            (f"teardown_command({h})", plan.teardown_command(n)),
+            (f"teardown_command({h}, grace=0.05)", plan.teardown_command(n, 0.05)),
+            (f"collect_command({h})", plan.collect_command(n)),
+            (f"node_log_command({h})", plan.node_log_command(n)),
+        ]
+    (a, b), addr = inv.hosts, inv.master.addr
+    ea, eb = (n.env for n in p.nodes)
+    out += [
+        (f"probe_command({a.name}, {addr!r}, 29500)  # check, master", plan.probe_command(a, addr, 29500)),
+        (f"probe_command({b.name}, {addr!r}, None)  # check, not the master", plan.probe_command(b, addr, None)),
+        (f"probe_command({a.name}, {addr!r}, 29500, full=False, env=<node env>)  # up's preflight, master",
+         plan.probe_command(a, addr, 29500, full=False, env=ea)),
+        (f"probe_command({b.name}, {addr!r}, None, full=False, env=<node env>)  # up's preflight, not the master",
+         plan.probe_command(b, addr, None, full=False, env=eb)),
+        (f"exec_command({a.name}, {EXEC_WORDS!r})", plan.exec_command(a, EXEC_WORDS)),
+        (f"exec_command({b.name}, {EXEC_WORDS!r})", plan.exec_command(b, EXEC_WORDS)),
+    ]
+    return out
+
+
+def test_node_commands_match_golden():
+    parts = ["# Every command clusterddp sends to a node, rendered by tests/test_plan.py:node_commands().",
+             "# The node-side Python snippets are shown once, at the end, as sent (quoted)."]
+    for header, command in node_commands():
+        for name, code in SNIPPETS.items():
+            command = command.replace(plan.q(code), f"<{name}>")
+        parts += ["", f"== {header} ==", command]
+    for name, code in SNIPPETS.items():
+        parts += ["", f"== <{name}> ==", plan.q(code)]
+    golden("node_commands.txt", "\n".join(parts) + "\n")
+
+
+def test_node_commands_are_valid_bash():
+    bad = []
+    for header, command in node_commands():
+        r = subprocess.run(["bash", "-n"], input=command.encode(), capture_output=True)
+        if r.returncode:
+            bad.append(f"{header}: {r.stderr.decode().strip()}")
+    assert not bad, "\n".join(bad)
+
+
+def test_exec_runs_setup_first_and_keeps_env_values_byte_for_byte(tmp_path):
+    Path("/tmp/pwned-env").unlink(missing_ok=True)
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "activate").write_text("ACTIVATED=yes\n")
+    host = inventory.parse(CMD_INV, "cmd.yaml").hosts[0]
+    words = ["printf", "'%s\\0'", '"$CLUSTERDDP_HOST"', '"$ACTIVATED"', '"$STAGE"', '"$QUOTED"', '"$DQ"']
+    out = subprocess.run(["bash", "-c", plan.exec_command(host, words)], capture_output=True, check=True,
+                         cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]}).stdout
+    assert out.decode().split("\0")[:-1] == [
+        "gpu-01", "yes", f"it's {tmp_path}", "it's $HOME; `x`", '"dq" \\ $(touch /tmp/pwned-env) 50%']
+    assert not Path("/tmp/pwned-env").exists()

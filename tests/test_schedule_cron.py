@@ -1,12 +1,15 @@
 """Scheduled runs on the real system cron: root's crontab through `crontab`, and the cron daemon.
 
 Every test saves root's crontab first and puts it back afterwards. Runs are real `up local`
-runs of a one-process gloo script.
+runs of a one-process script. Only one test waits for the daemon itself (it fires once a
+minute), so it carries every hostile word; the others start entries with `schedule run` (the
+project's copy of cron's rules).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -236,12 +239,35 @@ def test_overlapping_run_is_skipped_and_recorded(crontab, work):
     assert re.search(rf" {again} +succeeded +1$", cddp("schedule", "list", check_rc=0).stdout, re.M)
 
 
+# Words the crontab line must carry to the script unchanged: cron's `%` (end of command, and
+# `\%` its escape), a backslash right before a `%`, the shell's quotes, expansions and operators.
+HOSTILE = ("50%", "a%b%c", "%", "a\\%b", "\\", "it's", '"dq"', "$(touch /tmp/pwned-cron)",
+           "`touch /tmp/pwned-cron`", "a;b|c&d", "*", "", "naïve ü")
+HOSTILE_ENV = tuple((f"W{i}", w) for i, w in enumerate(
+    ("50%", "a%b%c", "a\\%b", "it's", '"dq"', "$(touch /tmp/pwned-cron)", "*", "", "\\", "naïve ü")))
+
+# Writes the raw bytes of its arguments and of the W<n> variables it received.
+SEEN = """\
+import json, os, re, sys
+env = {k.decode(): v.hex() for k, v in os.environb.items() if re.fullmatch(rb"W[0-9]+", k)}
+with open("seen.json", "w") as f:
+    json.dump({"argv": [os.fsencode(a).hex() for a in sys.argv[1:]], "env": env}, f)
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(330)
-def test_cron_daemon_starts_a_scheduled_run(crontab, work):
-    """The real thing: cron itself fires a `* * * * *` entry (within about a minute)."""
-    add(work, "every-minute", "local", "t.py", "--gpus", "1", "-e", "OMP_NUM_THREADS=1", "--runs-dir", "runs",
-        cron="* * * * *")
+def test_cron_daemon_runs_a_schedule_with_hostile_words_byte_for_byte(crontab, tmp_path_factory):
+    """The real thing: cron itself fires a `* * * * *` entry (within about a minute), and the
+    script gets every argument and -e value exactly, with nothing in them executed."""
+    pwned = Path("/tmp/pwned-cron")
+    pwned.unlink(missing_ok=True)
+    # the line names this folder thrice (cron takes 998 bytes): a short path, with a space and a %
+    work = tmp_path_factory.mktemp("cron 50%")
+    (work / "seen.py").write_text(SEEN)
+    env_args = [a for k, v in HOSTILE_ENV for a in ("-e", f"{k}={v}")]
+    add(work, "every-minute", "local", "seen.py", "--gpus", "1", "-e", "OMP_NUM_THREADS=1", *env_args,
+        "--runs-dir", "runs", "--", *HOSTILE, cron="* * * * *")
     store = RunStore(work / "runs")
     daemon = None
     if not S.cron_daemon_running():
@@ -255,10 +281,14 @@ def test_cron_daemon_starts_a_scheduled_run(crontab, work):
         cddp("schedule", "remove", "every-minute", check_rc=0)  # no second run next minute
         done = eventually(lambda: store.last_run("every-minute")["status"] != "running", timeout=90, interval=1)
         rec = store.load(run["run_id"])
-        assert done and rec["status"] == "succeeded", rec
-        assert rec["schedule"] == "every-minute" and rec["launch_dir"] == str(work)
         log = (work / "runs" / "schedules" / "every-minute.log").read_text()
-        assert f"run {run['run_id']} succeeded" in log and f"[local] cwd {work}" in log
+        assert done and rec["status"] == "succeeded", f"{rec}\n{log}"
+        assert rec["schedule"] == "every-minute" and rec["launch_dir"] == str(work)
+        assert f"run {run['run_id']} succeeded" in log
+        seen = json.loads((work / "seen.json").read_text())
+        assert [bytes.fromhex(a) for a in seen["argv"]] == [w.encode() for w in HOSTILE]
+        assert {k: bytes.fromhex(v) for k, v in seen["env"].items()} == {k: v.encode() for k, v in HOSTILE_ENV}
+        assert not pwned.exists()
     finally:
         if daemon is not None:
             daemon.terminate()
