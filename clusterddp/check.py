@@ -3,8 +3,8 @@
 Most failed multi-node runs fail before training starts: a host that does not answer, a
 changed host key, another torch or Python on one node, fewer GPUs than the inventory says,
 the master port in use, no route to the master, a full disk. Each host runs one probe
-(:func:`clusterddp.plan.probe_command`, a single SSH command); everything else here is pure:
-:func:`parse_probe` reads a probe's output, :func:`evaluate` turns every host's facts into
+(:func:`clusterddp.plan.probe_command`, a single SSH command, whose node side and reply parser
+are :mod:`clusterddp.node.probe`); everything else here is pure: :func:`evaluate` turns every host's facts into
 findings, comparing the hosts with each other (versions must be identical everywhere; the
 majority, or on a tie the earliest host, is the reference that the odd ones are named against).
 :func:`run_checks` is the one function that touches the network.
@@ -12,7 +12,6 @@ majority, or on a tie the earliest host, is the reference that the odd ones are 
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -21,6 +20,7 @@ from . import plan as P
 from .errors import ClusterDDPError, HostError
 from .fleet import Fleet, HostResult
 from .inventory import Host, Inventory
+from .node.probe import ProbeError, parse_reply
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _RANK = {OK: 0, WARN: 1, FAIL: 2}
@@ -104,29 +104,7 @@ class PreflightFailed(ClusterDDPError):
         self.report = report
 
 
-class ProbeError(Exception):
-    """A probe's output could not be read: the message says why."""
-
-
-# ---- pure: parsing ----
-
-def parse_probe(result: HostResult) -> dict:
-    """The facts a probe printed; raises ProbeError when it printed none (and why, if known)."""
-    assert result.result is not None
-    text = result.result.stdout.decode("utf-8", "replace")
-    for line in reversed(text.splitlines()):
-        if line.startswith(P.PROBE_MARK):
-            try:
-                facts = json.loads(line[len(P.PROBE_MARK):])
-            except ValueError as e:
-                raise ProbeError(f"unreadable probe output: {e}") from None
-            if not isinstance(facts, dict):
-                raise ProbeError("unreadable probe output: not a JSON object")
-            return facts
-    err = result.result.stderr.decode("utf-8", "replace").strip().splitlines()
-    detail = err[-1] if err else f"no output, exit {result.result.exit_code}"
-    raise ProbeError(detail)
-
+# ---- pure ----
 
 def human_bytes(n: float) -> str:
     for unit in ("B", "K", "M", "G", "T"):
@@ -293,8 +271,9 @@ def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool 
             per_host[r.host].append(_ssh_finding(r.error))
             continue
         per_host[r.host].append(Finding("ssh", OK, "ok"))
+        assert r.result is not None
         try:
-            f = parse_probe(r)
+            f = parse_reply(r.result.stdout, r.result.stderr, r.result.exit_code)
         except ProbeError as e:
             missing = r.exit_code == 127
             per_host[r.host].append(Finding(

@@ -1,9 +1,11 @@
 """Pure launch planning: inventory + run spec -> one :class:`NodeLaunch` per host.
 
 Every shell command clusterddp sends to a node is rendered here, and all quoting
-happens here, once (``shlex.quote``). Nothing in this module touches the network,
-the clock or the filesystem: the run id and facts are passed in, so ``--dry-run``
-shows exactly what a real run executes and tests compare it to golden files.
+happens here, once (``shlex.quote``); the Python programs some of them run on the node
+are modules of :mod:`clusterddp.node`, sent as source. Nothing in this module touches the
+network, the clock or the filesystem (beyond reading those modules' source from this
+package): the run id and facts are passed in, so ``--dry-run`` shows exactly what a real
+run executes and tests compare it to golden files.
 
 On each node a run lives in ``<workdir>/runs/<run_id>/`` (the script's folder is
 unpacked there) with a control folder ``.clusterddp/`` holding ``launch.sh``,
@@ -20,9 +22,11 @@ import json
 import posixpath
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from .inventory import Host, Inventory
+from .node import probe as node_probe
+from .node import source as node_source
 
 CONTROL = ".clusterddp"
 MARKER = "CLUSTERDDP_JOB"
@@ -90,6 +94,37 @@ def qpath(path: str) -> str:
         return '"$HOME"/' + q(path[2:])
     return q(path)
 
+
+# ---- how every node command starts ----
+
+def _preamble(host: Host, env: Iterable[tuple[str, str]], *, stdout_to: str,
+              on_fail: Callable[[str], str]) -> list[str]:
+    """The lines a node command starts with: the host's setup lines, output redirected by
+    ``stdout_to`` (may be empty), each followed by ``on_fail(line)`` if it fails; then an
+    ``export`` of each of ``env``. launch.sh, the probe, exec and the node helpers all start here."""
+    redirect = f" {stdout_to}" if stdout_to else ""
+    lines = [f"{{ {line}\n}}{redirect} || {{ {on_fail(line)}; }}" for line in host.setup]
+    return lines + [f"export {k}={q(v)}" for k, v in env]
+
+
+def _python(host: Host, program: str, args: Iterable[str], *, site: bool = False) -> str:
+    """Run node program ``program`` (a module of ``clusterddp/node``) with the host's python.
+
+    Nothing is installed on nodes: the module's whole source travels as ``-c``. ``-S`` unless
+    ``site``: no site-packages to scan (.pth files and all); the helpers need only the standard
+    library, and a collect starts measurably sooner.
+    """
+    return " ".join([q(host.python), *([] if site else ["-S"]), "-c", q(node_source(program)), *args])
+
+
+def _helper(node: NodeLaunch, program: str, *args: str) -> str:
+    """A node program run by a job's launcher after the host's setup lines (quietly, failures
+    ignored), without the job's env: a PYTHONPATH there could shadow the modules it imports."""
+    lines = _preamble(node.host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    return "\n".join([*lines, _python(node.host, program, args)])
+
+
+# ---- the plan ----
 
 def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_dir: str | None = None,
                local_control_dir: str | None = None) -> LaunchPlan:
@@ -166,9 +201,8 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
         f"export CLUSTERDDP_RUN_ID={q(run_id)} CLUSTERDDP_HOST={q(h.name)} "
         f"CLUSTERDDP_NODE_RANK={node.node_rank}",
     ]
-    lines += _setup_lines(h, "", lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98")
-    for k, v in node.env:
-        lines.append(f"export {k}={q(v)}")
+    lines += _preamble(h, node.env, stdout_to="",
+                       on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98")
     env_keys = {k for k, _ in node.env}
     if not local and ("$LOCAL_ADDR" in node.argv
                       or not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys):
@@ -222,47 +256,10 @@ def start_command(node: NodeLaunch) -> str:
             "> node.log 2>&1 < /dev/null & echo $! > pid; cat pid")
 
 
-# Follows node.log until the job has ended and the log is drained. The end is the exit_code
-# file, or the job's shell gone or a zombie: `tail --pid` treats an unreaped zombie as alive,
-# and an orphan's reaping can lag by seconds, so tail would hold every run's end back.
-_FOLLOW_PY = r"""
-import os, sys, time
-os.chdir(sys.argv[1])
-line, poll = int(sys.argv[2]), float(sys.argv[3])
-pid = int(open("pid").read().strip() or 0)
-def alive():
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-out = sys.stdout.buffer
-log = open("node.log", "rb")
-while line > 1:  # skip to the first line wanted, waiting for it if needed
-    pos, text = log.tell(), log.readline()
-    if text.endswith(b"\n"):
-        line -= 1
-        continue
-    log.seek(pos)
-    if os.path.exists("exit_code") or not alive():
-        sys.exit(0)
-    time.sleep(poll)
-while True:
-    done = os.path.exists("exit_code") or not alive()
-    chunk = log.read(1 << 16)
-    if chunk:
-        out.write(chunk)
-        out.flush()
-    elif done:
-        break
-    else:
-        time.sleep(poll)
-"""
-
-
 def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.1) -> str:
-    """Stream node.log from ``from_line`` until the job has ended and its log is drained."""
-    return _py(node, _FOLLOW_PY, qpath(node.control_dir), str(int(from_line)), str(poll))
+    """Stream node.log from ``from_line`` until the job has ended and its log is drained
+    (the node program ``clusterddp/node/follow.py``)."""
+    return _helper(node, "follow", qpath(node.control_dir), str(int(from_line)), str(poll))
 
 
 def status_command(node: NodeLaunch) -> str:
@@ -289,94 +286,9 @@ def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE) -> str:
             "if [ -z \"$P\" ]; then echo killed; else echo survivors $P; fi")
 
 
-# The node side of `collect`: one command per node, so a collect pays for one remote shell
-# (whose rc files may take a noticeable time) whatever the number of files. It reads a JSON
-# request on stdin, {"globs": [...] or "paths": [...], "have": {path: size of the local copy},
-# "log": bool}, and answers on stdout with JSON header lines, some followed by raw bytes:
-#   {"log": n} + n bytes               the node log
-#   {"files": [{"path", "size"}, ...]} what it will go through (regular files, no links, not .clusterddp)
-#   {"path", "send": n} + n bytes, then {"path", "sha256", "stable"}   a file whose local copy differs in size
-#   {"path", "sha256", "stable"}       a file whose local copy has its size: only its hash
-#   {"path", "error"}                  a file it could not read
-#   {"tick": 1}                        keeps the stream alive while large files are hashed
-# "stable" is false when the file changed while it was read (a job still writing it). A file
-# that shrank while sent is padded to its announced size so the framing holds; it is unstable.
-_COLLECT_PY = r"""
-import glob, hashlib, json, os, sys, time
-req = json.load(sys.stdin)
-out = sys.stdout.buffer
-try:  # a 1 MiB pipe to sshd: this side hashes the next chunk while sshd sends the last
-    import fcntl
-    fcntl.fcntl(1, 1031, 1 << 20)  # F_SETPIPE_SZ (Linux); elsewhere, or over the limit: keep the default
-except (ImportError, OSError):
-    pass
-def emit(**rec):
-    out.write(json.dumps(rec).encode() + b"\n")
-if req.get("log"):
-    try:
-        with open(sys.argv[2], "rb") as f:
-            data = f.read()
-        emit(log=len(data))
-        out.write(data)
-    except OSError:
-        pass
-os.chdir(sys.argv[1])
-names = req.get("paths") or [p for pat in req.get("globs", []) for p in sorted(glob.glob(pat, recursive=True))]
-files = {}
-for p in names:
-    if p not in files and os.path.isfile(p) and not os.path.islink(p) and not p.startswith(".clusterddp"):
-        files[p] = os.stat(p)
-emit(files=[{"path": p, "size": st.st_size} for p, st in files.items()])
-last = time.monotonic()
-buf = memoryview(bytearray(1 << 20))  # one buffer for every read: no allocation per MiB
-for p, st in files.items():
-    send = req["have"].get(p) != st.st_size
-    try:
-        f = open(p, "rb")
-    except OSError as e:
-        emit(path=p, error=str(e))
-        continue
-    with f:
-        if send:
-            emit(path=p, send=st.st_size)
-        h, n = hashlib.sha256(), 0
-        while n < st.st_size:
-            b = buf[:f.readinto(buf[:min(len(buf), st.st_size - n)])]
-            if not b:
-                break
-            h.update(b)
-            n += len(b)
-            if send:
-                out.write(b)
-            elif time.monotonic() - last > 5:
-                emit(tick=1)
-                out.flush()
-                last = time.monotonic()
-        padded = n
-        while send and padded < st.st_size:  # it shrank: keep the framing (reported unstable below)
-            k = min(len(buf), st.st_size - padded)
-            out.write(bytes(k))
-            padded += k
-        now = os.fstat(f.fileno())
-    same = [(s.st_ino, s.st_size, s.st_mtime_ns) for s in (st, now)]
-    emit(path=p, sha256=h.hexdigest(), stable=n == st.st_size and same[0] == same[1])
-out.flush()
-"""
-
-
-def _py(node: NodeLaunch, code: str, *args: str) -> str:
-    """Run a stdlib-only Python snippet with the node's interpreter, after its setup lines.
-
-    ``-S``: no site-packages to scan (.pth files and all); the snippets need only the standard
-    library, and a collect starts measurably sooner.
-    """
-    setup = "".join(f"{line}; " for line in _setup_lines(node.host, ">/dev/null 2>&1", lambda line: "true"))
-    return f"{setup}{q(node.host.python)} -S -c {q(code)} " + " ".join(args)
-
-
 def collect_command(node: NodeLaunch) -> str:
-    """The node side of ``collect`` (see ``_COLLECT_PY``): request on stdin, log and files on stdout."""
-    return _py(node, _COLLECT_PY, qpath(node.run_dir), qpath(node.control_dir + "/node.log"))
+    """The node side of ``collect`` (``clusterddp/node/collect.py``): request on stdin, log and files on stdout."""
+    return _helper(node, "collect", qpath(node.run_dir), qpath(node.control_dir + "/node.log"))
 
 
 def node_log_command(node: NodeLaunch) -> str:
@@ -399,98 +311,6 @@ def render(plan: LaunchPlan) -> str:
 
 # ---- fleet commands: the preflight probe and `clusterddp exec` ----
 
-PROBE_MARK = "CLUSTERDDP_PROBE "
-
-# Runs with the node's own `python`, which may be old: no f-strings, each part guarded, so a
-# partial report still comes back. Prints one line: PROBE_MARK + JSON (parsed in check.py).
-_PROBE_PY = r"""
-import json, os, socket, sys, time
-a = json.loads(sys.argv[1])
-r = {"python": "%d.%d.%d" % tuple(sys.version_info[:3]), "executable": sys.executable,
-     "hostname": socket.gethostname(), "iface": sys.argv[2] or None, "torch": None, "cuda": None,
-     "nccl": None, "torch_error": None, "full": a["full"]}
-try:  # torch's version and CUDA build from its version.py: no `import torch` (seconds) needed
-    import importlib.util
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        r["torch_error"] = "not installed"
-    else:
-        ns = {}
-        with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as f:
-            exec(f.read(), ns)
-        r["torch"], r["cuda"] = ns.get("__version__"), ns.get("cuda")
-except Exception as e:
-    r["torch_error"] = "%s: %s" % (type(e).__name__, e)
-if a["full"] and r["torch"]:
-    try:
-        import torch
-        r["torch"], r["cuda"] = torch.__version__, torch.version.cuda
-        if torch.version.cuda:
-            try:
-                v = torch.cuda.nccl.version()
-                r["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-            except Exception:
-                pass
-    except Exception as e:
-        r["torch_error"] = "import torch failed: %s: %s" % (type(e).__name__, e)
-if a["full"]:
-    import subprocess
-    try:
-        p = subprocess.Popen(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             universal_newlines=True)
-        out, err = p.communicate(timeout=30)
-        if p.returncode == 0:
-            r["gpus"] = sum(1 for l in out.splitlines() if l.startswith("GPU "))
-        else:
-            r["gpu_error"] = ((err or out).strip().splitlines() or ["exit %d" % p.returncode])[-1]
-    except OSError:
-        r["gpus"] = None
-    except Exception as e:
-        p.kill()
-        r["gpu_error"] = "nvidia-smi did not answer: %s" % e
-try:
-    r["interfaces"] = sorted(n for _, n in socket.if_nameindex())
-except Exception:
-    r["interfaces"] = None
-try:
-    import shutil
-    r["ip_tool"] = shutil.which("ip") is not None
-except Exception:
-    pass
-r["env_ifname"] = dict((k, os.environ.get(k)) for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"))
-try:  # free space where the runs will go: the workdir, or its nearest existing parent
-    w = p = os.path.expanduser(a["workdir"])
-    while p and not os.path.exists(p):
-        p = os.path.dirname(p.rstrip("/"))
-    p = p or "."
-    st = os.statvfs(p)
-    r.update(disk_path=p, disk_free=st.f_bavail * st.f_frsize, workdir_exists=os.path.isdir(w),
-             disk_writable=os.access(p, os.W_OK | os.X_OK))
-except Exception as e:
-    r["disk_error"] = "%s: %s" % (type(e).__name__, e)
-if a["port"]:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore: TIME_WAIT is no conflict
-    try:
-        s.bind(("", a["port"]))
-        r["port_free"] = True
-    except Exception as e:
-        r["port_free"], r["port_error"] = False, getattr(e, "strerror", None) or str(e)
-    s.close()
-r["time"] = time.time()
-sys.stdout.write(a["mark"] + json.dumps(r) + "\n")
-sys.stdout.flush()
-os._exit(0)  # now: the launcher's clock reading must follow the node's at once (and torch's teardown is slow)
-"""
-
-
-def _setup_lines(host: Host, stdout_to: str, on_fail: Callable[[str], str]) -> list[str]:
-    """The host's setup lines, output redirected by ``stdout_to`` (may be empty), each followed by
-    ``on_fail(line)`` if it fails. Every shell line that runs ``setup`` is rendered here."""
-    redirect = f" {stdout_to}" if stdout_to else ""
-    return [f"{{ {line}\n}}{redirect} || {{ {on_fail(line)}; }}" for line in host.setup]
-
-
 def probe_command(host: Host, master_addr: str, master_port: int | None, *, full: bool = True,
                   env: tuple[tuple[str, str], ...] | None = None) -> str:
     """One command that reports what the preflight checks need about ``host``, as one JSON line.
@@ -500,11 +320,11 @@ def probe_command(host: Host, master_addr: str, master_port: int | None, *, full
     also imports torch (NCCL version, a broken install) and asks nvidia-smi for the GPUs;
     without it the probe takes a fraction of a second (what ``up`` runs before starting).
     """
-    args = {"full": full, "port": master_port, "workdir": host.workdir, "mark": PROBE_MARK}
-    lines = _setup_lines(host, ">&2", lambda line: f"echo {q(PROBE_MARK + json.dumps({'setup_failed': line}))}; exit 0")
-    lines += [f"export {k}={q(v)}" for k, v in (host.env if env is None else env)]
+    args = {"full": full, "port": master_port, "workdir": host.workdir}
+    lines = _preamble(host, host.env if env is None else env, stdout_to=">&2",
+                      on_fail=lambda line: f"echo {q(node_probe.setup_failed_reply(line))}; exit 0")
     lines += [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
-              f"exec {q(host.python)} -c {q(_PROBE_PY)} {q(json.dumps(args))} \"$IFACE\""]
+              "exec " + _python(host, "probe", [q(json.dumps(args)), '"$IFACE"'], site=True)]
     return "\n".join(lines)
 
 
@@ -516,8 +336,7 @@ def exec_command(host: Host, words: list[str] | tuple[str, ...]) -> str:
     that must stay one word need quoting for the remote shell.
     """
     lines = [f"export CLUSTERDDP_HOST={q(host.name)}"]
-    lines += _setup_lines(host, ">/dev/null",
-                          lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
-    lines += [f"export {k}={q(v)}" for k, v in host.env]
+    lines += _preamble(host, host.env, stdout_to=">/dev/null",
+                       on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
     lines.append(" ".join(words))
     return "\n".join(lines)

@@ -19,9 +19,10 @@ from dataclasses import replace
 import pytest
 
 from clusterddp import check, inventory, plan
-from clusterddp.check import FAIL, OK, WARN, ProbeError, evaluate, parse_probe
+from clusterddp.check import FAIL, OK, WARN, evaluate
 from clusterddp.errors import HostError, InventoryError
 from clusterddp.fleet import Fleet, HostResult, fan_out
+from clusterddp.node.probe import MARK, parse_reply
 from clusterddp.transport import CommandResult
 
 INV = """
@@ -53,7 +54,7 @@ def probed(host: str, f: dict | None = None, *, port_free: bool | None = None, s
     f = dict(f or facts(hostname=host))
     if port_free is not None:
         f["port_free"] = port_free
-    out = stdout if stdout is not None else "motd noise\n" + plan.PROBE_MARK + json.dumps(f) + "\n"
+    out = stdout if stdout is not None else "motd noise\n" + MARK + json.dumps(f) + "\n"
     return HostResult(host, CommandResult(exit_code, out.encode(), stderr.encode()), None, ended - 0.1, ended)
 
 
@@ -67,23 +68,6 @@ def finding(report: check.Report, host: str, name: str) -> check.Finding:
     f = next(h for h in report.hosts if h.host == host).get(name)
     assert f is not None, f"no {name} finding for {host}"
     return f
-
-
-# ---- parsing ----
-
-def test_parse_probe_takes_the_marked_line_among_other_output():
-    assert parse_probe(probed("a"))["python"] == "3.11.7"
-
-
-@pytest.mark.parametrize("stdout, stderr, code, words", [
-    ("", "bash: line 9: exec: /opt/py/bin/python: not found\n", 127, "not found"),
-    ("hello\n", "", 1, "no output, exit 1"),
-    (plan.PROBE_MARK + "{not json\n", "", 0, "unreadable"),
-    (plan.PROBE_MARK + "[1]\n", "", 0, "not a JSON object"),
-])
-def test_parse_probe_says_why_when_there_is_no_report(stdout, stderr, code, words):
-    with pytest.raises(ProbeError, match=words):
-        parse_probe(probed("a", stdout=stdout, stderr=stderr, exit_code=code))
 
 
 # ---- verdicts ----
@@ -155,7 +139,7 @@ def test_unreachable_and_changed_key_hosts_fail_without_hiding_the_others():
 def test_python_not_found_and_failing_setup_are_named():
     results = healthy()
     results[1] = probed("b", stdout="", stderr="bash: exec: /opt/py/bin/python: not found\n", exit_code=127)
-    results[2] = probed("c", stdout=plan.PROBE_MARK + json.dumps({"setup_failed": "source ~/venv/bin/activate"}),
+    results[2] = probed("c", stdout=MARK + json.dumps({"setup_failed": "source ~/venv/bin/activate"}),
                         stderr="bash: /root/venv/bin/activate: No such file or directory\n")
     r = evaluate(inv(), results)
     b, c = finding(r, "b", "python"), finding(r, "c", "setup")
@@ -264,7 +248,7 @@ def test_probe_reports_this_machine(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     p = bash(plan.probe_command(h, "127.0.0.1", port, full=False))
-    f = parse_probe(HostResult("local", CommandResult(p.returncode, p.stdout, p.stderr)))
+    f = parse_reply(p.stdout, p.stderr, p.returncode)
     assert f["python"] == "%d.%d.%d" % sys.version_info[:3] and f["executable"] == sys.executable
     from importlib.metadata import version
     assert f["torch"] == version("torch")  # read from torch/version.py, without importing torch
@@ -281,13 +265,13 @@ def test_probe_finds_the_master_port_taken():
         s.listen()
         port = s.getsockname()[1]
         p = bash(plan.probe_command(local_host(), "127.0.0.1", port, full=False))
-    f = parse_probe(HostResult("local", CommandResult(p.returncode, p.stdout, p.stderr)))
+    f = parse_reply(p.stdout, p.stderr, p.returncode)
     assert f["port_free"] is False and "in use" in f["port_error"]
 
 
 def test_probe_reports_a_failing_setup_line():
     p = bash(plan.probe_command(local_host(setup=("true", "echo 'it''s' >&2; false")), "127.0.0.1", None))
-    f = parse_probe(HostResult("local", CommandResult(p.returncode, p.stdout, p.stderr)))
+    f = parse_reply(p.stdout, p.stderr, p.returncode)
     assert f == {"setup_failed": "echo 'it''s' >&2; false"} and b"its" in p.stderr
 
 
@@ -440,7 +424,7 @@ class ProbeTransport(FakeTransport):
 
     def run(self, command, *, timeout=None, stdin=None):
         self.log.append((self.name, command))
-        return CommandResult(0, (plan.PROBE_MARK + json.dumps(self.facts) + "\n").encode(), b"")
+        return CommandResult(0, (MARK + json.dumps(self.facts) + "\n").encode(), b"")
 
 
 def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):

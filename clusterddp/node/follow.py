@@ -1,0 +1,61 @@
+"""``follow``: the node program that streams a job's ``node.log`` to the launcher until the job ends.
+
+``plan.follow_command`` runs :func:`main` on the node for ``up``'s live output and ``logs
+--follow``. It writes the log's raw bytes from a given line on and returns (exit 0) once the job
+has ended and the log is drained. The end is the ``exit_code`` file (launch.sh writes it last),
+or the job's shell gone or a zombie: ``tail --pid`` treats an unreaped zombie as alive, and an
+orphan's reaping can lag by seconds, so tail would hold every run's end back. The launcher then
+reads the exit code with ``plan.status_command``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+# In the control folder (plan.CONTROL), as launch.sh and plan.start_command write them.
+LOG, PID, EXIT_CODE = "node.log", "pid", "exit_code"
+
+
+def main(argv: list[str], stdout=None) -> int:
+    """argv: the control folder, the first log line wanted (1-based), the poll interval in seconds.
+    The log goes to ``stdout`` (binary), the process's own when not given."""
+    ctl, line, poll = argv[0], int(argv[1]), float(argv[2])
+    out = stdout if stdout is not None else sys.stdout.buffer
+    with open(os.path.join(ctl, PID)) as f:
+        pid = int(f.read().strip() or 0)
+    exit_code = os.path.join(ctl, EXIT_CODE)
+
+    def ended() -> bool:
+        if os.path.exists(exit_code):
+            return True
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except (OSError, IndexError):
+            return True
+    with open(os.path.join(ctl, LOG), "rb") as log:
+        while line > 1:  # skip to the first line wanted, waiting for it if needed
+            pos, text = log.tell(), log.readline()
+            if text.endswith(b"\n"):
+                line -= 1
+                continue
+            log.seek(pos)
+            if ended():
+                return 0
+            time.sleep(poll)
+        while True:
+            done = ended()
+            chunk = log.read(1 << 16)
+            if chunk:
+                out.write(chunk)
+                out.flush()
+            elif done:
+                return 0
+            else:
+                time.sleep(poll)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+"""The preflight probe: what ``clusterddp check`` and ``up`` need to know about one node.
+
+Node side, :func:`main`: prints one line, :data:`MARK` followed by a JSON object of facts
+(Python, torch, CUDA and NCCL versions, GPUs, interfaces, free disk, whether the master port is
+free, the node's clock). ``plan.probe_command`` runs it after the host's setup lines and env, as
+``python -c`` (not ``-S``: it looks for torch in site-packages), with the node's own Python,
+which may be old: Python 3.5 grammar (no f-strings), and each part guarded, so a partial report
+still comes back. A failing setup line is answered, by the shell, with :func:`setup_failed_reply`.
+
+Launcher side, :func:`parse_reply`: the facts back from the command's output.
+"""
+
+import json
+import os
+import sys
+
+MARK = "CLUSTERDDP_PROBE "
+
+
+def main(argv: "list[str]") -> int:
+    """argv: a JSON object {"full", "port", "workdir"}; the interface that routes to the master, or ""."""
+    import socket
+    import time
+    a = json.loads(argv[0])
+    r = {"python": "%d.%d.%d" % tuple(sys.version_info[:3]), "executable": sys.executable,
+         "hostname": socket.gethostname(), "iface": argv[1] or None, "torch": None, "cuda": None,
+         "nccl": None, "torch_error": None, "full": a["full"]}
+    try:  # torch's version and CUDA build from its version.py: no `import torch` (seconds) needed
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            r["torch_error"] = "not installed"
+        else:
+            ns = {}  # type: dict
+            with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as f:
+                exec(f.read(), ns)
+            r["torch"], r["cuda"] = ns.get("__version__"), ns.get("cuda")
+    except Exception as e:
+        r["torch_error"] = "%s: %s" % (type(e).__name__, e)
+    if a["full"] and r["torch"]:
+        try:
+            import torch
+            r["torch"], r["cuda"] = torch.__version__, torch.version.cuda
+            if torch.version.cuda:
+                try:
+                    v = torch.cuda.nccl.version()
+                    r["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+                except Exception:
+                    pass
+        except Exception as e:
+            r["torch_error"] = "import torch failed: %s: %s" % (type(e).__name__, e)
+    if a["full"]:
+        import subprocess
+        try:
+            p = subprocess.Popen(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 universal_newlines=True)
+            out, err = p.communicate(timeout=30)
+            if p.returncode == 0:
+                r["gpus"] = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+            else:
+                r["gpu_error"] = ((err or out).strip().splitlines() or ["exit %d" % p.returncode])[-1]
+        except OSError:
+            r["gpus"] = None
+        except Exception as e:
+            p.kill()
+            r["gpu_error"] = "nvidia-smi did not answer: %s" % e
+    try:
+        r["interfaces"] = sorted(n for _, n in socket.if_nameindex())
+    except Exception:
+        r["interfaces"] = None
+    try:
+        import shutil
+        r["ip_tool"] = shutil.which("ip") is not None
+    except Exception:
+        pass
+    r["env_ifname"] = dict((k, os.environ.get(k)) for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"))
+    try:  # free space where the runs will go: the workdir, or its nearest existing parent
+        w = d = os.path.expanduser(a["workdir"])
+        while d and not os.path.exists(d):
+            d = os.path.dirname(d.rstrip("/"))
+        d = d or "."
+        st = os.statvfs(d)
+        r.update(disk_path=d, disk_free=st.f_bavail * st.f_frsize, workdir_exists=os.path.isdir(w),
+                 disk_writable=os.access(d, os.W_OK | os.X_OK))
+    except Exception as e:
+        r["disk_error"] = "%s: %s" % (type(e).__name__, e)
+    if a["port"]:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore: TIME_WAIT is no conflict
+        try:
+            s.bind(("", a["port"]))
+            r["port_free"] = True
+        except Exception as e:
+            r["port_free"], r["port_error"] = False, getattr(e, "strerror", None) or str(e)
+        s.close()
+    r["time"] = time.time()
+    sys.stdout.write(MARK + json.dumps(r) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def setup_failed_reply(line: str) -> str:
+    """The reply the probe command gives instead of running :func:`main` when setup ``line`` failed."""
+    return MARK + json.dumps({"setup_failed": line})
+
+
+# ---- launcher side ----
+
+class ProbeError(Exception):
+    """A probe's output could not be read: the message says why."""
+
+
+def parse_reply(stdout: bytes, stderr: bytes, exit_code: int) -> dict:
+    """The facts a probe printed (its last marked line, whatever else the login shell printed);
+    raises :class:`ProbeError` when it printed none, with the reason if stderr gives one."""
+    text = stdout.decode("utf-8", "replace")
+    for line in reversed(text.splitlines()):
+        if line.startswith(MARK):
+            try:
+                facts = json.loads(line[len(MARK):])
+            except ValueError as e:
+                raise ProbeError("unreadable probe output: %s" % e) from None
+            if not isinstance(facts, dict):
+                raise ProbeError("unreadable probe output: not a JSON object")
+            return facts
+    err = stderr.decode("utf-8", "replace").strip().splitlines()
+    raise ProbeError(err[-1] if err else "no output, exit %d" % exit_code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+    os._exit(0)  # now: the launcher's clock reading must follow the node's at once (and torch's teardown is slow)

@@ -1,0 +1,80 @@
+"""The log follower (clusterddp/node/follow.py), in-process: where it starts, and when it stops.
+
+It must stream until the job has ended and not a moment longer: the end is the exit_code file,
+or the job's shell gone or a zombie (which ``tail --pid`` would wait on).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+from helpers import eventually
+
+from clusterddp.node import follow
+
+
+class Sink:
+    """A binary stdout that the test thread can read while the follower writes."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, b: bytes) -> None:
+        self.data += b
+
+    def flush(self) -> None:
+        pass
+
+
+def control(tmp_path: Path, pid: int, log: bytes) -> Path:
+    ctl = tmp_path / ".clusterddp"
+    ctl.mkdir()
+    (ctl / "pid").write_text(f"{pid}\n")
+    (ctl / "node.log").write_bytes(log)
+    return ctl
+
+
+def start(ctl: Path, from_line: int) -> tuple[threading.Thread, Sink, list]:
+    out, rc = Sink(), []
+    th = threading.Thread(target=lambda: rc.append(follow.main([str(ctl), str(from_line), "0.01"], stdout=out)),
+                          daemon=True)
+    th.start()
+    return th, out, rc
+
+
+def test_follows_a_running_job_from_a_line_and_stops_at_exit_code(tmp_path):
+    ctl = control(tmp_path, os.getpid(), b"one\ntwo\n")  # the job's shell: alive until the test ends
+    th, out, rc = start(ctl, 2)
+    assert eventually(lambda: out.data == b"two\n"), bytes(out.data)
+    with open(ctl / "node.log", "ab") as f:
+        f.write(b"three\n")
+    assert eventually(lambda: out.data == b"two\nthree\n"), "still following while the job runs"
+    with open(ctl / "node.log", "ab") as f:
+        f.write(b"last words\n")
+    (ctl / "exit_code").write_text("0\n")
+    th.join(timeout=20)
+    assert not th.is_alive(), "the follower did not stop at exit_code"
+    assert rc == [0] and out.data == b"two\nthree\nlast words\n"  # the log drained to its end
+
+
+def test_stops_when_the_job_shell_is_a_zombie(tmp_path):
+    p = subprocess.Popen(["true"])  # not reaped until p.wait(): a zombie meanwhile
+    try:
+        assert eventually(lambda: Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
+        ctl = control(tmp_path, p.pid, b"partial line without newline")
+        th, out, rc = start(ctl, 1)
+        th.join(timeout=20)
+        assert not th.is_alive(), "a zombie counted as a running job"
+        assert rc == [0] and out.data == b"partial line without newline"
+    finally:
+        p.wait()
+
+
+def test_a_job_that_ended_before_the_wanted_line_gives_nothing(tmp_path):
+    ctl = control(tmp_path, 0, b"one\ntwo\n")  # no such process
+    th, out, rc = start(ctl, 5)
+    th.join(timeout=20)
+    assert not th.is_alive() and rc == [0] and out.data == b""

@@ -1,0 +1,103 @@
+"""The preflight probe (clusterddp/node/probe.py), in-process: what it prints, read back by its parser.
+
+test_check.py runs the same program through bash as ``probe_command`` renders it; these cover
+its branches (a torch with CUDA, nvidia-smi answering or failing) and the parser's refusals.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import sys
+import types
+from importlib.metadata import version
+
+import pytest
+
+from clusterddp.node import probe
+from clusterddp.node.probe import MARK, ProbeError, parse_reply
+
+
+def run(capsys, *, full: bool, port: int | None, workdir: str, iface: str = "lo") -> dict:
+    assert probe.main([json.dumps({"full": full, "port": port, "workdir": workdir}), iface]) == 0
+    out, err = capsys.readouterr()
+    return parse_reply(("login banner\n" + out).encode(), err.encode(), 0)
+
+
+def test_quick_probe_of_this_machine(capsys, tmp_path):
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        f = run(capsys, full=False, port=taken, workdir=str(tmp_path / "not" / "yet"))
+    assert f["python"] == "%d.%d.%d" % sys.version_info[:3] and f["executable"] == sys.executable
+    assert f["torch"] == version("torch") and f["torch_error"] is None  # from torch/version.py
+    assert f["iface"] == "lo" and "lo" in f["interfaces"] and "gpus" not in f  # quick: no nvidia-smi
+    assert f["port_free"] is False and "in use" in f["port_error"]
+    assert f["disk_path"] == str(tmp_path) and f["workdir_exists"] is False and f["disk_writable"] is True
+    assert run(capsys, full=False, port=None, workdir="/", iface="")["iface"] is None
+
+
+def test_a_port_in_time_wait_counts_as_free(capsys, tmp_path):
+    """The previous run's closed connections are no conflict: its store and the probe both bind with
+    SO_REUSEADDR, as torch's TCPStore does (Linux refuses unless both sides set it)."""
+    with socket.socket() as ls:
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind(("", 0))
+        ls.listen()
+        port = ls.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            conn, _ = ls.accept()
+            conn.close()  # the server side closes first: its end of the port goes to TIME_WAIT
+            c.recv(1)
+    f = run(capsys, full=False, port=port, workdir=str(tmp_path))
+    assert f["port_free"] is True, f.get("port_error")
+
+
+@pytest.fixture
+def fake_gpu_node(monkeypatch, tmp_path):
+    """A torch with CUDA and NCCL, and an nvidia-smi on PATH: the GPU branches, on a CPU machine."""
+    torch = types.ModuleType("torch")
+    torch.__spec__ = importlib.util.find_spec("torch")  # where the probe reads torch/version.py first
+    torch.__dict__.update(__version__="2.13.0+cu124", version=types.SimpleNamespace(cuda="12.4"),
+                          cuda=types.SimpleNamespace(nccl=types.SimpleNamespace(version=lambda: (2, 21, 5))))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\nif [ -n \"$SMI_FAILS\" ]; then echo 'NVIDIA-SMI has failed' >&2; exit 9; fi\n"
+                   "echo 'GPU 0: H100 (UUID: a)'; echo 'GPU 1: H100 (UUID: b)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    return monkeypatch
+
+
+def test_full_probe_reads_torch_cuda_nccl_and_the_gpu_count(capsys, fake_gpu_node, tmp_path):
+    f = run(capsys, full=True, port=None, workdir=str(tmp_path))
+    assert (f["torch"], f["cuda"], f["nccl"], f["gpus"]) == ("2.13.0+cu124", "12.4", "2.21.5", 2)
+    assert f["workdir_exists"] is True and "port_free" not in f
+    fake_gpu_node.setenv("SMI_FAILS", "1")
+    f = run(capsys, full=True, port=None, workdir=str(tmp_path))
+    assert "gpus" not in f and f["gpu_error"] == "NVIDIA-SMI has failed"
+
+
+def test_setup_failed_reply_reads_back():
+    assert parse_reply((probe.setup_failed_reply("source ~/v/bin/activate") + "\n").encode(), b"", 0) == {
+        "setup_failed": "source ~/v/bin/activate"}
+
+
+def test_the_last_marked_line_wins():
+    out = f"{MARK}{{\"python\": \"old\"}}\nnoise\n{MARK}{{\"python\": \"3.11.7\"}}\nmore noise\n"
+    assert parse_reply(out.encode(), b"", 0) == {"python": "3.11.7"}
+
+
+@pytest.mark.parametrize("stdout, stderr, code, words", [
+    ("", "bash: line 9: exec: /opt/py/bin/python: not found\n", 127, "not found"),
+    ("hello\n", "", 1, "no output, exit 1"),
+    (MARK + "{not json\n", "", 0, "unreadable"),
+    (MARK + "[1]\n", "", 0, "not a JSON object"),
+])
+def test_parse_reply_says_why_when_there_is_no_report(stdout, stderr, code, words):
+    with pytest.raises(ProbeError, match=words):
+        parse_reply(stdout.encode(), stderr.encode(), code)
