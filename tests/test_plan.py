@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import inventory, plan
+from clusterddp import inventory, node, plan
 from clusterddp.plan import RunSpec, build_plan
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -185,7 +185,7 @@ hosts:
 # What a user passes to `clusterddp exec`: the remote shell interprets it, by design.
 EXEC_WORDS = ("du", "-sh", "~/clusterddp/runs/*", "|", "sort", "-h")
 # Node-side Python sent inside commands: shown once at the end of the golden file.
-SNIPPETS = {"_FOLLOW_PY": plan._FOLLOW_PY, "_COLLECT_PY": plan._COLLECT_PY, "_PROBE_PY": plan._PROBE_PY}
+SNIPPETS = {f"clusterddp/node/{p}.py": node.source(p) for p in node.PROGRAMS}
 
 
 def node_commands() -> list[tuple[str, str]]:
