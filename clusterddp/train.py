@@ -1,7 +1,8 @@
 """Training-side helpers for scripts started by ``torchrun`` (and so by ``clusterddp up``).
 
-Depends only on torch and the standard library, so it can be copied next to a
-training script on machines where clusterddp itself is not installed::
+Depends only on torch and the standard library (not numpy, which torch's wheels do not
+pull in), so it can be copied next to a training script on machines where clusterddp
+itself is not installed::
 
     import clusterddp.train as ct
 
@@ -238,14 +239,54 @@ def _barrier(ctx: Context) -> None:
         dist.barrier()
 
 
-def _broadcast_obj(ctx: Context, obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank."""
+def _wire_device(ctx: Context) -> torch.device:
+    # NCCL only moves CUDA tensors; gloo gets CPU ones, where the data already is.
+    return ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+
+
+# Plain tensors only, no *_object collectives: those pickle through numpy, which torch's
+# wheels do not depend on, so they fail with "Numpy is not available" on a fresh install.
+
+
+def _broadcast_int(ctx: Context, value: int) -> int:
+    """Rank 0's ``value`` on every rank."""
     if not ctx.distributed:
-        return obj
-    box = [obj]
-    # NCCL can only move CUDA tensors; the pickled object travels as one.
-    dist.broadcast_object_list(box, src=0, device=ctx.device if ctx.backend == "nccl" else None)
-    return box[0]
+        return value
+    box = torch.tensor([value], dtype=torch.int64, device=_wire_device(ctx))
+    dist.broadcast(box, src=0)
+    return int(box.item())
+
+
+def _read_bytearray(path: Path) -> bytearray:
+    # readinto, not bytearray(read_bytes()): no second copy of a multi-GB checkpoint.
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        read = f.readinto(data)
+    del data[read:]
+    return data
+
+
+def _broadcast_file(ctx: Context, path: Path) -> bytearray:
+    """The bytes of rank 0's ``path`` on every rank (only rank 0 reads it): a length, then the bytes."""
+    data = _read_bytearray(path) if ctx.is_main else bytearray()
+    size = _broadcast_int(ctx, len(data))
+    if not ctx.is_main:
+        data = bytearray(size)
+    if size == 0:  # torch.frombuffer refuses an empty buffer
+        return data
+    # frombuffer shares the bytearray's memory, so what lands in the tensor already is the
+    # bytes: no numpy (.numpy().tobytes()), no raw pointer (ctypes.string_at), and not
+    # bytes(untyped_storage()), which converts element by element (minutes for a few MB).
+    view = torch.frombuffer(data, dtype=torch.uint8)
+    device = _wire_device(ctx)
+    if device.type == "cpu":
+        dist.broadcast(view, src=0)  # gloo writes into ``data`` in place
+    else:
+        wire = view.to(device) if ctx.is_main else torch.empty(size, dtype=torch.uint8, device=device)
+        dist.broadcast(wire, src=0)
+        if not ctx.is_main:
+            view.copy_(wire)
+    return data
 
 
 def _checkpoints(directory: Path) -> list[tuple[int, Path]]:
@@ -371,7 +412,7 @@ def load_latest(dir: str | os.PathLike[str] = "checkpoints", map_location: Any =
     if map_location is None:
         map_location = ctx.device
 
-    chosen: int | None = None
+    chosen = -1  # none
     obj: Any = None
     if ctx.is_main:
         for step, path in _checkpoints(directory):
@@ -379,8 +420,8 @@ def load_latest(dir: str | os.PathLike[str] = "checkpoints", map_location: Any =
             if ok:
                 chosen = step
                 break
-    chosen = _broadcast_obj(ctx, chosen)
-    if chosen is None:
+    chosen = _broadcast_int(ctx, chosen)
+    if chosen < 0:
         return None
     if not ctx.distributed:
         return obj, chosen
@@ -389,11 +430,10 @@ def load_latest(dir: str | os.PathLike[str] = "checkpoints", map_location: Any =
     if not ctx.is_main:
         ok, obj = _try_load(directory / f"step-{chosen}.pt", map_location, load_kwargs)
     # One all_reduce tells everyone whether rank 0 must ship the file's bytes.
-    missing = torch.tensor([0 if ok else 1], device=ctx.device if ctx.backend == "nccl" else "cpu")
+    missing = torch.tensor([0 if ok else 1], device=_wire_device(ctx))
     dist.all_reduce(missing)
     if int(missing.item()) > 0:
-        data = (directory / f"step-{chosen}.pt").read_bytes() if ctx.is_main else None
-        data = _broadcast_obj(ctx, data)
+        data = _broadcast_file(ctx, directory / f"step-{chosen}.pt")
         if not ok:
             ok, obj = _try_load(io.BytesIO(data), map_location, load_kwargs)
             if not ok:

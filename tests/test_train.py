@@ -1,4 +1,9 @@
-"""Tests for clusterddp.train and the examples, in-process and under a real 2-process torchrun (gloo, CPU)."""
+"""Tests for clusterddp.train and the examples, in-process and under a real 2-process torchrun (gloo, CPU).
+
+Every child process (torchrun, its workers, the examples) runs with GPUs hidden and numpy
+unimportable: torch's wheels do not depend on numpy, so a fresh ``pip install torch`` has
+none, and the helpers and examples must work there (``*_object`` collectives do not).
+"""
 
 from __future__ import annotations
 
@@ -27,20 +32,62 @@ TORCHRUN_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MA
                      "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
 
 
-def _env() -> dict[str, str]:
-    """Environment for child processes: 1 thread each (2-core CI box), package importable."""
+# numpy absent even where it is installed, so these tests mean the same on every machine. A None
+# in sys.modules is the import system's own "not there": `import numpy` (and numpy.*) raises
+# ModuleNotFoundError and importlib.util.find_spec gives None, which torch._dynamo relies on (a
+# finder that raises breaks that probe, which a really missing numpy never does).
+NO_NUMPY_SITECUSTOMIZE = """
+import atexit
+import os
+import sys
+
+sys.modules["numpy"] = None
+TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trace")
+
+
+def trace():
+    # One file per process that exits normally: whether numpy stayed out to the end, and argv.
+    os.makedirs(TRACE, exist_ok=True)
+    hidden = "numpy" in sys.modules and sys.modules["numpy"] is None
+    with open(os.path.join(TRACE, f"{os.getpid()}-{os.urandom(4).hex()}"), "w") as f:
+        f.write("\\0".join([str(hidden), *sys.argv]))
+
+
+atexit.register(trace)
+"""
+
+
+def _no_numpy_site(cwd: Path) -> Path:
+    site = cwd / ".no-numpy"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(NO_NUMPY_SITECUSTOMIZE)
+    return site
+
+
+def _numpy_hidden_at_exit(cwd: Path, script: str) -> list[bool]:
+    """Per ``script`` process started in ``cwd`` that exited normally: numpy stayed hidden."""
+    trace = cwd / ".no-numpy" / "trace"
+    entries = [f.read_text().split("\0") for f in trace.iterdir()] if trace.is_dir() else []
+    return [hidden == "True" for hidden, argv0, *_ in entries if argv0.endswith(script)]
+
+
+def _env(site: Path) -> dict[str, str]:
+    """Environment for child processes: 1 thread each (2-core CI box), package importable,
+    CPU only, numpy hidden by ``site``'s sitecustomize."""
     # Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE the restart test exercises ct.init's own fix.
     env = {k: v for k, v in os.environ.items()
            if k not in TORCHRUN_ENV_VARS and k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
     env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # These tests mean gloo on CPU; on a GPU machine ct.init would pick nccl and cuda devices.
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     # Own session, so a hung run is killed with all its workers, not just the torchrun agent.
-    with subprocess.Popen(args, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, start_new_session=True) as proc:
+    with subprocess.Popen(args, cwd=cwd, env=_env(_no_numpy_site(cwd)), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -134,7 +181,8 @@ def test_save_and_load_round_trip(solo, tmp_path) -> None:
         path = ct.save_checkpoint({"w": torch.full((3,), float(step)), "step": step}, step, tmp_path)
         assert path == tmp_path / f"step-{step}.pt"
     obj, step = ct.load_latest(tmp_path)
-    assert step == 2 and torch.equal(obj["w"], torch.full((3,), 2.0))
+    assert step == 2 and torch.equal(obj["w"].cpu(), torch.full((3,), 2.0))
+    assert obj["w"].device == ct.context().device  # map_location's default (a GPU where there is one)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1.pt", "step-2.pt"]
     assert (tmp_path / "step-2.pt").stat().st_mode & 0o777 != 0o600  # not mkstemp's private mode
 
@@ -243,9 +291,16 @@ import clusterddp.train as ct
 from torch.utils.data import TensorDataset
 
 base = Path(sys.argv[1])
+try:  # the test's sitecustomize hides numpy (torch's import already tried it)
+    import numpy
+    refused = None
+except ImportError as e:
+    refused = str(e)
+hidden_by_test = "numpy" in sys.modules and sys.modules["numpy"] is None
 ctx = ct.init()
 assert ct.init() is ctx
-out = {"rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank,
+out = {"numpy_refused": refused, "numpy_hidden_by_test": hidden_by_test,
+       "rank": ctx.rank, "world_size": ctx.world_size, "local_rank": ctx.local_rank,
        "backend": ctx.backend, "distributed": ctx.distributed, "is_main": ctx.is_main,
        "wrapped": type(ct.wrap(torch.nn.Linear(2, 2))).__name__}
 
@@ -307,6 +362,12 @@ def torchrun_results(tmp_path_factory) -> dict[int, dict]:
     return {r: json.loads((base / f"result-{r}.json").read_text()) for r in (0, 1)}
 
 
+def test_torchrun_workers_run_without_numpy(torchrun_results) -> None:
+    # So the load/save results below hold where numpy is absent, even on machines that have it.
+    for r in torchrun_results.values():
+        assert r["numpy_refused"] and r["numpy_hidden_by_test"], r
+
+
 def test_init_under_torchrun(torchrun_results) -> None:
     for rank, r in torchrun_results.items():
         assert (r["world_size"], r["local_rank"], r["backend"], r["distributed"]) == (2, rank, "gloo", True)
@@ -341,6 +402,7 @@ def test_ddp_train_runs_then_resumes(tmp_path, solo, capsys) -> None:
     assert proc.stdout.count("done world_size=2 final_step=24") == 1, proc.stdout
     assert "resumed" not in proc.stdout
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-16.pt", "step-24.pt", "step-8.pt"]
+    assert _numpy_hidden_at_exit(tmp_path, "ddp_train.py") == [True, True]
 
     # Second run, in-process as a plain `python ddp_train.py`: resumes at world size 1.
     _load_example("ddp_train").main(["--checkpoint-dir", str(ckpt), "--epochs", "4"])
@@ -356,6 +418,9 @@ def test_ddp_train_restarts_after_crash(tmp_path) -> None:
     assert "simulated crash at epoch 1" in proc.stdout
     assert "resumed from step 8" in proc.stdout and "done world_size=2 final_step=24" in proc.stdout
     assert (ckpt / ".crashed-1").exists()
+    # The restarted ranks; the first attempt's may be killed before they can tell.
+    hidden = _numpy_hidden_at_exit(tmp_path, "ddp_train.py")
+    assert len(hidden) >= 2 and all(hidden), hidden
 
 
 def test_ddp_train_echo_args(solo, tmp_path, monkeypatch, capsys) -> None:
@@ -380,3 +445,4 @@ def test_dp_vs_ddp_tiny(tmp_path) -> None:
     assert any(line.startswith("DataParallel: ") and line.endswith(" samples/s") for line in lines), proc.stdout
     assert any(line.startswith("DDP (2 procs): ") and line.endswith(" samples/s") for line in lines)
     assert any(line.startswith("DDP/DataParallel speed-up: ") and line.endswith("x") for line in lines)
+    assert _numpy_hidden_at_exit(tmp_path, "dp_vs_ddp.py") == [True] * 3  # itself and its 2 DDP workers
