@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -36,6 +37,13 @@ def ticker(tmp_path) -> Path:
     src.mkdir()
     (src / "ticker.py").write_text(TICKER)
     return src / "ticker.py"
+
+
+def last_tick(node, run_id: str) -> int:
+    """The newest tick in the node's own log (the nodes share this filesystem), -1 before the first."""
+    log = Path(node.workdir) / "runs" / run_id / ".clusterddp" / "node.log"
+    ticks = re.findall(r"rank \d+ tick (\d+)", log.read_text()) if log.is_file() else []
+    return max(map(int, ticks), default=-1)
 
 
 def up_detached(inv, script, runs, *extra) -> str:
@@ -75,7 +83,10 @@ def test_job_survives_launcher_sigkill_and_can_be_stopped_later(bed, tmp_path, t
     run_id = run_id_of(lines[0])
     p.send_signal(signal.SIGKILL)  # the laptop closes
     p.wait(timeout=10)
-    time.sleep(2)
+    # The job carries on without its launcher: every node's log keeps growing (2 s of ticks).
+    at_kill = {n.name: last_tick(n, run_id) for n in bed.nodes}
+    assert eventually(lambda: all(last_tick(n, run_id) >= at_kill[n.name] + 8 for n in bed.nodes), 60), \
+        (at_kill, {n.name: last_tick(n, run_id) for n in bed.nodes})
     pids = job_pids(run_id)
     assert pids, "the job died with its launcher"
     for node in bed.nodes:

@@ -126,7 +126,8 @@ def test_one_rank_crashing_ends_the_whole_job(bed, tmp_path, job):
     no_leftovers(bed, run_id)
 
 
-def test_ctrl_c_ends_every_node(bed, tmp_path, job):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_or_sigterm_ends_every_node_then_exits_130(bed, tmp_path, job, sig):
     runs = tmp_path / "runs"
     p = cddp_popen("up", str(inv(bed, tmp_path)), str(job / "probe.py"), "--runs-dir", str(runs),
                    "-e", "CDDP_TEST_MODE=hang")
@@ -134,11 +135,15 @@ def test_ctrl_c_ends_every_node(bed, tmp_path, job):
         lines = wait_for_line(p, "rank 3 ready")
         run_id = run_id_of(lines[0])
         assert job_pids(run_id), "the job should be running now"
-        p.send_signal(signal.SIGINT)
-        assert p.wait(timeout=60) == 130
+        p.send_signal(sig)
+        rest = p.communicate(timeout=60)[0]
+        assert p.returncode == 130, "".join(lines) + rest
     finally:
         p.kill()
-    assert record(runs, run_id)["status"] == "stopped"
+    assert not job_pids(run_id), "up exited before the job had ended on every node"
+    assert "interrupted" in rest
+    rec = record(runs, run_id)
+    assert rec["status"] == "stopped" and rec["exit_code"] == 130, rec
     no_leftovers(bed, run_id)
 
 
