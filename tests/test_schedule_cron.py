@@ -225,7 +225,7 @@ def test_overlapping_run_is_skipped_and_recorded(crontab, work):
         release.touch()
         out, _ = first.communicate(timeout=120)
     assert first.returncode == 0, out
-    assert store.load(holder["run_id"])["status"] == "succeeded"
+    assert store.load(holder["run_id"]).status == "succeeded"
     log = (work / "runs" / "schedules" / "hold.log").read_text()
     assert log.count("schedule hold: skipped") == 1 and f"run {holder['run_id']} succeeded" in log
 
@@ -255,8 +255,8 @@ def test_cron_daemon_starts_a_scheduled_run(crontab, work):
         cddp("schedule", "remove", "every-minute", check_rc=0)  # no second run next minute
         done = eventually(lambda: store.last_run("every-minute")["status"] != "running", timeout=90, interval=1)
         rec = store.load(run["run_id"])
-        assert done and rec["status"] == "succeeded", rec
-        assert rec["schedule"] == "every-minute" and rec["launch_dir"] == str(work)
+        assert done and rec.status == "succeeded", rec
+        assert rec.schedule == "every-minute" and rec.launch_dir == str(work)
         log = (work / "runs" / "schedules" / "every-minute.log").read_text()
         assert f"run {run['run_id']} succeeded" in log and f"[local] cwd {work}" in log
     finally:
