@@ -6,50 +6,37 @@ settings and folders, so a run can be reached even if the inventory changed sinc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from . import plan as P
 from .artifacts import CollectResult, Progress, collect_nodes
 from .errors import HostError
-from .inventory import Host
-from .store import RunStore, utcnow
 from .fleet import fan_out
-from .inventory import DEFAULT_FANOUT
+from .inventory import Host
+from .record import NodeState, RunRecord, RunStatus, from_report
+from .store import RunStore, utcnow
 from .supervisor import parse_status
 from .transport import Transport
 from .transport import connect as default_connect
 
 
-def nodes_of(rec: dict) -> list[P.NodeLaunch]:
+def nodes_of(rec: RunRecord) -> list[P.NodeLaunch]:
     """The NodeLaunch of each node, rebuilt from a run record (no launch script: it already ran)."""
-    out = []
-    for n in rec["nodes"]:
-        s = dict(n["settings"])
-        s["env"], s["setup"] = tuple(s["env"].items()), tuple(s["setup"])
-        out.append(P.NodeLaunch(Host(**s), n["node_rank"], n["nproc"], n["run_dir"], n["control_dir"],
-                                n["marker"], (), (), ""))
-    return out
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    host: str
-    state: str                 # running | exited | lost (no process, no exit code) | missing | unreachable
-    exit_code: int | None = None
-    error: str | None = None
+    return [P.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
+            for n in rec.nodes]
 
 
 @dataclass
 class Session:
     """Connections to a run's nodes, opened in parallel; a host that cannot be reached is kept as an error."""
 
-    rec: dict
+    rec: RunRecord
     connect: Callable[[Host], Transport] = default_connect
 
     def __post_init__(self) -> None:
         self.nodes = nodes_of(self.rec)
-        res = fan_out(self.nodes, lambda n: self.connect(n.host))
+        res = fan_out(self.nodes, lambda n: self.connect(n.host), self.rec.fanout)
         self.transports: dict[str, Transport] = {n.host.name: r for n, r in zip(self.nodes, res)
                                                  if not isinstance(r, Exception)}
         self.errors: dict[str, str] = {n.host.name: str(r) for n, r in zip(self.nodes, res)
@@ -58,7 +45,8 @@ class Session:
     def each(self, fn: Callable[[P.NodeLaunch, Transport], object]) -> dict[str, object]:
         """Call ``fn(node, transport)`` on every reachable node in parallel; results or exceptions by host."""
         live = [n for n in self.nodes if n.host.name in self.transports]
-        return {n.host.name: r for n, r in zip(live, fan_out(live, lambda n: fn(n, self.transports[n.host.name])))}
+        return {n.host.name: r for n, r in zip(live, fan_out(live, lambda n: fn(n, self.transports[n.host.name]),
+                                                             self.rec.fanout))}
 
     def close(self) -> None:
         for t in self.transports.values():
@@ -71,58 +59,100 @@ class Session:
         self.close()
 
 
-def overall(rec: dict, nodes: list[NodeStatus]) -> tuple[str, str | None]:
-    """The run's status from its nodes' states: (status, failing host)."""
-    if rec["status"] == "stopped":
-        return "stopped", rec.get("failed_host")
-    bad = [n for n in nodes if n.state in ("exited", "lost", "missing") and n.exit_code != 0]
-    if any(n.state in ("running", "unreachable") for n in nodes):
-        return "running", (bad[0].host if bad else None)
+def overall(rec: RunRecord) -> tuple[RunStatus, str | None]:
+    """A running run's status from its nodes' states: (status, failing host)."""
+    bad = [n.host for n in rec.nodes if n.state.ended_badly()]
+    if any(not n.state.is_terminal() for n in rec.nodes):
+        return RunStatus.RUNNING, (bad[0] if bad else None)
     if bad:
-        return "failed", rec.get("failed_host") or bad[0].host
-    return "succeeded", None
+        return RunStatus.FAILED, rec.failed_host or bad[0]
+    return RunStatus.SUCCEEDED, None
 
 
-def status(store: RunStore, run_id: str, connect: Callable = default_connect) -> tuple[dict, list[NodeStatus]]:
-    """Ask every node (in parallel, bounded by its connect timeout) how its part is doing; update the store."""
-    rec = store.load(run_id)
-    with Session(rec, connect) as s:
-        def ask(n: P.NodeLaunch, t: Transport) -> NodeStatus:
-            kind, code = parse_status(t.run(P.status_command(n), timeout=n.host.connect_timeout).text)
-            return NodeStatus(n.host.name, kind, code)
+def status(store: RunStore, run_id: str, connect: Callable = default_connect) -> RunRecord:
+    """Ask every node (in parallel, bounded by its connect timeout) how its part is doing; record it."""
+    with Session(store.load(run_id), connect) as s:
+        def ask(n: P.NodeLaunch, t: Transport) -> tuple[str, int | None]:
+            return parse_status(t.run(P.status_command(n), timeout=n.host.connect_timeout).text)
         res = s.each(ask)
-    nodes = []
+    seen: dict[str, tuple[NodeState, int | None, str | None]] = {}
     for n in s.nodes:
         name = n.host.name
         r = res.get(name)
-        if isinstance(r, NodeStatus):
-            nodes.append(r)
+        if isinstance(r, tuple):
+            state, why = from_report(*r)
+            seen[name] = (state, r[1], why)
         else:
-            nodes.append(NodeStatus(name, "unreachable", None, s.errors.get(name) or str(r)))
-    patch = {ns.host: {"state": ns.state, "exit_code": ns.exit_code, "error": ns.error} for ns in nodes}
-    fields: dict = {}
-    if rec["status"] == "running":  # an ended run keeps its outcome, even if its nodes were cleaned since
-        st, failed = overall(rec, nodes)
-        fields = {"status": st, "failed_host": failed}
-        if st in ("succeeded", "failed"):
-            fields.update(ended_at=utcnow(), exit_code=0 if st == "succeeded" else 1)
-    rec = store.update(run_id, nodes=patch, **fields)
-    return rec, nodes
+            seen[name] = (NodeState.UNREACHABLE, None, s.errors.get(name) or str(r))
+
+    def looked(rec: RunRecord) -> RunRecord:
+        rec = rec.seen(seen)
+        if rec.status is not RunStatus.RUNNING:  # an ended run keeps its outcome
+            return rec
+        st, failed = overall(rec)
+        return replace(rec, status=st, failed_host=failed, ended_at=utcnow() if st.is_terminal() else rec.ended_at)
+    return store.update(run_id, looked)
+
+
+# What the node's teardown (plan.teardown_command) printed, as a note on how `stop` ended its job.
+_TEARDOWN = {"terminated": "ended by SIGTERM", "killed": "ended by SIGKILL after the grace period",
+             "clean": "nothing left to stop"}
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What `stop` did: the record after it, how each reachable node's job ended, what was collected."""
+
+    record: RunRecord
+    how: dict[str, str]
+    not_stopped: tuple[str, ...]   # hosts that may still run something of the run
+    collected: list[CollectResult]
 
 
 def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: Callable = default_connect,
-         progress: Progress | None = None) -> tuple[dict, dict[str, str], list[CollectResult]]:
-    """End the run's processes on every node (TERM, then KILL), mark it stopped, collect its logs."""
-    rec = store.load(run_id)
-    with Session(rec, connect) as s:
-        res = s.each(lambda n, t: t.run(P.teardown_command(n, grace), timeout=grace + 30).text.strip())
-        results = {h: (r if isinstance(r, str) else f"error: {r}") for h, r in res.items()}
-        results.update({h: f"unreachable: {e}" for h, e in s.errors.items()})
+         progress: Progress | None = None) -> Stopped:
+    """End the run's processes on every node (TERM, then KILL), mark it stopped, collect its logs.
+
+    Each node is asked for its status after the teardown, so its state (and the exit code the
+    signal left) is recorded in the words `status` uses.
+    """
+    with Session(store.load(run_id), connect) as s:
+        def end(n: P.NodeLaunch, t: Transport) -> tuple[str, str, int | None]:
+            said = t.run(P.teardown_command(n, grace), timeout=grace + 30).text.strip()
+            return (said, *parse_status(t.run(P.status_command(n), timeout=30).text))
+        res = s.each(end)
         collected = _collect(s, store, run_id, (), progress)
-    status_ = "stopped" if rec["status"] == "running" else rec["status"]
-    rec = store.update(run_id, status=status_, ended_at=rec.get("ended_at") or utcnow(),
-                       exit_code=rec.get("exit_code") if status_ != "stopped" else 130)
-    return rec, results, collected
+    seen: dict[str, tuple[NodeState, int | None, str | None]] = {}
+    how: dict[str, str] = {}
+    for host, r in res.items():
+        if not isinstance(r, tuple):
+            seen[host] = (NodeState.UNREACHABLE, None, f"teardown failed: {r}")
+            continue
+        said, kind, code = r
+        state, why = from_report(kind, code)
+        word, _, rest = said.partition(" ")
+        if word in ("terminated", "killed"):
+            state, why = NodeState.STOPPED, None
+        elif word == "survivors":
+            why = f"processes {rest} survived SIGKILL"
+        elif word != "clean":
+            why = f"the teardown printed {said!r}"
+        seen[host] = (state, code, why)
+        if word in _TEARDOWN and state.is_terminal():
+            how[host] = _TEARDOWN[word]
+    seen.update({h: (NodeState.UNREACHABLE, None, e) for h, e in s.errors.items()})
+    not_stopped = tuple(h for h in seen if h not in how)
+
+    def stopped(rec: RunRecord) -> RunRecord:
+        rec = rec.seen(seen)
+        if rec.status is RunStatus.RUNNING:
+            rec = replace(rec, status=RunStatus.STOPPED)
+        return replace(rec, ended_at=rec.ended_at or utcnow())
+    rec = store.update(run_id, stopped)
+    for h in not_stopped:
+        reason = seen[h][2]
+        how[h] = "not stopped" if rec.node(h).error == reason else f"not stopped: {reason}"
+    return Stopped(rec, how, not_stopped, collected)
 
 
 def collect(store: RunStore, run_id: str, connect: Callable = default_connect,
@@ -130,13 +160,13 @@ def collect(store: RunStore, run_id: str, connect: Callable = default_connect,
     """Bring back logs and the run's collect globs from every node, verified."""
     rec = store.load(run_id)
     with Session(rec, connect) as s:
-        return _collect(s, store, run_id, tuple(rec.get("collect") or ()), progress)
+        return _collect(s, store, run_id, rec.collect, progress)
 
 
 def _collect(s: Session, store: RunStore, run_id: str, globs: tuple[str, ...],
              progress: Progress | None) -> list[CollectResult]:
     pairs = [(s.transports[n.host.name], n) for n in s.nodes if n.host.name in s.transports]
-    out = collect_nodes(pairs, store, run_id, globs, int(s.rec.get("fanout") or DEFAULT_FANOUT), progress)
+    out = collect_nodes(pairs, store, run_id, globs, s.rec.fanout, progress)
     return out + [CollectResult(h, error=e) for h, e in s.errors.items()]
 
 
@@ -150,8 +180,7 @@ def node_logs(store: RunStore, run_id: str, hosts: list[str] | None, connect: Ca
     out: dict[str, tuple[bytes, str]] = {}
     with Session(rec, connect) as s:
         res = s.each(lambda n, t: t.run(P.node_log_command(n), timeout=120))
-    for n in rec["nodes"]:
-        h = n["host"]
+    for h in rec.hosts:
         if hosts and h not in hosts:
             continue
         r = res.get(h)

@@ -10,7 +10,7 @@ import io
 import os
 import sys
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -18,9 +18,10 @@ from . import inventory as inv_mod
 from . import plan as P
 from .artifacts import CollectResult, collect_nodes
 from .errors import HostError, RunFailed, UsageError
-from .store import RunStore, host_record, new_run_id, utcnow
+from .record import NodeRecord, NodeState, RunRecord, RunStatus
+from .store import RunStore, new_run_id, utcnow
 from .fleet import Fleet
-from .supervisor import NodeState, RunOutcome, Supervisor
+from .supervisor import RunOutcome, Supervisor
 
 SKIP_DIRS = {".git", "__pycache__", ".clusterddp", ".pytest_cache", ".mypy_cache", ".venv"}
 
@@ -83,24 +84,23 @@ def source_tarball(source_dir: Path, runs_dir: Path) -> bytes:
     return buf.getvalue()
 
 
-def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> dict:
+def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> RunRecord:
     plan = prep.plan
-    return {
-        "run_id": plan.run_id, "name": plan.spec.name, "inventory": (
-            inventory_arg if inventory_arg == inv_mod.LOCAL else str(Path(inventory_arg).resolve())),
-        "script": plan.spec.script, "args": list(plan.spec.script_args), "status": "running",
-        "exit_code": None, "failed_host": None, "schedule": schedule, "local": plan.local,
-        "started_at": utcnow(), "ended_at": None, "launch_dir": os.getcwd(),
-        "master": {"addr": plan.master_addr, "port": plan.master_port}, "collect": list(plan.collect),
-        "nodes": [{"host": n.host.name, "address": n.host.address, "node_rank": n.node_rank,
-                   "nproc": n.nproc, "run_dir": n.run_dir, "control_dir": n.control_dir, "marker": n.marker,
-                   "state": NodeState.PENDING.value, "exit_code": None, "error": None,
-                   "settings": host_record(n.host)} for n in plan.nodes],
-    }
+    return RunRecord(
+        run_id=plan.run_id, name=plan.spec.name,
+        inventory=inventory_arg if inventory_arg == inv_mod.LOCAL else str(Path(inventory_arg).resolve()),
+        script=plan.spec.script, args=tuple(plan.spec.script_args), status=RunStatus.RUNNING, failed_host=None,
+        schedule=schedule, local=plan.local, started_at=utcnow(), ended_at=None, launch_dir=os.getcwd(),
+        master_addr=plan.master_addr, master_port=plan.master_port, collect=tuple(plan.collect),
+        fanout=plan.inventory.fanout,
+        nodes=tuple(NodeRecord(host=n.host.name, address=n.host.address, node_rank=n.node_rank, nproc=n.nproc,
+                               run_dir=n.run_dir, control_dir=n.control_dir, marker=n.marker, settings=n.host,
+                               state=NodeState.PENDING) for n in plan.nodes))
 
 
-def node_patch(sup: Supervisor) -> dict:
-    return {n.name: {"state": n.state.value, "exit_code": n.exit_code, "error": n.error} for n in sup.nodes}
+def node_states(sup: Supervisor) -> dict[str, tuple[NodeState, int | None, str | None]]:
+    """What the supervisor saw of each node, for :meth:`RunRecord.seen`."""
+    return {n.name: (n.state, n.exit_code, n.error) for n in sup.nodes}
 
 
 def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | None:
@@ -149,13 +149,13 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         try:
             sup.start()
         except HostError as e:
-            finish(store, run_id, sup, RunOutcome("failed", sup.outcomes(), e.host))
+            finish(store, run_id, sup, RunOutcome(RunStatus.FAILED, sup.outcomes(), e.host))
             raise
         except KeyboardInterrupt:  # Ctrl-C while nodes start: end what started, record the stop
             sup.teardown()
-            finish(store, run_id, sup, RunOutcome("stopped", sup.outcomes()))
+            finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
             raise
-        store.update(run_id, nodes=node_patch(sup))
+        store.update(run_id, lambda rec: rec.seen(node_states(sup)))
         if detach:
             return None
         try:
@@ -168,7 +168,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         store.close_logs()
         collect(sup, store, run_id, plan.collect, on_collect)
         status = finish(store, run_id, sup, outcome)
-        if status != "succeeded":
+        if status is not RunStatus.SUCCEEDED:
             raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status)
         return outcome
     finally:
@@ -187,12 +187,11 @@ def collect(sup: Supervisor, store: RunStore, run_id: str, globs: tuple[str, ...
     return results
 
 
-def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> str:
+def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> RunStatus:
     """Record how the run ended; return the status recorded."""
-    rec = store.load(run_id)
-    if rec["status"] == "stopped":  # `clusterddp stop` from another terminal: a stop, not a failure
-        store.update(run_id, nodes=node_patch(sup), ended_at=rec.get("ended_at") or utcnow())
-        return "stopped"
-    store.update(run_id, status=outcome.status, exit_code=outcome.exit_code, failed_host=outcome.first_failed,
-                 ended_at=utcnow(), nodes=node_patch(sup))
-    return outcome.status
+    def ended(rec: RunRecord) -> RunRecord:
+        rec = rec.seen(node_states(sup))
+        if rec.status is RunStatus.STOPPED:  # `clusterddp stop` from another terminal: a stop, not a failure
+            return replace(rec, ended_at=rec.ended_at or utcnow())
+        return replace(rec, status=outcome.status, failed_host=outcome.first_failed, ended_at=utcnow())
+    return store.update(run_id, ended).status

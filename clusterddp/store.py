@@ -1,13 +1,12 @@
 """The run store: the only writer of ``<runs-dir>/<run_id>/`` and ``<runs-dir>/runs.db``.
 
-``run.json`` is the full record of a run (enough to reconnect to its nodes later without
-the inventory); ``runs.db`` (SQLite, WAL) indexes every run for listing and is kept in step
+``run.json`` is the full record of a run (a :class:`~clusterddp.record.RunRecord`: enough to
+reconnect to its nodes later without the inventory); ``runs.db`` (SQLite, WAL) indexes every run for listing and is kept in step
 with each ``run.json``. Several launchers (a cron run and a person) may write at once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import os
@@ -17,9 +16,10 @@ import threading
 from contextlib import closing
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import RunNotFound, UsageError
+from .record import RecordError, RunRecord
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -67,7 +67,7 @@ class RunStore:
 
     def _index(self, rec: dict) -> None:
         row = {k: rec.get(k) for k in _COLUMNS}
-        row["hosts"] = ",".join(n["host"] for n in rec.get("nodes", []))
+        row["hosts"] = ",".join(n["host"] for n in rec["nodes"])
         with closing(self._db()) as con:
             con.execute(f"INSERT OR REPLACE INTO runs ({','.join(_COLUMNS)}) "
                         f"VALUES ({','.join('?' * len(_COLUMNS))})", [row[k] for k in _COLUMNS])
@@ -76,9 +76,12 @@ class RunStore:
     def run_dir(self, run_id: str) -> Path:
         return self.root / run_id
 
-    def create(self, record: dict) -> dict:
+    def record_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "run.json"
+
+    def create(self, record: RunRecord) -> RunRecord:
         """Create the run folder and its first ``run.json``; index it."""
-        d = self.run_dir(record["run_id"])
+        d = self.run_dir(record.run_id)
         try:
             (d / "logs").mkdir(parents=True, exist_ok=False)
         except OSError as e:
@@ -87,38 +90,43 @@ class RunStore:
         self._write(record)
         return record
 
-    def _write(self, rec: dict) -> None:
-        path = self.run_dir(rec["run_id"]) / "run.json"
+    def _write(self, record: RunRecord) -> None:
+        rec = record.to_json()
+        path = self.record_path(record.run_id)
         tmp = path.with_suffix(f".json.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         os.replace(tmp, path)
         self._index(rec)
 
-    def update(self, run_id: str, **fields: Any) -> dict:
-        """Merge ``fields`` into run.json (``nodes`` may be a {host: {...}} patch) and re-index.
+    def update(self, run_id: str, change: Callable[[RunRecord], RunRecord]) -> RunRecord:
+        """Replace run.json with ``change(record)`` and re-index; return the new record.
 
-        Read-merge-write runs under a file lock, so an attached `up` and a `stop` or `status`
-        in another process never lose each other's update.
+        Read-change-write runs under a file lock, so an attached `up` and a `stop` or `status`
+        in another process never lose each other's update: ``change`` gets the record as it is
+        on disk now, and should decide from that (it may run while another process waits).
         """
-        self.load(run_id)  # a clear RunNotFound before any lock file is made
+        self.load(run_id)  # a clear RunNotFound (or RecordError) before any lock file is made
         with self._lock, open(self.run_dir(run_id) / ".run.json.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            rec = self.load(run_id)
-            patch = fields.pop("nodes", None)
-            rec.update(fields)
-            if patch:
-                for n in rec["nodes"]:
-                    n.update(patch.get(n["host"], {}))
-            self._write(rec)
-            return rec
+            new = change(self.load(run_id))
+            if new.run_id != run_id:
+                raise ValueError(f"an update of run {run_id} returned run {new.run_id}")
+            self._write(new)
+            return new
 
-    def load(self, run_id: str) -> dict:
-        path = self.run_dir(run_id) / "run.json"
+    def load(self, run_id: str) -> RunRecord:
+        """The run's record; :class:`RunNotFound` if there is none, :class:`RecordError` if it is damaged."""
+        path = self.record_path(run_id)
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise RunNotFound(f"no run {run_id!r} in {self.root}",
                               "list runs with `clusterddp runs`, or pass --runs-dir") from None
+        except UnicodeDecodeError as e:
+            raise RecordError(str(path), None, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except json.JSONDecodeError as e:
+            raise RecordError(str(path), None, f"not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
+        return RunRecord.from_json(data, str(path))
 
     def resolve(self, prefix: str) -> str:
         """The run id that ``prefix`` names uniquely."""
@@ -207,10 +215,3 @@ class RunStore:
 def glob_escape(s: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in s)
 
-
-def host_record(host: Any) -> dict:
-    """A JSON-able copy of an inventory Host."""
-    d = dataclasses.asdict(host)
-    d["env"] = dict(d["env"])
-    d["setup"] = list(d["setup"])
-    return d

@@ -1,6 +1,6 @@
 """Start a plan on its nodes, watch them, fail fast, tear down.
 
-Each node moves through :class:`NodeState`::
+Each node moves through :class:`~clusterddp.record.NodeState`::
 
     PENDING -> STARTING -> RUNNING -> SUCCEEDED | FAILED | LOST
                                    \\-> STOPPED (teardown after another node failed, or Ctrl-C)
@@ -13,7 +13,6 @@ command reconnects through the run record.
 
 from __future__ import annotations
 
-import enum
 import queue
 import time
 from dataclasses import dataclass, field
@@ -23,18 +22,9 @@ from typing import Callable
 from . import plan as P
 from .errors import HostError, NodeOutcome
 from .fleet import fan_out  # the one parallel layer
+from .record import NodeState, RunStatus, from_report
 from .transport import Transport
 from .transport import connect as default_connect
-
-
-class NodeState(enum.Enum):
-    PENDING = "pending"
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    LOST = "lost"
-    STOPPED = "stopped"
 
 
 ACTIVE = (NodeState.STARTING, NodeState.RUNNING)
@@ -56,19 +46,24 @@ class Node:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """How a run ended: ``succeeded``, ``failed`` or ``stopped``, with every node's outcome."""
+    """How a run ended (a terminal :class:`RunStatus`), with every node's outcome."""
 
-    status: str
+    status: RunStatus
     nodes: tuple[NodeOutcome, ...]
     first_failed: str | None = None
 
     @property
     def exit_code(self) -> int:
-        return {"succeeded": 0, "failed": 1}.get(self.status, 130)
+        code = self.status.exit_code
+        assert code is not None, "a run outcome is never `running`"
+        return code
 
 
 def parse_status(text: str) -> tuple[str, int | None]:
-    """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``, exit code)."""
+    """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``, exit code).
+
+    :func:`clusterddp.record.from_report` says which :class:`NodeState` that is.
+    """
     word, _, rest = text.strip().partition(" ")
     if word == "exit":
         try:
@@ -170,22 +165,20 @@ class Supervisor:
                 if node.state not in ACTIVE:
                     continue
                 node.exit_code, node.error = code, error
-                if code == 0:
-                    self._set(node, NodeState.SUCCEEDED)
-                else:
-                    self._set(node, NodeState.FAILED if code is not None else NodeState.LOST)
+                self._set(node, NodeState.of_exit_code(code))
+                if node.state is not NodeState.SUCCEEDED:
                     first_failed = name
                     break
         except KeyboardInterrupt:
             self.teardown()
-            self.outcome = self._outcome("stopped", None)
+            self.outcome = self._outcome(RunStatus.STOPPED, None)
             raise
         if first_failed:
             self.teardown()
-            self.outcome = self._outcome("failed", first_failed)
+            self.outcome = self._outcome(RunStatus.FAILED, first_failed)
         else:
             self._join()
-            self.outcome = self._outcome("succeeded", None)
+            self.outcome = self._outcome(RunStatus.SUCCEEDED, None)
         return self.outcome
 
     def _node(self, name: str) -> Node:
@@ -200,10 +193,11 @@ class Supervisor:
         try:
             t.stream(P.follow_command(n), lambda b: self.on_output(node.name, b))
             kind, code = parse_status(t.run(P.status_command(n), timeout=60).text)
-            if kind == "running":  # the follower ended early (e.g. log rotated); count it as lost
+            state, why = from_report(kind, code)
+            if state is NodeState.RUNNING:  # the follower ended early (e.g. log rotated); count it as lost
                 self._events.put((node.name, None, "log stream ended while the job still runs"))
             else:
-                self._events.put((node.name, code, None if code is not None else f"job {kind}: no exit code"))
+                self._events.put((node.name, code, why))
         except HostError as e:
             self._events.put((node.name, None, str(e)))
         except Exception as e:  # noqa: BLE001 - e.g. the log disk is full: the run must not wait forever
@@ -260,5 +254,5 @@ class Supervisor:
         """Every node's outcome so far."""
         return tuple(NodeOutcome(n.name, n.launch.node_rank, n.exit_code, n.error) for n in self.nodes)
 
-    def _outcome(self, status: str, first_failed: str | None) -> RunOutcome:
+    def _outcome(self, status: RunStatus, first_failed: str | None) -> RunOutcome:
         return RunOutcome(status, self.outcomes(), first_failed)

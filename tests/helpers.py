@@ -87,3 +87,23 @@ def eventually(fn, timeout: float = 10.0, interval: float = 0.2):
         if v or time.monotonic() > deadline:
             return v
         time.sleep(interval)
+
+
+def make_record(run_id: str, hosts: tuple[str, ...] = ("a", "b"), **fields):
+    """A RunRecord for tests of the store and of what reads it; ``fields`` override the run's fields."""
+    from dataclasses import replace
+
+    from clusterddp.inventory import Host
+    from clusterddp.record import NodeRecord, RunRecord, RunStatus
+    nodes = tuple(NodeRecord(host=h, address=f"10.0.0.{i + 1}", node_rank=i, nproc=1, run_dir=f"/w/runs/{run_id}",
+                             control_dir=f"/w/runs/{run_id}/.clusterddp", marker=f"{run_id}/{h}",
+                             settings=Host(name=h, address=f"10.0.0.{i + 1}", user="me", port=None,
+                                           identity_file=None, known_hosts="~/.ssh/known_hosts",
+                                           host_key_policy="strict", gpus=1, python="python3", workdir="/w",
+                                           env=(), setup=(), connect_timeout=10.0))
+                  for i, h in enumerate(hosts))
+    rec = RunRecord(run_id=run_id, name=None, inventory="/w/inv.yaml", script="t.py", args=(),
+                    status=RunStatus.RUNNING, failed_host=None, schedule=None, local=False,
+                    started_at="2026-11-29T10:00:00+00:00", ended_at=None, launch_dir="/w", master_addr="10.0.0.1",
+                    master_port=29500, collect=(), nodes=nodes)
+    return replace(rec, **fields)

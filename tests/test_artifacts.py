@@ -20,6 +20,7 @@ from clusterddp import plan as P
 from clusterddp.artifacts import collect_node
 from clusterddp.store import RunStore
 from clusterddp.transport.local import LocalTransport
+from helpers import make_record
 
 RUN_ID = "20261129-120000-abcd"
 
@@ -43,7 +44,7 @@ def setup(tmp_path, node_dir):
     node = P.build_plan(inv, P.RunSpec("t.py"), RUN_ID, local_run_dir=str(node_dir),
                         local_control_dir=str(node_dir / ".clusterddp")).nodes[0]
     store = RunStore(tmp_path / "runs")
-    store.create({"run_id": RUN_ID, "nodes": [], "status": "running"})
+    store.create(make_record(RUN_ID, ()))
     return node, store
 
 

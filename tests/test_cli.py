@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,21 @@ def test_an_empty_hosts_list_and_an_unwritable_runs_dir_are_bad_input(tmp_path, 
     (tmp_path / "afile").write_text("not a folder")
     r = cddp("up", "local", "t.py", "--runs-dir", "afile", cwd=tmp_path)
     assert r.returncode == 2 and "cannot create the run folder" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_damaged_run_record_exits_2_naming_file_and_field(tmp_path):
+    runs = tmp_path / "runs"
+    run_id = "20261129-181500-3f9a"
+    (runs / run_id).mkdir(parents=True)
+    rec = json.loads((REPO / "tests" / "fixtures" / "run-v0-ssh-status.json").read_text())
+    rec["nodes"][1]["node_rank"] = "one"
+    (runs / run_id / "run.json").write_text(json.dumps(rec))
+    for cmd in ("status", "stop", "logs", "collect"):
+        r = cddp(cmd, run_id[:10], "--runs-dir", str(runs), timeout=60)
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        assert f"{runs / run_id / 'run.json'}: nodes[1].node_rank: must be an integer, not a string 'one'" \
+            in r.stderr, (cmd, r.stderr)
+        assert "Traceback" not in r.stderr + r.stdout
+    (runs / run_id / "run.json").write_text("{not json")
+    r = cddp("status", run_id, "--runs-dir", str(runs), timeout=60)
+    assert r.returncode == 2 and "run.json: not valid JSON" in r.stderr and "Traceback" not in r.stderr

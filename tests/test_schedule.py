@@ -20,7 +20,9 @@ import pytest
 from clusterddp import schedule as S
 from clusterddp.errors import UsageError
 from clusterddp.plan import RunSpec
+from clusterddp.record import RunStatus
 from clusterddp.store import RunStore
+from helpers import make_record
 
 NOW = datetime(2026, 11, 29, 18, 15, tzinfo=timezone.utc)
 
@@ -277,7 +279,7 @@ def test_store_last_run_and_skips(tmp_path):
     assert not (tmp_path / "runs").exists()  # reading creates nothing
     for rid, started, sched in [("r1", "2026-11-29T01:00:00+00:00", "n"), ("r2", "2026-11-29T02:00:00+00:00", "n"),
                                 ("r3", "2026-11-29T03:00:00+00:00", "other"), ("r4", "2026-11-29T04:00:00+00:00", None)]:
-        store.create({"run_id": rid, "status": "succeeded", "started_at": started, "schedule": sched, "nodes": []})
+        store.create(make_record(rid, (), status=RunStatus.SUCCEEDED, started_at=started, schedule=sched))
     assert store.last_run("n")["run_id"] == "r2" and store.last_run("zzz") is None
     store.record_skip("n", "busy", holder="r2")
     store.record_skip("n", "busy again")

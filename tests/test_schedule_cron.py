@@ -228,7 +228,7 @@ def test_overlapping_run_is_skipped_and_recorded(crontab, work):
         release.touch()
         out, _ = first.communicate(timeout=120)
     assert first.returncode == 0, out
-    assert store.load(holder["run_id"])["status"] == "succeeded"
+    assert store.load(holder["run_id"]).status == "succeeded"
     log = (work / "runs" / "schedules" / "hold.log").read_text()
     assert log.count("schedule hold: skipped") == 1 and f"run {holder['run_id']} succeeded" in log
 
@@ -282,8 +282,8 @@ def test_cron_daemon_runs_a_schedule_with_hostile_words_byte_for_byte(crontab, t
         done = eventually(lambda: store.last_run("every-minute")["status"] != "running", timeout=90, interval=1)
         rec = store.load(run["run_id"])
         log = (work / "runs" / "schedules" / "every-minute.log").read_text()
-        assert done and rec["status"] == "succeeded", f"{rec}\n{log}"
-        assert rec["schedule"] == "every-minute" and rec["launch_dir"] == str(work)
+        assert done and rec.status == "succeeded", f"{rec}\n{log}"
+        assert rec.schedule == "every-minute" and rec.launch_dir == str(work)
         assert f"run {run['run_id']} succeeded" in log
         seen = json.loads((work / "seen.json").read_text())
         assert [bytes.fromhex(a) for a in seen["argv"]] == [w.encode() for w in HOSTILE]

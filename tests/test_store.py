@@ -5,17 +5,15 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import re
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import pytest
 
 from clusterddp.errors import RunNotFound
+from clusterddp.record import NodeState, RunStatus
 from clusterddp.store import RunStore, new_run_id
-
-
-def rec(run_id: str, **kw) -> dict:
-    return {"run_id": run_id, "name": None, "status": "running", "started_at": "2026-11-29T10:00:00+00:00",
-            "nodes": [{"host": "a"}, {"host": "b"}], **kw}
+from helpers import make_record as rec
 
 
 def test_run_ids_sort_by_time_and_are_folder_safe():
@@ -29,9 +27,10 @@ def test_create_update_list_and_resolve(tmp_path):
     s = RunStore(tmp_path)
     s.create(rec("20261129-100000-aaaa"))
     s.create(rec("20261129-110000-bbbb", started_at="2026-11-29T11:00:00+00:00"))
-    s.update("20261129-100000-aaaa", status="failed", failed_host="b", nodes={"b": {"exit_code": 3}})
+    s.update("20261129-100000-aaaa", lambda r: replace(r.seen({"b": (NodeState.FAILED, 3, None)}),
+                                                        status=RunStatus.FAILED, failed_host="b"))
     on_disk = json.loads((tmp_path / "20261129-100000-aaaa" / "run.json").read_text())
-    assert on_disk["status"] == "failed" and on_disk["nodes"][1]["exit_code"] == 3
+    assert on_disk["status"] == "failed" and on_disk["nodes"][1]["exit_code"] == 3 and on_disk["exit_code"] == 1
     rows = s.list()
     assert [r["run_id"] for r in rows] == ["20261129-110000-bbbb", "20261129-100000-aaaa"]
     assert rows[1]["status"] == "failed" and rows[1]["hosts"] == "a,b"
@@ -54,7 +53,7 @@ def _writer(root: str, tag: str, n: int) -> None:
     for i in range(n):
         rid = f"20261129-1200{i:02d}-{tag}"
         s.create(rec(rid))
-        s.update(rid, status="succeeded", exit_code=0)
+        s.update(rid, lambda r: replace(r, status=RunStatus.SUCCEEDED))
 
 
 def test_two_launchers_writing_at_once_lose_nothing(tmp_path):
@@ -75,8 +74,11 @@ def _patcher(root: str, run_id: str, host: str, n: int, start_at: float) -> None
     import time
     s = RunStore(root)
     time.sleep(max(0.0, start_at - time.time()))  # both processes start writing together
-    for i in range(n):
-        s.update(run_id, nodes={host: {f"k{i}": i}})  # a lost update would drop a key for good
+    def bump(r):  # a counter in the node's exit code: a lost update leaves it short for good
+        return replace(r, nodes=tuple(replace(x, exit_code=(x.exit_code or 0) + 1) if x.host == host else x
+                                      for x in r.nodes))
+    for _ in range(n):
+        s.update(run_id, bump)
 
 
 def test_two_processes_updating_one_run_lose_no_update(tmp_path):
@@ -91,6 +93,5 @@ def test_two_processes_updating_one_run_lose_no_update(tmp_path):
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    nodes = RunStore(tmp_path).load("20261129-130000-cccc")["nodes"]
-    for n in nodes:
-        assert sum(k.startswith("k") for k in n) == 150, f"{n['host']} lost updates"
+    for n in RunStore(tmp_path).load("20261129-130000-cccc").nodes:
+        assert n.exit_code == 150, f"{n.host} lost updates"

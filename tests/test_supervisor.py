@@ -20,6 +20,7 @@ import pytest
 
 from clusterddp import inventory, plan
 from clusterddp.errors import HostError
+from clusterddp.store import new_run_id
 from clusterddp.supervisor import NodeState, Supervisor, parse_status
 from clusterddp.transport import connect
 
@@ -45,7 +46,9 @@ def make_plan(tmp_path: Path, modes: dict[str, str]) -> plan.LaunchPlan:
                 env=(("MODE", mode),))
         for name, mode in modes.items())
     inv = inventory.Inventory("t", "t", hosts, inventory.Master(hosts[0].name, "127.0.0.1", 29500))
-    return plan.build_plan(inv, plan.RunSpec("t.py"), "20261129-000000-test")
+    # A fresh run id: teardown ends processes by their run marker machine-wide, so a fixed id
+    # would let another test session on this machine end this one's jobs (and the reverse).
+    return plan.build_plan(inv, plan.RunSpec("t.py"), new_run_id())
 
 
 def job_pids(p: plan.LaunchPlan) -> list[str]:
@@ -72,7 +75,7 @@ def test_all_nodes_succeed(tmp_path):
     assert [n.exit_code for n in out.nodes] == [0, 0]
     text = b"".join(b for h, b in lines if h == "b").decode()
     assert "hello from b rank 1" in text
-    assert (tmp_path / "b/runs/20261129-000000-test/.clusterddp/exit_code").read_text().strip() == "0"
+    assert (tmp_path / f"b/runs/{p.run_id}/.clusterddp/exit_code").read_text().strip() == "0"
 
 
 def test_first_failure_ends_every_other_node(tmp_path):

@@ -6,11 +6,14 @@ import json
 import sys
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
 from .common import RUNS_DIR, PrefixPrinter, err, handle_errors, is_tty
+
+if TYPE_CHECKING:
+    from ..record import NodeRecord
 
 RUN = typer.Argument(..., help="A run id, or a unique prefix of one.")
 
@@ -18,6 +21,12 @@ RUN = typer.Argument(..., help="A run id, or a unique prefix of one.")
 def _store(runs_dir: str):
     from ..store import RunStore
     return RunStore(runs_dir)
+
+
+def _node_line(n: NodeRecord) -> str:
+    """One node of a run record, as `status` and `stop` both print it."""
+    code = "" if n.exit_code is None else f" exit {n.exit_code}"
+    return f"  {n.host}: {n.state}{code}" + (f" - {n.error}" if n.error else "")
 
 
 def _duration(row: dict) -> str:
@@ -54,16 +63,16 @@ def runs(runs_dir: str = RUNS_DIR, as_json: bool = typer.Option(False, "--json",
 def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     """Ask every node whether its part of RUN still runs; update the run record."""
     from .. import control
+    from ..record import RunStatus
     store = _store(runs_dir)
     run_id = store.resolve(run)
-    rec, nodes = control.status(store, run_id)
-    print(f"run {run_id}: {rec['status']}" + (f" (failed first: {rec['failed_host']})"
-                                             if rec["status"] == "failed" and rec["failed_host"] else ""))
-    for n in nodes:
-        code = "" if n.exit_code is None else f" exit {n.exit_code}"
-        print(f"  {n.host}: {n.state}{code}" + (f" - {n.error}" if n.error else ""))
-    bad = [n.host for n in nodes if n.state in ("exited", "lost", "missing") and n.exit_code != 0]
-    if rec["status"] == "running" and bad:
+    rec = control.status(store, run_id)
+    print(f"run {run_id}: {rec.status}" + (f" (failed first: {rec.failed_host})"
+                                          if rec.status is RunStatus.FAILED and rec.failed_host else ""))
+    for n in rec.nodes:
+        print(_node_line(n))
+    bad = [n.host for n in rec.nodes if n.state.ended_badly()]
+    if rec.status is RunStatus.RUNNING and bad:
         print(f"warning: {', '.join(bad)} ended badly while other nodes still run; "
               f"stop the run with `clusterddp stop {run_id}`")
 
@@ -76,10 +85,11 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
          ) -> None:
     """Print RUN's node logs with host prefixes: from the nodes when reachable, else the local copies."""
     from .. import control
+    from ..record import RunStatus
     store = _store(runs_dir)
     run_id = store.resolve(run)
     rec = store.load(run_id)
-    names = [n["host"] for n in rec["nodes"]]
+    names = rec.hosts
     unknown = [h for h in host or [] if h not in names]
     if unknown:
         from ..errors import UsageError
@@ -96,7 +106,7 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
         if tail == 0:
             shown = []
         printer(h, b"".join(line + b"\n" for line in shown))
-    if follow and rec["status"] == "running":
+    if follow and rec.status is RunStatus.RUNNING:
         control.follow(store, run_id, printer, host, from_lines)
         printer.flush()
 
@@ -142,13 +152,11 @@ def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
     from .. import control
     store = _store(runs_dir)
     run_id = store.resolve(run)
-    rec, results, collected = control.stop(store, run_id, grace)
-    print(f"run {run_id}: {rec['status']}")
-    unreachable = 0
-    for h, what in results.items():
-        print(f"  {h}: {what}")
-        unreachable += what.startswith(("unreachable", "error", "survivors"))
-    if unreachable:
+    done = control.stop(store, run_id, grace)
+    print(f"run {run_id}: {done.record.status}")
+    for n in done.record.nodes:
+        print(_node_line(n) + (f" ({done.how[n.host]})" if n.host in done.how else ""))
+    if done.not_stopped:
         err("some nodes could not be stopped; run `clusterddp stop` again once they answer")
         raise typer.Exit(1)
 

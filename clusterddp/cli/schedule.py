@@ -175,11 +175,12 @@ def _copy_new(log: str | None, pos: int) -> int:
 def skipped(name: str = typer.Argument(...), runs_dir: str = RUNS_DIR) -> None:
     """Called by a schedule's entry when the previous run still holds the lock: record the skip."""
     from .. import schedule as S
+    from ..record import RunStatus
     from ..store import RunStore
 
     store = RunStore(runs_dir)
     last = store.last_run(S.check_name(name))
-    holder = last["run_id"] if last and last["status"] == "running" else None
+    holder = last["run_id"] if last and last["status"] == RunStatus.RUNNING else None
     reason = (f"the previous run{' ' + holder if holder else ''} still holds "
               f"{S.lock_path(str(store.root), name)}")
     rec = store.record_skip(name, reason, holder)

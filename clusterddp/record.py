@@ -1,0 +1,365 @@
+"""The run record (``run.json``) as typed, frozen data, and the one vocabulary of run and node states.
+
+Every module that writes, compares or prints a state uses :class:`RunStatus` and :class:`NodeState`;
+every read of ``run.json`` goes through :meth:`RunRecord.from_json`, which also reads records written
+before this module existed (schema 0: no ``schema``, no ``fanout``; node states ``exited``, ``missing``
+and ``unreachable`` written by ``clusterddp status``). Pure data: no files, no network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from .errors import UsageError
+from .inventory import DEFAULT_FANOUT, Host
+
+SCHEMA = 1  # 0: records written before the schema field (read as well)
+
+
+class _Words(str, enum.Enum):
+    """A str enum that prints as its word, on every Python version we support."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class RunStatus(_Words):
+    """How a run stands. The exit code of `up` (and of the run record) follows from it."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    def is_terminal(self) -> bool:
+        return self is not RunStatus.RUNNING
+
+    @property
+    def exit_code(self) -> int | None:
+        """0 succeeded, 1 failed, 130 stopped (as for Ctrl-C); None while running."""
+        return _EXIT_CODES.get(self)
+
+
+_EXIT_CODES = {RunStatus.SUCCEEDED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 130}
+
+
+class NodeState(_Words):
+    """How one node's part of a run stands, as `up`, `status` and `stop` record and print it.
+
+    ``PENDING -> STARTING -> RUNNING -> SUCCEEDED | FAILED | LOST``; ``STOPPED`` when a teardown ended
+    it (another node failed, Ctrl-C, `clusterddp stop`); ``UNREACHABLE`` when the last look could not
+    reach the node (its job may still run).
+    """
+
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"   # exit code 0
+    FAILED = "failed"         # a non-zero exit code, or it could not be started
+    LOST = "lost"             # ended with no exit code known (killed, folder gone, stopped answering)
+    STOPPED = "stopped"
+    UNREACHABLE = "unreachable"
+
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    def ended_badly(self) -> bool:
+        return self.is_terminal() and self is not NodeState.SUCCEEDED
+
+    @classmethod
+    def of_exit_code(cls, code: int | None) -> NodeState:
+        """A job that ended with ``code`` (None: no exit code was recorded)."""
+        if code is None:
+            return cls.LOST
+        return cls.SUCCEEDED if code == 0 else cls.FAILED
+
+
+_TERMINAL = frozenset({NodeState.SUCCEEDED, NodeState.FAILED, NodeState.LOST, NodeState.STOPPED})
+# What a status report without an exit code means, for the record's `error`.
+_NO_CODE = {"lost": "no process and no exit code", "missing": "no run folder on the node",
+            "exited": "the exit code file is unreadable"}
+
+
+def from_report(kind: str, exit_code: int | None) -> tuple[NodeState, str | None]:
+    """The state a node's status report means (``plan.status_command``'s line, as ``supervisor.parse_status``
+    reads it: ``running``, ``exited`` + code, ``lost``, ``missing``), and why when no exit code says it."""
+    if kind == "running":
+        return NodeState.RUNNING, None
+    state = NodeState.of_exit_code(exit_code if kind == "exited" else None)
+    return state, (_NO_CODE.get(kind, f"unexpected status report {kind!r}") if state is NodeState.LOST else None)
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node of a recorded run: where it is (the Host settings it ran with) and how it stands."""
+
+    host: str
+    address: str
+    node_rank: int
+    nproc: int | str           # a count, or "auto" (probed on the node)
+    run_dir: str
+    control_dir: str
+    marker: str
+    settings: Host
+    state: NodeState = NodeState.PENDING
+    exit_code: int | None = None
+    error: str | None = None
+
+    def seen(self, state: NodeState, exit_code: int | None = None, error: str | None = None) -> NodeRecord:
+        """This node after being seen in ``state``: the one rule for every writer (`up`, `status`, `stop`).
+
+        A node recorded as stopped stays stopped once seen ended (its SIGTERM exit code is not a failure
+        of its own); a node with a recorded outcome keeps it when it can no longer be seen (its run folder
+        cleaned up, its host down). Otherwise what was seen wins.
+        """
+        if self.state is NodeState.STOPPED and state.is_terminal():
+            return replace(self, exit_code=exit_code if exit_code is not None else self.exit_code)
+        if self.state.is_terminal() and state in (NodeState.LOST, NodeState.UNREACHABLE):
+            return self
+        return replace(self, state=state, exit_code=exit_code, error=error)
+
+    def to_json(self) -> dict[str, Any]:
+        settings = dataclasses.asdict(self.settings)
+        settings["env"], settings["setup"] = dict(self.settings.env), list(self.settings.setup)
+        return {"host": self.host, "address": self.address, "node_rank": self.node_rank, "nproc": self.nproc,
+                "run_dir": self.run_dir, "control_dir": self.control_dir, "marker": self.marker,
+                "state": self.state.value, "exit_code": self.exit_code, "error": self.error, "settings": settings}
+
+    @classmethod
+    def from_json(cls, data: Any, path: str, where: str) -> NodeRecord:
+        r = _Reader(data, path, where)
+        exit_code, error, word = r.get("exit_code", int | None), r.get("error", str | None), r.get("state", str)
+        if word == "missing" and error is None:  # schema 0's word: keep what it meant
+            error = _NO_CODE["missing"]
+        return cls(host=r.get("host", str), address=r.get("address", str), node_rank=r.get("node_rank", int),
+                   nproc=r.get("nproc", int | str), run_dir=r.get("run_dir", str), control_dir=r.get("control_dir", str),
+                   marker=r.get("marker", str), settings=_host(r.get("settings", dict), path, f"{where}.settings"),
+                   state=_node_state(word, exit_code, path, f"{where}.state"), exit_code=exit_code, error=error)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything known about one run: enough to reach its nodes again without the inventory."""
+
+    run_id: str
+    name: str | None
+    inventory: str             # the inventory's absolute path, or "local"
+    script: str
+    args: tuple[str, ...]
+    status: RunStatus
+    failed_host: str | None
+    schedule: str | None       # the schedule that started it
+    local: bool
+    started_at: str
+    ended_at: str | None
+    launch_dir: str
+    master_addr: str
+    master_port: int
+    collect: tuple[str, ...]
+    nodes: tuple[NodeRecord, ...]
+    fanout: int = DEFAULT_FANOUT   # hosts contacted at once by status, stop, logs and collect
+    schema: int = SCHEMA
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.status.exit_code
+
+    @property
+    def hosts(self) -> list[str]:
+        return [n.host for n in self.nodes]
+
+    def node(self, host: str) -> NodeRecord:
+        return next(n for n in self.nodes if n.host == host)
+
+    def seen(self, states: Mapping[str, tuple[NodeState, int | None, str | None]]) -> RunRecord:
+        """The record after its nodes were seen: ``{host: (state, exit code, error)}``, by :meth:`NodeRecord.seen`."""
+        return replace(self, nodes=tuple(n.seen(*states[n.host]) if n.host in states else n for n in self.nodes))
+
+    def to_json(self) -> dict[str, Any]:
+        """run.json's content; its keys are read by people and scripts: keep them."""
+        return {"schema": SCHEMA, "run_id": self.run_id, "name": self.name, "inventory": self.inventory,
+                "script": self.script, "args": list(self.args), "status": self.status.value,
+                "exit_code": self.exit_code, "failed_host": self.failed_host, "schedule": self.schedule,
+                "local": self.local, "started_at": self.started_at, "ended_at": self.ended_at,
+                "launch_dir": self.launch_dir, "master": {"addr": self.master_addr, "port": self.master_port},
+                "collect": list(self.collect), "fanout": self.fanout,
+                "nodes": [n.to_json() for n in self.nodes]}
+
+    @classmethod
+    def from_json(cls, data: Any, path: str) -> RunRecord:
+        """A record from run.json's parsed content; raises :class:`RecordError` naming ``path`` and the field."""
+        r = _Reader(data, path, "")
+        schema = r.get("schema", int, default=0)
+        if schema > SCHEMA:
+            raise RecordError(path, "schema", f"version {schema}, newer than this clusterddp reads ({SCHEMA})",
+                              "upgrade clusterddp to read this run")
+        status = r.get("status", str)
+        try:
+            run_status = RunStatus(status)
+        except ValueError:
+            raise RecordError(path, "status", f"{status!r} is not one of {', '.join(s.value for s in RunStatus)}"
+                              ) from None
+        master = _Reader(r.get("master", dict), path, "master")
+        fanout = r.get("fanout", int, default=DEFAULT_FANOUT)
+        if fanout < 1:
+            raise RecordError(path, "fanout", f"must be >= 1, not {fanout}")
+        nodes = r.get("nodes", list)
+        r.get("exit_code", int | None)  # written for readers of the file; the status decides it
+        return cls(run_id=r.get("run_id", str), name=r.get("name", str | None), inventory=r.get("inventory", str),
+                   script=r.get("script", str), args=r.get("args", tuple[str, ...]), status=run_status,
+                   failed_host=r.get("failed_host", str | None), schedule=r.get("schedule", str | None),
+                   local=r.get("local", bool), started_at=r.get("started_at", str),
+                   ended_at=r.get("ended_at", str | None), launch_dir=r.get("launch_dir", str),
+                   master_addr=master.get("addr", str), master_port=master.get("port", int),
+                   collect=r.get("collect", tuple[str, ...]), fanout=fanout, schema=SCHEMA,
+                   nodes=tuple(NodeRecord.from_json(n, path, f"nodes[{i}]") for i, n in enumerate(nodes)))
+
+
+class RecordError(UsageError):
+    """A run.json that cannot be read, located by file and field (``nodes[1].exit_code``)."""
+
+    def __init__(self, path: str, field: str | None, message: str, hint: str | None = None) -> None:
+        super().__init__(f"{path}: {field}: {message}" if field else f"{path}: {message}",
+                         hint or "the run record is damaged: repair that field in the file, or move the run "
+                                 "folder out of the runs folder")
+        self.path, self.field = path, field
+
+
+# ---- reading JSON into typed fields ----
+
+_REQUIRED: Any = object()
+
+
+class _Reader:
+    """Typed access to one JSON object of run.json, with errors located at ``where.key``."""
+
+    def __init__(self, data: Any, path: str, where: str) -> None:
+        if not isinstance(data, dict):
+            raise RecordError(path, where or None, f"must be a JSON object, not {_kind(data)}")
+        self.data, self.path, self.where = data, path, where
+
+    def get(self, key: str, tp: Any, default: Any = _REQUIRED) -> Any:
+        field = f"{self.where}.{key}" if self.where else key
+        if key not in self.data:
+            if default is _REQUIRED:
+                raise RecordError(self.path, field, "required, but missing")
+            return default
+        return _typed(self.data[key], tp, self.path, field)
+
+
+def _typed(value: Any, tp: Any, path: str, field: str) -> Any:
+    """``value`` checked against ``tp`` (str, int, float, bool, None, unions, tuple[X, ...], dict, list);
+    JSON lists become tuples where ``tp`` says so, and a JSON object a tuple of pairs (``Host.env``)."""
+    if _fits(value, tp):
+        return _convert(value, tp)
+    raise RecordError(path, field, f"must be {_describe(tp)}, not {_kind(value)} {_short(value)}")
+
+
+def _fits(value: Any, tp: Any) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp in (str, dict, list):
+        return isinstance(value, tp)
+    if origin is tuple:
+        if isinstance(value, dict) and args[1:] == (...,) and _is_pair(args[0]):
+            value = list(value.items())
+        if not isinstance(value, (list, tuple)):
+            return False
+        if args[1:] == (...,):
+            return all(_fits(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args))
+    raise TypeError(f"no JSON reading for {tp!r}")
+
+
+def _convert(value: Any, tp: Any) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return _convert(value, next(a for a in args if _fits(value, a)))
+    if tp is float:
+        return float(value)
+    if origin is tuple:
+        if isinstance(value, dict):
+            value = list(value.items())
+        elem = (lambda i: args[0]) if args[1:] == (...,) else (lambda i: args[i])
+        return tuple(_convert(v, elem(i)) for i, v in enumerate(value))
+    return value
+
+
+def _is_pair(tp: Any) -> bool:
+    return typing.get_origin(tp) is tuple and len(typing.get_args(tp)) == 2 and ... not in typing.get_args(tp)
+
+
+def _describe(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is tuple:
+        if args[1:] == (...,):
+            if _is_pair(args[0]):
+                return "an object of strings"
+            return "a list of strings" if args[0] is str else f"a list of ({_describe(args[0])})"
+        return f"a list of {len(args)}"
+    return {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            dict: "an object", list: "a list"}[tp]
+
+
+def _kind(value: Any) -> str:
+    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_HOST_TYPES: dict[str, Any] = {}
+
+
+def _host(data: dict, path: str, where: str) -> Host:
+    """The inventory Host a node ran with; fields added to Host since the record was written take their defaults."""
+    if not _HOST_TYPES:
+        _HOST_TYPES.update(typing.get_type_hints(Host))
+    r = _Reader(data, path, where)
+    kwargs = {}
+    for f in dataclasses.fields(Host):
+        has_default = f.default is not dataclasses.MISSING
+        value = r.get(f.name, _HOST_TYPES[f.name], default=f.default if has_default else _REQUIRED)
+        kwargs[f.name] = value
+    unknown = sorted(set(data) - set(kwargs))
+    if unknown:
+        raise RecordError(path, f"{where}.{unknown[0]}", "not a host setting this clusterddp knows",
+                          "upgrade clusterddp to read this run")
+    return Host(**kwargs)
+
+
+# States written by `clusterddp status` before schema 1, and what they mean now.
+_OLD_STATES = {"missing": NodeState.LOST}
+
+
+def _node_state(word: str, exit_code: int | None, path: str, field: str) -> NodeState:
+    if word == "exited":
+        return NodeState.of_exit_code(exit_code)
+    if word in _OLD_STATES:
+        return _OLD_STATES[word]
+    try:
+        return NodeState(word)
+    except ValueError:
+        raise RecordError(path, field, f"{word!r} is not one of {', '.join(s.value for s in NodeState)}") from None
