@@ -8,6 +8,7 @@ hands `schedule fire` to the real one.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -293,10 +294,13 @@ def test_the_run_keeps_the_lock_when_fire_dies_first(tmp_path):
     s = _saved(spec(runs_dir=str(tmp_path / "runs"), launch_dir=str(tmp_path), executable=(str(exe),),
                     bin_dir=str(exe.parent)))
     release = tmp_path / "release"
-    fire = subprocess.Popen([sys.executable, "-m", "clusterddp", "schedule", "fire", s.spec_path],
+    # started by hand, from elsewhere and with another PATH: fire still runs `up` as the line would
+    fire = subprocess.Popen([sys.executable, "-m", "clusterddp", "schedule", "fire", s.spec_path], cwd="/",
                             env={**os.environ, "FAKE_HOLD_UNTIL": str(release)}, stdout=subprocess.DEVNULL)
     try:
-        assert eventually(lambda: _calls(tmp_path), timeout=30), "up never started"
+        (call,) = eventually(lambda: _calls(tmp_path), timeout=30) or [None]
+        assert call, "up never started"
+        assert call["cwd"] == str(tmp_path) and call["env"]["PATH"] == S.search_path(str(exe.parent))
         fire.send_signal(signal.SIGKILL)
         fire.wait(timeout=10)
         assert S.try_lock(s) is None  # `up` still runs, so it still holds the lock
@@ -322,6 +326,39 @@ def test_fire_with_a_bad_spec_exits_2_and_starts_nothing(tmp_path, damage, field
     assert r.returncode == 2 and r.stderr.startswith(f"error: schedule spec {path}: {field + ': ' if field else ''}")
     assert "Traceback" not in r.stderr and r.stdout == ""
     assert _calls(tmp_path) == [] and not Path(s.lock_path).exists()
+
+
+def test_a_crontab_cron_refuses_leaves_the_spec_files_as_they_were(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    old = spec(runs_dir=str(tmp_path / "runs"))
+    S.save_spec(old)
+    (legacy_line, legacy), _ = _legacy(str(tmp_path), "/venv/bin")
+    monkeypatch.setattr(S, "read_crontab", lambda: S.render_line(old) + "\n" + legacy_line + "\n")
+
+    def refuse(text):
+        raise S.ClusterDDPError("crontab refused the new table: bad minute")
+    monkeypatch.setattr(S, "write_crontab", refuse)
+    with pytest.raises(S.ClusterDDPError, match="bad minute"):
+        S.add(spec(runs_dir=str(tmp_path / "runs"), cron="@daily"), replace=True)
+    assert S.load_spec(old.spec_path) == old  # the line still names it: it must still say what it said
+    assert not Path(legacy.spec_path).exists()  # the long-form line was not rewritten, so no spec of it
+
+
+def test_replacing_a_schedule_leaves_no_spec_of_the_old_line_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    (legacy_line, legacy), _ = _legacy(str(tmp_path / "old"), "/venv/bin")
+    moved = spec(name=legacy.name, runs_dir=str(tmp_path / "runs1"))
+    S.save_spec(moved)
+    crontab = {"text": legacy_line + "\n" + S.render_line(moved).replace(legacy.name, "other") + "\n"}
+    monkeypatch.setattr(S, "read_crontab", lambda: crontab["text"])
+    monkeypatch.setattr(S, "write_crontab", lambda text: crontab.update(text=text))
+
+    new = spec(name=legacy.name, runs_dir=str(tmp_path / "runs2"))
+    edit = S.add(new, replace=True)  # a long-form line of that name: replaced, not migrated first
+    assert edit.replaced and edit.migrated == () and not Path(legacy.spec_path).exists()
+    assert S.entries(crontab["text"])[0].spec_path == new.spec_path
+    S.add(dataclasses.replace(new, runs_dir=str(tmp_path / "runs3")), replace=True)  # moved to another runs folder
+    assert not Path(new.spec_path).exists() and Path(tmp_path / "runs3" / "schedules" / f"{new.name}.json").exists()
 
 
 def test_crontab_lock_wait_has_a_deadline_that_names_the_holder(tmp_path, monkeypatch):
@@ -370,12 +407,15 @@ def test_long_form_lines_read_back_to_the_spec_they_were_rendered_from():
 def test_migration_rewrites_long_form_lines_in_place_and_nothing_else():
     (a, spec_a), (b, spec_b) = _legacy("/home/ann", "/venv/bin")
     edited = a.replace(" -e W3= ", " -e W3= -e EXTRA=1 --verbose ").replace("clusterddp:ev.1_a-b", "clusterddp:hand")
-    text = FOREIGN + a + "\n" + GOLDEN + "\n" + edited + "\n" + b + "\n@hourly tail\n"
+    more = b.replace("exit $rc #", "exit $rc ; echo more #").replace("weekly", "more")
+    text = FOREIGN + a + "\n" + GOLDEN + "\n" + edited + "\n" + b + "\n" + more + "\n@hourly tail\n"
     plan = S.migration(text)
-    assert plan.specs == (spec_a, spec_b) and plan.left == ("hand",)
+    assert plan.specs == (spec_a, spec_b) and plan.left == ("hand", "more")
     assert plan.text == (FOREIGN + S.render_line(spec_a) + "\n" + GOLDEN + "\n" + edited + "\n"
-                         + S.render_line(spec_b) + "\n@hourly tail\n")
-    assert S.migration(plan.text) == S.Migration(plan.text, (), ("hand",))  # nothing left to do
+                         + S.render_line(spec_b) + "\n" + more + "\n@hourly tail\n")
+    assert S.migration(plan.text) == S.Migration(plan.text, (), ("hand", "more"))  # nothing left to do
+    elsewhere = a.replace('--runs-dir "$R" --schedule', "--runs-dir /elsewhere --schedule") + "\n"
+    assert S.migration(elsewhere) == S.Migration(elsewhere, (), ("ev.1_a-b",))  # its runs would go elsewhere
     assert S.migration(text, skip="weekly").specs == (spec_a,)
 
 
