@@ -14,19 +14,20 @@ A schedule is two things:
 
 Why the values are not on the line (before spec files, the line carried the whole `up` command):
 ``-e`` values are often secrets, and a crontab line is printed by ``crontab -l`` and copied into
-backups and cron's mails; a 0600 file is not. Every value on
-a line needs two layers of quoting (the shell's, then cron's ``%``), cannot hold a newline and
-counts against cron's 998-byte limit; JSON carries any value as it is. And the shell's lock
-logic (``flock -E 75 -n`` then ``|| schedule _skipped``) was code nothing could test but a
-golden string: ``schedule fire`` does it in Python (:func:`load_spec`, :func:`try_lock`,
-:func:`start_up`).
+backups and cron's mails; a 0600 file is not. Every value on a line needs two layers of quoting
+(the shell's, then cron's ``%``), cannot hold a newline and counts against cron's 998-byte limit;
+JSON carries any value as it is. And the shell's lock logic (``flock -E 75 -n`` then
+``|| schedule _skipped``) was code nothing could test but a golden string: ``schedule fire`` does
+it in Python (:func:`load_spec`, :func:`try_lock`, :func:`start_up`). (The `up` it starts still
+takes the values as arguments, as a typed `up` does.)
 
 What stays on the line, and why: absolute paths only, because cron starts in the home folder
 with ``PATH=/usr/bin:/bin``; ``cd`` to the launch folder and this environment's bin first on
 PATH, so ``fire`` starts exactly where and as the run will (``python -m clusterddp`` finds the
-same package); and the redirection into ``NAME.log``, so that even an executable or launch
-folder that has gone is reported in the log, not in a cron mail nobody reads. ``%`` in those
-paths is still escaped for cron.
+same package; ``fire`` sets both again for `up` from the spec, so firing by hand is the same);
+and the redirection into ``NAME.log``, so that even an executable or launch folder that has
+gone is reported in the log, not in a cron mail nobody reads. ``%`` in those paths is still
+escaped for cron.
 
 Lines written before spec files (the long form) are read back by :func:`legacy_spec` and
 rewritten by :func:`migration` (``schedule list``, ``add`` and ``run`` do it).

@@ -277,7 +277,7 @@ def test_held_lock_skips_the_run_and_records_it(tmp_path):
     runs = tmp_path / "runs"
     s = _saved(spec(runs_dir=str(runs), launch_dir=str(tmp_path), executable=(str(exe),), bin_dir=str(exe.parent)))
     with open(s.lock_path, "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # our own folder: free
         r = _run_as_cron(S.render_line(s), tmp_path)
     assert r.returncode == S.SKIP_EXIT, r.stderr
     assert _calls(tmp_path) == []

@@ -8,7 +8,6 @@ project's copy of cron's rules), which goes through the same line and `schedule 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -81,10 +80,11 @@ def crontab_l() -> str:
 def crontab():
     """Root's crontab set to FOREIGN for the test; whatever was there before comes back after.
 
-    Test sessions running at once on this machine take turns (there is one root crontab).
+    Test sessions running at once on this machine take turns (there is one root crontab); the
+    wait has a deadline below the test's own timeout, and its error names the session holding it.
     """
-    with open("/tmp/clusterddp-tests-crontab.lock", "w") as turn:
-        fcntl.flock(turn, fcntl.LOCK_EX)
+    with open("/tmp/clusterddp-tests-crontab.lock", "a+") as turn:
+        S.lock_within(turn.fileno(), turn.name, 240, "another test session is using root's crontab")
         yield from _foreign_crontab()
 
 
@@ -347,10 +347,10 @@ def test_cron_daemon_runs_a_schedule_with_hostile_words_byte_for_byte(crontab, t
                    interval=0.05)
         assert daemon.poll() is None, f"cron did not start: {daemon.communicate()[0]}"
     try:
-        run = eventually(lambda: store.last_run("every-minute"), timeout=150, interval=1)
+        run = eventually(lambda: store.last_run("every-minute"), timeout=150, interval=0.25)
         assert run, "cron started no run within 150s"
         cddp("schedule", "remove", "every-minute", check_rc=0)  # no second run next minute
-        done = eventually(lambda: store.last_run("every-minute")["status"] != "running", timeout=90, interval=1)
+        done = eventually(lambda: store.last_run("every-minute")["status"] != "running", timeout=90, interval=0.25)
         rec = store.load(run["run_id"])
         log = (work / "runs" / "schedules" / "every-minute.log").read_text()
         assert done and rec["status"] == "succeeded", f"{rec}\n{log}"
@@ -365,4 +365,4 @@ def test_cron_daemon_runs_a_schedule_with_hostile_words_byte_for_byte(crontab, t
             daemon.terminate()
             daemon.wait(timeout=10)
         # a run cron may have started meanwhile must end before its folder goes away
-        eventually(lambda: all(r["status"] != "running" for r in store.list()), timeout=90, interval=1)
+        eventually(lambda: all(r["status"] != "running" for r in store.list()), timeout=90, interval=0.25)
