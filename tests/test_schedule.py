@@ -1,17 +1,23 @@
-"""Scheduled runs, the pure part: the rendered crontab line, cron's rules, editing crontab text.
+"""Scheduled runs without a crontab: the spec file, the rendered line, `schedule fire`, cron's
+rules, editing crontab text, and migrating lines written before spec files.
 
-No crontab is touched here (tests/test_schedule_cron.py does that); the rendered command is
-run through a real /bin/sh with a stand-in clusterddp that records what it was given.
+No crontab is touched here (tests/test_schedule_cron.py does that); lines are run through a
+real /bin/sh as cron would, with a stand-in clusterddp that records what `up` was given and
+hands `schedule fire` to the real one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
 import pwd
+import re
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,16 +28,17 @@ from clusterddp.errors import UsageError
 from clusterddp.plan import RunSpec
 from clusterddp.record import RunStatus
 from clusterddp.store import RunStore
-from helpers import make_record
+from helpers import eventually, make_record
 
 NOW = datetime(2026, 11, 29, 18, 15, tzinfo=timezone.utc)
+FIXTURE = Path(__file__).parent / "fixtures" / "schedule_legacy_lines.json"
 
 
 def spec(**over) -> S.ScheduleSpec:
     run = RunSpec(script="/home/ann/proj dir/train.py", script_args=("--fmt", "%Y-%m", "it's"), name="nightly eval",
                   gpus=2, master_port=29600, env=(("NCCL_DEBUG", "INFO"),), collect=("checkpoints/**",),
                   max_restarts=1)
-    base = dict(name="nightly", cron="0 2 * * *", workdir="/home/ann/proj dir", runs_dir="/srv/runs",
+    base = dict(name="nightly", cron="0 2 * * *", launch_dir="/home/ann/proj dir", runs_dir="/srv/runs 50%",
                 executable=("/venv/bin/clusterddp",), bin_dir="/venv/bin", inventory="/home/ann/inv.yaml", run=run,
                 hosts=("gpu-01", "gpu-02"), agent_socket=None)
     base.update(over)
@@ -39,13 +46,10 @@ def spec(**over) -> S.ScheduleSpec:
 
 
 GOLDEN = (
-    "0 2 * * * R=/srv/runs C=/venv/bin/clusterddp ; mkdir -p \"$R/schedules\" && { cd '/home/ann/proj dir' && "
-    "export PATH=/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin && "
-    "flock -E 75 -n \"$R/schedules/nightly.lock\" \"$C\" up /home/ann/inv.yaml '/home/ann/proj dir/train.py' "
-    "--runs-dir \"$R\" --schedule nightly --name 'nightly eval' --hosts gpu-01,gpu-02 --gpus 2 --master-port 29600 "
-    "-e NCCL_DEBUG=INFO --collect 'checkpoints/**' --max-restarts 1 -- --fmt \\%Y-\\%m 'it'\"'\"'s' ; rc=$? ; "
-    "[ $rc -ne 75 ] || \"$C\" schedule _skipped nightly --runs-dir \"$R\" ; } "
-    ">> \"$R/schedules/nightly.log\" 2>&1 ; exit $rc # clusterddp:nightly"
+    "0 2 * * * { cd '/home/ann/proj dir' && "
+    "PATH=/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+    "/venv/bin/clusterddp schedule fire '/srv/runs 50'\\%/schedules/nightly.json ; } "
+    ">> '/srv/runs 50'\\%/schedules/nightly.log 2>&1 # clusterddp:nightly"
 )
 
 
@@ -53,50 +57,161 @@ def test_rendered_line_is_golden():
     assert S.render_line(spec()) == GOLDEN
 
 
-def test_agent_socket_is_exported_and_system_bin_not_repeated():
-    line = S.render_line(spec(agent_socket="/run/user/0/agent sock", bin_dir="/usr/bin"))
-    assert ("export PATH=/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/sbin:/bin "
-            "SSH_AUTH_SOCK='/run/user/0/agent sock' && flock") in line
+def test_the_line_carries_no_value_of_the_run():
+    secret = spec(agent_socket="/run/user/0/agent.sock",
+                  run=RunSpec(script="/p/train.py", script_args=("--token-file", "/p/tok"),
+                              env=(("HF_TOKEN", "hf_s3cret"),), name="my run"))
+    line = S.render_line(secret)
+    for value in ("hf_s3cret", "HF_TOKEN", "--token-file", "/p/tok", "train.py", "agent.sock", "inv.yaml", "my run",
+                  "gpu-01", " -e "):
+        assert value not in line
+    assert S.render_line(secret) == S.render_line(spec())  # the line names the spec file, whatever it says
 
 
 def test_without_a_console_script_python_runs_the_module():
     line = S.render_line(spec(executable=("/opt/py/bin/python3", "-m", "clusterddp")))
-    assert " C=/opt/py/bin/python3 ; " in line
-    assert '"$C" -m clusterddp up /home/ann/inv.yaml' in line and '"$C" -m clusterddp schedule _skipped' in line
+    assert " /opt/py/bin/python3 -m clusterddp schedule fire '/srv/runs 50'\\%/schedules/nightly.json ; }" in line
 
 
 def test_an_entry_cron_would_refuse_as_too_long_is_a_usage_error():
-    many = RunSpec(script="/p/t.py", script_args=tuple(f"--opt{i}" for i in range(200)))
     with pytest.raises(UsageError, match="cron refuses more than 998") as e:
-        S.render_line(spec(run=many))
+        S.render_line(spec(runs_dir="/" + "r" * 400))
     assert "shorter paths" in e.value.hint
 
 
 def test_minimal_spec_has_no_optional_flags():
     run = RunSpec(script="/p/t.py")
     argv = S.up_argv(spec(run=run, hosts=(), inventory="local"))
-    assert argv == ["/venv/bin/clusterddp", "up", "local", "/p/t.py", "--runs-dir", "/srv/runs",
+    assert argv == ["/venv/bin/clusterddp", "up", "local", "/p/t.py", "--runs-dir", "/srv/runs 50%",
                     "--schedule", "nightly"]
 
 
-@pytest.mark.parametrize("bad", ["a\nb", "x\r"])
-def test_newline_cannot_enter_a_one_line_entry(bad):
+@pytest.mark.parametrize("where", ["launch_dir", "runs_dir", "bin_dir"])
+def test_a_newline_cannot_enter_the_line(where):
     with pytest.raises(UsageError, match="one line"):
-        S.render_line(spec(run=RunSpec(script="/p/t.py", script_args=(bad,))))
+        S.render_line(spec(**{where: "/a\nb"}))
+
+
+def test_the_spec_carries_what_the_line_could_not():
+    s = spec(run=RunSpec(script="/p/t.py", script_args=("two\nlines", "x" * 2000, "\udcff raw byte"),
+                         env=(("K", "a\r\nb"), ("K", "again"))), agent_socket="/s/agent")
+    assert S.render_line(s)  # nothing of the run is on the line, so nothing of it is too long or multi-line
+    assert S.spec_from_json(json.loads(json.dumps(s.to_json())), s.spec_path) == s
+    minimal = spec(run=RunSpec(script="/p/t.py"), hosts=(), inventory="local")
+    assert S.spec_from_json(minimal.to_json(), minimal.spec_path) == minimal
+
+
+def test_spec_file_is_0600_in_a_0700_folder_and_replaced_by_rename(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "schedules").mkdir(parents=True, mode=0o755)  # as versions before spec files left it
+    s = spec(runs_dir=str(runs))
+    S.save_spec(s)
+    path = Path(s.spec_path)
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct((runs / "schedules").stat().st_mode & 0o777) == "0o700"
+    assert S.load_spec(str(path)) == s
+    inode = path.stat().st_ino
+    S.save_spec(spec(runs_dir=str(runs), cron="@daily"))
+    assert path.stat().st_ino != inode  # a new file renamed over the old one: no reader sees half of it
+    assert S.load_spec(str(path)).cron == "@daily" and oct(path.stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in (runs / "schedules").iterdir()) == ["nightly.json"]  # no temporary left
+
+
+DROP = object()
+
+
+def _valid(tmp_path: Path) -> tuple[Path, dict]:
+    s = spec(runs_dir=str(tmp_path / "runs"))
+    S.save_spec(s)
+    return Path(s.spec_path), s.to_json()
+
+
+@pytest.mark.parametrize("change, field, words", [
+    ("{", None, "not valid JSON"),
+    ("[]", None, "expected a JSON object"),
+    ({"schema_version": 2}, "schema_version", "not a version this clusterddp reads"),
+    ({"script": None}, "script", "expected a string"),
+    ({"script": DROP}, "script", "missing"),
+    ({"command": "rm -rf ~"}, "command", "unknown field"),
+    ({"name": "../x"}, "name", "not a schedule name"),
+    ({"name": "other"}, "name", "does not match the file name nightly.json"),
+    ({"runs_dir": "/elsewhere"}, "runs_dir", "but the file lies in"),
+    ({"launch_dir": "proj"}, "launch_dir", "'proj' is not an absolute path"),
+    ({"executable": []}, "executable", "empty"),
+    ({"executable": ["clusterddp"]}, "executable[0]", "not an absolute path"),
+    ({"executable": "/bin/sh -c id"}, "executable", "expected a list of strings"),
+    ({"inventory": "inv.yaml"}, "inventory", "not an absolute path"),
+    ({"script_args": ["a", 1]}, "script_args[1]", "expected a string, got int"),
+    ({"script_args": ["a\0b"]}, "script_args[0]", "NUL"),
+    ({"env": [["1BAD", "x"]]}, "env[0][0]", "not a variable name"),
+    ({"env": [["A"]]}, "env[0]", "expected [NAME, VALUE]"),
+    ({"env": {"A": "1"}}, "env", "expected a list"),
+    ({"gpus": 0}, "gpus", "out of range"),
+    ({"gpus": True}, "gpus", "expected a whole number"),
+    ({"master_port": 70000}, "master_port", "out of range"),
+    ({"hosts": ["a,b"]}, "hosts[0]", "not a host name"),
+    ({"agent_socket": "agent.sock"}, "agent_socket", "not an absolute path"),
+])
+def test_a_damaged_spec_is_refused_naming_file_and_field(tmp_path, change, field, words):
+    path, data = _valid(tmp_path)
+    if isinstance(change, str):
+        path.write_text(change)
+    else:
+        data.update(change)
+        data = {k: v for k, v in data.items() if v is not DROP}
+        path.write_text(json.dumps(data))
+    with pytest.raises(S.SpecError) as e:
+        S.load_spec(str(path))
+    where = f"schedule spec {path}: {field}: " if field else f"schedule spec {path}: "
+    assert str(e.value).startswith(where) and words in e.value.message, str(e.value)
+    assert e.value.exit_code == 2 and "schedule add" in e.value.hint
+
+
+@pytest.mark.parametrize("how, words", [
+    ("mode", "mode 0666: others may write it"), ("owner", "owned by uid 65534, not by you"),
+    ("link", "is a symbolic link"), ("gone", "no such file"), ("folder", "not a plain file"),
+])
+def test_a_spec_someone_else_could_have_written_is_refused(tmp_path, how, words):
+    path, _ = _valid(tmp_path)
+    if how == "mode":
+        path.chmod(0o666)
+    elif how == "owner":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the file away")
+        os.chown(path, 65534, 65534)
+    elif how == "link":
+        real = tmp_path / "elsewhere.json"
+        path.rename(real)
+        path.symlink_to(real)
+    elif how == "gone":
+        path.unlink()
+    else:
+        path.unlink()
+        path.mkdir()
+    with pytest.raises(S.SpecError, match=re.escape(f"schedule spec {path}: ") + ".*" + re.escape(words)):
+        S.load_spec(str(path))
 
 
 TRICKY = ["%", "50%", "\\%", "a\\\\%b", "%%d", "it's", 'say "hi"', "$HOME", "`id`", "a;b", "*", "~", "é ü",
-          "", " lead", "--", "\\", "trail\\"]
+          "", " lead", "--", "\\", "trail\\", "two\nlines"]
 
 
-def _fake_clusterddp(tmp_path: Path) -> Path:
-    exe = tmp_path / "bin" / "clusterddp"
-    exe.parent.mkdir()
+def _fake_clusterddp(tmp_path: Path, name: str = "clusterddp") -> Path:
+    """A stand-in that records each `up` it is given (argv, cwd, environment) and hands
+    `[-m clusterddp] schedule fire ...` to the real clusterddp, which then runs this `up`."""
+    exe = tmp_path / "bin" / name
+    exe.parent.mkdir(exist_ok=True)
     exe.write_text(f"#!{sys.executable}\n"
-                   "import json, os, sys\n"
+                   "import json, os, sys, time\n"
+                   "args = sys.argv[1:]\n"
+                   "if ['schedule', 'fire'] in (args[:2], args[2:4]):\n"
+                   f"    os.execv({sys.executable!r}, [{sys.executable!r}, '-m', 'clusterddp', "
+                   "*args[args.index('schedule'):]])\n"
                    f"with open({str(tmp_path / 'calls.jsonl')!r}, 'a') as f:\n"
-                   "    f.write(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(), 'env': dict(os.environ)}) + '\\n')\n"
-                   "print('fake clusterddp ran', sys.argv[1])\n"
+                   "    f.write(json.dumps({'argv': args, 'cwd': os.getcwd(), 'env': dict(os.environ)}) + '\\n')\n"
+                   "print('fake clusterddp ran', args[0], flush=True)\n"
+                   "hold = os.environ.get('FAKE_HOLD_UNTIL')\n"
+                   "while hold and not os.path.exists(hold):\n"
+                   "    time.sleep(0.05)\n"
                    "sys.exit(int(os.environ.get('FAKE_RC', '0')))\n")
     exe.chmod(0o755)
     return exe
@@ -109,7 +224,7 @@ def _run_as_cron(line: str, home: Path, extra_env: dict | None = None) -> subpro
     command, stdin = S.cron_command(entry.command)
     env = {"HOME": str(home), "LOGNAME": "x", "SHELL": "/bin/sh", "PATH": S.CRON_PATH, **(extra_env or {})}
     return subprocess.run(["/bin/sh", "-c", command], env=env, cwd=home, input=stdin, capture_output=True,
-                          text=True, timeout=30)
+                          text=True, timeout=60)
 
 
 def _calls(tmp_path: Path) -> list[dict]:
@@ -117,15 +232,22 @@ def _calls(tmp_path: Path) -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
 
 
+def _saved(s: S.ScheduleSpec) -> S.ScheduleSpec:
+    S.save_spec(s)
+    return s
+
+
 @pytest.mark.parametrize("module", [False, True])
-def test_shell_receives_every_word_exactly_through_cron(tmp_path, module):
+def test_cron_line_fires_up_with_every_word_exactly(tmp_path, module):
     exe = _fake_clusterddp(tmp_path)
     work = tmp_path / "work dir %x"
     work.mkdir()
     runs = tmp_path / "runs 50%"
     executable = (str(exe), "-m", "clusterddp") if module else (str(exe),)
-    s = spec(workdir=str(work), runs_dir=str(runs), executable=executable, bin_dir=str(exe.parent),
-             run=RunSpec(script=str(work / "t.py"), script_args=tuple(TRICKY), env=(("V", "x%y 'z'"),)))
+    s = _saved(spec(launch_dir=str(work), runs_dir=str(runs), executable=executable, bin_dir=str(exe.parent),
+                    agent_socket=str(tmp_path / "agent 50%.sock"),
+                    run=RunSpec(script=str(work / "t.py"), script_args=tuple(TRICKY),
+                                env=(("V", "x%y 'z'"), ("S", "s3cr\net")))))
     line = S.render_line(s)
     assert "\n" not in line and all(line[i - 1] == "\\" for i, c in enumerate(line) if c == "%")
     r = _run_as_cron(line, tmp_path)
@@ -134,30 +256,190 @@ def test_shell_receives_every_word_exactly_through_cron(tmp_path, module):
     (call,) = _calls(tmp_path)
     assert call["argv"] == S.up_argv(s)[1:]
     assert call["cwd"] == str(work)
-    assert call["env"]["PATH"].split(":")[0] == str(exe.parent)
-    assert (runs / "schedules" / "nightly.log").read_text() == f"fake clusterddp ran {call['argv'][0]}\n"
+    assert call["env"]["PATH"] == S.search_path(str(exe.parent))
+    assert call["env"]["SSH_AUTH_SOCK"] == str(tmp_path / "agent 50%.sock")
+    log = (runs / "schedules" / "nightly.log").read_text()
+    start = rf"\[clusterddp\] \S+ schedule nightly: starting clusterddp up \(spec {re.escape(s.spec_path)}\)\n"
+    assert re.fullmatch(start + rf"fake clusterddp ran {call['argv'][0]}\n", log), log
 
 
 def test_exit_code_of_the_run_is_the_exit_code_of_the_line(tmp_path):
     exe = _fake_clusterddp(tmp_path)
-    s = spec(runs_dir=str(tmp_path / "runs"), workdir=str(tmp_path), executable=(str(exe),), bin_dir=str(exe.parent))
-    r = _run_as_cron(S.render_line(s), tmp_path, {"FAKE_RC": "1"})
-    assert r.returncode == 1
-    assert [c["argv"][0] for c in _calls(tmp_path)] == ["up"]  # a failed run is not a skip
+    s = _saved(spec(runs_dir=str(tmp_path / "runs"), launch_dir=str(tmp_path), executable=(str(exe),),
+                    bin_dir=str(exe.parent)))
+    r = _run_as_cron(S.render_line(s), tmp_path, {"FAKE_RC": "3"})
+    assert r.returncode == 3
+    assert [c["argv"][0] for c in _calls(tmp_path)] == ["up"]
+    assert RunStore(s.runs_dir).skips("nightly") == []  # a failed run is not a skip
 
 
-def test_held_lock_skips_the_run_and_calls_skipped(tmp_path):
+def test_held_lock_skips_the_run_and_records_it(tmp_path):
     exe = _fake_clusterddp(tmp_path)
     runs = tmp_path / "runs"
-    s = spec(runs_dir=str(runs), workdir=str(tmp_path), executable=(str(exe),), bin_dir=str(exe.parent))
-    (runs / "schedules").mkdir(parents=True)
+    s = _saved(spec(runs_dir=str(runs), launch_dir=str(tmp_path), executable=(str(exe),), bin_dir=str(exe.parent)))
     with open(s.lock_path, "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # our own folder: free
         r = _run_as_cron(S.render_line(s), tmp_path)
-    assert r.returncode == S.SKIP_EXIT
-    assert [c["argv"] for c in _calls(tmp_path)] == [["schedule", "_skipped", "nightly", "--runs-dir", str(runs)]]
+    assert r.returncode == S.SKIP_EXIT, r.stderr
+    assert _calls(tmp_path) == []
+    (skip,) = RunStore(runs).skips("nightly")
+    assert skip["holder"] is None and skip["reason"] == f"the previous run still holds {s.lock_path}"
+    assert (runs / "schedules" / "nightly.log").read_text() == (
+        f"[clusterddp] {skip['at']} schedule nightly: skipped; {skip['reason']}\n")
     r = _run_as_cron(S.render_line(s), tmp_path)  # lock free again: the run starts
     assert r.returncode == 0 and _calls(tmp_path)[-1]["argv"][0] == "up"
+
+
+def test_the_run_keeps_the_lock_when_fire_dies_first(tmp_path):
+    exe = _fake_clusterddp(tmp_path)
+    s = _saved(spec(runs_dir=str(tmp_path / "runs"), launch_dir=str(tmp_path), executable=(str(exe),),
+                    bin_dir=str(exe.parent)))
+    release = tmp_path / "release"
+    # started by hand, from elsewhere and with another PATH: fire still runs `up` as the line would
+    fire = subprocess.Popen([sys.executable, "-m", "clusterddp", "schedule", "fire", s.spec_path], cwd="/",
+                            env={**os.environ, "FAKE_HOLD_UNTIL": str(release)}, stdout=subprocess.DEVNULL)
+    try:
+        (call,) = eventually(lambda: _calls(tmp_path), timeout=30) or [None]
+        assert call, "up never started"
+        assert call["cwd"] == str(tmp_path) and call["env"]["PATH"] == S.search_path(str(exe.parent))
+        fire.send_signal(signal.SIGKILL)
+        fire.wait(timeout=10)
+        assert S.try_lock(s) is None  # `up` still runs, so it still holds the lock
+    finally:
+        release.touch()
+    fd = eventually(lambda: S.try_lock(s), timeout=30)
+    assert fd is not None, "the lock was never released after the run ended"
+    os.close(fd)
+
+
+@pytest.mark.parametrize("damage, field", [({"script_args": ["a\0b"]}, "script_args[0]"), ("chmod", None)])
+def test_fire_with_a_bad_spec_exits_2_and_starts_nothing(tmp_path, damage, field):
+    exe = _fake_clusterddp(tmp_path)
+    s = _saved(spec(runs_dir=str(tmp_path / "runs"), launch_dir=str(tmp_path), executable=(str(exe),),
+                    bin_dir=str(exe.parent)))
+    path = Path(s.spec_path)
+    if damage == "chmod":
+        path.chmod(0o646)
+    else:
+        path.write_text(json.dumps({**s.to_json(), **damage}))
+    r = subprocess.run([sys.executable, "-m", "clusterddp", "schedule", "fire", str(path)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: schedule spec {path}: {field + ': ' if field else ''}")
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert _calls(tmp_path) == [] and not Path(s.lock_path).exists()
+
+
+def test_a_crontab_cron_refuses_leaves_the_spec_files_as_they_were(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    old = spec(runs_dir=str(tmp_path / "runs"))
+    S.save_spec(old)
+    (legacy_line, legacy), _ = _legacy(str(tmp_path), "/venv/bin")
+    monkeypatch.setattr(S, "read_crontab", lambda: S.render_line(old) + "\n" + legacy_line + "\n")
+
+    def refuse(text):
+        raise S.ClusterDDPError("crontab refused the new table: bad minute")
+    monkeypatch.setattr(S, "write_crontab", refuse)
+    with pytest.raises(S.ClusterDDPError, match="bad minute"):
+        S.add(spec(runs_dir=str(tmp_path / "runs"), cron="@daily"), replace=True)
+    assert S.load_spec(old.spec_path) == old  # the line still names it: it must still say what it said
+    assert not Path(legacy.spec_path).exists()  # the long-form line was not rewritten, so no spec of it
+
+
+def test_replacing_a_schedule_leaves_no_spec_of_the_old_line_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    (legacy_line, legacy), _ = _legacy(str(tmp_path / "old"), "/venv/bin")
+    moved = spec(name=legacy.name, runs_dir=str(tmp_path / "runs1"))
+    S.save_spec(moved)
+    crontab = {"text": legacy_line + "\n" + S.render_line(moved).replace(legacy.name, "other") + "\n"}
+    monkeypatch.setattr(S, "read_crontab", lambda: crontab["text"])
+    monkeypatch.setattr(S, "write_crontab", lambda text: crontab.update(text=text))
+
+    new = spec(name=legacy.name, runs_dir=str(tmp_path / "runs2"))
+    edit = S.add(new, replace=True)  # a long-form line of that name: replaced, not migrated first
+    assert edit.replaced and edit.migrated == () and not Path(legacy.spec_path).exists()
+    assert S.entries(crontab["text"])[0].spec_path == new.spec_path
+    S.add(dataclasses.replace(new, runs_dir=str(tmp_path / "runs3")), replace=True)  # moved to another runs folder
+    assert not Path(new.spec_path).exists() and Path(tmp_path / "runs3" / "schedules" / f"{new.name}.json").exists()
+
+
+def test_crontab_lock_wait_has_a_deadline_that_names_the_holder(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    lock = tmp_path / "clusterddp" / "crontab.lock"
+    with S.editing():
+        started = time.monotonic()
+        with pytest.raises(S.LockTimeout) as e:
+            with S.editing(deadline=0.5):
+                pass
+        waited = time.monotonic() - started
+    assert 0.5 <= waited < 10, waited
+    assert str(lock) in e.value.message and f"by pid {os.getpid()} (" in e.value.message
+    assert f"kill {os.getpid()}" in e.value.hint
+    with S.editing(deadline=0.5):  # released with the block
+        pass
+
+
+# ---- lines written before spec files ----
+
+def _legacy(root: str = "@ROOT@", bin_dir: str = "@BIN@") -> list[tuple[str, S.ScheduleSpec]]:
+    """The fixture's long-form lines, with their folders, and the specs they were rendered from."""
+    def sub(v):
+        if isinstance(v, str):
+            return v.replace("@ROOT@", root).replace("@BIN@", bin_dir)
+        if isinstance(v, list):
+            return tuple(sub(x) for x in v)
+        return v
+    out = []
+    for e in json.loads(FIXTURE.read_text())["entries"]:
+        d = {k: sub(v) for k, v in e["spec"].items() if k != "run"}
+        d["launch_dir"] = d.pop("workdir")
+        run = {k: sub(v) for k, v in e["spec"]["run"].items()}
+        run["env"] = tuple(tuple(kv) for kv in run["env"])
+        out.append((sub(e["line"]), S.ScheduleSpec(**d, run=RunSpec(**run))))
+    return out
+
+
+def test_long_form_lines_read_back_to_the_spec_they_were_rendered_from():
+    for line, expected in _legacy():
+        entry = S.parse_line(line)
+        assert entry.spec_path is None and entry.runs_dir == expected.runs_dir
+        assert S.legacy_spec(entry) == expected
+
+
+def test_migration_rewrites_long_form_lines_in_place_and_nothing_else():
+    (a, spec_a), (b, spec_b) = _legacy("/home/ann", "/venv/bin")
+    edited = a.replace(" -e W3= ", " -e W3= -e EXTRA=1 --verbose ").replace("clusterddp:ev.1_a-b", "clusterddp:hand")
+    more = b.replace("exit $rc #", "exit $rc ; echo more #").replace("weekly", "more")
+    text = FOREIGN + a + "\n" + GOLDEN + "\n" + edited + "\n" + b + "\n" + more + "\n@hourly tail\n"
+    plan = S.migration(text)
+    assert plan.specs == (spec_a, spec_b) and plan.left == ("hand", "more")
+    assert plan.text == (FOREIGN + S.render_line(spec_a) + "\n" + GOLDEN + "\n" + edited + "\n"
+                         + S.render_line(spec_b) + "\n" + more + "\n@hourly tail\n")
+    assert S.migration(plan.text) == S.Migration(plan.text, (), ("hand", "more"))  # nothing left to do
+    elsewhere = a.replace('--runs-dir "$R" --schedule', "--runs-dir /elsewhere --schedule") + "\n"
+    assert S.migration(elsewhere) == S.Migration(elsewhere, (), ("ev.1_a-b",))  # its runs would go elsewhere
+    assert S.migration(text, skip="weekly").specs == (spec_a,)
+
+
+def test_a_migrated_line_runs_the_same_up_as_the_long_form_line(tmp_path_factory):
+    root = tmp_path_factory.mktemp("legacy")
+    bin_dir = root / "bin"
+    assert re.fullmatch(r"[\w@%+=:,./-]+", str(root)), "the fixture's placeholders need a shell-safe path"
+    _fake_clusterddp(root, "clusterddp")
+    _fake_clusterddp(root, "python3")
+    for name in ("p 50%", "proj"):
+        (root / name).mkdir()
+    for line, s in _legacy(str(root), str(bin_dir)):
+        before = _run_as_cron(line, root)
+        assert before.returncode == 0, before.stderr
+        plan = S.migration(line + "\n")
+        (migrated,) = plan.specs
+        S.save_spec(migrated)
+        after = _run_as_cron(plan.text.rstrip("\n"), root)
+        assert after.returncode == 0, after.stderr
+        old, new = _calls(root)[-2:]
+        assert new["argv"] == old["argv"] == S.up_argv(s)[1:]
+        assert new["cwd"] == old["cwd"] == s.launch_dir
+        assert new["env"] == old["env"], set(new["env"].items()) ^ set(old["env"].items())
 
 
 # ---- names and expressions ----
@@ -252,13 +534,15 @@ def test_without_line_removes_only_the_entry():
         S.without_line(text, "c")
 
 
-def test_parse_line_reads_back_name_expression_and_runs_dir():
+def test_parse_line_reads_back_name_expression_spec_and_runs_dir():
     (e,) = S.entries("MAILTO=x\n" + GOLDEN + "\n")
-    assert (e.name, e.cron, e.index, e.runs_dir) == ("nightly", "0 2 * * *", 1, "/srv/runs")
-    assert e.log_path == "/srv/runs/schedules/nightly.log"
+    assert (e.name, e.cron, e.index, e.runs_dir) == ("nightly", "0 2 * * *", 1, "/srv/runs 50%")
+    assert e.spec_path == "/srv/runs 50%/schedules/nightly.json"
+    assert e.log_path == "/srv/runs 50%/schedules/nightly.log"
     assert e.command == GOLDEN[len("0 2 * * * "):]
     (k,) = S.entries("@daily  echo hi   # clusterddp:k")
-    assert (k.cron, k.runs_dir) == ("@daily", None)
+    assert (k.cron, k.runs_dir, k.spec_path) == ("@daily", None, None)
+    assert S.legacy_spec(k) is None
     assert S.entries("X=1 # clusterddp:y\n#0 2 * * * a # clusterddp:z\n") == []
 
 

@@ -3,26 +3,26 @@
 Every test saves root's crontab first and puts it back afterwards. Runs are real `up local`
 runs of a one-process script. Only one test waits for the daemon itself (it fires once a
 minute), so it carries every hostile word; the others start entries with `schedule run` (the
-project's copy of cron's rules).
+project's copy of cron's rules), which goes through the same line and `schedule fire`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from clusterddp import schedule as S
 from clusterddp.store import RunStore
-from helpers import cddp, eventually, record, run_id_of
+from helpers import cddp, eventually, record
+from test_schedule import _legacy as legacy_lines
 
 pytestmark = [
     pytest.mark.integration,
@@ -60,6 +60,16 @@ print("released", flush=True)
 """
 
 
+CRON_PID = Path("/run/crond.pid")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
 def crontab_l() -> str:
     r = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -70,10 +80,11 @@ def crontab_l() -> str:
 def crontab():
     """Root's crontab set to FOREIGN for the test; whatever was there before comes back after.
 
-    Test sessions running at once on this machine take turns (there is one root crontab).
+    Test sessions running at once on this machine take turns (there is one root crontab); the
+    wait has a deadline below the test's own timeout, and its error names the session holding it.
     """
-    with open("/tmp/clusterddp-tests-crontab.lock", "w") as turn:
-        fcntl.flock(turn, fcntl.LOCK_EX)
+    with open("/tmp/clusterddp-tests-crontab.lock", "a+") as turn:
+        S.lock_within(turn.fileno(), turn.name, 240, "another test session is using root's crontab")
         yield from _foreign_crontab()
 
 
@@ -110,14 +121,19 @@ def test_add_list_replace_remove_keep_foreign_lines(crontab, work):
     tab = crontab_l()
     assert tab.startswith(FOREIGN)
     (line,) = tab[len(FOREIGN):].splitlines()
-    exe = Path(sys.executable).parent / "clusterddp"
-    assert line.startswith(f"0 2 * * * R={work / 'runs'} C={exe} ; ") and line.endswith("# clusterddp:nightly")
-    assert (f"cd {work} && " in line and f'"$C" up local {work / "t.py"} --runs-dir "$R" '
-            "--schedule nightly --gpus 1 -- --lr 0.1 ;" in line)
+    bin_dir, runs = Path(sys.executable).parent, work / "runs"
+    spec_file = runs / "schedules" / "nightly.json"
+    assert line == (f"0 2 * * * {{ cd {work} && PATH={S.search_path(str(bin_dir))} {bin_dir / 'clusterddp'} "
+                    f"schedule fire {spec_file} ; }} >> {runs / 'schedules' / 'nightly.log'} 2>&1 # clusterddp:nightly")
+    spec = S.load_spec(str(spec_file))
+    assert S.up_argv(spec) == [str(bin_dir / "clusterddp"), "up", "local", str(work / "t.py"), "--runs-dir", str(runs),
+                               "--schedule", "nightly", "--gpus", "1", "--", "--lr", "0.1"]
+    assert (spec.cron, spec.launch_dir, spec.bin_dir) == ("0 2 * * *", str(work), str(bin_dir))
+    assert f"  spec:  {spec_file}\n" in r.stdout
 
     r = add(work, "nightly", "local", "t.py", cron="5 * * * *", rc=2)
     assert "schedule 'nightly' already exists" in r.stderr and "--replace" in r.stderr
-    assert crontab_l() == tab
+    assert crontab_l() == tab and S.load_spec(str(spec_file)) == spec  # neither line nor spec touched
 
     r = add(work, "nightly", "local", "t.py", "--replace", cron="30 4 * * 1")
     assert r.stdout.startswith("replaced schedule nightly: 30 4 * * 1\n")
@@ -125,8 +141,8 @@ def test_add_list_replace_remove_keep_foreign_lines(crontab, work):
     tab = crontab_l()
     assert tab.startswith(FOREIGN)
     lines = tab[len(FOREIGN):].splitlines()
-    assert [x.split(" R=")[0] for x in lines] == ["30 4 * * 1", "@weekly"]  # replaced in place
-    assert "--lr" not in lines[0]
+    assert [x.split(" { cd ")[0] for x in lines] == ["30 4 * * 1", "@weekly"]  # replaced in place
+    assert S.load_spec(str(spec_file)).run.script_args == () and S.load_spec(str(spec_file)).cron == "30 4 * * 1"
 
     r = cddp("schedule", "list", check_rc=0, timeout=60)
     out = r.stdout.splitlines()
@@ -138,6 +154,7 @@ def test_add_list_replace_remove_keep_foreign_lines(crontab, work):
 
     assert cddp("schedule", "remove", "nightly", check_rc=0).stdout == "removed schedule nightly\n"
     assert crontab_l() == FOREIGN + lines[1] + "\n"
+    assert sorted(p.name for p in (runs / "schedules").iterdir()) == ["weekly.json"]  # its spec went with it
     cddp("schedule", "remove", "weekly", check_rc=0)
     assert crontab_l() == FOREIGN
     r = cddp("schedule", "remove", "weekly", check_rc=2)
@@ -150,13 +167,14 @@ def test_ssh_inventory_without_key_warns_that_cron_has_no_agent(crontab, work):
     r = add(work, "a", "inv.yaml", "t.py", "--runs-dir", "runs")
     assert "cron runs without your ssh-agent, and gpu-01 has no identity_file" in r.stderr
     assert "--agent-socket" in r.stderr and "gpu-02" not in r.stderr
-    assert f'"$C" up {work / "inv.yaml"} {work / "t.py"} ' in crontab_l()
+    spec = S.load_spec(str(work / "runs" / "schedules" / "a.json"))
+    assert (spec.inventory, spec.run.script, spec.agent_socket) == (str(work / "inv.yaml"), str(work / "t.py"), None)
     r = add(work, "b", "inv.yaml", "t.py", "--hosts", "gpu-02", "--runs-dir", "runs")
     assert "ssh-agent" not in r.stderr  # the chosen host has a key
     r = add(work, "c", "inv.yaml", "t.py", "--runs-dir", "runs", "--agent-socket", "agent.sock")
     assert "ssh-agent" not in r.stderr and "is not a socket now" in r.stderr
-    assert f"SSH_AUTH_SOCK={work / 'agent.sock'} && flock" in crontab_l()
-    assert not (work / "runs").exists()  # adding plans a run but starts none
+    assert S.load_spec(str(work / "runs" / "schedules" / "c.json")).agent_socket == str(work / "agent.sock")
+    assert [p.name for p in (work / "runs").iterdir()] == ["schedules"]  # adding plans a run but starts none
 
 
 @pytest.mark.parametrize("args, words", [
@@ -170,7 +188,6 @@ def test_ssh_inventory_without_key_warns_that_cron_has_no_agent(crontab, work):
     (["n", "--cron", "@daily", "nope.yaml", "t.py"], "nope.yaml: no such file"),
     (["n", "--cron", "@daily", "local", "t.py", "-e", "NOEQUALS"], "expected NAME=VALUE"),
     (["n", "--cron", "@daily", "local", "t.py", "--gpus", "0"], "--gpus"),
-    (["n", "--cron", "@daily", "local", "t.py", "--", "two\nlines"], "cannot hold a newline"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(crontab, work, args, words):
     r = cddp("schedule", "add", *args, "--runs-dir", "runs", cwd=work, timeout=60)
@@ -233,26 +250,79 @@ def test_overlapping_run_is_skipped_and_recorded(crontab, work):
     assert log.count("schedule hold: skipped") == 1 and f"run {holder['run_id']} succeeded" in log
 
     r = cddp("schedule", "run", "hold", check_rc=0)  # the lock went with the run
-    again = run_id_of(r.stdout.split("\n", 1)[1])
+    again = re.search(r"^run (\S+)$", r.stdout, re.M).group(1)
     assert again != holder["run_id"] and store.last_run("hold")["status"] == "succeeded"
     assert len(store.skips("hold")) == 1
     assert re.search(rf" {again} +succeeded +1$", cddp("schedule", "list", check_rc=0).stdout, re.M)
 
 
-# Words the crontab line must carry to the script unchanged: cron's `%` (end of command, and
-# `\%` its escape), a backslash right before a `%`, the shell's quotes, expansions and operators.
-HOSTILE = ("50%", "a%b%c", "%", "a\\%b", "\\", "it's", '"dq"', "$(touch /tmp/pwned-cron)",
-           "`touch /tmp/pwned-cron`", "a;b|c&d", "*", "", "naïve ü")
-HOSTILE_ENV = tuple((f"W{i}", w) for i, w in enumerate(
-    ("50%", "a%b%c", "a\\%b", "it's", '"dq"', "$(touch /tmp/pwned-cron)", "*", "", "\\", "naïve ü")))
+def test_an_env_secret_is_in_no_crontab_line_only_in_the_0600_spec_file(crontab, work):
+    secret = "hf_" + secrets.token_hex(8)
+    add(work, "tok", "local", "t.py", "-e", f"HF_TOKEN={secret}", "--runs-dir", "runs", "--", "--token", secret)
+    assert "tok" in crontab_l() and secret not in crontab_l()
+    spec_file = work / "runs" / "schedules" / "tok.json"
+    assert [p for p in work.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()] == [spec_file]
+    assert spec_file.stat().st_mode & 0o777 == 0o600 and spec_file.parent.stat().st_mode & 0o777 == 0o700
+    spec = S.load_spec(str(spec_file))  # carried, not dropped
+    assert ("HF_TOKEN", secret) in spec.run.env and spec.run.script_args == ("--token", secret)
 
-# Writes the raw bytes of its arguments and of the W<n> variables it received.
+
+def test_list_and_add_migrate_lines_written_before_spec_files(crontab, tmp_path_factory):
+    """Lines exactly as the version before spec files wrote them (tests/fixtures/): `schedule list`
+    and `schedule add` rewrite them to today's form beside their specs, and the rewritten line
+    runs the script with every word as before."""
+    root, bin_dir = tmp_path_factory.mktemp("legacy"), Path(sys.executable).parent
+    assert re.fullmatch(r"[\w@%+=:,./-]+", f"{root}:{bin_dir}"), "the fixture's placeholders need shell-safe paths"
+    (a, spec_a), (b, spec_b) = legacy_lines(str(root), str(bin_dir))
+    (root / "p 50%").mkdir()
+    (root / "p 50%" / "seen.py").write_text(SEEN)
+    subprocess.run(["crontab", "-"], input=FOREIGN + a + "\n" + b + "\n", text=True, check=True)
+
+    r = cddp("schedule", "list", check_rc=0, timeout=60)
+    assert r.stderr == "".join(
+        f"migrated schedule {s.name}: its options, -e values and script arguments moved from the crontab line to "
+        f"{s.spec_path} (mode 0600); the line now runs `clusterddp schedule fire` on that file\n"
+        for s in (spec_a, spec_b))
+    assert [x.split()[0] for x in r.stdout.splitlines()] == ["NAME", "ev.1_a-b", "weekly"]
+    assert crontab_l() == FOREIGN + S.render_line(spec_a) + "\n" + S.render_line(spec_b) + "\n"
+    assert [S.load_spec(s.spec_path) for s in (spec_a, spec_b)] == [spec_a, spec_b]
+    assert all(Path(s.spec_path).stat().st_mode & 0o777 == 0o600 for s in (spec_a, spec_b))
+    assert cddp("schedule", "list", check_rc=0, timeout=60).stderr == ""  # once is enough
+
+    r = cddp("schedule", "run", "ev.1_a-b", check_rc=0)
+    argv, env = seen(root / "p 50%")
+    assert argv == [w.encode() for w in spec_a.run.script_args] and b"two" not in b"".join(argv)
+    assert env == {**{k: v.encode() for k, v in spec_a.run.env if k != "OMP_NUM_THREADS"},
+                   "SSH_AUTH_SOCK": spec_a.agent_socket.encode()}
+    assert RunStore(spec_a.runs_dir).last_run("ev.1_a-b")["status"] == "succeeded"
+
+    subprocess.run(["crontab", "-"], input=FOREIGN + b + "\n", text=True, check=True)
+    Path(spec_b.spec_path).unlink()
+    r = add(root / "p 50%", "other", "local", "seen.py", "--runs-dir", str(root / "r2"))
+    assert r.stderr.startswith("migrated schedule weekly: ") and S.load_spec(spec_b.spec_path) == spec_b
+    assert crontab_l().startswith(FOREIGN + S.render_line(spec_b) + "\n") and "# clusterddp:other" in crontab_l()
+
+
+# Words that must reach the script unchanged from `schedule add` through the spec file, cron's
+# line and `schedule fire`: cron's `%` (end of command, and `\%` its escape), a backslash right
+# before a `%`, the shell's quotes, expansions and operators, a newline (no line could hold one).
+HOSTILE = ("50%", "a%b%c", "%", "a\\%b", "\\", "it's", '"dq"', "$(touch /tmp/pwned-cron)",
+           "`touch /tmp/pwned-cron`", "a;b|c&d", "*", "", "naïve ü", "two\nlines")
+HOSTILE_ENV = tuple((f"W{i}", w) for i, w in enumerate(
+    ("50%", "a%b%c", "a\\%b", "it's", '"dq"', "$(touch /tmp/pwned-cron)", "*", "", "\\", "naïve ü", "l1\nl2")))
+
+# Writes the raw bytes of its arguments and of the W<n> (and secret, and agent) variables it received.
 SEEN = """\
 import json, os, re, sys
-env = {k.decode(): v.hex() for k, v in os.environb.items() if re.fullmatch(rb"W[0-9]+", k)}
+env = {k.decode(): v.hex() for k, v in os.environb.items() if re.fullmatch(rb"W[0-9]+|SECRET_TOKEN|SSH_AUTH_SOCK", k)}
 with open("seen.json", "w") as f:
     json.dump({"argv": [os.fsencode(a).hex() for a in sys.argv[1:]], "env": env}, f)
 """
+
+
+def seen(folder: Path) -> tuple[list[bytes], dict[str, bytes]]:
+    d = json.loads((folder / "seen.json").read_text())
+    return [bytes.fromhex(a) for a in d["argv"]], {k: bytes.fromhex(v) for k, v in d["env"].items()}
 
 
 @pytest.mark.slow
@@ -262,8 +332,7 @@ def test_cron_daemon_runs_a_schedule_with_hostile_words_byte_for_byte(crontab, t
     script gets every argument and -e value exactly, with nothing in them executed."""
     pwned = Path("/tmp/pwned-cron")
     pwned.unlink(missing_ok=True)
-    # the line names this folder thrice (cron takes 998 bytes): a short path, with a space and a %
-    work = tmp_path_factory.mktemp("cron 50%")
+    work = tmp_path_factory.mktemp("cron 50%")  # the line names this folder: a space and a % in it
     (work / "seen.py").write_text(SEEN)
     env_args = [a for k, v in HOSTILE_ENV for a in ("-e", f"{k}={v}")]
     add(work, "every-minute", "local", "seen.py", "--gpus", "1", "-e", "OMP_NUM_THREADS=1", *env_args,
@@ -273,25 +342,27 @@ def test_cron_daemon_runs_a_schedule_with_hostile_words_byte_for_byte(crontab, t
     if not S.cron_daemon_running():
         daemon = subprocess.Popen(["/usr/sbin/cron", "-f"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True)
-        time.sleep(1)
+        # cron writes its pid file once it holds the daemon lock, past the checks that make it quit
+        eventually(lambda: daemon.poll() is not None or _read(CRON_PID) == f"{daemon.pid}\n", timeout=30,
+                   interval=0.05)
         assert daemon.poll() is None, f"cron did not start: {daemon.communicate()[0]}"
     try:
-        run = eventually(lambda: store.last_run("every-minute"), timeout=150, interval=1)
+        run = eventually(lambda: store.last_run("every-minute"), timeout=150, interval=0.25)
         assert run, "cron started no run within 150s"
         cddp("schedule", "remove", "every-minute", check_rc=0)  # no second run next minute
-        done = eventually(lambda: store.last_run("every-minute")["status"] != "running", timeout=90, interval=1)
+        done = eventually(lambda: store.last_run("every-minute")["status"] != "running", timeout=90, interval=0.25)
         rec = store.load(run["run_id"])
         log = (work / "runs" / "schedules" / "every-minute.log").read_text()
         assert done and rec.status == "succeeded", f"{rec}\n{log}"
         assert rec.schedule == "every-minute" and rec.launch_dir == str(work)
         assert f"run {run['run_id']} succeeded" in log
-        seen = json.loads((work / "seen.json").read_text())
-        assert [bytes.fromhex(a) for a in seen["argv"]] == [w.encode() for w in HOSTILE]
-        assert {k: bytes.fromhex(v) for k, v in seen["env"].items()} == {k: v.encode() for k, v in HOSTILE_ENV}
+        argv, env = seen(work)
+        assert argv == [w.encode() for w in HOSTILE]
+        assert env == {k: v.encode() for k, v in HOSTILE_ENV}
         assert not pwned.exists()
     finally:
         if daemon is not None:
             daemon.terminate()
             daemon.wait(timeout=10)
         # a run cron may have started meanwhile must end before its folder goes away
-        eventually(lambda: all(r["status"] != "running" for r in store.list()), timeout=90, interval=1)
+        eventually(lambda: all(r["status"] != "running" for r in store.list()), timeout=90, interval=0.25)

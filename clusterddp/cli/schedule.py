@@ -1,4 +1,4 @@
-"""`clusterddp schedule add|list|remove|run`: scheduled runs on the system cron."""
+"""`clusterddp schedule add|list|remove|run` (and the hidden `fire`): scheduled runs on the system cron."""
 
 from __future__ import annotations
 
@@ -38,7 +38,10 @@ def add(
     collect: list[str] = COLLECT,
     max_restarts: int = MAX_RESTARTS,
 ) -> None:
-    """Add a crontab entry that runs `clusterddp up INVENTORY SCRIPT` at the --cron times, from here."""
+    """Add a crontab entry that runs `clusterddp up INVENTORY SCRIPT` at the --cron times, from here.
+
+    The options, -e values and script arguments go to a 0600 spec file in <runs-dir>/schedules/,
+    not into the crontab."""
     from .. import jobs
     from .. import schedule as S
     from ..inventory import LOCAL
@@ -51,15 +54,17 @@ def add(
     run = dataclasses.replace(run, script=os.path.abspath(script))
     executable, bin_dir = S.current_executable()
     spec = S.ScheduleSpec(
-        name=name, cron=expr, workdir=os.getcwd(), runs_dir=str(prep.store.root), executable=executable,
+        name=name, cron=expr, launch_dir=os.getcwd(), runs_dir=str(prep.store.root), executable=executable,
         bin_dir=bin_dir, inventory=inventory if inventory == LOCAL else os.path.abspath(inventory), run=run,
         hosts=tuple(hosts_ or ()),
         agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None)
-    _, replaced = S.add(spec, replace)
+    edit = S.add(spec, replace)
+    _tell_migrated(edit)
 
-    print(f"{'replaced' if replaced else 'added'} schedule {name}: {expr}")
+    print(f"{'replaced' if edit.replaced else 'added'} schedule {name}: {expr}")
     print("  next:  " + ", ".join(t.strftime("%Y-%m-%d %H:%M %Z") for t in S.next_runs(expr, 3)))
-    print(f"  runs:  {spec.runs_dir}\n  log:   {spec.log_path}\n  try it now: clusterddp schedule run {name}")
+    print(f"  runs:  {spec.runs_dir}\n  spec:  {spec.spec_path}\n  log:   {spec.log_path}\n"
+          f"  try it now: clusterddp schedule run {name}")
     no_key = [h.name for h in prep.plan.inventory.hosts if h.transport == "ssh" and not h.identity_file]
     if no_key and not spec.agent_socket:
         err(f"warning: cron runs without your ssh-agent, and {', '.join(no_key)} "
@@ -71,6 +76,30 @@ def add(
     if not S.cron_daemon_running():
         err("warning: no cron daemon is running on this machine; start it (e.g. `service cron start`) "
             "or the schedule never fires")
+
+
+def _migrated_crontab() -> str:
+    """The crontab, its long-form lines rewritten first; if that fails, as it is (those lines still run)."""
+    from .. import schedule as S
+    from ..errors import ClusterDDPError
+
+    try:
+        edit = S.migrate()
+    except ClusterDDPError as e:
+        err(f"warning: could not move the options of older crontab lines to spec files: {e}")
+        return S.read_crontab()
+    _tell_migrated(edit)
+    return edit.text
+
+
+def _tell_migrated(edit) -> None:
+    """Say on stderr which long-form crontab lines an edit rewrote, and which it could not."""
+    for spec in edit.migrated:
+        err(f"migrated schedule {spec.name}: its options, -e values and script arguments moved from the crontab "
+            f"line to {spec.spec_path} (mode 0600); the line now runs `clusterddp schedule fire` on that file")
+    for name in edit.left:
+        err(f"note: schedule {name}: its crontab line is not one clusterddp writes (edited by hand?); left as it is. "
+            f"`clusterddp schedule add {name} ... --replace` writes a new one")
 
 
 def _is_socket(path: str) -> bool:
@@ -90,7 +119,7 @@ def list_() -> None:
     from .. import schedule as S
     from ..store import RunStore
 
-    found = S.entries(S.read_crontab())
+    found = S.entries(_migrated_crontab())
     if not found:
         print(f"no schedules in the crontab of {S.current_user().pw_name}; add one with `clusterddp schedule add`")
         return
@@ -114,7 +143,7 @@ def list_() -> None:
 @app.command("remove")
 @handle_errors
 def remove(name: str = typer.Argument(..., help="The schedule to remove.")) -> None:
-    """Remove a schedule's crontab entry (its runs, log and lock file stay)."""
+    """Remove a schedule's crontab entry and its spec file (its runs, log and lock file stay)."""
     from .. import schedule as S
 
     S.remove(S.check_name(name))
@@ -128,7 +157,7 @@ def run(name: str = typer.Argument(..., help="The schedule to run now.")) -> Non
     from .. import schedule as S
 
     S.check_name(name)
-    text = S.read_crontab()
+    text = _migrated_crontab()  # so that the run goes through `schedule fire`, as cron's next one will
     entry = S.find(text, name)
     if entry is None:
         raise S.UnknownSchedule(name)
@@ -170,18 +199,49 @@ def _copy_new(log: str | None, pos: int) -> int:
     return pos + len(data)
 
 
-@app.command("_skipped", hidden=True)
+@app.command("fire", hidden=True)
 @handle_errors
-def skipped(name: str = typer.Argument(...), runs_dir: str = RUNS_DIR) -> None:
-    """Called by a schedule's entry when the previous run still holds the lock: record the skip."""
+def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file.")) -> None:
+    """What a schedule's crontab line runs: check the spec, take the schedule's lock without
+    waiting (held: the previous run still runs, so record a skip and exit 75), run `clusterddp up`."""
+    from .. import schedule as S
+    from ..store import utcnow
+
+    spec = S.load_spec(spec_file)
+    lock = S.try_lock(spec)
+    if lock is None:
+        _record_skip(spec.name, spec.runs_dir)
+        raise typer.Exit(S.SKIP_EXIT)
+    print(f"[clusterddp] {utcnow()} schedule {spec.name}: starting clusterddp up (spec {spec.spec_path})", flush=True)
+    proc = S.start_up(spec, lock)
+    while True:
+        try:
+            rc = proc.wait()
+            break
+        except KeyboardInterrupt:  # the run got the Ctrl-C too, and tears down; wait for it
+            continue
+    raise typer.Exit(rc if rc >= 0 else 128 - rc)
+
+
+def _record_skip(name: str, runs_dir: str) -> None:
     from .. import schedule as S
     from ..record import RunStatus
     from ..store import RunStore
 
     store = RunStore(runs_dir)
-    last = store.last_run(S.check_name(name))
+    last = store.last_run(name)
     holder = last["run_id"] if last and last["status"] == RunStatus.RUNNING else None
     reason = (f"the previous run{' ' + holder if holder else ''} still holds "
               f"{S.lock_path(str(store.root), name)}")
     rec = store.record_skip(name, reason, holder)
     print(f"[clusterddp] {rec['at']} schedule {name}: skipped; {reason}", flush=True)
+
+
+@app.command("_skipped", hidden=True)
+@handle_errors
+def skipped(name: str = typer.Argument(...), runs_dir: str = RUNS_DIR) -> None:
+    """Called by a long-form line (written before spec files, until `schedule list` or `add`
+    migrates it) when the previous run still holds the lock: record the skip."""
+    from .. import schedule as S
+
+    _record_skip(S.check_name(name), runs_dir)
