@@ -269,8 +269,9 @@ class SSHTransport:
         try:
             self._conn = _Hop(self.host.address, self, config=_fabric_config(self.host),
                               user=self.host.user, port=self.host.port)
-        except (paramiko.SSHException, ValueError, KeyError, OSError) as e:
-            raise HostError(self.name, f"cannot use the ssh_config entry for {self.host.address}: {e}",
+        except (paramiko.SSHException, ValueError, KeyError, OSError, RecursionError) as e:
+            why = "its ProxyJump hosts jump through each other in a loop" if isinstance(e, RecursionError) else e
+            raise HostError(self.name, f"cannot use the ssh_config entry for {self.host.address}: {why}",
                             "check ~/.ssh/config (clusterddp reads HostName, User, Port, IdentityFile, "
                             "ProxyJump, ProxyCommand)", kind=Kind.CONFIG) from None
         self._conn.open()
