@@ -320,8 +320,8 @@ class SSHTransport:
     # Commands run on channels of the Connection's paramiko transport, not through Fabric's
     # Connection.run: output stays bytes, stdin is written as given, one loop on the caller's thread
     # reads stdout and stderr (Fabric's runner starts threads per command and decodes text: a cost
-    # at every host of a fan-out and every chunk of a bulk stream), and each channel gets the
-    # window and packet sizes above.
+    # at every host of a fan-out and every chunk of a bulk stream), each channel gets the window
+    # and packet sizes above, and none ever asks for agent forwarding.
     def _channel(self, command: str, timeout: float | None) -> paramiko.Channel:
         try:
             chan = self._transport.open_session(window_size=_WINDOW, max_packet_size=_MAX_PACKET,
