@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from . import plan as P
-from .errors import ClusterDDPError, HostError
+from .errors import ClusterDDPError, HostError, HostErrorKind
 from .fleet import Fleet, HostResult
 from .inventory import Host, Inventory
 from .node.probe import ProbeError, parse_reply
@@ -142,13 +142,21 @@ def _same(check: str, values: dict[str, str | None], show: Callable[[str | None]
     return out
 
 
+_SSH_VALUE = {
+    HostErrorKind.HOST_KEY_UNKNOWN: "host key unknown",
+    HostErrorKind.HOST_KEY_CHANGED: "host key CHANGED",
+    HostErrorKind.AUTH_REFUSED: "auth failed",
+    HostErrorKind.TIMEOUT: "timeout",
+    HostErrorKind.UNREACHABLE: "unreachable",
+    HostErrorKind.CONNECTION_LOST: "connection lost",
+    HostErrorKind.CONFIG: "ssh_config",
+    HostErrorKind.OTHER: "failed",
+}
+
+
 def _ssh_finding(e: HostError) -> Finding:
     msg = e.message[len(e.host) + 2:] if e.message.startswith(f"{e.host}: ") else e.message
-    low = msg.lower()
-    value = ("host key CHANGED" if "changed" in low else "host key unknown" if "host key" in low
-             else "auth failed" if "authentication" in low else "timeout" if "within" in low or "timed out" in low
-             else "unreachable")
-    return Finding("ssh", FAIL, value, msg, e.hint)
+    return Finding("ssh", FAIL, _SSH_VALUE[e.kind], msg, e.hint)
 
 
 def _torch(host: Host, f: dict, compared: Finding | None, ref: str | None) -> Finding:

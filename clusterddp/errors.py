@@ -7,6 +7,7 @@ Library code raises these; only the CLI turns them into a message and an exit co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 
 class ClusterDDPError(Exception):
@@ -44,12 +45,30 @@ class RunNotFound(UsageError):
     """A run id (or prefix) that names no run, or more than one."""
 
 
+class HostErrorKind(Enum):
+    """What went wrong with a host, decided where the SSH library's exception is translated.
+
+    Callers (check's table, for one) branch on this, never on the message's wording.
+    """
+
+    HOST_KEY_UNKNOWN = "host_key_unknown"
+    HOST_KEY_CHANGED = "host_key_changed"
+    AUTH_REFUSED = "auth_refused"
+    TIMEOUT = "timeout"
+    UNREACHABLE = "unreachable"
+    CONNECTION_LOST = "connection_lost"
+    CONFIG = "config"  # the host's ssh_config entry cannot be used
+    OTHER = "other"
+
+
 class HostError(ClusterDDPError):
     """Something went wrong talking to one host (connect, auth, host key, command)."""
 
-    def __init__(self, host: str, message: str, hint: str | None = None) -> None:
+    def __init__(self, host: str, message: str, hint: str | None = None,
+                 kind: HostErrorKind = HostErrorKind.OTHER) -> None:
         super().__init__(f"{host}: {message}", hint)
         self.host = host
+        self.kind = kind
 
 
 @dataclass(frozen=True)

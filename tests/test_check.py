@@ -20,7 +20,7 @@ import pytest
 
 from clusterddp import check, inventory, plan
 from clusterddp.check import FAIL, OK, WARN, evaluate
-from clusterddp.errors import HostError, InventoryError
+from clusterddp.errors import HostError, HostErrorKind, InventoryError
 from clusterddp.fleet import Fleet, HostResult, fan_out
 from clusterddp.node.probe import MARK, parse_reply
 from clusterddp.transport import CommandResult
@@ -125,15 +125,30 @@ def test_nccl_is_compared_only_where_known():
 
 def test_unreachable_and_changed_key_hosts_fail_without_hiding_the_others():
     results = healthy()
-    results[1] = HostResult("b", None, HostError("b", "no answer from root@10.0.0.2:22 within 3s", "check it"))
+    results[1] = HostResult("b", None, HostError("b", "no answer from root@10.0.0.2:22 within 3s", "check it",
+                                                 kind=HostErrorKind.TIMEOUT))
     results[2] = HostResult("c", None, HostError("c", "host key for 10.0.0.3 has CHANGED (refused)",
-                                                 "`ssh-keygen -R 10.0.0.3`"))
+                                                 "`ssh-keygen -R 10.0.0.3`", kind=HostErrorKind.HOST_KEY_CHANGED))
     r = evaluate(inv(), results)
     assert finding(r, "b", "ssh").value == "timeout" and finding(r, "b", "ssh").fix == "check it"
     assert finding(r, "c", "ssh").value == "host key CHANGED"
     assert finding(r, "c", "ssh").problem == "host key for 10.0.0.3 has CHANGED (refused)"
     assert r.hosts[0].status == OK  # a still compared and passing on its own
     assert "  b: no answer from root@10.0.0.2:22 within 3s\n    fix: check it" in r.summary()
+
+
+@pytest.mark.parametrize("kind, value", [
+    (HostErrorKind.HOST_KEY_UNKNOWN, "host key unknown"), (HostErrorKind.HOST_KEY_CHANGED, "host key CHANGED"),
+    (HostErrorKind.AUTH_REFUSED, "auth failed"), (HostErrorKind.TIMEOUT, "timeout"),
+    (HostErrorKind.UNREACHABLE, "unreachable"), (HostErrorKind.CONNECTION_LOST, "connection lost"),
+    (HostErrorKind.CONFIG, "ssh_config"), (HostErrorKind.OTHER, "failed"),
+])
+def test_the_ssh_verdict_comes_from_the_errors_kind_not_its_wording(kind, value):
+    results = healthy()
+    results[1] = HostResult("b", None, HostError("b", "the host key changed within 3s: authentication", "fix",
+                                                 kind=kind))
+    r = evaluate(inv(), results)
+    assert (finding(r, "b", "ssh").value, finding(r, "b", "ssh").status) == (value, FAIL)
 
 
 def test_python_not_found_and_failing_setup_are_named():

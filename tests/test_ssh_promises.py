@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from clusterddp import inventory
-from clusterddp.errors import HostError
+from clusterddp.errors import HostError, HostErrorKind
 from clusterddp.transport import connect
 from helpers import cddp, eventually
 
@@ -84,12 +84,20 @@ def test_accept_new_records_unknown_host_keys_and_refuses_a_changed_one(bed, tmp
     assert known.read_text() == stale + host_key_line(bed, n2) + "\n"
 
 
-def test_proxycommand_carries_the_connection(bed, tmp_path):
-    """ProxyCommand `ssh -W` through node1: node2 sees node1, not this machine, as the client."""
+def test_proxycommand_carries_the_connection_with_the_inventorys_user_and_port(bed, tmp_path):
+    """ProxyCommand `ssh -W` through node1: node2 sees node1, not this machine, as the client.
+
+    ssh_config's own User and Port for that alias are wrong; the inventory's (root, 22) win, and
+    they are what the command's %r and %p expand to, as with OpenSSH's -l and -p.
+    """
     n1, n2 = bed.nodes
-    proxy = (f"ssh -F /dev/null -i {bed.identity_file} -o BatchMode=yes -o StrictHostKeyChecking=yes "
-             f"-o UserKnownHostsFile={bed.known_hosts} -W %h:%p root@{n1.address}")
-    home = empty_home(tmp_path, f"Host behind-node1\n  HostName {n2.address}\n  ProxyCommand {proxy}\n")
+    proxy = tmp_path / "proxy"
+    proxy.write_text(f'#!/bin/sh\necho "$1" >> {tmp_path}/proxy-user\n'
+                     f"exec ssh -F /dev/null -i {bed.identity_file} -o BatchMode=yes -o StrictHostKeyChecking=yes "
+                     f'-o UserKnownHostsFile={bed.known_hosts} -W "$2:$3" root@{n1.address}\n')
+    proxy.chmod(0o755)
+    home = empty_home(tmp_path, f"Host behind-node1\n  HostName {n2.address}\n  ProxyCommand {proxy} %r %h %p\n"
+                                f"  User no-such-user\n  Port 2222\n")
     doc = yaml.safe_load(bed.write_inventory(tmp_path / "inv.yaml").read_text())
     doc["hosts"] = [{"name": "via-n1", "address": "behind-node1", "workdir": n2.workdir},
                     {"name": "direct", "address": n2.address, "workdir": n2.workdir}]
@@ -97,8 +105,9 @@ def test_proxycommand_carries_the_connection(bed, tmp_path):
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     r = cddp("exec", str(inv), "--", "echo", "$(hostname)", "from=${SSH_CONNECTION%% *}", check_rc=0,
              timeout=120, env={"HOME": str(home)})
-    assert f"[via-n1] node2 from={n1.address}\n" in r.stdout, r.stdout  # came out of node1
+    assert f"[via-n1] node2 from={n1.address}\n" in r.stdout, r.stdout  # came out of node1, to port 22
     assert f"[direct] node2 from={bed.gateway}\n" in r.stdout, r.stdout  # the direct route, for contrast
+    assert (tmp_path / "proxy-user").read_text() == "root\n"
 
 
 def test_etc_ssh_config_is_read_after_the_users_config(bed, tmp_path):
@@ -157,10 +166,12 @@ def test_inventory_fields_override_ssh_config(bed, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     h = inventory.load(inv).hosts[0]
-    with pytest.raises(HostError, match=re.escape(f"cannot connect to no-such-user@{n2.address}:2222")):
+    with pytest.raises(HostError, match=re.escape(f"cannot connect to no-such-user@{n2.address}:2222")) as e:
         connect(replace(h, address="gpu-c", user=None, port=None, identity_file=None))
-    with pytest.raises(HostError, match=re.escape(f"authentication failed for root@{n1.address}:22")):
+    assert e.value.kind is HostErrorKind.UNREACHABLE
+    with pytest.raises(HostError, match=re.escape(f"authentication failed for root@{n1.address}:22")) as e:
         connect(replace(h, identity_file=None))  # only ssh_config's (refused) key is left to offer
+    assert e.value.kind is HostErrorKind.AUTH_REFUSED
 
 
 @pytest.fixture

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import subprocess
+import sys
 from dataclasses import replace
 
+import paramiko
 import pytest
+import yaml
 
 from clusterddp import inventory
-from clusterddp.errors import HostError
+from clusterddp.errors import HostError, HostErrorKind
 from clusterddp.transport import connect
-from helpers import cddp
 
 pytestmark = pytest.mark.integration
 
@@ -31,8 +34,30 @@ def test_a_stream_past_paramikos_rekey_point_completes(bed, tmp_path):
             assert t.stream("head -c 335544320 /dev/zero", count, stderr_to=bytearray()) == 0
         assert total == 2 * 335544320
         assert t.run("echo still usable").text == "still usable\n"
+        # set on this connection only: other paramiko users in the process keep paramiko's default
+        assert t._transport.packetizer.REKEY_BYTES > 1 << 40
+        assert paramiko.packet.Packetizer.REKEY_BYTES == 1 << 29
     finally:
         t.close()
+
+
+def test_run_and_stream_read_stdout_and_stderr_together(bed, tmp_path):
+    """Over 4 MiB (the channel's window) of stderr while stdout is still open must not stall either."""
+    host = inventory.load(bed.write_inventory(tmp_path / "inv.yaml")).hosts[0]
+    t = connect(host)
+    try:
+        r = t.run("head -c 8M /dev/zero >&2; echo done", timeout=20)
+        assert (r.exit_code, r.text, len(r.stderr)) == (0, "done\n", 8 << 20)
+        r = t.run("head -c 8M /dev/zero; echo done >&2", timeout=20)
+        assert (r.exit_code, len(r.stdout), r.stderr) == (0, 8 << 20, b"done\n")
+        out, err = bytearray(), bytearray()
+        assert t.stream("head -c 8M /dev/zero >&2; echo done; exit 3", out.extend, stderr_to=err, timeout=20) == 3
+        assert (bytes(out), len(err)) == (b"done\n", 8 << 20)
+    finally:
+        t.close()
+    with pytest.raises(HostError, match="connection lost") as e:
+        t.run("true")
+    assert e.value.kind is HostErrorKind.CONNECTION_LOST
 
 
 def test_aes_gcm_is_preferred_and_a_server_without_it_still_connects(make_bed, tmp_path):
@@ -85,38 +110,99 @@ def test_ssh_config_supplies_hostname_user_port_and_key(bed, tmp_path, monkeypat
     finally:
         t.close()
     (home / ".ssh" / "config").write_text(f"Host gpu-a\n  HostName {bed.nodes[0].address}\n")
-    with pytest.raises(HostError, match=re.escape(f"no SSH key to log in to root@{bed.nodes[0].address}:22")):
+    with pytest.raises(HostError, match=re.escape(f"no SSH key to log in to root@{bed.nodes[0].address}:22")) as e:
         connect(bare_host(bed, tmp_path, "gpu-a"))
+    assert e.value.kind is HostErrorKind.AUTH_REFUSED
 
 
-def test_proxyjump_reaches_a_node_this_machine_cannot(make_bed, tmp_path, monkeypatch):
-    bed = make_bed(2)
-    jump, target = bed.nodes
+def accepted_from(bed, node) -> set[str]:
+    """The client addresses node's sshd has accepted a login from."""
+    log = (bed.root / node.name / "sshd.log").read_text()
+    return set(re.findall(r"Accepted publickey for \S+ from (\S+) port", log))
+
+
+def test_proxyjump_chains_go_through_every_hop_with_host_keys_checked_on_each(make_bed, tmp_path, monkeypatch):
+    """node3 by way of node1 then node2, where only node1 is reachable from here.
+
+    Two spellings of that route: node3's ProxyJump names node2, whose own ssh_config entry jumps
+    through node1; and a ProxyJump list `node1,node2`, which OpenSSH walks in that order.
+    """
+    bed = make_bed(3)
+    n1, n2, n3 = bed.nodes
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text(
-        f"Host inner\n  HostName {target.address}\n  ProxyJump root@{jump.address}\n"
+        f"Host via-n1\n  HostName {n2.address}\n  ProxyJump root@{n1.address}\n"
+        f"Host nested\n  HostName {n3.address}\n  ProxyJump via-n1\n"
+        f"Host listed\n  HostName {n3.address}\n  ProxyJump root@{n1.address},root@{n2.address}\n"
+        f"Host only-n2\n  HostName {n3.address}\n  ProxyJump root@{n2.address}\n"
         f"Host *\n  User root\n  IdentityFile {bed.identity_file}\n")
     monkeypatch.setenv("HOME", str(home))
-    subprocess.run(["ip", "route", "add", "blackhole", f"{target.address}/32"], check=True)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    where = "echo $(hostname) ${SSH_CONNECTION%% *}"
+    blackholed = [n2.address, n3.address]
+    for addr in blackholed:
+        subprocess.run(["ip", "route", "add", "blackhole", f"{addr}/32"], check=True)
     try:
-        with pytest.raises(HostError, match="cannot connect to"):  # no direct way from here
-            connect(replace(bare_host(bed, tmp_path, target.address), connect_timeout=2))
-        t = connect(bare_host(bed, tmp_path, "inner"))
+        for addr, via in ((n2.address, "via n1"), (n3.address, "via n2, itself not reachable from here")):
+            with pytest.raises(HostError, match="cannot connect to") as e:  # no direct way to node2 or node3
+                connect(replace(bare_host(bed, tmp_path, addr if via == "via n1" else "only-n2"),
+                                connect_timeout=2))
+            assert e.value.kind is HostErrorKind.UNREACHABLE, via
+        t = connect(bare_host(bed, tmp_path, "via-n1"))
         try:
-            assert t.run("hostname").text == "node2\n"
+            assert t.run(where).text == f"node2 {n1.address}\n"
         finally:
             t.close()
+        for alias in ("nested", "listed"):
+            t = connect(bare_host(bed, tmp_path, alias))
+            try:
+                assert t.run(where).text == f"node3 {n2.address}\n", alias  # node3 was reached from node2
+            finally:
+                t.close()
+        assert accepted_from(bed, n2) == {n1.address} and accepted_from(bed, n3) == {n2.address}
+
+        # Host keys are the inventory's rules on the jump hosts too, not Fabric's accept-anything.
+        lines = {n: host_key_line(bed, n) + "\n" for n in bed.nodes}
+        known = tmp_path / "known_hosts"
+        known.write_text(lines[n1] + lines[n3])
+        strict = replace(bare_host(bed, tmp_path, "nested"), known_hosts=str(known))
+        with pytest.raises(HostError, match=re.escape(f"host key of {n2.address} is unknown")) as e:
+            connect(strict)
+        assert e.value.kind is HostErrorKind.HOST_KEY_UNKNOWN
+        known.write_text(lines[n1] + f"{n2.address} {lines[n3].split(' ', 1)[1]}" + lines[n3])
+        with pytest.raises(HostError, match=re.escape(f"host key for {n2.address} has CHANGED")) as e:
+            connect(strict)
+        assert e.value.kind is HostErrorKind.HOST_KEY_CHANGED
+        known.write_text("")
+        connect(replace(strict, host_key_policy="accept-new")).close()
+        assert sorted(known.read_text().splitlines(True)) == sorted(lines.values())  # every hop recorded
     finally:
-        subprocess.run(["ip", "route", "del", "blackhole", f"{target.address}/32"], check=True)
+        for addr in blackholed:
+            subprocess.run(["ip", "route", "del", "blackhole", f"{addr}/32"], check=True)
 
 
-def test_an_ssh_config_it_cannot_evaluate_is_a_host_error_with_the_fix(bed, tmp_path):
-    """The CLI keeps invoke (paramiko's only use: Match exec) unloaded; such a block is reported, not run."""
-    (tmp_path / ".ssh").mkdir()
-    (tmp_path / ".ssh" / "config").write_text(f'Match exec "touch {tmp_path}/ran"\n  User bob\n')
-    inv = bed.write_inventory(tmp_path / "inv.yaml", hosts=bed.nodes[:1])
-    r = cddp("exec", str(inv), "--", "true", env={"HOME": str(tmp_path)})
-    assert r.returncode == 1 and "node1: clusterddp does not run ssh_config `Match exec` blocks" in r.stderr, r
-    assert "move that block out of ~/.ssh/config" in r.stderr and "Traceback" not in r.stderr
-    assert not (tmp_path / "ran").exists()
+def host_key_line(bed, node) -> str:
+    keytype, blob = (bed.root / node.name / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    return f"{node.address} {keytype} {blob}"
+
+
+def test_ssh_config_match_exec_runs_its_command_and_applies_the_block_on_exit_0(bed, tmp_path):
+    """As OpenSSH: the command runs here with %h expanded; exit 0 applies the block, non-zero skips it."""
+    n1, n2 = bed.nodes
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f'Match exec "test %h = {n2.address}"\n  User no-such-user\n'
+        f'Match exec "touch {tmp_path}/ran-for-%h"\n  User root\n  IdentityFile {bed.identity_file}\n')
+    inv = tmp_path / "inv.yaml"
+    doc = yaml.safe_load(bed.write_inventory(inv).read_text())
+    del doc["defaults"]["user"], doc["defaults"]["identity_file"]  # left to ssh_config
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    env = {**{k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}, "HOME": str(home)}
+    r = subprocess.run([sys.executable, "-m", "clusterddp", "exec", str(inv), "--", "id", "-un"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 1 and r.stdout == "[node1] root\n", r
+    assert f"node2: authentication failed for no-such-user@{n2.address}:22" in r.stderr, r
+    assert "Traceback" not in r.stderr
+    assert (tmp_path / f"ran-for-{n1.address}").exists() and (tmp_path / f"ran-for-{n2.address}").exists()

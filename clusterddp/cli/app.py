@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from . import runs as runs_cmd
@@ -28,8 +26,4 @@ def _root() -> None:
 
 
 def main() -> None:
-    # paramiko imports invoke (0.05-0.1 s of start-up: it brings unittest.mock and asyncio) only to
-    # run ssh_config `Match exec` blocks, which transport/ssh.py reports as unsupported instead.
-    # Refuse that import in this process, unless something already loaded invoke.
-    sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]
     app()

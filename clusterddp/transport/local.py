@@ -6,7 +6,7 @@ import subprocess
 import threading
 from typing import Callable
 
-from ..errors import HostError
+from ..errors import HostError, HostErrorKind
 from ..inventory import Host
 from .base import CommandResult
 
@@ -24,7 +24,7 @@ class LocalTransport:
             p = subprocess.run(["bash", "-c", command], input=stdin if stdin is not None else b"",
                                capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise HostError(self.name, f"command timed out after {timeout:g}s") from None
+            raise HostError(self.name, f"command timed out after {timeout:g}s", kind=HostErrorKind.TIMEOUT) from None
         return CommandResult(p.returncode, p.stdout, p.stderr)
 
     def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None,

@@ -1,47 +1,42 @@
-"""SSH transport on paramiko: ssh_config resolves the connection, paramiko channels run commands.
+"""SSH transport: one Fabric Connection per host; commands on that connection's paramiko channels.
 
-The only module that imports paramiko. ``~/.ssh/config`` and ``/etc/ssh/ssh_config`` fill what
-the inventory leaves unset (address alias -> HostName, User, Port, IdentityFile) and supply
-ProxyJump / ProxyCommand, as OpenSSH reads them (first value wins). Host keys are always checked
-against the inventory's ``known_hosts``: ``strict`` refuses unknown and changed keys,
-``accept-new`` records unknown ones and still refuses changed ones. Agent forwarding is never
-enabled. Fabric, which used to read ssh_config here, is not used: paramiko's SSHConfig does that
-part, and the CLI keeps invoke (imported by both, for ssh_config ``Match exec`` only) unloaded.
+The only module that imports Fabric (and with it invoke and paramiko). It is loaded only when a
+host is contacted (``clusterddp.transport.connect``), so ``--help``, ``runs``, ``schedule list``
+and ``up local`` never pay for them.
+
+How a host is reached is Fabric's work: its Config reads ``~/.ssh/config`` then
+``/etc/ssh/ssh_config`` (first value wins, as OpenSSH), and its Connection resolves HostName,
+User, Port, IdentityFile, ProxyCommand and ProxyJump, each jump host through its own ssh_config
+entry (a jump host's own ProxyJump included). The inventory's user, port and identity_file come
+before ssh_config's, as OpenSSH's ``-l``, ``-p`` and ``-i`` do, so a ProxyCommand's ``%r`` and
+``%p`` are the inventory's too.
+
+clusterddp's rules hold on every hop, jump hosts included: host keys are checked against the
+inventory's ``known_hosts`` only (``strict`` refuses unknown and changed keys, ``accept-new``
+records unknown ones and still refuses changed ones; never Fabric's default, which accepts any
+key, and never ssh_config's StrictHostKeyChecking or UserKnownHostsFile); ssh-agent may log in
+but is never forwarded; ``connect_timeout`` bounds every stage of every handshake.
 """
 
 from __future__ import annotations
 
 import ctypes
-import getpass
 import io
 import logging
 import os
+import select
 import socket
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
 import paramiko
+from fabric.config import Config
+from fabric.connection import Connection
 
 from ..errors import HostError
+from ..errors import HostErrorKind as Kind
 from ..inventory import Host
 from .base import CommandResult
-
-_known_hosts_lock = threading.Lock()
-
-
-class _LocalError(Exception):
-    """Carries an exception raised by a stream's consumer past the connection-error handlers."""
-# paramiko logs failures on its own threads (a banner timeout, a reset) with tracebacks, which
-# Python's last-resort handler would print; every failure already reaches the user as a HostError.
-logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-# paramiko starts a re-key after 512 MiB; a channel closing while that re-key is pending
-# deadlocks its transport thread until "Key-exchange timed out waiting for key negotiation"
-# (paramiko issue #822), so any fetch past 512 MiB on one connection failed. Leave re-keying
-# to the server (OpenSSH re-keys on its own schedule), which does not hit that race.
-paramiko.packet.Packetizer.REKEY_BYTES = 1 << 62
-paramiko.packet.Packetizer.REKEY_PACKETS = 1 << 62
 
 # Throughput (bench/collect_speed.py): paramiko prefers aes128-ctr + hmac-sha2-256, whose MAC
 # and per-packet work cost far more in Python than AES-GCM (an AEAD, one C call per packet);
@@ -52,27 +47,61 @@ paramiko.packet.Packetizer.REKEY_PACKETS = 1 << 62
 _PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 _WINDOW = 4 << 20
 _MAX_PACKET = 128 << 10
+_CHUNK = 1 << 20
+
+# paramiko starts a re-key after 512 MiB; a channel closing while that re-key is pending
+# deadlocks its transport thread until "Key-exchange timed out waiting for key negotiation"
+# (paramiko issue #822), so any fetch past 512 MiB on one connection failed. Each of our
+# transports leaves re-keying to the server (OpenSSH re-keys on its own schedule), which does not
+# hit that race. Set per transport, not on paramiko's class: other paramiko users in the process
+# keep its default.
+_NO_REKEY = 1 << 62
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
-def _reuse_freed_memory() -> None:
-    """Let glibc's malloc keep and reuse the buffers a bulk stream churns through.
+def _libc() -> object:
+    return ctypes.CDLL(None)
+
+
+def _reuse_freed_memory() -> bool:
+    """Let glibc's malloc keep and reuse the buffers a bulk stream churns through; False elsewhere.
 
     paramiko's channel buffer grows and drains for every chunk read, and each chunk is a fresh
     bytes object of up to 1 MiB. With glibc's defaults, blocks over 128 KiB (the threshold moves,
     but the heap is trimmed back each time) come from fresh zeroed pages, so every MiB fetched
     costs page faults several times over. Serving blocks up to 8 MiB from the heap and trimming
     it only past 32 MiB free made a 256 MiB collect about 0.15 s (9%) faster (measured with
-    interleaved runs). Other C libraries: nothing to do.
+    interleaved runs). Other C libraries have no mallopt: nothing to do.
     """
     try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 8 << 20)   # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 32 << 20)  # M_TRIM_THRESHOLD
+        mallopt = _libc().mallopt
     except (OSError, AttributeError):
-        pass
+        return False
+    mallopt(_M_MMAP_THRESHOLD, 8 << 20)
+    mallopt(_M_TRIM_THRESHOLD, 32 << 20)
+    return True
 
 
-_reuse_freed_memory()
+_process_lock = threading.Lock()
+_process_ready = False
+
+
+def _prepare_process() -> None:
+    """Process-wide settings for SSH transports, made when the first one is created (not at import).
+
+    Idempotent: the first call does the work. Changes glibc's malloc thresholds (see
+    :func:`_reuse_freed_memory`) and gives paramiko's logger a handler: paramiko logs failures on
+    its own threads (a banner timeout, a reset) with tracebacks, which Python's last-resort
+    handler would print, while every failure already reaches the user as a HostError.
+    """
+    global _process_ready
+    with _process_lock:
+        if _process_ready:
+            return
+        _process_ready = True
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    _reuse_freed_memory()
 
 
 def _transport_factory(sock: socket.socket, **kwargs) -> paramiko.Transport:
@@ -80,7 +109,20 @@ def _transport_factory(sock: socket.socket, **kwargs) -> paramiko.Transport:
     opts = t.get_security_options()
     first = tuple(c for c in _PREFERRED_CIPHERS if c in opts.ciphers)
     opts.ciphers = first + tuple(c for c in opts.ciphers if c not in first)
+    t.packetizer.REKEY_BYTES = t.packetizer.REKEY_PACKETS = _NO_REKEY
     return t
+
+
+_known_hosts_lock = threading.Lock()
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    """The host's key is not in known_hosts and the policy is strict."""
+
+
+class _Strict(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise _UnknownHostKey(hostname)
 
 
 class _AcceptNew(paramiko.MissingHostKeyPolicy):
@@ -97,62 +139,127 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
-@dataclass(frozen=True)
-class _Hop:
-    """One SSH server on the way to a node (a ProxyJump host or the node itself)."""
+_SSH_CONFIG_FILES = ("~/.ssh/config", "/etc/ssh/ssh_config")  # what Fabric's Config reads, in this order
+_config_lock = threading.Lock()
+_config_cache: tuple[tuple, paramiko.SSHConfig] | None = None
 
-    hostname: str
-    user: str
-    port: int
-    keys: tuple[str, ...]  # identity files to offer, the inventory's first
 
-    def __str__(self) -> str:
-        return f"{self.user}@{self.hostname}:{self.port}"
+def _file_signature(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _ssh_config() -> paramiko.SSHConfig:
-    cfg = paramiko.SSHConfig()
-    for path in (os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config"):
-        if os.path.isfile(path):
-            with io.open(path, encoding="utf-8", errors="replace") as f:  # open() is this module's entry point
-                cfg.parse(f)
-    return cfg
+    """ssh_config as Fabric's Config loads it, parsed once per process (again only if a file changed)."""
+    global _config_cache
+    key = tuple((p, _file_signature(p)) for p in map(os.path.expanduser, _SSH_CONFIG_FILES))
+    with _config_lock:
+        if _config_cache is None or _config_cache[0] != key:
+            # lazy: Fabric's and invoke's own config files (/etc/fabric.yaml, ~/.fabric.py, ...) are
+            # not read; the inventory, not a Fabric setting, decides how clusterddp connects.
+            cfg = Config(lazy=True)
+            cfg.load_ssh_config()
+            _config_cache = (key, cfg.base_ssh_config)
+        return _config_cache[1]
 
 
-def _route(host: Host, cfg: paramiko.SSHConfig) -> tuple[list[_Hop], str | None]:
-    """The hops to ``host`` (jump hosts first, the node last) and a ProxyCommand, if any."""
-    def hop(alias: str, user: str | None, port: int | None, key: str | None) -> tuple[_Hop, dict]:
-        found = cfg.lookup(alias)
-        keys = ((os.path.expanduser(key),) if key else ()) + tuple(found.get("identityfile", ()))
-        return _Hop(found["hostname"], user or found.get("user") or getpass.getuser(),
-                    port or int(found.get("port", 22)), keys), found
-    node, found = hop(host.address, host.user, host.port, host.identity_file)
-    jumps = []
-    for spec in (found.get("proxyjump") or "none").split(","):
-        if spec.strip().lower() == "none":
-            continue
-        user, _, rest = spec.strip().rpartition("@")
-        name, _, port = rest.partition(":")
-        jumps.append(hop(name, user or None, int(port) if port else None, host.identity_file)[0])
-    return jumps + [node], None if jumps else found.get("proxycommand")
+def _fabric_config(host: Host) -> Config:
+    """Fabric's Config for ``host``: ssh_config, with the inventory's user and port read first.
+
+    Those come first the way OpenSSH's ``-l``/``-p`` do, so that ssh_config's tokens (a
+    ProxyCommand's ``%r``/``%p``) and ``Match user`` see them, not ssh_config's own values.
+    """
+    base = _ssh_config()
+    given = {k: str(v) for k, v in (("user", host.user), ("port", host.port)) if v is not None}
+    if not given:
+        return Config(ssh_config=base, lazy=True)
+    layered = paramiko.SSHConfig()
+    # SSHConfig has no public way to add a rule to parsed ones; Fabric itself copies `_config`.
+    layered._config = [{"host": [host.address], "config": given}, *base._config]
+    return Config(ssh_config=layered, lazy=True)
+
+
+class _Hop(Connection):
+    """A fabric.Connection under clusterddp's rules (module docstring); so is every jump host it uses."""
+
+    # Declared on the class: invoke's DataProxy (a Connection's base) stores an attribute it does
+    # not know as a config value instead.
+    _owner: "SSHTransport | None" = None
+
+    def __init__(self, host: str, owner: "SSHTransport", *, config: Config, **kwargs) -> None:
+        self._owner = owner  # before Fabric's __init__, which builds the gateways (get_gateway)
+        h = owner.host
+        connect_kwargs = {"allow_agent": True, "transport_factory": _transport_factory,
+                          # connect_timeout bounds every stage of the handshake, not only the TCP
+                          # connect, so a host that accepts but never answers is reported as fast
+                          # as one that is down.
+                          "banner_timeout": h.connect_timeout, "auth_timeout": h.connect_timeout}
+        if h.identity_file:
+            connect_kwargs["key_filename"] = [os.path.expanduser(h.identity_file)]  # before ssh_config's
+        super().__init__(host, config=config, forward_agent=False, connect_kwargs=connect_kwargs, **kwargs)
+        self.connect_timeout = h.connect_timeout  # Fabric's own is whole seconds; 0.5 would mean none
+        self.client.set_missing_host_key_policy(owner._policy)  # replaces Fabric's AutoAddPolicy
+        if os.path.exists(owner._known):
+            self.client.load_host_keys(owner._known)
+
+    @property
+    def where(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+    def get_gateway(self) -> "_Hop | str | None":
+        jumps = [j.strip() for j in (self.ssh_config.get("proxyjump") or "").split(",") if j.strip()]
+        if not jumps or jumps[0].lower() == "none":
+            return self.ssh_config.get("proxycommand")  # a string, started by Fabric at open; or None
+        if any(self.derive_shorthand(j)["host"] in (self.original_host, self.host) for j in jumps):
+            return None  # a `Host *` ProxyJump naming this very host: connect directly (as Fabric does)
+        # OpenSSH's order: the first jump host is reached as its own ssh_config says (its own
+        # ProxyJump included), each next one through the one before, the node through the last.
+        # (Fabric 3.2's get_gateway nests a list the other way round.)
+        gateway = None
+        for spec in jumps:
+            gateway = _Hop(spec, self._owner, config=self.config, gateway=gateway)
+        return gateway
+
+    def open_gateway(self) -> object:
+        if isinstance(self.gateway, str):
+            return super().open_gateway()
+        self.gateway.open()
+        try:
+            return self.gateway.transport.open_channel("direct-tcpip", (self.host, int(self.port)), ("", 0),
+                                                       timeout=self.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise HostError(self._owner.name, f"jump host {self.gateway.where} cannot reach {self.where}: {e}",
+                            "check ProxyJump in ~/.ssh/config and that the jump host allows TCP forwarding",
+                            kind=Kind.UNREACHABLE) from None
+
+    def open(self) -> None:
+        try:
+            super().open()
+        except BaseException as e:
+            self.client.close()  # paramiko leaves the socket and its thread up after a refused key or login
+            raise e if isinstance(e, HostError) else self._owner._located(e, self) from None
 
 
 class SSHTransport:
     """One SSH connection to one host; each command gets its own channel (thread-safe)."""
 
     def __init__(self, host: Host) -> None:
+        _prepare_process()
         self.name = host.name
         self.host = host
         self._known = os.path.expanduser(host.known_hosts)
-        self._clients: list[paramiko.SSHClient] = []  # jump hosts first, the node last
-        self._hops: list[_Hop] = []
+        self._policy = _AcceptNew(self._known) if host.host_key_policy == "accept-new" else _Strict()
+        self._conn: _Hop | None = None
         self._transport: paramiko.Transport | None = None
 
     def open(self) -> "SSHTransport":
         try:
             self._open()
         except BaseException:
-            self.close()  # paramiko leaves the socket and its thread up after a refused key or login
+            self.close()
             raise
         if self.host.keepalive > 0:
             self._transport.set_keepalive(max(1, int(self.host.keepalive)))
@@ -160,87 +267,93 @@ class SSHTransport:
 
     def _open(self) -> None:
         try:
-            hops, proxy_command = _route(self.host, _ssh_config())
-        except ImportError:  # paramiko runs `Match exec` through invoke, which the CLI keeps unloaded
-            raise HostError(self.name, "clusterddp does not run ssh_config `Match exec` blocks",
-                            "move that block out of ~/.ssh/config, or match on host names instead") from None
-        except (paramiko.SSHException, ValueError, KeyError) as e:
-            raise HostError(self.name, f"cannot use the ssh_config entry for {self.host.address}: {e}",
+            self._conn = _Hop(self.host.address, self, config=_fabric_config(self.host),
+                              user=self.host.user, port=self.host.port)
+        except (paramiko.SSHException, ValueError, KeyError, OSError, RecursionError) as e:
+            why = "its ProxyJump hosts jump through each other in a loop" if isinstance(e, RecursionError) else e
+            raise HostError(self.name, f"cannot use the ssh_config entry for {self.host.address}: {why}",
                             "check ~/.ssh/config (clusterddp reads HostName, User, Port, IdentityFile, "
-                            "ProxyJump, ProxyCommand)") from None
-        sock = paramiko.ProxyCommand(proxy_command) if proxy_command else None
-        for hop in hops:
-            if self._clients:  # through the previous hop, like ssh -J
-                try:
-                    sock = self._clients[-1].get_transport().open_channel(
-                        "direct-tcpip", (hop.hostname, hop.port), ("127.0.0.1", 0),
-                        timeout=self.host.connect_timeout)
-                except (paramiko.SSHException, OSError, EOFError) as e:
-                    raise HostError(self.name, f"jump host {self._hops[-1]} cannot reach {hop}: {e}",
-                                    "check ProxyJump in ~/.ssh/config and that the jump host allows "
-                                    "TCP forwarding") from None
-            self._clients.append(self._connect(hop, sock))
-            self._hops.append(hop)
-        self._transport = self._clients[-1].get_transport()
-
-    def _connect(self, hop: _Hop, sock: object) -> paramiko.SSHClient:
-        client = paramiko.SSHClient()
-        if os.path.exists(self._known):
-            client.load_host_keys(self._known)
-        client.set_missing_host_key_policy(
-            _AcceptNew(self._known) if self.host.host_key_policy == "accept-new" else paramiko.RejectPolicy())
-        # connect_timeout bounds every stage of the handshake, not only the TCP connect, so a host
-        # that accepts the connection but never answers is reported as fast as one that is down.
-        t = self.host.connect_timeout
-        try:
-            client.connect(hop.hostname, hop.port, hop.user, key_filename=list(hop.keys) or None, sock=sock,
-                           timeout=t, banner_timeout=t, auth_timeout=t, allow_agent=True,
-                           transport_factory=_transport_factory)
-        except BaseException as e:
-            client.close()
-            raise self._located(e, hop) from None
-        return client
+                            "ProxyJump, ProxyCommand)", kind=Kind.CONFIG) from None
+        self._conn.open()
+        self._transport = self._conn.transport
 
     def _located(self, e: BaseException, hop: _Hop) -> BaseException:
         """The HostError (naming the hop and what to do) for a failed connect; other errors as they are."""
+        where = hop.where
         if isinstance(e, paramiko.BadHostKeyException):
-            return HostError(self.name, f"host key for {hop.hostname} has CHANGED (refused)",
+            return HostError(self.name, f"host key for {hop.host} has CHANGED (refused)",
                              f"if the host was reinstalled, verify its new key and remove the old one with "
-                             f"`ssh-keygen -R {hop.hostname} -f {self._known}`")
+                             f"`ssh-keygen -R {hop.host} -f {self._known}`", kind=Kind.HOST_KEY_CHANGED)
+        if isinstance(e, _UnknownHostKey):
+            return HostError(self.name, f"host key of {hop.host} is unknown (host_key_policy: strict)",
+                             f"verify the host and add its key: `ssh-keyscan -H {hop.host} >> "
+                             f"{self._known}`, or set host_key_policy: accept-new", kind=Kind.HOST_KEY_UNKNOWN)
         if isinstance(e, paramiko.AuthenticationException):
-            return HostError(self.name, f"authentication failed for {hop}: {e}",
-                             "check user and identity_file in the inventory, or your ssh-agent")
+            return HostError(self.name, f"authentication failed for {where}: {e}",
+                             "check user and identity_file in the inventory, or your ssh-agent",
+                             kind=Kind.AUTH_REFUSED)
         if isinstance(e, paramiko.SSHException):
-            if "not found in known_hosts" in str(e):
-                return HostError(self.name, f"host key of {hop.hostname} is unknown (host_key_policy: strict)",
-                                 f"verify the host and add its key: `ssh-keyscan -H {hop.hostname} >> "
-                                 f"{self._known}`, or set host_key_policy: accept-new")
+            # paramiko raises these two as plain SSHExceptions; its wording is all that tells them apart
             if "No authentication methods available" in str(e):
-                return HostError(self.name, f"no SSH key to log in to {hop} with",
+                return HostError(self.name, f"no SSH key to log in to {where}",
                                  "set identity_file in the inventory, add IdentityFile to ~/.ssh/config, "
-                                 "or load a key into ssh-agent")
+                                 "or load a key into ssh-agent", kind=Kind.AUTH_REFUSED)
             if "banner" in str(e):  # TCP connected, but no SSH greeting within banner_timeout
-                return HostError(self.name, f"{hop} accepted the connection but sent no SSH greeting "
+                return HostError(self.name, f"{where} accepted the connection but sent no SSH greeting "
                                             f"within {self.host.connect_timeout:g}s",
-                                 "check that sshd (not another service) listens there and is not overloaded")
-            return HostError(self.name, f"SSH to {hop} failed: {e}")
+                                 "check that sshd (not another service) listens there and is not overloaded",
+                                 kind=Kind.TIMEOUT)
+            kind = Kind.UNREACHABLE if isinstance(e, paramiko.ProxyCommandFailure) else Kind.OTHER
+            return HostError(self.name, f"SSH to {where} failed: {e}", kind=kind)
         if isinstance(e, (socket.timeout, TimeoutError)):
-            return HostError(self.name, f"no answer from {hop} within {self.host.connect_timeout:g}s",
-                             "check that the host is up and the address and port are right")
+            return HostError(self.name, f"no answer from {where} within {self.host.connect_timeout:g}s",
+                             "check that the host is up and the address and port are right", kind=Kind.TIMEOUT)
         if isinstance(e, OSError):
-            return HostError(self.name, f"cannot connect to {hop}: {e.strerror or e}",
-                             "check that the host is up, sshd runs, and the address and port are right")
+            return HostError(self.name, f"cannot connect to {where}: {e.strerror or e}",
+                             "check that the host is up, sshd runs, and the address and port are right",
+                             kind=Kind.UNREACHABLE)
         return e
 
+    def _lost(self, e: BaseException) -> HostError:
+        return HostError(self.name, f"connection lost: {e or type(e).__name__}", kind=Kind.CONNECTION_LOST)
+
+    # Commands run on channels of the Connection's paramiko transport, not through Fabric's
+    # Connection.run: output stays bytes, stdin is written as given, one loop on the caller's thread
+    # reads stdout and stderr (Fabric's runner starts threads per command and decodes text: a cost
+    # at every host of a fan-out and every chunk of a bulk stream), each channel gets the window
+    # and packet sizes above, and none ever asks for agent forwarding.
     def _channel(self, command: str, timeout: float | None) -> paramiko.Channel:
         try:
             chan = self._transport.open_session(window_size=_WINDOW, max_packet_size=_MAX_PACKET,
-                                                     timeout=timeout or self.host.connect_timeout)
+                                                timeout=timeout or self.host.connect_timeout)
             chan.settimeout(timeout)
             chan.exec_command(command)
             return chan
         except (paramiko.SSHException, OSError, EOFError, AttributeError) as e:
-            raise HostError(self.name, f"connection lost: {e or type(e).__name__}") from None
+            raise self._lost(e) from None
+
+    @staticmethod
+    def _pump(chan: paramiko.Channel, on_out: Callable[[bytes], None], on_err: Callable[[bytes], None],
+              timeout: float | None) -> int:
+        """Pass stdout and stderr on as either arrives; return the exit code.
+
+        Both streams share the channel's flow-control window: waiting on one while the command
+        fills the other (over 4 MiB of stderr before any stdout) would stall both ends for ever.
+        ``timeout`` bounds each wait for data.
+        """
+        poller = select.poll()
+        poller.register(chan.fileno(), select.POLLIN)  # readable while either stream has data, or at EOF
+        wait_ms = None if timeout is None else max(1, int(timeout * 1000))
+        while True:
+            ended = chan.eof_received or chan.closed  # before the reads: what came before EOF is buffered
+            if chan.recv_stderr_ready():
+                on_err(chan.recv_stderr(_CHUNK))
+            elif chan.recv_ready():
+                on_out(chan.recv(_CHUNK))
+            elif ended:
+                return chan.recv_exit_status()
+            elif not poller.poll(wait_ms):
+                raise socket.timeout()
 
     def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
         chan = self._channel(command, timeout)
@@ -249,21 +362,11 @@ class SSHTransport:
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
-            while True:
-                if chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
-                    continue
-                chunk = chan.recv(65536)
-                if not chunk:
-                    break
-                out += chunk
-            while chunk := chan.recv_stderr(65536):
-                err += chunk
-            code = chan.recv_exit_status()
+            code = self._pump(chan, out.extend, err.extend, timeout)
         except socket.timeout:
-            raise HostError(self.name, f"command timed out after {timeout:g}s") from None
+            raise HostError(self.name, f"command timed out after {timeout:g}s", kind=Kind.TIMEOUT) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise HostError(self.name, f"connection lost: {e or type(e).__name__}") from None
+            raise self._lost(e) from None
         finally:
             chan.close()
         return CommandResult(code, bytes(out), bytes(err))
@@ -272,31 +375,35 @@ class SSHTransport:
                stderr_to: bytearray | None = None, stdin: bytes | None = None) -> int:
         chan = self._channel(command, timeout)
         chan.set_combine_stderr(stderr_to is None)
+
+        def deliver(chunk: bytes) -> None:
+            try:
+                on_data(chunk)
+            except Exception as e:  # a local failure (full disk, closed pipe) is not "connection lost"
+                raise _LocalError(e) from e
         try:
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
-            while chunk := chan.recv(1 << 20):
-                try:
-                    on_data(chunk)
-                except Exception as e:  # a local failure (full disk, closed pipe) is not "connection lost"
-                    raise _LocalError(e) from e
-            if stderr_to is not None:
-                while chunk := chan.recv_stderr(65536):
-                    stderr_to += chunk
-            return chan.recv_exit_status()
+            return self._pump(chan, deliver, stderr_to.extend if stderr_to is not None else deliver, timeout)
         except socket.timeout:
-            raise HostError(self.name, f"no data for {timeout:g}s") from None
+            raise HostError(self.name, f"no data for {timeout:g}s", kind=Kind.TIMEOUT) from None
         except _LocalError as e:
             raise e.__cause__ from None
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise HostError(self.name, f"connection lost: {e or type(e).__name__}") from None
+            raise self._lost(e) from None
         finally:
             chan.close()
 
     def close(self) -> None:
-        for client in reversed(self._clients):
-            client.close()
+        hop = self._conn
+        while isinstance(hop, _Hop):  # the node first, then each jump host it went through
+            hop.client.close()
+            hop = hop.gateway
+
+
+class _LocalError(Exception):
+    """Carries an exception raised by a stream's consumer past the connection-error handlers."""
 
 
 def open(host: Host) -> SSHTransport:  # noqa: A001 - the backend entry point
