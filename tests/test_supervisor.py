@@ -21,7 +21,8 @@ import pytest
 from clusterddp import inventory, plan
 from clusterddp.errors import HostError
 from clusterddp.store import new_run_id
-from clusterddp.supervisor import NodeState, Supervisor, parse_status
+from clusterddp.nodeops import parse_status
+from clusterddp.supervisor import NodeState, Supervisor
 from clusterddp.transport import connect
 
 FAKE_PY = """#!/bin/bash
