@@ -5,8 +5,10 @@ Each node moves through :class:`~clusterddp.record.NodeState`::
     PENDING -> STARTING -> RUNNING -> SUCCEEDED | FAILED | LOST
                                    \\-> STOPPED (teardown after another node failed, or Ctrl-C)
 
-The main loop waits for node events (a node's log stream ended, or a heartbeat missed);
-the first node to end badly makes every other node's job be ended (SIGTERM, then SIGKILL).
+The main loop handles node events one at a time: a node's log stream ended (one thread per
+node follows its log), or a heartbeat answered or missed (a heartbeat thread asks every running
+node, so a host that hangs delays no other node's event). The first node to end badly makes
+every other node's job be ended (SIGTERM, then SIGKILL).
 The jobs run detached on the nodes, so this process dying does not end them: a later
 command reconnects through the run record.
 """
@@ -83,7 +85,8 @@ class Supervisor:
     """Runs one plan. ``on_output(host, bytes)`` gets every node's output as it arrives.
 
     Its connections come from ``fleet`` (e.g. the preflight's, still open), or else from a fleet
-    of its own that opens them with ``connect``.
+    of its own that opens them with ``connect``. ``sleep(seconds)`` paces the heartbeats; by
+    default it returns early when the run ends.
     """
 
     plan: P.LaunchPlan
@@ -96,6 +99,7 @@ class Supervisor:
     max_misses: int = 2
     grace_s: float = P.DEFAULT_GRACE
     clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], object] | None = None
     nodes: list[Node] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +111,8 @@ class Supervisor:
         self._fleet: Fleet = self.fleet
         self._events: queue.Queue[_Ended | _Beat] = queue.Queue()
         self._threads: list[threading.Thread] = []
+        self._done = threading.Event()  # set when the run is over: the heartbeats stop
+        self._sleep = self.sleep or self._done.wait
 
     def _set(self, node: Node, state: NodeState) -> None:
         node.state = state
@@ -160,8 +166,13 @@ class Supervisor:
         """
         for node in self.nodes:
             self._spawn(self._stream, node, self._fleet.transport(node.launch.host), name=f"stream-{node.name}")
+        # Not joined: a heartbeat may hang on a dead host for its connect_timeout after the run is over.
+        threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         try:
-            first_failed = self._watch()
+            try:
+                first_failed = self._watch()
+            finally:
+                self._done.set()
         except KeyboardInterrupt:
             self.teardown()
             self.outcome = self._outcome(RunStatus.STOPPED, None)
@@ -176,14 +187,10 @@ class Supervisor:
 
     def _watch(self) -> str | None:
         """Handle node events until every node has ended, or one ended badly: then return its name."""
-        next_beat = self.clock() + self.heartbeat_s
         while any(n.state in ACTIVE for n in self.nodes):
             try:
-                event = self._events.get(timeout=min(1.0, self.heartbeat_s))
+                event = self._events.get(timeout=1.0)  # wakes up now and then, so Ctrl-C is seen
             except queue.Empty:
-                if self.clock() >= next_beat:
-                    self._beat()
-                    next_beat = self.clock() + self.heartbeat_s
                 continue
             node = self._node(event.host)
             if node.state not in ACTIVE:
@@ -222,6 +229,14 @@ class Supervisor:
         except Exception as e:  # noqa: BLE001 - e.g. the log disk is full: the run must not wait forever
             self._events.put(_Ended(node.name, None, f"following the log failed here: {e}"))
 
+    def _heartbeats(self) -> None:
+        """The heartbeat thread: a round of :meth:`_beat` every ``heartbeat_s`` until the run is over."""
+        while True:
+            self._sleep(self.heartbeat_s)
+            if self._done.is_set():
+                return
+            self._beat()
+
     def _beat(self) -> None:
         """Ask each running node (within its connect_timeout) whether it still answers; post every
         answer or miss as an event. The main loop marks a node LOST after ``max_misses`` misses in a row."""
@@ -259,6 +274,7 @@ class Supervisor:
             th.join(max(0.0, deadline - self.clock()))
 
     def close(self) -> None:
+        self._done.set()
         self._fleet.close()
 
     def outcomes(self) -> tuple[NodeOutcome, ...]:
