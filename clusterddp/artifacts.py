@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
+from . import nodeops
 from . import plan as P
 from .errors import HostError
+from .fleet import Fleet
 from .node.collect import Receiver
 from .store import RunStore
 from .transport import Transport
@@ -63,13 +65,17 @@ def local_sizes(base: Path) -> dict[str, int]:
     return out
 
 
-def collect_nodes(pairs: Sequence[tuple[Transport, P.NodeLaunch]], store: RunStore, run_id: str,
-                  globs: tuple[str, ...], fanout: int, progress: Progress | None = None) -> list[CollectResult]:
-    """:func:`collect_node` on every (transport, node) in parallel; one result per node, errors included."""
-    from .fleet import fan_out
-    res = fan_out(pairs, lambda p: collect_node(p[0], p[1], store, run_id, globs, progress), fanout)
-    return [r if isinstance(r, CollectResult) else CollectResult(n.host.name, error=f"{type(r).__name__}: {r}")
-            for (_, n), r in zip(pairs, res)]
+def collect_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, run_id: str,
+                  globs: tuple[str, ...], progress: Progress | None = None) -> list[CollectResult]:
+    """:func:`collect_node` on every node through ``fleet``, in parallel; one result per node, in node
+    order, a node that cannot be reached included."""
+    res = nodeops.each(fleet, nodes, lambda n, t: collect_node(t, n, store, run_id, globs, progress))
+    return list(res.or_else(lambda h, e: CollectResult(h, error=_why(e))).values())
+
+
+def _why(e: Exception) -> str:
+    # A host the fleet could not reach says so itself; anything else is a surprise: name its type.
+    return str(e) if isinstance(e, HostError) else f"{type(e).__name__}: {e}"
 
 
 def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str, globs: tuple[str, ...],

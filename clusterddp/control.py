@@ -6,57 +6,37 @@ settings and folders, so a run can be reached even if the inventory changed sinc
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Iterator
 
+from . import nodeops
 from . import plan as P
 from .artifacts import CollectResult, Progress, collect_nodes
 from .errors import HostError
-from .fleet import fan_out
+from .fleet import Fleet, as_host_error
 from .inventory import Host
-from .record import NodeState, RunRecord, RunStatus, from_report
+from .record import NodeState, RunRecord, RunStatus
 from .store import RunStore, utcnow
-from .supervisor import parse_status
 from .transport import Transport
 from .transport import connect as default_connect
 
 
-def nodes_of(rec: RunRecord) -> list[P.NodeLaunch]:
-    """The NodeLaunch of each node, rebuilt from a run record (no launch script: it already ran)."""
+def nodes_of(rec: RunRecord, hosts: list[str] | None = None) -> list[P.NodeLaunch]:
+    """The NodeLaunch of each node (or only of ``hosts``), rebuilt from a run record (no launch
+    script: it already ran)."""
     return [P.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
-            for n in rec.nodes]
+            for n in rec.nodes if not hosts or n.host in hosts]
 
 
-@dataclass
-class Session:
-    """Connections to a run's nodes, opened in parallel; a host that cannot be reached is kept as an error."""
-
-    rec: RunRecord
-    connect: Callable[[Host], Transport] = default_connect
-
-    def __post_init__(self) -> None:
-        self.nodes = nodes_of(self.rec)
-        res = fan_out(self.nodes, lambda n: self.connect(n.host), self.rec.fanout)
-        self.transports: dict[str, Transport] = {n.host.name: r for n, r in zip(self.nodes, res)
-                                                 if not isinstance(r, Exception)}
-        self.errors: dict[str, str] = {n.host.name: str(r) for n, r in zip(self.nodes, res)
-                                       if isinstance(r, Exception)}
-
-    def each(self, fn: Callable[[P.NodeLaunch, Transport], object]) -> dict[str, object]:
-        """Call ``fn(node, transport)`` on every reachable node in parallel; results or exceptions by host."""
-        live = [n for n in self.nodes if n.host.name in self.transports]
-        return {n.host.name: r for n, r in zip(live, fan_out(live, lambda n: fn(n, self.transports[n.host.name]),
-                                                             self.rec.fanout))}
-
-    def close(self) -> None:
-        for t in self.transports.values():
-            t.close()
-
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+@contextmanager
+def _reach(rec: RunRecord, connect: Callable[[Host], Transport], hosts: list[str] | None = None
+           ) -> Iterator[tuple[list[P.NodeLaunch], Fleet]]:
+    """The run's nodes (or ``hosts``) and one fleet of connections to them for this command: at most
+    the run's fanout at once, each opened when its first step needs it, all closed at the end."""
+    nodes = nodes_of(rec, hosts)
+    with Fleet([n.host for n in nodes], fanout=rec.fanout, connect=connect) as fleet:
+        yield nodes, fleet
 
 
 def overall(rec: RunRecord) -> tuple[RunStatus, str | None]:
@@ -71,19 +51,12 @@ def overall(rec: RunRecord) -> tuple[RunStatus, str | None]:
 
 def status(store: RunStore, run_id: str, connect: Callable = default_connect) -> RunRecord:
     """Ask every node (in parallel, bounded by its connect timeout) how its part is doing; record it."""
-    with Session(store.load(run_id), connect) as s:
-        def ask(n: P.NodeLaunch, t: Transport) -> tuple[str, int | None]:
-            return parse_status(t.run(P.status_command(n), timeout=n.host.connect_timeout).text)
-        res = s.each(ask)
-    seen: dict[str, tuple[NodeState, int | None, str | None]] = {}
-    for n in s.nodes:
-        name = n.host.name
-        r = res.get(name)
-        if isinstance(r, tuple):
-            state, why = from_report(*r)
-            seen[name] = (state, r[1], why)
-        else:
-            seen[name] = (NodeState.UNREACHABLE, None, s.errors.get(name) or str(r))
+    rec = store.load(run_id)
+    with _reach(rec, connect) as (nodes, fleet):
+        res = nodeops.each(fleet, nodes, lambda n, t: nodeops.status(t, n, n.host.connect_timeout))
+    seen: dict[str, tuple[NodeState, int | None, str | None]] = {
+        h: (s.state, s.exit_code, s.why) for h, s in res.succeeded.items()}
+    seen.update({h: (NodeState.UNREACHABLE, None, str(e)) for h, e in res.failed.items()})
 
     def looked(rec: RunRecord) -> RunRecord:
         rec = rec.seen(seen)
@@ -116,31 +89,26 @@ def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: 
     Each node is asked for its status after the teardown, so its state (and the exit code the
     signal left) is recorded in the words `status` uses.
     """
-    with Session(store.load(run_id), connect) as s:
-        def end(n: P.NodeLaunch, t: Transport) -> tuple[str, str, int | None]:
-            said = t.run(P.teardown_command(n, grace), timeout=grace + 30).text.strip()
-            return (said, *parse_status(t.run(P.status_command(n), timeout=30).text))
-        res = s.each(end)
-        collected = _collect(s, store, run_id, (), progress)
+    rec = store.load(run_id)
+    with _reach(rec, connect) as (nodes, fleet):
+        res = nodeops.each(fleet, nodes, lambda n, t: nodeops.teardown(t, n, grace))
+        collected = collect_nodes(fleet, nodes, store, run_id, (), progress)
     seen: dict[str, tuple[NodeState, int | None, str | None]] = {}
     how: dict[str, str] = {}
-    for host, r in res.items():
-        if not isinstance(r, tuple):
-            seen[host] = (NodeState.UNREACHABLE, None, f"teardown failed: {r}")
-            continue
-        said, kind, code = r
-        state, why = from_report(kind, code)
-        word, _, rest = said.partition(" ")
-        if word in ("terminated", "killed"):
+    for host, done in res.succeeded.items():
+        state, code, why = done.status.state, done.status.exit_code, done.status.why
+        if done.ended_it:
             state, why = NodeState.STOPPED, None
-        elif word == "survivors":
-            why = f"processes {rest} survived SIGKILL"
-        elif word != "clean":
-            why = f"the teardown printed {said!r}"
+        elif done.word == "survivors":
+            why = f"processes {done.detail} survived SIGKILL"
+        elif done.word != "clean":
+            why = f"the teardown printed {done.said!r}"
         seen[host] = (state, code, why)
-        if word in _TEARDOWN and state.is_terminal():
-            how[host] = _TEARDOWN[word]
-    seen.update({h: (NodeState.UNREACHABLE, None, e) for h, e in s.errors.items()})
+        if done.word in _TEARDOWN and state.is_terminal():
+            how[host] = _TEARDOWN[done.word]
+    unreachable = fleet.unreachable
+    seen.update({h: (NodeState.UNREACHABLE, None, str(e) if h in unreachable else f"teardown failed: {e}")
+                 for h, e in res.failed.items()})
     not_stopped = tuple(h for h in seen if h not in how)
 
     def stopped(rec: RunRecord) -> RunRecord:
@@ -159,34 +127,27 @@ def collect(store: RunStore, run_id: str, connect: Callable = default_connect,
             progress: Progress | None = None) -> list[CollectResult]:
     """Bring back logs and the run's collect globs from every node, verified."""
     rec = store.load(run_id)
-    with Session(rec, connect) as s:
-        return _collect(s, store, run_id, rec.collect, progress)
-
-
-def _collect(s: Session, store: RunStore, run_id: str, globs: tuple[str, ...],
-             progress: Progress | None) -> list[CollectResult]:
-    pairs = [(s.transports[n.host.name], n) for n in s.nodes if n.host.name in s.transports]
-    out = collect_nodes(pairs, store, run_id, globs, s.rec.fanout, progress)
-    return out + [CollectResult(h, error=e) for h, e in s.errors.items()]
+    with _reach(rec, connect) as (nodes, fleet):
+        return collect_nodes(fleet, nodes, store, run_id, rec.collect, progress)
 
 
 def node_logs(store: RunStore, run_id: str, hosts: list[str] | None, connect: Callable = default_connect
               ) -> dict[str, tuple[bytes, str]]:
-    """Each node's full log: from the node when reachable (refreshing the local copy), else the local copy.
+    """Each node's full log (of every node, or only of ``hosts``): from the node when reachable
+    (refreshing the local copy), else the local copy.
 
     Returns {host: (log bytes, "node" | "local copy" | "missing")}.
     """
     rec = store.load(run_id)
+    with _reach(rec, connect, hosts) as (nodes, fleet):
+        logs = nodeops.each(fleet, nodes, lambda n, t: nodeops.fetch_log(t, n)).succeeded
     out: dict[str, tuple[bytes, str]] = {}
-    with Session(rec, connect) as s:
-        res = s.each(lambda n, t: t.run(P.node_log_command(n), timeout=120))
-    for h in rec.hosts:
-        if hosts and h not in hosts:
-            continue
-        r = res.get(h)
-        if r is not None and not isinstance(r, Exception) and r.exit_code == 0:
-            store.write_log(run_id, h, r.stdout)
-            out[h] = (r.stdout, "node")
+    for n in nodes:
+        h = n.host.name
+        data = logs.get(h)
+        if data is not None:
+            store.write_log(run_id, h, data)
+            out[h] = (data, "node")
         elif store.log_path(run_id, h).is_file():
             out[h] = (store.log_path(run_id, h).read_bytes(), "local copy")
         else:
@@ -196,23 +157,23 @@ def node_logs(store: RunStore, run_id: str, hosts: list[str] | None, connect: Ca
 
 def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None], hosts: list[str] | None,
            from_lines: dict[str, int], connect: Callable = default_connect) -> dict[str, int | None]:
-    """Stream each node's log from ``from_lines[host]`` until its job ends; return exit codes by host.
+    """Stream each node's log (or only ``hosts``' logs) from ``from_lines[host]`` until its job ends;
+    return the exit codes by host.
 
-    Raises HostError naming the first node whose stream broke off.
+    Raises HostError naming the first node that cannot be reached (before anything is streamed),
+    or else the first whose stream broke off.
     """
     rec = store.load(run_id)
-    with Session(rec, connect) as s:
-        for h, e in s.errors.items():
-            if not hosts or h in hosts:
-                raise HostError(h, f"cannot follow the log: {e}")
+    with _reach(rec, connect, hosts) as (nodes, fleet):
+        down = fleet.open().first_failure()
+        if down is not None:
+            raise HostError(down[0], f"cannot follow the log: {down[1]}")
 
         def one(n: P.NodeLaunch, t: Transport) -> int | None:
-            if hosts and n.host.name not in hosts:
-                return None
-            t.stream(P.follow_command(n, from_lines.get(n.host.name, 1)), lambda b: on_output(n.host.name, b))
-            return parse_status(t.run(P.status_command(n), timeout=60).text)[1]
-        res = s.each(one)
-    broken = [r for r in res.values() if isinstance(r, Exception)]
-    if broken:
-        raise broken[0] if isinstance(broken[0], HostError) else HostError("?", str(broken[0]))
-    return res  # type: ignore[return-value]
+            name = n.host.name
+            return nodeops.follow(t, n, lambda b: on_output(name, b), from_lines.get(name, 1)).exit_code
+        res = nodeops.each(fleet, nodes, one)
+    broken = res.first_failure()
+    if broken is not None:
+        raise as_host_error(*broken)
+    return res.succeeded

@@ -1,9 +1,10 @@
 """The connection layer under every command that talks to several hosts.
 
-One :class:`Fleet` per command: it opens at most one connection per host, lazily, and
-reuses it for every step of that command; hosts are worked on in parallel, at most
-``fanout`` at once (pdsh's default is 32, and so is ours). Each host gets its own result,
-good or bad, so one host that is down, slow or refusing us never hides the others'.
+One :class:`Fleet` per command (`check`, `exec`, `up` from its preflight to the run's end,
+`status`, `stop`, `logs`, `collect`): it opens at most one connection per host, lazily, and
+reuses it for every step of that command; hosts are worked on in parallel, at most ``fanout``
+at once (pdsh's default is 32, and so is ours). Each host gets its own result, good or bad, in
+a :class:`GroupResult`, so one host that is down, slow or refusing us never hides the others'.
 
 Connecting and running are pipelined per host: a host's command starts as soon as *its*
 connection is up, so a fleet command takes about as long as its slowest host, not the sum
@@ -16,7 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Hashable, Iterable, TypeVar
 
 from .errors import HostError
 from .inventory import DEFAULT_FANOUT, Host
@@ -24,25 +25,64 @@ from .transport import CommandResult, Transport
 from .transport import connect as default_connect
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")
 
 
-def fan_out(items: Sequence[T], fn: Callable[[T], R], limit: int = DEFAULT_FANOUT) -> list[R | Exception]:
-    """Call ``fn`` on every item in parallel (at most ``limit`` at once); results or exceptions, in order."""
+class GroupResult(dict[K, R | Exception]):
+    """Each item's result, or the exception it raised, by key, in the order the items were given.
+
+    Fabric's ``GroupResult`` for our fan-out: ``succeeded`` and ``failed`` split it, so no caller
+    pairs items with results by position or sorts exceptions from values itself.
+    """
+
+    @property
+    def succeeded(self) -> dict[K, R]:
+        return {k: v for k, v in self.items() if not isinstance(v, Exception)}
+
+    @property
+    def failed(self) -> dict[K, Exception]:
+        return {k: v for k, v in self.items() if isinstance(v, Exception)}
+
+    def or_else(self, on_failure: Callable[[K, Exception], R]) -> dict[K, R]:
+        """Every item's result, each failure replaced by ``on_failure(key, exception)``, in item order."""
+        return {k: on_failure(k, v) if isinstance(v, Exception) else v for k, v in self.items()}
+
+    def first_failure(self) -> tuple[K, Exception] | None:
+        """The earliest item's failure (in item order), or None when every item succeeded."""
+        return next(iter(self.failed.items()), None)
+
+
+def fan_out(items: Iterable[T], fn: Callable[[T], R], limit: int = DEFAULT_FANOUT, *,
+            key: Callable[[T], K]) -> GroupResult[K, R]:
+    """Call ``fn`` on every item in parallel (at most ``limit`` at once): the one parallel primitive.
+
+    Returns each item's result or exception under ``key(item)`` (unique per item), in item order.
+    """
+    items = tuple(items)
+    keys = [key(x) for x in items]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"fan_out: keys must be unique, got {keys}")
+
     def safe(x: T) -> R | Exception:
         try:
             return fn(x)
-        except Exception as e:  # noqa: BLE001 - every host's own result, good or bad, is kept
+        except Exception as e:  # noqa: BLE001 - every item's own result, good or bad, is kept
             return e
     if not items:
-        return []
+        return GroupResult()
     pool = ThreadPoolExecutor(max_workers=max(1, min(limit, len(items))))
     try:
-        return list(pool.map(safe, items))
+        return GroupResult(zip(keys, pool.map(safe, items)))
     finally:
         # On Ctrl-C, do not wait here for every host's command: the caller closes the connections,
         # which ends them.
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def as_host_error(host: str, e: Exception) -> HostError:
+    """``e`` as the HostError naming ``host`` (a HostError already names its host)."""
+    return e if isinstance(e, HostError) else HostError(host, str(e) or type(e).__name__)
 
 
 @dataclass(frozen=True)
@@ -109,6 +149,30 @@ class Fleet:
             self._errors[host.name] = err
         raise err
 
+    def each(self, fn: Callable[[Host, Transport], R], hosts: Iterable[Host] | None = None) -> GroupResult[str, R]:
+        """``fn(host, its connection)`` on every host (or only ``hosts``), in parallel; results by host name.
+
+        A host that cannot be reached fails with its connect HostError.
+        """
+        return fan_out(self.hosts if hosts is None else hosts, lambda h: fn(h, self.transport(h)), self.fanout,
+                       key=lambda h: h.name)
+
+    def open(self, hosts: Iterable[Host] | None = None) -> GroupResult[str, Transport]:
+        """Connect to every host (or only ``hosts``) now, in parallel: for a step that must know
+        every host answers before it does anything on any of them."""
+        return self.each(lambda h, t: t, hosts)
+
+    def connected(self, hosts: Iterable[Host] | None = None) -> list[Host]:
+        """Those of the hosts (or of ``hosts``) that have an open connection now."""
+        with self._lock:
+            return [h for h in (self.hosts if hosts is None else hosts) if h.name in self._transports]
+
+    @property
+    def unreachable(self) -> dict[str, HostError]:
+        """The hosts that could not be connected to in this command, with why."""
+        with self._lock:
+            return dict(self._errors)
+
     def run(self, command: str | Callable[[Host], str], *, timeout: float | None = None,
             on_output: Callable[[str, bytes], None] | None = None) -> list[HostResult]:
         """Run ``command`` (shell text, or a function rendering it per host) on every host.
@@ -116,45 +180,40 @@ class Fleet:
         With ``on_output`` the output (stdout and stderr merged) is passed on as it arrives and
         the results hold no output; otherwise it is captured. Results come in host order.
         """
-        def one(host: Host) -> HostResult:
+        def one(host: Host, t: Transport) -> HostResult:
+            text = command(host) if callable(command) else command
             started = self._clock()
-            try:
-                t = self.transport(host)
-                text = command(host) if callable(command) else command
-                if on_output is None:
-                    res = t.run(text, timeout=timeout)
-                else:
-                    code = t.stream(text, lambda b: on_output(host.name, b), timeout=timeout)
-                    res = CommandResult(code, b"", b"")
-            except HostError as e:
-                return HostResult(host.name, None, e, started, self._clock())
+            if on_output is None:
+                res = t.run(text, timeout=timeout)
+            else:
+                code = t.stream(text, lambda b: on_output(host.name, b), timeout=timeout)
+                res = CommandResult(code, b"", b"")
             return HostResult(host.name, res, None, started, self._clock())
-        results = fan_out(self.hosts, one, self.fanout)
-        return [r if isinstance(r, HostResult) else HostResult(h.name, None, HostError(h.name, str(r)))
-                for h, r in zip(self.hosts, results)]
+        return list(self.each(one).or_else(lambda h, e: HostResult(h, None, as_host_error(h, e))).values())
 
-    def take(self, host: Host) -> Transport:
-        """Hand the connection to ``host`` over to the caller, who then closes it.
-
-        Shaped like :func:`clusterddp.transport.connect`, so a later step (the supervisor)
-        reuses the connections an earlier step (the preflight) opened.
-        """
-        t = self.transport(host)
+    def close_host(self, host: Host) -> None:
+        """Close ``host``'s connection now, ending its pending streams. It stays this command's
+        connection to that host: later steps on it fail at once with its error, not by connecting again."""
         with self._lock:
-            self._transports.pop(host.name, None)
-        return t
+            t = self._transports.get(host.name)
+        if t is not None:
+            _close(t)
 
     def close(self) -> None:
         with self._lock:
             transports, self._transports = list(self._transports.values()), {}
         for t in transports:
-            try:
-                t.close()
-            except Exception:  # noqa: BLE001 - closing is best effort; the host may be gone
-                pass
+            _close(t)
 
     def __enter__(self) -> "Fleet":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close(t: Transport) -> None:
+    try:
+        t.close()
+    except Exception:  # noqa: BLE001 - closing is best effort; the host may be gone
+        pass

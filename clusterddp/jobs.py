@@ -133,18 +133,19 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             source_tar: bytes | None = None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
 
-    ``fleet`` (from :func:`preflight`) lends its open connections to the nodes; ``source_tar``
+    ``fleet`` (from :func:`preflight`) is the run's connections, already open; ``source_tar``
     (from :func:`pack`) is the script's folder to upload.
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C teardown.
     """
     plan, store = prep.plan, prep.store
-    connect = connect or (fleet.take if fleet is not None else None)
     run_id = plan.run_id
 
     def output(host: str, data: bytes) -> None:
         store.append_log(run_id, host, data)
         on_output(host, data)
-    sup = Supervisor(plan, on_output=output, source_tar=source_tar, **({"connect": connect} if connect else {}))
+    fleet = fleet or Fleet([n.host for n in plan.nodes], fanout=plan.inventory.fanout,
+                           **({"connect": connect} if connect else {}))
+    sup = Supervisor(plan, on_output=output, source_tar=source_tar, fleet=fleet)
     try:
         try:
             sup.start()
@@ -162,11 +163,11 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             outcome = sup.follow()
         except KeyboardInterrupt:
             store.close_logs()
-            collect(sup, store, run_id, plan.collect, on_collect)
+            collect(fleet, plan, store, on_collect)
             finish(store, run_id, sup, sup.outcome)
             raise
         store.close_logs()
-        collect(sup, store, run_id, plan.collect, on_collect)
+        collect(fleet, plan, store, on_collect)
         status = finish(store, run_id, sup, outcome)
         if status is not RunStatus.SUCCEEDED:
             raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status)
@@ -174,14 +175,11 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     finally:
         store.close_logs()
         sup.close()
-        if fleet is not None:
-            fleet.close()
 
 
-def collect(sup: Supervisor, store: RunStore, run_id: str, globs: tuple[str, ...],
-            on_collect: Callable[[CollectResult], None]) -> list[CollectResult]:
-    pairs = [(n.transport, n.launch) for n in sup.nodes if n.transport is not None]
-    results = collect_nodes(pairs, store, run_id, globs, sup.plan.inventory.fanout)
+def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Callable[[CollectResult], None]
+            ) -> list[CollectResult]:
+    results = collect_nodes(fleet, plan.nodes, store, plan.run_id, plan.collect)
     for r in results:
         on_collect(r)
     return results

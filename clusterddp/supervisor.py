@@ -5,8 +5,10 @@ Each node moves through :class:`~clusterddp.record.NodeState`::
     PENDING -> STARTING -> RUNNING -> SUCCEEDED | FAILED | LOST
                                    \\-> STOPPED (teardown after another node failed, or Ctrl-C)
 
-The main loop waits for node events (a node's log stream ended, or a heartbeat missed);
-the first node to end badly makes every other node's job be ended (SIGTERM, then SIGKILL).
+The main loop handles node events one at a time: a node's log stream ended (one thread per
+node follows its log), or a heartbeat answered or missed (a heartbeat thread asks every running
+node, so a host that hangs delays no other node's event). The first node to end badly makes
+every other node's job be ended (SIGTERM, then SIGKILL).
 The jobs run detached on the nodes, so this process dying does not end them: a later
 command reconnects through the run record.
 """
@@ -14,18 +16,21 @@ command reconnects through the run record.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
-from threading import Thread
-from typing import Callable
+from typing import Callable, TypeVar
 
+from . import nodeops
 from . import plan as P
 from .errors import HostError, NodeOutcome
-from .fleet import fan_out  # the one parallel layer
-from .record import NodeState, RunStatus, from_report
+from .fleet import Fleet, GroupResult, as_host_error
+from .inventory import Host
+from .record import NodeState, RunStatus
 from .transport import Transport
 from .transport import connect as default_connect
 
+R = TypeVar("R")
 
 ACTIVE = (NodeState.STARTING, NodeState.RUNNING)
 
@@ -33,7 +38,6 @@ ACTIVE = (NodeState.STARTING, NodeState.RUNNING)
 @dataclass
 class Node:
     launch: P.NodeLaunch
-    transport: Transport | None = None
     state: NodeState = NodeState.PENDING
     exit_code: int | None = None
     error: str | None = None
@@ -59,67 +63,84 @@ class RunOutcome:
         return code
 
 
-def parse_status(text: str) -> tuple[str, int | None]:
-    """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``, exit code).
+@dataclass(frozen=True)
+class _Ended:
+    """A node's log stream ended: its job's exit code, or why there is none."""
 
-    :func:`clusterddp.record.from_report` says which :class:`NodeState` that is.
-    """
-    word, _, rest = text.strip().partition(" ")
-    if word == "exit":
-        try:
-            return "exited", int(rest)
-        except ValueError:
-            return "exited", None
-    return (word if word in ("running", "lost", "missing") else "lost"), None
+    host: str
+    exit_code: int | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class _Beat:
+    """A node answered a heartbeat (``error`` None) or did not (why)."""
+
+    host: str
+    error: str | None
 
 
 @dataclass
 class Supervisor:
-    """Runs one plan. ``on_output(host, bytes)`` gets every node's output as it arrives."""
+    """Runs one plan. ``on_output(host, bytes)`` gets every node's output as it arrives.
+
+    Its connections come from ``fleet`` (e.g. the preflight's, still open), or else from a fleet
+    of its own that opens them with ``connect``. ``sleep(seconds)`` paces the heartbeats; by
+    default it returns early when the run ends.
+    """
 
     plan: P.LaunchPlan
     on_output: Callable[[str, bytes], None]
     on_state: Callable[[str, NodeState, Node], None] = lambda host, state, node: None
-    connect: Callable = default_connect
+    connect: Callable[[Host], Transport] = default_connect
+    fleet: Fleet | None = None
     source_tar: bytes | None = None
     heartbeat_s: float = 10.0
     max_misses: int = 2
     grace_s: float = P.DEFAULT_GRACE
     clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], object] | None = None
     nodes: list[Node] = field(init=False)
 
     def __post_init__(self) -> None:
         self.nodes = [Node(n) for n in self.plan.nodes]
-        self._events: queue.Queue = queue.Queue()
-        self._threads: list[Thread] = []
+        self._by_name = {n.name: n for n in self.nodes}
+        if self.fleet is None:
+            self.fleet = Fleet([n.host for n in self.plan.nodes], fanout=self.plan.inventory.fanout,
+                               connect=self.connect)
+        self._fleet: Fleet = self.fleet
+        self._events: queue.Queue[_Ended | _Beat] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._done = threading.Event()  # set when the run is over: the heartbeats stop
+        self._sleep = self.sleep or self._done.wait
 
     def _set(self, node: Node, state: NodeState) -> None:
         node.state = state
         self.on_state(node.name, state, node)
 
+    def _node(self, name: str) -> Node:
+        return self._by_name[name]
+
+    def _each(self, nodes: list[Node], fn: Callable[[Node, Transport], R]) -> GroupResult[str, R]:
+        """``fn(node, its connection)`` on each of ``nodes`` in parallel, through the fleet."""
+        return self._fleet.each(lambda h, t: fn(self._node(h.name), t), [n.launch.host for n in nodes])
+
     # ---- start ----
     def start(self) -> None:
-        """Connect to every node and start its job; on any failure end what started and raise."""
-        def connect(node: Node) -> None:
-            node.transport = self.connect(node.launch.host)
-        limit = self.plan.inventory.fanout
-        errors = [(n, e) for n, e in zip(self.nodes, fan_out(self.nodes, connect, limit))
-                  if isinstance(e, Exception)]
-        if not errors:
-            errors = [(n, e) for n, e in zip(self.nodes, fan_out(self.nodes, self._start_node, limit))
-                      if isinstance(e, Exception)]
-        if errors:
-            for n, e in errors:
-                n.error = str(e)
-                self._set(n, NodeState.FAILED)
+        """Connect to every node, then start its job; on any failure end what started and raise."""
+        hosts = [n.launch.host for n in self.nodes]
+        failed = self._fleet.open(hosts).failed or self._each(self.nodes, self._start_node).failed
+        if failed:
+            for name, e in failed.items():
+                node = self._node(name)
+                node.error = str(e)
+                self._set(node, NodeState.FAILED)
             self.teardown()
             self.close()
-            first = errors[0][1]
-            raise first if isinstance(first, HostError) else HostError(errors[0][0].name, str(first))
+            raise as_host_error(*next(iter(failed.items())))
 
-    def _start_node(self, node: Node) -> None:
-        t, n = node.transport, node.launch
-        assert t is not None
+    def _start_node(self, node: Node, t: Transport) -> None:
+        n = node.launch
         self._set(node, NodeState.STARTING)
         self._check(node, t.run(P.prepare_command(n), timeout=60), "cannot create the run folder")
         if self.plan.upload and self.source_tar is not None:
@@ -144,31 +165,14 @@ class Supervisor:
         re-raises after the outcome is recorded in ``self.outcome``.
         """
         for node in self.nodes:
-            th = Thread(target=self._stream, args=(node,), name=f"stream-{node.name}", daemon=True)
-            th.start()
-            self._threads.append(th)
-        first_failed: str | None = None
-        next_beat = self.clock() + self.heartbeat_s
+            self._spawn(self._stream, node, self._fleet.transport(node.launch.host), name=f"stream-{node.name}")
+        # Not joined: a heartbeat may hang on a dead host for its connect_timeout after the run is over.
+        threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         try:
-            while any(n.state in ACTIVE for n in self.nodes):
-                try:
-                    name, code, error = self._events.get(timeout=min(1.0, self.heartbeat_s))
-                except queue.Empty:
-                    if self.clock() >= next_beat:
-                        self._heartbeat()
-                        next_beat = self.clock() + self.heartbeat_s
-                        first_failed = first_failed or self._first_bad()
-                    if first_failed:
-                        break
-                    continue
-                node = self._node(name)
-                if node.state not in ACTIVE:
-                    continue
-                node.exit_code, node.error = code, error
-                self._set(node, NodeState.of_exit_code(code))
-                if node.state is not NodeState.SUCCEEDED:
-                    first_failed = name
-                    break
+            try:
+                first_failed = self._watch()
+            finally:
+                self._done.set()
         except KeyboardInterrupt:
             self.teardown()
             self.outcome = self._outcome(RunStatus.STOPPED, None)
@@ -181,63 +185,87 @@ class Supervisor:
             self.outcome = self._outcome(RunStatus.SUCCEEDED, None)
         return self.outcome
 
-    def _node(self, name: str) -> Node:
-        return next(n for n in self.nodes if n.name == name)
-
-    def _first_bad(self) -> str | None:
-        return next((n.name for n in self.nodes if n.state == NodeState.LOST), None)
-
-    def _stream(self, node: Node) -> None:
-        t, n = node.transport, node.launch
-        assert t is not None
-        try:
-            t.stream(P.follow_command(n), lambda b: self.on_output(node.name, b))
-            kind, code = parse_status(t.run(P.status_command(n), timeout=60).text)
-            state, why = from_report(kind, code)
-            if state is NodeState.RUNNING:  # the follower ended early (e.g. log rotated); count it as lost
-                self._events.put((node.name, None, "log stream ended while the job still runs"))
-            else:
-                self._events.put((node.name, code, why))
-        except HostError as e:
-            self._events.put((node.name, None, str(e)))
-        except Exception as e:  # noqa: BLE001 - e.g. the log disk is full: the run must not wait forever
-            self._events.put((node.name, None, f"following the log failed here: {e}"))
-
-    def _heartbeat(self) -> None:
-        """Ask every running node whether it still answers; mark it LOST after ``max_misses`` misses."""
-        running = [n for n in self.nodes if n.state == NodeState.RUNNING]
-
-        def beat(node: Node) -> None:
-            assert node.transport is not None
-            node.transport.run(P.status_command(node.launch), timeout=node.launch.host.connect_timeout)
-        for node, res in zip(running, fan_out(running, beat, self.plan.inventory.fanout)):
-            if isinstance(res, Exception):
+    def _watch(self) -> str | None:
+        """Handle node events until every node has ended, or one ended badly: then return its name."""
+        while any(n.state in ACTIVE for n in self.nodes):
+            try:
+                event = self._events.get(timeout=1.0)  # wakes up now and then, so Ctrl-C is seen
+            except queue.Empty:
+                continue
+            node = self._node(event.host)
+            if node.state not in ACTIVE:
+                continue
+            if isinstance(event, _Beat):
+                if event.error is None:
+                    node.misses = 0
+                    continue
                 node.misses += 1
-                if node.misses >= self.max_misses:
-                    node.error = f"stopped answering: {res}"
-                    self._set(node, NodeState.LOST)
+                if node.misses < self.max_misses:
+                    continue
+                node.error = f"stopped answering: {event.error}"
+                self._set(node, NodeState.LOST)
             else:
-                node.misses = 0
+                node.exit_code, node.error = event.exit_code, event.error
+                self._set(node, NodeState.of_exit_code(event.exit_code))
+            if node.state is not NodeState.SUCCEEDED:
+                return node.name
+        return None
+
+    def _spawn(self, target: Callable[..., None], *args: object, name: str) -> None:
+        th = threading.Thread(target=target, args=args, name=name, daemon=True)
+        th.start()
+        self._threads.append(th)
+
+    def _stream(self, node: Node, t: Transport) -> None:
+        """A node's thread: follow its log to the end, then post how its job ended."""
+        try:
+            st = nodeops.follow(t, node.launch, lambda b: self.on_output(node.name, b))
+            if st.state is NodeState.RUNNING:  # the follower ended early (e.g. log rotated); count it as lost
+                self._events.put(_Ended(node.name, None, "log stream ended while the job still runs"))
+            else:
+                self._events.put(_Ended(node.name, st.exit_code, st.why))
+        except HostError as e:
+            self._events.put(_Ended(node.name, None, str(e)))
+        except Exception as e:  # noqa: BLE001 - e.g. the log disk is full: the run must not wait forever
+            self._events.put(_Ended(node.name, None, f"following the log failed here: {e}"))
+
+    def _heartbeats(self) -> None:
+        """The heartbeat thread: a round of :meth:`_beat` every ``heartbeat_s`` until the run is over."""
+        while True:
+            self._sleep(self.heartbeat_s)
+            if self._done.is_set():
+                return
+            self._beat()
+
+    def _beat(self) -> None:
+        """Ask each running node (within its connect_timeout) whether it still answers; post every
+        answer or miss as an event. The main loop marks a node LOST after ``max_misses`` misses in a row."""
+        running = [n for n in self.nodes if n.state is NodeState.RUNNING]
+        res = self._each(running, lambda node, t: nodeops.status(t, node.launch, node.launch.host.connect_timeout))
+        for name in res.succeeded:
+            self._events.put(_Beat(name, None))
+        for name, e in res.failed.items():
+            self._events.put(_Beat(name, str(e)))
 
     # ---- stop ----
     def teardown(self) -> None:
         """End the job on every node that may still run something of it; record final exit codes."""
-        targets = [n for n in self.nodes if n.transport is not None]
+        connected = {h.name for h in self._fleet.connected([n.launch.host for n in self.nodes])}
 
-        def end(node: Node) -> None:
-            assert node.transport is not None
-            node.transport.run(P.teardown_command(node.launch, self.grace_s), timeout=self.grace_s + 30)
+        def end(node: Node, t: Transport) -> None:
+            done = nodeops.teardown(t, node.launch, self.grace_s)
             if node.state in ACTIVE:
-                kind, code = parse_status(node.transport.run(P.status_command(node.launch), timeout=30).text)
-                node.exit_code = code
+                node.exit_code = done.status.exit_code
                 self._set(node, NodeState.STOPPED)
-        for node, res in zip(targets, fan_out(targets, end, self.plan.inventory.fanout)):
-            if isinstance(res, Exception) and node.state in ACTIVE:
-                node.error = f"teardown failed: {res}"
+        res = self._each([n for n in self.nodes if n.name in connected], end)
+        for name, e in res.failed.items():
+            node = self._node(name)
+            if node.state in ACTIVE:
+                node.error = f"teardown failed: {e}"
                 self._set(node, NodeState.LOST)
         for node in self.nodes:
-            if node.state is NodeState.LOST and node.transport is not None:
-                node.transport.close()  # a dead host's log stream would otherwise wait for TCP to give up
+            if node.state is NodeState.LOST:
+                self._fleet.close_host(node.launch.host)  # a dead host's log stream would otherwise wait for TCP to give up
         self._join()
 
     def _join(self, timeout: float = 10.0) -> None:
@@ -246,9 +274,8 @@ class Supervisor:
             th.join(max(0.0, deadline - self.clock()))
 
     def close(self) -> None:
-        for n in self.nodes:
-            if n.transport is not None:
-                n.transport.close()
+        self._done.set()
+        self._fleet.close()
 
     def outcomes(self) -> tuple[NodeOutcome, ...]:
         """Every node's outcome so far."""

@@ -23,6 +23,7 @@ from clusterddp.check import FAIL, OK, WARN, evaluate
 from clusterddp.errors import HostError, HostErrorKind, InventoryError
 from clusterddp.fleet import Fleet, HostResult, fan_out
 from clusterddp.node.probe import MARK, parse_reply
+from clusterddp.store import RunStore
 from clusterddp.transport import CommandResult
 
 INV = """
@@ -346,9 +347,16 @@ def test_fan_out_never_exceeds_its_limit_and_keeps_order():
         if x == 3:
             raise ValueError("three")
         return x * 10
-    out = fan_out(list(range(12)), work, limit=3)
+    out = fan_out(list(range(12)), work, limit=3, key=lambda x: f"h{x}")
     assert peak[0] == 3
-    assert out[:3] == [0, 10, 20] and isinstance(out[3], ValueError) and out[4:] == [x * 10 for x in range(4, 12)]
+    assert list(out) == [f"h{x}" for x in range(12)]  # a mapping, in item order
+    assert list(out.failed) == ["h3"] and isinstance(out["h3"], ValueError)
+    assert out.succeeded == {f"h{x}": x * 10 for x in range(12) if x != 3}
+    assert out.first_failure() == ("h3", out["h3"])
+    assert out.or_else(lambda k, e: str(e))["h3"] == "three"
+    assert fan_out([], work, key=str) == {} and fan_out([], work, key=str).first_failure() is None
+    with pytest.raises(ValueError, match="unique"):
+        fan_out([1, 1], work, key=str)
 
 
 def test_fleet_keeps_every_hosts_result_and_reuses_connections():
@@ -373,19 +381,27 @@ def test_fleet_keeps_every_hosts_result_and_reuses_connections():
     assert [r.error is not None for r in second] == [False, True, True, False, False]
 
 
-def test_fleet_streams_and_hands_connections_over():
-    log, made = [], {}
+def test_fleet_streams_and_closes_one_host_or_all():
+    log, made, connects = [], {}, []
 
     def connect(h):
+        connects.append(h.name)
+        if h.name == "h2":
+            raise HostError("h2", "no answer within 3s")
         made[h.name] = FakeTransport(h.name, log)
         return made[h.name]
     seen = []
-    fleet = Fleet(hosts(2), connect=connect)
+    fleet = Fleet(hosts(3), connect=connect)
     res = fleet.run("x", on_output=lambda host, b: seen.append((host, b)))
-    assert sorted(seen) == [("h0", b"h0 says x\n"), ("h1", b"h1 says x\n")] and all(r.ok for r in res)
-    taken = fleet.take(hosts(2)[0])
+    assert sorted(seen) == [("h0", b"h0 says x\n"), ("h1", b"h1 says x\n")] and [r.ok for r in res] == [True, True, False]
+    assert [h.name for h in fleet.connected()] == ["h0", "h1"] and list(fleet.unreachable) == ["h2"]
+    fleet.close_host(hosts(3)[0])
+    assert made["h0"].closed and not made["h1"].closed
+    again = fleet.each(lambda h, t: t)
+    assert again.succeeded == made and list(again.failed) == ["h2"]  # h0's closed one is kept, not reopened
+    assert sorted(connects) == ["h0", "h1", "h2"]
     fleet.close()
-    assert taken is made["h0"] and not taken.closed and made["h1"].closed
+    assert made["h1"].closed and fleet.connected() == []
 
 
 def test_fleet_is_as_slow_as_its_slowest_host_not_the_sum():
@@ -460,10 +476,18 @@ def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):
     assert "export FROM_CLI=1" in log[0][1]  # the run's env, as the job will have it
     assert json.loads(log[0][1].split("'")[-2])["full"] is False  # the quick probe: no torch import
 
+    # The run goes on over the preflight's connections: one per host for the whole of `up`.
     made.clear()
+    log.clear()
     fleet = jobs.preflight(p, connect=connect_with({}))
-    assert fleet is not None and fleet.take(i.hosts[0]) is made["a"] and not made["a"].closed
-    fleet.close()
+    assert fleet is not None and not any(t.closed for t in made.values())
+    opened = dict(made)
+    prep = jobs.Prepared(p, RunStore(tmp_path / "runs"), tmp_path)
+    prep.store.create(jobs.new_record(prep, "inv.yaml"))
+    jobs.execute(prep, lambda h, b: None, detach=True, fleet=fleet)
+    assert made == opened and all(t.closed for t in made.values())  # no second connection; all closed at the end
+    starts = {n.host.name: plan.start_command(n) for n in p.nodes}
+    assert sorted(h for h, cmd in log if cmd == starts[h]) == ["a", "b", "c"]
     local = plan.build_plan(inventory.local(), plan.RunSpec("t.py"), "x", local_run_dir=str(tmp_path),
                             local_control_dir=str(tmp_path / "c"))
     assert jobs.preflight(local) is None  # `up local` pays nothing

@@ -16,7 +16,8 @@ from clusterddp.errors import NodeOutcome, UsageError
 from clusterddp.inventory import Host
 from clusterddp.record import NodeState, RecordError, RunRecord, RunStatus, from_report
 from clusterddp.store import RunStore
-from clusterddp.supervisor import RunOutcome, parse_status
+from clusterddp.nodeops import parse_status
+from clusterddp.supervisor import RunOutcome
 from clusterddp.transport import CommandResult
 from helpers import make_record
 
@@ -201,15 +202,14 @@ def test_the_inventorys_fanout_is_recorded_and_bounds_every_control_command(tmp_
     prep.store.create(rec)
     assert prep.store.load(rec.run_id).fanout == 3
 
-    limits: list[tuple[str, int]] = []
-    real = control.fan_out
-
-    def recording(items, fn, limit=None):
-        limits.append((getattr(fn, "__name__", "?"), limit))
-        return real(items, fn, 32 if limit is None else limit)
-    monkeypatch.setattr(control, "fan_out", recording)
+    limits: list[int] = []
     import clusterddp.fleet
-    monkeypatch.setattr(clusterddp.fleet, "fan_out", recording)  # collect_nodes' parallel layer
+    real = clusterddp.fleet.fan_out
+
+    def recording(items, fn, limit=None, **kw):
+        limits.append(limit)
+        return real(items, fn, 32 if limit is None else limit, **kw)
+    monkeypatch.setattr(clusterddp.fleet, "fan_out", recording)  # the one parallel layer, under every Fleet
 
     class Node:
         def __init__(self, host: Host) -> None:
@@ -226,4 +226,6 @@ def test_the_inventorys_fanout_is_recorded_and_bounds_every_control_command(tmp_
     control.status(prep.store, rec.run_id, connect=Node)
     control.collect(prep.store, rec.run_id, connect=Node)
     control.node_logs(prep.store, rec.run_id, None, connect=Node)
-    assert limits and all(limit == 3 for _, limit in limits), limits
+    control.follow(prep.store, rec.run_id, lambda h, b: None, None, {}, connect=Node)
+    control.stop(prep.store, rec.run_id, grace=0, connect=Node)
+    assert len(limits) == 7 and all(limit == 3 for limit in limits), limits

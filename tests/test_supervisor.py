@@ -21,8 +21,9 @@ import pytest
 from clusterddp import inventory, plan
 from clusterddp.errors import HostError
 from clusterddp.store import new_run_id
-from clusterddp.supervisor import NodeState, Supervisor, parse_status
-from clusterddp.transport import connect
+from clusterddp.nodeops import parse_status
+from clusterddp.supervisor import NodeState, Supervisor
+from clusterddp.transport import CommandResult, connect
 
 FAKE_PY = """#!/bin/bash
 # Stand-in for `python -m torch.distributed.run ...`: behaves as $MODE says.
@@ -141,6 +142,75 @@ def test_a_host_that_stops_answering_is_lost_and_the_run_fails(tmp_path):
     assert sup.nodes[1].state == NodeState.LOST and "stopped answering" in sup.nodes[1].error
     subprocess.run(["bash", "-c", plan.teardown_command(p.nodes[1], 1)], check=True)  # what a later `stop` does
     assert job_pids(p) == []
+
+
+class Scripted:
+    """A node at the seam, for the supervisor's event loop alone: the start commands succeed; the log
+    stream lasts until ``ended`` is set, then the status says ``exit <code>``; while ``hang`` is set a
+    status call hangs for its whole timeout, like a host that stopped answering; teardown ends the job."""
+
+    def __init__(self, node: plan.NodeLaunch, grace: float) -> None:
+        self.node, self.name, self.grace = node, node.host.name, grace
+        self.code = 0
+        self.ended, self.hang, self.hanging, self.closed = (threading.Event() for _ in range(4))
+        self.torn_down_at: float | None = None
+
+    def run(self, command, *, timeout=None, stdin=None):
+        if command == plan.status_command(self.node):
+            if self.hang.is_set():
+                self.hanging.set()
+                self.closed.wait(timeout)
+                raise HostError(self.name, f"no answer within {timeout:g}s")
+            return CommandResult(0, f"exit {self.code}\n".encode() if self.ended.is_set() else b"running\n", b"")
+        if command == plan.teardown_command(self.node, self.grace):
+            self.torn_down_at = time.monotonic()
+            self.hang.clear()  # it answers again
+            if not self.ended.is_set():
+                self.code = 143
+                self.ended.set()
+                return CommandResult(0, b"terminated\n", b"")
+            return CommandResult(0, b"clean\n", b"")
+        return CommandResult(0, b"", b"")
+
+    def stream(self, command, on_data, **kw):
+        assert command == plan.follow_command(self.node)
+        while not (self.ended.wait(0.01) or self.closed.is_set()):
+            pass
+        return 0
+
+    def close(self):
+        self.closed.set()
+
+
+def test_a_host_hanging_on_a_heartbeat_does_not_delay_another_nodes_failure(tmp_path):
+    # a's heartbeat hangs for its connect_timeout (60 s) while b fails. Heartbeats run beside the event
+    # loop, so b's failure starts the teardown at once; were they run inside it, only after the hang.
+    hang_s, bound_s = 60.0, 10.0
+    p = make_plan(tmp_path, {"a": "hang", "b": "fail"})
+    p = replace(p, nodes=tuple(replace(n, host=replace(n.host, connect_timeout=hang_s)) for n in p.nodes))
+    fakes = {n.host.name: Scripted(n, grace=1.0) for n in p.nodes}
+    a, b = fakes["a"], fakes["b"]
+    a.hang.set()
+    sup = Supervisor(p, on_output=lambda h, d: None, connect=lambda h: fakes[h.name], heartbeat_s=0.05, grace_s=1.0)
+    sup.start()
+    failed_at = []
+
+    def fail_b() -> None:
+        assert a.hanging.wait(30), "no heartbeat reached a"
+        b.code = 3
+        failed_at.append(time.monotonic())
+        b.ended.set()
+    threading.Thread(target=fail_b, daemon=True).start()
+    try:
+        out = sup.follow()
+    finally:
+        for f in fakes.values():
+            f.close()  # ends a heartbeat still hanging on a
+    assert a.torn_down_at is not None and failed_at
+    took = a.torn_down_at - failed_at[0]
+    assert took < bound_s, f"a's teardown began {took:.1f}s after b failed; a's heartbeat hangs {hang_s:g}s"
+    assert (out.status, out.first_failed) == ("failed", "b")
+    assert [(n.state, n.exit_code) for n in sup.nodes] == [(NodeState.STOPPED, 143), (NodeState.FAILED, 3)]
 
 
 def test_start_failure_names_the_host_and_starts_nothing(tmp_path):

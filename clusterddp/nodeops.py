@@ -1,0 +1,112 @@
+"""The operations on a node's running job, each written once: the command :mod:`clusterddp.plan`
+renders, run over one connection, and its answer read into the run record's words.
+
+`up`'s supervisor, `status`, `stop`, `logs` and `collect` all go through these, so a node's
+state reads the same whoever asks. :func:`each` applies one of them to several nodes through a
+:class:`~clusterddp.fleet.Fleet`, which opens the connections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence, TypeVar
+
+from . import plan as P
+from .fleet import Fleet, GroupResult
+from .record import NodeState, from_report
+from .transport import Transport
+
+R = TypeVar("R")
+
+STATUS_TIMEOUT = 30.0    # a status after a teardown: the node answered the teardown just now
+FOLLOW_STATUS_TIMEOUT = 60.0
+LOG_TIMEOUT = 120.0
+
+
+def each(fleet: Fleet, nodes: Sequence[P.NodeLaunch],
+         fn: Callable[[P.NodeLaunch, Transport], R]) -> GroupResult[str, R]:
+    """``fn(node, its connection)`` on every node in parallel, through ``fleet``; results by host name."""
+    by_name = {n.host.name: n for n in nodes}
+    return fleet.each(lambda h, t: fn(by_name[h.name], t), [n.host for n in nodes])
+
+
+# ---- status ----
+
+@dataclass(frozen=True)
+class Status:
+    """A node's answer to :func:`plan.status_command`, as a state of the record's vocabulary."""
+
+    state: NodeState
+    exit_code: int | None
+    why: str | None = None    # why the state, when no exit code says it
+
+
+def parse_status(text: str) -> tuple[str, int | None]:
+    """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``, exit code).
+
+    :func:`clusterddp.record.from_report` says which :class:`NodeState` that is.
+    """
+    word, _, rest = text.strip().partition(" ")
+    if word == "exit":
+        try:
+            return "exited", int(rest)
+        except ValueError:
+            return "exited", None
+    return (word if word in ("running", "lost", "missing") else "lost"), None
+
+
+def status(t: Transport, node: P.NodeLaunch, timeout: float) -> Status:
+    """Ask the node how its job stands. Raises HostError when it does not answer within ``timeout``."""
+    kind, code = parse_status(t.run(P.status_command(node), timeout=timeout).text)
+    state, why = from_report(kind, code)
+    return Status(state, code, why)
+
+
+# ---- follow ----
+
+def follow(t: Transport, node: P.NodeLaunch, on_output: Callable[[bytes], None], from_line: int = 1) -> Status:
+    """Stream the node's log from line ``from_line`` until its job ends, then ask how it ended.
+
+    The status can still be RUNNING when the follower stopped early (the log was rotated away).
+    """
+    t.stream(P.follow_command(node, from_line), on_output)
+    return status(t, node, FOLLOW_STATUS_TIMEOUT)
+
+
+# ---- teardown ----
+
+@dataclass(frozen=True)
+class Teardown:
+    """What :func:`plan.teardown_command` printed (``word``: ``clean``, ``terminated``, ``killed`` or
+    ``survivors`` with the pids in ``detail``; anything else is unexpected), and the status after it."""
+
+    said: str
+    status: Status
+
+    @property
+    def word(self) -> str:
+        return self.said.partition(" ")[0]
+
+    @property
+    def detail(self) -> str:
+        return self.said.partition(" ")[2]
+
+    @property
+    def ended_it(self) -> bool:
+        """The teardown found processes of the job and they are gone."""
+        return self.word in ("terminated", "killed")
+
+
+def teardown(t: Transport, node: P.NodeLaunch, grace: float) -> Teardown:
+    """End every process of the node's job (SIGTERM, then SIGKILL after ``grace`` s), then ask its
+    status, so the exit code the signal left is known."""
+    said = t.run(P.teardown_command(node, grace), timeout=grace + 30).text.strip()
+    return Teardown(said, status(t, node, STATUS_TIMEOUT))
+
+
+# ---- the whole log ----
+
+def fetch_log(t: Transport, node: P.NodeLaunch) -> bytes | None:
+    """The node's whole log, or None when the node has none (its run folder is gone)."""
+    r = t.run(P.node_log_command(node), timeout=LOG_TIMEOUT)
+    return r.stdout if r.exit_code == 0 else None
