@@ -20,7 +20,7 @@ from clusterddp import plan as P
 from clusterddp.artifacts import collect_node
 from clusterddp.store import RunStore
 from clusterddp.transport.local import LocalTransport
-from helpers import make_record
+from helpers import cddp, make_record
 
 RUN_ID = "20261129-120000-abcd"
 
@@ -276,3 +276,26 @@ def test_an_answer_cut_short_with_exit_0_names_the_file_it_lost(setup, node_dir,
     assert r.error == "local: collect failed on the node: exit 3"
     assert r.missing == (("big.bin", f"not received: {r.error}"),)
 
+
+def test_the_collect_command_reports_the_host_and_each_lost_file_escaped_and_ends(setup, node_dir, tmp_path):
+    """`clusterddp collect` against a hostile node: it ends (it used to spin at 100% CPU for
+    ever), exit 1, no traceback; the host's error and each lost file are named, and the node's
+    text reaches the terminal with its control characters escaped."""
+    from dataclasses import replace
+
+    _, store = setup
+    node = hostile_node(tmp_path, node_dir, lines(
+        {"file": "a.txt", "size": 3}, {"file": "b\x1b[2J.txt", "size": 3}, {"file": "c.txt", "size": 3}, {"files": 3})
+        + sent("a.txt", b"abc") + lines({"path": "b\x1b[2J.txt", "error": "denied \x1b]0;pwned\x07"},
+                                        {"path": "c.txt", "send": -1}))
+    rec = make_record(RUN_ID, ("local",))
+    n = replace(rec.nodes[0], settings=node.host, run_dir=node.run_dir, control_dir=node.control_dir)
+    store.update(RUN_ID, lambda _: replace(rec, nodes=(n,), collect=("**",)))
+    r = cddp("collect", RUN_ID, "--runs-dir", str(store.root), timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "  local: 1 fetched (0.0 MB), 0 already whole, 2 not brought back" in r.stdout
+    assert r.stderr.splitlines() == [
+        "  local: error: local: its collect answer was refused: send: -1 is not a size (0 to 1125899906842624)",
+        "  local: not brought back: b\\x1b[2J.txt: cannot read it on the node: denied \\x1b]0;pwned\\x07",
+        "  local: not brought back: c.txt: not received: local: its collect answer was refused: send: -1 is not "
+        "a size (0 to 1125899906842624)"]
