@@ -133,7 +133,7 @@ class _Tail(bytearray):
     """Keeps only the last 64 KiB written to it with ``+=``: a node's stderr, of which only the
     last line is shown, need not be held whole."""
 
-    def __iadd__(self, data):  # type: ignore[override]
+    def __iadd__(self, data):  # type: ignore[override,misc]
         super().__iadd__(data)
         del self[:-(64 << 10)]
         return self

@@ -369,7 +369,8 @@ def test_a_deep_folder_tree_is_walked_without_recursion(tmp_path, monkeypatch):
 def test_the_node_sends_at_most_max_files_and_says_so(run_dir, monkeypatch):
     monkeypatch.setattr(collect, "MAX_FILES", 2)
     data = answer(run_dir, {"globs": ["ckpt/**", "/etc/*", "../*"], "have": {}})
-    recs = [json.loads(line) for line in data[:data.index(b'{"path"')].split(b"\n") if line]  # the headers before any file
+    headers = data[:data.index(b'{"path"')]  # the lines before the first file's bytes
+    recs = [json.loads(line) for line in headers.split(b"\n") if line]
     assert len([r for r in recs if "file" in r]) == 2 and {"files": 2} in recs
     assert [r["error"] for r in recs if set(r) == {"error"}] == [
         "collect glob '/etc/*' refused: it must be relative to the run folder, without ..",

@@ -478,7 +478,7 @@ class Receiver:
         try:
             rec = json.loads(line.decode("utf-8"), parse_constant=_refuse_constant)
         except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            raise StreamError("not a JSON header line (%s): %s" % (type(e).__name__, _shown(line[:80])))
+            raise StreamError("not a JSON header line (%s): %s" % (type(e).__name__, _shown(line[:80]))) from None
         if not isinstance(rec, dict):
             raise StreamError("a header line that is not a JSON object: %s" % _shown(line[:80]))
         return rec

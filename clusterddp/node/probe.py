@@ -156,7 +156,7 @@ def _fact(name: str, kind: str, v: object) -> object:
             raise bad("a whole number >= 0")
         return v
     if kind == "number":
-        if type(v) not in (int, float) or not -MAX_NUMBER <= v <= MAX_NUMBER:  # NaN fails the comparison
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not -MAX_NUMBER <= v <= MAX_NUMBER:  # NaN too
             raise bad("a finite number")
         return v
     if kind == "names":
