@@ -162,7 +162,7 @@ def scratch():
     shutil.rmtree(d)
 
 
-@settings(max_examples=350, **SETTINGS)
+@settings(max_examples=300, **SETTINGS)
 @given(data=st.data())
 def test_any_collect_answer_gives_files_or_a_stream_error_only(answers, scratch, data):
     base = data.draw(st.sampled_from(range(len(answers))))
@@ -252,7 +252,8 @@ def test_any_probe_reply_gives_facts_or_a_probe_error_and_check_never_trips(flee
         for full in (False, True):  # `up`'s preflight, then `check` (and its report)
             report = evaluate(fleet_inventory, results, full=full, master_port=29500)
             assert report.hosts[0].status != FAIL, report.hosts[0].findings
-        with contextlib.redirect_stdout(io.StringIO()) as shown:
-            print_report(report, 0.1)
-        assert "\x1b" not in shown.getvalue()
+        if f is not None:  # the table is slow to draw; a refused reply puts only our words in it
+            with contextlib.redirect_stdout(io.StringIO()) as shown:
+                print_report(report, 0.1)
+            assert "\x1b" not in shown.getvalue()
     event("facts" if f is not None else "probe error")
