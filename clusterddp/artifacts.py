@@ -24,14 +24,16 @@ from . import nodeops
 from . import plan as P
 from .errors import HostError
 from .fleet import Fleet
-from .node.collect import Receiver
+from .node.collect import Receiver, StreamError
 from .store import RunStore
 from .transport import Transport
 
 
 @dataclass(frozen=True)
 class CollectResult:
-    """Per-host outcome: files fetched, already whole, skipped (changing while read), error."""
+    """Per-host outcome: files fetched, already whole, skipped (changing while read), what went
+    wrong with the host's answer as a whole (``error``), and each file not brought back, with why
+    (``missing``: unreadable on the node, refused, cut short, damaged in transit)."""
 
     host: str
     fetched: tuple[str, ...] = ()
@@ -39,6 +41,11 @@ class CollectResult:
     skipped: tuple[str, ...] = ()
     error: str | None = None
     bytes: int = 0
+    missing: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.missing
 
 
 class Progress(Protocol):
@@ -80,31 +87,66 @@ def _why(e: Exception) -> str:
 
 def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str, globs: tuple[str, ...],
                  progress: Progress | None = None) -> CollectResult:
-    """Fetch the node's log and the files its run folder holds under ``globs``."""
+    """Fetch the node's log and the files its run folder holds under ``globs``.
+
+    Nothing the node sends is trusted (see :class:`~clusterddp.node.collect.Receiver`): a bad
+    entry is skipped and named in ``missing``, a bad answer ends that answer with an error
+    naming the host, and the files received before it are kept.
+    """
     name = node.host.name
     bar = progress or _Quiet()
-    rx = Receiver(lambda rel: store.artifact_path(run_id, name, rel),
-                  on_total=lambda n: bar.start(name, n), on_bytes=lambda n: bar.advance(name, n))
+    errors: list[str] = []
+    missing: list[tuple[str, str]] = []
+
+    def exchange(request: dict) -> Receiver:
+        rx = Receiver(lambda rel: store.artifact_path(run_id, name, rel), on_total=lambda n: bar.start(name, n),
+                      on_bytes=lambda n: bar.advance(name, n), request=request)
+        why = None
+        try:
+            _exchange(t, node, rx, request)
+        except StreamError as e:
+            why = str(HostError(name, f"its collect answer was refused: {e}"))
+        except HostError as e:
+            why = str(e)
+        finally:
+            rx.finish(why)
+        errors.extend([why] if why else [])
+        errors.extend(f"{name}: {e}" for e in rx.errors)
+        missing.extend(rx.missing)
+        return rx
+
     try:
         have = local_sizes(store.artifacts_dir(run_id, name))
-        _exchange(t, node, rx, {"log": True, "globs": list(globs), "have": have})
-        if rx.log is not None:
-            store.write_log(run_id, name, bytes(rx.log))
-        if rx.differ:  # same size, other content (a damaged copy): send them whatever their size
-            again, rx.differ = rx.differ, []
-            _exchange(t, node, rx, {"paths": again, "have": {}})
-            done = set(rx.fetched) | set(rx.skipped)
-            rx.skipped += [p for p in again if p not in done]
-    except HostError as e:
-        rx.errors.insert(0, str(e))
-    finally:
-        rx.discard()
-    error = "; ".join(rx.errors) or None
-    return CollectResult(name, tuple(rx.fetched), tuple(rx.whole), tuple(rx.skipped), error, rx.bytes)
+    except OSError as e:
+        return CollectResult(name, error=f"{name}: cannot list the local copies: {e}")
+    rx = exchange({"log": True, "globs": list(globs), "have": have})
+    fetched, whole, skipped, got = list(rx.fetched), list(rx.whole), list(rx.skipped), rx.bytes
+    if rx.log is not None:
+        store.write_log(run_id, name, bytes(rx.log))
+    if rx.differ:  # same size, other content (a damaged copy): send them whatever their size
+        again = exchange({"paths": rx.differ, "have": {}})
+        fetched += again.fetched
+        skipped += again.skipped
+        got += again.bytes
+        settled = set(again.fetched) | set(again.skipped) | {p for p, _ in missing}
+        missing += [(p, "the copy here differs from the node's, which did not send it again")
+                    for p in rx.differ if p not in settled]
+    return CollectResult(name, tuple(fetched), tuple(whole), tuple(skipped), "; ".join(errors) or None, got,
+                         tuple(missing))
+
+
+class _Tail(bytearray):
+    """Keeps only the last 64 KiB written to it with ``+=``: a node's stderr, of which only the
+    last line is shown, need not be held whole."""
+
+    def __iadd__(self, data):  # type: ignore[override,misc]
+        super().__iadd__(data)
+        del self[:-(64 << 10)]
+        return self
 
 
 def _exchange(t: Transport, node: P.NodeLaunch, rx: Receiver, request: dict) -> None:
-    err = bytearray()
+    err = _Tail()
     code = t.stream(P.collect_command(node), rx.feed, timeout=120, stderr_to=err,
                     stdin=json.dumps(request).encode())
     if code != 0:

@@ -284,6 +284,12 @@ def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool 
             f = parse_reply(r.result.stdout, r.result.stderr, r.result.exit_code)
         except ProbeError as e:
             missing = r.exit_code == 127
+            if e.field is not None:  # it answered, but not as the probe does: nothing of it is used
+                per_host[r.host].append(Finding(
+                    "python", FAIL, "bad reply", f"{h.python} ran the probe, but its reply is unusable: {e}",
+                    "check that `python` for this host is a plain CPython and that its setup lines and "
+                    "login files do not print a line starting with the probe's marker"))
+                continue
             per_host[r.host].append(Finding(
                 "python", FAIL, "not found" if missing else "probe failed",
                 f"{h.python} {'was not found' if missing else 'could not run the probe'}: {e}",

@@ -20,7 +20,7 @@ from clusterddp import plan as P
 from clusterddp.artifacts import collect_node
 from clusterddp.store import RunStore
 from clusterddp.transport.local import LocalTransport
-from helpers import make_record
+from helpers import cddp, make_record
 
 RUN_ID = "20261129-120000-abcd"
 
@@ -148,3 +148,154 @@ def test_a_file_that_shrinks_while_sent_is_skipped_and_the_files_after_it_still_
     assert r.skipped == ("ckpt/a.bin",) and r.fetched == ("ckpt/z.txt",) and r.error is None
     assert (artifacts(store) / "ckpt/z.txt").read_text() == "still framed right\n"
     assert not (artifacts(store) / "ckpt/a.bin").exists()
+
+
+def test_no_link_anywhere_in_a_path_is_followed(setup, node_dir, tmp_path):
+    """`checkpoints/dataset -> /` must not expose the node's disk: links to folders inside or outside
+    the run folder are not walked into, named through, or sent, whatever the globs say."""
+    node, store = setup
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "id_rsa").write_text("PRIVATE KEY\n")
+    (node_dir / "ckpt" / "dataset").symlink_to(secret)           # a folder outside
+    (node_dir / "ckpt" / "again").symlink_to(node_dir / "ckpt" / "deep")  # a folder inside
+    (node_dir / "outside").symlink_to(tmp_path)                  # at the top of the run folder
+    r = collect_node(LocalTransport("local"), node, store, RUN_ID,
+                     ("ckpt/**", "ckpt/dataset/*", "ckpt/dataset/id_rsa", "ckpt/again/b.txt", "outside/**",
+                      "*/id_rsa", "**/id_rsa", "**/b.txt"))
+    assert r.error is None and r.missing == ()
+    assert sorted(r.fetched) == ["ckpt/a.bin", "ckpt/deep/b.txt", "ckpt/empty"]
+    got = [p.relative_to(artifacts(store)).as_posix() for p in artifacts(store).rglob("*")]
+    assert sorted(got) == ["ckpt", "ckpt/a.bin", "ckpt/deep", "ckpt/deep/b.txt", "ckpt/empty"]
+
+
+def test_the_node_refuses_a_path_through_a_link_or_out_of_the_run_folder(node_dir, tmp_path, monkeypatch):
+    """The second request names paths (files whose copy differs): the node checks them too, and
+    opens each one folder at a time without following links, so a link swapped in after the
+    listing is refused; a FIFO swapped in is refused without blocking."""
+    import io
+    import json
+
+    from clusterddp.node import collect
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret").write_text("PRIVATE\n")
+    (node_dir / "ckpt" / "dataset").symlink_to(tmp_path)
+    out = io.BytesIO()
+    collect.main([str(node_dir), str(node_dir / ".clusterddp" / "node.log")],
+                 stdin=io.StringIO(json.dumps({"paths": ["ckpt/dataset/secret", "../secret", "/etc/passwd",
+                                                          ".clusterddp/node.log", "ckpt/link", "ckpt/empty"],
+                                               "have": {}})), stdout=out)
+    recs = [json.loads(line) for line in out.getvalue().split(b"\n") if line.startswith(b"{")]
+    assert [r for r in recs if "file" in r] == [{"file": "ckpt/empty", "size": 0}]
+    assert [r["error"] for r in recs if set(r) == {"error"}] == [
+        "path '../secret' refused: goes up with ..", "path '/etc/passwd' refused: absolute",
+        "path '.clusterddp/node.log' refused: in the control folder .clusterddp"]
+    root = os.open(node_dir, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError):
+            collect._open_beneath(root, "ckpt/dataset/secret")  # a link in the middle
+        with pytest.raises(OSError):
+            collect._open_beneath(root, "ckpt/link")  # a link at the end
+        os.mkfifo(node_dir / "ckpt" / "fifo")
+        with pytest.raises(OSError, match="not a regular file"):
+            collect._open_beneath(root, "ckpt/fifo")
+        with collect._open_beneath(root, "ckpt/deep/b.txt") as f:
+            assert f.read(9) == b'{"json": '
+    finally:
+        os.close(root)
+
+
+# ---- a node whose collect program answers with hostile bytes (a fake node program, the real rest) ----
+
+def hostile_node(tmp_path: Path, node_dir: Path, answer: bytes, code: int = 0) -> P.NodeLaunch:
+    """The local node, its `python` a script that prints ``answer`` instead of running collect."""
+    (tmp_path / "answer.bin").write_bytes(answer)
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!/bin/sh\ncat {tmp_path / 'answer.bin'}\nexit {code}\n")
+    fake.chmod(0o755)
+    inv = inventory.local(gpus=1, python=str(fake))
+    return P.build_plan(inv, P.RunSpec("t.py"), RUN_ID, local_run_dir=str(node_dir),
+                        local_control_dir=str(node_dir / ".clusterddp")).nodes[0]
+
+
+def lines(*recs: object) -> bytes:
+    import json
+    return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in recs)
+
+
+def sent(path: str, body: bytes) -> bytes:
+    import hashlib
+    return (lines({"path": path, "send": len(body)}) + body
+            + lines({"path": path, "sha256": hashlib.sha256(body).hexdigest(), "stable": True}))
+
+
+def collected(node, store) -> tuple:
+    """collect_node on a thread that must end: a bad size once made it spin for ever."""
+    out: list = []
+    th = threading.Thread(target=lambda: out.append(collect_node(LocalTransport("local"), node, store, RUN_ID,
+                                                                 ("**",))), daemon=True)
+    th.start()
+    th.join(60)
+    assert not th.is_alive(), "collect is still busy with a short, bad answer"
+    return out[0]
+
+
+def test_a_negative_size_is_an_error_naming_the_host_not_a_hang(setup, node_dir, tmp_path):
+    _, store = setup
+    node = hostile_node(tmp_path, node_dir, lines({"log": 3}) + b"hi\n" + lines({"file": "a.txt", "size": 3},
+                        {"file": "b.txt", "size": 3}, {"files": 2}) + sent("a.txt", b"abc")
+                        + lines({"path": "b.txt", "send": -3}) + b"x" * 1000)
+    r = collected(node, store)
+    assert r.error == "local: its collect answer was refused: send: -3 is not a size (0 to 1125899906842624)"
+    assert r.fetched == ("a.txt",) and (artifacts(store) / "a.txt").read_bytes() == b"abc"
+    assert r.missing == (("b.txt", f"not received: {r.error}"),)
+    assert store.log_path(RUN_ID, "local").read_bytes() == b"hi\n"  # the whole log it did send is kept
+
+
+def test_a_refused_path_is_skipped_and_the_files_after_it_still_arrive(setup, node_dir, tmp_path):
+    _, store = setup
+    escape = tmp_path / "runs" / "escaped.txt"
+    node = hostile_node(tmp_path, node_dir, lines(
+        {"file": "../../escaped.txt", "size": 4}, {"file": str(escape), "size": 4}, {"file": "ok.txt", "size": 2},
+        {"files": 3}) + sent("../../escaped.txt", b"evil") + sent(str(escape), b"evil") + sent("ok.txt", b"ok"))
+    r = collected(node, store)
+    assert r.error is None and r.fetched == ("ok.txt",)
+    assert r.missing == (("../../escaped.txt", "refused: goes up with .."), (str(escape), "refused: absolute"))
+    assert not escape.exists() and (artifacts(store) / "ok.txt").read_bytes() == b"ok"
+
+
+def test_an_answer_cut_short_with_exit_0_names_the_file_it_lost(setup, node_dir, tmp_path):
+    _, store = setup
+    node = hostile_node(tmp_path, node_dir, lines({"file": "big.bin", "size": 1 << 20}, {"files": 1},
+                                                  {"path": "big.bin", "send": 1 << 20}) + b"abc")
+    r = collected(node, store)
+    assert r.missing == (("big.bin", "received 3 of 1048576 bytes; the node's answer ended early"),)
+    assert r.fetched == () and not list(artifacts(store).rglob("*"))
+    node = hostile_node(tmp_path, node_dir, lines({"file": "big.bin", "size": 10}, {"files": 1}), code=3)
+    r = collected(node, store)
+    assert r.error == "local: collect failed on the node: exit 3"
+    assert r.missing == (("big.bin", f"not received: {r.error}"),)
+
+
+def test_the_collect_command_reports_the_host_and_each_lost_file_escaped_and_ends(setup, node_dir, tmp_path):
+    """`clusterddp collect` against a hostile node: it ends (it used to spin at 100% CPU for
+    ever), exit 1, no traceback; the host's error and each lost file are named, and the node's
+    text reaches the terminal with its control characters escaped."""
+    from dataclasses import replace
+
+    _, store = setup
+    node = hostile_node(tmp_path, node_dir, lines(
+        {"file": "a.txt", "size": 3}, {"file": "b\x1b[2J.txt", "size": 3}, {"file": "c.txt", "size": 3}, {"files": 3})
+        + sent("a.txt", b"abc") + lines({"path": "b\x1b[2J.txt", "error": "denied \x1b]0;pwned\x07"},
+                                        {"path": "c.txt", "send": -1}))
+    rec = make_record(RUN_ID, ("local",))
+    n = replace(rec.nodes[0], settings=node.host, run_dir=node.run_dir, control_dir=node.control_dir)
+    store.update(RUN_ID, lambda _: replace(rec, nodes=(n,), collect=("**",)))
+    r = cddp("collect", RUN_ID, "--runs-dir", str(store.root), timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "  local: 1 fetched (0.0 MB), 0 already whole, 2 not brought back" in r.stdout
+    assert r.stderr.splitlines() == [
+        "  local: error: local: its collect answer was refused: send: -1 is not a size (0 to 1125899906842624)",
+        "  local: not brought back: b\\x1b[2J.txt: cannot read it on the node: denied \\x1b]0;pwned\\x07",
+        "  local: not brought back: c.txt: not received: local: its collect answer was refused: send: -1 is not "
+        "a size (0 to 1125899906842624)"]

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -53,20 +54,20 @@ def receive(data: bytes, dest: Path, seed: int = 7) -> tuple[Receiver, list[int]
         n = rnd.choice((1, 2, 3, 17, 4096, 65537))
         rx.feed(data[i:i + n])
         i += n
-    rx.discard()
+    rx.finish()
     return rx, totals, got
 
 
 def test_fetch_then_verify_whole_copies_then_refetch_a_damaged_one(run_dir, tmp_path):
     dest = tmp_path / "artifacts"
     sizes = {p: (run_dir / p).stat().st_size for p in ("ckpt/a.bin", "ckpt/deep/b.txt", "ckpt/empty")}
-    data = answer(run_dir, {"log": True, "globs": ["ckpt/**", ".clusterddp/*"], "have": {}})
-    first = json.loads(data[data.index(b"rank 0 says hi\n") + 15:].split(b"\n", 1)[0])
-    assert first == {"files": [{"path": p, "size": s} for p, s in sizes.items()]}  # no link, no control folder
+    data = answer(run_dir, {"log": True, "globs": ["ckpt/**", ".clusterddp/*", "./.clusterddp/*"], "have": {}})
+    listing = [json.loads(line) for line in data[data.index(b"rank 0 says hi\n") + 15:].split(b"\n")[:4]]
+    assert listing == [{"file": p, "size": s} for p, s in sizes.items()] + [{"files": 3}]  # no link, no control folder
 
     rx, totals, got = receive(data, dest)
     assert bytes(rx.log or b"") == b"rank 0 says hi\n" and totals == [sum(sizes.values())]
-    assert rx.fetched == list(sizes) and rx.errors == [] and rx.bytes == sum(sizes.values()) == sum(got)
+    assert rx.fetched == list(sizes) and rx.errors == rx.missing == [] and rx.bytes == sum(sizes.values()) == sum(got)
     for p in sizes:
         assert (dest / p).read_bytes() == (run_dir / p).read_bytes()
 
@@ -95,8 +96,8 @@ def test_a_copy_whose_hash_disagrees_is_refused_and_an_unstable_one_skipped(run_
     k = data.index(b"\n", j)
     unstable = damaged[:j] + damaged[j:k].replace(b"\"stable\": true", b"\"stable\": false") + damaged[k:]
     rx, _, _ = receive(unstable, dest)
-    assert rx.fetched == [] and rx.skipped == ["ckpt/a.bin"]
-    assert rx.errors == ["ckpt/deep/b.txt: local copy does not match the node's (1100 bytes)"]
+    assert rx.fetched == [] and rx.skipped == ["ckpt/a.bin"] and rx.errors == []
+    assert rx.missing == [("ckpt/deep/b.txt", "the copy received does not match the node's sha256 (1100 bytes)")]
     assert not [p for p in dest.rglob("*") if p.is_file()]  # nothing kept, no .part left
 
 
@@ -105,11 +106,274 @@ def test_an_unreadable_file_is_named_and_a_changing_one_is_not_called_whole(tmp_
     (tmp_path / "ckpt" / "live").write_bytes(b"abc")
     same = hashlib.sha256(b"abc").hexdigest()
     rx = Receiver(lambda rel: tmp_path / rel)
-    rx.feed(b'{"files": []}\n{"path": "ckpt/x", "error": "[Errno 13] Permission denied"}\n{"tick": 1}\n'
+    rx.feed(b'{"file": "ckpt/x", "size": 9}\n{"file": "ckpt/live", "size": 3}\n{"files": 2}\n'
+            b'{"path": "ckpt/x", "error": "[Errno 13] Permission denied"}\n{"tick": 1}\n'
             + json.dumps({"path": "ckpt/live", "sha256": same, "stable": False}).encode() + b"\n")
-    assert rx.errors == ["ckpt/x: cannot read it on the node: [Errno 13] Permission denied"]
-    assert rx.skipped == ["ckpt/live"] and rx.whole == []  # its hash matched a moment, not the file
+    rx.finish()
+    assert rx.missing == [("ckpt/x", "cannot read it on the node: [Errno 13] Permission denied")]
+    assert rx.skipped == ["ckpt/live"] and rx.whole == [] and rx.errors == []  # its hash matched a moment, not the file
 
 
 def test_the_control_folder_name_is_the_plans():
     assert collect.CONTROL == plan.CONTROL
+
+
+# ---- hostile answers: every byte from a node is untrusted ----
+
+def lines(*recs: object) -> bytes:
+    return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in recs)
+
+
+ABC = hashlib.sha256(b"abc").hexdigest()
+LISTED = lines({"file": "a.txt", "size": 3}, {"file": "b.txt", "size": 3}, {"files": 2})
+A_SENT = lines({"path": "a.txt", "send": 3})[:-1] + b"\nabc" + lines({"path": "a.txt", "sha256": ABC, "stable": True})
+
+
+def fed(rx: Receiver, data: bytes, seconds: float = 20) -> BaseException | None:
+    """Feed ``data`` in pieces on a thread; fail unless it is done within ``seconds`` (a
+    negative size once made the receiver loop for ever). Returns what it raised."""
+    raised: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            for i in range(0, len(data), 7):
+                rx.feed(data[i:i + 7])
+            raised.append(None)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            raised.append(e)
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(seconds)
+    assert not th.is_alive(), "the receiver is still busy with a short answer"
+    return raised[0]
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"path": "b.txt", "send": -5}, "send: -5 is not a size"),
+    ({"path": "b.txt", "send": -31}, "send: -31 is not a size"),  # its own line's length: read it again, for ever
+    ({"path": "b.txt", "send": "3"}, "send: '3' is not a size"),
+    ({"path": "b.txt", "send": True}, "send: True is not a size"),
+    ({"path": "b.txt", "send": 3.0}, "send: 3.0 is not a size"),
+    ({"path": "b.txt", "send": 1 << 60}, "is not a size"),
+    ({"path": "b.txt", "send": 4}, "b.txt: sends 4 bytes but was listed with 3"),
+    ({"path": "c.txt", "send": 3}, "c.txt is not in the file list"),
+    ({"path": ["b.txt"], "send": 3}, "['b.txt'] is not in the file list"),
+    ({"path": "a.txt", "send": 3}, "a.txt sent twice"),
+    ({"path": "b.txt", "sha256": "XYZ", "stable": True}, "sha256: not 64 lowercase hex digits"),
+    ({"path": "b.txt", "sha256": ABC.upper(), "stable": True}, "sha256: not 64 lowercase hex digits"),
+    ({"path": "b.txt", "sha256": ABC, "stable": "yes"}, "stable: not true or false"),
+    ({"path": "b.txt", "error": ["denied"]}, "error: not a string"),
+    ({"path": "b.txt", "send": 3, "mode": "0644"}, "unexpected header with keys ['mode', 'path', 'send']"),
+    ({"log": 5}, "unexpected header with keys ['log'] after the file list"),
+    ({"file": "c.txt", "size": 1}, "unexpected header with keys ['file', 'size'] after the file list"),
+    ({"files": 2}, "unexpected header"),
+    (b"[1, 2]", "not a JSON object"),
+    (b"{not json", "not a JSON header line (JSONDecodeError)"),
+    (b'{"tick": NaN}', "not a JSON header line (ValueError)"),
+    (b'{"path": "b.txt", "send": 1' + b"0" * 5000 + b"}", "not a JSON header line (ValueError)"),
+    (b"[" * 100_000, "a header line longer than 65536 bytes"),
+    (b"[" * 60_000, "not a JSON header line (RecursionError)"),
+    (b'\xff\xfe{"tick": 1}', "not a JSON header line (UnicodeDecodeError)"),
+    (b"x" * (collect.MAX_LINE + 1), "a header line longer than 65536 bytes"),
+    (lines(*[{"tick": 1}] * 12)[:-1], "more keep-alive lines than time has passed"),
+    ({"tick": 2}, "more keep-alive lines"),
+    (lines(*[{"error": "no"}] * 101)[:-1], "more than 100 error lines"),
+])
+def test_a_bad_header_ends_the_answer_in_bounded_time_and_keeps_what_came_before(tmp_path, bad, words):
+    dest = tmp_path / "artifacts"
+    rx = Receiver(lambda rel: dest / rel)
+    raised = fed(rx, LISTED + A_SENT + lines(bad) + lines({"path": "b.txt", "send": 3})[:-1] + b"\nxyz")
+    assert isinstance(raised, collect.StreamError) and words in str(raised), raised
+    with pytest.raises(collect.StreamError):  # once broken, nothing more is read
+        rx.feed(lines({"path": "b.txt", "sha256": ABC, "stable": True}))
+    rx.finish()
+    assert rx.fetched == ["a.txt"] and (dest / "a.txt").read_bytes() == b"abc"
+    assert rx.missing == [("b.txt", f"not received: {raised}")]
+    assert sorted(p.name for p in dest.rglob("*")) == ["a.txt"]  # no .part left
+
+
+@pytest.mark.parametrize("answer, words", [
+    (lines({"log": -1}) + b"x" * 100, "log: -1 is not a size"),
+    (lines({"log": 2}) + b"ab" + lines({"log": 2}) + b"cd", "unexpected header with keys ['log'] at the start"),
+    (lines({"file": "a.txt", "size": -3}), "size: -3 is not a size"),
+    (lines({"file": "a.txt", "size": 3}, {"file": "a.txt", "size": 3}), "a.txt listed twice"),
+    (lines({"file": "a.txt", "size": 3}, {"files": 3}), "the file list ends with a count of 3, after 1 files"),
+    (lines({"files": -1}), "files: -1 is not a size"),
+    (lines({"path": "a.txt", "send": 3}), "unexpected header with keys ['path', 'send'] at the start"),
+])
+def test_a_bad_log_or_file_list_ends_the_answer(tmp_path, answer, words):
+    rx = Receiver(lambda rel: tmp_path / rel)
+    raised = fed(rx, answer)
+    assert isinstance(raised, collect.StreamError) and words in str(raised), raised
+    rx.finish()
+    assert rx.fetched == [] and rx.log == (b"ab" if answer.startswith(b'{"log": 2}') else None)  # a whole log is kept
+
+
+def test_too_many_files_or_too_long_a_list_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(collect, "MAX_FILES", 5)
+    raised = fed(Receiver(lambda rel: tmp_path / rel), lines(*[{"file": f"f{i}", "size": 1} for i in range(6)]))
+    assert isinstance(raised, collect.StreamError) and "more than 5 files listed" in str(raised)
+    monkeypatch.setattr(collect, "MAX_LISTED", 100)
+    raised = fed(Receiver(lambda rel: tmp_path / rel), lines(*[{"file": f"{i}" * 40, "size": 1} for i in range(3)]))
+    assert isinstance(raised, collect.StreamError) and "the file list is longer than 100 characters" in str(raised)
+
+
+BAD_PATHS = [
+    ("../escape.txt", "refused: goes up with .."),
+    ("ok/../../escape.txt", "refused: goes up with .."),
+    ("/tmp/abs.txt", "refused: absolute"),
+    (".clusterddp/launch.sh", "refused: in the control folder .clusterddp"),
+    ("a//b", "refused: not normalised"),
+    ("./a", "refused: not normalised"),
+    ("a/", "refused: not normalised"),
+    ("a\0b", "refused: contains NUL"),
+    ("\ud800", "refused: not a file name"),
+    ("", "refused: empty"),
+]
+
+
+def test_a_refused_path_is_skipped_and_the_files_after_it_still_arrive(tmp_path):
+    dest = tmp_path / "runs" / "artifacts"
+    asked: list[str] = []
+
+    def where(rel: str) -> Path:
+        asked.append(rel)
+        return dest / rel
+    rx = Receiver(where)
+    bad = [p for p, _ in BAD_PATHS]
+    answer = lines(*[{"file": p, "size": 3} for p in bad], {"file": "x" * 5000, "size": 3}, {"file": 7, "size": 1},
+                   {"file": "good/ok.txt", "size": 3}, {"files": len(bad) + 3})
+    for p in bad:
+        answer += lines({"path": p, "send": 3})[:-1] + b"\nEVL" + lines({"path": p, "sha256": ABC, "stable": True})
+    answer += lines({"path": "good/ok.txt", "send": 3})[:-1] + b"\nabc"
+    answer += lines({"path": "good/ok.txt", "sha256": ABC, "stable": True})
+    assert fed(rx, answer) is None
+    rx.finish()
+    assert rx.fetched == ["good/ok.txt"] and (dest / "good/ok.txt").read_bytes() == b"abc"
+    assert rx.missing == BAD_PATHS + [("x" * 200 + "...", "refused: longer than 4096 bytes"),
+                                      ("7", "refused: not a string")]
+    assert rx.errors == [] and asked == ["good/ok.txt"] * 2  # no refused path ever reached dest()
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [dest / "good/ok.txt"]
+
+
+def test_files_not_asked_for_are_refused(tmp_path):
+    rx = Receiver(lambda rel: tmp_path / rel, request={"globs": ["ckpt/**", "*.log"], "have": {}})
+    assert fed(rx, lines({"file": "ckpt/a/b.pt", "size": 0}, {"file": "train.log", "size": 0},
+                         {"file": "etc/passwd", "size": 0}, {"file": "ckpt/.hidden", "size": 0}, {"files": 4})) is None
+    rx.finish()
+    why = "refused: not asked for (matches no collect glob)"
+    assert rx.missing == [("etc/passwd", why), ("ckpt/.hidden", why),
+                          ("ckpt/a/b.pt", "not received: the node's answer ended early"),
+                          ("train.log", "not received: the node's answer ended early")]
+    rx = Receiver(lambda rel: tmp_path / rel, request={"paths": ["ckpt/a.pt"], "have": {}})
+    assert fed(rx, lines({"file": "ckpt/b.pt", "size": 0}, {"files": 1})) is None
+    rx.finish()
+    assert rx.missing == [("ckpt/b.pt", "refused: not asked for (matches no collect glob)")]
+
+
+def test_a_local_write_that_fails_skips_that_file_only(tmp_path):
+    dest = tmp_path / "artifacts"
+    dest.mkdir()
+    (dest / "blocker").write_text("a file where a folder should be")
+
+    def where(rel: str) -> Path:
+        if rel == "refused.txt":
+            raise ValueError("refusing artifact path outside the run folder")
+        return dest / rel
+    rx = Receiver(where)
+    answer = lines(*[{"file": p, "size": 3} for p in ("blocker/x.txt", "refused.txt", "a.txt")], {"files": 3})
+    for p, body in (("blocker/x.txt", b"xyz"), ("refused.txt", b"xyz"), ("a.txt", b"abc")):
+        answer += lines({"path": p, "send": 3})[:-1] + b"\n" + body
+        answer += lines({"path": p, "sha256": hashlib.sha256(body).hexdigest(), "stable": True})
+    assert fed(rx, answer) is None
+    rx.finish()
+    assert rx.fetched == ["a.txt"] and [p for p, _ in rx.missing] == ["blocker/x.txt", "refused.txt"]
+    assert all(why.startswith("cannot write it here: ") for _, why in rx.missing), rx.missing
+
+
+def test_an_answer_cut_short_reports_each_file_it_did_not_bring(tmp_path):
+    dest = tmp_path / "artifacts"
+    rx = Receiver(lambda rel: dest / rel)
+    fed(rx, lines({"log": 10})[:-1] + b"\nonly 4" + b"")
+    rx.finish()
+    assert rx.log is None and rx.errors == [
+        "the log was cut short (6 bytes received); the node's answer ended early",
+        "the node's answer ended before its file list did"]
+
+    rx = Receiver(lambda rel: dest / rel)
+    fed(rx, lines({"file": "big.bin", "size": 1 << 20}, {"file": "next.bin", "size": 1}, {"files": 2},
+                  {"path": "big.bin", "send": 1 << 20})[:-1] + b"\nabc")
+    rx.finish()  # the node exited 0 after 3 bytes of 1 MiB
+    assert rx.missing == [("big.bin", "received 3 of 1048576 bytes; the node's answer ended early"),
+                          ("next.bin", "not received: the node's answer ended early")]
+    assert not list(dest.rglob("*.part")) and rx.fetched == []
+
+    rx = Receiver(lambda rel: dest / rel)
+    fed(rx, lines({"file": "a.txt", "size": 3}, {"files": 1}, {"path": "a.txt", "send": 3})[:-1] + b"\nabc")
+    rx.finish("a: connection lost")
+    assert rx.missing == [("a.txt", "its sha256 line never came; a: connection lost")]
+
+
+def test_a_hash_only_answer_for_a_file_not_here_asks_for_it_again(tmp_path):
+    rx = Receiver(lambda rel: tmp_path / rel)
+    assert fed(rx, lines({"file": "gone.txt", "size": 3}, {"files": 1},
+                         {"path": "gone.txt", "sha256": ABC, "stable": True})) is None
+    rx.finish()
+    assert rx.differ == ["gone.txt"] and rx.whole == [] and rx.missing == []
+
+
+PATTERNS = ["**", "ckpt/**", "ckpt/*", "ckpt/**/*.pt", "**/*.pt", "*/deep/*", "ckpt/*/x.pt", "ckpt/[ab]*",
+            "ckpt/?.pt", ".hidden/*", "ckpt/.h*", "ckpt/**/**/y.pt", "**/.h*", "ckpt/deep", "ckpt/a.pt",
+            "./ckpt/a.pt", "ckpt//a.pt", "ckpt/deep/**", "*.log", "nope/**"]
+
+
+def test_the_node_matches_globs_as_glob_does_without_links(tmp_path, monkeypatch):
+    """Without links, the node's own walk lists what glob(recursive=True) lists (regular files),
+    and the receiver's check of a listed path against the globs agrees with both."""
+    import glob
+    for p in ("ckpt/a.pt", "ckpt/b.pt", "ckpt/.h.pt", "ckpt/deep/x.pt", "ckpt/deep/y.pt", "ckpt/deep/more/y.pt",
+              "ckpt/.hdir/z.pt", "ckpt/d2/x.pt", ".hidden/s.pt", "top.log", "ckpt/c.txt"):
+        (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / p).write_text(p)
+    monkeypatch.chdir(tmp_path)
+    every = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    for pat in PATTERNS:
+        want = sorted({os.path.normpath(p) for p in glob.glob(pat, recursive=True) if os.path.isfile(p)})
+        found: dict = {}
+        collect._walk(collect.glob_parts(pat), found, lambda: None)
+        assert sorted(found) == want, pat
+        assert [p for p in every if collect.matches(collect.glob_parts(pat), p.split("/"))] == want, pat
+    assert collect.glob_parts("/etc/*") is None and collect.glob_parts("a/../b") is None
+    deep = "/".join(["d"] * 2000)  # far deeper than the recursion limit
+    assert collect.matches(["**", "x"], (deep + "/x").split("/"))
+
+
+def test_a_deep_folder_tree_is_walked_without_recursion(tmp_path, monkeypatch):
+    import sys
+    monkeypatch.chdir(tmp_path)
+    deep = "/".join(["d"] * 300)
+    os.makedirs(deep)
+    Path(deep, "x.pt").write_text("deep")
+    found: dict = {}
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 100)  # far less than the tree is deep (glob would fail here)
+    try:
+        collect._walk(["**", "x.pt"], found, lambda: None)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert list(found) == [deep + "/x.pt"]
+
+
+def test_the_node_sends_at_most_max_files_and_says_so(run_dir, monkeypatch):
+    monkeypatch.setattr(collect, "MAX_FILES", 2)
+    data = answer(run_dir, {"globs": ["ckpt/**", "/etc/*", "../*"], "have": {}})
+    headers = data[:data.index(b'{"path"')]  # the lines before the first file's bytes
+    recs = [json.loads(line) for line in headers.split(b"\n") if line]
+    assert len([r for r in recs if "file" in r]) == 2 and {"files": 2} in recs
+    assert [r["error"] for r in recs if set(r) == {"error"}] == [
+        "collect glob '/etc/*' refused: it must be relative to the run folder, without ..",
+        "collect glob '../*' refused: it must be relative to the run folder, without ..",
+        "more than 2 files match the collect globs; only 2 are sent: narrow the globs"]

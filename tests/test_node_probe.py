@@ -101,3 +101,92 @@ def test_the_last_marked_line_wins():
 def test_parse_reply_says_why_when_there_is_no_report(stdout, stderr, code, words):
     with pytest.raises(ProbeError, match=words):
         parse_reply(stdout.encode(), stderr.encode(), code)
+
+
+# ---- a probe reply is untrusted: its shape and types are checked before anything reads it ----
+
+GOOD = {"python": "3.11.7", "executable": "/usr/bin/python3", "hostname": "n", "iface": "eth0",
+        "torch": "2.13.0+cu124", "cuda": "12.4", "nccl": "2.21.5", "torch_error": None, "full": True, "gpus": 2,
+        "interfaces": ["eth0", "lo"], "ip_tool": True, "env_ifname": {"NCCL_SOCKET_IFNAME": None},
+        "disk_path": "/data", "disk_free": 500 << 30, "workdir_exists": True, "disk_writable": True,
+        "port_free": True, "time": 1.8e9}
+
+MALFORMED = [
+    ({"python": ["3.11"]}, "python must be text, not a list"),
+    ({"python": 3.11}, "python must be text, not a number"),
+    ({"python": None}, "python must be text, not null"),
+    ({"torch": 5}, "torch must be text, not a number"),
+    ({"torch": ["2.1"]}, "torch must be text, not a list"),
+    ({"cuda": {"v": 1}}, "cuda must be text, not an object"),
+    ({"nccl": 2}, "nccl must be text"),
+    ({"torch_error": {"a": 1}}, "torch_error must be text"),
+    ({"executable": 1}, "executable must be text"),
+    ({"hostname": ["a"]}, "hostname must be text"),
+    ({"iface": 0}, "iface must be text"),
+    ({"gpus": "2"}, "gpus must be a whole number >= 0, not text"),
+    ({"gpus": -1}, "gpus must be a whole number >= 0"),
+    ({"gpus": True}, "gpus must be a whole number >= 0, not true/false"),
+    ({"gpus": 2.5}, "gpus must be a whole number >= 0"),
+    ({"gpu_error": None}, "gpu_error must be text, not null"),
+    ({"interfaces": "eth0"}, "interfaces must be a list of names, not text"),
+    ({"interfaces": [1, 2]}, "interfaces must be a list of names"),
+    ({"env_ifname": []}, "env_ifname must be an object of NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME"),
+    ({"env_ifname": {"NCCL_SOCKET_IFNAME": 5}}, "env_ifname must be an object"),
+    ({"env_ifname": {"PATH": "/bin"}}, "env_ifname must be an object"),
+    ({"disk_free": "lots"}, "disk_free must be a finite number, not text"),
+    ({"disk_free": 1e300}, "disk_free must be a finite number"),
+    ({"disk_writable": 1}, "disk_writable must be true or false, not a number"),
+    ({"disk_path": None}, "disk_path must be text"),
+    ({"port_free": "yes"}, "port_free must be true or false"),
+    ({"port_error": 1}, "port_error must be text"),
+    ({"time": "now"}, "time must be a finite number, not text"),
+    ({"full": "yes"}, "full must be true or false"),
+    ({"python": ...}, "no python version in it"),
+]
+
+
+def reply(**over) -> bytes:
+    f = {**GOOD, **over}
+    return ("motd\n" + MARK + json.dumps({k: v for k, v in f.items() if v is not ...}) + "\n").encode()
+
+
+@pytest.mark.parametrize("over, words", MALFORMED, ids=[w for _, w in MALFORMED])
+def test_a_malformed_fact_is_a_probe_error_naming_it_and_check_reports_that_host(over, words):
+    from clusterddp import inventory
+    from clusterddp.check import FAIL, OK, evaluate
+    from clusterddp.fleet import HostResult
+    from clusterddp.transport import CommandResult
+
+    field = next(iter(over))
+    with pytest.raises(ProbeError, match=words) as e:
+        parse_reply(reply(**over), b"", 0)
+    assert e.value.field == field
+    inv = inventory.parse("hosts: [{name: a, address: 10.0.0.1, gpus: 2}, {name: b, address: 10.0.0.2, gpus: 2}]\n",
+                          "inv.yaml")
+    results = [HostResult("a", CommandResult(0, reply(hostname="a"), b""), None, 1.8e9, 1.8e9),
+               HostResult("b", CommandResult(0, reply(**{"hostname": "b", **over}), b""), None, 1.8e9, 1.8e9)]
+    for full in (True, False):  # `check`, and `up`'s preflight
+        report = evaluate(inv, results, full=full)
+        a, b = report.hosts
+        assert a.status == OK, a.findings
+        assert b.status == FAIL and b.facts is None
+        python = b.get("python")
+        assert python is not None and python.value == "bad reply" and words in (python.problem or "")
+
+
+def test_unknown_facts_are_dropped_and_long_texts_cut():
+    f = parse_reply(reply(torch_error="x" * 5000, extra={"deep": [1, 2]}), b"", 0)
+    assert "extra" not in f and f["torch_error"] == "x" * 2000 + "..."
+    assert parse_reply(reply(gpus=None, interfaces=None, iface=None), b"", 0)["gpus"] is None
+
+
+@pytest.mark.parametrize("line, words", [
+    ('{"python": "3.11.7", "time": NaN}', "NaN is not a number"),
+    ('{"python": "3.11.7", "time": Infinity}', "Infinity is not a number"),
+    ('{"python": "3.11.7", "disk_free": 1' + "0" * 5000 + "}", "unreadable probe output"),
+    ('{"python": ' + "[" * 100_000, "unreadable probe output"),
+    ('{"setup_failed": ["x"]}', "setup_failed must be text"),
+])
+def test_odd_json_is_a_probe_error(line, words):
+    with pytest.raises(ProbeError, match=words):
+        parse_reply((MARK + line + "\n").encode(), b"", 0)

@@ -68,7 +68,7 @@ def test_each_program_runs_alone(tmp_path):
     p = bare("collect", [str(tmp_path), str(tmp_path / "node.log")], tmp_path,
              json.dumps({"log": True, "globs": ["pid"], "have": {}}).encode())
     assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith(b'{"log": 14}\nline 1\nline 2\n{"files": [{"path": "pid", "size": 1}]}\n')
+    assert p.stdout.startswith(b'{"log": 14}\nline 1\nline 2\n{"file": "pid", "size": 1}\n{"files": 1}\n')
 
 
 def test_plan_sends_the_whole_source_after_the_setup_lines():

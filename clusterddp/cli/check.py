@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .common import EXIT_FAILED, handle_errors, is_tty
+from .common import EXIT_FAILED, handle_errors, is_tty, visible
 
 HOSTS = typer.Option(None, "--hosts", help="Only these hosts: a,b,c.")
 FANOUT = typer.Option(None, "--fanout", min=1, max=1024,
@@ -48,7 +48,7 @@ def check(
 
     Exit 0 when every host passes, 1 when anything fails; each failure names the host and the fix.
     """
-    from ..check import FAIL, WARN, run_checks
+    from ..check import run_checks
 
     inv = load_inventory(inventory, hosts, fanout)
     started = time.monotonic()
@@ -57,9 +57,17 @@ def check(
     if as_json:
         print(json.dumps({**report.to_dict(), "seconds": round(took, 2)}, indent=2))
         raise typer.Exit(0 if report.ok else EXIT_FAILED)
+    if not print_report(report, took):
+        raise typer.Exit(EXIT_FAILED)
 
+
+def print_report(report, took: float) -> bool:
+    """The report as a table, then each problem and its fix as plain lines, then the verdict;
+    True when every host passed. Values and problems quote nodes (versions, errors): escaped."""
     from rich.console import Console
     from rich.table import Table
+
+    from ..check import FAIL, WARN
 
     console = Console(highlight=False, soft_wrap=False, width=None if is_tty() else 200)
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
@@ -78,9 +86,9 @@ def check(
     # Problems as plain lines (never wrapped or cut by the table): host, what, and the fix.
     for status, word in ((FAIL, "FAIL"), (WARN, "warn")):
         for host, f in report.problems(status):
-            print(f"{word} {host} {f.check}: {f.problem}")
+            print(f"{word} {host} {f.check}: {visible(f.problem or '')}")
             if f.fix:
-                print(f"     fix: {f.fix}")
+                print(f"     fix: {visible(f.fix)}")
     n = len(report.hosts)
     bad = [h.host for h in report.hosts if h.status == FAIL]
     warned = len(report.problems(WARN))
@@ -90,10 +98,9 @@ def check(
     else:
         print(f"PASS: all {n} host(s) ready{note} [{took:.1f}s]")
     sys.stdout.flush()
-    if bad:
-        raise typer.Exit(EXIT_FAILED)
+    return not bad
 
 
 def _escape(text: str) -> str:
     from rich.markup import escape
-    return escape(text)
+    return escape(visible(text))

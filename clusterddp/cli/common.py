@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import threading
 from typing import Callable, TypeVar
@@ -50,8 +51,43 @@ def host_list(hosts: str | None) -> list[str] | None:
     return names
 
 
+# Control characters (C0 but newline and tab, DEL, C1) and lone surrogates, as visible escapes:
+# text from a node must not move the cursor, clear the screen or retitle the terminal (OSC).
+_VISIBLE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0)) if c not in (0x09, 0x0a)}
+_VISIBLE.update({c: f"\\u{c:04x}" for c in range(0xd800, 0xe000)})
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")  # the keys of _VISIBLE
+
+
+def visible(text: str) -> str:
+    """``text`` safe for a terminal: control characters except newline and tab, and undecodable
+    bytes, shown as escapes (``\\x1b``). Everything printed that came from a node goes through it."""
+    # a regex, not str.translate: 20x faster on the usual text, which has nothing to escape
+    return _CONTROL.sub(lambda m: _VISIBLE[ord(m.group())], text)
+
+
+def visible_bytes(data: bytes) -> str:
+    """Bytes from a node as :func:`visible` text (bytes that are not UTF-8 shown as ``\\xff``)."""
+    return visible(data.decode("utf-8", "backslashreplace"))
+
+
 def err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    """A message on stderr, escaped with :func:`visible` (error texts carry what nodes printed)."""
+    print(visible(msg), file=sys.stderr, flush=True)
+
+
+MAX_SHOWN = 20  # files not brought back named per host; the rest are counted
+
+
+def tell_missing(lead: str, missing: tuple[tuple[str, str], ...]) -> None:
+    """Name each file a collect did not bring back, and why (on stderr; the first MAX_SHOWN)."""
+    for path, why in missing[:MAX_SHOWN]:
+        err(f"{lead}not brought back: {path}: {why}")
+    if len(missing) > MAX_SHOWN:
+        err(f"{lead}... and {len(missing) - MAX_SHOWN} more files not brought back")
+
+
+RAW = typer.Option(False, "--raw", help="Print the job's output bytes as they are (colours, control "
+                   "characters); by default control characters are shown as escapes like \\x1b.")
 
 
 def handle_errors(fn: F) -> F:
@@ -70,10 +106,14 @@ def handle_errors(fn: F) -> F:
 
 
 class PrefixPrinter:
-    """Prints each complete line of each host as ``[host] line``; partial lines wait for their end."""
+    """Prints each complete line of each host as ``[host] line``; partial lines wait for their end.
 
-    def __init__(self, hosts: list[str], stream=None) -> None:
+    Lines are escaped with :func:`visible`; ``raw`` passes the job's bytes through untouched
+    (colours, or a pipe to other tools), only the prefix added."""
+
+    def __init__(self, hosts: list[str], stream=None, raw: bool = False) -> None:
         self.stream = stream or sys.stdout
+        self.raw = raw
         self.width = max((len(h) for h in hosts), default=0)
         self._buf: dict[str, bytes] = {}
         self._lock = threading.Lock()
@@ -88,8 +128,17 @@ class PrefixPrinter:
             self.stream.flush()
 
     def _emit(self, host: str, line: bytes) -> None:
-        text = line.rstrip(b"\r").decode("utf-8", "replace")
-        self.stream.write(f"[{host.ljust(self.width)}] {text}\n")
+        prefix = f"[{host.ljust(self.width)}] "
+        if not self.raw:
+            self.stream.write(prefix + visible_bytes(line.rstrip(b"\r")) + "\n")
+            return
+        binary = getattr(self.stream, "buffer", None)
+        if binary is None:  # a text-only stream (tests): the bytes as they decode
+            self.stream.write(prefix + line.decode("utf-8", "surrogateescape") + "\n")
+            return
+        self.stream.flush()  # what was printed as text goes first
+        binary.write(prefix.encode() + line + b"\n")
+        binary.flush()
 
     def flush(self) -> None:
         with self._lock:

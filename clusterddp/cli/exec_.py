@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from .check import FANOUT, HOSTS, load_inventory
-from .common import EXIT_FAILED, err, handle_errors
+from .common import EXIT_FAILED, RAW, err, handle_errors
 
 
 @handle_errors
@@ -16,6 +16,7 @@ def exec_(
     command: Optional[list[str]] = typer.Argument(None, help="The command, after `--`.", show_default=False),
     hosts: Optional[str] = HOSTS,
     fanout: Optional[int] = FANOUT,
+    raw: bool = RAW,
 ) -> None:
     """Run COMMAND on every host in parallel; each output line is prefixed by its host.
 
@@ -34,7 +35,7 @@ def exec_(
     from ..fleet import Fleet
     from .common import PrefixPrinter
 
-    printer = PrefixPrinter([h.name for h in inv.hosts])
+    printer = PrefixPrinter([h.name for h in inv.hosts], raw=raw)
     try:
         with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
             results = fleet.run(lambda h: plan.exec_command(h, command), on_output=printer)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
-from .common import RUNS_DIR, PrefixPrinter, err, handle_errors, is_tty
+from .common import RAW, RUNS_DIR, PrefixPrinter, err, handle_errors, is_tty, tell_missing, visible
 
 if TYPE_CHECKING:
     from ..record import NodeRecord
@@ -26,7 +26,7 @@ def _store(runs_dir: str):
 def _node_line(n: NodeRecord) -> str:
     """One node of a run record, as `status` and `stop` both print it."""
     code = "" if n.exit_code is None else f" exit {n.exit_code}"
-    return f"  {n.host}: {n.state}{code}" + (f" - {n.error}" if n.error else "")
+    return f"  {n.host}: {n.state}{code}" + (f" - {visible(n.error)}" if n.error else "")
 
 
 def _duration(row: dict) -> str:
@@ -81,8 +81,8 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
 def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
          follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the run ends."),
          host: Optional[list[str]] = typer.Option(None, "--host", help="Only this host (repeatable)."),
-         tail: Optional[int] = typer.Option(None, "--tail", min=0, help="Only the last N lines of each node.")
-         ) -> None:
+         tail: Optional[int] = typer.Option(None, "--tail", min=0, help="Only the last N lines of each node."),
+         raw: bool = RAW) -> None:
     """Print RUN's node logs with host prefixes: from the nodes when reachable, else the local copies."""
     from .. import control
     from ..record import RunStatus
@@ -94,7 +94,7 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
     if unknown:
         from ..errors import UsageError
         raise UsageError(f"--host {', '.join(unknown)}: not a host of run {run_id}", f"choose from {', '.join(names)}")
-    printer = PrefixPrinter(names)
+    printer = PrefixPrinter(names, raw=raw)
     logs_ = control.node_logs(store, run_id, host)
     from_lines = {}
     for h, (data, source) in logs_.items():
@@ -134,14 +134,19 @@ def _progress() -> Iterator[object]:
 
 
 def _report(results) -> int:
+    """Each host's collect: counts, then (on stderr) its error and every file not brought back.
+    Returns how many hosts had a problem."""
     failed = 0
     for r in sorted(results, key=lambda r: r.host):
-        if r.error:
-            failed += 1
-            err(f"  {r.host}: error: {r.error}")
-        else:
+        if r.fetched or r.whole or r.skipped or r.missing or not r.error:
             extra = f", {len(r.skipped)} skipped (still being written)" if r.skipped else ""
-            print(f"  {r.host}: {len(r.fetched)} fetched ({r.bytes / 1e6:.1f} MB), {len(r.whole)} already whole{extra}")
+            extra += f", {len(r.missing)} not brought back" if r.missing else ""
+            print(f"  {r.host}: {len(r.fetched)} fetched ({r.bytes / 1e6:.1f} MB), {len(r.whole)} already whole"
+                  f"{extra}")
+        if r.error:
+            err(f"  {r.host}: error: {r.error}")
+        tell_missing(f"  {r.host}: ", r.missing)
+        failed += not r.ok
     return failed
 
 
@@ -155,7 +160,7 @@ def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
     done = control.stop(store, run_id, grace)
     print(f"run {run_id}: {done.record.status}")
     for n in done.record.nodes:
-        print(_node_line(n) + (f" ({done.how[n.host]})" if n.host in done.how else ""))
+        print(_node_line(n) + (f" ({visible(done.how[n.host])})" if n.host in done.how else ""))
     if done.not_stopped:
         err("some nodes could not be stopped; run `clusterddp stop` again once they answer")
         raise typer.Exit(1)

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from .common import (COLLECT, ENV, GPUS, HOSTS, INVENTORY, MASTER_PORT, MAX_RESTARTS, RUN_NAME, RUNS_DIR,
-                     SCRIPT_ARGS, err, handle_errors, host_list, run_spec, sigterm_as_interrupt)
+from .common import (COLLECT, ENV, GPUS, HOSTS, INVENTORY, MASTER_PORT, MAX_RESTARTS, RAW, RUN_NAME, RUNS_DIR,
+                     SCRIPT_ARGS, err, handle_errors, host_list, run_spec, sigterm_as_interrupt, tell_missing)
 
 
 @handle_errors
@@ -29,6 +29,7 @@ def up(
     detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return; it runs on without us."),
     skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
                                     "versions agree, master port free)."),
+    raw: bool = RAW,
     schedule: Optional[str] = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -50,7 +51,7 @@ def up(
             fleet.close()
         raise
     from .common import PrefixPrinter
-    printer = PrefixPrinter([n.host.name for n in prep.plan.nodes])
+    printer = PrefixPrinter([n.host.name for n in prep.plan.nodes], raw=raw)
     sigterm_as_interrupt()
     started = time.monotonic()
 
@@ -60,6 +61,7 @@ def up(
         elif r.fetched or r.skipped:
             print(f"collected {len(r.fetched)} file(s) from {r.host}"
                   + (f", skipped {len(r.skipped)} still being written" if r.skipped else ""), flush=True)
+        tell_missing(f"collect {r.host}: ", r.missing)
     run_id = prep.plan.run_id
     try:
         jobs.execute(prep, printer, on_collect=on_collect, detach=detach, fleet=fleet, source_tar=source_tar)

@@ -107,22 +107,96 @@ def setup_failed_reply(line: str) -> str:
 # ---- launcher side ----
 
 class ProbeError(Exception):
-    """A probe's output could not be read: the message says why."""
+    """A probe's output could not be read: the message says why; ``field`` names the fact that
+    was malformed, if that was the reason."""
+
+    def __init__(self, message: str, field: "str | None" = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+MAX_TEXT = 2000       # characters kept of a text fact (an error message can be long)
+MAX_NAMES = 4096      # interfaces listed
+MAX_NUMBER = 2 ** 80  # disk bytes, GPUs, the clock: anything larger is no reading
+
+# What each fact must be, as main() writes it: "text", "flag", "count" (an int >= 0), "number"
+# (finite), "names" (a list of texts), "ifnames" ({NCCL_/GLOO_SOCKET_IFNAME: text or null});
+# "?" after a kind: null allowed. Facts not listed here are dropped: nothing reads them.
+FACTS = {"python": "text", "executable": "text?", "hostname": "text?", "iface": "text?", "torch": "text?",
+         "cuda": "text?", "nccl": "text?", "torch_error": "text?", "full": "flag", "gpus": "count?",
+         "gpu_error": "text", "interfaces": "names?", "ip_tool": "flag", "env_ifname": "ifnames",
+         "disk_path": "text", "disk_free": "number", "workdir_exists": "flag", "disk_writable": "flag",
+         "disk_error": "text", "port_free": "flag", "port_error": "text", "time": "number"}
+IFNAME_KEYS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def _kind_of(v: object) -> str:
+    return "null" if v is None else {bool: "true/false", int: "a number", float: "a number", str: "text",
+                                     list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def _fact(name: str, kind: str, v: object) -> object:
+    """``v`` if it is of ``kind`` (texts cut to MAX_TEXT); else ProbeError naming the fact."""
+    def bad(want: str) -> ProbeError:
+        return ProbeError("malformed probe reply: %s must be %s, not %s" % (name, want, _kind_of(v)), name)
+    if kind.endswith("?"):
+        if v is None:
+            return None
+        kind = kind[:-1]
+    if kind == "text":
+        if not isinstance(v, str):
+            raise bad("text")
+        return v if len(v) <= MAX_TEXT else v[:MAX_TEXT] + "..."
+    if kind == "flag":
+        if not isinstance(v, bool):
+            raise bad("true or false")
+        return v
+    if kind == "count":
+        if type(v) is not int or not 0 <= v <= MAX_NUMBER:  # noqa: E721 - a bool is no count
+            raise bad("a whole number >= 0")
+        return v
+    if kind == "number":
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not -MAX_NUMBER <= v <= MAX_NUMBER:  # NaN too
+            raise bad("a finite number")
+        return v
+    if kind == "names":
+        if not isinstance(v, list) or len(v) > MAX_NAMES or not all(isinstance(n, str) and len(n) <= 256 for n in v):
+            raise bad("a list of names")
+        return v
+    # ifnames
+    if not isinstance(v, dict) or not set(v) <= set(IFNAME_KEYS) or \
+            not all(x is None or isinstance(x, str) and len(x) <= MAX_TEXT for x in v.values()):
+        raise bad("an object of %s and %s (text or null)" % IFNAME_KEYS)
+    return v
+
+
+def _checked(facts: dict) -> dict:
+    """Only the facts main() writes, each of its kind: nothing that reads them can trip on a type."""
+    if "setup_failed" in facts:
+        return {"setup_failed": _fact("setup_failed", "text", facts["setup_failed"])}
+    if "python" not in facts:
+        raise ProbeError("malformed probe reply: no python version in it", "python")
+    return dict((k, _fact(k, FACTS[k], v)) for k, v in facts.items() if k in FACTS)
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError("%s is not a number" % name)
 
 
 def parse_reply(stdout: bytes, stderr: bytes, exit_code: int) -> dict:
-    """The facts a probe printed (its last marked line, whatever else the login shell printed);
-    raises :class:`ProbeError` when it printed none, with the reason if stderr gives one."""
+    """The facts a probe printed (its last marked line, whatever else the login shell printed),
+    each checked against :data:`FACTS`; raises :class:`ProbeError` when it printed none (with the
+    reason if stderr gives one) or a malformed one (naming the fact)."""
     text = stdout.decode("utf-8", "replace")
-    for line in reversed(text.splitlines()):
+    for line in reversed(text.split("\n")):
         if line.startswith(MARK):
             try:
-                facts = json.loads(line[len(MARK):])
-            except ValueError as e:
+                facts = json.loads(line[len(MARK):].rstrip("\r"), parse_constant=_no_constant)
+            except (ValueError, RecursionError) as e:
                 raise ProbeError("unreadable probe output: %s" % e) from None
             if not isinstance(facts, dict):
                 raise ProbeError("unreadable probe output: not a JSON object")
-            return facts
+            return _checked(facts)
     err = stderr.decode("utf-8", "replace").strip().splitlines()
     raise ProbeError(err[-1] if err else "no output, exit %d" % exit_code)
 
