@@ -6,27 +6,64 @@ does not import pydantic; :func:`clusterddp.inventory.parse` loads it when a fil
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from .inventory import ENV_NAME_RE, HOST_NAME_RE, LOCAL
+from .inventory import ENV_NAME_RE, HOST_NAME_RE, LOCAL, show
+
+# C0 controls, DEL and C1 controls: a newline or an escape sequence in a host address, a path or a
+# glob is a mistake (or an attempt to forge terminal output); setup lines and env values may hold them.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _one_line(v: str) -> str:
+    bad = _CONTROL.search(v)
+    if bad:
+        raise ValueError(f"holds the control character U+{ord(bad.group()):04X} at position {bad.start() + 1}; "
+                         "remove it")
+    return v
+
+
+Line = Annotated[str, AfterValidator(_one_line)]
+
+
+def _seconds(v: Any, most: float) -> Any:
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"must be a number of seconds, not {v}")
+    if v > most:
+        raise ValueError(f"must be at most {most:g} seconds")
+    return v
 
 
 class _Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    user: str | None = None
+    user: Line | None = None
     port: int | None = Field(None, ge=1, le=65535)
-    identity_file: str | None = None
-    known_hosts: str | None = None
+    identity_file: Line | None = None
+    known_hosts: Line | None = None
     host_key_policy: Literal["strict", "accept-new"] | None = None
     gpus: int | str | None = None
-    python: str | None = None
-    workdir: str | None = None
+    python: Line | None = None
+    workdir: Line | None = None
     env: dict[str, Any] | None = None
     setup: list[str] | None = None
     connect_timeout: float | int | None = Field(None, gt=0)
     keepalive: float | int | None = Field(None, ge=0)
+
+    @field_validator("connect_timeout")
+    @classmethod
+    def _connect_timeout(cls, v: Any) -> Any:
+        return _seconds(v, 3600)
+
+    @field_validator("keepalive")
+    @classmethod
+    def _keepalive(cls, v: Any) -> Any:
+        return _seconds(v, 3600)
 
     @field_validator("gpus")
     @classmethod
@@ -46,8 +83,12 @@ class _Settings(BaseModel):
             return v
         out = {}
         for k, val in v.items():
-            if not isinstance(k, str) or not ENV_NAME_RE.match(k):
-                raise ValueError(f"{k!r} is not a valid environment variable name")
+            if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
+                raise ValueError(f"{show(str(k))} is not a valid environment variable name "
+                                 "(letters, digits and _, not starting with a digit)")
+            if isinstance(val, (list, dict)) or val is None:
+                raise ValueError(f"{k}: value must be a string or a whole number, not "
+                                 f"{'empty' if val is None else 'a list' if isinstance(val, list) else 'a mapping'}")
             if isinstance(val, bool) or not isinstance(val, (str, int)):
                 raise ValueError(f"{k}: value must be a string or a whole number; quote it, e.g. {k}: \"{val}\"")
             out[k] = str(val)
@@ -56,28 +97,29 @@ class _Settings(BaseModel):
 
 class _HostEntry(_Settings):
     name: str
-    address: str | None = None
+    address: Line | None = None
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not HOST_NAME_RE.match(v) or v == LOCAL:
-            raise ValueError("must be letters, digits, '.', '_' or '-' (it names a log file), and not 'local'")
+        if not HOST_NAME_RE.fullmatch(v) or v == LOCAL:
+            raise ValueError("must be 1 to 128 letters, digits, '.', '_' or '-' (it names a log file), "
+                             "and not 'local'")
         return v
 
 
 class _MasterEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    host: str | None = None
-    addr: str | None = None
+    host: Line | None = None
+    addr: Line | None = None
     port: int = Field(29500, ge=1, le=65535)
 
 
 class InventoryFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: str | None = None
+    name: Line | None = None
     defaults: _Settings = _Settings()
     master: _MasterEntry = _MasterEntry()
-    collect: list[str] = []
+    collect: list[Line] = []
     fanout: int | None = Field(None, ge=1, le=1024)
     hosts: list[_HostEntry] = Field(min_length=1)

@@ -1,6 +1,9 @@
 """Read and validate a YAML host inventory into frozen data.
 
-With its private schema module ``_inventory_schema``, the only place that knows the YAML shape.
+With its private modules ``_inventory_yaml`` (a strict, bounded YAML 1.2 reader) and
+``_inventory_schema`` (the shape), the only place that knows the YAML shape. Any text gives an
+inventory or an InventoryError naming file, line and field; the environment names a job may not
+set (:func:`reserved_env`) are kept here too, for the inventory and ``-e`` alike.
 Precedence for each host setting: CLI flag (applied later, in the plan) > host entry > inventory ``defaults`` >
 ``~/.ssh/config`` (for user, port, identity, address: left unset here, transport/ssh.py reads it) > built-in.
 ``env`` merges key by key (host wins); every other field is replaced whole.
@@ -19,8 +22,52 @@ if TYPE_CHECKING:  # yaml is imported when a file is parsed: commands that only 
     import yaml
 
 LOCAL = "local"
-HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Validate with .fullmatch() only: `$` would also accept a trailing newline ("local\n").
+HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # it names <host>.log: short enough for any file system
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Environment names a job may not set (inventory env, `-e`): clusterddp, launch.sh or torchrun set
+# them on the node, so a value there would hide the job from stop/teardown, move where the exit code
+# goes, or be silently overwritten. Each with what to do instead.
+_RESERVED_HINT = {
+    "clusterddp": "clusterddp sets CLUSTERDDP_* on every node (CLUSTERDDP_JOB is how stop and teardown find the "
+                  "job's processes); use another name",
+    "launch.sh": "launch.sh uses it for itself (CTL is the control folder the exit code goes to; NPROC, IFACE and "
+                 "LOCAL_ADDR are probed on the node); use another name",
+    "torchrun": "torchrun sets it for every worker, so this value would be ignored; the master is `master:` or "
+                "--master-port, processes per node `gpus` or --gpus",
+    "torchrun option": "torchrun reads it as the option clusterddp passes or decides (node rank, master, "
+                       "rendezvous); set `master:`, `gpus`, --master-port or --max-restarts instead",
+}
+RESERVED_ENV = {
+    **dict.fromkeys(("CTL", "NPROC", "IFACE", "LOCAL_ADDR"), "launch.sh"),
+    **dict.fromkeys(("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
+                     "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+                     "TORCHELASTIC_USE_AGENT_STORE"), "torchrun"),
+    **dict.fromkeys((f"PET_{o}" for o in ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT",
+                                          "MAX_RESTARTS", "RDZV_BACKEND", "RDZV_ENDPOINT", "RDZV_ID", "RDZV_CONF",
+                                          "STANDALONE", "LOCAL_ADDR")), "torchrun option"),
+}
+
+
+def reserved_env(name: str) -> str | None:
+    """Why a job may not set ``name`` and what to do instead, or None when it may."""
+    if name.startswith("CLUSTERDDP_"):
+        return _RESERVED_HINT["clusterddp"]
+    owner = RESERVED_ENV.get(name)
+    return _RESERVED_HINT[owner] if owner else None
+
+
+def show(text: str, limit: int = 40) -> str:
+    """User text for a message: quoted, control characters escaped, cut at ``limit`` characters."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def _some(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(show(n)[1:-1] if n.isprintable() and len(n) <= 40 else show(n) for n in names[:limit])
+    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
 
 BUILTIN = dict(host_key_policy="strict", gpus="auto", python="python3", workdir="~/clusterddp",
                known_hosts="~/.ssh/known_hosts", connect_timeout=10.0, keepalive=5.0)
@@ -71,8 +118,8 @@ class Inventory:
         known = {h.name for h in self.hosts}
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise InventoryError(self.path, f"--hosts names {', '.join(unknown)}, not in the inventory",
-                                 hint=f"choose from: {', '.join(sorted(known))}")
+            raise InventoryError(self.path, f"--hosts names {_some(unknown)}, not in the inventory",
+                                 hint=f"choose from: {_some(sorted(known))}")
         hosts = tuple(h for h in self.hosts if h.name in names)
         master = self.master
         if master.host not in names:  # the master left the subset: the first chosen host leads
@@ -86,26 +133,29 @@ def _path_str(loc: tuple) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            text = str(part)
+            if not (text.isprintable() and len(text) <= 40 and " " not in text):
+                text = show(text)
+            out += ("." if out else "") + text
     return out
 
 
 def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
-    """The 1-based line of the YAML node at ``loc`` (or its nearest parent)."""
+    """The 1-based line of the field at ``loc`` (its key's line in a mapping), or of its nearest parent."""
     import yaml
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            nxt = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
-            if nxt is None:  # an unknown key: point at the key itself
-                key = next((k for k, _ in node.value if getattr(k, "value", None) == part), None)
-                return key.start_mark.line + 1 if key is not None else line
-            node = nxt
+            item = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
+            if item is None:
+                break
+            line = item[0].start_mark.line + 1
+            node = item[1]
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
             node = node.value[part]
+            line = node.start_mark.line + 1
         else:
             break
-        line = node.start_mark.line + 1
     return line
 
 
@@ -122,39 +172,55 @@ def _message(err: dict) -> str:
     return msg[0].lower() + msg[1:]
 
 
+def _hint(err: dict) -> str | None:
+    if err["type"] == "extra_forbidden" and err["loc"] and err["loc"][-1] == "<<":
+        return "merge keys (`<<: *x`) are YAML 1.1, not 1.2; put shared settings under `defaults:`"
+    return None
+
+
 def parse(text: str, path: str) -> Inventory:
-    """Validate inventory YAML text; raise :class:`InventoryError` naming file, field and line."""
-    import yaml
+    """Validate inventory YAML text; raise :class:`InventoryError` naming file, line and field.
+
+    The YAML is read strictly (see ``_inventory_yaml``): YAML 1.2 scalars, no duplicate keys,
+    bounded size, nesting and aliases, so any text gives an inventory or a located error, quickly."""
+    from ._inventory_yaml import Refused, load as load_yaml
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or str(e)
-        raise InventoryError(path, f"not valid YAML: {problem}", line=mark.line + 1 if mark else None,
-                             hint="fix the YAML syntax at that line") from None
+        data, root = load_yaml(text)
+    except Refused as e:
+        raise InventoryError(path, e.message, field=_path_str(e.path) or None, line=e.line, hint=e.hint) from None
     if not isinstance(data, dict):
-        raise InventoryError(path, "must be a YAML mapping with a `hosts:` list",
-                             hint="see inventory/lab.yaml for an example")
+        raise InventoryError(path, "must be a YAML mapping with a `hosts:` list", line=1 if root is None else
+                             _line_of(root, ()), hint="see inventory/lab.yaml for an example")
     from pydantic import ValidationError  # imported here: `up local` and --help never pay for pydantic
 
     from ._inventory_schema import InventoryFile
     try:
         inv = InventoryFile.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
+        errors = e.errors()
+        err = errors[0]
         loc = tuple(p for p in err["loc"] if isinstance(p, int) or not str(p).startswith(("function-", "literal[")))
-        more = len(e.errors()) - 1
+        more = len(errors) - 1
+        hint = _hint(err)
+        if more:
+            hint = (hint + "; " if hint else "") + f"{more} more problem(s) after this one"
         raise InventoryError(path, _message(err), field=_path_str(loc) or None, line=_line_of(root, loc),
-                             hint=f"{more} more problem(s) after this one" if more else None) from None
+                             hint=hint) from None
     return _resolve(inv, path, root)
 
 
 def _resolve(inv: Any, path: str, root: yaml.Node) -> Inventory:
+    envs = [(("defaults", "env"), inv.defaults.env)] + [(("hosts", i, "env"), h.env) for i, h in enumerate(inv.hosts)]
+    for loc, env in envs:
+        for k in env or ():
+            why = reserved_env(k)
+            if why:
+                raise InventoryError(path, "a reserved name", field=_path_str((*loc, k)),
+                                     line=_line_of(root, (*loc, k)), hint=why)
     seen: dict[str, int] = {}
     for i, h in enumerate(inv.hosts):
         if h.name in seen:
-            raise InventoryError(path, f"duplicate host name {h.name!r} (also hosts[{seen[h.name]}])",
+            raise InventoryError(path, f"duplicate host name {show(h.name)} (also hosts[{seen[h.name]}])",
                                  field=f"hosts[{i}].name", line=_line_of(root, ("hosts", i, "name")),
                                  hint="give every host a unique name")
         seen[h.name] = i
@@ -178,8 +244,8 @@ def _resolve(inv: Any, path: str, root: yaml.Node) -> Inventory:
     m = inv.master
     master_name = m.host or hosts[0].name
     if master_name not in seen:
-        raise InventoryError(path, f"{master_name!r} is not one of the hosts", field="master.host",
-                             line=_line_of(root, ("master", "host")), hint=f"use one of: {', '.join(seen)}")
+        raise InventoryError(path, f"{show(master_name)} is not one of the hosts", field="master.host",
+                             line=_line_of(root, ("master", "host")), hint=f"use one of: {_some(list(seen))}")
     master_host = hosts[seen[master_name]]
     master = Master(master_name, m.addr or master_host.address, m.port)
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
@@ -187,14 +253,25 @@ def _resolve(inv: Any, path: str, root: yaml.Node) -> Inventory:
 
 
 def load(path: str | Path) -> Inventory:
-    """Read and validate the inventory file at ``path``."""
+    """Read and validate the inventory file at ``path`` (at most 1 MiB is read)."""
+    from ._inventory_yaml import MAX_BYTES
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise InventoryError(str(p), "no such file", hint="pass the path of a YAML inventory, or `local`") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InventoryError(str(p), f"cannot be read: {e}") from None
+    except OSError as e:
+        raise InventoryError(str(p), f"cannot be read: {e.strerror or e}") from None
+    if len(raw) > MAX_BYTES:
+        raise InventoryError(str(p), f"larger than {MAX_BYTES:,} bytes (1 MiB), the most an inventory may be",
+                             hint="is this the right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise InventoryError(str(p), f"not UTF-8 text (byte 0x{raw[e.start]:02x})", line=line,
+                             hint="save the file as UTF-8") from None
     return parse(text, str(p))
 
 

@@ -126,6 +126,19 @@ def _helper(node: NodeLaunch, program: str, *args: str) -> str:
 
 # ---- the plan ----
 
+class _Probed(str):
+    """An argv word of clusterddp's own whose value launch.sh finds on the node: rendered in double
+    quotes so it expands. Only these words expand; every user word (a script argument that reads
+    ``$NPROC`` included) is an ordinary ``str`` and is quoted to stay literal."""
+
+
+NPROC, LOCAL_ADDR = _Probed("$NPROC"), _Probed("$LOCAL_ADDR")
+
+
+def _probes(argv: Iterable[str], word: _Probed) -> bool:
+    return any(isinstance(a, _Probed) and a == word for a in argv)
+
+
 def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_dir: str | None = None,
                local_control_dir: str | None = None) -> LaunchPlan:
     """Plan a run. Local mode (``up local``: run in place, ``torchrun --standalone``) is chosen by
@@ -159,11 +172,11 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
             is_host = int(host.name == inventory.master.host)
             torchrun += ["--nnodes", str(len(inventory.hosts)), "--rdzv-backend", "c10d",
                          "--rdzv-endpoint", f"{inventory.master.addr}:{master_port}", "--rdzv-id", run_id,
-                         "--rdzv-conf", f"is_host={is_host}", "--local-addr", "$LOCAL_ADDR"]
+                         "--rdzv-conf", f"is_host={is_host}", "--local-addr", LOCAL_ADDR]
         else:
             torchrun += ["--nnodes", str(len(inventory.hosts)), "--node-rank", str(rank),
                          "--master-addr", inventory.master.addr, "--master-port", str(master_port)]
-        torchrun += ["--nproc-per-node", "$NPROC" if nproc == "auto" else str(nproc),
+        torchrun += ["--nproc-per-node", NPROC if nproc == "auto" else str(nproc),
                      "--max-restarts", str(spec.max_restarts), script, *spec.script_args]
         marker = f"{run_id}/{host.name}"
         node = NodeLaunch(host, rank, nproc, run_dir, control_dir, marker, node_env, tuple(torchrun), "")
@@ -181,7 +194,6 @@ _IFACE_FN = r"""cddp_iface() {  # the interface on this node that routes to $1 (
   ip -o route get "$a" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -n 1
 }"""
 
-_PROBED = ("$NPROC", "$LOCAL_ADDR")  # argv words whose value launch.sh finds on the node
 _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
 
@@ -204,20 +216,20 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
     lines += _preamble(h, node.env, stdout_to="",
                        on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98")
     env_keys = {k for k, _ in node.env}
-    if not local and ("$LOCAL_ADDR" in node.argv
-                      or not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys):
+    local_addr = _probes(node.argv, LOCAL_ADDR)
+    if not local and (local_addr or not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys):
         lines += [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
                   'if [ -n "$IFACE" ]; then']
         lines += [f"  export {k}=\"$IFACE\"" for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
                   if k not in env_keys]
         warning = (f"[clusterddp] warning: no interface routes to {master_addr}; "
                    "set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME in the inventory env")
-        if "$LOCAL_ADDR" in node.argv:
+        if local_addr:
             lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" | awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
         lines += ["else", f"  echo {q(warning)} >&2", "fi"]
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
-    argv = " ".join(f'"{a}"' if a in _PROBED else q(a) for a in node.argv)
+    argv = " ".join(f'"{a}"' if isinstance(a, _Probed) else q(a) for a in node.argv)
     lines += [
         f"echo \"[clusterddp] node {node.node_rank}/{nnodes} on $(hostname)"
         + (" iface=${IFACE:-?}" if not local else "") + "\"",

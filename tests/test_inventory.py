@@ -111,3 +111,202 @@ def test_select_keeps_order_and_moves_master(tmp_path):
 def test_example_inventory_is_valid():
     inv = inventory.load("inventory/lab.yaml")
     assert [h.name for h in inv.hosts] == ["gpu-01", "gpu-02"]
+
+
+# ---- hostile or careless YAML: the strict reader (clusterddp/_inventory_yaml.py) ----
+
+# The classic "billion laughs": 459 bytes that PyYAML's safe_load expands to 387 million strings
+# (8 s, 1.2 GB and a 226 MB error message before the strict reader).
+BOMB = "\n".join([
+    'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
+    *(f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")),
+    "hosts: [{name: x, env: {A: *i}}]", ""])
+
+
+@pytest.fixture(params=["libyaml", "pyyaml"])
+def yaml_parser(request, monkeypatch):
+    """Both parsers the strict reader can run on: libyaml's where installed, PyYAML's own where not."""
+    from clusterddp import _inventory_yaml
+    if request.param == "libyaml" and not _inventory_yaml.LIBYAML:
+        pytest.skip("PyYAML was built without libyaml here")
+    monkeypatch.setattr(_inventory_yaml, "LIBYAML", request.param == "libyaml")
+    return request.param
+
+
+def test_alias_bomb_is_refused_at_once_in_little_memory(tmp_path):
+    import resource
+    import subprocess
+    import sys
+    import time
+    import tracemalloc
+
+    assert len(BOMB) < 500
+    (tmp_path / "bomb.yaml").write_text(BOMB)
+
+    def small_address_space():  # the bomb needs 1.2 GB: a MemoryError here means it was expanded
+        resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+    r = subprocess.run([sys.executable, "-m", "clusterddp", "check", "bomb.yaml"], cwd=tmp_path, text=True,
+                       capture_output=True, timeout=60, preexec_fn=small_address_space)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.startswith("error: bomb.yaml:") and "more than 50,000 values" in r.stderr
+    assert len(r.stderr) < 500
+    tracemalloc.start()
+    started = time.perf_counter()
+    e = error_of(BOMB)
+    took, peak = time.perf_counter() - started, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert took < 0.5 and peak < 20 << 20, (took, peak)  # measured: ~0.01 s, ~1 MB
+    assert e.line is not None and e.field is not None
+
+
+@pytest.mark.parametrize("text, field, words", [
+    ("hosts: " + "[" * 5000 + "]" * 5000 + "\n", "", "nested more than 20 levels"),  # libyaml: no field
+    ("hosts:\n" + "".join("  " * i + f"- k{i}:\n" for i in range(40)), "hosts", "nested more than 20 levels"),
+    ("hosts: [{name: a, gpus: " + "9" * 5000 + "}]\n", "hosts[0].gpus", "5,000 characters"),
+    ("hosts: [{name: a, connect_timeout: 1" + "0" * 400 + ".5}]\n", "hosts[0].connect_timeout", "characters"),
+    ("x: &x [*x]\nhosts: [{name: a}]\n", "x[0]", "inside its own anchor"),
+    ("a: &a [1]\nhosts: [" + ", ".join(["*a"] * 101) + "]\n", "hosts[100]", "more than 100 aliases"),
+    ("hosts: !!python/object:os.system [{name: a}]\n", "hosts", "!!python/object"),
+    ("hosts: [{name: a, setup: !!binary aGk=}]\n", "hosts[0].setup", "!!binary"),
+    ("hosts: [{name: a, 22: port}]\n", "hosts[0]", "keys must be text"),
+    ("hosts: [{name: a, on: yes}]\n", None, None),  # `on` is text in YAML 1.2: an unknown key
+    ('hosts: [{name: "a\\0b"}]\n', "hosts[0].name", "NUL"),
+])
+def test_hostile_yaml_gives_a_located_error_on_either_parser(yaml_parser, text, field, words):
+    e = error_of(text)
+    assert e.line is not None and e.exit_code == 2, str(e)
+    if field is None:
+        assert e.field == "hosts[0].on" and "unknown key" in str(e)
+        return
+    assert (e.field or "").startswith(field) and words in str(e), str(e)
+    assert len(str(e)) < 500
+
+
+def test_duplicate_keys_are_refused_naming_both_lines(yaml_parser):
+    e = error_of("hosts:\n  - name: a\ndefaults: {}\nhosts:\n  - name: b\n")
+    assert (e.field, e.line) == ("hosts", 4) and "first at line 1" in str(e)
+    e = error_of("hosts:\n  - name: a\n    env:\n      A: x\n      B: y\n      A: z\n")
+    assert (e.field, e.line) == ("hosts[0].env.A", 6) and "first at line 4" in str(e)
+    e = error_of("hosts:\n  - {name: a, gpus: 2, gpus: 4}\n")
+    assert e.field == "hosts[0].gpus" and "duplicate key" in str(e)
+
+
+def test_scalars_follow_yaml_1_2_not_1_1(yaml_parser):
+    e = error_of("hosts:\n  - name: a\n    port: 1:22\n")  # YAML 1.1: sexagesimal 82
+    assert (e.field, e.line) == ("hosts[0].port", 3) and "valid integer" in str(e)
+    e = error_of("hosts:\n  - name: a\n    port: 0777\n")  # YAML 1.1: octal 511
+    assert e.field == "hosts[0].port" and "leading zero" in str(e) and "0o777" in str(e)
+    e = error_of("hosts:\n  - name: a\n    gpus: yes\n")  # YAML 1.1: true
+    assert e.field == "hosts[0].gpus" and "whole number" in str(e)
+    inv = parse("hosts:\n  - name: no\n    port: 0o26\n    gpus: 0x10\n"
+                "    env: {A: yes, B: off, C: 2001-12-14, D: 1:22, E: ~x, F: 0b11, G: 1_000}\n"
+                "defaults: {keepalive: 1e1, host_key_policy: !!str strict}\n")
+    h = inv.hosts[0]
+    assert (h.name, h.port, h.gpus, h.keepalive) == ("no", 22, 16, 10.0)
+    assert dict(h.env) == {"A": "yes", "B": "off", "C": "2001-12-14", "D": "1:22", "E": "~x", "F": "0b11",
+                           "G": "1_000"}
+    for bad in ("connect_timeout: .inf", "keepalive: .nan", "connect_timeout: 1e999", "keepalive: 100000"):
+        e = error_of(f"hosts: [{{name: a, {bad}}}]\n")
+        assert e.field == "hosts[0]." + bad.split(":")[0], str(e)
+
+
+def test_aliases_within_bounds_still_work(yaml_parser):
+    inv = parse("defaults:\n  env: &common {NCCL_DEBUG: INFO}\n  setup: &venv [source ~/v/bin/activate]\n"
+                "hosts:\n  - {name: a, env: *common}\n  - {name: b, setup: *venv}\n")
+    assert dict(inv.hosts[0].env) == {"NCCL_DEBUG": "INFO"} and inv.hosts[1].setup == ("source ~/v/bin/activate",)
+    e = error_of("d: &d {user: u}\nhosts:\n  - name: a\n    <<: *d\n")
+    assert "unknown key" in str(e) and "merge keys" in str(e)  # YAML 1.1 merge keys are gone
+
+
+def test_size_limit_bytes_and_control_characters_are_located(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("hosts: [{name: a}]\n" + "# padding\n" * 120_000)  # 1.2 MB: valid YAML, but too big
+    with pytest.raises(InventoryError, match=r"larger than 1,048,576 bytes") as e:
+        inventory.load(big)
+    assert e.value.exit_code == 2
+    with pytest.raises(InventoryError, match=r"at most 1,048,576"):
+        parse("hosts: [{name: a}]\n" + "#" * (1 << 20))
+    raw = tmp_path / "latin1.yaml"
+    raw.write_bytes(b"hosts:\n  - name: a\n    user: j\xf6rg\n")
+    with pytest.raises(InventoryError) as e:
+        inventory.load(raw)
+    assert (e.value.line, str(e.value).split(":")[0]) == (3, str(raw)) and "not UTF-8" in str(e.value)
+    e = error_of("hosts:\n  - name: a\n    user: a\x1bb\n")
+    assert e.line == 3 and "control character U+001B" in str(e)
+
+
+@pytest.mark.parametrize("text, field", [
+    ('hosts: [{name: "local\\n"}]', "hosts[0].name"),
+    ('hosts: [{name: "gpu-01\\n"}]', "hosts[0].name"),
+    ("hosts: [{name: " + "a" * 129 + "}]", "hosts[0].name"),
+    ('hosts: [{name: a, env: {"A\\n": x}}]', "hosts[0].env"),
+    ('hosts: [{name: a, address: "10.0.0.1\\nx"}]', "hosts[0].address"),
+    ('hosts: [{name: a}]\ncollect: ["ok/*", "\\e]0;pwned\\a"]', "collect[1]"),
+    ('hosts: [{name: a, user: "\\x85u"}]', "hosts[0].user"),
+])
+def test_names_and_one_line_fields_match_whole_and_hold_no_control_characters(text, field):
+    e = error_of(text + "\n")
+    assert e.field == field and e.line == 1 + text.count("\n"), str(e)
+
+
+@pytest.mark.parametrize("where, key, words", [
+    ("defaults", "CLUSTERDDP_JOB", "CLUSTERDDP_JOB is how stop and teardown find"),
+    ("host", "CLUSTERDDP_RUN_ID", "clusterddp sets CLUSTERDDP_*"),
+    ("host", "MASTER_PORT", "--master-port"),
+    ("defaults", "RANK", "torchrun sets it for every worker"),
+    ("host", "CTL", "exit code"),
+    ("defaults", "PET_RDZV_BACKEND", "rendezvous"),
+])
+def test_reserved_env_names_are_refused_where_they_are_set(where, key, words):
+    text = (f"defaults:\n  env:\n    {key}: x\nhosts:\n  - name: a\n" if where == "defaults"
+            else f"hosts:\n  - name: a\n  - name: b\n    env:\n      OK: 1\n      {key}: x\n")
+    e = error_of(text)
+    field = f"defaults.env.{key}" if where == "defaults" else f"hosts[1].env.{key}"
+    assert (e.field, e.line) == (field, 3 if where == "defaults" else 6), str(e)
+    assert "reserved" in str(e) and words in str(e)
+
+
+def test_torchrun_settings_that_are_not_clusterddps_stay_allowed():
+    env = dict(parse("hosts: [{name: a, env: {NCCL_SOCKET_IFNAME: eth1, OMP_NUM_THREADS: 4, CUDA_VISIBLE_DEVICES: "
+                     "'0,1', TORCHELASTIC_ERROR_FILE: /tmp/e, PET_LOG_DIR: /tmp/l}}]").hosts[0].env)
+    assert set(env) == {"NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_ERROR_FILE",
+                        "PET_LOG_DIR"}
+
+
+def test_messages_quote_user_text_short_and_escaped():
+    long = "x" * 100_000
+    e = error_of(f"hosts: [{{name: a}}]\nmaster: {{host: \"{long}\\e[2J\"}}\n")
+    assert e.field == "master.host" and len(str(e)) < 300 and "\x1b" not in str(e)
+    e = error_of(f"hosts: [{{name: a, env: {{\"{long}\": 1}}}}]\n")
+    assert len(str(e)) < 300
+    e = error_of(f"hosts:\n  - name: a\n    ? {long}\n    : 1\n")
+    assert len(str(e)) < 300 and "unknown key" in str(e) and e.line == 3
+
+
+# ---- flags: -e and --hosts (clusterddp/cli/common.py) ----
+
+@pytest.mark.parametrize("flag, words", [
+    ("A\n=1", "expected NAME=VALUE"),
+    ("\nA=1", "expected NAME=VALUE"),
+    ("CLUSTERDDP_JOB=other/run", "CLUSTERDDP_JOB is how stop and teardown find"),
+    ("WORLD_SIZE=4", "torchrun sets it"),
+    ("NPROC=3", "launch.sh uses it"),
+    ("A=\udcff", "not UTF-8"),  # an undecodable byte on the command line
+])
+def test_env_flag_names_match_whole_and_reserved_names_are_refused(flag, words):
+    from clusterddp.cli.common import parse_env
+    from clusterddp.errors import UsageError
+    with pytest.raises(UsageError) as e:
+        parse_env(["OK=1", flag])
+    assert words in str(e.value) and e.value.exit_code == 2
+    assert parse_env(["A=x=y", "B=", "C=$NPROC \n"]) == (("A", "x=y"), ("B", ""), ("C", "$NPROC \n"))
+
+
+def test_hosts_flag_keeps_inventory_order_and_refuses_unknown_names_shortly():
+    from clusterddp.cli.common import host_list
+    inv = parse(GOOD)
+    assert [h.name for h in inv.select(host_list(" gpu-02 , gpu-01,")).hosts] == ["gpu-01", "gpu-02"]
+    big = parse("hosts: [" + ", ".join(f"{{name: h{i}}}" for i in range(500)) + "]")
+    with pytest.raises(InventoryError, match="not in the inventory") as e:
+        big.select(host_list("h1,nope\x1b[2J," + "x" * 100_000 + "," + ",".join(f"n{i}" for i in range(50))))
+    assert len(str(e.value)) < 600 and "\x1b" not in str(e.value) and "(and 44 more)" in str(e.value)

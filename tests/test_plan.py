@@ -129,6 +129,27 @@ def test_rendered_argv_survives_the_shell_byte_for_byte(tmp_path):
     assert not Path("/tmp/pwned").exists()
 
 
+def test_only_clusterddps_own_words_expand_a_script_argument_nproc_stays_literal(tmp_path):
+    """launch.sh double-quotes its own $NPROC and $LOCAL_ADDR so they expand; the same words given as
+    script arguments are user words, quoted like any other, and reach the script as typed."""
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
+    fake.chmod(0o755)
+    inv = inventory.parse(INV.replace("/opt/venv/bin/python", str(fake)), "inv.yaml")
+    user = ("$NPROC", "$LOCAL_ADDR", "${NPROC}")
+    node = build_plan(inv, RunSpec("t.py", user, max_restarts=1), RUN_ID).nodes[1]  # gpus: auto
+    line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(plan.q(str(fake))))
+    out = subprocess.run(["bash", "-c", f"NPROC=7 LOCAL_ADDR=10.9.9.9\n{line}"], capture_output=True, check=True,
+                         cwd=tmp_path).stdout
+    argv = [a.decode() for a in out.split(b"\0")[:-1]]
+    assert argv[argv.index("--nproc-per-node") + 1] == "7" and argv[argv.index("--local-addr") + 1] == "10.9.9.9"
+    assert argv[-len(user):] == list(user)
+    # without restarts nothing of clusterddp's reads LOCAL_ADDR: a user's word must not make launch.sh probe it
+    plain = build_plan(inv, RunSpec("t.py", ("$LOCAL_ADDR",)), RUN_ID).nodes[0]
+    assert "LOCAL_ADDR=" not in plain.launch_script and plain.launch_script.rstrip().splitlines()[-2].endswith(
+        "t.py '$LOCAL_ADDR'")
+
+
 def test_env_values_survive_the_shell_byte_for_byte():
     node = two_node_plan().nodes[0]
     exports = "\n".join(ln for ln in node.launch_script.splitlines() if ln.startswith("export QUOTED="))

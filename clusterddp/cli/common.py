@@ -47,7 +47,8 @@ def host_list(hosts: str | None) -> list[str] | None:
     names = [h.strip() for h in hosts.split(",") if h.strip()]
     if not names:
         from ..errors import UsageError
-        raise UsageError(f"--hosts {hosts!r} names no host", "give host names from the inventory: --hosts a,b")
+        from ..inventory import show
+        raise UsageError(f"--hosts {show(hosts)} names no host", "give host names from the inventory: --hosts a,b")
     return names
 
 
@@ -150,16 +151,31 @@ class PrefixPrinter:
 
 
 def parse_env(pairs: list[str]) -> tuple[tuple[str, str], ...]:
+    """``-e NAME=VALUE`` flags as pairs: a valid name that clusterddp does not set itself."""
     from ..errors import UsageError
-    from ..inventory import ENV_NAME_RE
+    from ..inventory import ENV_NAME_RE, reserved_env, show
     out = []
     for p in pairs:
         k, sep, v = p.partition("=")
-        if not sep or not ENV_NAME_RE.match(k):
-            raise UsageError(f"-e/--env {p!r}: expected NAME=VALUE with a valid variable name",
-                             "e.g. -e NCCL_DEBUG=INFO")
+        if not sep or not ENV_NAME_RE.fullmatch(k):
+            raise UsageError(f"-e/--env {show(p)}: expected NAME=VALUE with a valid variable name "
+                             "(letters, digits and _, not starting with a digit)", "e.g. -e NCCL_DEBUG=INFO")
+        why = reserved_env(k)
+        if why:
+            raise UsageError(f"-e/--env {k}: reserved", why)
+        if not _utf8(v) or "\0" in v:
+            raise UsageError(f"-e/--env {k}: the value is not UTF-8 text (or holds NUL)", "pass it as UTF-8 text")
         out.append((k, v))
     return tuple(out)
+
+
+def _utf8(text: str) -> bool:
+    """False for undecodable bytes in an argument (Python keeps them as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def sigterm_as_interrupt() -> None:

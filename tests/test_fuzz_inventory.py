@@ -1,0 +1,325 @@
+"""Property-based fuzzing of the inventory parser and the flags of `up` and `check` (hypothesis).
+
+Generated inventories (valid ones, then mutated: wrong types, unknown keys, huge and negative
+numbers, odd unicode, control characters, deep nesting, anchors and aliases, duplicate keys,
+YAML 1.1 forms, random bytes) go to the real parser; generated flags go to the real CLI in
+process (typer's CliRunner). The promise: an inventory, or a located InventoryError / usage error
+with exit code 2; never a traceback; each case bounded in time and the whole run in memory.
+
+In CI the examples are derandomized (the same cases every run); elsewhere each run draws new ones.
+"""
+
+from __future__ import annotations
+
+import resource
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from ci_skips import in_ci
+from clusterddp import _inventory_yaml, inventory, plan
+from clusterddp.cli.app import app
+from clusterddp.errors import InventoryError
+
+CASE_SECONDS = 3.0      # one parse: ~5 ms here; the alias bomb took 8 s before the strict reader
+HEADROOM_MB = 512       # address space allowed on top of what the process has: the bomb needed 1.2 GB
+RSS_GROWTH_MB = 300     # peak resident memory growth over the whole module
+
+
+def fuzz(n: int):
+    return settings(max_examples=n, deadline=None, derandomize=in_ci(), database=None, print_blob=False,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much, HealthCheck.large_base_example])
+
+
+def max_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bounded_memory():
+    """Memory is bounded for real while fuzzing: an input that expands (an alias bomb) hits a MemoryError
+    and fails its case, instead of taking the machine down; and the peak may grow only so much."""
+    with open("/proc/self/status") as f:
+        vm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = (vm_kb << 10) + (HEADROOM_MB << 20)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    before = max_rss_mb()
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    grew = max_rss_mb() - before
+    assert grew < RSS_GROWTH_MB, f"peak memory grew by {grew:.0f} MB while fuzzing"
+
+
+# ---- generated inventories ----
+
+NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,10}", fullmatch=True).filter(lambda s: s != "local")
+ENV_KEYS = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True).filter(
+    lambda k: inventory.reserved_env(k) is None)
+WORDS = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x2FF, exclude_categories=("Cc",)), max_size=12)
+ODD_TEXT = st.text(st.characters(codec="utf-8"), max_size=16)  # controls, NUL, RTL marks, emoji, ...
+SETTINGS = {
+    "user": WORDS, "port": st.integers(1, 65535), "identity_file": WORDS, "known_hosts": WORDS,
+    "host_key_policy": st.sampled_from(["strict", "accept-new"]),
+    "gpus": st.one_of(st.integers(1, 16), st.just("auto")), "python": WORDS, "workdir": WORDS,
+    "env": st.dictionaries(ENV_KEYS, st.one_of(WORDS, st.integers(0, 10**6)), max_size=3),
+    "setup": st.lists(WORDS, max_size=2), "connect_timeout": st.floats(0.1, 60), "keepalive": st.integers(0, 30),
+}
+BAD_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**40), 10**40), st.sampled_from([0, -1, 65536, 10**4000]),
+    st.floats(allow_nan=True, allow_infinity=True), ODD_TEXT, st.lists(st.integers(), max_size=3),
+    st.dictionaries(ODD_TEXT, st.integers(), max_size=2), st.integers(1, 60).map(lambda n: [[[[n]]]] * 2),
+)
+YAML11 = ["yes", "no", "on", "off", "y", "1:22", "0777", "0o17", "0x1F", "0b101", "1_000", "~", "2001-12-14",
+          ".inf", "-.inf", ".nan", "1e999", "9" * 5000, "!!binary aGk=", "!!python/name:os.system", "!!set {a}",
+          "<<: *a", "&a x", "*a", "*undefined", "[", "{", "'", '"', "\\x00", '"\\0"', '"\\x1b[31m"', '"\\ud800"',
+          "? [a]", "- ", "---", "...", "%YAML 1.1", "\t", "@", "`", "|", ">", "#"]
+
+
+def _mapping_slots(node, out):
+    """Every (mapping, key) pair in a data tree: the places a mutation can hit."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.append((node, k))
+            _mapping_slots(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _mapping_slots(v, out)
+    return out
+
+
+@st.composite
+def valid_inventories(draw) -> dict:
+    hosts = draw(st.lists(st.fixed_dictionaries({"name": NAMES}, optional=SETTINGS | {"address": WORDS}),
+                          min_size=1, max_size=4, unique_by=lambda h: h["name"]))
+    data = {"hosts": hosts}
+    if draw(st.booleans()):
+        data["defaults"] = draw(st.fixed_dictionaries({}, optional=SETTINGS))
+    if draw(st.booleans()):
+        data["master"] = draw(st.fixed_dictionaries({}, optional={
+            "host": st.sampled_from([h["name"] for h in hosts]), "addr": WORDS, "port": st.integers(1, 65535)}))
+    if draw(st.booleans()):
+        data["collect"] = draw(st.lists(WORDS, max_size=3))
+    if draw(st.booleans()):
+        data["fanout"] = draw(st.integers(1, 1024))
+    return data
+
+
+@st.composite
+def mutated_texts(draw) -> str:
+    data = draw(valid_inventories())
+    for _ in range(draw(st.integers(0, 3))):  # data-level: wrong types, unknown keys, missing keys
+        slots = _mapping_slots(data, [])
+        node, key = draw(st.sampled_from(slots))
+        what = draw(st.sampled_from(["value", "unknown", "drop"]))
+        if what == "value":
+            node[key] = draw(BAD_VALUES)
+        elif what == "unknown":
+            node[draw(ODD_TEXT)] = draw(BAD_VALUES)
+        else:
+            del node[key]
+    text = yaml.safe_dump(data, default_flow_style=draw(st.sampled_from([False, True, None])),
+                          allow_unicode=draw(st.booleans()), sort_keys=False)
+    for _ in range(draw(st.integers(0, 3))):  # text-level: duplicate lines, foreign tokens, cuts
+        lines = text.split("\n")
+        i = draw(st.integers(0, len(lines) - 1))
+        what = draw(st.sampled_from(["dup", "token", "value", "cut", "deep"]))
+        if what == "dup":
+            lines.insert(i, lines[i])
+        elif what == "token":
+            pos = draw(st.integers(0, len(lines[i])))
+            lines[i] = lines[i][:pos] + draw(st.sampled_from(YAML11)) + lines[i][pos:]
+        elif what == "value" and ": " in lines[i]:
+            lines[i] = lines[i].split(": ", 1)[0] + ": " + draw(st.sampled_from(YAML11))
+        elif what == "cut":
+            lines[i] = lines[i][:draw(st.integers(0, len(lines[i])))]
+        elif what == "deep" and ": " in lines[i]:
+            n = draw(st.integers(15, 3000))
+            open_, close = draw(st.sampled_from([("[", "]"), ("{a: ", "}"), ("[{a: ", "}]")]))
+            lines[i] = lines[i].split(": ", 1)[0] + ": " + open_ * n + "1" + close * n
+        text = "\n".join(lines)
+    return text
+
+
+@st.composite
+def alias_chains(draw) -> str:
+    """Anchors and aliases, from a harmless reuse up to a billion laughs, placed where the schema looks."""
+    levels, fan = draw(st.integers(1, 12)), draw(st.integers(1, 10))
+    lines = ["hosts:", "  - name: a", f"    setup: &l0 [{', '.join(['lol'] * fan)}]"]
+    for k in range(1, levels):
+        lines += [f"  - name: h{k}", f"    setup: &l{k} [{', '.join([f'*l{k - 1}'] * fan)}]"]
+    where = draw(st.sampled_from(["    env: {A: *l%d}", "    setup: *l%d", "    gpus: *l%d"]))
+    lines += ["  - name: last", where % (levels - 1)]
+    if draw(st.booleans()):
+        lines.insert(draw(st.integers(1, len(lines))), draw(st.sampled_from(YAML11)))
+    return "\n".join(lines) + "\n"
+
+
+TOKENS = st.sampled_from(["hosts:", "name: a", "defaults:", "env:", "gpus: 2", "\n", "\n  ", "- ", ": ", ", ",
+                          "[", "]", "{", "}", "&a ", "*a", "!!str ", "? ", "'x'", '"y"', *YAML11])
+TEXTS = st.one_of(
+    mutated_texts(), alias_chains(),
+    st.lists(TOKENS, max_size=40).map("".join),
+    st.text(max_size=200),
+    valid_inventories().map(lambda d: yaml.safe_dump(d, sort_keys=False)),
+)
+
+
+def parse_or_refuse(text: str, path: str = "fuzz.yaml"):
+    """The property for one text: an Inventory that plans, or a short located InventoryError, quickly."""
+    started = time.perf_counter()
+    try:
+        inv = inventory.parse(text, path)
+    except InventoryError as e:
+        msg = str(e)
+        assert e.exit_code == 2 and msg.startswith(f"{path}:") and e.line is not None, msg
+        assert len(msg) < 1500, f"message of {len(msg)} characters"
+        event(f"refused: {msg.split(': ', 2 if e.field else 1)[-1][:20]}")
+        inv = None
+    else:
+        p = plan.build_plan(inv, plan.RunSpec("t.py", ("$NPROC",)), "20261130-000000-fuzz")
+        plan.render(p)
+        event("an inventory")
+    took = time.perf_counter() - started
+    assert took < CASE_SECONDS, f"{took:.1f}s for {len(text)} characters"
+    return inv
+
+
+@fuzz(600)
+@given(TEXTS)
+def test_parser_gives_an_inventory_or_a_located_error(text):
+    parse_or_refuse(text)
+
+
+@fuzz(150)
+@given(TEXTS)
+def test_pyyaml_parser_without_libyaml_keeps_the_same_promise(text):
+    saved = _inventory_yaml.LIBYAML
+    _inventory_yaml.LIBYAML = False
+    try:
+        parse_or_refuse(text)
+    finally:
+        _inventory_yaml.LIBYAML = saved
+
+
+def _splice(text: str, junk: bytes, at: int) -> bytes:
+    raw = text.encode("utf-8")
+    return raw[:at] + junk + raw[at:]
+
+
+@fuzz(130)
+@given(data=st.one_of(st.binary(max_size=300), TEXTS.map(str.encode),
+                      st.builds(_splice, TEXTS, st.binary(min_size=1, max_size=8), st.integers(0, 400))))
+def test_files_of_any_bytes_give_an_inventory_or_a_located_error(data, tmp_path_factory):
+    f = tmp_path_factory.getbasetemp() / "fuzz-bytes.yaml"
+    f.write_bytes(data)
+    started = time.perf_counter()
+    try:
+        inventory.load(f)
+    except InventoryError as e:
+        assert e.exit_code == 2 and str(e).startswith(f"{f}:") and e.line is not None and len(str(e)) < 1500, str(e)
+    assert time.perf_counter() - started < CASE_SECONDS
+
+
+# ---- generated flags, through the CLI in process ----
+
+runner = CliRunner()
+FLAG_TEXT = st.one_of(st.text(max_size=20), st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=20))
+HOST_FLAGS = st.one_of(st.none(), FLAG_TEXT,
+                       st.lists(st.sampled_from(["gpu-01", "gpu-02", "gpu-09", "", " ", "local", "gpu-01\n"]),
+                                max_size=4).map(",".join))
+ENV_FLAGS = st.lists(st.one_of(
+    st.tuples(st.sampled_from(["A", "NCCL_DEBUG", "CLUSTERDDP_JOB", "CLUSTERDDP_X", "MASTER_PORT", "RANK", "CTL",
+                               "PET_STANDALONE", "A\n", "1A", "", "A B"]), FLAG_TEXT).map("=".join),
+    FLAG_TEXT), max_size=4)
+INT_FLAGS = st.one_of(st.none(), st.integers(-5, 70000).map(str), st.integers(-(10**30), 10**30).map(str), FLAG_TEXT)
+SCRIPT_ARGS = st.lists(st.one_of(st.sampled_from(["$NPROC", "$LOCAL_ADDR", '"$NPROC"', "$(id)", "--", "-e"]),
+                                 FLAG_TEXT), max_size=4)
+TWO_HOSTS = "hosts:\n  - {name: gpu-01, address: 10.0.0.1}\n  - {name: gpu-02, address: 10.0.0.2}\n"
+INVENTORIES = st.one_of(st.just(TWO_HOSTS), TEXTS)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("fuzzcli")
+    (d / "t.py").write_text("print('hi')\n")
+    return d
+
+
+def cli_outcome(args: list[str]):
+    r = runner.invoke(app, args)
+    out = r.output
+    assert "Traceback" not in out, out
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.exit_code in (0, 2), f"exit {r.exit_code}: {out[-2000:]}"
+    if r.exit_code == 2:  # ours ("error: ...") or the flag parser's ("Invalid value for '--gpus'")
+        assert "error:" in out or "Error" in out, out
+    return r
+
+
+@fuzz(200)
+@given(inv_text=INVENTORIES, hosts=HOST_FLAGS, env=ENV_FLAGS, gpus=INT_FLAGS, port=INT_FLAGS,
+       collect=st.lists(FLAG_TEXT, max_size=2), args=SCRIPT_ARGS)
+def test_up_flags_give_a_plan_or_exit_2(work, inv_text, hosts, env, gpus, port, collect, args):
+    (work / "inv.yaml").write_text(inv_text, encoding="utf-8")
+    argv = ["up", str(work / "inv.yaml"), str(work / "t.py"), "--dry-run", "--runs-dir", str(work / "runs")]
+    for flag, value in (("--hosts", hosts), ("--gpus", gpus), ("--master-port", port)):
+        if value is not None:
+            argv += [flag, value]
+    for e in env:
+        argv += ["-e", e]
+    for c in collect:
+        argv += ["--collect", c]
+    started = time.perf_counter()
+    r = cli_outcome([*argv, "--", *args])
+    assert time.perf_counter() - started < CASE_SECONDS
+    if r.exit_code == 0:  # every user word reaches launch.sh quoted: "$NPROC" from a user stays literal
+        assert "--max-restarts 0 " + " ".join(shlex.quote(w) for w in ["t.py", *args]) in r.output
+
+
+checked: list = []
+
+
+@pytest.fixture(scope="module")
+def checks_recorded():
+    """`check` minus the network: the checks themselves are replaced by one that records what it got."""
+    import typer
+
+    import clusterddp.check
+
+    def fake_run_checks(inv, full, master_port):
+        checked.append((inv, master_port))
+        raise typer.Exit(0)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(clusterddp.check, "run_checks", fake_run_checks)
+    yield
+    mp.undo()
+
+
+@fuzz(120)
+@given(inv_text=INVENTORIES, hosts=HOST_FLAGS, port=INT_FLAGS, fanout=INT_FLAGS)
+def test_check_flags_give_a_check_or_exit_2(work, checks_recorded, inv_text, hosts, port, fanout):
+    (work / "inv.yaml").write_text(inv_text, encoding="utf-8")
+    argv = ["check", str(work / "inv.yaml")]
+    for flag, value in (("--hosts", hosts), ("--master-port", port), ("--fanout", fanout)):
+        if value is not None:
+            argv += [flag, value]
+    checked.clear()
+    r = cli_outcome(argv)
+    if r.exit_code == 0:  # the flags were taken: the checks got the inventory they describe
+        ((inv, master_port),) = checked
+        if hosts is not None:
+            assert {h.name for h in inv.hosts} <= {n.strip() for n in hosts.split(",")}
+        assert master_port == (None if port is None else int(port))
+        assert fanout is None or inv.fanout == int(fanout)
