@@ -148,7 +148,7 @@ def _check(damage: str, command: str, rc: int, output: str, exception: BaseExcep
     path = {"run.json": made["runs"] / RID / "run.json", "runs.db": made["runs"] / "runs.db",
             "lock": made["runs"] / RID / ".run.json.lock", "runs": made["runs"]}[what]
     assert rc == 2, f"{damage} / {command}: rc={rc}\n{output}"
-    assert f"error: " in output and str(path) in output and words in output and "hint:" in output, output
+    assert "error: " in output and str(path) in output and words in output and "hint:" in output, output
     if command == "stop":  # refused before ending anything: a job ended unrecorded would stay "running"
         assert job_alive, f"{damage}: stop ended the job, then could not record it"
     if command == "up local":  # nothing started, no run left half-made (it would show as running forever)
@@ -204,8 +204,8 @@ def read_only_results(tmp_path_factory):
     r = made["runs"]
     commands = [c for d, c in CASES if d == "runs dir read-only"]
     driver = _READ_ONLY_DRIVER.format(tests=str(Path(__file__).parent))
-    sh = (f'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" "$1" && '
-          f'touch "$1/probe" 2>/dev/null && exit 99; shift; exec "$@"')
+    sh = ('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" "$1" || exit 98; '
+          'if touch "$1/probe" 2>/dev/null; then exit 99; fi; shift; exec "$@"')  # really read-only, or no test
     p = subprocess.run(["unshare", "-m", "sh", "-c", sh, "sh", str(r), sys.executable, "-c", driver,
                         json.dumps({k: str(v) for k, v in made.items()}), json.dumps(commands)],
                        capture_output=True, text=True, timeout=240, cwd=REPO,
