@@ -233,9 +233,10 @@ class RunStore:
         return con
 
     def _read_db(self) -> tuple[sqlite3.Connection, dict[str, list[str]]] | None:
-        """runs.db open for reading only (nothing created, nothing written), or None when there is
-        no index to read. A runs folder we cannot write is read through SQLite's ``immutable`` mode:
-        a WAL database needs its -shm file, which only a writer can make."""
+        """runs.db open for reading only, or None when there is no index to read. Nothing is written
+        (in a writable folder SQLite may leave its empty -wal/-shm files, 0600, for the next writer to
+        remove). A runs folder we cannot write is read in SQLite's ``immutable`` mode: a WAL database
+        needs its -shm file, which only a writer can make."""
         path = self.db_path
         try:
             st = os.stat(path)
@@ -247,6 +248,8 @@ class RunStore:
             raise self._wrong_schema("not a regular file")
         if st.st_size == 0:
             return None
+        if not os.access(path, os.R_OK):
+            raise StoreError(f"cannot read {path}: permission denied", f"make {path} readable by this user")
         uri = "file:" + urllib.parse.quote(str(path))
         for mode in ("mode=ro", "immutable=1"):
             con = sqlite3.connect(f"{uri}?{mode}", uri=True, timeout=DB_TIMEOUT, isolation_level=None)
@@ -299,7 +302,8 @@ class RunStore:
                     self._index(con, rec.to_json(), "INSERT OR IGNORE")
             con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            if con.in_transaction:
+                con.execute("ROLLBACK")
             raise
 
     def _scan(self) -> Iterator[tuple[RunRecord | None, str | None]]:
