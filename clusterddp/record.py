@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from .errors import UsageError
-from .inventory import DEFAULT_FANOUT, Host
+from .inventory import DEFAULT_FANOUT, ENV_NAME_RE, HOST_NAME_RE, Host
 
 SCHEMA = 1  # 0: records written before the schema field (read as well)
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # it names the run folder
+MAX_FANOUT = 1024  # as the inventory allows
 
 
 class _Words(str, enum.Enum):
@@ -139,9 +144,14 @@ class NodeRecord:
         exit_code, error, word = r.get("exit_code", int | None), r.get("error", str | None), r.get("state", str)
         if word == "missing" and error is None:  # schema 0's word: keep what it meant
             error = _NO_CODE["missing"]
-        return cls(host=r.get("host", str), address=r.get("address", str), node_rank=r.get("node_rank", int),
-                   nproc=r.get("nproc", int | str), run_dir=r.get("run_dir", str), control_dir=r.get("control_dir", str),
-                   marker=r.get("marker", str), settings=_host(r.get("settings", dict), path, f"{where}.settings"),
+        host = _name(r.get("host", str), HOST_NAME_RE, path, f"{where}.host", "a host name (letters, digits, . _ -)")
+        settings = _host(r.get("settings", dict), path, f"{where}.settings")
+        if settings.name != host:
+            raise RecordError(path, f"{where}.settings.name", f"{settings.name!r} is not the node's host {host!r}")
+        return cls(host=host, address=r.get("address", str),
+                   node_rank=_at_least(r.get("node_rank", int), 0, r, "node_rank"),
+                   nproc=_count(r.get("nproc", int | str), r, "nproc"), run_dir=r.get("run_dir", str),
+                   control_dir=r.get("control_dir", str), marker=r.get("marker", str), settings=settings,
                    state=_node_state(word, exit_code, path, f"{where}.state"), exit_code=exit_code, error=error)
 
 
@@ -197,7 +207,7 @@ class RunRecord:
     def from_json(cls, data: Any, path: str) -> RunRecord:
         """A record from run.json's parsed content; raises :class:`RecordError` naming ``path`` and the field."""
         r = _Reader(data, path, "")
-        schema = r.get("schema", int, default=0)
+        schema = _at_least(r.get("schema", int, default=0), 0, r, "schema")
         if schema > SCHEMA:
             raise RecordError(path, "schema", f"version {schema}, newer than this clusterddp reads ({SCHEMA})",
                               "upgrade clusterddp to read this run")
@@ -208,19 +218,24 @@ class RunRecord:
             raise RecordError(path, "status", f"{status!r} is not one of {', '.join(s.value for s in RunStatus)}"
                               ) from None
         master = _Reader(r.get("master", dict), path, "master")
-        fanout = r.get("fanout", int, default=DEFAULT_FANOUT)
-        if fanout < 1:
-            raise RecordError(path, "fanout", f"must be >= 1, not {fanout}")
+        fanout = _between(r.get("fanout", int, default=DEFAULT_FANOUT), 1, MAX_FANOUT, r, "fanout")
         nodes = r.get("nodes", list)
         r.get("exit_code", int | None)  # written for readers of the file; the status decides it
-        return cls(run_id=r.get("run_id", str), name=r.get("name", str | None), inventory=r.get("inventory", str),
+        run_id = _name(r.get("run_id", str), RUN_ID_RE, path, "run_id", "a run id (letters, digits, . _ -)")
+        read = tuple(NodeRecord.from_json(n, path, f"nodes[{i}]") for i, n in enumerate(nodes))
+        seen: set[str] = set()
+        for i, n in enumerate(read):
+            if n.host in seen:  # each host names its log file and its row in `status`
+                raise RecordError(path, f"nodes[{i}].host", f"{n.host!r} is listed twice")
+            seen.add(n.host)
+        return cls(run_id=run_id, name=r.get("name", str | None), inventory=r.get("inventory", str),
                    script=r.get("script", str), args=r.get("args", tuple[str, ...]), status=run_status,
                    failed_host=r.get("failed_host", str | None), schedule=r.get("schedule", str | None),
                    local=r.get("local", bool), started_at=r.get("started_at", str),
                    ended_at=r.get("ended_at", str | None), launch_dir=r.get("launch_dir", str),
-                   master_addr=master.get("addr", str), master_port=master.get("port", int),
-                   collect=r.get("collect", tuple[str, ...]), fanout=fanout, schema=SCHEMA,
-                   nodes=tuple(NodeRecord.from_json(n, path, f"nodes[{i}]") for i, n in enumerate(nodes)))
+                   master_addr=master.get("addr", str), master_port=_between(master.get("port", int), 1, 65535,
+                                                                              master, "port"),
+                   collect=r.get("collect", tuple[str, ...]), fanout=fanout, schema=SCHEMA, nodes=read)
 
 
 class RecordError(UsageError):
@@ -246,8 +261,11 @@ class _Reader:
             raise RecordError(path, where or None, f"must be a JSON object, not {_kind(data)}")
         self.data, self.path, self.where = data, path, where
 
+    def field(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
     def get(self, key: str, tp: Any, default: Any = _REQUIRED) -> Any:
-        field = f"{self.where}.{key}" if self.where else key
+        field = self.field(key)
         if key not in self.data:
             if default is _REQUIRED:
                 raise RecordError(self.path, field, "required, but missing")
@@ -259,8 +277,68 @@ def _typed(value: Any, tp: Any, path: str, field: str) -> Any:
     """``value`` checked against ``tp`` (str, int, float, bool, None, unions, tuple[X, ...], dict, list);
     JSON lists become tuples where ``tp`` says so, and a JSON object a tuple of pairs (``Host.env``)."""
     if _fits(value, tp):
+        if tp not in (dict, list):  # an object or list is checked field by field as it is read
+            _sane(value, path, field)
         return _convert(value, tp)
     raise RecordError(path, field, f"must be {_describe(tp)}, not {_kind(value)} {_short(value)}")
+
+
+_MAX_INT = 2 ** 63  # what a file size, an exit code or a port can be, with room to spare
+_UNSAFE_CHARS = re.compile("[\x00\ud800-\udfff]")  # NUL (no argument or path can hold it); lone surrogates
+
+
+def _sane(value: Any, path: str, field: str) -> None:
+    """Refuse values of the right type that would break what uses them: NUL bytes and lone surrogates
+    in text (no command line, path or UTF-8 file can carry them), integers beyond 64 bits, NaN and
+    infinities. Iterative: a deeply nested value must not exhaust Python's recursion."""
+    todo = [(value, field)]
+    while todo:
+        v, where = todo.pop()
+        if isinstance(v, str):
+            bad = _UNSAFE_CHARS.search(v)
+            if bad:
+                raise RecordError(path, where, f"holds the character {bad.group()!a} at {bad.start()}, which no "
+                                               "clusterddp run writes")
+        elif isinstance(v, bool):
+            pass
+        elif isinstance(v, int):
+            if not -_MAX_INT <= v < _MAX_INT:
+                raise RecordError(path, where, f"{_short(v)} is out of range")
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise RecordError(path, where, f"must be a finite number, not {v}")
+        elif isinstance(v, (list, tuple)):
+            todo.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
+        elif isinstance(v, dict):
+            todo.extend((k, where) for k in v)
+            todo.extend((x, f"{where}.{k}") for k, x in v.items())
+
+
+def _name(value: str, pattern: re.Pattern, path: str, field: str, what: str) -> str:
+    if not pattern.fullmatch(value):
+        raise RecordError(path, field, f"must be {what}, not {_short(value)}")
+    return value
+
+
+def _between(value: int | float, lo: float, hi: float, r: "_Reader", key: str) -> Any:
+    if not lo <= value <= hi:
+        raise RecordError(r.path, r.field(key), f"must be between {lo:g} and {hi:g}, not {_short(value)}")
+    return value
+
+
+def _at_least(value: int | float, lo: float, r: "_Reader", key: str) -> Any:
+    if value < lo:
+        raise RecordError(r.path, r.field(key), f"must be >= {lo:g}, not {_short(value)}")
+    return value
+
+
+def _count(value: int | str | None, r: "_Reader", key: str) -> Any:
+    """A process or GPU count: >= 1, or "auto"."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, str):
+        raise RecordError(r.path, r.field(key), f"must be a count or \"auto\", not {_short(value)}")
+    return _at_least(value, 1, r, key)
 
 
 def _fits(value: Any, tp: Any) -> bool:
@@ -325,8 +403,13 @@ def _kind(value: Any) -> str:
             dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 40, 40, 40
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    """A short, printable, one-line view of a value (bounded however deep or long it is)."""
+    text = _REPR.repr(value).encode("ascii", "backslashreplace").decode("ascii")
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -347,6 +430,19 @@ def _host(data: dict, path: str, where: str) -> Host:
     if unknown:
         raise RecordError(path, f"{where}.{unknown[0]}", "not a host setting this clusterddp knows",
                           "upgrade clusterddp to read this run")
+    _name(kwargs["name"], HOST_NAME_RE, path, f"{where}.name", "a host name (letters, digits, . _ -)")
+    if kwargs["port"] is not None:
+        _between(kwargs["port"], 1, 65535, r, "port")
+    _count(kwargs["gpus"], r, "gpus")
+    if kwargs["connect_timeout"] <= 0:
+        raise RecordError(path, f"{where}.connect_timeout", f"must be > 0, not {_short(kwargs['connect_timeout'])}")
+    _at_least(kwargs["keepalive"], 0, r, "keepalive")
+    for key, choices in (("transport", ("ssh", "local")), ("host_key_policy", ("strict", "accept-new"))):
+        if kwargs[key] not in choices:
+            raise RecordError(path, f"{where}.{key}", f"{_short(kwargs[key])} is not one of {', '.join(choices)}",
+                              "upgrade clusterddp to read this run")
+    for name, _ in kwargs["env"]:
+        _name(name, ENV_NAME_RE, path, f"{where}.env", "an object keyed by variable names")
     return Host(**kwargs)
 
 

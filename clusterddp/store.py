@@ -3,23 +3,45 @@
 ``run.json`` is the full record of a run (a :class:`~clusterddp.record.RunRecord`: enough to
 reconnect to its nodes later without the inventory); ``runs.db`` (SQLite, WAL) indexes every run for listing and is kept in step
 with each ``run.json``. Several launchers (a cron run and a person) may write at once.
+
+Run records hold the ``-e`` values (tokens), so everything here is private to its owner whatever
+the umask: the runs folder and run folders 0700, run.json, runs.db (and its -wal/-shm), logs and
+lock files 0600. A runs folder that others could read (made by an older clusterddp) is made 0700
+on the first write, with a warning. Listings only read: they work on a read-only runs folder.
+A damaged, foreign or locked runs.db, or a runs folder that cannot be written, is a
+:class:`StoreError` (exit 2) naming the file and what to do, raised before anything is started.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import logging
 import os
 import secrets
+import shutil
 import sqlite3
+import stat
+import tempfile
 import threading
+import time
+import urllib.parse
 from contextlib import closing
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import RunNotFound, UsageError
 from .record import RecordError, RunRecord
+
+DB_TIMEOUT = 30.0      # seconds a write waits for another launcher's write to runs.db
+LOCK_TIMEOUT = 60.0    # seconds `update` waits for another process's read-change-write of one run.json
+MAX_RECORD_BYTES = 16 << 20  # a run.json is a few KiB; anything near this is not one
+DIR_MODE, FILE_MODE = 0o700, 0o600
+
+# Printed on stderr by logging's last-resort handler (message only) unless the caller configures logging.
+log = logging.getLogger("clusterddp")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -35,6 +57,11 @@ CREATE TABLE IF NOT EXISTS skips (
 _SKIP_COLUMNS = ("schedule", "at", "holder", "reason")
 _COLUMNS = ("run_id", "name", "inventory", "script", "hosts", "status", "exit_code", "started_at",
             "ended_at", "failed_host", "schedule")
+_ADDED_LATER = {"schedule": "TEXT"}  # columns the first release's runs.db lacks: added on the next write
+
+
+class StoreError(UsageError):
+    """The runs folder or runs.db cannot be used as it is; the message names the path and the fix."""
 
 
 def new_run_id(now: datetime | None = None, token: str | None = None) -> str:
@@ -48,29 +75,252 @@ def utcnow() -> str:
 
 
 class RunStore:
-    """Run folders and the run database under one runs directory."""
+    """Run folders and the run database under one runs directory.
 
-    def __init__(self, runs_dir: str | Path) -> None:
+    ``read_only``: for commands that only look (``logs`` on a runs folder it cannot write): the
+    local log copies are left as they are instead of refreshed.
+    """
+
+    def __init__(self, runs_dir: str | Path, read_only: bool = False) -> None:
         self.root = Path(runs_dir).expanduser().absolute()
+        self.read_only = read_only
         self._lock = threading.Lock()
         self._logs: dict[tuple[str, str], Any] = {}
+        self._root_ready = False
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "runs.db"
+
+    # ---- the runs folder ----
+    def _cannot_write(self, e: OSError, what: Path | None = None) -> StoreError:
+        where = e.filename or what or self.root
+        return StoreError(f"cannot write {where}: {e.strerror or e}",
+                          f"make {self.root} writable, or pass another --runs-dir (or set CLUSTERDDP_RUNS_DIR); "
+                          "`clusterddp runs` still lists a read-only one")
+
+    def _prepare_root(self) -> None:
+        """The runs folder, made private: created 0700, or tightened to 0700 (with a warning) when
+        others could read it, since its run records hold the -e values."""
+        if self._root_ready:
+            return
+        if self.read_only:
+            raise StoreError(f"{self.root} was opened read-only", "pass a writable --runs-dir")
+        try:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.root.mkdir(mode=DIR_MODE)
+                os.chmod(self.root, DIR_MODE)  # mkdir's mode is cut by the umask; 0700 whatever it is
+            except FileExistsError:
+                st = os.stat(self.root)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise StoreError(f"{self.root} is not a folder", "pass a folder as --runs-dir") from None
+                if stat.S_IMODE(st.st_mode) & 0o077 and st.st_uid == os.geteuid():
+                    os.chmod(self.root, DIR_MODE)
+                    if self.db_path.exists() or any(self.root.glob("*/run.json")):  # secrets were exposed: say so
+                        log.warning("warning: %s was open to other users (mode %04o); made it 0700: its run "
+                                    "records hold the -e values", self.root, stat.S_IMODE(st.st_mode))
+        except OSError as e:
+            raise self._cannot_write(e) from None
+        self._root_ready = True
+
+    def check_writable(self, run_id: str | None = None, index: bool = True) -> None:
+        """Raise :class:`StoreError` now, before any work, if its outcome could not be recorded: the
+        run's folder not writable or its record locked by a stuck update, or (``index``) runs.db
+        damaged, foreign, locked or read-only. Without ``index``: only the run folder's files
+        (what `collect` writes)."""
+        if index:
+            with closing(self._write_db()) as con:
+                try:  # another writer stuck mid-write shows now, not after the work
+                    con.execute("BEGIN IMMEDIATE")
+                    con.execute("ROLLBACK")
+                except sqlite3.Error as e:
+                    raise self._db_error(e, writing=True) from None
+        if run_id is not None:
+            lock, path = self._open_lock(run_id)  # made if missing: the run folder takes files
+            with lock:
+                if index:  # taken and given back: a process stuck in an update of this run shows now
+                    _flock(lock, time.monotonic() + LOCK_TIMEOUT, lambda: self._still_locked(path))
+
+    def can_write(self, run_id: str) -> bool:
+        """Whether this user can change files in the run's folder (its log copies)."""
+        logs = self.run_dir(run_id) / "logs"
+        return not self.read_only and os.access(logs if logs.is_dir() else logs.parent, os.W_OK)
 
     # ---- database ----
-    def _db(self) -> sqlite3.Connection:
-        self.root.mkdir(parents=True, exist_ok=True)
-        con = sqlite3.connect(self.root / "runs.db", timeout=30, isolation_level=None)
-        con.execute("PRAGMA busy_timeout = 30000")
-        con.execute("PRAGMA journal_mode = WAL")
-        con.execute(_SCHEMA)
-        con.execute(_SKIPS_SCHEMA)
+    def _db_error(self, e: sqlite3.Error, writing: bool) -> StoreError:
+        path = self.db_path
+        name = getattr(e, "sqlite_errorname", "") or ""
+        text = str(e)
+        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+            return StoreError(f"{path}: still locked by another process after {DB_TIMEOUT:g}s ({text})",
+                              f"wait for the other clusterddp command to end and try again; `fuser {path}` names it")
+        if writing and (name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM"))
+                        or "readonly" in text or "unable to open" in text):
+            return StoreError(f"cannot write {path}: {text}",
+                              f"make {self.root} and {path.name} writable, or pass another --runs-dir "
+                              "(or set CLUSTERDDP_RUNS_DIR)")
+        return StoreError(f"{path}: not a usable clusterddp run index: {text}",
+                          f"move it aside (mv {path} {path}.damaged); the next `clusterddp up` rebuilds it "
+                          "from the run folders, and `clusterddp runs` lists them meanwhile")
+
+    def _wrong_schema(self, what: str) -> StoreError:
+        return self._db_error(sqlite3.DatabaseError(what), writing=False)
+
+    def _check_schema(self, con: sqlite3.Connection, writable: bool) -> dict[str, list[str]]:
+        """The clusterddp tables present and their columns; refuses another program's database."""
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and not tables & {"runs", "skips"}:
+            raise self._wrong_schema(f"it holds tables {', '.join(sorted(tables)[:5])}, not clusterddp's runs")
+        cols = {t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")] for t in ("runs", "skips") if t in tables}
+        for table, want in (("runs", set(_COLUMNS) - set(_ADDED_LATER)), ("skips", set(_SKIP_COLUMNS))):
+            missing = sorted(want - set(cols.get(table, want)))
+            if missing:
+                raise self._wrong_schema(f"its table {table} has no column {', '.join(missing)}")
+        if writable:
+            con.execute(_SCHEMA)
+            con.execute(_SKIPS_SCHEMA)
+            have = cols.get("runs", list(_COLUMNS))
+            for col, tp in _ADDED_LATER.items():
+                if col not in have:
+                    con.execute(f"ALTER TABLE runs ADD COLUMN {col} {tp}")
+            cols = {"runs": list(_COLUMNS), "skips": list(_SKIP_COLUMNS)}
+        return cols
+
+    def _write_db(self) -> sqlite3.Connection:
+        """runs.db open for writing, its schema checked (and created or brought up to date).
+
+        A db made just now is filled from the run folders' records, so moving a damaged one aside
+        loses no run (skips excepted)."""
+        self._prepare_root()
+        path = self.db_path
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, FILE_MODE)
+        except OSError as e:
+            raise self._cannot_write(e, path) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._wrong_schema("not a regular file")
+            fresh = st.st_size == 0
+            _private(fd, st)
+        finally:
+            os.close(fd)
+        for side in ("-wal", "-shm"):  # SQLite gives them runs.db's mode when it makes them; fix older ones
+            try:
+                _private(str(path) + side)
+            except OSError:
+                pass
+        con = None
+        try:
+            con = sqlite3.connect(path, timeout=DB_TIMEOUT, isolation_level=None)
+            con.execute(f"PRAGMA busy_timeout = {int(DB_TIMEOUT * 1000)}")
+            con.execute("PRAGMA journal_mode = WAL")
+            # WAL + NORMAL cannot corrupt the index; a power cut may lose its last row, as it may the
+            # run.json rename beside it (neither is fsynced: the index can be rebuilt from the folders)
+            con.execute("PRAGMA synchronous = NORMAL")
+            self._check_schema(con, writable=True)
+            if fresh:
+                self._rebuild(con)
+        except sqlite3.Error as e:
+            if con is not None:
+                con.close()
+            raise self._db_error(e, writing=True) from None
+        except BaseException:
+            if con is not None:
+                con.close()
+            raise
         return con
 
-    def _index(self, rec: dict) -> None:
+    def _read_db(self) -> tuple[sqlite3.Connection, dict[str, list[str]]] | None:
+        """runs.db open for reading only, or None when there is no index to read. Nothing is written
+        (in a writable folder SQLite may leave its empty -wal/-shm files, 0600, for the next writer to
+        remove). A runs folder we cannot write is read in SQLite's ``immutable`` mode: a WAL database
+        needs its -shm file, which only a writer can make."""
+        path = self.db_path
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StoreError(f"cannot read {path}: {e.strerror or e}", f"make {self.root} readable") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise self._wrong_schema("not a regular file")
+        if st.st_size == 0:
+            return None
+        if not os.access(path, os.R_OK):
+            raise StoreError(f"cannot read {path}: permission denied", f"make {path} readable by this user")
+        uri = "file:" + urllib.parse.quote(str(path))
+        for mode in ("mode=ro", "immutable=1"):
+            con = sqlite3.connect(f"{uri}?{mode}", uri=True, timeout=DB_TIMEOUT, isolation_level=None)
+            try:
+                con.execute(f"PRAGMA busy_timeout = {int(DB_TIMEOUT * 1000)}")
+                cols = self._check_schema(con, writable=False)
+            except BaseException as e:
+                con.close()
+                if not isinstance(e, sqlite3.Error):
+                    raise
+                if mode == "mode=ro" and (getattr(e, "sqlite_errorname", "").startswith("SQLITE_CANTOPEN")
+                                          or "unable to open" in str(e)):
+                    continue
+                raise self._db_error(e, writing=False) from None
+            if "runs" not in cols:
+                con.close()
+                return None
+            return con, cols
+        return None  # not reached: immutable mode opens any readable file
+
+    def _select(self, sql_tail: str, args: tuple = ()) -> list[dict] | None:
+        """Rows of the runs table (``None``: no index to read), columns missing from an old db as None."""
+        opened = self._read_db()
+        if opened is None:
+            return None
+        con, cols = opened
+        have = set(cols["runs"])
+        select = ",".join(c if c in have else f"NULL AS {c}" for c in _COLUMNS)
+        try:
+            with closing(con):
+                rows = con.execute(f"SELECT {select} FROM runs {sql_tail}", args).fetchall()
+        except sqlite3.Error as e:
+            raise self._db_error(e, writing=False) from None
+        return [_row(dict(zip(_COLUMNS, r))) for r in rows]
+
+    def _index(self, con: sqlite3.Connection, rec: dict, verb: str = "INSERT OR REPLACE") -> None:
         row = {k: rec.get(k) for k in _COLUMNS}
         row["hosts"] = ",".join(n["host"] for n in rec["nodes"])
-        with closing(self._db()) as con:
-            con.execute(f"INSERT OR REPLACE INTO runs ({','.join(_COLUMNS)}) "
-                        f"VALUES ({','.join('?' * len(_COLUMNS))})", [row[k] for k in _COLUMNS])
+        con.execute(f"{verb} INTO runs ({','.join(_COLUMNS)}) "
+                    f"VALUES ({','.join('?' * len(_COLUMNS))})", [row[k] for k in _COLUMNS])
+
+    def _rebuild(self, con: sqlite3.Connection) -> None:
+        """Index every run folder's record. Under the write lock, since every writer replaces a
+        run.json only while holding it (:meth:`_commit`), the records cannot change meanwhile; rows
+        already there were written by such a writer and are kept."""
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            for rec, _ in self._scan():
+                if rec is not None:
+                    self._index(con, rec.to_json(), "INSERT OR IGNORE")
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+
+    def _scan(self) -> Iterator[tuple[RunRecord | None, str | None]]:
+        """Every run folder's record, read from its run.json: (record, None) or (None, what is wrong)."""
+        try:
+            names = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise StoreError(f"cannot read {self.root}: {e.strerror or e}", f"make {self.root} readable") from None
+        for name in names:
+            if name.startswith(".") or not os.path.lexists(self.record_path(name)):
+                continue
+            try:
+                yield self.load(name), None
+            except UsageError as e:
+                yield None, str(e).partition("\n")[0]
 
     # ---- run folders ----
     def run_dir(self, run_id: str) -> Path:
@@ -80,23 +330,61 @@ class RunStore:
         return self.run_dir(run_id) / "run.json"
 
     def create(self, record: RunRecord) -> RunRecord:
-        """Create the run folder and its first ``run.json``; index it."""
+        """Create the run folder, its first ``run.json`` and its row in runs.db, as one step.
+
+        runs.db is opened (and checked) first, so a damaged or locked index or a read-only runs
+        folder fails here, before any job starts; a failure half-way removes the run folder, so
+        no run is left recorded as running that never ran."""
         d = self.run_dir(record.run_id)
         try:
-            (d / "logs").mkdir(parents=True, exist_ok=False)
-        except OSError as e:
-            raise UsageError(f"cannot create the run folder {d}: {e.strerror or e}",
-                             "pass a writable --runs-dir (or set CLUSTERDDP_RUNS_DIR)") from None
-        self._write(record)
+            self._prepare_root()
+        except StoreError as e:
+            raise StoreError(f"cannot create the run folder {d}: {e.message}", e.hint) from None
+        con = self._write_db()
+        with closing(con):
+            try:
+                d.mkdir(mode=DIR_MODE)
+            except OSError as e:
+                raise StoreError(f"cannot create the run folder {d}: {e.strerror or e}",
+                                 "pass a writable --runs-dir (or set CLUSTERDDP_RUNS_DIR)") from None
+            try:
+                os.chmod(d, DIR_MODE)
+                (d / "logs").mkdir(mode=DIR_MODE)
+                os.chmod(d / "logs", DIR_MODE)
+                self._commit(con, record)
+            except BaseException as e:
+                shutil.rmtree(d, ignore_errors=True)
+                if isinstance(e, sqlite3.Error):
+                    raise self._db_error(e, writing=True) from None
+                if isinstance(e, OSError):
+                    raise self._cannot_write(e, d) from None
+                raise
         return record
 
-    def _write(self, record: RunRecord) -> None:
+    def _commit(self, con: sqlite3.Connection, record: RunRecord) -> None:
+        """Index ``record`` and replace its run.json in one database transaction: when the index
+        cannot be written, run.json is left as it was."""
         rec = record.to_json()
         path = self.record_path(record.run_id)
-        tmp = path.with_suffix(f".json.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        self._index(rec)
+        RunRecord.from_json(rec, str(path))  # never write a record that could not be read back
+        text = (json.dumps(rec, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            self._index(con, rec)
+            _replace(path, text)
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+
+    def _open_lock(self, run_id: str) -> tuple[Any, Path]:
+        path = self.run_dir(run_id) / ".run.json.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        except OSError as e:
+            raise self._cannot_write(e, path) from None
+        return os.fdopen(fd, "r+b"), path
 
     def update(self, run_id: str, change: Callable[[RunRecord], RunRecord]) -> RunRecord:
         """Replace run.json with ``change(record)`` and re-index; return the new record.
@@ -104,36 +392,84 @@ class RunStore:
         Read-change-write runs under a file lock, so an attached `up` and a `stop` or `status`
         in another process never lose each other's update: ``change`` gets the record as it is
         on disk now, and should decide from that (it may run while another process waits).
+        The wait is bounded by :data:`LOCK_TIMEOUT`; then a :class:`StoreError` names the lock file.
         """
         self.load(run_id)  # a clear RunNotFound (or RecordError) before any lock file is made
-        with self._lock, open(self.run_dir(run_id) / ".run.json.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            new = change(self.load(run_id))
-            if new.run_id != run_id:
-                raise ValueError(f"an update of run {run_id} returned run {new.run_id}")
-            self._write(new)
-            return new
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        with closing(self._write_db()) as con:
+            lock, lock_path = self._open_lock(run_id)
+            with lock:
+                if not self._lock.acquire(timeout=LOCK_TIMEOUT):
+                    raise self._still_locked(lock_path)
+                try:
+                    _flock(lock, deadline, lambda: self._still_locked(lock_path))
+                    new = change(self.load(run_id))
+                    if new.run_id != run_id:
+                        raise ValueError(f"an update of run {run_id} returned run {new.run_id}")
+                    try:
+                        self._commit(con, new)
+                    except sqlite3.Error as e:
+                        raise self._db_error(e, writing=True) from None
+                    except OSError as e:
+                        raise self._cannot_write(e) from None
+                    return new
+                finally:
+                    self._lock.release()
+
+    def _still_locked(self, path: Path) -> StoreError:
+        return StoreError(f"{path}: still locked by another process after {LOCK_TIMEOUT:g}s",
+                          f"another clusterddp command is updating this run; wait for it to end and try again "
+                          f"(`fuser {path}` names it)")
 
     def load(self, run_id: str) -> RunRecord:
         """The run's record; :class:`RunNotFound` if there is none, :class:`RecordError` if it is damaged."""
         path = self.record_path(run_id)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+            # O_NONBLOCK: a FIFO planted as run.json must not hang the reader
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except (FileNotFoundError, NotADirectoryError):
             raise RunNotFound(f"no run {run_id!r} in {self.root}",
                               "list runs with `clusterddp runs`, or pass --runs-dir") from None
+        except OSError as e:
+            raise RecordError(str(path), None, f"cannot read it: {e.strerror or e}",
+                              "make it readable by this user") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise RecordError(str(path), None, "not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            if st.st_size > MAX_RECORD_BYTES:
+                raise RecordError(str(path), None, f"{st.st_size} bytes, too large for a run record "
+                                  f"(at most {MAX_RECORD_BYTES})")
+            try:
+                raw = f.read(MAX_RECORD_BYTES + 1)
+            except OSError as e:
+                raise RecordError(str(path), None, f"cannot read it: {e.strerror or e}") from None
+        try:
+            data = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise RecordError(str(path), None, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
         except json.JSONDecodeError as e:
             raise RecordError(str(path), None, f"not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
-        return RunRecord.from_json(data, str(path))
+        except (ValueError, RecursionError) as e:  # a 5,000-digit number; nesting deeper than Python recurses
+            raise RecordError(str(path), None, f"not a run record: {str(e)[:100] or type(e).__name__}") from None
+        rec = RunRecord.from_json(data, str(path))
+        if rec.run_id != run_id:
+            raise RecordError(str(path), "run_id", f"{rec.run_id!r} is not the name of its folder {run_id!r}")
+        return rec
 
     def resolve(self, prefix: str) -> str:
         """The run id that ``prefix`` names uniquely."""
-        if (self.run_dir(prefix) / "run.json").is_file():
-            return prefix
-        ids = sorted(p.name for p in self.root.glob(f"{glob_escape(prefix)}*") if (p / "run.json").is_file()) \
-            if self.root.is_dir() and prefix else []
+        if not prefix or "/" in prefix or "\0" in prefix or prefix in (".", ".."):
+            raise RunNotFound(f"{prefix!r} is not a run id", "list runs with `clusterddp runs`")
+        try:
+            # any run.json, even one that is not a file: `load` then says what is wrong with it
+            if os.path.lexists(self.record_path(prefix)):
+                return prefix
+            ids = sorted(p.name for p in self.root.glob(f"{glob_escape(prefix)}*")
+                         if os.path.lexists(p / "run.json")) if self.root.is_dir() else []
+        except OSError as e:
+            raise StoreError(f"cannot read {self.root}: {e.strerror or e}", f"make {self.root} readable") from None
         if not ids:
             raise RunNotFound(f"no run matches {prefix!r} in {self.root}",
                               "list runs with `clusterddp runs`, or pass --runs-dir")
@@ -143,39 +479,53 @@ class RunStore:
         return ids[0]
 
     def list(self) -> list[dict]:
-        """Every indexed run, newest first."""
-        if not (self.root / "runs.db").exists():
-            return []
-        with closing(self._db()) as con:
-            cur = con.execute(f"SELECT {','.join(_COLUMNS)} FROM runs ORDER BY started_at DESC, run_id DESC")
-            return [dict(zip(_COLUMNS, row)) for row in cur]
+        """Every run, newest first: from runs.db, or, where there is none, from the run folders
+        (damaged records are skipped with a warning)."""
+        rows = self._select("ORDER BY started_at DESC, run_id DESC")
+        if rows is not None:
+            return rows
+        rows = []
+        for rec, problem in self._scan():
+            if rec is None:
+                log.warning("warning: skipped %s", problem)
+            else:
+                rows.append(_record_row(rec))
+        return sorted(rows, key=lambda r: (r["started_at"] or "", r["run_id"]), reverse=True)
 
     # ---- scheduled runs ----
     def last_run(self, schedule: str) -> dict | None:
         """The newest run started by ``schedule``, or None."""
-        if not (self.root / "runs.db").exists():
-            return None
-        with closing(self._db()) as con:
-            row = con.execute(f"SELECT {','.join(_COLUMNS)} FROM runs WHERE schedule = ? "
-                              "ORDER BY started_at DESC, run_id DESC LIMIT 1", (schedule,)).fetchone()
-        return dict(zip(_COLUMNS, row)) if row else None
+        rows = self._select("WHERE schedule = ? ORDER BY started_at DESC, run_id DESC LIMIT 1", (schedule,))
+        if rows is None:
+            rows = [r for r in self.list() if r["schedule"] == schedule]
+        return rows[0] if rows else None
 
     def record_skip(self, schedule: str, reason: str, holder: str | None = None) -> dict:
         """Record that ``schedule`` fired while its previous run (``holder``, if known) still ran."""
         row = {"schedule": schedule, "at": utcnow(), "holder": holder, "reason": reason}
-        with closing(self._db()) as con:
-            con.execute(f"INSERT INTO skips ({','.join(_SKIP_COLUMNS)}) VALUES (?, ?, ?, ?)",
-                        [row[k] for k in _SKIP_COLUMNS])
+        with closing(self._write_db()) as con:
+            try:
+                con.execute(f"INSERT INTO skips ({','.join(_SKIP_COLUMNS)}) VALUES (?, ?, ?, ?)",
+                            [row[k] for k in _SKIP_COLUMNS])
+            except sqlite3.Error as e:
+                raise self._db_error(e, writing=True) from None
         return row
 
     def skips(self, schedule: str) -> list[dict]:
         """Every recorded skip of ``schedule``, newest first."""
-        if not (self.root / "runs.db").exists():
+        opened = self._read_db()
+        if opened is None or "skips" not in opened[1]:
+            if opened:
+                opened[0].close()
             return []
-        with closing(self._db()) as con:
-            cur = con.execute(f"SELECT {','.join(_SKIP_COLUMNS)} FROM skips WHERE schedule = ? "
-                              "ORDER BY at DESC, rowid DESC", (schedule,))
-            return [dict(zip(_SKIP_COLUMNS, r)) for r in cur]
+        con, _ = opened
+        try:
+            with closing(con):
+                cur = con.execute(f"SELECT {','.join(_SKIP_COLUMNS)} FROM skips WHERE schedule = ? "
+                                  "ORDER BY at DESC, rowid DESC", (schedule,))
+                return [dict(zip(_SKIP_COLUMNS, r)) for r in cur]
+        except sqlite3.Error as e:
+            raise self._db_error(e, writing=False) from None
 
     # ---- logs and artifacts ----
     def log_path(self, run_id: str, host: str) -> Path:
@@ -185,16 +535,27 @@ class RunStore:
         key = (run_id, host)
         f = self._logs.get(key)
         if f is None:
-            f = self._logs[key] = open(self.log_path(run_id, host), "ab")
+            path = self.log_path(run_id, host)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+            except OSError as e:
+                raise self._cannot_write(e, path) from None
+            _private(fd)
+            f = self._logs[key] = os.fdopen(fd, "ab")
         f.write(data)
         f.flush()
 
     def write_log(self, run_id: str, host: str, data: bytes) -> None:
-        """Replace the local log with the node's complete copy."""
+        """Replace the local log with the node's complete copy (atomically: readers see the old or
+        the new copy, and writers at once each leave a whole one). A read-only store keeps the old copy."""
+        if self.read_only:
+            return
         path = self.log_path(run_id, host)
-        tmp = path.with_suffix(".log.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+            _replace(path, data)
+        except OSError as e:
+            raise self._cannot_write(e, path) from None
 
     def close_logs(self) -> None:
         for f in self._logs.values():
@@ -212,6 +573,61 @@ class RunStore:
         return p
 
 
+def _private(f: int | str, st: os.stat_result | None = None) -> None:
+    """Make an open file (or a path) ours-only (0600), when it is ours; the umask may have left it
+    looser or (0o277) unwritable. Files of another user are left alone."""
+    st = st or (os.fstat(f) if isinstance(f, int) else os.stat(f))
+    if stat.S_IMODE(st.st_mode) == FILE_MODE or st.st_uid != os.geteuid():
+        return
+    try:
+        os.fchmod(f, FILE_MODE) if isinstance(f, int) else os.chmod(f, FILE_MODE)
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EROFS):
+            raise
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file of its own (0600) and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _private(f.fileno())
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _flock(lock, deadline: float, timed_out: Callable[[], Exception]) -> None:
+    """Take ``lock`` (an flock) before ``deadline``, polling: flock itself cannot time out."""
+    pause = 0.01
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise timed_out() from None
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.2)
+
+
+def _row(row: dict) -> dict:
+    """A runs row as the CLI prints it: text columns as text, whatever a hand-edited db holds."""
+    return {k: (v if v is None or (k == "exit_code" and isinstance(v, int)) or isinstance(v, str) else str(v))
+            for k, v in row.items()}
+
+
+def _record_row(rec: RunRecord) -> dict:
+    data = rec.to_json()
+    row = {k: data.get(k) for k in _COLUMNS}
+    row["hosts"] = ",".join(rec.hosts)
+    return row
+
+
 def glob_escape(s: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in s)
-

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 RUN = typer.Argument(..., help="A run id, or a unique prefix of one.")
 
 
-def _store(runs_dir: str):
+def _store(runs_dir: str, read_only: bool = False):
     from ..store import RunStore
-    return RunStore(runs_dir)
+    return RunStore(runs_dir, read_only=read_only)
 
 
 def _node_line(n: NodeRecord) -> str:
@@ -66,6 +66,8 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     from ..record import RunStatus
     store = _store(runs_dir)
     run_id = store.resolve(run)
+    store.load(run_id)
+    store.check_writable(run_id)  # what it sees is recorded: fail before any node is asked
     rec = control.status(store, run_id)
     print(f"run {run_id}: {rec.status}" + (f" (failed first: {rec.failed_host})"
                                           if rec.status is RunStatus.FAILED and rec.failed_host else ""))
@@ -89,6 +91,9 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
     store = _store(runs_dir)
     run_id = store.resolve(run)
     rec = store.load(run_id)
+    if not store.can_write(run_id):  # logs only looks: print them, keep the local copies as they are
+        err(f"note: {store.run_dir(run_id)} cannot be written; local log copies are not refreshed")
+        store = _store(runs_dir, read_only=True)
     names = rec.hosts
     unknown = [h for h in host or [] if h not in names]
     if unknown:
@@ -157,6 +162,8 @@ def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
     from .. import control
     store = _store(runs_dir)
     run_id = store.resolve(run)
+    store.load(run_id)
+    store.check_writable(run_id)  # never end a job whose ending cannot be recorded: it would stay "running"
     done = control.stop(store, run_id, grace)
     print(f"run {run_id}: {done.record.status}")
     for n in done.record.nodes:
@@ -172,6 +179,8 @@ def collect(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     from .. import control
     store = _store(runs_dir)
     run_id = store.resolve(run)
+    store.load(run_id)
+    store.check_writable(run_id, index=False)  # collect writes the run folder only, not runs.db
     with _progress() as progress:
         results = control.collect(store, run_id, progress=progress)
     print(f"run {run_id}: collected into {store.run_dir(run_id) / 'artifacts'}")

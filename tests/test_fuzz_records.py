@@ -1,0 +1,231 @@
+"""Property-based test of run records: generated records (as today's ``to_json`` writes them) and mutated
+ones (fields dropped, wrong types, huge numbers, NaN, odd unicode and control characters, deep nesting,
+truncated or random bytes, an oversized file) go through the real ``RunStore.load`` /
+``RunRecord.from_json`` and the real ``clusterddp status`` and ``runs`` commands, in-process.
+
+Every case ends in success or a located RecordError (exit 2), never a traceback, and in bounded time;
+every record that loads reads back equal after the store wrote it. Derandomized: CI runs the same
+cases every time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import typer.main
+import typer.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from clusterddp import control
+from clusterddp.cli.app import app
+from clusterddp.errors import HostError
+from clusterddp.inventory import Host
+from clusterddp.record import SCHEMA, NodeRecord, NodeState, RecordError, RunRecord, RunStatus
+from clusterddp.store import RunStore
+
+RID = "20261129-181500-f0zz"
+EXAMPLES = 500
+CASE_LIMIT_S = 10.0  # one case is ~20 ms; a hang (a FIFO read, a runaway loop) is caught well before pytest's timeout
+
+NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,12}", fullmatch=True)
+ENV_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True)
+# Any unicode but NUL and lone surrogates (which no command line, path or UTF-8 file can carry):
+# control characters, RTL marks, emoji...
+TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=30)
+ODD = st.sampled_from(["\x00", "\ud800", "\udfff", "\x1b]0;title\x07", "\x1b[2J", "\u202e", "\r\n", "\ufeff",
+                       "\x7f", "../../", "é" * 200])
+ODD_TEXT = st.builds(lambda a, b, c: a + b + c, TEXT, ODD, TEXT)
+
+
+@st.composite
+def hosts(draw, name: str) -> Host:
+    return Host(name=name, address=draw(TEXT), user=draw(st.none() | TEXT),
+                port=draw(st.none() | st.integers(1, 65535)), identity_file=draw(st.none() | TEXT),
+                known_hosts=draw(TEXT), host_key_policy=draw(st.sampled_from(["strict", "accept-new"])),
+                gpus=draw(st.integers(1, 64) | st.just("auto")), python=draw(TEXT), workdir=draw(TEXT),
+                env=tuple(draw(st.dictionaries(ENV_NAMES, TEXT, max_size=3)).items()),
+                setup=tuple(draw(st.lists(TEXT, max_size=2))),
+                connect_timeout=draw(st.floats(0.001, 1e6, allow_nan=False)),
+                transport=draw(st.sampled_from(["ssh", "local"])),
+                keepalive=draw(st.floats(0, 1e6, allow_nan=False)))
+
+
+@st.composite
+def records(draw) -> RunRecord:
+    names = draw(st.lists(NAMES, min_size=1, max_size=3, unique=True))
+    nodes = tuple(NodeRecord(host=h, address=draw(TEXT), node_rank=i, nproc=draw(st.integers(1, 16) | st.just("auto")),
+                             run_dir=draw(TEXT), control_dir=draw(TEXT), marker=draw(TEXT), settings=draw(hosts(h)),
+                             state=draw(st.sampled_from(list(NodeState))),
+                             exit_code=draw(st.none() | st.integers(-(2 ** 31), 2 ** 31)), error=draw(st.none() | TEXT))
+                  for i, h in enumerate(names))
+    return RunRecord(run_id=RID, name=draw(st.none() | TEXT), inventory=draw(TEXT), script=draw(TEXT),
+                     args=tuple(draw(st.lists(TEXT, max_size=4))), status=draw(st.sampled_from(list(RunStatus))),
+                     failed_host=draw(st.none() | st.sampled_from(names)), schedule=draw(st.none() | TEXT),
+                     local=draw(st.booleans()), started_at=draw(TEXT), ended_at=draw(st.none() | TEXT),
+                     launch_dir=draw(TEXT), master_addr=draw(TEXT), master_port=draw(st.integers(1, 65535)),
+                     collect=tuple(draw(st.lists(TEXT, max_size=3))), nodes=nodes,
+                     fanout=draw(st.integers(1, 1024)), schema=SCHEMA)
+
+
+# JSON values of every kind, some of them hostile.
+LEAVES = (st.none() | st.booleans() | st.integers() | st.integers(-(10 ** 40), 10 ** 40)
+          | st.floats(allow_nan=True, allow_infinity=True) | TEXT | ODD_TEXT)
+VALUES = st.recursive(LEAVES, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(TEXT, kids, max_size=3),
+                      max_leaves=8)
+
+
+def _paths(data, prefix=()):
+    """Every place in a JSON tree: tuples of keys and indexes."""
+    yield prefix
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from _paths(v, prefix + (i,))
+
+
+def _at(data, path):
+    for k in path:
+        data = data[k]
+    return data
+
+
+@st.composite
+def mutated(draw, data: dict) -> dict:
+    """``data`` with one to three edits somewhere in it."""
+    for _ in range(draw(st.integers(1, 3))):
+        how = draw(st.sampled_from(["odd text", "drop", "value", "wrap", "nest", "huge", "bool"]))
+        places = list(_paths(data))
+        if how == "odd text":  # text where text belongs: mostly still a valid record
+            places = [p for p in places if p and isinstance(_at(data, p), str)] or places
+        path = draw(st.sampled_from(places))
+        if not path:
+            data = draw(VALUES)
+            continue
+        parent = _at(data, path[:-1])
+        key, old = path[-1], parent[path[-1]]
+        if how == "drop":
+            parent.pop(key)
+        elif how == "value":
+            parent[key] = draw(VALUES)
+        elif how == "wrap":
+            parent[key] = [old] if draw(st.booleans()) else {"value": old}
+        elif how == "nest":
+            value = old
+            for _ in range(draw(st.integers(2, 300))):
+                value = [value]
+            parent[key] = value
+        elif how == "odd text":
+            parent[key] = draw(ODD_TEXT)
+        elif how == "huge":
+            parent[key] = draw(st.sampled_from([10 ** 30, -(10 ** 30), 2 ** 63, 1e308, float("inf"), float("nan")]))
+        else:
+            parent[key] = draw(st.booleans())
+        if not isinstance(data, (dict, list)):
+            break
+    return data
+
+
+@st.composite
+def run_json(draw) -> tuple[str, bytes]:
+    """(how it was made, run.json's bytes)."""
+    rec = draw(records())
+    text = json.dumps(rec.to_json(), indent=2, ensure_ascii=draw(st.booleans()))
+    kind = draw(st.sampled_from(["mutated", "truncated", "raw", "mutated", "bytes", "valid", "mutated"]))
+    if kind == "valid":
+        return kind, text.encode()
+    if kind == "mutated":
+        return kind, json.dumps(draw(mutated(rec.to_json()))).encode()
+    raw = text.encode()
+    if kind == "truncated":
+        return kind, raw[:draw(st.integers(0, len(raw) - 1))]
+    if kind == "bytes":
+        return kind, draw(st.binary(max_size=200))
+    at = draw(st.sampled_from([0] + [m.end() for m in re.finditer(rb": ", raw)]))  # where a value starts
+    piece = draw(st.sampled_from([b"9" * 5000, b"[" * 50_000, b'{"a":' * 5000, b"\xff\xfe", b"\x00",
+                                  b"\xef\xbb\xbf", b'"\\ud800"', b"NaN", b"-Infinity", b"1e999999"]))
+    return kind, raw[:at] + piece + raw[at:]
+
+
+def unreachable(host: Host):
+    raise HostError(host.name, "cannot connect: fuzz test, no network")
+
+
+def test_any_run_record_is_read_or_refused_cleanly(tmp_path, monkeypatch):
+    monkeypatch.setattr(control.status, "__defaults__", (unreachable,))  # status asks no real host
+    command = typer.main.get_command(app)  # built once, not for every invoke: the cases stay fast
+    monkeypatch.setattr(typer.testing, "_get_command", lambda _: command)
+    runner = CliRunner()
+    seen: dict[str, int] = {}
+    slowest = [0.0]
+
+    @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None, print_blob=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.large_base_example])
+    @given(case=run_json())
+    def check(case: tuple[str, bytes]) -> None:
+        kind, raw = case
+        t0 = time.monotonic()
+        runs = Path(tempfile.mkdtemp(dir=tmp_path))
+        try:
+            (runs / RID).mkdir()
+            path = runs / RID / "run.json"
+            path.write_bytes(raw)
+            store = RunStore(runs)
+            try:
+                rec = store.load(RID)
+            except RecordError as e:
+                rec = None
+                assert str(e).startswith(str(path)) and e.exit_code == 2 and "hint:" in str(e)
+            if kind == "valid":
+                assert rec is not None, "a record as to_json writes it must read back"
+            if rec is not None:
+                assert RunRecord.from_json(json.loads(json.dumps(rec.to_json())), "x") == rec
+            r = runner.invoke(app, ["status", RID, "--runs-dir", str(runs)])
+            assert r.exception is None or isinstance(r.exception, SystemExit), (r.exception, r.output)
+            if rec is None:
+                assert r.exit_code == 2 and f"error: {path}" in r.output, r.output
+            else:
+                assert r.exit_code == 0, r.output
+                assert all(n.state is NodeState.UNREACHABLE or n.state.is_terminal()
+                           for n in store.load(RID).nodes)  # what status wrote reads back
+            for args in (["runs"], ["runs", "--json"]):
+                r = runner.invoke(app, [*args, "--runs-dir", str(runs)])
+                assert r.exit_code == 0 and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
+                assert (RID in r.stdout) == (rec is not None), r.output  # listed, or skipped with a warning
+            seen[f"{kind} {'ok' if rec else 'refused'}"] = seen.get(f"{kind} {'ok' if rec else 'refused'}", 0) + 1
+        finally:
+            shutil.rmtree(runs, ignore_errors=True)
+        took = time.monotonic() - t0
+        slowest[0] = max(slowest[0], took)
+        assert took < CASE_LIMIT_S, f"{kind}: {took:.1f}s"
+
+    check()
+    print(f"cases: {dict(sorted(seen.items()))}; slowest {slowest[0]:.2f}s")
+    assert sum(seen.values()) >= EXAMPLES * 0.9
+    assert all(seen.get(k, 0) > 0 for k in ("valid ok", "mutated ok", "mutated refused", "truncated refused",
+                                            "bytes refused", "raw refused")), seen
+
+
+def test_an_oversized_or_special_run_json_is_refused_without_reading_it(tmp_path):
+    (tmp_path / RID).mkdir()
+    path = tmp_path / RID / "run.json"
+    with open(path, "wb") as f:
+        f.truncate(17 << 20)  # sparse: no disk used, and no reader should pull it into memory
+    with pytest.raises(RecordError, match="too large for a run record"):
+        RunStore(tmp_path).load(RID)
+    path.unlink()
+    os.mkfifo(path)  # a reader that opened it blocking would hang here for ever
+    with pytest.raises(RecordError, match="not a regular file") as e:
+        RunStore(tmp_path).load(RID)
+    assert e.value.exit_code == 2 and str(e.value).startswith(str(path))
