@@ -25,7 +25,8 @@ INVENTORY = typer.Argument(..., help="Inventory YAML file, or `local` for this m
 SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.")
 RUN_NAME = typer.Option(None, "--name", help="A name for the run.")
 HOSTS = typer.Option(None, "--hosts", help="Run on these hosts only: a,b,c.")
-GPUS = typer.Option(None, "--gpus", min=1, help="Processes per node (overrides the inventory).")
+MAX_GPUS = 1024  # processes per node; far above any machine, low enough to keep torchrun's numbers sane
+GPUS = typer.Option(None, "--gpus", min=1, max=MAX_GPUS, help="Processes per node (overrides the inventory).")
 MASTER_PORT = typer.Option(None, "--master-port", min=1, max=65535)
 ENV = typer.Option([], "-e", "--env", help="NAME=VALUE for the job (repeatable).")
 COLLECT = typer.Option([], "--collect", help="Glob to bring back, relative to the run folder.")
