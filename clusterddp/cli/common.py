@@ -104,7 +104,43 @@ def handle_errors(fn: F) -> F:
         except KeyboardInterrupt:
             err("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except Exception as e:  # a bug: one line and a crash report, not a traceback on the terminal
+            if type(e).__module__.partition(".")[0] in ("typer", "click"):
+                raise  # typer's/click's own ways out (Exit, Abort, BadParameter: RuntimeErrors some): it handles them
+            err(crash_report(e, fn.__name__))
+            raise typer.Exit(EXIT_FAILED) from None
     return wrapper  # type: ignore[return-value]
+
+
+def crash_dir() -> str:
+    """Where crash reports go: ``$XDG_STATE_HOME/clusterddp`` (``~/.local/state/clusterddp``)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "clusterddp")
+
+
+def crash_report(e: BaseException, command: str) -> str:
+    """Write ``e``'s traceback to a private crash file; return the one line telling the user where.
+
+    The file is 0600 in a 0700 folder: a traceback's locals-free frames still name paths and
+    arguments. If it cannot be written, the traceback goes to stderr after all (nothing is lost).
+    """
+    import time
+    import traceback
+    said = (str(e).strip().splitlines() or [""])[0][:200]
+    what = f"internal error in `clusterddp {command.rstrip('_')}`: {type(e).__name__}" + (f": {said}" if said else "")
+    text = (f"clusterddp crash report\ncommand: {' '.join(sys.argv)}\npid: {os.getpid()}\n"
+            f"time: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\npython: {sys.version.split()[0]}\n\n"
+            + "".join(traceback.format_exception(e)))
+    folder = crash_dir()
+    path = os.path.join(folder, f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(text)
+    except OSError as why:
+        return f"{what}\n{text}(could not write a crash report to {path}: {why})\nplease report this bug with the text above"
+    return f"{what}; details written to {path} (please attach it to a bug report)"
 
 
 class PrefixPrinter:
