@@ -31,6 +31,9 @@ MASTER_PORT = typer.Option(None, "--master-port", min=1, max=65535)
 ENV = typer.Option([], "-e", "--env", help="NAME=VALUE for the job (repeatable).")
 COLLECT = typer.Option([], "--collect", help="Glob to bring back, relative to the run folder.")
 MAX_RESTARTS = typer.Option(0, "--max-restarts", min=0, help="Passed to torchrun.")
+MAX_UPLOAD = typer.Option("1G", "--max-upload", metavar="SIZE", envvar="CLUSTERDDP_MAX_UPLOAD",
+                          help="Refuse to upload the script's folder above this size (e.g. 500M, 4G); "
+                               "see .clusterddpignore for leaving files out.")
 
 
 def run_spec(script: str, script_args: list[str] | None, name: str | None, gpus: int | None,

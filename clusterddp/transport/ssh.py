@@ -484,12 +484,22 @@ class SSHTransport:
             elif not poller.poll(wait_ms):
                 raise socket.timeout()
 
-    def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+    @staticmethod
+    def _send(chan: paramiko.Channel, stdin: "bytes | os.PathLike | None") -> None:
+        """Write ``stdin``: bytes as they are, a path's file read in chunks (an upload is never held whole)."""
+        if isinstance(stdin, os.PathLike):
+            with io.open(stdin, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    chan.sendall(chunk)
+        elif stdin:
+            chan.sendall(stdin)
+
+    def run(self, command: str, *, timeout: float | None = None,
+            stdin: "bytes | os.PathLike | None" = None) -> CommandResult:
         chan = self._channel(command, timeout)
         out, err = bytearray(), bytearray()
         try:
-            if stdin:
-                chan.sendall(stdin)
+            self._send(chan, stdin)
             chan.shutdown_write()
             code = self._pump(chan, out.extend, err.extend, timeout)
         except socket.timeout:
