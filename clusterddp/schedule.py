@@ -63,7 +63,7 @@ from typing import Any, Iterator
 from .errors import ClusterDDPError, UsageError
 from .plan import RunSpec, q
 
-NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+NAME_RE = re.compile(r"[A-Za-z0-9._-]+")  # used with fullmatch: "$" would accept a trailing newline
 TAG = "clusterddp:"
 SKIP_EXIT = 75  # the previous run still holds the lock (EX_TEMPFAIL; `flock -E 75` before spec files)
 SPEC_SCHEMA = 1
@@ -83,13 +83,13 @@ _FIELD_NAMES = ("minute", "hour", "day of month", "month", "day of week")
 _TAG_RE = re.compile(r"\s#\s*" + re.escape(TAG) + r"([A-Za-z0-9._-]+)\s*$")
 _LINE_RE = re.compile(r"^\s*(@[A-Za-z]+|(?:\S+\s+){4}\S+)\s+(.*)$")
 _ENV_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # as inventory.ENV_NAME_RE (not imported: fire stays light)
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # as inventory.ENV_NAME_RE (not imported: fire stays light)
 
 
 # ---- names and expressions ----
 
 def check_name(name: str) -> str:
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise UsageError(f"schedule name {name!r}: use letters, digits, '.', '_' or '-'",
                          "it names the crontab tag, the spec, the lock and the log file, e.g. nightly-eval")
     return name
@@ -273,7 +273,7 @@ def spec_from_json(data: Any, path: str) -> ScheduleSpec:
         if key not in data:
             raise f.fail(key, "missing")
     name = f.text("name")
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise f.fail("name", f"{name!r} is not a schedule name (letters, digits, '.', '_', '-')")
     if os.path.basename(path) != f"{name}.json":
         raise f.fail("name", f"{name!r} does not match the file name {os.path.basename(path)}")
@@ -296,7 +296,7 @@ def spec_from_json(data: Any, path: str) -> ScheduleSpec:
         if not (isinstance(pair, list) and len(pair) == 2):
             raise f.fail(f"env[{i}]", f"expected [NAME, VALUE], got {_kind(pair)}")
         k, v = f.check(f"env[{i}][0]", pair[0]), f.check(f"env[{i}][1]", pair[1])
-        if not _ENV_NAME_RE.match(k):
+        if not _ENV_NAME_RE.fullmatch(k):
             raise f.fail(f"env[{i}][0]", f"{k!r} is not a variable name")
         env.append((k, v))
     hosts = f.texts("hosts")
@@ -589,7 +589,7 @@ def _legacy_options(words: list[str], name: str) -> dict[str, Any]:
         value = words[i + 1]
         if flag == "-e":
             k, sep, v = value.partition("=")
-            if not sep or not _ENV_NAME_RE.match(k):
+            if not sep or not _ENV_NAME_RE.fullmatch(k):
                 raise ValueError(value)
             out["-e"] += ((k, v),)
         elif flag == "--collect":

@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 # Only these names are complete checkpoints; temp files (".step-N.*.tmp") never match.
-_CKPT_RE = re.compile(r"^step-(\d+)\.pt$")
+_CKPT_RE = re.compile(r"step-(\d+)\.pt")  # fullmatch: "$" also matches before a final newline
 _TMP_PREFIX = ".step-"
 _TMP_SUFFIX = ".tmp"
 
@@ -295,7 +295,7 @@ def _checkpoints(directory: Path) -> list[tuple[int, Path]]:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    found = [(int(m.group(1)), directory / n) for n in names if (m := _CKPT_RE.match(n))]
+    found = [(int(m.group(1)), directory / n) for n in names if (m := _CKPT_RE.fullmatch(n))]
     return sorted(found, reverse=True)
 
 

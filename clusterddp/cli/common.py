@@ -25,11 +25,15 @@ INVENTORY = typer.Argument(..., help="Inventory YAML file, or `local` for this m
 SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.")
 RUN_NAME = typer.Option(None, "--name", help="A name for the run.")
 HOSTS = typer.Option(None, "--hosts", help="Run on these hosts only: a,b,c.")
-GPUS = typer.Option(None, "--gpus", min=1, help="Processes per node (overrides the inventory).")
+MAX_GPUS = 1024  # processes per node; far above any machine, low enough to keep torchrun's numbers sane
+GPUS = typer.Option(None, "--gpus", min=1, max=MAX_GPUS, help="Processes per node (overrides the inventory).")
 MASTER_PORT = typer.Option(None, "--master-port", min=1, max=65535)
 ENV = typer.Option([], "-e", "--env", help="NAME=VALUE for the job (repeatable).")
 COLLECT = typer.Option([], "--collect", help="Glob to bring back, relative to the run folder.")
 MAX_RESTARTS = typer.Option(0, "--max-restarts", min=0, help="Passed to torchrun.")
+MAX_UPLOAD = typer.Option("1G", "--max-upload", metavar="SIZE", envvar="CLUSTERDDP_MAX_UPLOAD",
+                          help="Refuse to upload the script's folder above this size (e.g. 500M, 4G); "
+                               "see .clusterddpignore for leaving files out.")
 
 
 def run_spec(script: str, script_args: list[str] | None, name: str | None, gpus: int | None,
@@ -103,7 +107,43 @@ def handle_errors(fn: F) -> F:
         except KeyboardInterrupt:
             err("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except Exception as e:  # a bug: one line and a crash report, not a traceback on the terminal
+            if type(e).__module__.partition(".")[0] in ("typer", "click"):
+                raise  # typer's/click's own ways out (Exit, Abort, BadParameter: RuntimeErrors some): it handles them
+            err(crash_report(e, fn.__name__))
+            raise typer.Exit(EXIT_FAILED) from None
     return wrapper  # type: ignore[return-value]
+
+
+def crash_dir() -> str:
+    """Where crash reports go: ``$XDG_STATE_HOME/clusterddp`` (``~/.local/state/clusterddp``)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "clusterddp")
+
+
+def crash_report(e: BaseException, command: str) -> str:
+    """Write ``e``'s traceback to a private crash file; return the one line telling the user where.
+
+    The file is 0600 in a 0700 folder: a traceback's locals-free frames still name paths and
+    arguments. If it cannot be written, the traceback goes to stderr after all (nothing is lost).
+    """
+    import time
+    import traceback
+    said = (str(e).strip().splitlines() or [""])[0][:200]
+    what = f"internal error in `clusterddp {command.rstrip('_')}`: {type(e).__name__}" + (f": {said}" if said else "")
+    text = (f"clusterddp crash report\ncommand: {' '.join(sys.argv)}\npid: {os.getpid()}\n"
+            f"time: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\npython: {sys.version.split()[0]}\n\n"
+            + "".join(traceback.format_exception(e)))
+    folder = crash_dir()
+    path = os.path.join(folder, f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(text)
+    except OSError as why:
+        return f"{what}\n{text}(could not write a crash report to {path}: {why})\nplease report this bug with the text above"
+    return f"{what}; details written to {path} (please attach it to a bug report)"
 
 
 class PrefixPrinter:

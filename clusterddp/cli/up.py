@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import (COLLECT, ENV, GPUS, HOSTS, INVENTORY, MASTER_PORT, MAX_RESTARTS, RAW, RUN_NAME, RUNS_DIR,
+from .common import (COLLECT, ENV, GPUS, HOSTS, INVENTORY, MASTER_PORT, MAX_RESTARTS, MAX_UPLOAD, RAW, RUN_NAME, RUNS_DIR,
                      SCRIPT_ARGS, err, handle_errors, host_list, run_spec, sigterm_as_interrupt, tell_missing)
 
 
@@ -25,6 +25,7 @@ def up(
     env: list[str] = ENV,
     collect: list[str] = COLLECT,
     max_restarts: int = MAX_RESTARTS,
+    max_upload: str = MAX_UPLOAD,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every node's command; contact no host."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return; it runs on without us."),
     skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
@@ -37,12 +38,28 @@ def up(
     from .. import jobs, plan
 
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
+    limit = jobs.parse_size(max_upload)
     prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts))
     print(f"run {prep.plan.run_id}", flush=True)
     if dry_run:
         print(plan.render(prep.plan))
+        sent = jobs.describe_upload(prep, limit)
+        if sent:
+            print(sent, flush=True)
         return
-    source_tar = jobs.pack(prep)
+    upload = jobs.pack(prep, limit)
+    if upload is not None:
+        print(f"upload: {upload.folder.summary()}", flush=True)
+    try:
+        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule)
+    finally:
+        if upload is not None:
+            upload.discard()
+
+
+def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: bool, raw: bool,
+        schedule: Optional[str]) -> None:
+    from .. import jobs
     fleet = None if skip_check else jobs.preflight(prep.plan)
     try:
         prep.store.create(jobs.new_record(prep, inventory, schedule=schedule))
@@ -64,7 +81,8 @@ def up(
         tell_missing(f"collect {r.host}: ", r.missing)
     run_id = prep.plan.run_id
     try:
-        jobs.execute(prep, printer, on_collect=on_collect, detach=detach, fleet=fleet, source_tar=source_tar)
+        jobs.execute(prep, printer, on_collect=on_collect, detach=detach, fleet=fleet,
+                     source_tar=upload.path if upload else None)
     finally:
         printer.flush()
     if detach:

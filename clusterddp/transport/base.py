@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -28,8 +29,10 @@ class Transport(Protocol):
 
     name: str
 
-    def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        """Run ``command`` to completion, feeding ``stdin`` if given."""
+    def run(self, command: str, *, timeout: float | None = None,
+            stdin: "bytes | os.PathLike | None" = None) -> CommandResult:
+        """Run ``command`` to completion, feeding ``stdin`` if given: bytes, or a file's path (the
+        upload's tarball, which the SSH transport sends in chunks; only it is given a path)."""
         ...
 
     def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None,

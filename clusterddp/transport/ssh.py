@@ -114,24 +114,145 @@ def _transport_factory(sock: socket.socket, **kwargs) -> paramiko.Transport:
 
 
 _known_hosts_lock = threading.Lock()
+log = logging.getLogger("clusterddp")  # as the store's: the CLI prints its warnings on stderr
+
+
+class _KnownHosts:
+    """A known_hosts file read line by line the way OpenSSH reads it, not paramiko's ``load``.
+
+    paramiko's loader raises on the first line it cannot parse (a ``@cert-authority`` or
+    ``@revoked`` marker, a damaged key), so one such line broke every connection, and it has no
+    notion of revoked keys. Here plain entries are kept; ``@revoked`` keys are refused for the
+    hosts their line names (OpenSSH patterns: ``*``, ``?``, ``!negation``, hashed names) even
+    where a plain line lists them (a revoked key is never accepted); lines
+    paramiko cannot honour (``@cert-authority``: it cannot verify host certificates; a malformed
+    line; a key type it does not know) are skipped with a warning naming file and line, once per
+    process and version of the file.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.entries: list[paramiko.hostkeys.HostKeyEntry] = []
+        self.revoked: list[tuple[list[str], paramiko.PKey, int]] = []  # (patterns, key, line number)
+        try:
+            with io.open(path, encoding="utf-8", errors="replace") as f:
+                lines = list(f)
+        except FileNotFoundError:
+            return
+        for lineno, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            marker = None
+            if line.startswith("@"):
+                marker, _, line = line.partition(" ")
+                line = line.strip()
+                if marker != "@revoked":
+                    why = ("paramiko cannot verify host certificates; the hosts it covers need their own key lines"
+                           if marker == "@cert-authority" else f"unknown marker {marker[:40]!r}")
+                    self._skip(lineno, why)
+                    continue
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+            except Exception as e:  # InvalidHostKey (not an SSHException), a key that does not parse, ...
+                self._skip(lineno, f"not a valid known_hosts line ({type(e).__name__})")
+                continue
+            if entry is None:  # too few fields, or a key type paramiko does not know
+                fields = line.split()
+                why = "not a valid known_hosts line" if len(fields) < 3 else f"key type {fields[1][:40]!r} not supported"
+                self._skip(lineno, why)
+                continue
+            if marker == "@revoked":
+                self.revoked.append((entry.hostnames, entry.key, lineno))
+            else:
+                self.entries.append(entry)
+
+    def _skip(self, lineno: int, why: str) -> None:
+        log.warning("warning: %s:%d: %s; line skipped", self.path, lineno, why)
+
+    def install(self, client: paramiko.SSHClient) -> None:
+        """Give ``client`` these host keys (the first key of a type listed for a host wins, as paramiko's)."""
+        keys = client.get_host_keys()
+        revoked = {k.asbytes() for _, k, _ in self.revoked}
+        for e in self.entries:
+            for name in e.hostnames:
+                # a revoked key is never accepted, listed or not; a hashed name cannot be matched
+                # against the revocation's patterns, so a key revoked anywhere is dropped there
+                if e.key.asbytes() in revoked and (name.startswith("|1|") or self.revoked_line(name, e.key)):
+                    continue
+                known = keys.lookup(name)
+                if known is None or e.key.get_name() not in known:
+                    keys.add(name, e.key.get_name(), e.key)
+
+    def revoked_line(self, hostname: str, key: paramiko.PKey) -> int | None:
+        """The line revoking ``key`` for ``hostname`` (as paramiko names it: ``[host]:port`` off port 22)."""
+        for patterns, k, lineno in self.revoked:
+            if k.asbytes() == key.asbytes() and _host_matches(hostname, patterns):
+                return lineno
+        return None
+
+
+def _host_matches(hostname: str, patterns: list[str]) -> bool:
+    """OpenSSH's host pattern list: a match on any pattern, and on no negated one."""
+    import fnmatch
+    hit = False
+    for p in patterns:
+        neg = p.startswith("!")
+        p = p[1:] if neg else p
+        if p.startswith("|1|"):
+            ok = paramiko.HostKeys.hash_host(hostname, p) == p
+        else:
+            ok = fnmatch.fnmatchcase(hostname.lower(), p.lower().replace("[", "[[]"))
+        if ok and neg:
+            return False
+        hit = hit or ok
+    return hit
+
+
+_known_cache_lock = threading.Lock()
+_known_cache: dict[str, tuple[tuple | None, _KnownHosts]] = {}
+
+
+def _known_hosts(path: str) -> _KnownHosts:
+    """The parsed known_hosts, once per process and version of the file (its warnings once too)."""
+    sig = _file_signature(path)
+    with _known_cache_lock:
+        cached = _known_cache.get(path)
+        if cached is None or cached[0] != sig:
+            cached = _known_cache[path] = (sig, _KnownHosts(path))
+        return cached[1]
 
 
 class _UnknownHostKey(paramiko.SSHException):
     """The host's key is not in known_hosts and the policy is strict."""
 
 
+class _RevokedHostKey(paramiko.SSHException):
+    """The host offered a key that known_hosts marks ``@revoked``."""
+
+    def __init__(self, hostname: str, lineno: int) -> None:
+        super().__init__(hostname)
+        self.hostname, self.lineno = hostname, lineno
+
+
 class _Strict(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise _UnknownHostKey(hostname)
-
-
-class _AcceptNew(paramiko.MissingHostKeyPolicy):
-    """Like OpenSSH's ``StrictHostKeyChecking=accept-new``: remember unknown keys, never changed ones."""
-
     def __init__(self, path: str) -> None:
         self.path = path
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        lineno = _known_hosts(self.path).revoked_line(hostname, key)
+        if lineno is not None:
+            raise _RevokedHostKey(hostname, lineno)
+        raise _UnknownHostKey(hostname)
+
+
+class _AcceptNew(_Strict):
+    """Like OpenSSH's ``StrictHostKeyChecking=accept-new``: remember unknown keys, never changed or revoked ones."""
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        lineno = _known_hosts(self.path).revoked_line(hostname, key)
+        if lineno is not None:
+            raise _RevokedHostKey(hostname, lineno)
         client.get_host_keys().add(hostname, key.get_name(), key)
         with _known_hosts_lock:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
@@ -202,8 +323,7 @@ class _Hop(Connection):
         super().__init__(host, config=config, forward_agent=False, connect_kwargs=connect_kwargs, **kwargs)
         self.connect_timeout = h.connect_timeout  # Fabric's own is whole seconds; 0.5 would mean none
         self.client.set_missing_host_key_policy(owner._policy)  # replaces Fabric's AutoAddPolicy
-        if os.path.exists(owner._known):
-            self.client.load_host_keys(owner._known)
+        _known_hosts(owner._known).install(self.client)
 
     @property
     def where(self) -> str:
@@ -251,7 +371,7 @@ class SSHTransport:
         self.name = host.name
         self.host = host
         self._known = os.path.expanduser(host.known_hosts)
-        self._policy = _AcceptNew(self._known) if host.host_key_policy == "accept-new" else _Strict()
+        self._policy = _AcceptNew(self._known) if host.host_key_policy == "accept-new" else _Strict(self._known)
         self._conn: _Hop | None = None
         self._transport: paramiko.Transport | None = None
 
@@ -280,6 +400,15 @@ class SSHTransport:
     def _located(self, e: BaseException, hop: _Hop) -> BaseException:
         """The HostError (naming the hop and what to do) for a failed connect; other errors as they are."""
         where = hop.where
+        if isinstance(e, paramiko.BadHostKeyException):  # a revoked key where another one is listed
+            lineno = _known_hosts(self._known).revoked_line(e.hostname, e.key)
+            if lineno is not None:
+                e = _RevokedHostKey(e.hostname, lineno)
+        if isinstance(e, _RevokedHostKey):
+            return HostError(self.name, f"host key of {hop.host} is REVOKED ({self._known}:{e.lineno}; refused)",
+                             "the host still offers a key you marked @revoked: do not trust it until its owner "
+                             f"installs a new key; verify that key and add it to {self._known}",
+                             kind=Kind.HOST_KEY_CHANGED)
         if isinstance(e, paramiko.BadHostKeyException):
             return HostError(self.name, f"host key for {hop.host} has CHANGED (refused)",
                              f"if the host was reinstalled, verify its new key and remove the old one with "
@@ -355,12 +484,22 @@ class SSHTransport:
             elif not poller.poll(wait_ms):
                 raise socket.timeout()
 
-    def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+    @staticmethod
+    def _send(chan: paramiko.Channel, stdin: "bytes | os.PathLike | None") -> None:
+        """Write ``stdin``: bytes as they are, a path's file read in chunks (an upload is never held whole)."""
+        if isinstance(stdin, os.PathLike):
+            with io.open(stdin, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    chan.sendall(chunk)
+        elif stdin:
+            chan.sendall(stdin)
+
+    def run(self, command: str, *, timeout: float | None = None,
+            stdin: "bytes | os.PathLike | None" = None) -> CommandResult:
         chan = self._channel(command, timeout)
         out, err = bytearray(), bytearray()
         try:
-            if stdin:
-                chan.sendall(stdin)
+            self._send(chan, stdin)
             chan.shutdown_write()
             code = self._pump(chan, out.extend, err.extend, timeout)
         except socket.timeout:

@@ -1,0 +1,101 @@
+"""The upload of the script's folder: default excludes, .clusterddpignore, streamed from a 0600 file, a size limit."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from clusterddp import jobs, plan
+from clusterddp.errors import UsageError
+from helpers import cddp
+
+GOOD_INV = "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n  - {name: gpu-02, address: gpu-02.invalid}\n"
+
+
+def tree(root: Path, files: dict[str, str | bytes]) -> None:
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def sent(root: Path, runs: Path | None = None) -> list[str]:
+    return [rel for rel, _ in jobs.scan_source(root, runs or root.parent / "runs").entries]
+
+
+def test_default_excludes_keep_secrets_caches_and_the_runs_folder_home(tmp_path):
+    src = tmp_path / "proj"
+    tree(src, {"train.py": "x", "src/util.py": "y", "data/a.bin": b"\0" * 10, "identity.py": "z",
+               ".git/HEAD": "ref", "__pycache__/t.pyc": "c", "src/__pycache__/u.pyc": "c", ".venv/bin/python": "p",
+               ".ssh/id_ed25519": "KEY", ".env": "TOKEN=1", ".env.prod": "TOKEN=2", "certs/server.pem": "PEM",
+               "tls.key": "K", "id_rsa": "K", "id_ed25519.pub": "P", ".netrc": "n", "runs/r1/run.json": "{}"})
+    os.symlink("/etc", src / "etc-link")
+    assert sent(src, src / "runs") == ["certs/", "data/", "data/a.bin", "etc-link", "identity.py", "src/",
+                                       "src/util.py", "train.py"]
+
+
+def test_clusterddpignore_in_gitignore_syntax(tmp_path):
+    src = tmp_path / "proj"
+    tree(src, {"train.py": "x", "top.txt": "t", "sub/top.txt": "t", "data/big.bin": "d", "sub/data/x": "x",
+               "m/a.ckpt": "c", "m/keep.ckpt": "k", "logs": "a file named logs", "out/logs/1": "1",
+               "a/b/c/deep.tmp": "d", "a/x.tmp": "x", ".env": "re-included on purpose", "notes[1].md": "n",
+               ".clusterddpignore": "# comment\n\n/data/\n*.ckpt\n!keep.ckpt\n/top.txt\nlogs/\na/**/*.tmp\n"
+                                    "!.env\nnotes\\[1\\].md\n"})
+    assert sent(src) == [".clusterddpignore", ".env", "a/", "a/b/", "a/b/c/", "logs", "m/", "m/keep.ckpt",
+                         "out/", "sub/", "sub/data/", "sub/data/x", "sub/top.txt", "train.py"]
+
+
+def test_pack_streams_to_a_private_temp_file_holding_exactly_what_is_listed(tmp_path):
+    src = tmp_path / "proj"
+    tree(src, {"train.py": "print(1)\n", "sub/u.py": "u", ".env": "SECRET", "blob.bin": os.urandom(24 << 20)})
+    (src / "empty").mkdir()
+    prep = jobs.Prepared(plan=type("P", (), {"upload": True})(), store=type("S", (), {"root": tmp_path / "runs"})(),
+                         source_dir=src)
+    tracemalloc.start()
+    try:
+        up = jobs.pack(prep)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    try:
+        assert peak < 8 << 20, peak  # the 24 MiB (incompressible) file never sits in memory
+        assert stat.S_IMODE(os.stat(up.path).st_mode) == 0o600
+        with tarfile.open(up.path) as tar:
+            names = sorted(tar.getnames())
+            assert tar.extractfile("train.py").read() == b"print(1)\n"
+        assert names == ["blob.bin", "empty", "sub", "sub/u.py", "train.py"]
+        assert (up.folder.files, up.folder.size) == (3, (24 << 20) + 10)
+    finally:
+        up.discard()
+    assert not up.path.exists()
+
+
+def test_over_the_limit_is_bad_input_naming_the_biggest_items(tmp_path):
+    src = tmp_path / "proj"
+    tree(src, {"train.py": "x", "data/a.bin": b"\0" * 3000, "data/b.bin": b"\0" * 3000, "model.pt": b"\0" * 2000})
+    folder = jobs.scan_source(src, tmp_path / "runs")
+    jobs.check_upload_size(folder, 8001)
+    with pytest.raises(UsageError, match=r"over the 7\.8 KiB limit; biggest: data/ \(5\.9 KiB\), "
+                                         r"model\.pt \(2\.0 KiB\), train\.py \(1 B\)") as e:
+        jobs.check_upload_size(folder, 8000)
+    assert ".clusterddpignore" in e.value.hint and "--max-upload" in e.value.hint
+    assert [jobs.parse_size(s) for s in ("100", "1K", "1.5G", "2GiB", "3mb")] == [100, 1024, 3 << 29, 2 << 30, 3 << 20]
+    with pytest.raises(UsageError, match="--max-upload"):
+        jobs.parse_size("lots")
+
+
+def test_up_dry_run_says_what_is_sent_and_refuses_too_much(tmp_path):
+    src = tmp_path / "proj"
+    tree(src, {"t.py": "print('hi')\n", ".env": "TOKEN=x", "data/big.bin": b"\0" * 5000, "inv.yaml": GOOD_INV})
+    r = cddp("up", "inv.yaml", "t.py", "--runs-dir", "runs", "--dry-run", cwd=src, check_rc=0, timeout=60)
+    assert f"upload: 3 files, 5.0 KiB (5107 bytes) from {src}" in r.stdout  # t.py, data/big.bin, inv.yaml; not .env
+    r = cddp("up", "inv.yaml", "t.py", "--dry-run", "--max-upload", "4K", cwd=src, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "over the 4.0 KiB limit; biggest: data/ (4.9 KiB)" in r.stderr and "Traceback" not in r.stderr
+    r = cddp("up", "local", "t.py", "--runs-dir", "runs", "--dry-run", "--max-upload", "1", cwd=src, check_rc=0)
+    assert "upload:" not in r.stdout  # local runs upload nothing
