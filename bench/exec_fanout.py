@@ -35,7 +35,6 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from testbed import TestBed, session_slot  # noqa: E402
 
-
 # What a launcher built on paramiko cannot beat: import paramiko, connect to every host in a
 # thread pool, run the command, close. The gap between this and `clusterddp exec` is our own
 # overhead (CLI, inventory validation, setup/env rendering).
@@ -91,16 +90,18 @@ def main() -> None:
             nodes = bed.nodes[:n]
             inv = bed.write_inventory(root / f"inv{n}.yaml", nodes)
             addrs = ",".join(x.address for x in nodes)
+            # Defaults bind this round's values (B023); the lambdas only run within the round anyway.
             tools = {
-                "clusterddp": lambda: timed([*py, str(inv), "--", "true"]),
-                "pdsh": lambda: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"], env=pdsh_env),
-                "paramiko pool": lambda: timed([sys.executable, "-c", PARAMIKO_POOL, str(bed.identity_file),
-                                              str(bed.known_hosts), *(x.address for x in nodes)]),
+                "clusterddp": lambda inv=inv: timed([*py, str(inv), "--", "true"]),
+                "pdsh": lambda addrs=addrs: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"],
+                                                  env=pdsh_env),
+                "paramiko pool": lambda nodes=nodes: timed([sys.executable, "-c", PARAMIKO_POOL, str(bed.identity_file),
+                                                            str(bed.known_hosts), *(x.address for x in nodes)]),
             }
             if not args.no_sequential:
-                tools["sequential"] = lambda: timed([*py, str(inv), "--fanout", "1", "--", "true"])
+                tools["sequential"] = lambda inv=inv: timed([*py, str(inv), "--fanout", "1", "--", "true"])
                 loop = f"for a in {' '.join(x.address for x in nodes)}; do ssh {ssh_opts} root@$a true || exit 1; done"
-                tools["ssh loop"] = lambda: timed(["bash", "-c", loop])
+                tools["ssh loop"] = lambda loop=loop: timed(["bash", "-c", loop])
             for f in tools.values():  # warm up: page cache, sshd's first fork, known_hosts
                 f()
             times: dict[str, list[float]] = {k: [] for k in tools}

@@ -43,7 +43,7 @@ def _seconds(v: Any, most: float) -> Any:
 class _Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     user: Line | None = None
-    port: int | None = Field(None, ge=1, le=65535)
+    port: int | None = Field(default=None, ge=1, le=65535)
     identity_file: Line | None = None
     known_hosts: Line | None = None
     host_key_policy: Literal["strict", "accept-new"] | None = None
@@ -52,8 +52,8 @@ class _Settings(BaseModel):
     workdir: Line | None = None
     env: dict[str, Any] | None = None
     setup: list[str] | None = None
-    connect_timeout: float | int | None = Field(None, gt=0)
-    keepalive: float | int | None = Field(None, ge=0)
+    connect_timeout: float | int | None = Field(default=None, gt=0)
+    keepalive: float | int | None = Field(default=None, ge=0)
 
     @field_validator("connect_timeout")
     @classmethod
@@ -112,7 +112,7 @@ class _MasterEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     host: Line | None = None
     addr: Line | None = None
-    port: int = Field(29500, ge=1, le=65535)
+    port: int = Field(default=29500, ge=1, le=65535)
 
 
 class InventoryFile(BaseModel):
@@ -121,5 +121,5 @@ class InventoryFile(BaseModel):
     defaults: _Settings = _Settings()
     master: _MasterEntry = _MasterEntry()
     collect: list[Line] = []
-    fanout: int | None = Field(None, ge=1, le=1024)
+    fanout: int | None = Field(default=None, ge=1, le=1024)
     hosts: list[_HostEntry] = Field(min_length=1)

@@ -20,11 +20,12 @@ Imported only when an inventory file is parsed (it imports yaml).
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import yaml
 from yaml.composer import Composer
-from yaml.events import AliasEvent
+from yaml.events import AliasEvent, Event
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.resolver import BaseResolver
 
@@ -69,7 +70,7 @@ def _line(mark: Any) -> int | None:
 
 class _Resolver(BaseResolver):
     def resolve(self, kind: type, value: str | None, implicit: tuple) -> str:
-        if kind is ScalarNode and implicit[0]:
+        if kind is ScalarNode and implicit[0] and value is not None:  # a scalar's value is never None
             return next((tag for tag, rx in _CORE if rx.fullmatch(value)), STR)
         return STR if kind is ScalarNode else SEQ if kind is SequenceNode else MAP
 
@@ -77,6 +78,8 @@ class _Resolver(BaseResolver):
 class _Composer(Composer):
     """PyYAML's composer, counting: depth, aliases and expanded size are checked before each node
     is built, and each node records its expanded size and height for the aliases that follow."""
+
+    peek_event: Callable[[], Event]  # the parser's, which this class is mixed with
 
     def __init__(self) -> None:
         Composer.__init__(self)
@@ -87,18 +90,19 @@ class _Composer(Composer):
     def _refuse(self, event: Any, part: Any, message: str, hint: str | None = None) -> Refused:
         return Refused(_line(event.start_mark), (*self.cddp_path, part), message, hint)
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         part = index if isinstance(index, int) else index.value if isinstance(index, ScalarNode) else None
         event = self.peek_event()
         if isinstance(event, AliasEvent):
-            target = self.anchors.get(event.anchor)
+            anchor = cast(str, event.anchor)  # an alias always names its anchor
+            target: Any = self.anchors.get(anchor)  # a Node with the cddp_ counters set below
             if target is not None:  # else PyYAML reports the undefined alias
                 self.cddp_aliases += 1
                 if self.cddp_aliases > MAX_ALIASES:
                     raise self._refuse(event, part, f"more than {MAX_ALIASES} aliases",
                                        "an inventory needs few; use `defaults:` for settings hosts share")
                 if not hasattr(target, "cddp_size"):
-                    raise self._refuse(event, part, f"alias *{show(event.anchor)[1:-1]} is used inside its own anchor",
+                    raise self._refuse(event, part, f"alias *{show(anchor)[1:-1]} is used inside its own anchor",
                                        "a value cannot contain itself")
                 if len(self.cddp_path) + target.cddp_height > MAX_DEPTH:
                     raise self._refuse(event, part, f"nested more than {MAX_DEPTH} levels deep once aliases are "
@@ -111,7 +115,7 @@ class _Composer(Composer):
         self._count(1, event, part)
         self.cddp_path.append(part)
         try:
-            node = super().compose_node(parent, index)
+            node: Any = super().compose_node(parent, index)  # a Node: the counters are set on it below
         finally:
             self.cddp_path.pop()
         kids = (node.value if isinstance(node, SequenceNode)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from . import nodeops
 from . import plan as P
@@ -139,7 +140,7 @@ class _Tail(bytearray):
     """Keeps only the last 64 KiB written to it with ``+=``: a node's stderr, of which only the
     last line is shown, need not be held whole."""
 
-    def __iadd__(self, data):  # type: ignore[override,misc]
+    def __iadd__(self, data):  # type: ignore[misc]  # returns the _Tail itself, not bytearray.__add__'s bytearray
         super().__iadd__(data)
         del self[:-(64 << 10)]
         return self

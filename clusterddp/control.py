@@ -6,9 +6,9 @@ settings and folders, so a run can be reached even if the inventory changed sinc
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
 
 from . import nodeops
 from . import plan as P

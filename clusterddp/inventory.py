@@ -12,6 +12,7 @@ Precedence for each host setting: CLI flag (applied later, in the plan) > host e
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,8 +70,8 @@ def _some(names: list[str], limit: int = 8) -> str:
     return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
 
 
-BUILTIN = dict(host_key_policy="strict", gpus="auto", python="python3", workdir="~/clusterddp",
-               known_hosts="~/.ssh/known_hosts", connect_timeout=10.0, keepalive=5.0)
+BUILTIN: dict[str, Any] = dict(host_key_policy="strict", gpus="auto", python="python3", workdir="~/clusterddp",
+                               known_hosts="~/.ssh/known_hosts", connect_timeout=10.0, keepalive=5.0)
 DEFAULT_FANOUT = 32  # hosts contacted at once by fleet commands, like pdsh's default
 
 
@@ -113,7 +114,7 @@ class Inventory:
     collect: tuple[str, ...] = field(default=())
     fanout: int = DEFAULT_FANOUT  # at most this many hosts are contacted at once
 
-    def select(self, names: list[str]) -> "Inventory":
+    def select(self, names: list[str]) -> Inventory:
         """The same inventory restricted to ``names`` (kept in inventory order)."""
         known = {h.name for h in self.hosts}
         unknown = [n for n in names if n not in known]
@@ -159,7 +160,7 @@ def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
     return line
 
 
-def _message(err: dict) -> str:
+def _message(err: Mapping[str, Any]) -> str:
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
         return "unknown key; check its spelling against the inventory reference in the README"
@@ -172,7 +173,7 @@ def _message(err: dict) -> str:
     return msg[0].lower() + msg[1:]
 
 
-def _hint(err: dict) -> str | None:
+def _hint(err: Mapping[str, Any]) -> str | None:
     if err["type"] == "extra_forbidden" and err["loc"] and err["loc"][-1] == "<<":
         return "merge keys (`<<: *x`) are YAML 1.1, not 1.2; put shared settings under `defaults:`"
     return None
@@ -183,7 +184,8 @@ def parse(text: str, path: str) -> Inventory:
 
     The YAML is read strictly (see ``_inventory_yaml``): YAML 1.2 scalars, no duplicate keys,
     bounded size, nesting and aliases, so any text gives an inventory or a located error, quickly."""
-    from ._inventory_yaml import Refused, load as load_yaml
+    from ._inventory_yaml import Refused
+    from ._inventory_yaml import load as load_yaml
     try:
         data, root = load_yaml(text)
     except Refused as e:
@@ -209,7 +211,7 @@ def parse(text: str, path: str) -> Inventory:
     return _resolve(inv, path, root)
 
 
-def _resolve(inv: Any, path: str, root: yaml.Node) -> Inventory:
+def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:
     envs = [(("defaults", "env"), inv.defaults.env)] + [(("hosts", i, "env"), h.env) for i, h in enumerate(inv.hosts)]
     for loc, env in envs:
         for k in env or ():
@@ -227,7 +229,7 @@ def _resolve(inv: Any, path: str, root: yaml.Node) -> Inventory:
     d = inv.defaults
     hosts = []
     for h in inv.hosts:
-        def pick(key: str) -> Any:
+        def pick(key: str, h: Any = h) -> Any:  # h bound now, not looked up at call time
             v = getattr(h, key)
             return v if v is not None else getattr(d, key)
         env = {**(d.env or {}), **(h.env or {})}

@@ -15,8 +15,9 @@ import re
 import reprlib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import UsageError
 from .inventory import DEFAULT_FANOUT, ENV_NAME_RE, HOST_NAME_RE, Host
@@ -320,19 +321,19 @@ def _name(value: str, pattern: re.Pattern, path: str, field: str, what: str) -> 
     return value
 
 
-def _between(value: int | float, lo: float, hi: float, r: "_Reader", key: str) -> Any:
+def _between(value: int | float, lo: float, hi: float, r: _Reader, key: str) -> Any:
     if not lo <= value <= hi:
         raise RecordError(r.path, r.field(key), f"must be between {lo:g} and {hi:g}, not {_short(value)}")
     return value
 
 
-def _at_least(value: int | float, lo: float, r: "_Reader", key: str) -> Any:
+def _at_least(value: int | float, lo: float, r: _Reader, key: str) -> Any:
     if value < lo:
         raise RecordError(r.path, r.field(key), f"must be >= {lo:g}, not {_short(value)}")
     return value
 
 
-def _count(value: int | str | None, r: "_Reader", key: str) -> Any:
+def _count(value: int | str | None, r: _Reader, key: str) -> Any:
     """A process or GPU count: >= 1, or "auto"."""
     if value is None or value == "auto":
         return value
@@ -362,7 +363,7 @@ def _fits(value: Any, tp: Any) -> bool:
             return False
         if args[1:] == (...,):
             return all(_fits(v, args[0]) for v in value)
-        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args))
+        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args, strict=True))
     raise TypeError(f"no JSON reading for {tp!r}")
 
 

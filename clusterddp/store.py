@@ -1,8 +1,8 @@
 """The run store: the only writer of ``<runs-dir>/<run_id>/`` and ``<runs-dir>/runs.db``.
 
 ``run.json`` is the full record of a run (a :class:`~clusterddp.record.RunRecord`: enough to
-reconnect to its nodes later without the inventory); ``runs.db`` (SQLite, WAL) indexes every run for listing and is kept in step
-with each ``run.json``. Several launchers (a cron run and a person) may write at once.
+reconnect to its nodes later without the inventory); ``runs.db`` (SQLite, WAL) indexes every run for
+listing and is kept in step with each ``run.json``. Several launchers (a cron run and a person) may write at once.
 
 Run records hold the ``-e`` values (tokens), so everything here is private to its owner whatever
 the umask: the runs folder and run folders 0700, run.json, runs.db (and its -wal/-shm), logs and
@@ -14,6 +14,7 @@ A damaged, foreign or locked runs.db, or a runs folder that cannot be written, i
 
 from __future__ import annotations
 
+import builtins
 import errno
 import fcntl
 import json
@@ -27,10 +28,11 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .errors import RunNotFound, UsageError
 from .record import RecordError, RunRecord
@@ -283,7 +285,7 @@ class RunStore:
                 rows = con.execute(f"SELECT {select} FROM runs {sql_tail}", args).fetchall()
         except sqlite3.Error as e:
             raise self._db_error(e, writing=False) from None
-        return [_row(dict(zip(_COLUMNS, r))) for r in rows]
+        return [_row(dict(zip(_COLUMNS, r, strict=True))) for r in rows]
 
     def _index(self, con: sqlite3.Connection, rec: dict, verb: str = "INSERT OR REPLACE") -> None:
         row = {k: rec.get(k) for k in _COLUMNS}
@@ -511,7 +513,7 @@ class RunStore:
                 raise self._db_error(e, writing=True) from None
         return row
 
-    def skips(self, schedule: str) -> list[dict]:
+    def skips(self, schedule: str) -> builtins.list[dict]:  # `list` here is RunStore.list
         """Every recorded skip of ``schedule``, newest first."""
         opened = self._read_db()
         if opened is None or "skips" not in opened[1]:
@@ -523,7 +525,7 @@ class RunStore:
             with closing(con):
                 cur = con.execute(f"SELECT {','.join(_SKIP_COLUMNS)} FROM skips WHERE schedule = ? "
                                   "ORDER BY at DESC, rowid DESC", (schedule,))
-                return [dict(zip(_SKIP_COLUMNS, r)) for r in cur]
+                return [dict(zip(_SKIP_COLUMNS, r, strict=True)) for r in cur]
         except sqlite3.Error as e:
             raise self._db_error(e, writing=False) from None
 

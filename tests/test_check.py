@@ -265,7 +265,7 @@ def test_probe_reports_this_machine(tmp_path):
         port = s.getsockname()[1]
     p = bash(plan.probe_command(h, "127.0.0.1", port, full=False))
     f = parse_reply(p.stdout, p.stderr, p.returncode)
-    assert f["python"] == "%d.%d.%d" % sys.version_info[:3] and f["executable"] == sys.executable
+    assert f["python"] == ".".join(map(str, sys.version_info[:3])) and f["executable"] == sys.executable
     from importlib.metadata import version
     assert f["torch"] == version("torch")  # read from torch/version.py, without importing torch
     assert f["env_ifname"]["GLOO_SOCKET_IFNAME"] == "it's $HOME"  # exported verbatim
@@ -393,7 +393,8 @@ def test_fleet_streams_and_closes_one_host_or_all():
     seen = []
     fleet = Fleet(hosts(3), connect=connect)
     res = fleet.run("x", on_output=lambda host, b: seen.append((host, b)))
-    assert sorted(seen) == [("h0", b"h0 says x\n"), ("h1", b"h1 says x\n")] and [r.ok for r in res] == [True, True, False]
+    assert sorted(seen) == [("h0", b"h0 says x\n"), ("h1", b"h1 says x\n")]
+    assert [r.ok for r in res] == [True, True, False]
     assert [h.name for h in fleet.connected()] == ["h0", "h1"] and list(fleet.unreachable) == ["h2"]
     fleet.close_host(hosts(3)[0])
     assert made["h0"].closed and not made["h1"].closed

@@ -98,7 +98,7 @@ def test_job_survives_launcher_sigkill_and_can_be_stopped_later(bed, tmp_path, t
     assert cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "3", check_rc=0)
     assert eventually(lambda: not job_pids(run_id), 10)
     for node in bed.nodes:
-        assert eventually(lambda: not bed.ns_pids(node), 10), bed.ns_pids(node)
+        assert eventually(lambda node=node: not bed.ns_pids(node), 10), bed.ns_pids(node)
 
 
 def test_logs_follow_streams_until_the_run_ends_and_status_records_success(bed, tmp_path, ticker):

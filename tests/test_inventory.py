@@ -119,7 +119,7 @@ def test_example_inventory_is_valid():
 # (8 s, 1.2 GB and a 226 MB error message before the strict reader).
 BOMB = "\n".join([
     'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
-    *(f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")),
+    *(f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi", strict=True)),
     "hosts: [{name: x, env: {A: *i}}]", ""])
 
 

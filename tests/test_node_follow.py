@@ -11,9 +11,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from helpers import eventually
-
 from clusterddp.node import follow
+from helpers import eventually
 
 
 class Sink:

@@ -32,7 +32,7 @@ def test_quick_probe_of_this_machine(capsys, tmp_path):
         s.listen()
         taken = s.getsockname()[1]
         f = run(capsys, full=False, port=taken, workdir=str(tmp_path / "not" / "yet"))
-    assert f["python"] == "%d.%d.%d" % sys.version_info[:3] and f["executable"] == sys.executable
+    assert f["python"] == ".".join(map(str, sys.version_info[:3])) and f["executable"] == sys.executable
     assert f["torch"] == version("torch") and f["torch_error"] is None  # from torch/version.py
     assert f["iface"] == "lo" and "lo" in f["interfaces"] and "gpus" not in f  # quick: no nvidia-smi
     assert f["port_free"] is False and "in use" in f["port_error"]

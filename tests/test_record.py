@@ -14,9 +14,9 @@ from clusterddp import control, jobs
 from clusterddp import plan as P
 from clusterddp.errors import NodeOutcome, UsageError
 from clusterddp.inventory import Host
+from clusterddp.nodeops import parse_status
 from clusterddp.record import NodeState, RecordError, RunRecord, RunStatus, from_report
 from clusterddp.store import RunStore
-from clusterddp.nodeops import parse_status
 from clusterddp.supervisor import RunOutcome
 from clusterddp.transport import CommandResult
 from helpers import make_record

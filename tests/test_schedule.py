@@ -562,7 +562,8 @@ def test_store_last_run_and_skips(tmp_path):
     assert store.last_run("n") is None and store.skips("n") == []
     assert not (tmp_path / "runs").exists()  # reading creates nothing
     for rid, started, sched in [("r1", "2026-11-29T01:00:00+00:00", "n"), ("r2", "2026-11-29T02:00:00+00:00", "n"),
-                                ("r3", "2026-11-29T03:00:00+00:00", "other"), ("r4", "2026-11-29T04:00:00+00:00", None)]:
+                                ("r3", "2026-11-29T03:00:00+00:00", "other"),
+                                ("r4", "2026-11-29T04:00:00+00:00", None)]:
         store.create(make_record(rid, (), status=RunStatus.SUCCEEDED, started_at=started, schedule=sched))
     assert store.last_run("n")["run_id"] == "r2" and store.last_run("zzz") is None
     store.record_skip("n", "busy", holder="r2")

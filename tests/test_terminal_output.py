@@ -8,9 +8,9 @@ from __future__ import annotations
 import io
 
 import pytest
-from helpers import cddp, run_id_of
 
 from clusterddp.cli import common
+from helpers import cddp, run_id_of
 
 HOSTILE = "\x1b]0;pwned\x07 retitled, \x1b[2J cleared, \x1b[31mred\x1b[0m"
 SHOWN = "\\x1b]0;pwned\\x07 retitled, \\x1b[2J cleared, \\x1b[31mred\\x1b[0m"
@@ -54,8 +54,6 @@ def test_error_messages_are_escaped(capsys):
 def test_check_output_and_status_lines_are_escaped(capsys):
     import json
 
-    from helpers import make_record
-
     from clusterddp import inventory
     from clusterddp.check import evaluate
     from clusterddp.cli.check import print_report
@@ -64,6 +62,7 @@ def test_check_output_and_status_lines_are_escaped(capsys):
     from clusterddp.node.probe import MARK
     from clusterddp.record import NodeState
     from clusterddp.transport import CommandResult
+    from helpers import make_record
 
     inv = inventory.parse("hosts: [{name: a, address: 10.0.0.1}]\n", "inv.yaml")
     facts = {"python": "3.11\x1b[2J", "torch": "2.13.0", "torch_error": f"import torch failed: {HOSTILE}",

@@ -67,7 +67,7 @@ def probes(stdout: str) -> list[tuple[str, dict]]:
 def no_leftovers(bed, run_id):
     assert eventually(lambda: not job_pids(run_id), 15), f"processes of {run_id} remain: {job_pids(run_id)}"
     for node in bed.nodes:
-        assert eventually(lambda: not bed.ns_pids(node), 15), f"{node.name} still runs {bed.ns_pids(node)}"
+        assert eventually(lambda node=node: not bed.ns_pids(node), 15), f"{node.name} still runs {bed.ns_pids(node)}"
 
 
 def test_two_nodes_succeed_with_logs_and_checkpoints(bed, tmp_path):
@@ -98,7 +98,7 @@ def test_arguments_and_env_arrive_byte_for_byte(bed, tmp_path, job):
     seen = probes(r.stdout)
     assert len(seen) == 4, r.stdout
     master = bed.nodes[0].address
-    for host, p in seen:
+    for _host, p in seen:
         assert p["argv"] == HOSTILE
         e = p["env"]
         assert e["CDDP_TEST_INV"] == "inv $HOME 'q'" and e["CDDP_TEST_CLI"] == "cli $(x) `y` \"z\" ü"

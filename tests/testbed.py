@@ -153,7 +153,7 @@ class TestBed:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> "TestBed":
+    def start(self) -> TestBed:
         """Create bridge, namespaces and sshds; return once every sshd accepts TCP."""
         reason = missing_requirements()
         if reason:
@@ -197,7 +197,7 @@ class TestBed:
         if errors:
             raise errors[0]
 
-    def __enter__(self) -> "TestBed":
+    def __enter__(self) -> TestBed:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -427,7 +427,7 @@ Subsystem sftp {SFTP_SERVER}
         out = _run(["ip", "-j", "netns", "list"]).stdout.strip()
         stale_ns = [e["name"] for e in json.loads(out or "[]") if re.fullmatch(rf"{p}-n\d+", e["name"])]
         links = json.loads(_run(["ip", "-j", "link", "show"]).stdout or "[]")
-        stale_links = [l["ifname"] for l in links if re.fullmatch(rf"{p}-(br|v\d+p?)", l["ifname"])]
+        stale_links = [k["ifname"] for k in links if re.fullmatch(rf"{p}-(br|v\d+p?)", k["ifname"])]
         for ns in stale_ns:
             self._kill_ns(ns)
         self._remove_network(stale_ns, stale_links)
@@ -450,7 +450,7 @@ Subsystem sftp {SFTP_SERVER}
         deadline = time.monotonic() + 10
         while True:
             left = [ns for ns in namespaces if Path("/run/netns", ns).exists()]
-            left += [l for l in links if Path("/sys/class/net", l).exists()]
+            left += [k for k in links if Path("/sys/class/net", k).exists()]
             for link in left:
                 subprocess.run(["ip", "link", "del", link], capture_output=True)
             if not left:

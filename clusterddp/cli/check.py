@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Optional
 
 import typer
 
@@ -16,7 +15,7 @@ FANOUT = typer.Option(None, "--fanout", min=1, max=1024,
                       help="Hosts contacted at once (default: the inventory's `fanout`, else 32).")
 
 
-def load_inventory(path: str, hosts: Optional[str], fanout: Optional[int]):
+def load_inventory(path: str, hosts: str | None, fanout: int | None):
     """The inventory, narrowed to ``--hosts`` and with ``--fanout`` applied (the flag wins)."""
     from dataclasses import replace
 
@@ -36,10 +35,10 @@ _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 @handle_errors
 def check(
     inventory: str = typer.Argument(..., help="Inventory YAML file."),
-    hosts: Optional[str] = HOSTS,
-    fanout: Optional[int] = FANOUT,
-    master_port: Optional[int] = typer.Option(None, "--master-port", min=1, max=65535,
-                                              help="Check this master port instead of the inventory's."),
+    hosts: str | None = HOSTS,
+    fanout: int | None = FANOUT,
+    master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535,
+                                           help="Check this master port instead of the inventory's."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Check that every host is ready for a DDP job, in parallel.
@@ -47,7 +46,7 @@ def check(
     SSH and host key; python, torch, CUDA and NCCL identical on every node; GPUs against `gpus`; the interface that routes to the master; the master port free; free disk in workdir; clock skew.
 
     Exit 0 when every host passes, 1 when anything fails; each failure names the host and the fix.
-    """
+    """  # noqa: E501 - Typer's help keeps the docstring's line breaks, so a paragraph is one line
     from ..check import run_checks
 
     inv = load_inventory(inventory, hosts, fanout)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
 from .common import RAW, RUNS_DIR, PrefixPrinter, err, handle_errors, is_tty, tell_missing, visible
 
 if TYPE_CHECKING:
+    from ..artifacts import Progress
     from ..record import NodeRecord
 
 RUN = typer.Argument(..., help="A run id, or a unique prefix of one.")
@@ -56,7 +58,7 @@ def runs(runs_dir: str = RUNS_DIR, as_json: bool = typer.Option(False, "--json",
                        r.get("schedule") or "-") for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     for row in table:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 @handle_errors
@@ -82,8 +84,8 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
 @handle_errors
 def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
          follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the run ends."),
-         host: Optional[list[str]] = typer.Option(None, "--host", help="Only this host (repeatable)."),
-         tail: Optional[int] = typer.Option(None, "--tail", min=0, help="Only the last N lines of each node."),
+         host: list[str] | None = typer.Option(None, "--host", help="Only this host (repeatable)."),
+         tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines of each node."),
          raw: bool = RAW) -> None:
     """Print RUN's node logs with host prefixes: from the nodes when reachable, else the local copies."""
     from .. import control
@@ -117,7 +119,7 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
 
 
 @contextmanager
-def _progress() -> Iterator[object]:
+def _progress() -> Iterator[Progress | None]:
     """A rich transfer bar per host on a terminal; silent otherwise."""
     if not is_tty():
         yield None

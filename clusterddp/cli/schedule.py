@@ -6,12 +6,26 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Optional
 
 import typer
 
-from .common import (COLLECT, ENV, EXIT_INTERRUPTED, GPUS, HOSTS, INVENTORY, MASTER_PORT, MAX_RESTARTS, RUN_NAME,
-                     RUNS_DIR, SCRIPT_ARGS, err, handle_errors, host_list, run_spec)
+from .common import (
+    COLLECT,
+    ENV,
+    EXIT_INTERRUPTED,
+    GPUS,
+    HOSTS,
+    INVENTORY,
+    MASTER_PORT,
+    MAX_RESTARTS,
+    RUN_NAME,
+    RUNS_DIR,
+    SCRIPT_ARGS,
+    err,
+    handle_errors,
+    host_list,
+    run_spec,
+)
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -24,16 +38,16 @@ def add(
     name: str = typer.Argument(..., help="Schedule name: letters, digits, '.', '_', '-'."),
     inventory: str = INVENTORY,
     script: str = typer.Argument(..., help="Training script."),
-    script_args: Optional[list[str]] = SCRIPT_ARGS,
+    script_args: list[str] | None = SCRIPT_ARGS,
     cron: str = typer.Option(..., "--cron", help="When to run, as cron fields: '0 2 * * *', or @daily."),
     runs_dir: str = RUNS_DIR,
     replace: bool = typer.Option(False, "--replace", help="Overwrite a schedule of the same name."),
-    agent_socket: Optional[str] = typer.Option(
+    agent_socket: str | None = typer.Option(
         None, "--agent-socket", help="SSH_AUTH_SOCK for the runs (cron has no ssh-agent of its own)."),
-    run_name: Optional[str] = RUN_NAME,
-    hosts: Optional[str] = HOSTS,
-    gpus: Optional[int] = GPUS,
-    master_port: Optional[int] = MASTER_PORT,
+    run_name: str | None = RUN_NAME,
+    hosts: str | None = HOSTS,
+    gpus: int | None = GPUS,
+    master_port: int | None = MASTER_PORT,
     env: list[str] = ENV,
     collect: list[str] = COLLECT,
     max_restarts: int = MAX_RESTARTS,
@@ -137,7 +151,7 @@ def list_() -> None:
                      str(skips)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])  # last column unpadded
 
 
 @app.command("remove")

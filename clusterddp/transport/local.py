@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import threading
-from typing import Callable
+from collections.abc import Callable
+from typing import cast
 
 from ..errors import HostError, HostErrorKind
 from ..inventory import Host
@@ -36,13 +38,14 @@ class LocalTransport:
             self._procs.add(p)
         try:
             assert p.stdout is not None
+            stdout = cast(io.BufferedReader, p.stdout)  # stdout=PIPE, default bufsize: it has read1
             if stdin is not None and p.stdin is not None:
                 try:
                     with p.stdin:
                         p.stdin.write(stdin)
                 except BrokenPipeError:  # the command ended without reading it; its exit code says why
                     pass
-            while chunk := p.stdout.read1(1 << 20):
+            while chunk := stdout.read1(1 << 20):
                 on_data(chunk)
             if stderr_to is not None and p.stderr is not None:
                 stderr_to += p.stderr.read()  # small: a status line; stdout is already drained
