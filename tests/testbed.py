@@ -93,6 +93,28 @@ def missing_requirements() -> str | None:
     return None
 
 
+def release_stale_pyenv_lock() -> bool:
+    """Remove pyenv's rehash lock if a killed shell left it behind; True if it did.
+
+    The nodes log in as this machine's user, whose ~/.bashrc may run ``pyenv init -``, and that
+    runs ``pyenv rehash`` in every SSH command's shell. Killing a node's processes (a bed's
+    stop, a test's teardown) can catch a shell inside rehash, which leaves
+    ``$PYENV_ROOT/shims/.pyenv-shim``; every later shell then waits 60 s for it and commands
+    time out. The lock is only removed when no ``pyenv-rehash`` process is alive to own it.
+    """
+    lock = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "shims" / ".pyenv-shim"
+    if not lock.exists():
+        return False
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if b"pyenv-rehash" in cmdline.read_bytes():
+                return False
+        except OSError:
+            pass
+    lock.unlink(missing_ok=True)
+    return True
+
+
 def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run with check=True and an error that shows the command's stderr."""
     try:
@@ -159,6 +181,7 @@ class TestBed:
         if reason:
             raise RuntimeError(f"cannot start TestBed: {reason}")
         self._cleanup_stale()
+        release_stale_pyenv_lock()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             # sshd's privilege separation refuses to start without this directory.
@@ -184,6 +207,7 @@ class TestBed:
                 self._kill_ns(node.ns)
             except RuntimeError as e:  # carry on, so the rest is still cleaned up
                 errors.append(e)
+        release_stale_pyenv_lock()
         for proc in self._sshd.values():
             try:
                 proc.wait(timeout=5)  # reap, so no zombies are left behind
