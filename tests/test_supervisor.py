@@ -162,6 +162,9 @@ class Scripted:
                 self.hanging.set()
                 self.closed.wait(timeout)
                 raise HostError(self.name, f"no answer within {timeout:g}s")
+            if timeout is not None and self.delay > timeout:
+                time.sleep(timeout)
+                raise HostError(self.name, f"no answer within {timeout:g}s")
             time.sleep(self.delay)
             return CommandResult(0, f"exit {self.code}\n".encode() if self.ended.is_set() else b"running\n", b"")
         if command == plan.teardown_command(self.node, self.grace):
