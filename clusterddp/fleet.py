@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, TypeVar
 
 from .errors import HostError
+from .errors import HostErrorKind as Kind
 from .inventory import DEFAULT_FANOUT, Host
 from .transport import CommandResult, Transport
 from .transport import connect as default_connect
@@ -174,20 +175,42 @@ class Fleet:
             return dict(self._errors)
 
     def run(self, command: str | Callable[[Host], str], *, timeout: float | None = None,
-            on_output: Callable[[str, bytes], None] | None = None) -> list[HostResult]:
+            on_output: Callable[[str, bytes], None] | None = None, limit: float | None = None) -> list[HostResult]:
         """Run ``command`` (shell text, or a function rendering it per host) on every host.
 
         With ``on_output`` the output (stdout and stderr merged) is passed on as it arrives and
         the results hold no output; otherwise it is captured. Results come in host order.
+        ``timeout`` bounds each wait for data; ``limit`` the whole command on each host: a host
+        still running it then fails as timed out, and its connection is closed (also what ends
+        the wait on a host whose link died; the others keep their results).
         """
         def one(host: Host, t: Transport) -> HostResult:
             text = command(host) if callable(command) else command
             started = self._clock()
-            if on_output is None:
-                res = t.run(text, timeout=timeout)
-            else:
-                code = t.stream(text, lambda b: on_output(host.name, b), timeout=timeout)
-                res = CommandResult(code, b"", b"")
+            expired = threading.Event()
+            timer = None
+            if limit is not None:
+                timer = threading.Timer(limit, lambda: (expired.set(), self.close_host(host)))
+                timer.daemon = True
+                timer.start()
+            def timed_out() -> HostError:
+                return HostError(host.name, f"timed out after {limit:g}s (its connection was closed)",
+                                 kind=Kind.TIMEOUT)
+            try:
+                if on_output is None:
+                    res = t.run(text, timeout=timeout)
+                else:
+                    code = t.stream(text, lambda b: on_output(host.name, b), timeout=timeout)
+                    res = CommandResult(code, b"", b"")
+            except Exception:
+                if expired.is_set():
+                    raise timed_out() from None
+                raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if expired.is_set() and res.exit_code == -1:  # paramiko's "no exit status": the channel was closed
+                raise timed_out()
             return HostResult(host.name, res, None, started, self._clock())
         return list(self.each(one).or_else(lambda h, e: HostResult(h, None, as_host_error(h, e))).values())
 

@@ -8,6 +8,7 @@ state reads the same whoever asks. :func:`each` applies one of them to several n
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
@@ -41,23 +42,38 @@ class Status:
     why: str | None = None    # why the state, when no exit code says it
 
 
-def parse_status(text: str) -> tuple[str, int | None]:
-    """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``, exit code).
+STATUS_MAX_CHARS = 64  # the longest honest reply is "exit 255"; anything longer is not one
 
+
+def parse_status(text: str) -> tuple[str, int | None]:
+    """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``|``garbled``,
+    exit code).
+
+    The node is not trusted: the exit code must be 1 to 3 ASCII digits, 0..255 (what bash's ``$?``
+    can be; a signal shows as 128+N, never negative), else it is unreadable (``exited``, None); a
+    reply that is none of the words, or too long, is ``garbled``. Never raises.
     :func:`clusterddp.record.from_report` says which :class:`NodeState` that is.
     """
-    word, _, rest = text.strip().partition(" ")
-    if word == "exit":
-        try:
+    if len(text) > STATUS_MAX_CHARS:
+        return "garbled", None
+    line = text.strip(" \t\r\n")
+    if line in ("running", "lost", "missing"):
+        return line, None
+    word, sep, rest = line.partition(" ")
+    if word == "exit" and sep:
+        if re.fullmatch(r"[0-9]{1,3}", rest, re.ASCII) and int(rest) <= 255:
             return "exited", int(rest)
-        except ValueError:
-            return "exited", None
-    return (word if word in ("running", "lost", "missing") else "lost"), None
+        return "exited", None
+    return "garbled", None
 
 
 def status(t: Transport, node: P.NodeLaunch, timeout: float) -> Status:
     """Ask the node how its job stands. Raises HostError when it does not answer within ``timeout``."""
-    kind, code = parse_status(t.run(P.status_command(node), timeout=timeout).text)
+    text = t.run(P.status_command(node), timeout=timeout).text
+    kind, code = parse_status(text)
+    if kind == "garbled":
+        shown = text[:STATUS_MAX_CHARS].encode("ascii", "backslashreplace").decode("ascii")
+        return Status(NodeState.LOST, None, f"unreadable status reply from the node: {shown!r}")
     state, why = from_report(kind, code)
     return Status(state, code, why)
 

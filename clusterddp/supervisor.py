@@ -6,9 +6,11 @@ Each node moves through :class:`~clusterddp.record.NodeState`::
                                    \\-> STOPPED (teardown after another node failed, or Ctrl-C)
 
 The main loop handles node events one at a time: a node's log stream ended (one thread per
-node follows its log), or a heartbeat answered or missed (a heartbeat thread asks every running
-node, so a host that hangs delays no other node's event). The first node to end badly makes
-every other node's job be ended (SIGTERM, then SIGKILL).
+node follows its log), or a heartbeat answered or missed (one heartbeat thread per node, so a
+host that hangs delays no other node's event). A node that has not answered a heartbeat for
+``lost_after_s`` is LOST. The first node to end badly makes every other node's job be ended
+(SIGTERM, then SIGKILL); a LOST node is not waited for: its connection is closed, and its job
+runs on there, detached, until a later `stop` (or `status`) reaches it.
 The jobs run detached on the nodes, so this process dying does not end them: a later
 command reconnects through the run record.
 """
@@ -34,6 +36,16 @@ R = TypeVar("R")
 
 ACTIVE = (NodeState.STARTING, NodeState.RUNNING)
 
+# A dead link is noticed within LOST_AFTER_S (+ the main loop's 1 s tick) of the node's last
+# answer, whatever the phase of the heartbeats when it died: the rule is "no answer for that long",
+# not "N misses in a row", so a beat hanging on a dead link does not add its own timeout on top.
+# A slow but alive node (a status takes a second or two on a loaded node) answers every
+# HEARTBEAT_S + its command time, far inside LOST_AFTER_S. SSH keepalives do not help here:
+# paramiko sends them without asking for a reply, so a dead link never fails them; they only keep
+# NAT and firewall state alive.
+HEARTBEAT_S = 2.0
+LOST_AFTER_S = 10.0
+
 
 @dataclass
 class Node:
@@ -41,7 +53,8 @@ class Node:
     state: NodeState = NodeState.PENDING
     exit_code: int | None = None
     error: str | None = None
-    misses: int = 0
+    answered_at: float = 0.0          # the supervisor's clock when it last heard from the node
+    last_miss: str | None = None      # why the latest heartbeat got no answer
 
     @property
     def name(self) -> str:
@@ -95,8 +108,8 @@ class Supervisor:
     connect: Callable[[Host], Transport] = default_connect
     fleet: Fleet | None = None
     source_tar: bytes | None = None
-    heartbeat_s: float = 10.0
-    max_misses: int = 2
+    heartbeat_s: float = HEARTBEAT_S
+    lost_after_s: float = LOST_AFTER_S
     grace_s: float = P.DEFAULT_GRACE
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], object] | None = None
@@ -164,10 +177,14 @@ class Supervisor:
         KeyboardInterrupt (Ctrl-C, or SIGTERM mapped to it by the CLI) ends every node's job and
         re-raises after the outcome is recorded in ``self.outcome``.
         """
+        now = self.clock()
         for node in self.nodes:
-            self._spawn(self._stream, node, self._fleet.transport(node.launch.host), name=f"stream-{node.name}")
-        # Not joined: a heartbeat may hang on a dead host for its connect_timeout after the run is over.
-        threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
+            node.answered_at = now
+            t = self._fleet.transport(node.launch.host)
+            self._spawn(self._stream, node, t, name=f"stream-{node.name}")
+            # Not joined: a heartbeat may hang on a dead host until its connection is closed.
+            threading.Thread(target=self._heartbeats, args=(node, t), name=f"heartbeat-{node.name}",
+                             daemon=True).start()
         try:
             try:
                 first_failed = self._watch()
@@ -189,25 +206,34 @@ class Supervisor:
         """Handle node events until every node has ended, or one ended badly: then return its name."""
         while any(n.state in ACTIVE for n in self.nodes):
             try:
-                event = self._events.get(timeout=1.0)  # wakes up now and then, so Ctrl-C is seen
+                event = self._events.get(timeout=1.0)  # wakes up now and then: Ctrl-C and silent nodes are seen
             except queue.Empty:
-                continue
-            node = self._node(event.host)
-            if node.state not in ACTIVE:
-                continue
-            if isinstance(event, _Beat):
-                if event.error is None:
-                    node.misses = 0
-                    continue
-                node.misses += 1
-                if node.misses < self.max_misses:
-                    continue
-                node.error = f"stopped answering: {event.error}"
+                event = None
+            node = None if event is None else self._node(event.host)
+            if node is not None and node.state in ACTIVE:
+                if isinstance(event, _Beat):
+                    if event.error is None:
+                        node.answered_at = self.clock()
+                    else:
+                        node.last_miss = event.error
+                else:
+                    node.exit_code, node.error = event.exit_code, event.error
+                    self._set(node, NodeState.of_exit_code(event.exit_code))
+                    if node.state is not NodeState.SUCCEEDED:
+                        return node.name
+            silent = self._silent()
+            if silent is not None:
+                return silent
+        return None
+
+    def _silent(self) -> str | None:
+        """Mark LOST the first running node that has not answered for ``lost_after_s``; its name, or None."""
+        now = self.clock()
+        for node in self.nodes:
+            if node.state is NodeState.RUNNING and now - node.answered_at >= self.lost_after_s:
+                node.error = (f"stopped answering: no answer to heartbeats for {now - node.answered_at:.0f}s"
+                              + (f" ({node.last_miss})" if node.last_miss else ""))
                 self._set(node, NodeState.LOST)
-            else:
-                node.exit_code, node.error = event.exit_code, event.error
-                self._set(node, NodeState.of_exit_code(event.exit_code))
-            if node.state is not NodeState.SUCCEEDED:
                 return node.name
         return None
 
@@ -229,27 +255,29 @@ class Supervisor:
         except Exception as e:  # noqa: BLE001 - e.g. the log disk is full: the run must not wait forever
             self._events.put(_Ended(node.name, None, f"following the log failed here: {e}"))
 
-    def _heartbeats(self) -> None:
-        """The heartbeat thread: a round of :meth:`_beat` every ``heartbeat_s`` until the run is over."""
+    def _heartbeats(self, node: Node, t: Transport) -> None:
+        """A node's heartbeat thread: every ``heartbeat_s`` ask its status (waiting at most
+        ``lost_after_s``, by then it is lost anyway) and post the answer or the miss."""
         while True:
             self._sleep(self.heartbeat_s)
-            if self._done.is_set():
+            if self._done.is_set() or node.state is not NodeState.RUNNING:
                 return
-            self._beat()
-
-    def _beat(self) -> None:
-        """Ask each running node (within its connect_timeout) whether it still answers; post every
-        answer or miss as an event. The main loop marks a node LOST after ``max_misses`` misses in a row."""
-        running = [n for n in self.nodes if n.state is NodeState.RUNNING]
-        res = self._each(running, lambda node, t: nodeops.status(t, node.launch, node.launch.host.connect_timeout))
-        for name in res.succeeded:
-            self._events.put(_Beat(name, None))
-        for name, e in res.failed.items():
-            self._events.put(_Beat(name, str(e)))
+            try:
+                nodeops.status(t, node.launch, self.lost_after_s)
+            except Exception as e:  # noqa: BLE001 - any failure to answer is a miss
+                self._events.put(_Beat(node.name, str(e) or type(e).__name__))
+            else:
+                self._events.put(_Beat(node.name, None))
 
     # ---- stop ----
     def teardown(self) -> None:
-        """End the job on every node that may still run something of it; record final exit codes."""
+        """End the job on every node that may still run something of it; record final exit codes.
+
+        A LOST node is not waited for: its connection is closed first (ending its log stream and
+        heartbeat), and its job is left to a later `stop`."""
+        for node in self.nodes:
+            if node.state is NodeState.LOST:
+                self._fleet.close_host(node.launch.host)
         connected = {h.name for h in self._fleet.connected([n.launch.host for n in self.nodes])}
 
         def end(node: Node, t: Transport) -> None:
@@ -257,15 +285,13 @@ class Supervisor:
             if node.state in ACTIVE:
                 node.exit_code = done.status.exit_code
                 self._set(node, NodeState.STOPPED)
-        res = self._each([n for n in self.nodes if n.name in connected], end)
+        res = self._each([n for n in self.nodes if n.name in connected and n.state is not NodeState.LOST], end)
         for name, e in res.failed.items():
             node = self._node(name)
             if node.state in ACTIVE:
                 node.error = f"teardown failed: {e}"
                 self._set(node, NodeState.LOST)
-        for node in self.nodes:
-            if node.state is NodeState.LOST:
-                self._fleet.close_host(node.launch.host)  # a dead host's log stream would otherwise wait for TCP to give up
+                self._fleet.close_host(node.launch.host)  # a dead host's log stream would otherwise wait for TCP
         self._join()
 
     def _join(self, timeout: float = 10.0) -> None:

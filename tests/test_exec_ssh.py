@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import subprocess
+import time
+
 import pytest
 import yaml
 
-from helpers import cddp
+from helpers import cddp, cddp_popen, wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -68,3 +71,37 @@ def test_fanout_bound_is_honoured(make_bed, tmp_path):
     one.write_text(yaml.safe_dump(doc))
     assert peak(inventory=one) == 1  # the inventory's fanout: one host after another
     assert peak("--fanout", "3", inventory=one) >= 2  # the flag wins over the inventory
+
+
+def test_timeout_reports_the_slow_host_and_keeps_the_others(bed, tmp_path):
+    inv = bed.write_inventory(tmp_path / "inv.yaml")
+    t0 = time.monotonic()
+    r = cddp("exec", str(inv), "--timeout", "2", "--", "echo hi; case $(hostname) in node2) sleep 30;; esac",
+             check_rc=1, timeout=60)
+    took = time.monotonic() - t0
+    assert took < 8, f"exec took {took:.1f}s with --timeout 2 and a 30 s sleep"
+    assert set(r.stdout.splitlines()) == {"[node1] hi", "[node2] hi"}
+    assert r.stderr == "exec: 1 of 2 host(s) failed:\n  node2: timed out after 2s (its connection was closed)\n"
+    r = cddp("exec", str(inv), "--timeout", "0", "--", "true")
+    assert r.returncode == 2 and "--timeout" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_link_dying_mid_command_is_reported_within_the_timeout(make_bed, tmp_path):
+    b = make_bed(2)
+    node2 = b.nodes[1]
+    inv = b.write_inventory(tmp_path / "inv.yaml", defaults_extra={"connect_timeout": 3})
+    p = cddp_popen("exec", str(inv), "--timeout", "5", "--", "echo started; sleep 3; echo done")
+    try:
+        lines = wait_for_line(p, "[node2] started")
+        subprocess.run(["ip", "link", "set", node2.veth, "down"], check=True)
+        cut = time.monotonic()
+        rest, _ = p.communicate(timeout=60)  # stderr is merged into stdout
+        out = "".join(lines) + rest
+        took = time.monotonic() - cut
+        print(f"exec: node2's link cut mid-command, reported after {took:.1f}s")
+        assert took < 8, f"exec ended {took:.1f}s after node2's link was cut (--timeout 5)"
+        assert p.returncode == 1 and "[node1] done" in out, out
+        assert "exec: 1 of 2 host(s) failed:\n  node2: timed out after 5s" in out, out
+    finally:
+        p.kill()
+        subprocess.run(["ip", "link", "set", node2.veth, "up"], check=True)

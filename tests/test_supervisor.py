@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import inventory, plan
+from clusterddp import inventory, nodeops, plan
 from clusterddp.errors import HostError
 from clusterddp.store import new_run_id
 from clusterddp.nodeops import parse_status
@@ -152,6 +152,7 @@ class Scripted:
     def __init__(self, node: plan.NodeLaunch, grace: float) -> None:
         self.node, self.name, self.grace = node, node.host.name, grace
         self.code = 0
+        self.delay = 0.0  # how long every status takes (a slow but alive node)
         self.ended, self.hang, self.hanging, self.closed = (threading.Event() for _ in range(4))
         self.torn_down_at: float | None = None
 
@@ -161,6 +162,10 @@ class Scripted:
                 self.hanging.set()
                 self.closed.wait(timeout)
                 raise HostError(self.name, f"no answer within {timeout:g}s")
+            if timeout is not None and self.delay > timeout:
+                time.sleep(timeout)
+                raise HostError(self.name, f"no answer within {timeout:g}s")
+            time.sleep(self.delay)
             return CommandResult(0, f"exit {self.code}\n".encode() if self.ended.is_set() else b"running\n", b"")
         if command == plan.teardown_command(self.node, self.grace):
             self.torn_down_at = time.monotonic()
@@ -223,9 +228,70 @@ def test_start_failure_names_the_host_and_starts_nothing(tmp_path):
     assert job_pids(p) == []
 
 
+def test_a_silent_node_is_lost_after_lost_after_s_its_teardown_is_skipped_and_the_others_stopped(tmp_path):
+    lost_after = 1.5
+    p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
+    fakes = {n.host.name: Scripted(n, grace=1.0) for n in p.nodes}
+    a, b = fakes["a"], fakes["b"]
+    states: dict[str, float] = {}
+    sup = Supervisor(p, on_output=lambda h, d: None, connect=lambda h: fakes[h.name], heartbeat_s=0.05,
+                     lost_after_s=lost_after, grace_s=1.0,
+                     on_state=lambda h, st, n: states.setdefault(f"{h}:{st}", time.monotonic()))
+    sup.start()
+    b.hang.set()  # b's link dies: its heartbeats hang until its connection is closed
+    cut = time.monotonic()
+    try:
+        out = sup.follow()
+    finally:
+        for f in fakes.values():
+            f.close()
+    took = states["b:lost"] - cut
+    assert lost_after - 0.2 <= took < lost_after + 3.0, took
+    assert (out.status, out.first_failed) == ("failed", "b")
+    assert "stopped answering" in sup.nodes[1].error
+    assert b.torn_down_at is None, "the teardown waited on the lost node"
+    assert b.closed.is_set(), "the lost node's connection stays open"
+    assert a.torn_down_at is not None and a.torn_down_at - states["b:lost"] < 3.0
+    assert [(n.state, n.exit_code) for n in sup.nodes] == [(NodeState.STOPPED, 143), (NodeState.LOST, None)]
+
+
+def test_a_slow_but_alive_node_is_not_lost(tmp_path):
+    # every status takes a third of lost_after_s: slow, but it answers; the run ends as the jobs do
+    lost_after = 1.5
+    p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
+    fakes = {n.host.name: Scripted(n, grace=1.0) for n in p.nodes}
+    fakes["b"].delay = lost_after / 3
+    sup = Supervisor(p, on_output=lambda h, d: None, connect=lambda h: fakes[h.name], heartbeat_s=0.05,
+                     lost_after_s=lost_after, grace_s=1.0)
+    sup.start()
+    threading.Timer(3 * lost_after, lambda: [f.ended.set() for f in fakes.values()]).start()
+    try:
+        out = sup.follow()
+    finally:
+        for f in fakes.values():
+            f.close()
+    assert out.status == "succeeded", [(n.state, n.error) for n in sup.nodes]
+
+
 @pytest.mark.parametrize("text, parsed", [
     ("running\n", ("running", None)), ("exit 0\n", ("exited", 0)), ("exit 143", ("exited", 143)),
-    ("lost", ("lost", None)), ("missing", ("missing", None)), ("garbage", ("lost", None)),
+    ("exit 255\r\n", ("exited", 255)), ("lost", ("lost", None)), ("missing", ("missing", None)),
+    ("garbage", ("garbled", None)), ("", ("garbled", None)), ("exit", ("garbled", None)),
+    ("exit 256", ("exited", None)), ("exit -1", ("exited", None)), ("exit +3", ("exited", None)),
+    ("exit \u0663", ("exited", None)), ("exit 1_0", ("exited", None)), ("exit 0003", ("exited", None)),
+    ("exit " + "9" * 5000, ("garbled", None)), ("exit 3\nexit 4", ("exited", None)),
+    ("running" + " " * 100, ("garbled", None)), ("\x1b]0;pwned\x07running", ("garbled", None)),
 ])
 def test_parse_status(text, parsed):
     assert parse_status(text) == parsed
+
+
+def test_an_unreadable_status_reply_is_a_lost_node_with_the_reply_escaped(tmp_path):
+    p = make_plan(tmp_path, {"a": "ok"})
+
+    class Replies:
+        def run(self, command, **kw):
+            return CommandResult(0, b"\x1b[31mwhat\xff", b"")
+    st = nodeops.status(Replies(), p.nodes[0], 1.0)
+    assert st.state is NodeState.LOST and st.exit_code is None
+    assert "unreadable status reply" in st.why and "\x1b" not in st.why and "\\x1b" in st.why

@@ -17,6 +17,10 @@ def exec_(
     hosts: Optional[str] = HOSTS,
     fanout: Optional[int] = FANOUT,
     raw: bool = RAW,
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", metavar="SECONDS", show_default=False,
+        help="Per-host time limit: a host still running the command then is reported as timed out and its "
+             "connection closed; the others keep their results. Default: none (exec also runs long installs)."),
 ) -> None:
     """Run COMMAND on every host in parallel; each output line is prefixed by its host.
 
@@ -31,6 +35,9 @@ def exec_(
 
     if not command:
         raise UsageError("no command given", "put it after `--`, e.g. clusterddp exec inv.yaml -- nvidia-smi")
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {timeout:g}",
+                         "e.g. --timeout 30, or leave it out for no limit")
     inv = load_inventory(inventory, hosts, fanout)
     from ..fleet import Fleet
     from .common import PrefixPrinter
@@ -38,7 +45,7 @@ def exec_(
     printer = PrefixPrinter([h.name for h in inv.hosts], raw=raw)
     try:
         with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
-            results = fleet.run(lambda h: plan.exec_command(h, command), on_output=printer)
+            results = fleet.run(lambda h: plan.exec_command(h, command), on_output=printer, limit=timeout)
     finally:
         printer.flush()
     failed = [r for r in results if not r.ok]
