@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, TypeVar
+from typing import TypeVar
 
 from .errors import HostError
 from .errors import HostErrorKind as Kind
@@ -74,7 +75,7 @@ def fan_out(items: Iterable[T], fn: Callable[[T], R], limit: int = DEFAULT_FANOU
         return GroupResult()
     pool = ThreadPoolExecutor(max_workers=max(1, min(limit, len(items))))
     try:
-        return GroupResult(zip(keys, pool.map(safe, items)))
+        return GroupResult(zip(keys, pool.map(safe, items), strict=True))
     finally:
         # On Ctrl-C, do not wait here for every host's command: the caller closes the connections,
         # which ends them.
@@ -190,7 +191,10 @@ class Fleet:
             expired = threading.Event()
             timer = None
             if limit is not None:
-                timer = threading.Timer(limit, lambda: (expired.set(), self.close_host(host)))
+                def expire(host: Host = host) -> None:
+                    expired.set()
+                    self.close_host(host)
+                timer = threading.Timer(limit, expire)
                 timer.daemon = True
                 timer.start()
             def timed_out() -> HostError:
@@ -228,7 +232,7 @@ class Fleet:
         for t in transports:
             _close(t)
 
-    def __enter__(self) -> "Fleet":
+    def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *exc: object) -> None:

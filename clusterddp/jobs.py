@@ -11,18 +11,19 @@ import re
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from . import inventory as inv_mod
 from . import plan as P
 from .artifacts import CollectResult, collect_nodes
 from .errors import HostError, RunFailed, UsageError
+from .fleet import Fleet
 from .record import NodeRecord, NodeState, RunRecord, RunStatus
 from .store import RunStore, new_run_id, utcnow
-from .fleet import Fleet
 from .supervisor import RunOutcome, Supervisor
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -163,10 +164,11 @@ class SourceFolder:
         return f"{self.files} files, {human_size(self.size)} ({self.size} bytes) from {self.root}"
 
 
-def human_size(n: int) -> str:
+def human_size(size: int) -> str:
+    n = float(size)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            return f"{size} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError
 

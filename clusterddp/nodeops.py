@@ -9,8 +9,9 @@ state reads the same whoever asks. :func:`each` applies one of them to several n
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 from . import plan as P
 from .fleet import Fleet, GroupResult

@@ -95,7 +95,7 @@ _NO_CODE = {"lost": "no process and no exit code", "missing": "no run folder on 
 
 
 def from_report(kind: str, exit_code: int | None) -> tuple[NodeState, str | None]:
-    """The state a node's status report means (``plan.status_command``'s line, as ``supervisor.parse_status``
+    """The state a node's status report means (``plan.status_command``'s line, as ``nodeops.parse_status``
     reads it: ``running``, ``exited`` + code, ``lost``, ``missing``), and why when no exit code says it."""
     if kind == "running":
         return NodeState.RUNNING, None

@@ -54,11 +54,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import ClusterDDPError, UsageError
 from .plan import RunSpec, q
@@ -111,7 +112,7 @@ def check_cron(expr: str, now: datetime | None = None) -> str:
         if len(fields) != 5:
             raise UsageError(f"--cron {expr!r}: expected 5 fields (minute hour day month weekday), "
                              f"got {len(fields)}", example)
-        for f, rx, what in zip(fields, _FIELD_RES, _FIELD_NAMES):
+        for f, rx, what in zip(fields, _FIELD_RES, _FIELD_NAMES, strict=True):  # 5 fields: checked above
             if not rx.match(f):
                 raise UsageError(f"--cron {expr!r}: {what} field {f!r} is not valid for cron", example)
     if not croniter.is_valid(norm):

@@ -20,8 +20,10 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from pathlib import Path
+from typing import TypeVar
 
 from . import nodeops
 from . import plan as P
@@ -107,7 +109,7 @@ class Supervisor:
     on_state: Callable[[str, NodeState, Node], None] = lambda host, state, node: None
     connect: Callable[[Host], Transport] = default_connect
     fleet: Fleet | None = None
-    source_tar: bytes | None = None
+    source_tar: Path | None = None  # the script folder's tarball (jobs.pack), streamed to each node
     heartbeat_s: float = HEARTBEAT_S
     lost_after_s: float = LOST_AFTER_S
     grace_s: float = P.DEFAULT_GRACE
@@ -210,7 +212,7 @@ class Supervisor:
             except queue.Empty:
                 event = None
             node = None if event is None else self._node(event.host)
-            if node is not None and node.state in ACTIVE:
+            if event is not None and node is not None and node.state in ACTIVE:
                 if isinstance(event, _Beat):
                     if event.error is None:
                         node.answered_at = self.clock()

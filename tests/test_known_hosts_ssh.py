@@ -27,7 +27,8 @@ def test_odd_known_hosts_lines_are_skipped_with_a_warning_and_listed_hosts_conne
     known.write_text(
         "# a comment\n"
         f"{n1.address} ssh-ed25519 not*base64!\n"                           # 2: damaged key
-        "@cert-authority *.example.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE3rxjVw4HBuU3eiYxGRZfvqsGOYY8dp0Tm1eJvNFvUa\n"
+        "@cert-authority *.example.com ssh-ed25519 "
+        "AAAAC3NzaC1lZDI1NTE5AAAAIE3rxjVw4HBuU3eiYxGRZfvqsGOYY8dp0Tm1eJvNFvUa\n"
         "just-a-name\n"                                                      # 4: too few fields
         f"{n1.address} sk-ssh-ed25519@openssh.com AAAA\n"                   # 5: a type paramiko lacks
         "@nonsense host ssh-ed25519 AAAA\n"                                  # 6: an unknown marker

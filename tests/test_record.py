@@ -166,7 +166,8 @@ def test_one_exit_code_mapping():
     ("exit x", NodeState.LOST, None, "the exit code file is unreadable"),
     ("lost", NodeState.LOST, None, "no process and no exit code"),
     ("missing", NodeState.LOST, None, "no run folder on the node"),
-    ("garbage", NodeState.LOST, None, "no process and no exit code"),
+    # a reply that is none of the words: nodeops.status shows it escaped; from_report names it
+    ("garbage", NodeState.LOST, None, "unexpected status report 'garbled'"),
 ])
 def test_a_status_report_maps_onto_the_one_vocabulary(report, state, code, why):
     kind, exit_code = parse_status(report)

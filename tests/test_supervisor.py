@@ -20,8 +20,8 @@ import pytest
 
 from clusterddp import inventory, nodeops, plan
 from clusterddp.errors import HostError
-from clusterddp.store import new_run_id
 from clusterddp.nodeops import parse_status
+from clusterddp.store import new_run_id
 from clusterddp.supervisor import NodeState, Supervisor
 from clusterddp.transport import CommandResult, connect
 

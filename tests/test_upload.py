@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import jobs, plan
+from clusterddp import jobs
 from clusterddp.errors import UsageError
 from helpers import cddp
 

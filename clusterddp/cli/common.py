@@ -7,7 +7,8 @@ import os
 import re
 import sys
 import threading
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import typer
 
@@ -142,7 +143,8 @@ def crash_report(e: BaseException, command: str) -> str:
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text)
     except OSError as why:
-        return f"{what}\n{text}(could not write a crash report to {path}: {why})\nplease report this bug with the text above"
+        return (f"{what}\n{text}(could not write a crash report to {path}: {why})\n"
+                "please report this bug with the text above")
     return f"{what}; details written to {path} (please attach it to a bug report)"
 
 

@@ -4,24 +4,41 @@ from __future__ import annotations
 
 import shlex
 import time
-from typing import Optional
 
 import typer
 
-from .common import (COLLECT, ENV, GPUS, HOSTS, INVENTORY, MASTER_PORT, MAX_RESTARTS, MAX_UPLOAD, RAW, RUN_NAME, RUNS_DIR,
-                     SCRIPT_ARGS, err, handle_errors, host_list, run_spec, sigterm_as_interrupt, tell_missing)
+from .common import (
+    COLLECT,
+    ENV,
+    GPUS,
+    HOSTS,
+    INVENTORY,
+    MASTER_PORT,
+    MAX_RESTARTS,
+    MAX_UPLOAD,
+    RAW,
+    RUN_NAME,
+    RUNS_DIR,
+    SCRIPT_ARGS,
+    err,
+    handle_errors,
+    host_list,
+    run_spec,
+    sigterm_as_interrupt,
+    tell_missing,
+)
 
 
 @handle_errors
 def up(
     inventory: str = INVENTORY,
     script: str = typer.Argument(..., help="Training script; its folder is copied to every node."),
-    script_args: Optional[list[str]] = SCRIPT_ARGS,
+    script_args: list[str] | None = SCRIPT_ARGS,
     runs_dir: str = RUNS_DIR,
-    name: Optional[str] = RUN_NAME,
-    hosts: Optional[str] = HOSTS,
-    gpus: Optional[int] = GPUS,
-    master_port: Optional[int] = MASTER_PORT,
+    name: str | None = RUN_NAME,
+    hosts: str | None = HOSTS,
+    gpus: int | None = GPUS,
+    master_port: int | None = MASTER_PORT,
     env: list[str] = ENV,
     collect: list[str] = COLLECT,
     max_restarts: int = MAX_RESTARTS,
@@ -31,7 +48,7 @@ def up(
     skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
                                     "versions agree, master port free)."),
     raw: bool = RAW,
-    schedule: Optional[str] = typer.Option(None, "--schedule", hidden=True,
+    schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
     """Start a DDP job on every host of INVENTORY (or `local`) and follow it to the end."""
@@ -58,7 +75,7 @@ def up(
 
 
 def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: bool, raw: bool,
-        schedule: Optional[str]) -> None:
+        schedule: str | None) -> None:
     from .. import jobs
     fleet = None if skip_check else jobs.preflight(prep.plan)
     try:

@@ -31,7 +31,7 @@ class Transport(Protocol):
     name: str
 
     def run(self, command: str, *, timeout: float | None = None,
-            stdin: "bytes | os.PathLike | None" = None) -> CommandResult:
+            stdin: bytes | os.PathLike | None = None) -> CommandResult:
         """Run ``command`` to completion, feeding ``stdin`` if given: bytes, or a file's path (the
         upload's tarball, which the SSH transport sends in chunks; only it is given a path)."""
         ...

@@ -20,14 +20,14 @@ but is never forwarded; ``connect_timeout`` bounds every stage of every handshak
 
 from __future__ import annotations
 
+import builtins
 import ctypes
-import io
 import logging
 import os
 import select
 import socket
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import paramiko
 from fabric.config import Config
@@ -60,7 +60,7 @@ _NO_REKEY = 1 << 62
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
-def _libc() -> object:
+def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None)
 
 
@@ -135,7 +135,7 @@ class _KnownHosts:
         self.entries: list[paramiko.hostkeys.HostKeyEntry] = []
         self.revoked: list[tuple[list[str], paramiko.PKey, int]] = []  # (patterns, key, line number)
         try:
-            with io.open(path, encoding="utf-8", errors="replace") as f:
+            with builtins.open(path, encoding="utf-8", errors="replace") as f:
                 lines = list(f)
         except FileNotFoundError:
             return
@@ -159,7 +159,8 @@ class _KnownHosts:
                 continue
             if entry is None:  # too few fields, or a key type paramiko does not know
                 fields = line.split()
-                why = "not a valid known_hosts line" if len(fields) < 3 else f"key type {fields[1][:40]!r} not supported"
+                why = ("not a valid known_hosts line" if len(fields) < 3
+                       else f"key type {fields[1][:40]!r} not supported")
                 self._skip(lineno, why)
                 continue
             if marker == "@revoked":
@@ -256,7 +257,7 @@ class _AcceptNew(_Strict):
         client.get_host_keys().add(hostname, key.get_name(), key)
         with _known_hosts_lock:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            with io.open(self.path, "a", encoding="utf-8") as f:  # open() is this module's entry point
+            with builtins.open(self.path, "a", encoding="utf-8") as f:  # open() is this module's entry point
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
@@ -299,7 +300,7 @@ def _fabric_config(host: Host) -> Config:
         return Config(ssh_config=base, lazy=True)
     layered = paramiko.SSHConfig()
     # SSHConfig has no public way to add a rule to parsed ones; Fabric itself copies `_config`.
-    layered._config = [{"host": [host.address], "config": given}, *base._config]
+    layered._config = [{"host": [host.address], "config": given}, *base._config]  # type: ignore[attr-defined]  # private, as in Fabric
     return Config(ssh_config=layered, lazy=True)
 
 
@@ -308,9 +309,9 @@ class _Hop(Connection):
 
     # Declared on the class: invoke's DataProxy (a Connection's base) stores an attribute it does
     # not know as a config value instead.
-    _owner: "SSHTransport | None" = None
+    _owner: SSHTransport = None  # type: ignore[assignment]  # a class attribute (see above); set in __init__
 
-    def __init__(self, host: str, owner: "SSHTransport", *, config: Config, **kwargs) -> None:
+    def __init__(self, host: str, owner: SSHTransport, *, config: Config, **kwargs) -> None:
         self._owner = owner  # before Fabric's __init__, which builds the gateways (get_gateway)
         h = owner.host
         connect_kwargs = {"allow_agent": True, "transport_factory": _transport_factory,
@@ -329,7 +330,7 @@ class _Hop(Connection):
     def where(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
 
-    def get_gateway(self) -> "_Hop | str | None":
+    def get_gateway(self) -> _Hop | str | None:
         jumps = [j.strip() for j in (self.ssh_config.get("proxyjump") or "").split(",") if j.strip()]
         if not jumps or jumps[0].lower() == "none":
             return self.ssh_config.get("proxycommand")  # a string, started by Fabric at open; or None
@@ -375,13 +376,13 @@ class SSHTransport:
         self._conn: _Hop | None = None
         self._transport: paramiko.Transport | None = None
 
-    def open(self) -> "SSHTransport":
+    def open(self) -> SSHTransport:
         try:
             self._open()
         except BaseException:
             self.close()
             raise
-        if self.host.keepalive > 0:
+        if self.host.keepalive > 0 and self._transport is not None:
             self._transport.set_keepalive(max(1, int(self.host.keepalive)))
         return self
 
@@ -453,6 +454,8 @@ class SSHTransport:
     # and packet sizes above, and none ever asks for agent forwarding.
     def _channel(self, command: str, timeout: float | None) -> paramiko.Channel:
         try:
+            if self._transport is None:
+                raise paramiko.SSHException("not connected")
             chan = self._transport.open_session(window_size=_WINDOW, max_packet_size=_MAX_PACKET,
                                                 timeout=timeout or self.host.connect_timeout)
             chan.settimeout(timeout)
@@ -482,27 +485,27 @@ class SSHTransport:
             elif ended:
                 return chan.recv_exit_status()
             elif not poller.poll(wait_ms):
-                raise socket.timeout()
+                raise TimeoutError()
 
     @staticmethod
-    def _send(chan: paramiko.Channel, stdin: "bytes | os.PathLike | None") -> None:
+    def _send(chan: paramiko.Channel, stdin: bytes | os.PathLike | None) -> None:
         """Write ``stdin``: bytes as they are, a path's file read in chunks (an upload is never held whole)."""
         if isinstance(stdin, os.PathLike):
-            with io.open(stdin, "rb") as f:
+            with builtins.open(stdin, "rb") as f:
                 while chunk := f.read(_CHUNK):
                     chan.sendall(chunk)
         elif stdin:
             chan.sendall(stdin)
 
     def run(self, command: str, *, timeout: float | None = None,
-            stdin: "bytes | os.PathLike | None" = None) -> CommandResult:
+            stdin: bytes | os.PathLike | None = None) -> CommandResult:
         chan = self._channel(command, timeout)
         out, err = bytearray(), bytearray()
         try:
             self._send(chan, stdin)
             chan.shutdown_write()
             code = self._pump(chan, out.extend, err.extend, timeout)
-        except socket.timeout:
+        except TimeoutError:
             raise HostError(self.name, f"command timed out after {timeout:g}s", kind=Kind.TIMEOUT) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise self._lost(e) from None
@@ -525,10 +528,10 @@ class SSHTransport:
                 chan.sendall(stdin)
             chan.shutdown_write()
             return self._pump(chan, deliver, stderr_to.extend if stderr_to is not None else deliver, timeout)
-        except socket.timeout:
+        except TimeoutError:
             raise HostError(self.name, f"no data for {timeout:g}s", kind=Kind.TIMEOUT) from None
         except _LocalError as e:
-            raise e.__cause__ from None
+            raise e.cause from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise self._lost(e) from None
         finally:
@@ -542,7 +545,14 @@ class SSHTransport:
 
 
 class _LocalError(Exception):
-    """Carries an exception raised by a stream's consumer past the connection-error handlers."""
+    """Carries an exception raised by a stream's consumer past the connection-error handlers.
+
+    Private control flow inside this module, never seen outside it (so not in errors.py).
+    """
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(cause)
+        self.cause = cause
 
 
 def open(host: Host) -> SSHTransport:  # noqa: A001 - the backend entry point
