@@ -243,8 +243,8 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
         "trap 'echo \"[clusterddp] stop signal received\" >&2' TERM INT HUP",
         f"CTL={qpath(ctl)}",
         "# exit_code is written 0600 whatever umask the job runs with (the node's own, or a setup line's).",
-        'cddp_exit() { (umask 077 && echo "$1" > "$CTL/exit_code.tmp") && mv "$CTL/exit_code.tmp" "$CTL/exit_code"; '
-        'exit "$1"; }',
+        ('cddp_exit() { (umask 077 && echo "$1" > "$CTL/exit_code.tmp") && mv "$CTL/exit_code.tmp" "$CTL/exit_code"; '
+         'exit "$1"; }'),
         f"cd {qpath(node.run_dir)} || cddp_exit 97",
         f"export CLUSTERDDP_RUN_ID={q(run_id)} CLUSTERDDP_HOST={q(h.name)} "
         f"CLUSTERDDP_NODE_RANK={node.node_rank}",
