@@ -356,7 +356,7 @@ def run_checks(inventory: Inventory, *, full: bool = True, master_port: int | No
     (they stay open for the caller); otherwise opens and closes its own."""
     port = master_port or inventory.master.port
 
-    def command(h: Host) -> str:
+    def command(h: Host) -> P.NodeCommand:  # the env goes on stdin, off the command line
         return P.probe_command(h, inventory.master.addr, port if h.name == inventory.master.host else None,
                                full=full, env=(env or {}).get(h.name))
     own = fleet is None

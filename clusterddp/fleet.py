@@ -175,9 +175,10 @@ class Fleet:
         with self._lock:
             return dict(self._errors)
 
-    def run(self, command: str | Callable[[Host], str], *, timeout: float | None = None,
+    def run(self, command: str | Callable[[Host], str | tuple[str, bytes]], *, timeout: float | None = None,
             on_output: Callable[[str, bytes], None] | None = None, limit: float | None = None) -> list[HostResult]:
-        """Run ``command`` (shell text, or a function rendering it per host) on every host.
+        """Run ``command`` (shell text, or a function rendering it per host, alone or with the bytes
+        for its stdin: a ``plan.NodeCommand``) on every host.
 
         With ``on_output`` the output (stdout and stderr merged) is passed on as it arrives and
         the results hold no output; otherwise it is captured. Results come in host order.
@@ -186,7 +187,8 @@ class Fleet:
         the wait on a host whose link died; the others keep their results).
         """
         def one(host: Host, t: Transport) -> HostResult:
-            text = command(host) if callable(command) else command
+            rendered = command(host) if callable(command) else command
+            text, stdin = (rendered, None) if isinstance(rendered, str) else rendered
             started = self._clock()
             expired = threading.Event()
             timer = None
@@ -202,9 +204,9 @@ class Fleet:
                                  kind=Kind.TIMEOUT)
             try:
                 if on_output is None:
-                    res = t.run(text, timeout=timeout)
+                    res = t.run(text, timeout=timeout, stdin=stdin)
                 else:
-                    code = t.stream(text, lambda b: on_output(host.name, b), timeout=timeout)
+                    code = t.stream(text, lambda b: on_output(host.name, b), timeout=timeout, stdin=stdin)
                     res = CommandResult(code, b"", b"")
             except Exception:
                 if expired.is_set():

@@ -9,7 +9,11 @@ run executes and tests compare it to golden files.
 
 On each node a run lives in ``<workdir>/runs/<run_id>/`` (the script's folder is
 unpacked there) with a control folder ``.clusterddp/`` holding ``launch.sh``,
-``node.log`` (all output), ``pid`` and, once the job ends, ``exit_code``. The job
+``node.log`` (all output), ``pid`` and, once the job ends, ``exit_code``: the folder 0700 and
+its files 0600 whatever the node's umask (launch.sh holds the env values), while the job itself
+keeps the node's umask. Env values never appear on a command line, where every user of the
+node could read them in ``/proc/PID/cmdline``: launch.sh is uploaded over stdin, and the probe
+and ``exec`` read their exports from stdin (:class:`NodeCommand`). The job
 runs in its own session, detached from SSH, and every process of it carries the
 environment marker ``CLUSTERDDP_JOB=<run_id>/<host>``, which is how teardown finds
 exactly this node's processes (torchrun puts its workers in sessions of their own,
@@ -22,7 +26,7 @@ import json
 import posixpath
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from .inventory import Host, Inventory
 from .node import probe as node_probe
@@ -95,16 +99,46 @@ def qpath(path: str) -> str:
     return q(path)
 
 
+class NodeCommand(NamedTuple):
+    """A command and the bytes to feed its standard input (a transport's ``run(text, stdin=...)``)."""
+
+    text: str
+    stdin: bytes
+
+
+# The shell variable that holds the exports read from stdin, until they are evaluated.
+_ENV_VAR = "cddp_env"
+
+
 # ---- how every node command starts ----
 
+def _exports(env: Iterable[tuple[str, str]]) -> list[str]:
+    return [f"export {k}={q(v)}" for k, v in env]
+
+
 def _preamble(host: Host, env: Iterable[tuple[str, str]], *, stdout_to: str,
-              on_fail: Callable[[str], str]) -> list[str]:
+              on_fail: Callable[[str], str], env_on_stdin: bool = False) -> list[str]:
     """The lines a node command starts with: the host's setup lines, output redirected by
     ``stdout_to`` (may be empty), each followed by ``on_fail(line)`` if it fails; then an
-    ``export`` of each of ``env``. launch.sh, the probe, exec and the node helpers all start here."""
+    ``export`` of each of ``env``. launch.sh, the probe, exec and the node helpers all start here.
+
+    ``env_on_stdin``: the exports are not in the text but read from standard input first (before a
+    setup line could read it) and evaluated in their place; send :func:`_env_stdin` there. They are
+    the very lines that would be inline, each value quoted once by :func:`q`, so ``eval`` of them
+    runs exactly what the inline lines would, and the values stay off every command line."""
+    env = tuple(env)
     redirect = f" {stdout_to}" if stdout_to else ""
     lines = [f"{{ {line}\n}}{redirect} || {{ {on_fail(line)}; }}" for line in host.setup]
-    return lines + [f"export {k}={q(v)}" for k, v in env]
+    if not env_on_stdin:
+        return lines + _exports(env)
+    if not env:
+        return lines
+    return [f"{_ENV_VAR}=$(cat)", *lines, f'eval "${_ENV_VAR}"; unset {_ENV_VAR}']
+
+
+def _env_stdin(env: Iterable[tuple[str, str]]) -> bytes:
+    """What a command rendered with ``env_on_stdin`` reads from its standard input."""
+    return "".join(line + "\n" for line in _exports(env)).encode()
 
 
 def _python(host: Host, program: str, args: Iterable[str], *, site: bool = False) -> str:
@@ -208,7 +242,9 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
         "# a trap (unlike ignoring the signal) is reset for the children, so torchrun still gets it.",
         "trap 'echo \"[clusterddp] stop signal received\" >&2' TERM INT HUP",
         f"CTL={qpath(ctl)}",
-        'cddp_exit() { echo "$1" > "$CTL/exit_code.tmp" && mv "$CTL/exit_code.tmp" "$CTL/exit_code"; exit "$1"; }',
+        "# exit_code is written 0600 whatever umask the job runs with (the node's own, or a setup line's).",
+        ('cddp_exit() { (umask 077 && echo "$1" > "$CTL/exit_code.tmp") && mv "$CTL/exit_code.tmp" "$CTL/exit_code"; '
+         'exit "$1"; }'),
         f"cd {qpath(node.run_dir)} || cddp_exit 97",
         f"export CLUSTERDDP_RUN_ID={q(run_id)} CLUSTERDDP_HOST={q(h.name)} "
         f"CLUSTERDDP_NODE_RANK={node.node_rank}",
@@ -243,14 +279,20 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
 # ---- commands sent to a node (all through `bash -c` / the login shell) ----
 
 def prepare_command(node: NodeLaunch) -> str:
-    """Create the run and control folders; refuse to reuse a run folder that already has a job."""
-    return (f"mkdir -p {qpath(node.control_dir)} && cd {qpath(node.control_dir)} && "
+    """Create the run and control folders; refuse to reuse a run folder that already has a job.
+
+    The control folder is made 0700 (it holds launch.sh, with the env values); the run folder,
+    where the script runs and writes, keeps the node's usual modes."""
+    ctl = qpath(node.control_dir)
+    return (f"mkdir -p {ctl} && chmod 700 {ctl} && cd {ctl} && "
             f"if [ -e pid ]; then echo 'run folder already holds a job' >&2; exit 3; fi && pwd")
 
 
 def upload_command(path: str) -> str:
-    """Write standard input to ``path`` (used for the source tarball and launch.sh)."""
-    return f"cat > {qpath(path)}"
+    """Write standard input to ``path``, mode 0600 (the source tarball and launch.sh, in the
+    control folder)."""
+    p = qpath(path)
+    return f"umask 077 && cat > {p} && chmod 600 {p}"
 
 
 def unpack_command(node: NodeLaunch) -> str:
@@ -263,9 +305,11 @@ def start_command(node: NodeLaunch) -> str:
 
     ``setsid`` is not a process group leader here, so it execs in place and ``$!`` is the
     job's shell. Its output goes to node.log, so the job never depends on the SSH channel.
+    node.log and pid are made 0600 in subshells: the job keeps the node's umask for its own files.
     """
-    return (f"cd {qpath(node.control_dir)} || exit 3; {MARKER}={q(node.marker)} setsid bash launch.sh "
-            "> node.log 2>&1 < /dev/null & echo $! > pid; cat pid")
+    return (f"cd {qpath(node.control_dir)} || exit 3; (umask 077 && : > node.log && chmod 600 node.log) || exit 3; "
+            f"{MARKER}={q(node.marker)} setsid bash launch.sh "
+            "> node.log 2>&1 < /dev/null & (umask 077 && echo $! > pid); cat pid")
 
 
 def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.1) -> str:
@@ -324,31 +368,33 @@ def render(plan: LaunchPlan) -> str:
 # ---- fleet commands: the preflight probe and `clusterddp exec` ----
 
 def probe_command(host: Host, master_addr: str, master_port: int | None, *, full: bool = True,
-                  env: tuple[tuple[str, str], ...] | None = None) -> str:
+                  env: tuple[tuple[str, str], ...] | None = None) -> NodeCommand:
     """One command that reports what the preflight checks need about ``host``, as one JSON line.
 
-    It runs the host's setup lines and exports its env first, as launch.sh does, then its
+    It runs the host's setup lines and exports its env first (read from its stdin), as launch.sh does, then its
     ``python``. ``master_port`` is given for the master only (it tries to bind it). ``full``
     also imports torch (NCCL version, a broken install) and asks nvidia-smi for the GPUs;
     without it the probe takes a fraction of a second (what ``up`` runs before starting).
     """
     args = {"full": full, "port": master_port, "workdir": host.workdir}
-    lines = _preamble(host, host.env if env is None else env, stdout_to=">&2",
+    env = host.env if env is None else env
+    lines = _preamble(host, env, stdout_to=">&2", env_on_stdin=True,
                       on_fail=lambda line: f"echo {q(node_probe.setup_failed_reply(line))}; exit 0")
     lines += [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
               "exec " + _python(host, "probe", [q(json.dumps(args)), '"$IFACE"'], site=True)]
-    return "\n".join(lines)
+    return NodeCommand("\n".join(lines), _env_stdin(env))
 
 
-def exec_command(host: Host, words: list[str] | tuple[str, ...]) -> str:
+def exec_command(host: Host, words: list[str] | tuple[str, ...]) -> NodeCommand:
     """The user's command for ``clusterddp exec``, after the host's setup lines and env.
 
     Like ssh and pdsh, the words are joined with spaces and the remote shell interprets
     them (pipes, globs, ``$VAR``): ``exec inv -- 'ls runs | wc -l'`` works, and arguments
-    that must stay one word need quoting for the remote shell.
+    that must stay one word need quoting for the remote shell. The env arrives on stdin, which
+    is read to its end first: the user's command finds its stdin empty (it never was interactive).
     """
     lines = [f"export CLUSTERDDP_HOST={q(host.name)}"]
-    lines += _preamble(host, host.env, stdout_to=">/dev/null",
+    lines += _preamble(host, host.env, stdout_to=">/dev/null", env_on_stdin=True,
                        on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
     lines.append(" ".join(words))
-    return "\n".join(lines)
+    return NodeCommand("\n".join(lines), _env_stdin(host.env))

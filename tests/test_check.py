@@ -253,8 +253,8 @@ def local_host(**over) -> inventory.Host:
     return replace(inventory.local(python=sys.executable).hosts[0], **over)
 
 
-def bash(cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", cmd], capture_output=True, timeout=60)
+def bash(cmd: plan.NodeCommand) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", cmd.text], input=cmd.stdin, capture_output=True, timeout=60)
 
 
 def test_probe_reports_this_machine(tmp_path):
@@ -322,7 +322,7 @@ class FakeTransport:
         self.log.append((self.name, command))
         return CommandResult(self.code, f"{self.name}: {command}".encode(), b"")
 
-    def stream(self, command, on_data, *, timeout=None, stderr_to=None):
+    def stream(self, command, on_data, *, timeout=None, stderr_to=None, stdin=None):
         on_data(f"{self.name} says {command}\n".encode())
         return self.code
 
@@ -455,7 +455,7 @@ class ProbeTransport(FakeTransport):
         self.facts = facts_
 
     def run(self, command, *, timeout=None, stdin=None):
-        self.log.append((self.name, command))
+        self.log.append((self.name, command + (stdin or b"").decode()))
         return CommandResult(0, (MARK + json.dumps(self.facts) + "\n").encode(), b"")
 
 
@@ -474,7 +474,7 @@ def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):
     with pytest.raises(check.PreflightFailed) as e:
         jobs.preflight(p, connect=connect_with({"c": {"python": "3.9.2"}}))
     assert "preflight check failed on c" in str(e.value) and all(t.closed for t in made.values())
-    assert "export FROM_CLI=1" in log[0][1]  # the run's env, as the job will have it
+    assert "export FROM_CLI=1\n" in log[0][1]  # the run's env, as the job will have it (sent on stdin)
     assert json.loads(log[0][1].split("'")[-2])["full"] is False  # the quick probe: no torch import
 
     # The run goes on over the preflight's connections: one per host for the whole of `up`.

@@ -80,4 +80,4 @@ def test_plan_sends_the_whole_source_after_the_setup_lines():
                                                  f"\"$HOME\"/clusterddp/runs/20261129-120000-abcd/.clusterddp 3 0.1")
     assert plan.collect_command(n).startswith(setup + f"/opt/py -S -c {plan.q(node.source('collect'))} ")
     probe = plan.probe_command(inv.hosts[0], "10.0.0.1", None)
-    assert "\nexport K=v\n" in probe and f"\nexec /opt/py -c {plan.q(node.source('probe'))} " in probe
+    assert probe.stdin == b"export K=v\n" and f"\nexec /opt/py -c {plan.q(node.source('probe'))} " in probe.text

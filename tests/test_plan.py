@@ -209,9 +209,10 @@ EXEC_WORDS = ("du", "-sh", "~/clusterddp/runs/*", "|", "sort", "-h")
 SNIPPETS = {f"clusterddp/node/{p}.py": node.source(p) for p in node.PROGRAMS}
 
 
-def node_commands() -> list[tuple[str, str]]:
+def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
     """(header naming the function and its arguments, the command) for every command clusterddp
-    sends to a node: a run's steps (supervisor, control, artifacts), check's and up's probe, exec."""
+    sends to a node: a run's steps (supervisor, control, artifacts), check's and up's probe, exec
+    (those two with the stdin that carries their env)."""
     inv = inventory.parse(CMD_INV, "cmd.yaml")
     p = build_plan(inv, RunSpec("train/t.py", HOSTILE, env=(("RUN_ONLY", "-e's $value"),)), RUN_ID)
     out = []
@@ -250,9 +251,12 @@ def test_node_commands_match_golden():
     parts = ["# Every command clusterddp sends to a node, rendered by tests/test_plan.py:node_commands().",
              "# The node-side Python snippets are shown once, at the end, as sent (quoted)."]
     for header, command in node_commands():
+        text, stdin = (command, None) if isinstance(command, str) else command
         for name, code in SNIPPETS.items():
-            command = command.replace(plan.q(code), f"<{name}>")
-        parts += ["", f"== {header} ==", command]
+            text = text.replace(plan.q(code), f"<{name}>")
+        parts += ["", f"== {header} ==", text]
+        if stdin is not None:
+            parts += ["-- stdin --", stdin.decode() + "-- end of stdin --"]
     for name, code in SNIPPETS.items():
         parts += ["", f"== <{name}> ==", plan.q(code)]
     golden("node_commands.txt", "\n".join(parts) + "\n")
@@ -261,7 +265,8 @@ def test_node_commands_match_golden():
 def test_node_commands_are_valid_bash():
     bad = []
     for header, command in node_commands():
-        r = subprocess.run(["bash", "-n"], input=command.encode(), capture_output=True)
+        text = command if isinstance(command, str) else command.text
+        r = subprocess.run(["bash", "-n"], input=text.encode(), capture_output=True)
         if r.returncode:
             bad.append(f"{header}: {r.stderr.decode().strip()}")
     assert not bad, "\n".join(bad)
@@ -273,7 +278,10 @@ def test_exec_runs_setup_first_and_keeps_env_values_byte_for_byte(tmp_path):
     (tmp_path / "venv" / "bin" / "activate").write_text("ACTIVATED=yes\n")
     host = inventory.parse(CMD_INV, "cmd.yaml").hosts[0]
     words = ["printf", "'%s\\0'", '"$CLUSTERDDP_HOST"', '"$ACTIVATED"', '"$STAGE"', '"$QUOTED"', '"$DQ"']
-    out = subprocess.run(["bash", "-c", plan.exec_command(host, words)], capture_output=True, check=True,
+    cmd = plan.exec_command(host, words)
+    for _, v in host.env:  # the values travel on stdin, never in the command's text (a process argument)
+        assert v not in cmd.text and plan.q(v) not in cmd.text
+    out = subprocess.run(["bash", "-c", cmd.text], input=cmd.stdin, capture_output=True, check=True,
                          cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]}).stdout
     assert out.decode().split("\0")[:-1] == [
         "gpu-01", "yes", f"it's {tmp_path}", "it's $HOME; `x`", '"dq" \\ $(touch /tmp/pwned-env) 50%']

@@ -25,6 +25,7 @@ def exec_(
     """Run COMMAND on every host in parallel; each output line is prefixed by its host.
 
     Like ssh and pdsh, the words are joined with spaces and run by the host's shell, after its setup lines and with its env.
+    The env travels on the command's stdin (never on a command line), so COMMAND's stdin is empty.
 
     Quote what the remote shell must see whole: clusterddp exec inv.yaml -- 'du -sh ~/clusterddp/runs/*'
 
