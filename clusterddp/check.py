@@ -13,8 +13,8 @@ majority, or on a tie the earliest host, is the reference that the odd ones are 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from . import plan as P
 from .errors import ClusterDDPError, HostError, HostErrorKind

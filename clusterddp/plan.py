@@ -25,8 +25,9 @@ from __future__ import annotations
 import json
 import posixpath
 import shlex
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
 from .inventory import Host, Inventory
 from .node import probe as node_probe
@@ -182,7 +183,7 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
     nodes = []
     for rank, host in enumerate(inventory.hosts):
         if local:
-            assert local_control_dir, "local mode needs a control folder"
+            assert local_run_dir and local_control_dir, "local mode needs a run and a control folder"
             run_dir, control_dir = local_run_dir, local_control_dir
             script = spec.script
         else:
@@ -261,7 +262,8 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
         warning = (f"[clusterddp] warning: no interface routes to {master_addr}; "
                    "set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME in the inventory env")
         if local_addr:
-            lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" | awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
+            lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" "
+                         "| awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
         lines += ["else", f"  echo {q(warning)} >&2", "fi"]
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
@@ -337,7 +339,8 @@ def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE) -> str:
     return (f"cddp_pids() {{ grep -lzxF {m} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}; "
             "P=$(cddp_pids); [ -z \"$P\" ] && { echo clean; exit 0; }; "
             "kill -TERM $P 2>/dev/null; "
-            f"for i in $(seq {steps}); do sleep 0.1; P=$(cddp_pids); [ -z \"$P\" ] && {{ echo terminated; exit 0; }}; done; "
+            f"for i in $(seq {steps}); do sleep 0.1; P=$(cddp_pids); "
+            "[ -z \"$P\" ] && { echo terminated; exit 0; }; done; "
             "kill -KILL $P 2>/dev/null; sleep 0.3; P=$(cddp_pids); "
             "if [ -z \"$P\" ]; then echo killed; else echo survivors $P; fi")
 

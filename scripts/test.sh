@@ -5,7 +5,7 @@
 #      this machine happens to have installed can hide a missing dependency;
 #   3. the README's main-job command, read from README.md and run exactly as written there
 #      (it installs torch and the project), checked for success and a collected checkpoint;
-#   4. `pip check`, the test extras, and the whole test suite in that same virtualenv.
+#   4. `pip check`, the test extras, ruff and mypy, and the whole test suite in that same virtualenv.
 # Arguments go to pytest (e.g. `bash scripts/test.sh tests/test_plan.py -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,5 +51,8 @@ echo "== pip check"
 pip check
 pip install -q -e "$repo[test]"
 pip check
+echo "== ruff and mypy (configured in pyproject.toml)"
+ruff check .
+mypy
 echo "== pytest in $venv"
 python -m pytest -q -ra "$@"

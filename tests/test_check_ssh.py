@@ -16,7 +16,7 @@ from helpers import cddp, eventually
 
 pytestmark = pytest.mark.integration
 
-PY = "%d.%d.%d" % sys.version_info[:3]
+PY = ".".join(map(str, sys.version_info[:3]))
 
 
 def check_json(inv: Path, *args: str, rc: int) -> dict:
@@ -75,7 +75,8 @@ def test_cut_link_is_reported_within_the_timeout_and_hides_no_one(make_bed, tmp_
     took = time.monotonic() - t0
     dead = host(rep, "node3")
     assert dead["status"] == "fail" and dead["by"]["ssh"]["status"] == "fail"
-    assert dead["by"]["ssh"]["value"] in ("timeout", "unreachable") and b.nodes[2].address in dead["by"]["ssh"]["problem"]
+    assert dead["by"]["ssh"]["value"] in ("timeout", "unreachable")
+    assert b.nodes[2].address in dead["by"]["ssh"]["problem"]
     assert host(rep, "node1")["status"] == host(rep, "node2")["status"] == "ok"  # the others still answer
     assert took < 3 + 20, f"check took {took:.0f}s with a 3s connect timeout"
 
@@ -111,7 +112,7 @@ def other_python(tmp_path) -> tuple[str, str]:
     reported version (torch included) is this interpreter's, so a job started anyway still runs.
     The check's probe sees the fake only while it runs `python -c` without -I or -S.
     """
-    version = "%d.%d.%d" % (*sys.version_info[:2], sys.version_info.micro + 50)
+    version = ".".join(map(str, (*sys.version_info[:2], sys.version_info.micro + 50)))
     site = tmp_path / "fake-version"
     site.mkdir()
     (site / "sitecustomize.py").write_text(

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml

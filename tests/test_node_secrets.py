@@ -110,6 +110,7 @@ def test_env_values_stay_off_command_lines_and_control_files_are_private(bed, tm
     out, _ = p.communicate(timeout=180)
     assert p.returncode == 0, out
     assert mode(ctl / "exit_code") == 0o600 and (ctl / "exit_code").read_text() == "0\n"
-    assert {f.name: mode(f) for f in ctl.iterdir()} == dict.fromkeys(("launch.sh", "node.log", "pid", "exit_code"), 0o600)
+    files = ("launch.sh", "node.log", "pid", "exit_code")
+    assert {f.name: mode(f) for f in ctl.iterdir()} == dict.fromkeys(files, 0o600)
     assert json.loads((run_dir / "seen.json").read_text()) == {"SECRET": value, "CLI_SECRET": cli_value}
     assert not Path("/tmp/cddp-pwned").exists()

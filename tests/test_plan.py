@@ -165,8 +165,8 @@ def test_qpath_expands_only_a_leading_home(path, rendered):
 
 
 def test_launch_script_is_valid_bash():
-    for node in two_node_plan().nodes:
-        subprocess.run(["bash", "-n"], input=node.launch_script.encode(), check=True)
+    for n in two_node_plan().nodes:
+        subprocess.run(["bash", "-n"], input=n.launch_script.encode(), check=True)
 
 
 def test_golden_never_rewrites_in_ci_and_a_rewrite_never_passes(tmp_path, monkeypatch):

@@ -49,8 +49,12 @@ def trace():
     # One file per process that exits normally: whether numpy stayed out to the end, and argv.
     os.makedirs(TRACE, exist_ok=True)
     hidden = "numpy" in sys.modules and sys.modules["numpy"] is None
-    with open(os.path.join(TRACE, f"{os.getpid()}-{os.urandom(4).hex()}"), "w") as f:
+    # Written then renamed: a process killed meanwhile (a restart's first attempt) leaves only a
+    # .tmp file, never a half-written entry.
+    path = os.path.join(TRACE, f"{os.getpid()}-{os.urandom(4).hex()}")
+    with open(path + ".tmp", "w") as f:
         f.write("\\0".join([str(hidden), *sys.argv]))
+    os.replace(path + ".tmp", path)
 
 
 atexit.register(trace)
@@ -67,7 +71,8 @@ def _no_numpy_site(cwd: Path) -> Path:
 def _numpy_hidden_at_exit(cwd: Path, script: str) -> list[bool]:
     """Per ``script`` process started in ``cwd`` that exited normally: numpy stayed hidden."""
     trace = cwd / ".no-numpy" / "trace"
-    entries = [f.read_text().split("\0") for f in trace.iterdir()] if trace.is_dir() else []
+    files = [f for f in trace.iterdir() if not f.name.endswith(".tmp")] if trace.is_dir() else []
+    entries = [f.read_text().split("\0") for f in files]
     return [hidden == "True" for hidden, argv0, *_ in entries if argv0.endswith(script)]
 
 

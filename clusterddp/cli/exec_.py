@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from .check import FANOUT, HOSTS, load_inventory
@@ -13,11 +11,11 @@ from .common import EXIT_FAILED, RAW, err, handle_errors
 @handle_errors
 def exec_(
     inventory: str = typer.Argument(..., help="Inventory YAML file."),
-    command: Optional[list[str]] = typer.Argument(None, help="The command, after `--`.", show_default=False),
-    hosts: Optional[str] = HOSTS,
-    fanout: Optional[int] = FANOUT,
+    command: list[str] | None = typer.Argument(None, help="The command, after `--`.", show_default=False),
+    hosts: str | None = HOSTS,
+    fanout: int | None = FANOUT,
     raw: bool = RAW,
-    timeout: Optional[float] = typer.Option(
+    timeout: float | None = typer.Option(
         None, "--timeout", metavar="SECONDS", show_default=False,
         help="Per-host time limit: a host still running the command then is reported as timed out and its "
              "connection closed; the others keep their results. Default: none (exec also runs long installs)."),
@@ -30,7 +28,7 @@ def exec_(
     Quote what the remote shell must see whole: clusterddp exec inv.yaml -- 'du -sh ~/clusterddp/runs/*'
 
     Exit 0 only when every host exited 0; failed and unreachable hosts are listed at the end.
-    """
+    """  # noqa: E501 - Typer's help keeps the docstring's line breaks, so a paragraph is one line
     from .. import plan
     from ..errors import UsageError
 
