@@ -121,6 +121,8 @@ def mutated_texts(draw) -> str:
     data = draw(valid_inventories())
     for _ in range(draw(st.integers(0, 3))):  # data-level: wrong types, unknown keys, missing keys
         slots = _mapping_slots(data, [])
+        if not slots:  # earlier drops emptied the document: nothing left to mutate
+            break
         node, key = draw(st.sampled_from(slots))
         what = draw(st.sampled_from(["value", "unknown", "drop"]))
         if what == "value":
