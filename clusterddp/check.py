@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from . import plan as P
-from .errors import ClusterDDPError, HostError, HostErrorKind
+from .errors import HostError, HostErrorKind, PreflightFailed
 from .fleet import Fleet, HostResult
 from .inventory import Host, Inventory
 from .node.probe import ProbeError, parse_reply
@@ -92,16 +92,10 @@ class Report:
         return "\n".join(lines)
 
 
-class PreflightFailed(ClusterDDPError):
-    """`up` refused to start a job that would fail or hang: exit code 1, each problem named."""
-
-    def __init__(self, report: Report, inventory_path: str) -> None:
-        bad = [h.host for h in report.hosts if h.status == FAIL]
-        super().__init__(f"preflight check failed on {', '.join(bad)}; the job was not started:\n"
-                         + report.summary(),
-                         f"`clusterddp check {inventory_path}` checks more (GPUs, disk, clocks); "
-                         "`up --skip-check` starts without checking")
-        self.report = report
+def preflight_failed(report: Report, inventory_path: str) -> PreflightFailed:
+    """The error `up` raises when its preflight found problems: each failing host and the report."""
+    return PreflightFailed([h.host for h in report.hosts if h.status == FAIL], report.summary(),
+                           inventory_path, report)
 
 
 # ---- pure ----

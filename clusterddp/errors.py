@@ -1,7 +1,10 @@
-"""The one error hierarchy of clusterddp.
+"""The one error hierarchy of clusterddp: every exception class the CLI maps lives here.
 
 Library code raises these; only the CLI turns them into a message and an exit code
-(0 ok, 1 job failed, 2 bad input, 130 interrupted).
+(0 ok, 1 job failed, 2 bad input, 130 interrupted). Two stay beside their code on purpose:
+``node.probe.ProbeError`` and ``node.collect.StreamError`` are raised by parsers that share a
+module with a program run alone on a node, which may import nothing from clusterddp; they never
+reach the CLI (check and artifacts turn them into per-host results).
 """
 
 from __future__ import annotations
@@ -93,3 +96,53 @@ class RunFailed(ClusterDDPError):
         super().__init__("\n".join(lines),
                          f"see the logs under the run folder, or `clusterddp logs {run_id}`")
         self.run_id, self.outcomes, self.first_failed, self.status = run_id, outcomes, first_failed, status
+
+
+class RecordError(UsageError):
+    """A run.json that cannot be read, located by file and field (``nodes[1].exit_code``)."""
+
+    def __init__(self, path: str, field: str | None, message: str, hint: str | None = None) -> None:
+        super().__init__(f"{path}: {field}: {message}" if field else f"{path}: {message}",
+                         hint or "the run record is damaged: repair that field in the file, or move the run "
+                                 "folder out of the runs folder")
+        self.path, self.field = path, field
+
+
+class SpecError(UsageError):
+    """A schedule spec file that is damaged, or that someone else could have written: nothing is started."""
+
+    def __init__(self, path: str, field: str | None, problem: str, hint: str | None = None) -> None:
+        super().__init__(f"schedule spec {path}: {field + ': ' if field else ''}{problem}",
+                         hint or "`clusterddp schedule add` writes this file: add the schedule again "
+                                 "(with --replace) to rewrite it")
+        self.path, self.field = path, field
+
+
+class UnknownSchedule(UsageError):
+    """No schedule of that name in the user's crontab."""
+
+    def __init__(self, name: str, user: str) -> None:
+        super().__init__(f"no schedule {name!r} in the crontab of {user}",
+                         "list schedules with `clusterddp schedule list`")
+
+
+class LockTimeout(ClusterDDPError):
+    """A lock still held by someone else when its deadline passed."""
+
+
+class PreflightFailed(ClusterDDPError):
+    """`up` refused to start a job that would fail or hang: exit code 1, each problem named.
+
+    ``report`` is the check's Report (``clusterddp.check``), kept for callers that want details.
+    """
+
+    def __init__(self, failed_hosts: list[str], summary: str, inventory_path: str, report: object = None) -> None:
+        super().__init__(f"preflight check failed on {', '.join(failed_hosts)}; the job was not started:\n"
+                         + summary,
+                         f"`clusterddp check {inventory_path}` checks more (GPUs, disk, clocks); "
+                         "`up --skip-check` starts without checking")
+        self.report = report
+
+
+class StoreError(UsageError):
+    """The runs folder or runs.db cannot be used as it is; the message names the path and the fix."""

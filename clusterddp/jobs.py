@@ -305,12 +305,12 @@ def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | No
 
     One short SSH command per host, in parallel: every host answers, python/torch/CUDA agree,
     an interface routes to the master, the master port is free. Raises
-    :class:`~clusterddp.check.PreflightFailed` (exit 1) naming each problem; otherwise returns
+    :class:`~clusterddp.errors.PreflightFailed` (exit 1) naming each problem; otherwise returns
     the open connections, for :func:`execute` to reuse. Local runs need none of it: None.
     """
     if plan.local:
         return None
-    from .check import PreflightFailed, run_checks
+    from .check import preflight_failed, run_checks
     fleet = Fleet(plan.inventory.hosts, fanout=plan.inventory.fanout, **({"connect": connect} if connect else {}))
     try:
         report = run_checks(plan.inventory, full=False, master_port=plan.master_port, fleet=fleet,
@@ -320,7 +320,7 @@ def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | No
         raise
     if not report.ok:
         fleet.close()
-        raise PreflightFailed(report, plan.inventory.path)
+        raise preflight_failed(report, plan.inventory.path)
     return fleet
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .errors import UsageError
+from .errors import RecordError
 from .inventory import DEFAULT_FANOUT, ENV_NAME_RE, HOST_NAME_RE, Host
 
 SCHEMA = 1  # 0: records written before the schema field (read as well)
@@ -237,16 +237,6 @@ class RunRecord:
                    master_addr=master.get("addr", str), master_port=_between(master.get("port", int), 1, 65535,
                                                                               master, "port"),
                    collect=r.get("collect", tuple[str, ...]), fanout=fanout, schema=SCHEMA, nodes=read)
-
-
-class RecordError(UsageError):
-    """A run.json that cannot be read, located by file and field (``nodes[1].exit_code``)."""
-
-    def __init__(self, path: str, field: str | None, message: str, hint: str | None = None) -> None:
-        super().__init__(f"{path}: {field}: {message}" if field else f"{path}: {message}",
-                         hint or "the run record is damaged: repair that field in the file, or move the run "
-                                 "folder out of the runs folder")
-        self.path, self.field = path, field
 
 
 # ---- reading JSON into typed fields ----

@@ -61,7 +61,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import ClusterDDPError, UsageError
+from .errors import ClusterDDPError, LockTimeout, SpecError, UnknownSchedule, UsageError
 from .plan import RunSpec, q
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]+")  # used with fullmatch: "$" would accept a trailing newline
@@ -191,16 +191,6 @@ def lock_path(runs_dir: str, name: str) -> str:
 
 def log_path(runs_dir: str, name: str) -> str:
     return os.path.join(runs_dir, "schedules", f"{name}.log")
-
-
-class SpecError(UsageError):
-    """A spec file that is damaged, or that someone else could have written: nothing is started."""
-
-    def __init__(self, path: str, field: str | None, problem: str, hint: str | None = None) -> None:
-        super().__init__(f"schedule spec {path}: {field + ': ' if field else ''}{problem}",
-                         hint or "`clusterddp schedule add` writes this file: add the schedule again "
-                                 "(with --replace) to rewrite it")
-        self.path, self.field = path, field
 
 
 class _Fields:
@@ -640,7 +630,7 @@ def without_line(text: str, name: str) -> str:
     """``text`` without the entry ``name`` (UsageError if there is none); other lines kept exactly."""
     old = {e.index for e in entries(text) if e.name == name}
     if not old:
-        raise UnknownSchedule(name)
+        raise UnknownSchedule(name, current_user().pw_name)
     lines = [x for i, x in enumerate(_lines(text)) if i not in old]
     return "\n".join(lines) + "\n" if lines else ""
 
@@ -689,17 +679,7 @@ def cron_environment(text: str, entry: Entry, user: pwd.struct_passwd) -> dict[s
     return env
 
 
-class UnknownSchedule(UsageError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no schedule {name!r} in the crontab of {current_user().pw_name}",
-                         "list schedules with `clusterddp schedule list`")
-
-
 # ---- effects: locks ----
-
-class LockTimeout(ClusterDDPError):
-    """A lock still held by someone else when its deadline passed."""
-
 
 def lock_holder(path: str) -> tuple[int, str] | None:
     """Who holds the lock file ``path``, from the pid its holder wrote into it (see :func:`lock_within`):

@@ -34,8 +34,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import RunNotFound, UsageError
-from .record import RecordError, RunRecord
+from .errors import RecordError, RunNotFound, StoreError, UsageError
+from .record import RunRecord
 
 DB_TIMEOUT = 30.0      # seconds a write waits for another launcher's write to runs.db
 LOCK_TIMEOUT = 60.0    # seconds `update` waits for another process's read-change-write of one run.json
@@ -60,10 +60,6 @@ _SKIP_COLUMNS = ("schedule", "at", "holder", "reason")
 _COLUMNS = ("run_id", "name", "inventory", "script", "hosts", "status", "exit_code", "started_at",
             "ended_at", "failed_host", "schedule")
 _ADDED_LATER = {"schedule": "TEXT"}  # columns the first release's runs.db lacks: added on the next write
-
-
-class StoreError(UsageError):
-    """The runs folder or runs.db cannot be used as it is; the message names the path and the fix."""
 
 
 def new_run_id(now: datetime | None = None, token: str | None = None) -> str:

@@ -20,7 +20,7 @@ import pytest
 
 from clusterddp import check, inventory, plan
 from clusterddp.check import FAIL, OK, WARN, evaluate
-from clusterddp.errors import HostError, HostErrorKind, InventoryError
+from clusterddp.errors import HostError, HostErrorKind, InventoryError, PreflightFailed
 from clusterddp.fleet import Fleet, HostResult, fan_out
 from clusterddp.node.probe import MARK, parse_reply
 from clusterddp.store import RunStore
@@ -240,7 +240,7 @@ def test_quick_mode_checks_only_the_cheap_subset():
 
 def test_preflight_failure_names_each_host_and_the_way_out():
     r = evaluate(inv(), healthy(b={"python": "3.10.12"}))
-    e = check.PreflightFailed(r, "inv.yaml")
+    e = check.preflight_failed(r, "inv.yaml")
     assert e.exit_code == 1
     text = str(e)
     assert text.startswith("preflight check failed on b; the job was not started:\n  b: python 3.10.12 differs")
@@ -471,7 +471,7 @@ def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):
                                                              **over.get(h.name, {})))
             return made[h.name]
         return connect
-    with pytest.raises(check.PreflightFailed) as e:
+    with pytest.raises(PreflightFailed) as e:
         jobs.preflight(p, connect=connect_with({"c": {"python": "3.9.2"}}))
     assert "preflight check failed on c" in str(e.value) and all(t.closed for t in made.values())
     assert "export FROM_CLI=1\n" in log[0][1]  # the run's env, as the job will have it (sent on stdin)

@@ -169,12 +169,13 @@ def remove(name: str = typer.Argument(..., help="The schedule to remove.")) -> N
 def run(name: str = typer.Argument(..., help="The schedule to run now.")) -> None:
     """Run a schedule's entry now, exactly as cron would (same command and environment), and wait."""
     from .. import schedule as S
+    from ..errors import UnknownSchedule
 
     S.check_name(name)
     text = _migrated_crontab()  # so that the run goes through `schedule fire`, as cron's next one will
     entry = S.find(text, name)
     if entry is None:
-        raise S.UnknownSchedule(name)
+        raise UnknownSchedule(name, S.current_user().pw_name)
     log = entry.log_path
     pos = os.path.getsize(log) if log and os.path.exists(log) else 0
     print(f"running schedule {name} as cron would" + (f"; its log: {log}" if log else ""), flush=True)
