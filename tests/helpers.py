@@ -107,3 +107,11 @@ def make_record(run_id: str, hosts: tuple[str, ...] = ("a", "b"), **fields):
                     started_at="2026-11-29T10:00:00+00:00", ended_at=None, launch_dir="/w", master_addr="10.0.0.1",
                     master_port=29500, collect=(), nodes=nodes)
     return replace(rec, **fields)
+
+
+def job_script(tmp_path: Path, name: str, text: str) -> Path:
+    """``text`` as ``<tmp_path>/job/<name>``: a script in a folder of its own (up uploads the folder)."""
+    path = tmp_path / "job" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import cddp, eventually
+from helpers import cddp, eventually, job_script
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +39,8 @@ def with_host_settings(path: Path, name: str, **settings) -> Path:
 
 @pytest.fixture
 def script(tmp_path) -> Path:
-    s = tmp_path / "job" / "train.py"
-    s.parent.mkdir()
-    s.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n")
-    return s
+    return job_script(tmp_path, "train.py",
+                      "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n")
 
 
 def test_healthy_cluster_passes_every_check(bed, tmp_path):

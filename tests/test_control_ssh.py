@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cddp, cddp_popen, eventually, job_pids, record, run_id_of, wait_for_line
+from helpers import cddp, cddp_popen, eventually, job_pids, job_script, record, run_id_of, wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +33,7 @@ print(f"rank {rank} finished", flush=True)
 
 @pytest.fixture
 def ticker(tmp_path) -> Path:
-    src = tmp_path / "job"
-    src.mkdir()
-    (src / "ticker.py").write_text(TICKER)
-    return src / "ticker.py"
+    return job_script(tmp_path, "ticker.py", TICKER)
 
 
 def last_tick(node, run_id: str) -> int:
@@ -156,11 +153,10 @@ with open("checkpoints/live.bin", "wb") as f:
 
 
 def test_collect_of_a_running_job_skips_the_file_it_is_writing(bed, tmp_path):
-    (tmp_path / "job").mkdir()
-    (tmp_path / "job" / "live.py").write_text(LIVE_WRITER)
+    live = job_script(tmp_path, "live.py", LIVE_WRITER)
     runs = tmp_path / "runs"
     inv = bed.write_inventory(tmp_path / "inv.yaml", extra={"collect": ["checkpoints/**"]})
-    run_id = up_detached(inv, tmp_path / "job" / "live.py", runs)
+    run_id = up_detached(inv, live, runs)
     try:
         assert eventually(lambda: "writing" in cddp("logs", run_id, "--runs-dir", str(runs)).stdout, 60)
         out = cddp("collect", run_id, "--runs-dir", str(runs), check_rc=0).stdout

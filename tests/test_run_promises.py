@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cddp, cddp_popen, eventually, job_pids, record, run_id_of, wait_for_line
+from helpers import cddp, cddp_popen, eventually, job_pids, job_script, record, run_id_of, wait_for_line
 
 # Each rank says it is ready, then waits for the file named by CDDP_TEST_GO and ends with a
 # barrier, so a test decides when a job ends instead of guessing how long it takes.
@@ -40,10 +40,7 @@ print(f"rank {rank} finished", flush=True)
 
 @pytest.fixture
 def waiter(tmp_path) -> Path:
-    src = tmp_path / "job"
-    src.mkdir()
-    (src / "waiter.py").write_text(WAITER)
-    return src / "waiter.py"
+    return job_script(tmp_path, "waiter.py", WAITER)
 
 
 def up_detached(inv, script, runs, *extra, cwd=None) -> str:
