@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from . import nodeops
 from . import plan as P
@@ -27,7 +27,7 @@ from .errors import HostError
 from .fleet import Fleet
 from .node.collect import Receiver, StreamError
 from .store import RunStore
-from .transport import Transport
+from .transport import Tail, Transport
 
 
 @dataclass(frozen=True)
@@ -99,9 +99,9 @@ def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str,
     errors: list[str] = []
     missing: list[tuple[str, str]] = []
 
-    def exchange(request: dict) -> Receiver:
+    def exchange(request: dict, log_to: BinaryIO | None = None) -> Receiver:
         rx = Receiver(lambda rel: store.artifact_path(run_id, name, rel), on_total=lambda n: bar.start(name, n),
-                      on_bytes=lambda n: bar.advance(name, n), request=request)
+                      on_bytes=lambda n: bar.advance(name, n), request=request, log_to=log_to)
         why = None
         try:
             _exchange(t, node, rx, request)
@@ -120,10 +120,14 @@ def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str,
         have = local_sizes(store.artifacts_dir(run_id, name))
     except OSError as e:
         return CollectResult(name, error=f"{name}: cannot list the local copies: {e}")
-    rx = exchange({"log": True, "globs": list(globs), "have": have})
+    try:  # the log goes to disk as it comes, replacing the local copy only once it came whole
+        with store.log_writer(run_id, name) as log:
+            rx = exchange({"log": True, "globs": list(globs), "have": have}, log)
+            if rx.log is None:
+                raise _KeepOldLog()
+    except _KeepOldLog:
+        pass
     fetched, whole, skipped, got = list(rx.fetched), list(rx.whole), list(rx.skipped), rx.bytes
-    if rx.log is not None:
-        store.write_log(run_id, name, bytes(rx.log))
     if rx.differ:  # same size, other content (a damaged copy): send them whatever their size
         again = exchange({"paths": rx.differ, "have": {}})
         fetched += again.fetched
@@ -136,18 +140,12 @@ def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str,
                          tuple(missing))
 
 
-class _Tail(bytearray):
-    """Keeps only the last 64 KiB written to it with ``+=``: a node's stderr, of which only the
-    last line is shown, need not be held whole."""
-
-    def __iadd__(self, data):  # type: ignore[misc]  # returns the _Tail itself, not bytearray.__add__'s bytearray
-        super().__iadd__(data)
-        del self[:-(64 << 10)]
-        return self
+class _KeepOldLog(Exception):
+    """The node's log did not come whole: keep the local copy. Private control flow (not in errors.py)."""
 
 
 def _exchange(t: Transport, node: P.NodeLaunch, rx: Receiver, request: dict) -> None:
-    err = _Tail()
+    err = Tail()
     code = t.stream(P.collect_command(node), rx.feed, timeout=120, stderr_to=err,
                     stdin=json.dumps(request).encode())
     if code != 0:

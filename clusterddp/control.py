@@ -6,9 +6,12 @@ settings and folders, so a run can be reached even if the inventory changed sinc
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import BinaryIO
 
 from . import nodeops
 from . import plan as P
@@ -17,7 +20,7 @@ from .errors import HostError
 from .fleet import Fleet, as_host_error
 from .inventory import Host
 from .record import NodeState, RunRecord, RunStatus
-from .store import RunStore, utcnow
+from .store import RunStore, replacing, utcnow
 from .transport import Transport
 from .transport import connect as default_connect
 
@@ -131,28 +134,46 @@ def collect(store: RunStore, run_id: str, connect: Callable = default_connect,
         return collect_nodes(fleet, nodes, store, run_id, rec.collect, progress)
 
 
-def node_logs(store: RunStore, run_id: str, hosts: list[str] | None, connect: Callable = default_connect
-              ) -> dict[str, tuple[bytes, str]]:
+def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
+              show: Callable[[str, str, BinaryIO | None], None], connect: Callable = default_connect) -> None:
     """Each node's full log (of every node, or only of ``hosts``): from the node when reachable
-    (refreshing the local copy), else the local copy.
+    (streamed to disk, refreshing the local copy), else the local copy.
 
-    Returns {host: (log bytes, "node" | "local copy" | "missing")}.
+    Calls ``show(host, source, log file or None)`` for one host after another, in the run's host
+    order, with source "node", "local copy" or "missing". A read-only store keeps its copies: the
+    nodes' logs then go to a private temp folder for as long as they are shown.
     """
     rec = store.load(run_id)
-    with _reach(rec, connect, hosts) as (nodes, fleet):
-        logs = nodeops.each(fleet, nodes, lambda n, t: nodeops.fetch_log(t, n)).succeeded
-    out: dict[str, tuple[bytes, str]] = {}
-    for n in nodes:
-        h = n.host.name
-        data = logs.get(h)
-        if data is not None:
-            store.write_log(run_id, h, data)
-            out[h] = (data, "node")
-        elif store.log_path(run_id, h).is_file():
-            out[h] = (store.log_path(run_id, h).read_bytes(), "local copy")
-        else:
-            out[h] = (b"", "missing")
-    return out
+    with _reach(rec, connect, hosts) as (nodes, fleet), \
+            tempfile.TemporaryDirectory(prefix="clusterddp-logs-") as scratch:
+        def fetch(n: P.NodeLaunch, t: Transport) -> Path:
+            h = n.host.name
+            if store.read_only:
+                dest = Path(scratch) / f"{n.node_rank}.log"
+                with replacing(dest) as f:
+                    if not nodeops.fetch_log(t, n, f):
+                        raise _NoLog()
+                return dest
+            with store.log_writer(run_id, h) as f:
+                if not nodeops.fetch_log(t, n, f):
+                    raise _NoLog()
+            return store.log_path(run_id, h)
+        fetched = nodeops.each(fleet, nodes, fetch).succeeded
+        for n in nodes:
+            h = n.host.name
+            path, source = fetched.get(h), "node"
+            if path is None:
+                path, source = store.log_path(run_id, h), "local copy"
+            try:
+                with open(path, "rb") as f:
+                    show(h, source, f)
+            except FileNotFoundError:
+                show(h, "missing", None)
+
+
+class _NoLog(Exception):
+    """The node answered but has no log (its run folder is gone): fall back to the local copy.
+    Private control flow inside this module (so not in errors.py)."""
 
 
 def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None], hosts: list[str] | None,

@@ -11,12 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from . import plan as P
 from .fleet import Fleet, GroupResult
 from .record import NodeState, from_report
-from .transport import Transport
+from .transport import Tail, Transport
 
 R = TypeVar("R")
 
@@ -123,7 +123,10 @@ def teardown(t: Transport, node: P.NodeLaunch, grace: float) -> Teardown:
 
 # ---- the whole log ----
 
-def fetch_log(t: Transport, node: P.NodeLaunch) -> bytes | None:
-    """The node's whole log, or None when the node has none (its run folder is gone)."""
-    r = t.run(P.node_log_command(node), timeout=LOG_TIMEOUT)
-    return r.stdout if r.exit_code == 0 else None
+def fetch_log(t: Transport, node: P.NodeLaunch, out: BinaryIO) -> bool:
+    """Write the node's whole log to ``out`` as it arrives (a log may be far larger than memory);
+    False when the node has none (its run folder is gone), and ``out`` then holds nothing useful."""
+    def write(chunk: bytes) -> None:
+        out.write(chunk)
+    code = t.stream(P.node_log_command(node), write, timeout=LOG_TIMEOUT, stderr_to=Tail())
+    return code == 0

@@ -29,10 +29,10 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import RecordError, RunNotFound, StoreError, UsageError
 from .record import RunRecord
@@ -548,10 +548,19 @@ class RunStore:
         the new copy, and writers at once each leave a whole one). A read-only store keeps the old copy."""
         if self.read_only:
             return
+        with self.log_writer(run_id, host) as f:
+            f.write(data)
+
+    @contextmanager
+    def log_writer(self, run_id: str, host: str) -> Iterator[BinaryIO]:
+        """A private temp file beside the local log, written as the node's copy arrives (a log is
+        never held whole in memory) and renamed over the log when the block ends without an
+        exception; removed otherwise, so the old copy stays. Writers at once each leave a whole copy."""
         path = self.log_path(run_id, host)
         try:
             path.parent.mkdir(mode=DIR_MODE, exist_ok=True)
-            _replace(path, data)
+            with replacing(path) as f:
+                yield f
         except OSError as e:
             raise self._cannot_write(e, path) from None
 
@@ -586,11 +595,19 @@ def _private(f: int | str, st: os.stat_result | None = None) -> None:
 
 def _replace(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file of its own (0600) and a rename."""
+    with replacing(path) as f:
+        f.write(data)
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[BinaryIO]:
+    """A temp file of its own (0600) beside ``path``, renamed over it when the block ends without
+    an exception, removed otherwise."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             _private(f.fileno())
-            f.write(data)
+            yield f
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import typer
 
@@ -102,17 +103,26 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
         from ..errors import UsageError
         raise UsageError(f"--host {', '.join(unknown)}: not a host of run {run_id}", f"choose from {', '.join(names)}")
     printer = PrefixPrinter(names, raw=raw)
-    logs_ = control.node_logs(store, run_id, host)
-    from_lines = {}
-    for h, (data, source) in logs_.items():
-        lines = data.split(b"\n")[:-1]  # complete lines only; a partial last one comes with --follow
-        from_lines[h] = len(lines) + 1
+    from_lines: dict[str, int] = {}
+
+    def show(h: str, source: str, f: BinaryIO | None) -> None:
         if source != "node":
             err(f"{h}: node not reachable; showing the {source}")
-        shown = lines[-tail:] if tail is not None else lines
-        if tail == 0:
-            shown = []
-        printer(h, b"".join(line + b"\n" for line in shown))
+        # Line by line from the file (a log may be larger than memory); complete lines only: a
+        # partial last one comes with --follow. --tail keeps only the last lines in memory.
+        last: deque[bytes] = deque(maxlen=tail)
+        n = 0
+        for line in f or ():
+            if not line.endswith(b"\n"):
+                break
+            n += 1
+            if tail is None:
+                printer(h, line)
+            else:
+                last.append(line)
+        printer(h, b"".join(last))
+        from_lines[h] = n + 1
+    control.node_logs(store, run_id, host, show)
     if follow and rec.status is RunStatus.RUNNING:
         control.follow(store, run_id, printer, host, from_lines)
         printer.flush()

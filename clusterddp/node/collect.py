@@ -405,9 +405,10 @@ class Receiver:
 
     def __init__(self, dest: Callable[[str], Path], on_total: Callable[[int], object] = lambda n: None,
                  on_bytes: Callable[[int], object] = lambda n: None, request: dict | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, log_to: BinaryIO | None = None) -> None:
         self.dest, self.on_total, self.on_bytes, self.clock = dest, on_total, on_bytes, clock
-        self.log: bytearray | None = None  # the node log, once wholly received
+        self.log_to = log_to  # the node log is written there as it comes (never held whole); else dropped
+        self.log: int | None = None  # the node log's size, once wholly received
         self.fetched: list[str] = []
         self.whole: list[str] = []
         self.skipped: list[str] = []
@@ -427,7 +428,7 @@ class Receiver:
         self._line = bytearray()
         self._want = 0  # raw bytes still to come after the last header
         self._sink: Callable[[memoryview], object] = lambda b: None
-        self._log: bytearray | None = None  # the log being received
+        self._log: int | None = None  # bytes of the log being received, so far
         self._stage = "start"  # start -> list -> files
         self._listed: dict[str, int] = {}  # every listed path (refused ones too): its size
         self._listed_chars = 0
@@ -504,8 +505,8 @@ class Receiver:
             self._hashed(rec)
         elif keys == _LOG and self._stage == "start" and self.log is None and self._log is None:
             n = _size(rec, "log")
-            self._log = bytearray()
-            self._sink, self._want = self._log.extend, n
+            self._log = 0
+            self._sink, self._want = self._log_bytes, n
             if not n:
                 self._payload_done()
         elif keys == _FILE and self._stage in ("start", "list"):
@@ -609,6 +610,12 @@ class Receiver:
                 self._lose(path, "cannot write it here: %s" % e)
         self.on_bytes(len(b))
 
+    def _log_bytes(self, b: memoryview) -> None:
+        assert self._log is not None
+        if self.log_to is not None:
+            self.log_to.write(b)
+        self._log += len(b)
+
     def _payload_done(self) -> None:
         if self._log is not None:
             self.log, self._log = self._log, None
@@ -687,7 +694,7 @@ class Receiver:
                                   "received %d of %d bytes; %%s" % (size - self._want, size)) % cause)
         self._hash_due = None
         if self._log is not None:
-            self.errors.append("the log was cut short (%d bytes received); %s" % (len(self._log), cause))
+            self.errors.append("the log was cut short (%d bytes received); %s" % (self._log, cause))
             self._log = None
         self._want = 0
         if why is None and self.broken is None:

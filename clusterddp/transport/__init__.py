@@ -5,9 +5,9 @@ from __future__ import annotations
 from importlib import import_module
 
 from ..inventory import Host
-from .base import CommandResult, Transport
+from .base import CommandResult, Tail, Transport
 
-__all__ = ["CommandResult", "Transport", "connect"]
+__all__ = ["CommandResult", "Tail", "Transport", "connect"]
 
 _BACKENDS = {"ssh": "clusterddp.transport.ssh", "local": "clusterddp.transport.local"}
 

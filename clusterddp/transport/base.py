@@ -21,6 +21,19 @@ class CommandResult:
         return self.stdout.decode("utf-8", "replace")
 
 
+class Tail(bytearray):
+    """Keeps only the last 64 KiB written to it with ``+=`` (or ``extend``): a node's stderr, of
+    which only the last line is shown, need not be held whole."""
+
+    def __iadd__(self, data):  # type: ignore[misc]  # returns the Tail itself, not bytearray.__add__'s bytearray
+        super().__iadd__(data)
+        del self[:-(64 << 10)]
+        return self
+
+    def extend(self, data) -> None:
+        self += data
+
+
 class Transport(Protocol):
     """A connection to one node. Commands are POSIX shell text rendered by :mod:`clusterddp.plan`.
 
