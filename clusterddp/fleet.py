@@ -176,7 +176,8 @@ class Fleet:
             return dict(self._errors)
 
     def run(self, command: str | Callable[[Host], str | tuple[str, bytes]], *, timeout: float | None = None,
-            on_output: Callable[[str, bytes], None] | None = None, limit: float | None = None) -> list[HostResult]:
+            on_output: Callable[[str, bytes], None] | None = None, limit: float | None = None,
+            timed_out_code: int | None = None) -> list[HostResult]:
         """Run ``command`` (shell text, or a function rendering it per host, alone or with the bytes
         for its stdin: a ``plan.NodeCommand``) on every host.
 
@@ -184,7 +185,8 @@ class Fleet:
         the results hold no output; otherwise it is captured. Results come in host order.
         ``timeout`` bounds each wait for data; ``limit`` the whole command on each host: a host
         still running it then fails as timed out, and its connection is closed (also what ends
-        the wait on a host whose link died; the others keep their results).
+        the wait on a host whose link died; the others keep their results). A command that ends
+        itself at the limit (exit ``timed_out_code``, after ``limit`` s) fails the same way.
         """
         def one(host: Host, t: Transport) -> HostResult:
             rendered = command(host) if callable(command) else command
@@ -200,8 +202,8 @@ class Fleet:
                 timer.daemon = True
                 timer.start()
             def timed_out() -> HostError:
-                return HostError(host.name, f"timed out after {limit:g}s (its connection was closed)",
-                                 kind=Kind.TIMEOUT)
+                return HostError(host.name, f"timed out after {limit:g}s (the command is ended on the node; "
+                                 "its connection was closed)", kind=Kind.TIMEOUT)
             try:
                 if on_output is None:
                     res = t.run(text, timeout=timeout, stdin=stdin)
@@ -216,6 +218,9 @@ class Fleet:
                 if timer is not None:
                     timer.cancel()
             if expired.is_set() and res.exit_code == -1:  # paramiko's "no exit status": the channel was closed
+                raise timed_out()
+            if (limit is not None and timed_out_code is not None and res.exit_code == timed_out_code
+                    and self._clock() - started >= limit * 0.9):  # the node's own timer beat ours
                 raise timed_out()
             return HostResult(host.name, res, None, started, self._clock())
         return list(self.each(one).or_else(lambda h, e: HostResult(h, None, as_host_error(h, e))).values())

@@ -388,16 +388,28 @@ def probe_command(host: Host, master_addr: str, master_port: int | None, *, full
     return NodeCommand("\n".join(lines), _env_stdin(env))
 
 
-def exec_command(host: Host, words: list[str] | tuple[str, ...]) -> NodeCommand:
+EXEC_TIMED_OUT = 124  # what coreutils' timeout exits with when it ended the command
+
+
+def exec_command(host: Host, words: list[str] | tuple[str, ...], limit: float | None = None) -> NodeCommand:
     """The user's command for ``clusterddp exec``, after the host's setup lines and env.
 
     Like ssh and pdsh, the words are joined with spaces and the remote shell interprets
     them (pipes, globs, ``$VAR``): ``exec inv -- 'ls runs | wc -l'`` works, and arguments
     that must stay one word need quoting for the remote shell. The env arrives on stdin, which
     is read to its end first: the user's command finds its stdin empty (it never was interactive).
+
+    With ``limit`` (``exec --timeout``) the node ends the command itself after that many seconds
+    (coreutils' ``timeout``: SIGTERM to its whole process group, SIGKILL 5 s later), since closing
+    the connection does not stop a command that has no terminal. It then runs in a child of the
+    same shell (bash where the node's shell is bash), which sees the exported env and PATH but
+    not shell functions the setup lines did not export.
     """
     lines = [f"export CLUSTERDDP_HOST={q(host.name)}"]
     lines += _preamble(host, host.env, stdout_to=">/dev/null", env_on_stdin=True,
                        on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
-    lines.append(" ".join(words))
+    text = " ".join(words)
+    if limit is not None:
+        text = f'timeout -k 5 {limit:.3f} "${{BASH:-sh}}" -c {q(text)}'
+    lines.append(text)
     return NodeCommand("\n".join(lines), _env_stdin(host.env))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import subprocess
 import time
 from pathlib import Path
@@ -9,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import cddp, cddp_popen, wait_for_line
+from helpers import cddp, cddp_popen, eventually, wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -72,15 +74,20 @@ def test_fanout_bound_is_honoured(make_bed, tmp_path):
     assert peak("--fanout", "3", inventory=one) >= 2  # the flag wins over the inventory
 
 
-def test_timeout_reports_the_slow_host_and_keeps_the_others(bed, tmp_path):
+def test_timeout_reports_the_slow_host_ends_its_command_and_keeps_the_others(bed, tmp_path):
     inv = bed.write_inventory(tmp_path / "inv.yaml")
+    naptime = f"30.{os.getpid()}{secrets.randbelow(10**6)}"  # names this test's sleep among the machine's processes
     t0 = time.monotonic()
-    r = cddp("exec", str(inv), "--timeout", "2", "--", "echo hi; case $(hostname) in node2) sleep 30;; esac",
-             check_rc=1, timeout=60)
+    r = cddp("exec", str(inv), "--timeout", "2", "--",
+             f"echo hi; case $(hostname) in node2) sleep {naptime} | cat;; esac", check_rc=1, timeout=60)
     took = time.monotonic() - t0
     assert took < 8, f"exec took {took:.1f}s with --timeout 2 and a 30 s sleep"
     assert set(r.stdout.splitlines()) == {"[node1] hi", "[node2] hi"}
-    assert r.stderr == "exec: 1 of 2 host(s) failed:\n  node2: timed out after 2s (its connection was closed)\n"
+    assert r.stderr == ("exec: 1 of 2 host(s) failed:\n  node2: timed out after 2s (the command is ended on the node; "
+                        "its connection was closed)\n")
+    # Closing the connection alone leaves a command without a terminal running: the node's timer ends it.
+    assert eventually(lambda: subprocess.run(["pgrep", "-f", f"sleep {naptime}"]).returncode == 1, timeout=15), \
+        f"node2's `sleep {naptime}` still runs after exec --timeout 2 returned"
     r = cddp("exec", str(inv), "--timeout", "0", "--", "true")
     assert r.returncode == 2 and "--timeout" in r.stderr and "Traceback" not in r.stderr
 

@@ -243,6 +243,7 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
          plan.probe_command(b, addr, None, full=False, env=eb)),
         (f"exec_command({a.name}, {EXEC_WORDS!r})", plan.exec_command(a, EXEC_WORDS)),
         (f"exec_command({b.name}, {EXEC_WORDS!r})", plan.exec_command(b, EXEC_WORDS)),
+        (f"exec_command({a.name}, {EXEC_WORDS!r}, limit=2.5)", plan.exec_command(a, EXEC_WORDS, 2.5)),
     ]
     return out
 

@@ -17,8 +17,9 @@ def exec_(
     raw: bool = RAW,
     timeout: float | None = typer.Option(
         None, "--timeout", metavar="SECONDS", show_default=False,
-        help="Per-host time limit: a host still running the command then is reported as timed out and its "
-             "connection closed; the others keep their results. Default: none (exec also runs long installs)."),
+        help="Per-host time limit: a host still running the command then is reported as timed out, the node "
+             "ends the command (coreutils' timeout) and its connection is closed; the others keep their results. "
+             "Default: none (exec also runs long installs)."),
 ) -> None:
     """Run COMMAND on every host in parallel; each output line is prefixed by its host.
 
@@ -44,7 +45,8 @@ def exec_(
     printer = PrefixPrinter([h.name for h in inv.hosts], raw=raw)
     try:
         with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
-            results = fleet.run(lambda h: plan.exec_command(h, command), on_output=printer, limit=timeout)
+            results = fleet.run(lambda h: plan.exec_command(h, command, timeout), on_output=printer, limit=timeout,
+                                timed_out_code=plan.EXEC_TIMED_OUT)
     finally:
         printer.flush()
     failed = [r for r in results if not r.ok]
