@@ -240,3 +240,17 @@ def test_keepalive_sends_ssh_keepalives_and_zero_sends_none(bed, tmp_path):
     finally:
         for t in conns.values():
             t.close()
+
+
+def test_a_captured_command_holds_a_bounded_answer(bed, tmp_path):
+    """Probes, status and teardown answers are captured: a node flooding one is cut off, not held."""
+    from clusterddp.transport.ssh import MAX_RUN_OUTPUT
+    t = connect(inventory.load(bed.write_inventory(tmp_path / "inv.yaml", hosts=[bed.nodes[0]])).hosts[0])
+    try:
+        for stream in ("", ">&2"):
+            with pytest.raises(HostError, match=r"node1: sent more than 16 MiB on std(out|err) for one command"):
+                t.run(f"head -c {MAX_RUN_OUTPUT + 1} /dev/zero {stream}; sleep 30", timeout=60)
+        assert len(t.run(f"head -c {MAX_RUN_OUTPUT} /dev/zero").stdout) == MAX_RUN_OUTPUT  # the limit itself fits
+        assert t.run("echo still usable").text == "still usable\n"
+    finally:
+        t.close()

@@ -47,6 +47,9 @@ from .base import CommandResult
 _PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 _WINDOW = 4 << 20
 _MAX_PACKET = 128 << 10
+# Output a captured command (``run``: probes, status, teardown) may hold, per stream. Answers are
+# a few KiB; bulk data (logs, collect, exec's output) is streamed, never captured.
+MAX_RUN_OUTPUT = 16 << 20
 _CHUNK = 1 << 20
 
 # paramiko starts a re-key after 512 MiB; a channel closing while that re-key is pending
@@ -501,10 +504,21 @@ class SSHTransport:
             stdin: bytes | os.PathLike | None = None) -> CommandResult:
         chan = self._channel(command, timeout)
         out, err = bytearray(), bytearray()
+
+        def keep(buf: bytearray, what: str) -> Callable[[bytes], None]:
+            def add(chunk: bytes) -> None:
+                if len(buf) + len(chunk) > MAX_RUN_OUTPUT:
+                    raise _TooMuch(what)
+                buf.extend(chunk)
+            return add
         try:
             self._send(chan, stdin)
             chan.shutdown_write()
-            code = self._pump(chan, out.extend, err.extend, timeout)
+            code = self._pump(chan, keep(out, "stdout"), keep(err, "stderr"), timeout)
+        except _TooMuch as e:
+            raise HostError(self.name, f"sent more than {MAX_RUN_OUTPUT >> 20} MiB on {e} for one command "
+                            "(its answer is expected to be small); the command was abandoned",
+                            "look at what the node's shell start-up files and setup lines print") from None
         except TimeoutError:
             raise HostError(self.name, f"command timed out after {timeout:g}s", kind=Kind.TIMEOUT) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
@@ -542,6 +556,10 @@ class SSHTransport:
         while isinstance(hop, _Hop):  # the node first, then each jump host it went through
             hop.client.close()
             hop = hop.gateway
+
+
+class _TooMuch(Exception):
+    """A node sent more output than a captured command may hold. Private control flow."""
 
 
 class _LocalError(Exception):
