@@ -360,11 +360,11 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             outcome = sup.follow()
         except KeyboardInterrupt:
             store.close_logs()
-            collect(fleet, plan, store, on_collect)
+            collect(fleet, plan, store, on_collect, sup)
             finish(store, run_id, sup, sup.outcome)
             raise
         store.close_logs()
-        collect(fleet, plan, store, on_collect)
+        collect(fleet, plan, store, on_collect, sup)
         status = finish(store, run_id, sup, outcome)
         if status is not RunStatus.SUCCEEDED:
             raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status)
@@ -374,9 +374,17 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         sup.close()
 
 
-def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Callable[[CollectResult], None]
-            ) -> list[CollectResult]:
-    results = collect_nodes(fleet, plan.nodes, store, plan.run_id, plan.collect)
+def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Callable[[CollectResult], None],
+            sup: Supervisor | None = None) -> list[CollectResult]:
+    """Bring back every node's log and files, except from nodes ``sup`` saw lost: they are not
+    tried (their link is gone), and the result says how to fetch them once they answer again."""
+    lost = {n.name for n in sup.nodes if n.state is NodeState.LOST} if sup is not None else set()
+    got = {r.host: r for r in collect_nodes(fleet, [n for n in plan.nodes if n.host.name not in lost], store,
+                                             plan.run_id, plan.collect)}
+    results = [got.get(n.host.name) or CollectResult(
+        n.host.name, error=f"{n.host.name}: not collected: it was lost during the run; "
+                           f"`clusterddp collect {plan.run_id}` fetches its log and files once it answers again")
+        for n in plan.nodes]
     for r in results:
         on_collect(r)
     return results

@@ -46,7 +46,7 @@ ACTIVE = (NodeState.STARTING, NodeState.RUNNING)
 # paramiko sends them without asking for a reply, so a dead link never fails them; they only keep
 # NAT and firewall state alive.
 HEARTBEAT_S = 2.0
-LOST_AFTER_S = 10.0
+LOST_AFTER_S = 8.0
 
 
 @dataclass

@@ -273,6 +273,7 @@ def test_a_node_cut_off_mid_run_ends_the_run_within_15s_logs_fall_back_and_stop_
         assert ended <= EXIT_BOUND, f"`up` exited {ended:.1f}s after node2 was cut off"
         assert p.returncode == 1, "".join(lines) + rest
         assert "node2 failed first" in rest and "stopped answering" in rest, rest
+        assert f"node2: not collected: it was lost during the run; `clusterddp collect {run_id}`" in rest, rest
         rec = record(runs, run_id)
         assert rec["status"] == "failed" and rec["failed_host"] == "node2" and rec["exit_code"] == 1, rec
         assert [n["state"] for n in rec["nodes"]] == ["stopped", "lost"], rec["nodes"]
