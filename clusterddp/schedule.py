@@ -308,9 +308,14 @@ def search_path(bin_dir: str) -> str:
     return ":".join(dict.fromkeys((bin_dir, *SYSTEM_PATH)))
 
 
-def up_options(spec: ScheduleSpec) -> list[str]:
-    """What follows ``up INVENTORY SCRIPT --runs-dir RUNS`` when the schedule fires."""
+def up_options(spec: ScheduleSpec, env_file: str | None = None) -> list[str]:
+    """What follows ``up INVENTORY SCRIPT --runs-dir RUNS`` when the schedule fires.
+
+    The env's values never go on the command line (every user sees it in ``ps``): ``up`` reads
+    them from ``env_file`` (``-e @FILE``), which :func:`start_up` fills with :func:`env_lines`."""
     r = spec.run
+    if r.env and env_file is None:
+        raise ValueError("a schedule with env values needs the file that carries them")
     argv = ["--schedule", spec.name]
     if r.name:
         argv += ["--name", r.name]
@@ -320,8 +325,8 @@ def up_options(spec: ScheduleSpec) -> list[str]:
         argv += ["--gpus", str(r.gpus)]
     if r.master_port is not None:
         argv += ["--master-port", str(r.master_port)]
-    for k, v in r.env:
-        argv += ["-e", f"{k}={v}"]
+    if r.env:
+        argv += ["-e", f"@{env_file}"]
     for g in r.collect:
         argv += ["--collect", g]
     if r.max_restarts:
@@ -331,9 +336,15 @@ def up_options(spec: ScheduleSpec) -> list[str]:
     return argv
 
 
-def up_argv(spec: ScheduleSpec) -> list[str]:
+def up_argv(spec: ScheduleSpec, env_file: str | None = None) -> list[str]:
     """The `clusterddp up` command line the schedule runs."""
-    return [*spec.executable, "up", spec.inventory, spec.run.script, "--runs-dir", spec.runs_dir, *up_options(spec)]
+    return [*spec.executable, "up", spec.inventory, spec.run.script, "--runs-dir", spec.runs_dir,
+            *up_options(spec, env_file)]
+
+
+def env_lines(env: tuple[tuple[str, str], ...]) -> bytes:
+    """The env as ``-e @FILE`` reads it: every value a JSON string, so any text survives."""
+    return "".join(f"{k}={json.dumps(v)}\n" for k, v in env).encode()
 
 
 # ---- the crontab line ----
@@ -964,14 +975,24 @@ def start_up(spec: ScheduleSpec, lock_fd: int) -> subprocess.Popen:
     env = {**os.environ, "PATH": search_path(spec.bin_dir)}
     if spec.agent_socket:
         env["SSH_AUTH_SOCK"] = spec.agent_socket
-    argv = up_argv(spec)
+    fds = [lock_fd]
+    env_file = None
+    if spec.run.env:  # the values go through a memory-only file this process hands on, never argv
+        fd = os.memfd_create(f"clusterddp-{spec.name}-env", 0)  # not CLOEXEC: only up gets it (pass_fds)
+        os.write(fd, env_lines(spec.run.env))
+        fds.append(fd)
+        env_file = f"/dev/fd/{fd}"
+    argv = up_argv(spec, env_file)
     try:
-        return subprocess.Popen(argv, cwd=spec.launch_dir, env=env, pass_fds=(lock_fd,))
+        return subprocess.Popen(argv, cwd=spec.launch_dir, env=env, pass_fds=tuple(fds))
     except OSError as e:
         where = f"launch_dir {spec.launch_dir}" if not os.path.isdir(spec.launch_dir) else argv[0]
         raise ClusterDDPError(f"schedule {spec.name}: cannot start `clusterddp up`: {where}: {e.strerror}",
                               f"its spec is {spec.spec_path}; add the schedule again from a folder that "
                               "exists, with this environment's clusterddp") from None
+    finally:
+        for fd in fds[1:]:
+            os.close(fd)
 
 
 def start(text: str, entry: Entry) -> subprocess.Popen:

@@ -44,7 +44,8 @@ def test_bad_inventory_exits_2_with_located_message(tmp_path, script, inv_text, 
 @pytest.mark.parametrize("args, words", [
     (["up", "inv.yaml", "missing.py"], "script missing.py: no such file"),
     (["up", "nope.yaml", "t.py"], "nope.yaml: no such file"),
-    (["up", "inv.yaml", "t.py", "-e", "NOEQUALS"], "expected NAME=VALUE"),
+    (["up", "inv.yaml", "t.py", "-e", "NOEQUALS"], "NOEQUALS: not set in this environment"),
+    (["up", "inv.yaml", "t.py", "-e", "@nope.env"], "-e @nope.env: cannot read it"),
     (["up", "inv.yaml", "t.py", "--hosts", "gpu-09"], "--hosts names gpu-09"),
     (["up", "inv.yaml", "t.py", "--gpus", "0"], "--gpus"),
 ])

@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -206,8 +207,10 @@ def _fake_clusterddp(tmp_path: Path, name: str = "clusterddp") -> Path:
                    "if ['schedule', 'fire'] in (args[:2], args[2:4]):\n"
                    f"    os.execv({sys.executable!r}, [{sys.executable!r}, '-m', 'clusterddp', "
                    "*args[args.index('schedule'):]])\n"
+                   "files = {a[1:]: open(a[1:]).read() for a in args if a.startswith('@/dev/fd/')}\n"
                    f"with open({str(tmp_path / 'calls.jsonl')!r}, 'a') as f:\n"
-                   "    f.write(json.dumps({'argv': args, 'cwd': os.getcwd(), 'env': dict(os.environ)}) + '\\n')\n"
+                   "    f.write(json.dumps({'argv': args, 'cwd': os.getcwd(), 'env': dict(os.environ), 'files': files})"
+                   " + '\\n')\n"
                    "print('fake clusterddp ran', args[0], flush=True)\n"
                    "hold = os.environ.get('FAKE_HOLD_UNTIL')\n"
                    "while hold and not os.path.exists(hold):\n"
@@ -225,6 +228,23 @@ def _run_as_cron(line: str, home: Path, extra_env: dict | None = None) -> subpro
     env = {"HOME": str(home), "LOGNAME": "x", "SHELL": "/bin/sh", "PATH": S.CRON_PATH, **(extra_env or {})}
     return subprocess.run(["/bin/sh", "-c", command], env=env, cwd=home, input=stdin, capture_output=True,
                           text=True, timeout=60)
+
+
+def _inline_env(call: dict) -> list[str]:
+    """A recorded up's argv with ``-e @FILE`` replaced by the ``-e NAME=VALUE`` flags the file holds."""
+    from clusterddp.cli.common import read_env_file
+    out: list[str] = []
+    for a in call["argv"]:
+        if a[1:] in call["files"] and out[-1:] == ["-e"]:
+            out.pop()
+            with tempfile.NamedTemporaryFile("w") as f:
+                f.write(call["files"][a[1:]])
+                f.flush()
+                for k, v in read_env_file(f.name):
+                    out += ["-e", f"{k}={v}"]
+        else:
+            out.append(a)
+    return out
 
 
 def _calls(tmp_path: Path) -> list[dict]:
@@ -254,7 +274,12 @@ def test_cron_line_fires_up_with_every_word_exactly(tmp_path, module):
     assert r.returncode == 0, r.stderr
     assert r.stdout == "" and r.stderr == ""  # everything went to the schedule's log
     (call,) = _calls(tmp_path)
-    assert call["argv"] == S.up_argv(s)[1:]
+    (env_file, lines), = call["files"].items()  # the env's values came in a file, not on the command line
+    assert env_file.startswith("/dev/fd/") and call["argv"] == S.up_argv(s, env_file)[1:]
+    assert "s3cr" not in " ".join(call["argv"]) and "x%y" not in " ".join(call["argv"])
+    from clusterddp.cli.common import read_env_file
+    (tmp_path / "env").write_text(lines)
+    assert tuple(read_env_file(str(tmp_path / "env"))) == s.run.env
     assert call["cwd"] == str(work)
     assert call["env"]["PATH"] == S.search_path(str(exe.parent))
     assert call["env"]["SSH_AUTH_SOCK"] == str(tmp_path / "agent 50%.sock")
@@ -437,7 +462,9 @@ def test_a_migrated_line_runs_the_same_up_as_the_long_form_line(tmp_path_factory
         after = _run_as_cron(plan.text.rstrip("\n"), root)
         assert after.returncode == 0, after.stderr
         old, new = _calls(root)[-2:]
-        assert new["argv"] == old["argv"] == S.up_argv(s)[1:]
+        env_file = next(iter(new["files"]), None)  # the migrated line hands env values over in a file
+        assert new["argv"] == S.up_argv(s, env_file)[1:]
+        assert _inline_env(new) == old["argv"]  # the same up, values and all
         assert new["cwd"] == old["cwd"] == s.launch_dir
         assert new["env"] == old["env"], set(new["env"].items()) ^ set(old["env"].items())
 

@@ -186,7 +186,7 @@ def test_ssh_inventory_without_key_warns_that_cron_has_no_agent(crontab, work):
     (["bad name", "--cron", "@daily", "local", "t.py"], "schedule name 'bad name'"),
     (["n", "--cron", "@daily", "local", "missing.py"], "script missing.py: no such file"),
     (["n", "--cron", "@daily", "nope.yaml", "t.py"], "nope.yaml: no such file"),
-    (["n", "--cron", "@daily", "local", "t.py", "-e", "NOEQUALS"], "expected NAME=VALUE"),
+    (["n", "--cron", "@daily", "local", "t.py", "-e", "NOEQUALS"], "NOEQUALS: not set in this environment"),
     (["n", "--cron", "@daily", "local", "t.py", "--gpus", "0"], "--gpus"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(crontab, work, args, words):
