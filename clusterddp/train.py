@@ -17,7 +17,7 @@ itself is not installed::
         for x, y in loader:
             ...
         ct.save_checkpoint({...}, step=epoch + 1)
-    ct.cleanup()
+    ct.cleanup(barrier=True)  # every rank ends here
 
 ``save_checkpoint`` and ``load_latest`` are collective: every rank must call them.
 """
@@ -185,10 +185,17 @@ def context() -> Context:
     return _CTX if _CTX is not None else init()
 
 
-def cleanup() -> None:
-    """Destroy the process group if one is initialised; safe to call more than once."""
+def cleanup(barrier: bool = False) -> None:
+    """Destroy the process group if one is initialised; safe to call more than once.
+
+    ``barrier=True`` (at the normal end of training, reached by every rank) first waits for every
+    rank, so no rank tears its connections down while a peer still uses them. Leave it off where
+    only some ranks may call it (an error path): the others would wait for it forever.
+    """
     global _CTX
     if dist.is_available() and dist.is_initialized():
+        if barrier and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
     _CTX = None
 

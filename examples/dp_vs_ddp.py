@@ -121,7 +121,8 @@ def ddp_worker(args: argparse.Namespace) -> None:
         torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
     rate = per_proc * ctx.world_size * args.steps / seconds.item()
     ct.print0(RESULT_TAG + json.dumps({"samples_per_s": rate, "world_size": ctx.world_size}))
-    ct.cleanup()
+    del model  # the DDP wrapper holds the process group: let it go first (see ddp_train.py)
+    ct.cleanup(barrier=True)
 
 
 def run_ddp(args: argparse.Namespace, argv: list[str]) -> tuple[float, int]:
