@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from . import prune as prune_cmd
 from . import runs as runs_cmd
 from . import schedule as schedule_cmd
 from . import up as up_cmd
@@ -18,6 +19,7 @@ for _verb in ("runs", "status", "logs", "stop", "collect"):
 app.add_typer(schedule_cmd.app, name="schedule")
 app.command("check")(check_cmd)
 app.command("exec")(exec_cmd)
+app.command("prune")(prune_cmd.prune)
 
 
 @app.callback()
