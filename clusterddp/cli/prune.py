@@ -42,7 +42,12 @@ def report(results: list[RunResult], sel: Selection, dry_run: bool, lead: str = 
             print(f"{lead}{'would remove' if dry_run else 'removed'} {_what(r)}: {_where(r)}", flush=True)
         else:
             stayed += 1
-            err(f"{lead}not removed {_what(r)}: {r.why_kept}; its record is kept, so a later prune finishes it")
+            words = {n.word for n in r.nodes}
+            then = ("its record points outside a run folder: nothing of it was removed; check "
+                    f"{r.record.run_id}/run.json, or delete that folder by hand" if "damaged" in words
+                    else "its job still runs there" if words <= {"running", "removed", "missing"} and words
+                    else "its record is kept, so a later prune finishes it")
+            err(f"{lead}not removed {_what(r)}: {r.why_kept}; {then}")
     for run_id in sel.running:
         err(f"{lead}kept {run_id}: its record says running (a running run is never removed; "
             f"`clusterddp status {run_id}` updates the record)")
