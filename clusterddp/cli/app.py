@@ -7,6 +7,7 @@ import typer
 from . import prune as prune_cmd
 from . import runs as runs_cmd
 from . import schedule as schedule_cmd
+from . import schema as schema_cmd
 from . import up as up_cmd
 from .check import check as check_cmd
 from .exec_ import exec_ as exec_cmd
@@ -20,6 +21,7 @@ app.add_typer(schedule_cmd.app, name="schedule")
 app.command("check")(check_cmd)
 app.command("exec")(exec_cmd)
 app.command("prune")(prune_cmd.prune)
+app.command("schema")(schema_cmd.schema)
 
 
 @app.callback()
