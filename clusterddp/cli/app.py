@@ -12,7 +12,9 @@ from . import up as up_cmd
 from .check import check as check_cmd
 from .exec_ import exec_ as exec_cmd
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+# add_completion: --install-completion/--show-completion; typer imports its completion code anyway, so
+# --help is no slower with them (measured, see the README).
+app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="Start PyTorch DDP training on several machines over SSH, from one command.")
 app.command("up", context_settings={"help_option_names": ["-h", "--help"]})(up_cmd.up)
 for _verb in ("runs", "status", "logs", "stop", "collect"):
