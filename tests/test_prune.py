@@ -169,3 +169,9 @@ def test_the_command_says_what_to_give_and_a_dry_run_removes_nothing(tmp_path):
     r = cddp("prune", "--keep", "1", "--runs-dir", str(store.root), check_rc=0)
     assert r.stdout.startswith("removed r1 ") and "removed 1 run(s)" in r.stdout, r.stdout
     assert eventually(lambda: [x["run_id"] for x in store.list()] == ["r2"])
+
+
+def test_the_node_command_matches_its_golden_file():
+    from test_plan import golden
+    golden("prune_command.txt", P.prune_command([("~/clusterddp/runs/r1", "r1/gpu-01"),
+                                                 ("/scratch/it's here/runs/r2", "r2/gpu-01")], dry_run=True))
