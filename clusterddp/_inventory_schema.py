@@ -122,4 +122,5 @@ class InventoryFile(BaseModel):
     master: _MasterEntry = _MasterEntry()
     collect: list[Line] = []
     fanout: int | None = Field(default=None, ge=1, le=1024)
+    keep_runs: int | None = Field(default=None, ge=1)
     hosts: list[_HostEntry] = Field(min_length=1)

@@ -113,6 +113,7 @@ class Inventory:
     master: Master
     collect: tuple[str, ...] = field(default=())
     fanout: int = DEFAULT_FANOUT  # at most this many hosts are contacted at once
+    keep_runs: int | None = None  # `up` prunes this inventory's runs to the newest N after each run
 
     def select(self, names: list[str]) -> Inventory:
         """The same inventory restricted to ``names`` (kept in inventory order)."""
@@ -125,7 +126,7 @@ class Inventory:
         master = self.master
         if master.host not in names:  # the master left the subset: the first chosen host leads
             master = Master(hosts[0].name, hosts[0].address, master.port)
-        return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout)
+        return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs)
 
 
 def _path_str(loc: tuple) -> str:
@@ -251,7 +252,7 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:
     master_host = hosts[seen[master_name]]
     master = Master(master_name, m.addr or master_host.address, m.port)
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
-                     inv.fanout or DEFAULT_FANOUT)
+                     inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs)
 
 
 def load(path: str | Path) -> Inventory:

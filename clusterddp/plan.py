@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -413,3 +414,57 @@ def exec_command(host: Host, words: list[str] | tuple[str, ...], limit: float | 
         text = f'timeout -k 5 {limit:.3f} "${{BASH:-sh}}" -c {q(text)}'
     lines.append(text)
     return NodeCommand("\n".join(lines), _env_stdin(host.env))
+
+
+# ---- prune: removing old runs' node folders ----
+
+_RUN_ID_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def prune_target_problem(run_id: str, workdir: str, run_dir: str, control_dir: str) -> str | None:
+    """Why a recorded node folder is not one ``prune`` may delete, or None when it is.
+
+    run.json is data a person (or a bug) can damage, so the folder must have exactly the shape
+    :func:`build_plan` gives it, ``<workdir>/runs/<run_id>`` with the control folder inside, and
+    no component that climbs (``..``) or hides (``.``, an empty one). On the node,
+    :func:`prune_command` also refuses a folder that is a symlink or holds no ``.clusterddp``."""
+    if not _RUN_ID_SHAPE.fullmatch(run_id):
+        return f"the run id {run_id!r} is not one clusterddp makes"
+    if run_dir != posixpath.join(workdir, "runs", run_id):
+        return f"run folder {run_dir!r} is not <workdir>/runs/{run_id} (workdir {workdir!r})"
+    if not control_dir.startswith(run_dir + "/"):
+        return f"control folder {control_dir!r} is not inside the run folder {run_dir!r}"
+    parts = run_dir.split("/")
+    if parts[0] == "":  # absolute
+        parts = parts[1:]
+    elif parts[0] == "~":  # the remote home, as qpath expands it
+        parts = parts[1:]
+    bad = [p for p in parts if p in ("", ".", "..")]
+    if bad or any(c in run_dir for c in "\0\n\r"):
+        return f"run folder {run_dir!r} has an empty, '.' or '..' component or a control character"
+    return None
+
+
+_PRUNE_FN = r"""cddp_prune() {  # $1 index, $2 run folder, $3 the job's marker, $4 "dry": look only
+  if grep -qszxF "$3" /proc/[0-9]*/environ; then echo "$1 running"; return; fi
+  if [ ! -e "$2" ] && [ ! -L "$2" ]; then echo "$1 missing"; return; fi
+  if [ -L "$2" ] || [ ! -d "$2" ] || [ -L "$2/.clusterddp" ] || [ ! -d "$2/.clusterddp" ]; then
+    echo "$1 refused"; return
+  fi
+  local kb; kb=$(du -sk -- "$2" 2>/dev/null | cut -f1)
+  if [ "$4" = dry ]; then echo "$1 would ${kb:--}"; return; fi
+  rm -rf -- "$2" 2>/dev/null
+  if [ -e "$2" ]; then echo "$1 failed ${kb:--}"; else echo "$1 removed ${kb:--}"; fi
+}"""
+
+
+def prune_command(targets: Sequence[tuple[str, str]], dry_run: bool = False) -> str:
+    """Remove run folders on one node: ``targets`` are (run folder, marker) pairs, each already
+    accepted by :func:`prune_target_problem`. One line per target, ``<index> <word> [KiB]``:
+    ``removed`` (or ``would`` with ``dry_run``: nothing is touched), ``missing`` (nothing there),
+    ``running`` (a process still carries the run's marker: left alone, whatever the record says),
+    ``refused`` (a symlink, or not a folder holding ``.clusterddp``) or ``failed``."""
+    lines = [_PRUNE_FN]
+    for i, (run_dir, marker) in enumerate(targets):
+        lines.append(f"cddp_prune {i} {qpath(run_dir)} {q(MARKER + '=' + marker)}" + (" dry" if dry_run else ""))
+    return "\n".join(lines)

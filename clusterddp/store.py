@@ -414,6 +414,46 @@ class RunStore:
                 finally:
                     self._lock.release()
 
+    def remove(self, run_id: str, may_remove: Callable[[RunRecord], bool]) -> bool:
+        """Delete run ``run_id``: its row in runs.db and its folder, if ``may_remove(record)`` says so
+        (asked under the run's lock, with the record as it is now: a `status` or `stop` in another
+        process cannot change it meanwhile). Returns whether it was removed.
+
+        The folder is first renamed to a hidden name (never listed, never resolved), then its row is
+        deleted; only then is it deleted. A failure before that leaves the run as it was."""
+        d = self.run_dir(run_id)
+        if d.is_symlink():
+            raise StoreError(f"{d} is a symlink, not a run folder", "remove it by hand if it is not needed")
+        self.load(run_id)
+        with closing(self._write_db()) as con:
+            lock, lock_path = self._open_lock(run_id)
+            with lock:
+                _flock(lock, time.monotonic() + LOCK_TIMEOUT, lambda: self._still_locked(lock_path))
+                if not may_remove(self.load(run_id)):
+                    return False
+                gone = self.root / f".{run_id}.removing-{secrets.token_hex(4)}"
+                try:
+                    os.rename(d, gone)
+                except OSError as e:
+                    raise self._cannot_write(e, d) from None
+                try:
+                    con.execute("BEGIN IMMEDIATE")
+                    con.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+                    con.execute("COMMIT")
+                except BaseException as e:
+                    if con.in_transaction:
+                        con.execute("ROLLBACK")
+                    os.rename(gone, d)
+                    if isinstance(e, sqlite3.Error):
+                        raise self._db_error(e, writing=True) from None
+                    raise
+        left: list[str] = []
+        shutil.rmtree(gone, onerror=lambda fn, path, e: left.append(f"{path}: {e[1]}"))
+        if left:
+            raise StoreError(f"run {run_id} is no longer listed, but {len(left)} item(s) of its folder could not "
+                             f"be deleted (first: {left[0]})", f"delete {gone} by hand")
+        return True
+
     def _still_locked(self, path: Path) -> StoreError:
         return StoreError(f"{path}: still locked by another process after {LOCK_TIMEOUT:g}s",
                           f"another clusterddp command is updating this run; wait for it to end and try again "

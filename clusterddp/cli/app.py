@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import typer
 
+from . import prune as prune_cmd
 from . import runs as runs_cmd
 from . import schedule as schedule_cmd
+from . import schema as schema_cmd
 from . import up as up_cmd
 from .check import check as check_cmd
 from .exec_ import exec_ as exec_cmd
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+# add_completion: --install-completion/--show-completion; typer imports its completion code anyway, so
+# --help is no slower with them (measured, see the README).
+app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="Start PyTorch DDP training on several machines over SSH, from one command.")
 app.command("up", context_settings={"help_option_names": ["-h", "--help"]})(up_cmd.up)
 for _verb in ("runs", "status", "logs", "stop", "collect"):
@@ -18,6 +22,8 @@ for _verb in ("runs", "status", "logs", "stop", "collect"):
 app.add_typer(schedule_cmd.app, name="schedule")
 app.command("check")(check_cmd)
 app.command("exec")(exec_cmd)
+app.command("prune")(prune_cmd.prune)
+app.command("schema")(schema_cmd.schema)
 
 
 @app.callback()

@@ -97,9 +97,15 @@ def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: b
                   + (f", skipped {len(r.skipped)} still being written" if r.skipped else ""), flush=True)
         tell_missing(f"collect {r.host}: ", r.missing)
     run_id = prep.plan.run_id
+    from ..errors import RunFailed
+    from .prune import apply_keep_runs
     try:
         jobs.execute(prep, printer, on_collect=on_collect, detach=detach, fleet=fleet,
                      source_tar=upload.path if upload else None)
+    except RunFailed:
+        printer.flush()
+        apply_keep_runs(prep.plan.inventory, runs_dir)  # a failed run is a run: it counts among the kept
+        raise
     finally:
         printer.flush()
     if detach:
@@ -108,7 +114,9 @@ def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: b
               f"  follow: clusterddp logs {run_id} --follow{rd}\n"
               f"  status: clusterddp status {run_id}{rd}\n"
               f"  stop:   clusterddp stop {run_id}{rd}", flush=True)
+        apply_keep_runs(prep.plan.inventory, runs_dir)
         return
     took = time.monotonic() - started
     print(f"run {prep.plan.run_id} succeeded in {took:.1f}s; run folder: {prep.store.run_dir(prep.plan.run_id)}",
           flush=True)
+    apply_keep_runs(prep.plan.inventory, runs_dir)

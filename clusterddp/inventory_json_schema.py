@@ -1,0 +1,113 @@
+"""The inventory's JSON Schema, for YAML editors (completion, hover help, checks as you type).
+
+Generated from the pydantic model that validates inventories (:mod:`clusterddp._inventory_schema`),
+then made editor-friendly: each field gets its README description, pydantic's union constraints
+(``gt``, ``ge``) become JSON Schema keywords, and ``gpus``, ``env`` and host names get the shape the
+validators enforce. The result is shipped as ``inventory.schema.json`` beside this module and
+printed by ``clusterddp schema``; ``tests/test_inventory_json_schema.py`` keeps the file in sync.
+
+Regenerate after changing the model (a new field, a new block)::
+
+    python -m clusterddp.inventory_json_schema --write
+
+A field not in :data:`DESCRIPTIONS` still appears (with pydantic's title); add a line there for its help text.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+SCHEMA_FILE = Path(__file__).with_name("inventory.schema.json")
+SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+# Hover help, by field name (the same name means the same thing wherever it appears).
+DESCRIPTIONS = {
+    "name": "The inventory's name (default: the file name)",
+    "defaults": "Settings every host inherits; a host entry overrides any of them (`env` merges key by key)",
+    "master": "Where the nodes meet (torchrun's master / rendezvous)",
+    "collect": "Globs relative to the remote run folder, brought back after the run (e.g. checkpoints/**)",
+    "fanout": "Hosts contacted at once by check, exec, up, status, logs, stop and collect (default 32)",
+    "keep_runs": "After each run, `up` removes this inventory's older runs (on the nodes and locally), "
+                 "keeping the newest N; a running run is never removed",
+    "hosts": "The machines, in node-rank order",
+    "user": "SSH user (default: ~/.ssh/config, then your local user)",
+    "port": "SSH port (default: ~/.ssh/config, then 22)",
+    "identity_file": "SSH private key; ssh-agent and ~/.ssh/config are honoured too",
+    "known_hosts": "Host keys are always checked against this file (default ~/.ssh/known_hosts)",
+    "host_key_policy": "strict (default): an unknown or changed key is refused; accept-new: unknown keys are "
+                       "recorded, changed keys refused",
+    "gpus": "Processes per node: a count, or auto (default: nvidia-smi's GPU count, 1 when none)",
+    "python": "The node's Python with torch; torchrun runs as `<python> -m torch.distributed.run` (default python3)",
+    "workdir": "A run lives in <workdir>/runs/<run_id>/ on the node (default ~/clusterddp)",
+    "env": "Environment variables for the job on the node, values verbatim",
+    "setup": "Shell lines run on the node before torchrun (e.g. source ~/venv/bin/activate)",
+    "connect_timeout": "Seconds before a host that does not answer is reported (default 10)",
+    "keepalive": "Seconds between SSH keepalives; 0 turns them off (default 5)",
+    "address": "The address to connect to (default: the name, resolved through ~/.ssh/config)",
+    "host": "The master host, one of `hosts` (default: the first host)",
+    "addr": "The address other nodes use to reach the master (default: that host's address)",
+}
+
+_KEYWORDS = {"gt": "exclusiveMinimum", "ge": "minimum", "lt": "exclusiveMaximum", "le": "maximum"}
+
+
+def _fix(node: Any) -> Any:
+    """Pydantic's constraint names on unions (``gt``...) as JSON Schema keywords, all the way down."""
+    if isinstance(node, dict):
+        return {_KEYWORDS.get(k, k): _fix(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fix(v) for v in node]
+    return node
+
+
+def _shape(props: dict[str, Any], host_entry: bool) -> None:
+    """What the model's validators enforce beyond their types, for the editor to check too."""
+    from .inventory import ENV_NAME_RE, HOST_NAME_RE
+    if "gpus" in props:
+        props["gpus"]["anyOf"] = [{"type": "integer", "minimum": 1}, {"const": "auto"}, {"type": "null"}]
+    if "env" in props:
+        props["env"]["anyOf"] = [{"type": "object", "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"},
+                                  "additionalProperties": {"type": ["string", "integer"]}}, {"type": "null"}]
+    if host_entry and "name" in props:
+        props["name"]["pattern"] = f"^{HOST_NAME_RE.pattern}$"
+        props["name"]["description"] = "The host's name: letters, digits, . _ - (it names the log file), not local"
+        props["name"]["not"] = {"const": "local"}
+
+
+def generate() -> dict[str, Any]:
+    """The schema, from the model as it is now."""
+    from ._inventory_schema import InventoryFile
+    schema = _fix(InventoryFile.model_json_schema())
+    for name, sub in [("", schema), *schema.get("$defs", {}).items()]:
+        props = sub.get("properties", {})
+        _shape(props, host_entry=name == "_HostEntry")
+        for key, prop in props.items():
+            if key in DESCRIPTIONS and "description" not in prop:
+                prop["description"] = DESCRIPTIONS[key]
+    return {"$schema": SCHEMA_DIALECT, "title": "clusterddp inventory",
+            "description": "A clusterddp inventory: the machines a DDP job runs on (see the README's "
+                           "Inventory reference)", **{k: v for k, v in schema.items() if k != "title"}}
+
+
+def render() -> str:
+    """The schema file's text (stable: keys in the model's order, two-space indent, final newline)."""
+    return json.dumps(generate(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--write"]:
+        SCHEMA_FILE.write_text(render(), encoding="utf-8")
+        print(f"wrote {SCHEMA_FILE}")
+        return 0
+    if argv:
+        print("usage: python -m clusterddp.inventory_json_schema [--write]", file=sys.stderr)
+        return 2
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,247 @@
+"""Removing old runs: their folders on the nodes and on this machine (`clusterddp prune`, and `up`
+after each run when the inventory sets ``keep_runs``).
+
+Which runs go is decided from the run records alone (:func:`select`); how a node folder goes is
+:func:`clusterddp.plan.prune_command`, one command per host for all its folders. Two guards keep a
+running job's files: a run whose record says running is never chosen, and on the node a folder is
+left alone while any process carries the run's marker, whatever the record says. A run's local
+folder (its record) goes only once every node folder is gone: it is the only pointer to them, so
+a node that cannot be reached now is pruned by a later `prune`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import plan as P
+from .errors import RecordError, UsageError
+from .fleet import Fleet
+from .inventory import Host
+from .record import RunRecord, RunStatus
+from .store import RunStore
+from .transport import connect as default_connect
+
+PRUNE_TIMEOUT = 600.0  # seconds for one node's removals: rm -rf of big checkpoint folders takes a while
+
+_AGE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.I)
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """``30m``, ``12h``, ``7d``, ``2w`` (or ``1d12h``) as seconds; bad input is a UsageError."""
+    parts = _AGE_RE.findall(text.strip())
+    if not parts or _AGE_RE.sub("", text.strip()).strip():
+        raise UsageError(f"--older-than {text!r}: not an age", "e.g. --older-than 7d, 12h, 30m or 2w")
+    return sum(float(n) * _UNIT[u.lower()] for n, u in parts)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which runs go: those outside the newest ``keep`` (when given) that also ended more than
+    ``older_than`` seconds ago (when given), among the runs of ``inventory`` (an absolute path, or
+    ``local``; None: every run). A run either rule keeps is kept."""
+
+    keep: int | None = None
+    older_than: float | None = None
+    inventory: str | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    remove: tuple[RunRecord, ...]     # oldest first
+    running: tuple[str, ...]          # would go, but their records say running: never removed
+    damaged: tuple[str, ...]          # records that cannot be read: left alone, with why
+    kept: int                         # runs the policy keeps
+
+
+def _when(rec: RunRecord) -> datetime | None:
+    try:
+        t = datetime.fromisoformat(rec.ended_at or rec.started_at)
+    except (TypeError, ValueError):
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def select(store: RunStore, policy: Policy, now: datetime | None = None) -> Selection:
+    """The runs ``policy`` removes, from the store's records (nothing is touched)."""
+    now = now or datetime.now(timezone.utc)
+    rows = [r for r in store.list() if policy.inventory is None or r["inventory"] == policy.inventory]
+    remove, running, damaged, kept = [], [], [], 0
+    for i, row in enumerate(rows):  # newest first
+        if policy.keep is not None and i < policy.keep:
+            kept += 1
+            continue
+        try:
+            rec = store.load(row["run_id"])
+        except RecordError as e:
+            damaged.append(f"{row['run_id']}: {str(e).partition(chr(10))[0]}")
+            continue
+        when = _when(rec)
+        if policy.older_than is not None and (when is None or (now - when).total_seconds() < policy.older_than):
+            kept += 1
+            continue
+        if rec.status is RunStatus.RUNNING:
+            running.append(rec.run_id)
+            continue
+        remove.append(rec)
+    return Selection(tuple(reversed(remove)), tuple(running), tuple(damaged), kept)
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """One node folder: ``word`` is :func:`plan.prune_command`'s (removed, would, missing, running,
+    refused, failed), or ``unreachable`` / ``damaged`` (the record's path was refused: ``detail``)."""
+
+    host: str
+    word: str
+    kib: int | None = None
+    detail: str | None = None
+
+
+GONE = frozenset({"removed", "missing"})
+WOULD_GO = frozenset({"would", "missing"})
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What pruning one run did (or, in a dry run, would do)."""
+
+    record: RunRecord
+    nodes: tuple[NodeResult, ...]
+    local_bytes: int | None     # the local run folder's disk usage
+    removed: bool               # the whole run went (dry run: would go)
+    why_kept: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+    @property
+    def bytes(self) -> int:
+        return (self.local_bytes or 0) + sum((n.kib or 0) * 1024 for n in self.nodes)
+
+
+def disk_usage(path: Path) -> int | None:
+    """Bytes a local folder takes on disk (as ``du``), links not followed; None if unreadable."""
+    total = 0
+    try:
+        total += os.lstat(path).st_blocks * 512
+        for folder, dirs, files in os.walk(path, onerror=None):
+            for name in dirs + files:
+                try:
+                    total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+                except OSError:
+                    pass
+    except OSError:
+        return None
+    return total
+
+
+def _local_job_running(marker: str) -> bool:
+    """Whether a process on this machine carries ``marker`` (an ``up local`` job still going)."""
+    needle = f"{P.MARKER}={marker}".encode()
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in env.read_bytes().split(b"\0"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def parse_reply(text: str, count: int) -> dict[int, tuple[str, int | None]]:
+    """:func:`plan.prune_command`'s lines as ``{index: (word, KiB)}``; lines that are not one are skipped."""
+    out: dict[int, tuple[str, int | None]] = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"(\d+) (removed|would|missing|running|refused|failed)(?: (\d+|-))?", line.strip())
+        if m and int(m.group(1)) < count:
+            kib = m.group(3)
+            out[int(m.group(1))] = (m.group(2), int(kib) if kib and kib != "-" else None)
+    return out
+
+
+def _rounds(targets: dict[Host, list[tuple[str, P.NodeLaunch]]]) -> Iterator[list[Host]]:
+    """Hosts in groups with distinct names (a Fleet keys its connections by name; two records may hold
+    different settings under one name)."""
+    left = list(targets)
+    while left:
+        this: dict[str, Host] = {}
+        for h in left:
+            this.setdefault(h.name, h)
+        left = [h for h in left if this[h.name] is not h]
+        yield list(this.values())
+
+
+def _node_folders(records: tuple[RunRecord, ...], dry_run: bool, connect: Callable,
+                  ) -> dict[tuple[str, str], NodeResult]:
+    """Every node folder of ``records`` removed (or looked at), one command per host: {(run id, host): result}."""
+    results: dict[tuple[str, str], NodeResult] = {}
+    targets: dict[Host, list[tuple[str, P.NodeLaunch]]] = {}
+    for rec in records:
+        if rec.local:  # its control folder is inside the local run folder; the run folder is the launch directory
+            marker = rec.nodes[0].marker if rec.nodes else ""
+            if marker and _local_job_running(marker):
+                results[(rec.run_id, rec.nodes[0].host)] = NodeResult(rec.nodes[0].host, "running")
+            continue
+        for n in rec.nodes:
+            problem = P.prune_target_problem(rec.run_id, n.settings.workdir, n.run_dir, n.control_dir)
+            if problem:
+                results[(rec.run_id, n.host)] = NodeResult(n.host, "damaged", detail=problem)
+                continue
+            node = P.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
+            targets.setdefault(n.settings, []).append((rec.run_id, node))
+    fanout = min((r.fanout for r in records), default=1)
+    for hosts in _rounds(targets):
+        by_name = {h.name: h for h in hosts}
+
+        def one(h: Host, t, by_name: dict[str, Host] = by_name) -> tuple[str, str]:
+            todo = targets[by_name[h.name]]
+            r = t.run(P.prune_command([(node.run_dir, node.marker) for _, node in todo], dry_run),
+                      timeout=PRUNE_TIMEOUT)
+            return r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
+        with Fleet(hosts, fanout=fanout, connect=connect) as fleet:
+            done = fleet.each(one, hosts)
+        for name, res in done.items():
+            todo = targets[by_name[name]]
+            if isinstance(res, Exception):
+                for run_id, _ in todo:
+                    results[(run_id, name)] = NodeResult(name, "unreachable", detail=str(res).partition("\n")[0])
+                continue
+            said = parse_reply(res[0], len(todo))
+            for i, (run_id, _) in enumerate(todo):
+                word, kib = said.get(i, ("failed", None))
+                detail = None if i in said else (res[1].strip().splitlines() or ["no answer"])[-1][:200]
+                results[(run_id, name)] = NodeResult(name, word, kib, detail)
+    return results
+
+
+def prune(store: RunStore, selection: Selection, dry_run: bool = False,
+          connect: Callable = default_connect) -> list[RunResult]:
+    """Remove (``dry_run``: only look at) every run of ``selection``: node folders, then, once they
+    are all gone, the local run folder and its row in runs.db."""
+    node_results = _node_folders(selection.remove, dry_run, connect)
+    ok = WOULD_GO if dry_run else GONE
+    out = []
+    for rec in selection.remove:
+        nodes = tuple(node_results[(rec.run_id, n.host)] for n in rec.nodes if (rec.run_id, n.host) in node_results)
+        size = disk_usage(store.run_dir(rec.run_id))
+        stuck = [n for n in nodes if n.word not in ok]
+        if stuck:
+            why = "; ".join(f"{n.host} {n.word}" + (f" ({n.detail})" if n.detail else "") for n in stuck)
+            out.append(RunResult(rec, nodes, size, False, why))
+            continue
+        if dry_run:
+            out.append(RunResult(rec, nodes, size, True))
+            continue
+        try:
+            gone = store.remove(rec.run_id, lambda now: now.status is not RunStatus.RUNNING)
+        except UsageError as e:  # a StoreError or a record damaged meanwhile: this run only
+            out.append(RunResult(rec, nodes, size, False, str(e).replace("\n", "; ")))
+            continue
+        out.append(RunResult(rec, nodes, size, gone, None if gone else "its record says running"))
+    return out
