@@ -12,6 +12,7 @@ import typer
 from .common import (
     COLLECT,
     ENV,
+    EXCLUDE,
     EXIT_INTERRUPTED,
     GPUS,
     HOSTS,
@@ -46,6 +47,7 @@ def add(
         None, "--agent-socket", help="SSH_AUTH_SOCK for the runs (cron has no ssh-agent of its own)."),
     run_name: str | None = RUN_NAME,
     hosts: str | None = HOSTS,
+    exclude: str | None = EXCLUDE,
     gpus: int | None = GPUS,
     master_port: int | None = MASTER_PORT,
     env: list[str] = ENV,
@@ -64,7 +66,10 @@ def add(
     expr = S.check_cron(cron)
     run = run_spec(script, script_args, run_name, gpus, master_port, env, collect, max_restarts)
     hosts_ = host_list(hosts)
-    prep = jobs.prepare(inventory, run, runs_dir, hosts_)  # the same checks as `up`; no network
+    excluded = host_list(exclude, "--exclude")
+    prep = jobs.prepare(inventory, run, runs_dir, hosts_, exclude=excluded)  # the same checks as `up`; no network
+    if excluded:  # the spec records the hosts that are left, as --hosts
+        hosts_ = [h.name for h in prep.plan.inventory.hosts]
     run = dataclasses.replace(run, script=os.path.abspath(script))
     executable, bin_dir = S.current_executable()
     spec = S.ScheduleSpec(
