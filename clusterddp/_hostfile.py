@@ -36,7 +36,7 @@ def _words(line: str) -> list[str]:
 def is_hostfile(text: str) -> bool:
     """True when ``text`` reads as a hostfile: some host lines, and none that YAML would read as a
     mapping (a first word with ``:``, as in ``hosts:``) or start a YAML construct."""
-    firsts = [w[0] for w in map(_words, text.splitlines()) if w]
+    firsts = [w[0] for w in map(_words, text.split("\n")) if w]
     return bool(firsts) and not any(":" in f or f.startswith(_YAML_START) for f in firsts)
 
 
@@ -59,7 +59,7 @@ def parse(text: str, path: str) -> Inventory:
     entries: list[dict[str, Any]] = []
     lines: list[int] = []
     seen: dict[str, int] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(text.split("\n"), 1):  # not splitlines(): a form feed is no line break in a hostfile
         words = _words(raw)
         if not words:
             continue
