@@ -103,8 +103,9 @@ def top(
     recs = records(store, run)
     with Watch(recs, regex) as watch:
         if once:
-            watch.look()
-            time.sleep(interval)  # the second look measures rates against the first
+            if recs:
+                watch.look()
+                time.sleep(interval)  # the second look measures rates against the first
             _show(watch.look(), as_json)
             return
         if as_json or not is_tty():
