@@ -145,3 +145,40 @@ def test_progress_regex_is_checked_before_any_node_is_asked():
         T.check_progress_regex("step (")
     with pytest.raises(UsageError, match="2 groups"):
         T.check_progress_regex(r"(epoch|step) (\d+)")
+
+
+def test_gpus_come_from_nvidia_smi_where_it_answers(tmp_path, monkeypatch):
+    """nvidia-smi's CSV read as the node program reads it (a stand-in script: no GPU on this machine)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '0, 87, 10240, 81559\\n1, [N/A], 3, 81559\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    gpus, why = node_top._gpus()
+    assert why is None and gpus == [{"index": 0, "util": 87.0, "mem_used": 10240.0, "mem_total": 81559.0},
+                                    {"index": 1, "util": None, "mem_used": 3.0, "mem_total": 81559.0}]
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver' >&2\n"
+                   "exit 9\n")
+    assert node_top._gpus() == (None, "nvidia-smi: NVIDIA-SMI has failed because it could not communicate "
+                                      "with the driver")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert node_top._gpus() == (None, None)
+
+
+def test_a_host_that_failed_is_connected_to_again_after_a_while():
+    now = [0.0]
+    connects: list[str] = []
+    replies = [OSError("refused"), node_reply(10.0, [(1, 0.0)])]
+
+    def connect(h):
+        connects.append(h.name)
+        r = replies.pop(0)
+        if isinstance(r, Exception):
+            from clusterddp.errors import HostError
+            raise HostError(h.name, str(r))
+        return FakeNode(h.name, [r])
+    with T.Watch([make_record("run-1", hosts=("a",))], connect=connect, clock=lambda: now[0]) as w:
+        assert w.look().runs[0].nodes[0].state == "unreachable"
+        now[0] = T.RETRY_AFTER - 1
+        assert w.look().runs[0].nodes[0].state == "unreachable" and connects == ["a"]  # not yet: no connect storm
+        now[0] = T.RETRY_AFTER
+        assert w.look().runs[0].nodes[0].state == "running" and connects == ["a", "a"]
