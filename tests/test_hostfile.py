@@ -176,3 +176,16 @@ def test_top_and_its_help_import_no_ssh_library_and_the_cli_no_rich():
             "print(sorted(m for m in ('paramiko', 'fabric', 'yaml', 'pydantic') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("False\n") and out.strip().endswith("[]") and "--progress-regex" in out, out
+
+
+def test_a_schedule_keeps_local_rank_arg_and_older_specs_read_as_before():
+    from clusterddp import schedule as S
+    base = dict(name="nightly", cron="0 2 * * *", launch_dir="/p", runs_dir="/srv/runs", executable=("/v/bin/cddp",),
+                bin_dir="/v/bin", inventory="/p/hostfile", hosts=("gpu-01",))
+    on = S.ScheduleSpec(run=plan.RunSpec(script="/p/t.py", script_args=("x",), local_rank_arg="--local_rank"), **base)
+    off = S.ScheduleSpec(run=plan.RunSpec(script="/p/t.py"), **base)
+    assert S.spec_from_json(on.to_json(), on.spec_path) == on
+    assert "local_rank_arg" not in off.to_json() and S.spec_from_json(off.to_json(), off.spec_path) == off
+    assert S.up_argv(on)[-3:] == ["--local-rank-arg=--local_rank", "--", "x"]
+    with pytest.raises(S.SpecError, match="local_rank_arg: '--rank' is not --local_rank or --local-rank"):
+        S.spec_from_json({**on.to_json(), "local_rank_arg": "--rank"}, on.spec_path)

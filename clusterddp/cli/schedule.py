@@ -17,6 +17,7 @@ from .common import (
     GPUS,
     HOSTS,
     INVENTORY,
+    LOCAL_RANK_ARG,
     MASTER_PORT,
     MAX_RESTARTS,
     RUN_NAME,
@@ -25,6 +26,7 @@ from .common import (
     err,
     handle_errors,
     host_list,
+    local_rank_flag,
     run_spec,
 )
 
@@ -53,6 +55,7 @@ def add(
     env: list[str] = ENV,
     collect: list[str] = COLLECT,
     max_restarts: int = MAX_RESTARTS,
+    local_rank_arg: str | None = LOCAL_RANK_ARG,
 ) -> None:
     """Add a crontab entry that runs `clusterddp up INVENTORY SCRIPT` at the --cron times, from here.
 
@@ -65,6 +68,7 @@ def add(
     S.check_name(name)
     expr = S.check_cron(cron)
     run = run_spec(script, script_args, run_name, gpus, master_port, env, collect, max_restarts)
+    run = dataclasses.replace(run, local_rank_arg=local_rank_flag(local_rank_arg))
     hosts_ = host_list(hosts)
     excluded = host_list(exclude, "--exclude")
     prep = jobs.prepare(inventory, run, runs_dir, hosts_, exclude=excluded)  # the same checks as `up`; no network
