@@ -55,8 +55,9 @@ def test_top_once_json_reports_every_node_of_a_detached_run(bed, tmp_path):
     try:
         assert eventually(lambda: all("step 5 " in node_log(bed, n, run_id) for n in bed.nodes), 120), \
             [node_log(bed, n, run_id)[-300:] for n in bed.nodes]
-        one = cddp("top", run_id[:12], "--once", "--json", "--runs-dir", str(runs), check_rc=0)
-        every = cddp("top", "--once", "--json", "--runs-dir", str(runs), check_rc=0)
+        # looks 3 s apart: 30 steps per rank at 10/s, so a loaded machine still shows progress between them
+        one = cddp("top", run_id[:12], "--once", "--json", "--interval", "3", "--runs-dir", str(runs), check_rc=0)
+        every = cddp("top", "--once", "--json", "--interval", "3", "--runs-dir", str(runs), check_rc=0)
         table = cddp("top", run_id, "--once", "--runs-dir", str(runs), check_rc=0)
     finally:
         stop.touch()
@@ -68,7 +69,7 @@ def test_top_once_json_reports_every_node_of_a_detached_run(bed, tmp_path):
         for n in nodes:
             assert n["state"] == "running" and n["error"] is None, n
             assert n["last_line"].startswith("rank ") and "\x1b[2J" in n["last_line"], n  # JSON keeps the bytes
-            assert n["step"] >= 5 and n["steps_per_sec"] > 0, n  # two looks, a second apart
+            assert n["step"] >= 5 and n["steps_per_sec"] > 0, n  # two looks, 3 s apart
             assert n["procs"] >= 3, n  # launch.sh, torchrun and 2 workers, found by the run's marker
             assert n["cpu_percent"] is not None and n["rss_bytes"] > 0, n
             assert n["node_mem_total_bytes"] > n["node_mem_used_bytes"] > 0, n
