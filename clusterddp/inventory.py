@@ -128,6 +128,23 @@ class Inventory:
             master = Master(hosts[0].name, hosts[0].address, master.port)
         return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs)
 
+    def narrow(self, hosts: list[str] | None = None, exclude: list[str] | None = None) -> Inventory:
+        """``--hosts`` then ``--exclude``: the chosen hosts (all when None) less the excluded ones,
+        in inventory order. Every name given must be one of the inventory's hosts."""
+        inv = self if hosts is None else self.select(hosts)
+        if not exclude:
+            return inv
+        known = {h.name for h in self.hosts}
+        unknown = [n for n in exclude if n not in known]
+        if unknown:
+            raise InventoryError(self.path, f"--exclude names {_some(unknown)}, not in the inventory",
+                                 hint=f"choose from: {_some(sorted(known))}")
+        left = [h.name for h in inv.hosts if h.name not in exclude]
+        if not left:
+            raise InventoryError(self.path, "--exclude leaves no host to run on",
+                                 hint="exclude fewer hosts" + (" or choose others with --hosts" if hosts else ""))
+        return inv.select(left)
+
 
 def _path_str(loc: tuple) -> str:
     out = ""
@@ -256,7 +273,8 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:
 
 
 def load(path: str | Path) -> Inventory:
-    """Read and validate the inventory file at ``path`` (at most 1 MiB is read)."""
+    """Read and validate the inventory file at ``path`` (at most 1 MiB is read): YAML, or a
+    DeepSpeed/MPI hostfile (see ``_hostfile``)."""
     from ._inventory_yaml import MAX_BYTES
     p = Path(path)
     try:
@@ -275,6 +293,9 @@ def load(path: str | Path) -> Inventory:
         line = raw.count(b"\n", 0, e.start) + 1
         raise InventoryError(str(p), f"not UTF-8 text (byte 0x{raw[e.start]:02x})", line=line,
                              hint="save the file as UTF-8") from None
+    from . import _hostfile
+    if _hostfile.is_hostfile(text):  # a DeepSpeed/MPI hostfile: `host slots=N` lines
+        return _hostfile.parse(text, str(p))
     return parse(text, str(p))
 
 

@@ -39,14 +39,13 @@ def load_inventory(arg: str, gpus: int | None) -> inv_mod.Inventory:
 
 
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
-            run_id: str | None = None) -> Prepared:
+            run_id: str | None = None, exclude: list[str] | None = None) -> Prepared:
     """Validate input and plan the run (no network). Raises UsageError for bad input."""
     script = Path(spec.script)
     if not script.is_file():
         raise UsageError(f"script {spec.script}: no such file", "pass the path of your training script")
     inventory = load_inventory(inventory_arg, spec.gpus)
-    if hosts is not None:
-        inventory = inventory.select(hosts)
+    inventory = inventory.narrow(hosts, exclude)
     store = RunStore(runs_dir)
     run_id = run_id or new_run_id()
     local = {}
@@ -398,3 +397,26 @@ def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -
             return replace(rec, ended_at=rec.ended_at or utcnow())
         return replace(rec, status=outcome.status, failed_host=outcome.first_failed, ended_at=utcnow())
     return store.update(run_id, ended).status
+
+
+# How a script written for torch.distributed.launch asks for its local rank: argparse's
+# add_argument("--local_rank", ...) or "--local-rank", in either quotes.
+_LOCAL_RANK_ARG = re.compile(r"""(["'])--local[_-]rank\1""")
+
+
+def local_rank_warning(spec: P.RunSpec) -> str | None:
+    """A warning when the script parses ``--local_rank`` but ``--local-rank-arg`` is off: torchrun
+    does not pass it, so every rank would get the argument's default (on GPUs, all the same device)."""
+    if spec.local_rank_arg is not None:
+        return None
+    try:
+        text = Path(spec.script).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    m = _LOCAL_RANK_ARG.search(text)
+    if m is None:
+        return None
+    line = text.count("\n", 0, m.start()) + 1
+    flag = m.group()[1:-1]
+    return (f"warning: {spec.script}:{line} parses {flag}, which torchrun does not pass: every rank gets its "
+            f"default. Add --local-rank-arg={flag} (or read os.environ['LOCAL_RANK'] in the script).")

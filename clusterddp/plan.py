@@ -51,6 +51,7 @@ class RunSpec:
     env: tuple[tuple[str, str], ...] = ()        # -e K=V, applied after the inventory's env
     collect: tuple[str, ...] = ()                # --collect, added to the inventory's globs
     max_restarts: int = 0
+    local_rank_arg: str | None = None            # --local-rank-arg: "--local_rank" or "--local-rank", or None
 
 
 @dataclass(frozen=True)
@@ -213,13 +214,40 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
             torchrun += ["--nnodes", str(len(inventory.hosts)), "--node-rank", str(rank),
                          "--master-addr", inventory.master.addr, "--master-port", str(master_port)]
         torchrun += ["--nproc-per-node", NPROC if nproc == "auto" else str(nproc),
-                     "--max-restarts", str(spec.max_restarts), script, *spec.script_args]
+                     "--max-restarts", str(spec.max_restarts),
+                     *torchrun_entry(host.python, script, spec.script_args, spec.local_rank_arg)]
         marker = f"{run_id}/{host.name}"
         node = NodeLaunch(host, rank, nproc, run_dir, control_dir, marker, node_env, tuple(torchrun), "")
         nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, local))
     collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
                       collect, upload=not local, local=local)
+
+
+# ---- what each worker process runs ----
+
+def worker_command(python: str, script: str, args: Iterable[str], local_rank_arg: str | None = None
+                   ) -> tuple[str, ...]:
+    """The command line of one worker process: ``python -u SCRIPT ARGS``, as torchrun runs it; with
+    ``local_rank_arg`` (``--local_rank`` or ``--local-rank``) the node program ``worker`` first, which
+    puts ``--local_rank=<LOCAL_RANK>`` (``SLURM_LOCALID`` under srun) before ARGS and execs that.
+
+    The words are argv, not shell text: a launcher that writes them into a script quotes each one
+    with :func:`q`. A Slurm backend that starts workers with srun, without torchrun, runs this."""
+    if local_rank_arg is None:
+        return (python, "-u", script, *args)
+    # -c and its source as one word: torchrun names a failed job by the first word after the python
+    # that does not start with "-", which is then the script, not 40 lines of source.
+    return (python, "-S", "-c" + node_source("worker"), local_rank_arg, script, *args)
+
+
+def torchrun_entry(python: str, script: str, args: Iterable[str], local_rank_arg: str | None = None
+                   ) -> tuple[str, ...]:
+    """The end of a torchrun command line, after its options: the script and its arguments, or, with
+    ``local_rank_arg``, ``--no-python`` and :func:`worker_command`, which torchrun then runs as is."""
+    if local_rank_arg is None:
+        return (script, *args)
+    return ("--no-python", *worker_command(python, script, args, local_rank_arg))
 
 
 # ---- launch.sh ----
@@ -468,3 +496,14 @@ def prune_command(targets: Sequence[tuple[str, str]], dry_run: bool = False) -> 
     for i, (run_dir, marker) in enumerate(targets):
         lines.append(f"cddp_prune {i} {qpath(run_dir)} {q(MARKER + '=' + marker)}" + (" dry" if dry_run else ""))
     return "\n".join(lines)
+# ---- `clusterddp top` ----
+
+TOP_TAIL = 65536  # bytes of each node.log read for its last line and last step
+
+
+def top_command(host: Host, nodes: Iterable[NodeLaunch], progress_regex: str) -> str:
+    """One look at ``host`` for ``clusterddp top``: every job of ``nodes`` (all on this host, of any
+    runs) in one command (the node program ``clusterddp/node/top.py``), after the host's setup lines."""
+    args = {"jobs": [[n.control_dir, n.marker] for n in nodes], "regex": progress_regex, "tail": TOP_TAIL}
+    lines = _preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    return "\n".join([*lines, _python(host, "top", [q(json.dumps(args))])])

@@ -174,6 +174,8 @@ class ScheduleSpec:
             "env": [[k, v] for k, v in r.env], "run_name": r.name, "hosts": list(self.hosts), "gpus": r.gpus,
             "master_port": r.master_port, "collect": list(r.collect), "max_restarts": r.max_restarts,
             "agent_socket": self.agent_socket,
+            # optional: written only when set, so a spec without it reads as before
+            **({"local_rank_arg": r.local_rank_arg} if r.local_rank_arg else {}),
         }
 
 
@@ -241,6 +243,7 @@ def _kind(v: Any) -> str:
 _SPEC_FIELDS = ("schema_version", "name", "cron", "launch_dir", "runs_dir", "bin_dir", "executable", "inventory",
                 "script", "script_args", "env", "run_name", "hosts", "gpus", "master_port", "collect",
                 "max_restarts", "agent_socket")
+_OPTIONAL_SPEC_FIELDS = ("local_rank_arg",)
 
 
 def spec_from_json(data: Any, path: str) -> ScheduleSpec:
@@ -258,7 +261,7 @@ def spec_from_json(data: Any, path: str) -> ScheduleSpec:
                         f"({SPEC_SCHEMA})", "a newer clusterddp wrote it: run the schedule with that one, or "
                         "rewrite it with this one (`clusterddp schedule add ... --replace`)")
     for key in data:
-        if key not in _SPEC_FIELDS:
+        if key not in _SPEC_FIELDS and key not in _OPTIONAL_SPEC_FIELDS:
             raise f.fail(key, "unknown field")
     for key in _SPEC_FIELDS:
         if key not in data:
@@ -297,11 +300,22 @@ def spec_from_json(data: Any, path: str) -> ScheduleSpec:
     run = RunSpec(script=f.text("script", absolute=True), script_args=f.texts("script_args"),
                   name=f.text("run_name", optional=True), gpus=f.integer("gpus", 1, optional=True),
                   master_port=f.integer("master_port", 1, 65535, optional=True), env=tuple(env),
-                  collect=f.texts("collect"), max_restarts=f.integer("max_restarts", 0) or 0)
+                  collect=f.texts("collect"), max_restarts=f.integer("max_restarts", 0) or 0,
+                  local_rank_arg=_local_rank_arg(f))
     return ScheduleSpec(name=name, cron=f.text("cron"), launch_dir=f.text("launch_dir", absolute=True),
                         runs_dir=runs_dir, executable=executable, bin_dir=f.text("bin_dir", absolute=True),
                         inventory=inventory, run=run, hosts=hosts,
                         agent_socket=f.text("agent_socket", absolute=True, optional=True))
+
+
+def _local_rank_arg(f: _Fields) -> str | None:
+    """The optional ``local_rank_arg`` field: absent or null, ``--local_rank`` or ``--local-rank``."""
+    if f.data.get("local_rank_arg") is None:
+        return None
+    flag = f.text("local_rank_arg")
+    if flag not in ("--local_rank", "--local-rank"):
+        raise f.fail("local_rank_arg", f"{flag!r} is not --local_rank or --local-rank")
+    return flag
 
 
 def search_path(bin_dir: str) -> str:
@@ -331,6 +345,8 @@ def up_options(spec: ScheduleSpec, env_file: str | None = None) -> list[str]:
         argv += ["--collect", g]
     if r.max_restarts:
         argv += ["--max-restarts", str(r.max_restarts)]
+    if r.local_rank_arg:
+        argv += [f"--local-rank-arg={r.local_rank_arg}"]
     if r.script_args:
         argv += ["--", *r.script_args]
     return argv

@@ -11,6 +11,7 @@ from . import schema as schema_cmd
 from . import up as up_cmd
 from .check import check as check_cmd
 from .exec_ import exec_ as exec_cmd
+from .top import top as top_cmd
 
 # add_completion: --install-completion/--show-completion; typer imports its completion code anyway, so
 # --help is no slower with them (measured, see the README).
@@ -24,6 +25,7 @@ app.command("check")(check_cmd)
 app.command("exec")(exec_cmd)
 app.command("prune")(prune_cmd.prune)
 app.command("schema")(schema_cmd.schema)
+app.command("top")(top_cmd)
 
 
 @app.callback()

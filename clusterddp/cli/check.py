@@ -11,21 +11,19 @@ import typer
 from .common import EXIT_FAILED, handle_errors, is_tty, visible
 
 HOSTS = typer.Option(None, "--hosts", help="Only these hosts: a,b,c.")
+EXCLUDE = typer.Option(None, "--exclude", help="Leave these hosts out: a,b (after --hosts).")
 FANOUT = typer.Option(None, "--fanout", min=1, max=1024,
                       help="Hosts contacted at once (default: the inventory's `fanout`, else 32).")
 
 
-def load_inventory(path: str, hosts: str | None, fanout: int | None):
-    """The inventory, narrowed to ``--hosts`` and with ``--fanout`` applied (the flag wins)."""
+def load_inventory(path: str, hosts: str | None, fanout: int | None, exclude: str | None = None):
+    """The inventory, narrowed to ``--hosts`` less ``--exclude``, with ``--fanout`` applied (the flag wins)."""
     from dataclasses import replace
 
     from .. import inventory as inv_mod
     from .common import host_list
 
-    inv = inv_mod.load(path)
-    names = host_list(hosts)
-    if names is not None:
-        inv = inv.select(names)
+    inv = inv_mod.load(path).narrow(host_list(hosts), host_list(exclude, "--exclude"))
     return replace(inv, fanout=fanout) if fanout else inv
 
 
@@ -36,6 +34,7 @@ _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 def check(
     inventory: str = typer.Argument(..., help="Inventory YAML file."),
     hosts: str | None = HOSTS,
+    exclude: str | None = EXCLUDE,
     fanout: int | None = FANOUT,
     master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535,
                                            help="Check this master port instead of the inventory's."),
@@ -49,7 +48,7 @@ def check(
     """  # noqa: E501 - Typer's help keeps the docstring's line breaks, so a paragraph is one line
     from ..check import run_checks
 
-    inv = load_inventory(inventory, hosts, fanout)
+    inv = load_inventory(inventory, hosts, fanout, exclude)
     started = time.monotonic()
     report = run_checks(inv, full=True, master_port=master_port)
     took = time.monotonic() - started

@@ -26,6 +26,7 @@ INVENTORY = typer.Argument(..., help="Inventory YAML file, or `local` for this m
 SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.")
 RUN_NAME = typer.Option(None, "--name", help="A name for the run.")
 HOSTS = typer.Option(None, "--hosts", help="Run on these hosts only: a,b,c.")
+EXCLUDE = typer.Option(None, "--exclude", help="Leave these hosts out: a,b (after --hosts).")
 MAX_GPUS = 1024  # processes per node; far above any machine, low enough to keep torchrun's numbers sane
 GPUS = typer.Option(None, "--gpus", min=1, max=MAX_GPUS, help="Processes per node (overrides the inventory).")
 MASTER_PORT = typer.Option(None, "--master-port", min=1, max=65535)
@@ -33,6 +34,10 @@ ENV = typer.Option([], "-e", "--env", help="NAME=VALUE for the job (repeatable);
                    "@FILE reads NAME=VALUE lines: values on the command line show in `ps`.")
 COLLECT = typer.Option([], "--collect", help="Glob to bring back, relative to the run folder.")
 MAX_RESTARTS = typer.Option(0, "--max-restarts", min=0, help="Passed to torchrun.")
+LOCAL_RANK_ARG = typer.Option(
+    None, "--local-rank-arg", metavar="--local_rank|--local-rank",
+    help="Give every worker --local_rank=<its LOCAL_RANK> (or --local-rank=...) before the script's arguments, "
+         "as torch.distributed.launch did; for scripts that parse it. E.g. --local-rank-arg=--local_rank")
 MAX_UPLOAD = typer.Option("1G", "--max-upload", metavar="SIZE", envvar="CLUSTERDDP_MAX_UPLOAD",
                           help="Refuse to upload the script's folder above this size (e.g. 500M, 4G); "
                                "see .clusterddpignore for leaving files out.")
@@ -46,15 +51,28 @@ def run_spec(script: str, script_args: list[str] | None, name: str | None, gpus:
                    master_port=master_port, env=parse_env(env), collect=tuple(collect), max_restarts=max_restarts)
 
 
-def host_list(hosts: str | None) -> list[str] | None:
-    """``--hosts a,b`` as a list, or None (no --hosts) for every host."""
+def local_rank_flag(value: str | None) -> str | None:
+    """``--local-rank-arg``'s value as the flag workers get: ``--local_rank`` or ``--local-rank``."""
+    if value is None:
+        return None
+    flag = "--" + value.lstrip("-")
+    if flag not in ("--local_rank", "--local-rank"):
+        from ..errors import UsageError
+        from ..inventory import show
+        raise UsageError(f"--local-rank-arg {show(value)}: expected --local_rank or --local-rank",
+                         "the spelling your script's argparse knows, e.g. --local-rank-arg=--local_rank")
+    return flag
+
+
+def host_list(hosts: str | None, flag: str = "--hosts") -> list[str] | None:
+    """``--hosts a,b`` (or ``--exclude a,b``) as a list, or None (no such flag)."""
     if hosts is None:
         return None
     names = [h.strip() for h in hosts.split(",") if h.strip()]
     if not names:
         from ..errors import UsageError
         from ..inventory import show
-        raise UsageError(f"--hosts {show(hosts)} names no host", "give host names from the inventory: --hosts a,b")
+        raise UsageError(f"{flag} {show(hosts)} names no host", f"give host names from the inventory: {flag} a,b")
     return names
 
 

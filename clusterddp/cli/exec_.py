@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .check import FANOUT, HOSTS, load_inventory
+from .check import EXCLUDE, FANOUT, HOSTS, load_inventory
 from .common import EXIT_FAILED, RAW, err, handle_errors
 
 
@@ -13,6 +13,7 @@ def exec_(
     inventory: str = typer.Argument(..., help="Inventory YAML file."),
     command: list[str] | None = typer.Argument(None, help="The command, after `--`.", show_default=False),
     hosts: str | None = HOSTS,
+    exclude: str | None = EXCLUDE,
     fanout: int | None = FANOUT,
     raw: bool = RAW,
     timeout: float | None = typer.Option(
@@ -38,7 +39,7 @@ def exec_(
     if timeout is not None and not 0 < timeout < float("inf"):
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout:g}",
                          "e.g. --timeout 30, or leave it out for no limit")
-    inv = load_inventory(inventory, hosts, fanout)
+    inv = load_inventory(inventory, hosts, fanout, exclude)
     from ..fleet import Fleet
     from .common import PrefixPrinter
 

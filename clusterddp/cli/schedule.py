@@ -12,10 +12,12 @@ import typer
 from .common import (
     COLLECT,
     ENV,
+    EXCLUDE,
     EXIT_INTERRUPTED,
     GPUS,
     HOSTS,
     INVENTORY,
+    LOCAL_RANK_ARG,
     MASTER_PORT,
     MAX_RESTARTS,
     RUN_NAME,
@@ -24,6 +26,7 @@ from .common import (
     err,
     handle_errors,
     host_list,
+    local_rank_flag,
     run_spec,
 )
 
@@ -46,11 +49,13 @@ def add(
         None, "--agent-socket", help="SSH_AUTH_SOCK for the runs (cron has no ssh-agent of its own)."),
     run_name: str | None = RUN_NAME,
     hosts: str | None = HOSTS,
+    exclude: str | None = EXCLUDE,
     gpus: int | None = GPUS,
     master_port: int | None = MASTER_PORT,
     env: list[str] = ENV,
     collect: list[str] = COLLECT,
     max_restarts: int = MAX_RESTARTS,
+    local_rank_arg: str | None = LOCAL_RANK_ARG,
 ) -> None:
     """Add a crontab entry that runs `clusterddp up INVENTORY SCRIPT` at the --cron times, from here.
 
@@ -63,8 +68,12 @@ def add(
     S.check_name(name)
     expr = S.check_cron(cron)
     run = run_spec(script, script_args, run_name, gpus, master_port, env, collect, max_restarts)
+    run = dataclasses.replace(run, local_rank_arg=local_rank_flag(local_rank_arg))
     hosts_ = host_list(hosts)
-    prep = jobs.prepare(inventory, run, runs_dir, hosts_)  # the same checks as `up`; no network
+    excluded = host_list(exclude, "--exclude")
+    prep = jobs.prepare(inventory, run, runs_dir, hosts_, exclude=excluded)  # the same checks as `up`; no network
+    if excluded:  # the spec records the hosts that are left, as --hosts
+        hosts_ = [h.name for h in prep.plan.inventory.hosts]
     run = dataclasses.replace(run, script=os.path.abspath(script))
     executable, bin_dir = S.current_executable()
     spec = S.ScheduleSpec(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 
@@ -10,9 +11,11 @@ import typer
 from .common import (
     COLLECT,
     ENV,
+    EXCLUDE,
     GPUS,
     HOSTS,
     INVENTORY,
+    LOCAL_RANK_ARG,
     MASTER_PORT,
     MAX_RESTARTS,
     MAX_UPLOAD,
@@ -23,6 +26,7 @@ from .common import (
     err,
     handle_errors,
     host_list,
+    local_rank_flag,
     run_spec,
     sigterm_as_interrupt,
     tell_missing,
@@ -37,12 +41,14 @@ def up(
     runs_dir: str = RUNS_DIR,
     name: str | None = RUN_NAME,
     hosts: str | None = HOSTS,
+    exclude: str | None = EXCLUDE,
     gpus: int | None = GPUS,
     master_port: int | None = MASTER_PORT,
     env: list[str] = ENV,
     collect: list[str] = COLLECT,
     max_restarts: int = MAX_RESTARTS,
     max_upload: str = MAX_UPLOAD,
+    local_rank_arg: str | None = LOCAL_RANK_ARG,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every node's command; contact no host."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return; it runs on without us."),
     skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
@@ -55,9 +61,13 @@ def up(
     from .. import jobs, plan
 
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
+    spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg))
     limit = jobs.parse_size(max_upload)
-    prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts))
+    prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts), exclude=host_list(exclude, "--exclude"))
     print(f"run {prep.plan.run_id}", flush=True)
+    warning = jobs.local_rank_warning(spec)
+    if warning:
+        err(warning)
     if dry_run:
         print(plan.render(prep.plan))
         sent = jobs.describe_upload(prep, limit)

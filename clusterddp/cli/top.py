@@ -1,0 +1,137 @@
+"""`clusterddp top [RUN]`: a live view of running runs, node by node (rich, imported when drawn)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+import typer
+
+from .common import RUNS_DIR, handle_errors, is_tty, visible
+
+if TYPE_CHECKING:
+    from ..top import NodeView, Snapshot
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "K", "M", "G", "T"):
+        if n < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit in ("B", "K") else f"{n:.1f}{unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _pct(p: float | None) -> str:
+    return "-" if p is None else f"{p:.0f}%"
+
+
+def _gpus(v: NodeView) -> str:
+    if v.gpus is None:
+        return "-"
+    return " ".join(f"{g.index}:{_pct(g.util_percent)} {_size((g.mem_used_mib or 0) * 2**20)}"
+                    f"/{_size((g.mem_total_mib or 0) * 2**20)}" for g in v.gpus) or "none"
+
+
+def _state(v: NodeView) -> str:
+    return v.state + ("" if v.exit_code is None else f" {v.exit_code}")
+
+
+def table(snap: Snapshot):
+    """The snapshot as a rich renderable: a table of every run's nodes (and the lab's leases, when
+    clusterddp keeps any). Text from nodes is escaped and never read as markup."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(box=None, pad_edge=False, header_style="bold", expand=False)
+    # Every column but the last line keeps its width (no_wrap: rich never squeezes those); the last
+    # line takes what is left of the terminal and is cut with an ellipsis.
+    for col in ("run", "host", "rank", "state", "step", "steps/s", "job cpu", "job mem", "node cpu", "node mem",
+                "gpus"):
+        t.add_column(col, no_wrap=True, justify="left" if col in ("run", "host", "state", "gpus") else "right")
+    t.add_column("last line", min_width=10)
+    style = {"running": "green", "exited": "cyan", "lost": "red", "missing": "red", "unreachable": "bold red"}
+    for run in snap.runs:
+        for v in run.nodes:
+            bad = v.state == "exited" and v.exit_code not in (0, None)
+            line = v.error if v.state == "unreachable" else v.last_line
+            t.add_row(Text(run.run_id), Text(v.host), str(v.node_rank),
+                      Text(_state(v), style="red" if bad else style.get(v.state, "")),
+                      "-" if v.step is None else str(v.step),
+                      "-" if v.steps_per_sec is None else f"{v.steps_per_sec:.2f}",
+                      _pct(v.cpu_percent), _size(v.rss_bytes), _pct(v.node_cpu_percent),
+                      f"{_size(v.node_mem_used_bytes)}/{_size(v.node_mem_total_bytes)}",
+                      Text(_gpus(v)), Text(visible(line or ""), no_wrap=True, overflow="ellipsis"))
+    parts: list = [Text(f"clusterddp top - {time.strftime('%H:%M:%S')} - {len(snap.runs)} run(s)", style="bold"), t]
+    if not snap.runs:
+        parts.append(Text("no running runs"))
+    if snap.leases is not None:  # issue 16, part 1: filled in once clusterddp keeps leases
+        lt = Table(box=None, pad_edge=False, header_style="bold", title="leases")
+        keys = sorted({k for lease in snap.leases for k in lease})
+        for k in keys:
+            lt.add_column(k)
+        for lease in snap.leases:
+            lt.add_row(*(Text(visible(str(lease.get(k, "")))) for k in keys))
+        parts.append(lt)
+    return Group(*parts)
+
+
+@handle_errors
+def top(
+    run: str | None = typer.Argument(None, help="A run id or unique prefix; default: every running run."),
+    runs_dir: str = RUNS_DIR,
+    once: bool = typer.Option(False, "--once", help="Print one snapshot and exit (it takes two looks, "
+                              "--interval apart, so that rates are measured)."),
+    as_json: bool = typer.Option(False, "--json", help="Print snapshots as JSON (one object per line)."),
+    progress_regex: str | None = typer.Option(
+        None, "--progress-regex", metavar="REGEX",
+        help="Finds the step number in the job's output (its group, or the whole match): steps per second. "
+             "Default: 'step N' lines, as (?i)step\\s*[:=#]?\\s*(\\d+)."),
+    interval: float = typer.Option(1.0, "--interval", min=0.2, max=3600, help="Seconds between refreshes."),
+) -> None:
+    """Show what each node of RUN (or of every running run) is doing: state, last log line, steps/s,
+    CPU and memory of the job and the node, and each GPU's use where nvidia-smi answers. Refreshed every
+    second; Ctrl-C ends the view (never the run). One SSH command per node per refresh."""
+    from ..store import RunStore
+    from ..top import DEFAULT_PROGRESS, Watch, check_progress_regex, records
+
+    regex = check_progress_regex(progress_regex) if progress_regex is not None else DEFAULT_PROGRESS
+    store = RunStore(runs_dir, read_only=True)  # top only looks
+    recs = records(store, run)
+    with Watch(recs, regex) as watch:
+        if once:
+            if recs:
+                watch.look()
+                time.sleep(interval)  # the second look measures rates against the first
+            _show(watch.look(), as_json)
+            return
+        if as_json or not is_tty():
+            _loop(watch, interval, lambda snap: _show(snap, as_json))
+            return
+        from rich.console import Console
+        from rich.live import Live
+        console = Console(highlight=False)
+        with Live(console=console, auto_refresh=False, screen=False, transient=False) as live:
+            _loop(watch, interval, lambda snap: live.update(table(snap), refresh=True))
+
+
+def _show(snap: Snapshot, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(snap.to_json()), flush=True)
+        return
+    from rich.console import Console
+    Console(highlight=False, width=None if is_tty() else 200).print(table(snap))
+
+
+def _loop(watch, interval: float, show) -> None:
+    """Look, show, wait out the rest of the interval; until Ctrl-C, which ends the view quietly."""
+    try:
+        while True:
+            started = time.monotonic()
+            show(watch.look())
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        return

@@ -1,0 +1,207 @@
+"""`clusterddp top`: what each node of running runs is doing now, one SSH round per node per look.
+
+A :class:`Watch` holds one :class:`~clusterddp.fleet.Fleet` for the whole view and, at each
+:meth:`Watch.look`, sends every node one command (:func:`plan.top_command`, which covers all of
+that node's jobs, of every run shown) and reads the answers into a :class:`Snapshot`. Rates are
+differences between looks, timed by each node's own clock (SSH latency does not bend them):
+steps per second over the last :data:`RATE_WINDOW` seconds of progress lines, CPU % since the
+previous look. Nothing here prints; nothing is written to the run records.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from . import plan as P
+from .control import nodes_of
+from .errors import UsageError
+from .fleet import Fleet, as_host_error
+from .inventory import Host
+from .node import top as node_top
+from .record import RunRecord, RunStatus
+from .store import RunStore
+from .transport import Transport
+from .transport import connect as default_connect
+
+# `step 12`, `Step: 12`, `step=12`, `[step 12/500]`, `global_step 12`: the usual progress lines.
+DEFAULT_PROGRESS = r"(?i)step\s*[:=#]?\s*(\d+)"
+RATE_WINDOW = 30.0       # seconds of step readings a steps/s figure spans
+RETRY_AFTER = 10.0       # seconds before hosts that failed a look are connected to again
+
+
+def check_progress_regex(text: str) -> str:
+    """``--progress-regex``: it must compile, and have at most one group (the step number)."""
+    try:
+        rx = re.compile(text)
+    except re.error as e:
+        raise UsageError(f"--progress-regex {text!r}: not a regular expression ({e})",
+                         r"e.g. --progress-regex 'iter (\d+)'") from None
+    if rx.groups > 1:
+        raise UsageError(f"--progress-regex {text!r}: {rx.groups} groups; give at most one, around the step number",
+                         r"use (?:...) for the other groups, e.g. '(?:step|iter) (\d+)'")
+    return text
+
+
+@dataclass
+class GpuView:
+    index: int
+    util_percent: float | None
+    mem_used_mib: float | None
+    mem_total_mib: float | None
+
+
+@dataclass
+class NodeView:
+    """One node of one run, as a look found it. ``error`` is set when the node did not answer."""
+
+    host: str
+    node_rank: int
+    state: str                          # running, exited, lost, missing, unreachable
+    exit_code: int | None = None
+    last_line: str | None = None        # as the node sent it: escape it before printing
+    step: int | None = None
+    steps_per_sec: float | None = None
+    procs: int = 0
+    cpu_percent: float | None = None    # of the job's processes; 100 = one core
+    rss_bytes: int | None = None
+    node_cpu_percent: float | None = None
+    node_mem_used_bytes: int | None = None
+    node_mem_total_bytes: int | None = None
+    gpus: list[GpuView] | None = None   # None: no nvidia-smi on the node
+    error: str | None = None
+
+
+@dataclass
+class RunView:
+    run_id: str
+    name: str | None
+    status: str
+    nodes: list[NodeView] = field(default_factory=list)
+
+
+@dataclass
+class Snapshot:
+    """One look at every run shown. ``leases`` stays None until clusterddp keeps GPU leases
+    (issue 16, part 1): the view then lists them here."""
+
+    time: float
+    runs: list[RunView]
+    leases: list[dict] | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def records(store: RunStore, run: str | None) -> list[RunRecord]:
+    """The run named by ``run`` (an id or unique prefix), or every run whose record says running."""
+    if run is not None:
+        return [store.load(store.resolve(run))]
+    return [store.load(row["run_id"]) for row in store.list() if row["status"] == RunStatus.RUNNING.value]
+
+
+class Watch:
+    """Repeated looks at the nodes of ``recs``, through one fleet of connections (reopened for hosts
+    that failed, at most every :data:`RETRY_AFTER` seconds)."""
+
+    def __init__(self, recs: Sequence[RunRecord], progress_regex: str = DEFAULT_PROGRESS,
+                 connect: Callable[[Host], Transport] = default_connect,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.recs = list(recs)
+        self.regex = progress_regex
+        self._connect = connect
+        self._clock = clock
+        # host name -> [(run id, node)], hosts in first-seen order; one command per host covers all
+        self._jobs: dict[str, list[tuple[str, P.NodeLaunch]]] = {}
+        self._hosts: dict[str, Host] = {}
+        for rec in self.recs:
+            for n in nodes_of(rec):
+                self._hosts.setdefault(n.host.name, n.host)
+                self._jobs.setdefault(n.host.name, []).append((rec.run_id, n))
+        self._fanout = min((r.fanout for r in self.recs), default=32)
+        self._fleet = self._new_fleet()
+        self._failed_at: float | None = None
+        self._steps: dict[tuple[str, str], deque[tuple[float, int]]] = {}
+        self._cpu: dict[tuple[str, str], tuple[float, float]] = {}
+        self._node_cpu: dict[str, tuple[int, int]] = {}
+
+    def _new_fleet(self) -> Fleet:
+        return Fleet(self._hosts.values(), fanout=self._fanout, connect=self._connect)
+
+    def close(self) -> None:
+        self._fleet.close()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def look(self) -> Snapshot:
+        """One round: every host asked once, in parallel; a snapshot of every run's nodes."""
+        if self._failed_at is not None and self._clock() - self._failed_at >= RETRY_AFTER:
+            self._fleet.close()
+            self._fleet = self._new_fleet()
+            self._failed_at = None
+
+        def one(host: Host, t: Transport) -> dict:
+            jobs = [n for _, n in self._jobs[host.name]]
+            res = t.run(P.top_command(host, jobs, self.regex), timeout=host.connect_timeout)
+            return node_top.parse_reply(res.stdout, len(jobs))
+        answers = self._fleet.each(one)
+        if answers.failed and self._failed_at is None:
+            self._failed_at = self._clock()
+        views: dict[tuple[str, str], NodeView] = {}
+        for name, jobs in self._jobs.items():
+            got = answers.get(name)
+            node = None if isinstance(got, Exception) or got is None else self._node(name, got)
+            for i, (run_id, n) in enumerate(jobs):
+                if isinstance(got, Exception) or got is None or node is None:
+                    why = str(as_host_error(name, got)) if isinstance(got, Exception) else "not asked"
+                    views[(run_id, name)] = NodeView(name, n.node_rank, "unreachable", error=why)
+                else:
+                    views[(run_id, name)] = self._view(run_id, n, got["time"], got["jobs"][i], node)
+        runs = [RunView(r.run_id, r.name, str(r.status), [views[(r.run_id, n.host)] for n in r.nodes])
+                for r in self.recs]
+        return Snapshot(time.time(), runs)
+
+    def _node(self, host: str, node: dict) -> dict:
+        """The node-wide fields of a NodeView (the same for every job on that host) from its answer."""
+        v: dict = {"node_cpu_percent": None, "node_mem_used_bytes": None, "node_mem_total_bytes": None,
+                   "gpus": None, "error": node["gpu_error"]}
+        if node["cpu_total"] is not None and node["cpu_idle"] is not None:
+            before = self._node_cpu.get(host)
+            if before is not None and node["cpu_total"] > before[0]:
+                busy = 1 - (node["cpu_idle"] - before[1]) / (node["cpu_total"] - before[0])
+                v["node_cpu_percent"] = min(100.0, max(0.0, busy * 100))
+            self._node_cpu[host] = (node["cpu_total"], node["cpu_idle"])
+        if node["mem_total"] is not None and node["mem_available"] is not None:
+            v["node_mem_total_bytes"] = node["mem_total"]
+            v["node_mem_used_bytes"] = max(0, node["mem_total"] - node["mem_available"])
+        if node["gpus"] is not None:
+            v["gpus"] = [GpuView(g["index"], g["util"], g["mem_used"], g["mem_total"]) for g in node["gpus"]]
+        return v
+
+    def _view(self, run_id: str, n: P.NodeLaunch, now: float, job: dict, node: dict) -> NodeView:
+        key = (run_id, n.host.name)
+        v = NodeView(n.host.name, n.node_rank, job["state"], job["exit_code"], job["last_line"], job["step"],
+                     procs=job["procs"], rss_bytes=job["rss"], **node)
+        steps = self._steps.setdefault(key, deque())
+        if job["step"] is not None:
+            if steps and (job["step"] < steps[-1][1] or now < steps[-1][0]):
+                steps.clear()  # a restart (or a clock step): the old readings say nothing now
+            if not steps or job["step"] != steps[-1][1]:
+                steps.append((now, job["step"]))
+            while len(steps) > 2 and now - steps[0][0] > RATE_WINDOW:
+                steps.popleft()
+            if len(steps) >= 2 and now > steps[0][0]:
+                # from the first reading to now: a run that stopped printing steps slows down to 0
+                v.steps_per_sec = (steps[-1][1] - steps[0][1]) / (now - steps[0][0])
+        prev = self._cpu.get(key)
+        if prev is not None and now > prev[0]:
+            v.cpu_percent = max(0.0, (job["cpu_seconds"] - prev[1]) / (now - prev[0]) * 100)
+        self._cpu[key] = (now, job["cpu_seconds"])
+        return v

@@ -1,0 +1,184 @@
+"""`clusterddp top`'s parts: the node program (in-process, on real /proc), its reply checked as
+untrusted, and the view's rates, computed from successive looks (a fake transport at the seam)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from clusterddp import plan
+from clusterddp import top as T
+from clusterddp.errors import UsageError
+from clusterddp.node import top as node_top
+from clusterddp.transport import CommandResult
+from helpers import make_record
+
+
+def run_node(capsys, jobs, regex=T.DEFAULT_PROGRESS) -> dict:
+    assert node_top.main([json.dumps({"jobs": jobs, "regex": regex, "tail": plan.TOP_TAIL})]) == 0
+    return node_top.parse_reply(capsys.readouterr().out.encode(), len(jobs))
+
+
+def test_the_node_program_reports_each_jobs_state_last_line_step_and_processes(tmp_path, capsys):
+    running, ended, gone = tmp_path / "running", tmp_path / "ended", tmp_path / "missing"
+    for d in (running, ended):
+        d.mkdir()
+    (running / "node.log").write_bytes(b"[clusterddp] node 0/2\nepoch 0 Step: 41 loss 2.0\n"
+                                       b"rank 1 step 42 loss 1.9\nloading 10%\r loading 90%\r\n\n")
+    (ended / "node.log").write_bytes(b"global_step=7\ndone \xff\n")
+    (ended / "exit_code").write_text("3\n")
+    marker = f"test-top-{os.getpid()}/n1"
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         env={**os.environ, "CLUSTERDDP_JOB": marker})
+    try:
+        r = run_node(capsys, [[str(running), marker], [str(ended), "other/n1"], [str(gone), "gone/n1"]])
+    finally:
+        p.kill()
+        p.wait()
+    a, b, c = r["jobs"]
+    assert (a["state"], a["exit_code"], a["procs"]) == ("running", None, 1)
+    assert a["last_line"] == " loading 90%" and a["step"] == 42  # what a terminal shows; the last step line
+    assert a["rss"] > 0 and a["cpu_seconds"] >= 0
+    assert (b["state"], b["exit_code"], b["step"], b["procs"]) == ("exited", 3, 7, 0)
+    assert b["last_line"] == "done \ufffd"
+    assert (c["state"], c["last_line"], c["step"]) == ("missing", None, None)
+    assert r["mem_total"] > r["mem_available"] > 0 and r["cpu_total"] > 0 and r["ncpu"] >= 1
+    # a regex of the user's, its group the step; the whole match without one
+    assert run_node(capsys, [[str(running), marker]], r"loss (\d+)")["jobs"][0]["step"] == 1
+    assert run_node(capsys, [[str(ended), marker]], r"(?<==)\d+")["jobs"][0]["step"] == 7
+
+
+def reply(**over) -> bytes:
+    job = {"state": "running", "exit_code": None, "last_line": "x", "step": 1, "cpu_seconds": 1.0, "rss": 1,
+           "procs": 2}
+    r = {"time": 1000.0, "jobs": [job], "ncpu": 2, "cpu_total": 10, "cpu_idle": 5, "mem_total": 10,
+         "mem_available": 5, "gpus": [{"index": 0, "util": 50, "mem_used": 1.0, "mem_total": 2.0}]}
+    for k, v in over.items():
+        (job if k in job else r)[k] = v
+    return b"motd noise\n" + (node_top.MARK + json.dumps(r)).encode() + b"\n"
+
+
+@pytest.mark.parametrize(("over", "words"), [
+    ({"state": "rm -rf"}, "jobs[0].state"), ({"exit_code": 300}, "exit_code"), ({"exit_code": -1}, "exit_code"),
+    ({"step": -5}, "step"), ({"step": 1.5}, "step"), ({"step": True}, "step"), ({"rss": "big"}, "rss"),
+    ({"cpu_seconds": float("nan")}, "cpu_seconds"), ({"time": None}, "time"), ({"last_line": 7}, "last_line"),
+    ({"gpus": [{"index": 0, "util": 150}]}, "gpu util"), ({"gpus": [{}] * 65}, "gpus"), ({"gpus": "all"}, "gpus"),
+    ({"jobs": []}, "expected 1 job"), ({"mem_total": -1}, "mem_total"),
+])
+def test_a_malformed_reply_is_refused_naming_the_value(over, words):
+    with pytest.raises(node_top.TopError, match="malformed") as e:
+        node_top.parse_reply(reply(**over), 1)
+    assert words in str(e.value)
+
+
+def test_a_reply_is_cut_to_size_and_noise_is_no_reply():
+    r = node_top.parse_reply(reply(last_line="\x1b[2J" + "y" * 10_000), 1)
+    assert len(r["jobs"][0]["last_line"]) == node_top.MAX_LINE  # kept as sent (escaped when shown)
+    for bad in (b"", b"no mark here\n", node_top.MARK.encode() + b"{not json\n", node_top.MARK.encode() + b"[]\n"):
+        with pytest.raises(node_top.TopError):
+            node_top.parse_reply(bad, 1)
+
+
+class FakeNode:
+    """A transport whose node answers from a script of replies (one per look), counting commands."""
+
+    def __init__(self, name: str, replies: list) -> None:
+        self.name, self.replies, self.commands = name, replies, []
+
+    def run(self, command: str, *, timeout=None, stdin=None) -> CommandResult:
+        self.commands.append(command)
+        r = self.replies.pop(0)
+        if isinstance(r, Exception):
+            raise r
+        return CommandResult(0, r, b"")
+
+    def close(self) -> None:
+        pass
+
+
+def node_reply(t: float, jobs: list[tuple], cpu_total: int = 1000, cpu_idle: int = 500) -> bytes:
+    return (node_top.MARK + json.dumps({
+        "time": t, "ncpu": 2, "cpu_total": cpu_total, "cpu_idle": cpu_idle, "mem_total": 8 << 30,
+        "mem_available": 6 << 30, "gpus": None,
+        "jobs": [{"state": "running", "exit_code": None, "last_line": f"step {s}", "step": s, "cpu_seconds": c,
+                  "rss": 1 << 20, "procs": 3} for s, c in jobs]})).encode()
+
+
+def test_one_command_per_host_per_look_and_rates_from_the_nodes_clocks():
+    r1, r2 = make_record("run-1", hosts=("a", "b")), make_record("run-2", hosts=("b",))
+    nodes = {
+        "a": FakeNode("a", [node_reply(100.0, [(10, 5.0)]), node_reply(102.0, [(30, 7.0)]),
+                            node_reply(104.0, [(3, 7.5)]), node_reply(105.0, [(5, 8.0)])]),
+        "b": FakeNode("b", [node_reply(50.0, [(0, 1.0), (100, 0.0)], 1000, 500),
+                            node_reply(51.0, [(0, 1.5), (150, 0.0)], 1200, 550),
+                            OSError("link down"), OSError("still down")]),
+    }
+    with T.Watch([r1, r2], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
+        first = w.look()
+        second = w.look()
+        third = w.look()
+    assert [len(n.commands) for n in nodes.values()] == [3, 3]  # b runs two runs' jobs: still one command
+    assert '"run-1/b"' in nodes["b"].commands[0] and '"run-2/b"' in nodes["b"].commands[0]
+    a1, b1 = first.runs[0].nodes
+    assert a1.steps_per_sec is None and a1.cpu_percent is None and a1.node_cpu_percent is None  # one look: no rate
+    a2, b2 = second.runs[0].nodes
+    (b2_run2,) = second.runs[1].nodes
+    assert a2.steps_per_sec == pytest.approx(10.0) and a2.cpu_percent == pytest.approx(100.0)  # (30-10)/2s; 2 s CPU
+    assert b2.steps_per_sec is None and b2.cpu_percent == pytest.approx(50.0)  # step 0 twice: no progress seen yet
+    assert b2_run2.steps_per_sec == pytest.approx(50.0) and b2_run2.node_cpu_percent == pytest.approx(75.0)
+    assert b2.node_cpu_percent == b2_run2.node_cpu_percent  # the node's figure, once per look, for every job
+    a3, b3 = third.runs[0].nodes
+    assert a3.step == 3 and a3.steps_per_sec is None  # the step went back (a restart): the old readings are dropped
+    assert b3.state == "unreachable" and "link down" in (b3.error or "")
+    assert third.runs[1].nodes[0].state == "unreachable"
+    json.dumps(third.to_json())  # --json prints it
+    assert third.to_json()["leases"] is None
+
+
+def test_progress_regex_is_checked_before_any_node_is_asked():
+    assert T.check_progress_regex(r"iter (\d+)") == r"iter (\d+)"
+    with pytest.raises(UsageError, match="not a regular expression"):
+        T.check_progress_regex("step (")
+    with pytest.raises(UsageError, match="2 groups"):
+        T.check_progress_regex(r"(epoch|step) (\d+)")
+
+
+def test_gpus_come_from_nvidia_smi_where_it_answers(tmp_path, monkeypatch):
+    """nvidia-smi's CSV read as the node program reads it (a stand-in script: no GPU on this machine)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '0, 87, 10240, 81559\\n1, [N/A], 3, 81559\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    gpus, why = node_top._gpus()
+    assert why is None and gpus == [{"index": 0, "util": 87.0, "mem_used": 10240.0, "mem_total": 81559.0},
+                                    {"index": 1, "util": None, "mem_used": 3.0, "mem_total": 81559.0}]
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver' >&2\n"
+                   "exit 9\n")
+    assert node_top._gpus() == (None, "nvidia-smi: NVIDIA-SMI has failed because it could not communicate "
+                                      "with the driver")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert node_top._gpus() == (None, None)
+
+
+def test_a_host_that_failed_is_connected_to_again_after_a_while():
+    now = [0.0]
+    connects: list[str] = []
+    replies = [OSError("refused"), node_reply(10.0, [(1, 0.0)])]
+
+    def connect(h):
+        connects.append(h.name)
+        r = replies.pop(0)
+        if isinstance(r, Exception):
+            from clusterddp.errors import HostError
+            raise HostError(h.name, str(r))
+        return FakeNode(h.name, [r])
+    with T.Watch([make_record("run-1", hosts=("a",))], connect=connect, clock=lambda: now[0]) as w:
+        assert w.look().runs[0].nodes[0].state == "unreachable"
+        now[0] = T.RETRY_AFTER - 1
+        assert w.look().runs[0].nodes[0].state == "unreachable" and connects == ["a"]  # not yet: no connect storm
+        now[0] = T.RETRY_AFTER
+        assert w.look().runs[0].nodes[0].state == "running" and connects == ["a", "a"]
