@@ -325,7 +325,7 @@ loader = ct.make_loader(TensorDataset(torch.arange(10)), batch_size=2)
 out["shard"] = [int(v) for (b,) in loader for v in b]
 # One file per rank: both ranks share torchrun's stdout, where lines can interleave.
 (base / f"result-{ctx.rank}.json").write_text(json.dumps(out))
-ct.cleanup()
+ct.cleanup(barrier=True)  # every rank ends here (see examples/ddp_train.py)
 """
 
 
