@@ -274,7 +274,8 @@ def _add_shipped(tar: tarfile.TarFile) -> None:
 
 
 def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> Upload | None:
-    """The script's folder to upload, as a gzip tarball in a 0600 temporary file (None in local
+    """The script's folder to upload, with clusterddp.train for nodes without clusterddp (SHIPPED),
+    as a gzip tarball in a 0600 temporary file (None in local
     mode): streamed from disk to each node, never held in memory. Over ``max_upload`` bytes, or
     an unreadable file, is bad input."""
     if not prep.plan.upload:
