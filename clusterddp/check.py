@@ -12,10 +12,14 @@ majority, or on a tie the earliest host, is the reference that the odd ones are 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from importlib import resources
 
+from . import __version__
 from . import plan as P
 from .errors import HostError, HostErrorKind, PreflightFailed
 from .fleet import Fleet, HostResult
@@ -27,7 +31,8 @@ _RANK = {OK: 0, WARN: 1, FAIL: 2}
 
 # The table's columns. The quick set is what `up` checks before starting a job: it needs no
 # torch import and no nvidia-smi, so it costs one short SSH command per host.
-FULL_CHECKS = ("ssh", "python", "torch", "cuda", "nccl", "gpus", "iface", "port", "disk", "clock")
+FULL_CHECKS = ("ssh", "python", "torch", "cuda", "nccl", "gpus", "iface", "port", "disk", "clock", "workdir",
+               "train")
 QUICK_CHECKS = ("ssh", "python", "torch", "cuda", "iface", "port")
 
 MIN_FREE_DISK = 1 << 30          # below this a run's checkpoints will not fit: fail
@@ -46,6 +51,7 @@ class Finding:
     value: str
     problem: str | None = None
     fix: str | None = None
+    note: str | None = None    # what clusterddp will do about something that is no problem
 
 
 @dataclass(frozen=True)
@@ -258,6 +264,63 @@ def _clock(f: dict, r: HostResult) -> Finding:
     return Finding("clock", OK, value)
 
 
+def _workdirs(hosts: dict[str, Host], facts: dict[str, dict]) -> dict[str, Finding]:
+    """Hosts that read one id from the workdir marker (clusterddp/node/probe.py) share one workdir
+    folder: say so, and (once, on the first of them) what clusterddp does about it."""
+    sharing: dict[str, list[str]] = {}
+    for h, f in facts.items():
+        if f.get("workdir_id"):
+            sharing.setdefault(f["workdir_id"], []).append(h)
+    out = {}
+    for h, f in facts.items():
+        if f.get("workdir_id_error"):
+            out[h] = Finding("workdir", WARN, "unknown", f"cannot tell whether workdir {hosts[h].workdir} is shared "
+                             f"with other hosts: {f['workdir_id_error']}",
+                             "make workdir a folder this user can create and write")
+        elif f.get("workdir_id"):
+            group = sharing[f["workdir_id"]]
+            if len(group) == 1:
+                out[h] = Finding("workdir", OK, "own")
+                continue
+            note = None
+            if h == group[0]:
+                note = (f"{_named(group, 6)} share one workdir folder (a shared file system: a marker one host "
+                        f"wrote there is seen by the others). clusterddp handles it: each run's code is unpacked "
+                        f"into <workdir>/runs/<run_id>/ once, by the first host to get there; each host keeps "
+                        f"its own control files (launch.sh, node.log, pid, exit_code) in "
+                        f"<workdir>/runs/<run_id>/{P.CONTROL}/<host>/; `collect` brings the run folder's files "
+                        f"back from each host, so shared files arrive once per host")
+            out[h] = Finding("workdir", OK, f"shared ({len(group)} hosts)", note=note)
+    return out
+
+
+@functools.cache
+def _launcher_train_sha256() -> str:
+    return hashlib.sha256(resources.files("clusterddp").joinpath("train.py").read_bytes()).hexdigest()
+
+
+def _train(host: Host, f: dict) -> Finding | None:
+    """Which clusterddp.train a script imports on this host: the copy each run ships (when its python
+    has no clusterddp), or the node's own, which always wins and is named when it differs."""
+    py, ver = host.python, __version__
+    fix = (f"install this launcher's clusterddp there (`{py} -m pip install clusterddp=={ver}`), or uninstall "
+           f"it (`{py} -m pip uninstall clusterddp`) so that each run ships the launcher's clusterddp.train")
+    if f.get("train_error"):
+        return Finding("train", WARN, "not shipped", f"{py} has a clusterddp that gives no clusterddp.train "
+                       f"({f['train_error']}); it is not shipped there, since an installed clusterddp is never "
+                       "shadowed", fix)
+    if "train" not in f:  # a quick probe does not look
+        return None
+    if f["train"] is None:
+        return Finding("train", OK, "shipped")
+    if f.get("train_sha256") == _launcher_train_sha256():
+        return Finding("train", OK, "installed")
+    return Finding("train", WARN, "installed, differs",
+                   f"{py} has its own clusterddp.train ({f['train']}), which differs from this launcher's "
+                   f"(clusterddp {ver}); scripts on this node import the node's own, since an installed "
+                   "clusterddp is never shadowed", fix)
+
+
 def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool = True,
              master_port: int | None = None) -> Report:
     """Turn each host's probe result into findings; compare versions across hosts."""
@@ -312,6 +375,7 @@ def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool 
     nc = _same("nccl", {h: facts[h]["nccl"] for h in with_torch if facts[h].get("nccl")}, lambda v: v or "-",
                lambda h, ref: f"install torch with NCCL {ref} (the same torch build as the others)")
     torch_ref = _reference(torch_v)
+    workdirs = _workdirs(hosts, facts)
     by_host = {r.host: r for r in results}
     for host, f in facts.items():
         h, r = hosts[host], by_host[host]
@@ -328,6 +392,11 @@ def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool 
             found.append(_disk(h, f))
             if isinstance(f.get("time"), (int, float)) and r.ended:
                 found.append(_clock(f, r))
+            if host in workdirs:
+                found.append(workdirs[host])
+            train = _train(h, f)
+            if train:
+                found.append(train)
     if full:  # two inventory entries on one machine: two node ranks there, rarely meant
         names = Counter(f.get("hostname") for f in facts.values())
         for host, f in facts.items():

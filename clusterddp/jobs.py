@@ -11,6 +11,7 @@ import re
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -256,8 +257,24 @@ class Upload:
             pass
 
 
+# The package's __init__ and clusterddp.train (which needs only torch), unpacked into
+# <run folder>/.clusterddp/lib for nodes whose python has no clusterddp (launch.sh decides).
+SHIPPED = ("__init__.py", "train.py")
+
+
+def _add_shipped(tar: tarfile.TarFile) -> None:
+    package = Path(__file__).resolve().parent
+    for folder in (P.SHIPPED_LIB, P.SHIPPED_LIB + "/clusterddp"):  # never .clusterddp itself: its mode stays
+        info = tarfile.TarInfo(folder)
+        info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+        tar.addfile(info)
+    for name in SHIPPED:
+        tar.add(package / name, arcname=f"{P.SHIPPED_LIB}/clusterddp/{name}", recursive=False)
+
+
 def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> Upload | None:
-    """The script's folder to upload, as a gzip tarball in a 0600 temporary file (None in local
+    """The script's folder to upload, with clusterddp.train for nodes without clusterddp (SHIPPED),
+    as a gzip tarball in a 0600 temporary file (None in local
     mode): streamed from disk to each node, never held in memory. Over ``max_upload`` bytes, or
     an unreadable file, is bad input."""
     if not prep.plan.upload:
@@ -270,6 +287,7 @@ def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> Upload | None:
             for rel, _ in folder.entries:
                 rel = rel.rstrip("/")
                 tar.add(prep.source_dir / rel, arcname=rel, recursive=False)
+            _add_shipped(tar)
     except OSError as e:
         os.unlink(name)
         raise UsageError(f"cannot pack the script's folder {prep.source_dir}: {e}",

@@ -8,8 +8,9 @@ package): the run id and facts are passed in, so ``--dry-run`` shows exactly wha
 run executes and tests compare it to golden files.
 
 On each node a run lives in ``<workdir>/runs/<run_id>/`` (the script's folder is
-unpacked there) with a control folder ``.clusterddp/`` holding ``launch.sh``,
-``node.log`` (all output), ``pid`` and, once the job ends, ``exit_code``: the folder 0700 and
+unpacked there, once, even when several hosts' workdirs are one shared folder) with a control
+folder ``.clusterddp/<host>/`` holding ``launch.sh``,
+``node.log`` (all output), ``pid`` and, once the job ends, ``exit_code``: the folders 0700 and
 its files 0600 whatever the node's umask (launch.sh holds the env values), while the job itself
 keeps the node's umask. Env values never appear on a command line, where every user of the
 node could read them in ``/proc/PID/cmdline``: launch.sh is uploaded over stdin, and the probe
@@ -190,7 +191,9 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
             script = spec.script
         else:
             run_dir = posixpath.join(host.workdir, "runs", run_id)
-            control_dir = posixpath.join(run_dir, CONTROL)
+            # Per host, so hosts whose workdirs are one shared folder (an NFS home) never share a
+            # pid, log or exit code; the run folder itself, with the code, may well be shared.
+            control_dir = posixpath.join(run_dir, CONTROL, host.name)
             script = posixpath.basename(spec.script)
         nproc: int | str = spec.gpus or host.gpus
         # With restarts, torchrun's shared rendezvous store hands restarted workers the previous
@@ -262,6 +265,39 @@ _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
 
 
+# clusterddp.train travels with every run (jobs.pack puts it in the tarball) for nodes whose python
+# lacks clusterddp. It goes on PYTHONPATH only there: a clusterddp the node has (installed, or on
+# the job's own PYTHONPATH) always wins, and the job's log says so when it differs from the copy
+# shipped. This asks the job's python, in the run folder, which one a script would import.
+SHIPPED_LIB = CONTROL + "/lib"
+_FIND_TRAIN = """import importlib.util as u
+try:
+    p = u.find_spec("clusterddp")
+    if p is None or p.origin in (None, "namespace"):  # a bare folder named clusterddp is no install
+        print("none")
+    else:
+        s = u.find_spec("clusterddp.train")
+        print(s.origin if s else "it has no clusterddp.train (%s)" % p.origin)
+except Exception as e:
+    print("%s: %s" % (type(e).__name__, e))"""
+
+
+def _ship_train_lines(node: NodeLaunch) -> list[str]:
+    lib = qpath(posixpath.join(node.run_dir, SHIPPED_LIB))
+    differs = ("[clusterddp] note: this node's own clusterddp.train ($cddp_train) is used; it differs from the "
+               "launcher's copy shipped with the run, which never shadows an installed clusterddp")
+    other = "[clusterddp] note: clusterddp.train is not shipped to this node, whose python has a clusterddp: "
+    return [
+        f"CDDP_LIB={lib}",
+        f"cddp_train=$({q(node.host.python)} -c {q(_FIND_TRAIN)} 2>&1 | tail -n 1)",
+        'case "$cddp_train" in',
+        '  none) export PYTHONPATH="$CDDP_LIB${PYTHONPATH:+:$PYTHONPATH}" ;;',
+        f'  /*) cmp -s "$cddp_train" "$CDDP_LIB/clusterddp/train.py" || echo "{differs}" >&2 ;;',
+        f'  *) echo {q(other)}"$cddp_train" >&2 ;;',
+        "esac",
+    ]
+
+
 def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, local: bool) -> NodeLaunch:
     h = node.host
     ctl = node.control_dir
@@ -294,6 +330,8 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
             lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" "
                          "| awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
         lines += ["else", f"  echo {q(warning)} >&2", "fi"]
+    if not local:
+        lines += _ship_train_lines(node)
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
     argv = " ".join(f'"{a}"' if isinstance(a, _Probed) else q(a) for a in node.argv)
@@ -315,8 +353,18 @@ def prepare_command(node: NodeLaunch) -> str:
     The control folder is made 0700 (it holds launch.sh, with the env values); the run folder,
     where the script runs and writes, keeps the node's usual modes."""
     ctl = qpath(node.control_dir)
-    return (f"mkdir -p {ctl} && chmod 700 {ctl} && cd {ctl} && "
+    run_ctl = _run_control(node)
+    private = f"{qpath(run_ctl)} {ctl}" if run_ctl else ctl
+    return (f"mkdir -p {ctl} && chmod 700 {private} && cd {ctl} && "
             f"if [ -e pid ]; then echo 'run folder already holds a job' >&2; exit 3; fi && pwd")
+
+
+def _run_control(node: NodeLaunch) -> str | None:
+    """The run's own control folder, ``<run folder>/.clusterddp``, which holds each host's control
+    folder (and the unpack state, and the shipped clusterddp.train); None when the node's control
+    folder is elsewhere (``up local``)."""
+    run_ctl = posixpath.join(node.run_dir, CONTROL)
+    return run_ctl if posixpath.dirname(node.control_dir) == run_ctl else None
 
 
 def upload_command(path: str) -> str:
@@ -326,9 +374,29 @@ def upload_command(path: str) -> str:
     return f"umask 077 && cat > {p} && chmod 600 {p}"
 
 
+UNPACK_WAIT_S = 540  # below the launcher's 600 s for the command, so the node's own message arrives
+
+
 def unpack_command(node: NodeLaunch) -> str:
+    """Unpack the script's folder into the run folder, once per run folder.
+
+    Hosts whose workdir is one shared folder (an NFS home) share the run folder; each has uploaded
+    the tarball into its own control folder. The first to create ``.clusterddp/unpack`` (mkdir is
+    atomic, on NFS too) unpacks, then writes ``done`` there (``failed`` if tar failed); the others
+    wait for either, up to UNPACK_WAIT_S. Each host removes only its own tarball, never a file
+    another host may still need."""
     tar = qpath(node.control_dir + "/source.tar.gz")
-    return f"cd {qpath(node.run_dir)} && tar -xzf {tar} && rm -f {tar}"
+    u = q(CONTROL + "/unpack")
+    by = f"$(cat {u}/by 2>/dev/null)"
+    return (f"cd {qpath(node.run_dir)} || exit 3; "
+            f"if mkdir {u} 2>/dev/null; then echo {q(node.host.name)} > {u}/by; "
+            f"if tar -xzf {tar}; then rm -f {tar}; : > {u}/done; else : > {u}/failed; exit 1; fi; "
+            f"elif [ ! -d {u} ]; then echo \"cannot create $PWD/{CONTROL}/unpack\" >&2; exit 1; "
+            f"else rm -f {tar}; i=0; while [ ! -e {u}/done ]; do "
+            f"if [ -e {u}/failed ]; then echo \"{by} failed to unpack the script folder into this shared run "
+            "folder\" >&2; exit 1; fi; "
+            f"i=$((i+1)); if [ $i -gt {UNPACK_WAIT_S * 5} ]; then echo \"{by} has not finished unpacking the script "
+            f"folder into this shared run folder after {UNPACK_WAIT_S}s\" >&2; exit 1; fi; sleep 0.2; done; fi")
 
 
 def start_command(node: NodeLaunch) -> str:

@@ -230,6 +230,32 @@ def test_two_entries_on_one_machine_warn():
     assert r.ok and finding(r, "b", "machine").problem == "same machine as c (hostname box)"
 
 
+def test_hosts_reading_one_workdir_marker_share_it_and_are_told_once_what_clusterddp_does(capsys):
+    r = evaluate(inv(), healthy(a={"workdir_id": "x1"}, b={"workdir_id": "x2"}, c={"workdir_id": "x1"}))
+    assert r.ok and [finding(r, h, "workdir").value for h in "abc"] == ["shared (2 hosts)", "own", "shared (2 hosts)"]
+    note = finding(r, "a", "workdir").note
+    assert note.startswith("a, c share one workdir folder") and "unpacked into <workdir>/runs/<run_id>/ once" in note
+    assert finding(r, "b", "workdir").note is None and finding(r, "c", "workdir").note is None  # said once
+    from clusterddp.cli.check import print_report
+    assert print_report(r, 1.0)
+    assert f"note a workdir: {note}\n" in capsys.readouterr().out
+    r = evaluate(inv(), healthy(b={"workdir_id_error": "PermissionError: [Errno 13] denied"}))
+    assert r.ok and finding(r, "b", "workdir").status == WARN and "denied" in finding(r, "b", "workdir").problem
+
+
+def test_clusterddp_train_is_shipped_to_a_python_without_it_and_a_differing_own_copy_is_named():
+    ours = check._launcher_train_sha256()
+    r = evaluate(inv(), healthy(a={"train": None}, b={"train": "/n/clusterddp/train.py", "train_sha256": ours},
+                                c={"train": "/n/clusterddp/train.py", "train_sha256": "0" * 64}))
+    assert [(finding(r, h, "train").status, finding(r, h, "train").value) for h in "abc"] == [
+        (OK, "shipped"), (OK, "installed"), (WARN, "installed, differs")]
+    f = finding(r, "c", "train")
+    assert "/n/clusterddp/train.py" in f.problem and "never shadowed" in f.problem
+    assert "/opt/py/bin/python -m pip install clusterddp==" in f.fix and "pip uninstall clusterddp" in f.fix
+    r = evaluate(inv(), healthy(b={"train_error": "it has a clusterddp (/x/__init__.py) without clusterddp.train"}))
+    assert finding(r, "b", "train").status == WARN and "not shipped" == finding(r, "b", "train").value
+
+
 def test_quick_mode_checks_only_the_cheap_subset():
     results = [probed(h, facts(hostname=h, gpus=None, nccl=None, time=0, disk_free=1, full=False),
                       port_free=(h == "a") or None) for h in "abc"]

@@ -23,7 +23,7 @@ def test_stop_and_status_say_the_same_words(tmp_path):
     store.create(jobs.new_record(prep, str(tmp_path / "inv.yaml")))
     jobs.execute(prep, lambda h, b: None, detach=True)
     run_id = p.run_id
-    b_done = tmp_path / "b" / "runs" / run_id / ".clusterddp" / "exit_code"
+    b_done = tmp_path / "b" / "runs" / run_id / ".clusterddp" / "b" / "exit_code"
     assert eventually(b_done.is_file, 30)  # b's job ends by itself; a's runs until stopped
 
     stop = cddp("stop", run_id, "--runs-dir", str(store.root), "--grace", "2", check_rc=0, timeout=60).stdout

@@ -38,7 +38,7 @@ def ticker(tmp_path) -> Path:
 
 def last_tick(node, run_id: str) -> int:
     """The newest tick in the node's own log (the nodes share this filesystem), -1 before the first."""
-    log = Path(node.workdir) / "runs" / run_id / ".clusterddp" / "node.log"
+    log = Path(node.workdir) / "runs" / run_id / ".clusterddp" / node.name / "node.log"
     ticks = re.findall(r"rank \d+ tick (\d+)", log.read_text()) if log.is_file() else []
     return max(map(int, ticks), default=-1)
 
@@ -89,7 +89,7 @@ def test_job_survives_launcher_sigkill_and_can_be_stopped_later(bed, tmp_path, t
     pids = job_pids(run_id)
     assert pids, "the job died with its launcher"
     for node in bed.nodes:
-        assert (Path(node.workdir) / "runs" / run_id / ".clusterddp" / "pid").is_file()
+        assert (Path(node.workdir) / "runs" / run_id / ".clusterddp" / node.name / "pid").is_file()
     st = cddp("status", run_id[:17], "--runs-dir", str(runs), check_rc=0).stdout  # a prefix is enough
     assert f"run {run_id}: running" in st
     assert cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "3", check_rc=0)

@@ -42,7 +42,7 @@ print("LR " + json.dumps({"local_rank": args.local_rank, "env": os.environ["LOCA
 
 
 def node_log(bed, node, run_id: str) -> str:
-    p = Path(node.workdir) / "runs" / run_id / ".clusterddp" / "node.log"
+    p = Path(node.workdir) / "runs" / run_id / ".clusterddp" / node.name / "node.log"
     return p.read_text(errors="replace") if p.exists() else ""
 
 

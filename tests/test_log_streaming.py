@@ -34,7 +34,7 @@ def test_a_huge_node_log_goes_to_disk_in_chunks(bed, tmp_path):
 
     # The nodes share this filesystem: grow node 1's log to 192 MiB, as a chatty two-day job would.
     node = bed.nodes[0]
-    log = Path(node.workdir) / "runs" / run_id / ".clusterddp" / "node.log"
+    log = Path(node.workdir) / "runs" / run_id / ".clusterddp" / node.name / "node.log"
     line = b"x" * 1023 + b"\n"
     with open(log, "ab") as f:
         for _ in range(192):

@@ -77,7 +77,7 @@ def test_plan_sends_the_whole_source_after_the_setup_lines():
     n = plan.build_plan(inv, plan.RunSpec("t.py"), "20261129-120000-abcd").nodes[0]
     setup = "{ source ~/v/bin/activate\n} >/dev/null 2>&1 || { true; }\n"
     assert plan.follow_command(n, 3) == setup + (f"/opt/py -S -c {plan.q(node.source('follow'))} "
-                                                 f"\"$HOME\"/clusterddp/runs/20261129-120000-abcd/.clusterddp 3 0.1")
+                                                 f"\"$HOME\"/clusterddp/runs/20261129-120000-abcd/.clusterddp/a 3 0.1")
     assert plan.collect_command(n).startswith(setup + f"/opt/py -S -c {plan.q(node.source('collect'))} ")
     probe = plan.probe_command(inv.hosts[0], "10.0.0.1", None)
     assert probe.stdin == b"export K=v\n" and f"\nexec /opt/py -c {plan.q(node.source('probe'))} " in probe.text

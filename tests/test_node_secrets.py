@@ -98,8 +98,8 @@ def test_env_values_stay_off_command_lines_and_control_files_are_private(bed, tm
             (d for d in (Path(node.workdir) / "runs").glob("*") if (d / "seen.json").exists()), None), 120)
         assert isinstance(run_dir, Path), "the job never started:\n" + (p.stdout.read() if p.poll() is not None else "")
         scan_while(bed, node, b"torch.distributed.run", token)
-        ctl = run_dir / ".clusterddp"
-        assert mode(ctl) == 0o700
+        ctl = run_dir / ".clusterddp" / node.name
+        assert mode(ctl) == mode(ctl.parent) == 0o700
         assert {f: mode(ctl / f) for f in ("launch.sh", "node.log", "pid")} == dict.fromkeys(
             ("launch.sh", "node.log", "pid"), 0o600)
         assert token in (ctl / "launch.sh").read_text()  # where the values are kept on the node

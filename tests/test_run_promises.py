@@ -50,7 +50,7 @@ def up_detached(inv, script, runs, *extra, cwd=None) -> str:
 
 
 def node_log(node, run_id: str) -> Path:
-    return Path(node.workdir) / "runs" / run_id / ".clusterddp" / "node.log"
+    return Path(node.workdir) / "runs" / run_id / ".clusterddp" / node.name / "node.log"
 
 
 def wait_ready(nodes, run_id: str, timeout: float = 90) -> None:

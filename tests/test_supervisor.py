@@ -27,8 +27,9 @@ from clusterddp.transport import CommandResult, connect
 
 FAKE_PY = """#!/bin/bash
 # Stand-in for `python -m torch.distributed.run ...`: behaves as $MODE says.
-# `python -S -c` (clusterddp's own helpers on the node, e.g. the log follower) runs the real one.
-[ "$1" = "-S" ] && exec PYTHON "$@"
+# `python -S -c` and `python -c` (clusterddp's own helpers on the node, e.g. the log follower, and
+# launch.sh's question which clusterddp.train a script would import) run the real one.
+case "$1" in -S|-c) exec PYTHON "$@" ;; esac
 echo "hello from $CLUSTERDDP_HOST rank $CLUSTERDDP_NODE_RANK"
 case "$MODE" in
   ok) exit 0 ;;
@@ -76,7 +77,7 @@ def test_all_nodes_succeed(tmp_path):
     assert [n.exit_code for n in out.nodes] == [0, 0]
     text = b"".join(b for h, b in lines if h == "b").decode()
     assert "hello from b rank 1" in text
-    assert (tmp_path / f"b/runs/{p.run_id}/.clusterddp/exit_code").read_text().strip() == "0"
+    assert (tmp_path / f"b/runs/{p.run_id}/.clusterddp/b/exit_code").read_text().strip() == "0"
 
 
 def test_first_failure_ends_every_other_node(tmp_path):

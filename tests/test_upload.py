@@ -12,7 +12,7 @@ import pytest
 
 from clusterddp import jobs
 from clusterddp.errors import UsageError
-from helpers import cddp
+from helpers import REPO, cddp
 
 GOOD_INV = "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n  - {name: gpu-02, address: gpu-02.invalid}\n"
 
@@ -68,7 +68,10 @@ def test_pack_streams_to_a_private_temp_file_holding_exactly_what_is_listed(tmp_
         with tarfile.open(up.path) as tar:
             names = sorted(tar.getnames())
             assert tar.extractfile("train.py").read() == b"print(1)\n"
-        assert names == ["blob.bin", "empty", "sub", "sub/u.py", "train.py"]
+            shipped = tar.extractfile(".clusterddp/lib/clusterddp/train.py").read()
+        assert names == [".clusterddp/lib", ".clusterddp/lib/clusterddp", ".clusterddp/lib/clusterddp/__init__.py",
+                         ".clusterddp/lib/clusterddp/train.py", "blob.bin", "empty", "sub", "sub/u.py", "train.py"]
+        assert shipped == (REPO / "clusterddp" / "train.py").read_bytes()  # for nodes without clusterddp
         assert (up.folder.files, up.folder.size) == (3, (24 << 20) + 10)
     finally:
         up.discard()

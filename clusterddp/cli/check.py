@@ -42,7 +42,7 @@ def check(
 ) -> None:
     """Check that every host is ready for a DDP job, in parallel.
 
-    SSH and host key; python, torch, CUDA and NCCL identical on every node; GPUs against `gpus`; the interface that routes to the master; the master port free; free disk in workdir; clock skew.
+    SSH and host key; python, torch, CUDA and NCCL identical on every node; GPUs against `gpus`; the interface that routes to the master; the master port free; free disk in workdir; clock skew; whether workdir is one folder shared with other hosts (it then creates workdir and a marker file there); whether each run ships clusterddp.train to the node.
 
     Exit 0 when every host passes, 1 when anything fails; each failure names the host and the fix.
     """  # noqa: E501 - Typer's help keeps the docstring's line breaks, so a paragraph is one line
@@ -87,6 +87,10 @@ def print_report(report, took: float) -> bool:
             print(f"{word} {host} {f.check}: {visible(f.problem or '')}")
             if f.fix:
                 print(f"     fix: {visible(f.fix)}")
+    for h in report.hosts:  # what clusterddp will do about a setup that needs no fixing
+        for f in h.findings:
+            if f.note:
+                print(f"note {h.host} {f.check}: {visible(f.note)}")
     n = len(report.hosts)
     bad = [h.host for h in report.hosts if h.status == FAIL]
     warned = len(report.problems(WARN))

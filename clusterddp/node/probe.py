@@ -84,6 +84,9 @@ def main(argv: "list[str]") -> int:
                  disk_writable=os.access(d, os.W_OK | os.X_OK))
     except Exception as e:
         r["disk_error"] = "%s: %s" % (type(e).__name__, e)
+    if a["full"]:
+        _workdir_marker(r, a["workdir"])
+        _train(r)
     if a["port"]:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore: TIME_WAIT is no conflict
@@ -97,6 +100,60 @@ def main(argv: "list[str]") -> int:
     sys.stdout.write(MARK + json.dumps(r) + "\n")
     sys.stdout.flush()
     return 0
+
+
+WORKDIR_MARKER = ".clusterddp-workdir"
+
+
+def _workdir_marker(r: dict, workdir: str) -> None:
+    """Tell which hosts share one workdir (an NFS home): the first host to probe it writes a random
+    id into WORKDIR_MARKER there (creating the workdir), and every host reports the id it reads,
+    so hosts that see one folder report one id. ``os.link`` is atomic and never replaces a file
+    (on NFS too): when hosts probe a new workdir at the same moment, one id wins."""
+    try:
+        import uuid
+        w = os.path.expanduser(workdir)
+        os.makedirs(w, exist_ok=True)  # hosts may create it at the same moment
+        path = os.path.join(w, WORKDIR_MARKER)
+        if not os.path.exists(path):
+            tmp = "%s.%s" % (path, uuid.uuid4().hex)
+            with open(tmp, "w") as f:
+                f.write(uuid.uuid4().hex + "\n")
+            try:
+                os.link(tmp, path)
+            except OSError:
+                pass  # another host wrote it first: its id is read below
+            finally:
+                os.unlink(tmp)
+        with open(path) as f:
+            r["workdir_id"] = f.read().strip()[:100] or None
+    except Exception as e:
+        r["workdir_id_error"] = "%s: %s" % (type(e).__name__, e)
+
+
+def _train(r: dict) -> None:
+    """Which clusterddp.train a job's script would import (plan._FIND_TRAIN asks the same on the
+    node at launch): "train" is its file, None when this python has no clusterddp (a run ships
+    the launcher's copy), with "train_sha256"; "train_error" when it has a clusterddp without one."""
+    path = sys.path[:]
+    try:
+        import hashlib
+        import importlib.util
+        sys.path[:] = [p for p in sys.path if p not in ("", ".")]  # the login folder is not the run folder
+        p = importlib.util.find_spec("clusterddp")
+        if p is None or p.origin in (None, "namespace"):  # a bare folder named clusterddp is no install
+            r["train"] = None
+            return
+        s = importlib.util.find_spec("clusterddp.train")
+        if s is None or not s.origin:
+            r["train_error"] = "it has a clusterddp (%s) without clusterddp.train" % p.origin
+            return
+        with open(s.origin, "rb") as f:
+            r["train"], r["train_sha256"] = s.origin, hashlib.sha256(f.read()).hexdigest()
+    except Exception as e:
+        r["train_error"] = "%s: %s" % (type(e).__name__, e)
+    finally:
+        sys.path[:] = path
 
 
 def setup_failed_reply(line: str) -> str:
@@ -126,7 +183,9 @@ FACTS = {"python": "text", "executable": "text?", "hostname": "text?", "iface": 
          "cuda": "text?", "nccl": "text?", "torch_error": "text?", "full": "flag", "gpus": "count?",
          "gpu_error": "text", "interfaces": "names?", "ip_tool": "flag", "env_ifname": "ifnames",
          "disk_path": "text", "disk_free": "number", "workdir_exists": "flag", "disk_writable": "flag",
-         "disk_error": "text", "port_free": "flag", "port_error": "text", "time": "number"}
+         "disk_error": "text", "port_free": "flag", "port_error": "text", "time": "number",
+         "workdir_id": "text?", "workdir_id_error": "text", "train": "text?", "train_sha256": "text",
+         "train_error": "text"}
 IFNAME_KEYS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 
