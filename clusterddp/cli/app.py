@@ -9,10 +9,11 @@ from . import schedule as schedule_cmd
 from . import up as up_cmd
 from .check import check as check_cmd
 from .exec_ import exec_ as exec_cmd
+from .script_args import ScriptCommand
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Start PyTorch DDP training on several machines over SSH, from one command.")
-app.command("up", context_settings={"help_option_names": ["-h", "--help"]})(up_cmd.up)
+app.command("up", cls=ScriptCommand, context_settings={"help_option_names": ["-h", "--help"]})(up_cmd.up)
 for _verb in ("runs", "status", "logs", "stop", "collect"):
     app.command(_verb)(getattr(runs_cmd, _verb))
 app.add_typer(schedule_cmd.app, name="schedule")

@@ -1,0 +1,34 @@
+"""The rough edges a new user hits first (issue 13): each message says what happened and what to do."""
+
+from __future__ import annotations
+
+import shlex
+
+from helpers import cddp
+
+INV = "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n  - {name: gpu-02, address: gpu-02.invalid}\n"
+
+
+def test_script_options_before_the_double_dash_get_the_corrected_command(tmp_path):
+    (tmp_path / "inv.yaml").write_text(INV)
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    r = cddp("up", "inv.yaml", "t.py", "--epochs", "1", "--dry-run", "--lr", "0.1 x", cwd=tmp_path, timeout=30)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    said, fix = r.stderr.splitlines()
+    assert said == "error: `python -m clusterddp up` has no option --epochs; the script's own arguments go after `--`:"
+    assert "Possible options" not in r.stderr  # click's guess (--detach) pointed at the wrong fix
+    # the printed command, run as printed, passes both options to the script and keeps up's own
+    argv = shlex.split(fix)
+    assert argv[:3] == ["python", "-m", "clusterddp"]
+    ok = cddp(*argv[3:], cwd=tmp_path, check_rc=0, timeout=30)
+    assert argv[3:] == ["up", "inv.yaml", "t.py", "--dry-run", "--", "--epochs", "1", "--lr", "0.1 x"]
+    assert "t.py --epochs 1 --lr '0.1 x'" in ok.stdout
+
+    # a typo of up's own option is named as such, the script reading still offered
+    r = cddp("up", "inv.yaml", "t.py", "--detch", cwd=tmp_path, timeout=30)
+    assert r.returncode == 2 and "has no option --detch (did you mean --detach?)" in r.stderr, r.stderr
+    # schedule add takes a script too
+    r = cddp("schedule", "add", "n", "--cron", "0 2 * * *", "inv.yaml", "t.py", "--epochs", "1", cwd=tmp_path,
+             timeout=30)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
+        "  python -m clusterddp schedule add n --cron '0 2 * * *' inv.yaml t.py -- --epochs 1"), r.stderr
