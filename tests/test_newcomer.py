@@ -32,3 +32,16 @@ def test_script_options_before_the_double_dash_get_the_corrected_command(tmp_pat
              timeout=30)
     assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
         "  python -m clusterddp schedule add n --cron '0 2 * * *' inv.yaml t.py -- --epochs 1"), r.stderr
+
+
+def test_a_folder_given_as_the_script_is_named_a_directory_with_the_scripts_it_holds(tmp_path):
+    (tmp_path / "inv.yaml").write_text(INV)
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
+    (tmp_path / "proj" / "notes.txt").write_text("")
+    r = cddp("up", "inv.yaml", "proj", "--dry-run", cwd=tmp_path, timeout=30)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == ["error: script proj: is a directory, not a script",
+                                     "  hint: pass the training script inside it (one of: proj/train.py); the script's "
+                                     "whole folder is uploaded with it"]
+    assert not r.stdout  # no run id for a run that never started
