@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 
-from helpers import cddp
+import pytest
+
+from helpers import cddp, job_script, run_id_of
 
 INV = "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n  - {name: gpu-02, address: gpu-02.invalid}\n"
 
@@ -45,3 +48,22 @@ def test_a_folder_given_as_the_script_is_named_a_directory_with_the_scripts_it_h
                                      "  hint: pass the training script inside it (one of: proj/train.py); the script's "
                                      "whole folder is uploaded with it"]
     assert not r.stdout  # no run id for a run that never started
+
+
+@pytest.mark.integration
+def test_a_run_the_preflight_refuses_shows_no_run_id_and_leaves_no_record(bed, tmp_path):
+    job = job_script(tmp_path, "t.py", "print('never runs')\n")
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    inv = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"known_hosts": str(empty)})
+    runs = tmp_path / "runs"
+    r = cddp("up", str(inv), str(job), "--runs-dir", str(runs), timeout=120)
+    assert r.returncode == 1 and "node1: host key of" in r.stderr, r.stdout + r.stderr
+    assert not re.search(r"^run ", r.stdout, re.M), r.stdout  # no id that `clusterddp logs` would not find
+    listed = cddp("runs", "--runs-dir", str(runs), check_rc=0, timeout=60).stdout
+    assert listed.startswith("no runs in"), listed
+    # a run that starts prints its id first, and `logs` finds it
+    inv = bed.write_inventory(tmp_path / "inv.yaml")
+    r = cddp("up", str(inv), str(job), "--runs-dir", str(runs), "--gpus", "1", check_rc=0, timeout=240)
+    run_id = run_id_of(r.stdout)
+    assert "never runs" in cddp("logs", run_id, "--runs-dir", str(runs), check_rc=0, timeout=60).stdout

@@ -57,16 +57,14 @@ def up(
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
     limit = jobs.parse_size(max_upload)
     prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts))
-    print(f"run {prep.plan.run_id}", flush=True)
     if dry_run:
+        print(f"run {prep.plan.run_id}", flush=True)
         print(plan.render(prep.plan))
         sent = jobs.describe_upload(prep, limit)
         if sent:
             print(sent, flush=True)
         return
     upload = jobs.pack(prep, limit)
-    if upload is not None:
-        print(f"upload: {upload.folder.summary()}", flush=True)
     try:
         _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule)
     finally:
@@ -84,6 +82,11 @@ def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: b
         if fleet is not None:
             fleet.close()
         raise
+    # The id is printed once it is recorded: a run refused before (bad input, the preflight) has
+    # no record, so it shows no id that `clusterddp logs` could not find.
+    print(f"run {prep.plan.run_id}", flush=True)
+    if upload is not None:
+        print(f"upload: {upload.folder.summary()}", flush=True)
     from .common import PrefixPrinter
     printer = PrefixPrinter([n.host.name for n in prep.plan.nodes], raw=raw)
     sigterm_as_interrupt()
