@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
 import re
 import shlex
+import socket
+import threading
 
 import pytest
 
@@ -67,3 +70,54 @@ def test_a_run_the_preflight_refuses_shows_no_run_id_and_leaves_no_record(bed, t
     r = cddp("up", str(inv), str(job), "--runs-dir", str(runs), "--gpus", "1", check_rc=0, timeout=240)
     run_id = run_id_of(r.stdout)
     assert "never runs" in cddp("logs", run_id, "--runs-dir", str(runs), check_rc=0, timeout=60).stdout
+
+
+@pytest.fixture
+def not_ssh_listeners():
+    """Three real loopback listeners that are not SSH servers: a real HTTP server (it answers the
+    client's SSH version line with a 400 page), one that closes at once, one that never speaks."""
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    closer, mute = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve(srv: socket.socket, keep: bool) -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            held.append(conn) if keep else conn.close()
+    threads = [threading.Thread(target=web.serve_forever, daemon=True),
+               threading.Thread(target=serve, args=(closer, False), daemon=True),
+               threading.Thread(target=serve, args=(mute, True), daemon=True)]
+    for t in threads:
+        t.start()
+    yield {"web": web.server_address[1], "closer": closer.getsockname()[1], "mute": mute.getsockname()[1]}
+    stop.set()
+    web.shutdown()
+    for t in threads:
+        t.join(10)
+    for s in (web.socket, closer, mute, *held):
+        s.close()
+
+
+def test_a_port_that_is_not_ssh_is_reported_with_what_it_said(tmp_path, not_ssh_listeners):
+    ports = not_ssh_listeners
+    hosts = "".join(f"  - {{name: {n}, address: 127.0.0.1, port: {p}}}\n" for n, p in ports.items())
+    (tmp_path / "inv.yaml").write_text(f"defaults: {{known_hosts: {tmp_path}/kh, connect_timeout: 3}}\n"
+                                       f"hosts:\n{hosts}")
+    r = cddp("exec", "inv.yaml", "--", "true", cwd=tmp_path, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    said = {line.split(":", 1)[0].strip(): line for line in r.stderr.splitlines() if line.startswith("  ")}
+    # what the HTTP server sent (its error page: it read paramiko's version line as an HTTP/0.9
+    # request), escaped (newlines as \n) and cut at 64 bytes
+    assert (f"web: root@127.0.0.1:{ports['web']} is not an SSH server: it answered "
+            "'<!DOCTYPE HTML>\\n<html lang=\"en\">\\n") in said["web"], r.stderr
+    assert said["web"].endswith("'..."), said["web"]
+    assert said["closer"].endswith("accepted the connection, then closed it without an SSH greeting"), r.stderr
+    assert said["mute"].endswith("accepted the connection but sent nothing within 3s (an SSH server greets at once)")
