@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from helpers import cddp, job_script, run_id_of
+from helpers import REPO, cddp, job_script, run_id_of
 
 INV = "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n  - {name: gpu-02, address: gpu-02.invalid}\n"
 
@@ -121,3 +121,52 @@ def test_a_port_that_is_not_ssh_is_reported_with_what_it_said(tmp_path, not_ssh_
     assert said["web"].endswith("'..."), said["web"]
     assert said["closer"].endswith("accepted the connection, then closed it without an SSH greeting"), r.stderr
     assert said["mute"].endswith("accepted the connection but sent nothing within 3s (an SSH server greets at once)")
+
+
+def test_running_the_main_command_twice_says_the_second_run_resumes(tmp_path):
+    # README's main command, smaller: `up local` runs in the current folder, so the second run finds
+    # the first one's checkpoints/ and resumes from them; its output says so, with the file's path
+    cmd = ("up", "local", str(REPO / "examples" / "ddp_train.py"), "--gpus", "1", "--runs-dir", "runs", "--",
+           "--epochs", "1")
+    first = cddp(*cmd, cwd=tmp_path, check_rc=0).stdout
+    assert "resumed" not in first and "[local] done world_size=1 final_step=16" in first, first
+    second = cddp(*cmd, cwd=tmp_path, check_rc=0).stdout
+    assert (f"[local] resumed from step 16: {tmp_path / 'checkpoints' / 'step-16.pt'} (to start afresh instead, "
+            f"move {tmp_path / 'checkpoints'} away or pass another checkpoint folder)\n") in second, second
+
+
+# torch's own words (torch 2.x), as nodes print them
+NOISE = ("[W1130 14:02:11.000000000 socket.cpp:752] [c10d] The hostname of the client socket cannot be retrieved. "
+         "err=-3\n"
+         "*****************************************\n"
+         "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system "
+         "being overloaded, please further tune the variable for optimal performance in your application as needed. \n"
+         "*****************************************\n"
+         "/venv/lib/python3.11/site-packages/torch/_subclasses/functional_tensor.py:368: UserWarning: Failed to "
+         "initialize NumPy: No module named 'numpy' (Triggered internally at tensor_numpy.cpp:84.)\n"
+         "  cpu = _conversion_method_template(device=torch.device(\"cpu\"))\n")
+
+
+def test_quiet_hides_known_torch_noise_on_the_terminal_and_the_log_keeps_it(tmp_path):
+    script = job_script(tmp_path, "noisy.py", "import sys\n"
+                        f"sys.stderr.write({NOISE!r})\n"
+                        "print('epoch 0 loss 1.0')\n"
+                        "print('  indented, mine')\n"  # not a warning's tail: shown
+                        "print('*** my own stars ***')\n")
+    runs = tmp_path / "runs"
+    out = cddp("up", "local", str(script), "--gpus", "1", "--runs-dir", str(runs), "--quiet", cwd=tmp_path,
+               check_rc=0)
+    shown = [line for line in out.stdout.splitlines() if line.startswith("[local]") and "[clusterddp]" not in line]
+    assert shown == ["[local] epoch 0 loss 1.0", "[local]   indented, mine", "[local] *** my own stars ***"], shown
+    run_id = run_id_of(out.stdout)
+    logs = runs / run_id / "logs"
+    # the script's 6 lines, and torchrun's own when it imports torch without numpy
+    hid = re.search(rf"--quiet hid (\d+) line\(s\) of known torch noise; {re.escape(str(logs))}/ keeps them",
+                    out.stderr)
+    assert hid and int(hid.group(1)) >= 6, out.stderr
+    assert NOISE in (logs / "local.log").read_text()  # the file on disk is whole
+    # logs shows it all, unless asked to be quiet too
+    assert NOISE.splitlines()[0] in cddp("logs", run_id, "--runs-dir", str(runs), check_rc=0).stdout
+    quiet = cddp("logs", run_id, "--runs-dir", str(runs), "-q", check_rc=0)
+    assert "socket.cpp" not in quiet.stdout and "OMP_NUM_THREADS" not in quiet.stdout
+    assert "[local] epoch 0 loss 1.0" in quiet.stdout and f"hid {hid.group(1)} line(s)" in quiet.stderr

@@ -11,7 +11,19 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from .common import RAW, RUNS_DIR, PrefixPrinter, err, handle_errors, is_tty, tell_missing, visible
+from .common import (
+    QUIET,
+    RAW,
+    RUNS_DIR,
+    PrefixPrinter,
+    err,
+    handle_errors,
+    is_tty,
+    quiet_filter,
+    tell_hidden,
+    tell_missing,
+    visible,
+)
 
 if TYPE_CHECKING:
     from ..artifacts import Progress
@@ -86,7 +98,7 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
          follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the run ends."),
          host: list[str] | None = typer.Option(None, "--host", help="Only this host (repeatable)."),
          tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines of each node."),
-         raw: bool = RAW) -> None:
+         raw: bool = RAW, quiet: bool = QUIET) -> None:
     """Print RUN's node logs with host prefixes: from the nodes when reachable, else the local copies."""
     from .. import control
     from ..record import RunStatus
@@ -101,7 +113,8 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
     if unknown:
         from ..errors import UsageError
         raise UsageError(f"--host {', '.join(unknown)}: not a host of run {run_id}", f"choose from {', '.join(names)}")
-    printer = PrefixPrinter(names, raw=raw)
+    hide = quiet_filter(quiet)
+    printer = PrefixPrinter(names, raw=raw, hide=hide)
     logs_ = control.node_logs(store, run_id, host)
     from_lines = {}
     for h, (data, source) in logs_.items():
@@ -116,6 +129,7 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
     if follow and rec.status is RunStatus.RUNNING:
         control.follow(store, run_id, printer, host, from_lines)
         printer.flush()
+    tell_hidden(hide, f"{store.run_dir(run_id) / 'logs'}/")
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from .common import (
     MASTER_PORT,
     MAX_RESTARTS,
     MAX_UPLOAD,
+    QUIET,
     RAW,
     RUN_NAME,
     RUNS_DIR,
@@ -23,8 +24,10 @@ from .common import (
     err,
     handle_errors,
     host_list,
+    quiet_filter,
     run_spec,
     sigterm_as_interrupt,
+    tell_hidden,
     tell_missing,
 )
 
@@ -48,6 +51,7 @@ def up(
     skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
                                     "versions agree, master port free)."),
     raw: bool = RAW,
+    quiet: bool = QUIET,
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -66,14 +70,14 @@ def up(
         return
     upload = jobs.pack(prep, limit)
     try:
-        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule)
+        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule, quiet)
     finally:
         if upload is not None:
             upload.discard()
 
 
 def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: bool, raw: bool,
-        schedule: str | None) -> None:
+        schedule: str | None, quiet: bool = False) -> None:
     from .. import jobs
     fleet = None if skip_check else jobs.preflight(prep.plan)
     try:
@@ -88,7 +92,8 @@ def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: b
     if upload is not None:
         print(f"upload: {upload.folder.summary()}", flush=True)
     from .common import PrefixPrinter
-    printer = PrefixPrinter([n.host.name for n in prep.plan.nodes], raw=raw)
+    hide = quiet_filter(quiet)
+    printer = PrefixPrinter([n.host.name for n in prep.plan.nodes], raw=raw, hide=hide)
     sigterm_as_interrupt()
     started = time.monotonic()
 
@@ -105,6 +110,7 @@ def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: b
                      source_tar=upload.path if upload else None)
     finally:
         printer.flush()
+        tell_hidden(hide, f"{prep.store.run_dir(run_id) / 'logs'}/")
     if detach:
         rd = f" --runs-dir {shlex.quote(runs_dir)}" if runs_dir != "./runs" else ""
         print(f"detached; the job runs on without this command.\n"
