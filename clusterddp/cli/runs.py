@@ -39,8 +39,7 @@ def _store(runs_dir: str, read_only: bool = False):
 
 def _node_line(n: NodeRecord) -> str:
     """One node of a run record, as `status` and `stop` both print it."""
-    code = "" if n.exit_code is None else f" exit {n.exit_code}"
-    return f"  {n.host}: {n.state}{code}" + (f" - {visible(n.error)}" if n.error else "")
+    return f"  {n.host}: {n.describe()}" + (f" - {visible(n.error)}" if n.error else "")
 
 
 def _duration(row: dict) -> str:
@@ -183,7 +182,7 @@ def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
     done = control.stop(store, run_id, grace)
     print(f"run {run_id}: {done.record.status}")
     for n in done.record.nodes:
-        print(_node_line(n) + (f" ({visible(done.how[n.host])})" if n.host in done.how else ""))
+        print(_node_line(n) + (f"; {visible(done.how[n.host])}" if n.host in done.how else ""))
     if done.not_stopped:
         err("some nodes could not be stopped; run `clusterddp stop` again once they answer")
         raise typer.Exit(1)
