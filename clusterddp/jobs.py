@@ -380,7 +380,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         collect(fleet, plan, store, on_collect)
         status = finish(store, run_id, sup, outcome)
         if status is not RunStatus.SUCCEEDED:
-            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status)
+            said = {n.host: n.describe() for n in store.load(run_id).nodes}  # the words `status` will print
+            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said)
         return outcome
     finally:
         store.close_logs()

@@ -179,3 +179,12 @@ def test_readme_commands_table_is_one_table_and_its_python_is_pyprojects():
     assert len(rows) >= 9 and rows == list(range(rows[0], rows[0] + len(rows))), "a blank line splits the table"
     need = re.search(r'requires-python = ">=(3\.\d+)"', (REPO / "pyproject.toml").read_text())
     assert need and f"(Python {need.group(1)} or newer" in text
+
+
+def test_a_failed_up_names_each_node_in_the_words_status_prints(tmp_path):
+    script = job_script(tmp_path, "bad.py", "import sys; sys.exit(7)\n")
+    runs = tmp_path / "runs"
+    r = cddp("up", "local", str(script), "--gpus", "1", "--runs-dir", str(runs), cwd=tmp_path, check_rc=1)
+    assert "\n  local (node 0): failed (exit code 1)\n" in r.stderr, r.stderr  # torchrun exits 1 for a failed rank
+    status = cddp("status", run_id_of(r.stdout), "--runs-dir", str(runs), check_rc=0).stdout
+    assert "\n  local: failed (exit code 1)\n" in status, status
