@@ -121,10 +121,13 @@ class _Transport(paramiko.Transport):
     """paramiko's Transport, remembering what a server that is not SSH answered (paramiko keeps it
     only in a debug log), so the error can say what is listening there instead."""
 
+    greeted = False  # the server's SSH version line was read
+    seen: bytes | bytearray = b""  # what it sent before (or instead of) that line
+
     def _check_banner(self) -> None:
         packetizer: Any = self.packetizer  # _read_timeout: private, in paramiko since 2003
         read = packetizer._read_timeout
-        seen = bytearray()
+        seen = self.seen = bytearray()
 
         def recording(timeout: float) -> bytes:
             data = read(timeout)
@@ -133,6 +136,7 @@ class _Transport(paramiko.Transport):
         packetizer._read_timeout = recording
         try:
             super()._check_banner()  # type: ignore[misc]
+            self.greeted = True
         except paramiko.SSHException as e:
             if isinstance(e, paramiko.ProxyCommandFailure) or seen.startswith(b"SSH-"):
                 raise  # an SSH server after all (a bad version line): paramiko's words say it
@@ -140,6 +144,16 @@ class _Transport(paramiko.Transport):
             raise _NoGreeting(str(e), bytes(seen), bool(closed)) from None
         finally:
             del packetizer._read_timeout
+
+
+def _no_greeting(t: paramiko.Transport | None, e: BaseException) -> BaseException:
+    """``e``, or a :class:`_NoGreeting` when the server never sent its SSH version line: paramiko's
+    connect stops waiting at its own timeout, racing the banner timeout, and then fails later
+    ("No existing session") before the banner check can say what was, or was not, seen."""
+    if isinstance(t, _Transport) and not t.greeted and isinstance(e, paramiko.SSHException) \
+            and not isinstance(e, (_NoGreeting, paramiko.ProxyCommandFailure)):
+        return _NoGreeting(str(e), bytes(t.seen), closed=not t.is_alive())
+    return e
 
 
 def _transport_factory(sock: socket.socket, **kwargs) -> paramiko.Transport:
@@ -398,6 +412,7 @@ class _Hop(Connection):
         try:
             super().open()
         except BaseException as e:
+            e = _no_greeting(self.client.get_transport(), e)
             self.client.close()  # paramiko leaves the socket and its thread up after a refused key or login
             raise e if isinstance(e, HostError) else self._owner._located(e, self) from None
 
