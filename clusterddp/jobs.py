@@ -43,6 +43,8 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
             run_id: str | None = None, exclude: list[str] | None = None) -> Prepared:
     """Validate input and plan the run (no network). Raises UsageError for bad input."""
     script = Path(spec.script)
+    if script.is_dir():
+        raise UsageError(f"script {spec.script}: is a directory, not a script", _script_in(script))
     if not script.is_file():
         raise UsageError(f"script {spec.script}: no such file", "pass the path of your training script")
     inventory = load_inventory(inventory_arg, spec.gpus)
@@ -54,6 +56,17 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
     plan = P.build_plan(inventory, spec, run_id, **local)
     return Prepared(plan, store, script.resolve().parent)
+
+
+def _script_in(folder: Path) -> str:
+    """What to pass instead of a folder: its Python files (the folder itself is uploaded with the script)."""
+    try:
+        found = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_file())
+    except OSError:
+        found = []
+    shown = ", ".join(str(folder / name) for name in found[:5]) + (", ..." if len(found) > 5 else "")
+    return ("pass the training script inside it" + (f" (one of: {shown})" if found else "")
+            + "; the script's whole folder is uploaded with it")
 
 
 # What never leaves this machine unless .clusterddpignore re-includes it (``!.env``): VCS and
@@ -384,7 +397,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         collect(fleet, plan, store, on_collect, sup)
         status = finish(store, run_id, sup, outcome)
         if status is not RunStatus.SUCCEEDED:
-            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status)
+            said = {n.host: n.describe() for n in store.load(run_id).nodes}  # the words `status` will print
+            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said)
         return outcome
     finally:
         store.close_logs()

@@ -13,6 +13,7 @@ import enum
 import math
 import re
 import reprlib
+import signal
 import types
 import typing
 from collections.abc import Mapping
@@ -88,6 +89,16 @@ class NodeState(_Words):
         return cls.SUCCEEDED if code == 0 else cls.FAILED
 
 
+def exit_text(code: int) -> str:
+    """An exit code as people read it: ``exit code 143: SIGTERM`` where it is the shell's 128 + a signal."""
+    if 128 < code < 128 + 65:
+        try:
+            return f"exit code {code}: {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
 _TERMINAL = frozenset({NodeState.SUCCEEDED, NodeState.FAILED, NodeState.LOST, NodeState.STOPPED})
 # What a status report without an exit code means, for the record's `error`.
 _NO_CODE = {"lost": "no process and no exit code", "missing": "no run folder on the node",
@@ -118,6 +129,11 @@ class NodeRecord:
     state: NodeState = NodeState.PENDING
     exit_code: int | None = None
     error: str | None = None
+
+    def describe(self) -> str:
+        """The node's state as `status` and `stop` print it: ``stopped (exit code 143: SIGTERM)``,
+        ``lost`` (its ``error`` says why; the CLI adds it, escaped)."""
+        return f"{self.state}" + (f" ({exit_text(self.exit_code)})" if self.exit_code is not None else "")
 
     def seen(self, state: NodeState, exit_code: int | None = None, error: str | None = None) -> NodeRecord:
         """This node after being seen in ``state``: the one rule for every writer (`up`, `status`, `stop`).

@@ -395,7 +395,7 @@ def _try_load(source: Path | io.BytesIO, map_location: Any, load_kwargs: dict[st
         return False, None
 
 
-def load_latest(dir: str | os.PathLike[str] = "checkpoints", map_location: Any = None,
+def load_latest(dir: str | os.PathLike[str] = "checkpoints", map_location: Any = None, announce: bool = True,
                 **load_kwargs: Any) -> tuple[Any, int] | None:
     """Load the newest complete checkpoint in ``dir``: ``(obj, step)``, or None if there is none.
 
@@ -413,9 +413,21 @@ def load_latest(dir: str | os.PathLike[str] = "checkpoints", map_location: Any =
     ``weights_only=True`` (safe; enough for state_dicts, tensors, numbers, strings, lists,
     dicts); pass ``weights_only=False`` in ``load_kwargs`` for checkpoints holding other
     Python objects, and only for files you trust.
+
+    Unless ``announce`` is False, rank 0 says on stderr which file it resumed from: a relative
+    ``dir`` is found in the folder the job runs in (for ``up local``, the current folder), so a
+    second run resumes from the first one's checkpoints, and that must not go unnoticed.
     """
+    found = _load_latest(Path(dir), map_location, load_kwargs)
+    if found is not None and announce:
+        where = Path(dir).absolute()
+        print0(f"resumed from step {found[1]}: {where / f'step-{found[1]}.pt'} (to start afresh instead, move "
+               f"{where} away or pass another checkpoint folder)", file=sys.stderr)
+    return found
+
+
+def _load_latest(directory: Path, map_location: Any, load_kwargs: dict[str, Any]) -> tuple[Any, int] | None:
     ctx = context()
-    directory = Path(dir)
     if map_location is None:
         map_location = ctx.device
 

@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         state, step = found
         ct.unwrap(model).load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
-        start_epoch = state["epoch"]
-        ct.print0(f"resumed from step {step} (epoch {start_epoch})")
+        start_epoch = state["epoch"]  # load_latest said which file it resumed from
 
     for epoch in loader.epochs(start_epoch, args.epochs):
         maybe_crash(args, ctx, epoch)

@@ -30,10 +30,10 @@ def test_stop_and_status_say_the_same_words(tmp_path):
     assert eventually(lambda: not job_pids(p), 10)
     status = cddp("status", run_id, "--runs-dir", str(store.root), check_rc=0, timeout=60).stdout
     assert stop.splitlines()[0] == status.splitlines()[0] == f"run {run_id}: stopped"
-    # stop adds how it ended each job, in parentheses; the words before them are the ones status prints
-    assert node_lines(stop) == ["  a: stopped exit 143 (ended by SIGTERM)",
-                                "  b: succeeded exit 0 (nothing left to stop)"]
-    assert [re.sub(r" \(.*\)$", "", line) for line in node_lines(stop)] == node_lines(status)
+    # stop adds how it ended each job, after a `;`; the words before it are the ones status prints
+    assert node_lines(stop) == ["  a: stopped (exit code 143: SIGTERM); ended by SIGTERM",
+                                "  b: succeeded (exit code 0); nothing left to stop"]
+    assert [re.sub(r"; .*$", "", line) for line in node_lines(stop)] == node_lines(status)
 
     rec = store.load(run_id)
     assert rec.status is RunStatus.STOPPED and rec.exit_code == 130

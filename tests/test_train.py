@@ -411,8 +411,9 @@ def test_ddp_train_runs_then_resumes(tmp_path, solo, capsys) -> None:
 
     # Second run, in-process as a plain `python ddp_train.py`: resumes at world size 1.
     _load_example("ddp_train").main(["--checkpoint-dir", str(ckpt), "--epochs", "4"])
-    out = capsys.readouterr().out
-    assert "resumed from step 24" in out and "done world_size=1 final_step=40" in out, out
+    out = capsys.readouterr()
+    assert f"resumed from step 24: {ckpt / 'step-24.pt'} (to start afresh" in out.err, out.err  # load_latest said so
+    assert "done world_size=1 final_step=40" in out.out, out.out
 
 
 def test_ddp_train_restarts_after_crash(tmp_path) -> None:

@@ -11,13 +11,14 @@ from . import schema as schema_cmd
 from . import up as up_cmd
 from .check import check as check_cmd
 from .exec_ import exec_ as exec_cmd
+from .script_args import ScriptCommand
 from .top import top as top_cmd
 
 # add_completion: --install-completion/--show-completion; typer imports its completion code anyway, so
 # --help is no slower with them (measured, see the README).
 app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="Start PyTorch DDP training on several machines over SSH, from one command.")
-app.command("up", context_settings={"help_option_names": ["-h", "--help"]})(up_cmd.up)
+app.command("up", cls=ScriptCommand, context_settings={"help_option_names": ["-h", "--help"]})(up_cmd.up)
 for _verb in ("runs", "status", "logs", "stop", "collect"):
     app.command(_verb)(getattr(runs_cmd, _verb))
 app.add_typer(schedule_cmd.app, name="schedule")

@@ -111,6 +111,26 @@ def tell_missing(lead: str, missing: tuple[tuple[str, str], ...]) -> None:
         err(f"{lead}... and {len(missing) - MAX_SHOWN} more files not brought back")
 
 
+QUIET = typer.Option(False, "--quiet", "-q", envvar="CLUSTERDDP_QUIET",
+                    help="Hide known torch noise on the terminal (the c10d 'hostname of the client socket' "
+                         "warning, torchrun's OMP_NUM_THREADS banner, the no-numpy warning); log files keep it.")
+
+
+def quiet_filter(quiet: bool):
+    """The line filter ``--quiet`` asks for (a :class:`~clusterddp.noise.NoiseFilter`), or None."""
+    if not quiet:
+        return None
+    from ..noise import NoiseFilter
+    return NoiseFilter()
+
+
+def tell_hidden(hide, where: str) -> None:
+    """After the output: how many lines ``--quiet`` hid, and where they still are (stderr)."""
+    said = hide.summary(where) if hide is not None else None
+    if said:
+        err(said)
+
+
 RAW = typer.Option(False, "--raw", help="Print the job's output bytes as they are (colours, control "
                    "characters); by default control characters are shown as escapes like \\x1b.")
 
@@ -173,9 +193,11 @@ class PrefixPrinter:
     Lines are escaped with :func:`visible`; ``raw`` passes the job's bytes through untouched
     (colours, or a pipe to other tools), only the prefix added."""
 
-    def __init__(self, hosts: list[str], stream=None, raw: bool = False) -> None:
+    def __init__(self, hosts: list[str], stream=None, raw: bool = False,
+                 hide: Callable[[str, bytes], bool] | None = None) -> None:
         self.stream = stream or sys.stdout
         self.raw = raw
+        self.hide = hide  # `--quiet`: lines it says to hide are not printed (the log files keep them)
         self.width = max((len(h) for h in hosts), default=0)
         self._buf: dict[str, bytes] = {}
         self._lock = threading.Lock()
@@ -190,6 +212,8 @@ class PrefixPrinter:
             self.stream.flush()
 
     def _emit(self, host: str, line: bytes) -> None:
+        if self.hide is not None and self.hide(host, line.rstrip(b"\r")):
+            return
         prefix = f"[{host.ljust(self.width)}] "
         if not self.raw:
             self.stream.write(prefix + visible_bytes(line.rstrip(b"\r")) + "\n")

@@ -12,7 +12,19 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import typer
 
-from .common import RAW, RUNS_DIR, PrefixPrinter, err, handle_errors, is_tty, tell_missing, visible
+from .common import (
+    QUIET,
+    RAW,
+    RUNS_DIR,
+    PrefixPrinter,
+    err,
+    handle_errors,
+    is_tty,
+    quiet_filter,
+    tell_hidden,
+    tell_missing,
+    visible,
+)
 
 if TYPE_CHECKING:
     from ..artifacts import Progress
@@ -28,8 +40,7 @@ def _store(runs_dir: str, read_only: bool = False):
 
 def _node_line(n: NodeRecord) -> str:
     """One node of a run record, as `status` and `stop` both print it."""
-    code = "" if n.exit_code is None else f" exit {n.exit_code}"
-    return f"  {n.host}: {n.state}{code}" + (f" - {visible(n.error)}" if n.error else "")
+    return f"  {n.host}: {n.describe()}" + (f" - {visible(n.error)}" if n.error else "")
 
 
 def _duration(row: dict) -> str:
@@ -87,7 +98,7 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
          follow: bool = typer.Option(False, "--follow", "-f", help="Stream until the run ends."),
          host: list[str] | None = typer.Option(None, "--host", help="Only this host (repeatable)."),
          tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines of each node."),
-         raw: bool = RAW) -> None:
+         raw: bool = RAW, quiet: bool = QUIET) -> None:
     """Print RUN's node logs with host prefixes: from the nodes when reachable, else the local copies."""
     from .. import control
     from ..record import RunStatus
@@ -102,7 +113,8 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
     if unknown:
         from ..errors import UsageError
         raise UsageError(f"--host {', '.join(unknown)}: not a host of run {run_id}", f"choose from {', '.join(names)}")
-    printer = PrefixPrinter(names, raw=raw)
+    hide = quiet_filter(quiet)
+    printer = PrefixPrinter(names, raw=raw, hide=hide)
     from_lines: dict[str, int] = {}
 
     def show(h: str, source: str, f: BinaryIO | None) -> None:
@@ -126,6 +138,7 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
     if follow and rec.status is RunStatus.RUNNING:
         control.follow(store, run_id, printer, host, from_lines)
         printer.flush()
+    tell_hidden(hide, f"{store.run_dir(run_id) / 'logs'}/")
 
 
 @contextmanager
@@ -179,7 +192,7 @@ def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
     done = control.stop(store, run_id, grace)
     print(f"run {run_id}: {done.record.status}")
     for n in done.record.nodes:
-        print(_node_line(n) + (f" ({visible(done.how[n.host])})" if n.host in done.how else ""))
+        print(_node_line(n) + (f"; {visible(done.how[n.host])}" if n.host in done.how else ""))
     if done.not_stopped:
         err("some nodes could not be stopped; run `clusterddp stop` again once they answer")
         raise typer.Exit(1)

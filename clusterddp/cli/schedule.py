@@ -29,13 +29,14 @@ from .common import (
     local_rank_flag,
     run_spec,
 )
+from .script_args import ScriptCommand
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Run `clusterddp up` on a timetable, from your crontab.")
 
 
-@app.command("add")
+@app.command("add", cls=ScriptCommand)
 @handle_errors
 def add(
     name: str = typer.Argument(..., help="Schedule name: letters, digits, '.', '_', '-'."),

@@ -19,6 +19,7 @@ from .common import (
     MASTER_PORT,
     MAX_RESTARTS,
     MAX_UPLOAD,
+    QUIET,
     RAW,
     RUN_NAME,
     RUNS_DIR,
@@ -27,8 +28,10 @@ from .common import (
     handle_errors,
     host_list,
     local_rank_flag,
+    quiet_filter,
     run_spec,
     sigterm_as_interrupt,
+    tell_hidden,
     tell_missing,
 )
 
@@ -54,6 +57,7 @@ def up(
     skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
                                     "versions agree, master port free)."),
     raw: bool = RAW,
+    quiet: bool = QUIET,
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -64,28 +68,26 @@ def up(
     spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg))
     limit = jobs.parse_size(max_upload)
     prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts), exclude=host_list(exclude, "--exclude"))
-    print(f"run {prep.plan.run_id}", flush=True)
     warning = jobs.local_rank_warning(spec)
     if warning:
         err(warning)
     if dry_run:
+        print(f"run {prep.plan.run_id}", flush=True)
         print(plan.render(prep.plan))
         sent = jobs.describe_upload(prep, limit)
         if sent:
             print(sent, flush=True)
         return
     upload = jobs.pack(prep, limit)
-    if upload is not None:
-        print(f"upload: {upload.folder.summary()}", flush=True)
     try:
-        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule)
+        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule, quiet)
     finally:
         if upload is not None:
             upload.discard()
 
 
 def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: bool, raw: bool,
-        schedule: str | None) -> None:
+        schedule: str | None, quiet: bool = False) -> None:
     from .. import jobs
     fleet = None if skip_check else jobs.preflight(prep.plan)
     try:
@@ -94,8 +96,14 @@ def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: b
         if fleet is not None:
             fleet.close()
         raise
+    # The id is printed once it is recorded: a run refused before (bad input, the preflight) has
+    # no record, so it shows no id that `clusterddp logs` could not find.
+    print(f"run {prep.plan.run_id}", flush=True)
+    if upload is not None:
+        print(f"upload: {upload.folder.summary()}", flush=True)
     from .common import PrefixPrinter
-    printer = PrefixPrinter([n.host.name for n in prep.plan.nodes], raw=raw)
+    hide = quiet_filter(quiet)
+    printer = PrefixPrinter([n.host.name for n in prep.plan.nodes], raw=raw, hide=hide)
     sigterm_as_interrupt()
     started = time.monotonic()
 
@@ -118,6 +126,7 @@ def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: b
         raise
     finally:
         printer.flush()
+        tell_hidden(hide, f"{prep.store.run_dir(run_id) / 'logs'}/")
     if detach:
         rd = f" --runs-dir {shlex.quote(runs_dir)}" if runs_dir != "./runs" else ""
         print(f"detached; the job runs on without this command.\n"

@@ -28,6 +28,7 @@ import select
 import socket
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import paramiko
 from fabric.config import Config
@@ -107,8 +108,59 @@ def _prepare_process() -> None:
     _reuse_freed_memory()
 
 
+SEEN_MAX = 64  # bytes of a non-SSH answer kept and shown: enough for an HTTP status line
+
+
+class _NoGreeting(paramiko.SSHException):
+    """The server sent no SSH greeting: ``seen`` holds the first bytes it sent instead (maybe none),
+    ``closed`` whether it closed the connection (else the banner timeout passed)."""
+
+    def __init__(self, message: str, seen: bytes, closed: bool) -> None:
+        super().__init__(message)
+        self.seen, self.closed = seen, closed
+
+
+class _Transport(paramiko.Transport):
+    """paramiko's Transport, remembering what a server that is not SSH answered (paramiko keeps it
+    only in a debug log), so the error can say what is listening there instead."""
+
+    greeted = False  # the server's SSH version line was read
+    seen: bytes | bytearray = b""  # what it sent before (or instead of) that line
+
+    def _check_banner(self) -> None:
+        packetizer: Any = self.packetizer  # _read_timeout: private, in paramiko since 2003
+        read = packetizer._read_timeout
+        seen = self.seen = bytearray()
+
+        def recording(timeout: float) -> bytes:
+            data = read(timeout)
+            seen.extend(data[:SEEN_MAX - len(seen)])
+            return data
+        packetizer._read_timeout = recording
+        try:
+            super()._check_banner()  # type: ignore[misc]
+            self.greeted = True
+        except paramiko.SSHException as e:
+            if isinstance(e, paramiko.ProxyCommandFailure) or seen.startswith(b"SSH-"):
+                raise  # an SSH server after all (a bad version line): paramiko's words say it
+            closed = isinstance(e.__context__, EOFError) or (seen and not isinstance(e.__context__, socket.timeout))
+            raise _NoGreeting(str(e), bytes(seen), bool(closed)) from None
+        finally:
+            del packetizer._read_timeout
+
+
+def _no_greeting(t: paramiko.Transport | None, e: BaseException) -> BaseException:
+    """``e``, or a :class:`_NoGreeting` when the server never sent its SSH version line: paramiko's
+    connect stops waiting at its own timeout, racing the banner timeout, and then fails later
+    ("No existing session") before the banner check can say what was, or was not, seen."""
+    if isinstance(t, _Transport) and not t.greeted and isinstance(e, paramiko.SSHException) \
+            and not isinstance(e, (_NoGreeting, paramiko.ProxyCommandFailure)):
+        return _NoGreeting(str(e), bytes(t.seen), closed=not t.is_alive())
+    return e
+
+
 def _transport_factory(sock: socket.socket, **kwargs) -> paramiko.Transport:
-    t = paramiko.Transport(sock, **kwargs)
+    t = _Transport(sock, **kwargs)
     opts = t.get_security_options()
     first = tuple(c for c in _PREFERRED_CIPHERS if c in opts.ciphers)
     opts.ciphers = first + tuple(c for c in opts.ciphers if c not in first)
@@ -363,8 +415,26 @@ class _Hop(Connection):
         try:
             super().open()
         except BaseException as e:
+            e = _no_greeting(self.client.get_transport(), e)
             self.client.close()  # paramiko leaves the socket and its thread up after a refused key or login
             raise e if isinstance(e, HostError) else self._owner._located(e, self) from None
+
+
+def _not_ssh(name: str, where: str, e: _NoGreeting, timeout: float) -> HostError:
+    """What answered at ``where`` instead of an SSH server, in words and escaped bytes."""
+    if e.seen:
+        shown = repr(e.seen)[1:]  # b'...' without the b: every byte that is not printable ASCII escaped
+        more = "..." if len(e.seen) >= SEEN_MAX else ""
+        return HostError(name, f"{where} is not an SSH server: it answered {shown}{more}",
+                         "check the address and port (an SSH server's greeting starts with SSH-2.0); "
+                         "another service listens there", kind=Kind.UNREACHABLE)
+    if e.closed:
+        return HostError(name, f"{where} accepted the connection, then closed it without an SSH greeting",
+                         "check that sshd listens on that port; a busy sshd (MaxStartups) or a firewall "
+                         "rule (tcp wrappers) also does this", kind=Kind.UNREACHABLE)
+    return HostError(name, f"{where} accepted the connection but sent nothing within {timeout:g}s "
+                           "(an SSH server greets at once)",
+                     "check that sshd (not another service) listens there and is not overloaded", kind=Kind.TIMEOUT)
 
 
 class SSHTransport:
@@ -431,6 +501,8 @@ class SSHTransport:
                 return HostError(self.name, f"no SSH key to log in to {where}",
                                  "set identity_file in the inventory, add IdentityFile to ~/.ssh/config, "
                                  "or load a key into ssh-agent", kind=Kind.AUTH_REFUSED)
+            if isinstance(e, _NoGreeting):
+                return _not_ssh(self.name, where, e, self.host.connect_timeout)
             if "banner" in str(e):  # TCP connected, but no SSH greeting within banner_timeout
                 return HostError(self.name, f"{where} accepted the connection but sent no SSH greeting "
                                             f"within {self.host.connect_timeout:g}s",
