@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-PROGRAMS = ("probe", "collect", "follow")
+PROGRAMS = ("probe", "collect", "follow", "diagnose")
 
 
 @functools.cache
