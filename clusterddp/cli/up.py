@@ -48,6 +48,9 @@ def up(
     skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
                                     "versions agree, master port free)."),
     raw: bool = RAW,
+    join_timeout: float = typer.Option(120.0, "--join-timeout", min=0, metavar="S",
+                                       help="Name and end a run whose nodes have not all joined the rendezvous "
+                                            "S seconds after it started (0: wait as long as torch does)."),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -68,14 +71,14 @@ def up(
     if upload is not None:
         print(f"upload: {upload.folder.summary()}", flush=True)
     try:
-        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule)
+        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule, join_timeout)
     finally:
         if upload is not None:
             upload.discard()
 
 
 def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: bool, raw: bool,
-        schedule: str | None) -> None:
+        schedule: str | None, join_timeout: float = 0.0) -> None:
     from .. import jobs
     fleet = None if skip_check else jobs.preflight(prep.plan)
     try:
@@ -99,7 +102,7 @@ def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: b
     run_id = prep.plan.run_id
     try:
         jobs.execute(prep, printer, on_collect=on_collect, detach=detach, fleet=fleet,
-                     source_tar=upload.path if upload else None)
+                     source_tar=upload.path if upload else None, join_timeout=join_timeout)
     finally:
         printer.flush()
     if detach:
