@@ -329,6 +329,21 @@ def _note(node: NodeFacts, errors: list[RankError], nproc: int | None) -> str:
     return word
 
 
+TABLE_LEAD_S = 1.0
+
+
+def _when(r: RankError) -> float:
+    """When a rank failed, for ordering. A whole-second time is taken as the middle of its second. A
+    time from torchrun's table is when the agent noticed the death (up to its monitor interval later)
+    rounded down: it counts a second earlier, since a rank killed by a signal or that exited without
+    an exception is rarely the echo of another's failure (those raise: "Connection closed by peer")."""
+    if r.precise:
+        return r.time
+    if r.kind == "exception":
+        return r.time + 0.5
+    return r.time - TABLE_LEAD_S
+
+
 def diagnose(nodes: Sequence[NodeFacts], first_failed: str | None) -> Failure:
     """The failure of the rank that failed first, and a line for every other node."""
     sizes = {n.nproc for n in nodes}
@@ -339,10 +354,9 @@ def diagnose(nodes: Sequence[NodeFacts], first_failed: str | None) -> Failure:
         for r in per_node[n.host]:
             if n.state == "stopped" and r.kind == "signal":
                 continue  # we ended that node: its SIGTERMed ranks did not fail on their own
-            candidates.append((math.floor(r.time) if math.isfinite(r.time) else math.inf,
-                               r.time, n.host != first_failed, r.rank if r.rank is not None else 10 ** 8, n, r))
+            candidates.append((_when(r), n.host != first_failed, r.rank if r.rank is not None else 10 ** 8, n, r))
     if candidates:
-        *_, node, first = min(candidates, key=lambda c: c[:4])
+        *_, node, first = min(candidates, key=lambda c: c[:3])
         failure = _describe_rank(first, node)
     else:
         bad = [n for n in nodes if n.state in ("failed", "lost")]

@@ -115,6 +115,14 @@ def test_whole_second_ties_go_to_the_node_that_ended_first_and_ranks_come_from_n
     assert F.diagnose([a, b], first_failed="a").host == "a"
 
 
+def test_a_signal_noticed_in_the_next_second_still_precedes_the_errors_it_caused():
+    log = table({3: (1, -9, 777)}).encode()  # the table's time: now, in whole seconds
+    noticed = F.torchrun_failures(log)[0].time
+    echo = facts("a", 0, errors=[efile(0, "RuntimeError", "Connection closed by peer", noticed - 0.05, rank=0)])
+    f = F.diagnose([echo, facts("b", 1, log=log)], first_failed="a")
+    assert (f.host, f.rank, f.kind) == ("b", 3, "signal")
+
+
 def test_sigkill_with_the_oom_killer_in_the_kernel_log_is_out_of_memory():
     log = table({1: (1, -9, 777)}).encode()
     oom = "[ 99.1] Out of memory: Killed process 777 (python) total-vm:1kB"
