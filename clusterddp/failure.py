@@ -317,7 +317,7 @@ def _node_only(node: NodeFacts) -> Failure:
 def _note(node: NodeFacts, errors: list[RankError], nproc: int | None) -> str:
     word = node.state + (f" exit {node.exit_code}" if node.exit_code is not None else "")
     if errors:
-        r = min(errors, key=lambda r: (r.time, r.local_rank))
+        r = min(errors, key=lambda r: (_when(r), r.local_rank))
         r = _with_rank(r, node, nproc)
         rank = f"rank {r.rank}" if r.rank is not None else f"local rank {r.local_rank}"
         desc = _describe_rank(r, node).summary.splitlines()[0]
@@ -355,12 +355,16 @@ def diagnose(nodes: Sequence[NodeFacts], first_failed: str | None) -> Failure:
             if n.state == "stopped" and r.kind == "signal":
                 continue  # we ended that node: its SIGTERMed ranks did not fail on their own
             candidates.append((_when(r), n.host != first_failed, r.rank if r.rank is not None else 10 ** 8, n, r))
-    if candidates:
-        *_, node, first = min(candidates, key=lambda c: c[:3])
+    # A node we stopped did not fail on its own: what its ranks raised came after the first failure,
+    # unless no node that ended by itself left a word about any rank.
+    own = [c for c in candidates if c[3].state != "stopped"]
+    bad = [n for n in nodes if n.state in ("failed", "lost")]
+    failed_first = next((n for n in bad if n.host == first_failed), None)
+    if own or (candidates and failed_first is None):
+        *_, node, first = min(own or candidates, key=lambda c: c[:3])
         failure = _describe_rank(first, node)
     else:
-        bad = [n for n in nodes if n.state in ("failed", "lost")]
-        node = next((n for n in nodes if n.host == first_failed), bad[0] if bad else nodes[0])
+        node = failed_first or (bad[0] if bad else nodes[0])
         failure = _node_only(node)
     others = tuple((n.host, _note(n, per_node[n.host], uniform)) for n in nodes if n.host != node.host)
     from dataclasses import replace

@@ -141,9 +141,12 @@ def test_without_a_rank_error_never_joined_lost_and_exit_say_what_is_known():
     assert (lost.kind, lost.summary) == ("lost", "lost: stopped answering")
     plain = F.diagnose([facts("a", 0, code=98, log=b"[clusterddp] setup failed: x\n")], "a")
     assert plain.kind == "exit" and plain.summary == "exit 98" and plain.log_tail == ("[clusterddp] setup failed: x",)
-    # a SIGTERM on a node we stopped is not a failure of its own
-    stopped = facts("a", 0, state="stopped", code=143, log=table({0: (0, -15, 5)}).encode())
-    assert F.diagnose([stopped, never], "b").host == "b"
+    # a SIGTERM on a node we stopped is not a failure of its own, nor what its ranks raised then
+    stopped = facts("a", 0, state="stopped", code=143, log=table({0: (0, -15, 5)}).encode(),
+                    errors=[efile(1, "RuntimeError", "Connection closed by peer", 1.8e9, rank=1)])
+    f = F.diagnose([stopped, replace(never, state="lost", error="stopped answering")], "b")
+    assert (f.host, f.kind) == ("b", "lost")
+    assert f.others[0][0] == "a" and f.others[0][1].startswith("stopped exit 143 - rank ")
 
 
 def test_failure_round_trips_through_run_json_and_old_records_read():
