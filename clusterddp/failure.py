@@ -41,7 +41,12 @@ MAX_TABLE_SCAN = 256 << 10      # bytes at the end of a node log searched for to
 KINDS = ("exception", "signal", "oom", "exit", "never_joined", "lost", "unknown")
 
 
+_UNWRITABLE = re.compile("[\x00\ud800-\udfff]")  # NUL and lone surrogates: run.json refuses them (record.py)
+
+
 def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, without what no run record may hold (shown as U+FFFD)."""
+    text = _UNWRITABLE.sub("\ufffd", text[:limit + 1])
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -301,9 +306,10 @@ def _never_joined(node: NodeFacts) -> bool:
 def _node_only(node: NodeFacts) -> Failure:
     """A node's failure when no rank left a word: never joined, lost, or an exit code and its log."""
     if node.error and node.error.startswith("never joined"):
-        return Failure(node.host, "never_joined", node.error, log_tail=_tail(node.log))
+        return Failure(node.host, "never_joined", clip(node.error, MAX_MESSAGE), log_tail=_tail(node.log))
     if node.state == "lost":
-        return Failure(node.host, "lost", f"lost: {node.error or 'no exit code'}", log_tail=_tail(node.log))
+        return Failure(node.host, "lost", clip(f"lost: {node.error or 'no exit code'}", MAX_MESSAGE),
+                       log_tail=_tail(node.log))
     if _never_joined(node):
         return Failure(node.host, "never_joined",
                        f"never joined the rendezvous: its job ended (exit {node.exit_code}) before it started "
@@ -311,7 +317,8 @@ def _node_only(node: NodeFacts) -> Failure:
     what = f"exit {node.exit_code}" if node.exit_code is not None else (node.error or "ended badly")
     if node.exit_code is not None and node.error:
         what += f" - {node.error}"
-    return Failure(node.host, "exit" if node.exit_code is not None else "unknown", what, log_tail=_tail(node.log))
+    return Failure(node.host, "exit" if node.exit_code is not None else "unknown", clip(what, MAX_MESSAGE),
+                   log_tail=_tail(node.log))
 
 
 def _note(node: NodeFacts, errors: list[RankError], nproc: int | None) -> str:

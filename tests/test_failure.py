@@ -185,7 +185,9 @@ SHAPED = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | 
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(max_size=300), JSON.map(json.dumps), SHAPED.map(json.dumps)), st.integers(0, 7))
+@given(st.one_of(st.text(max_size=300), JSON.map(json.dumps), SHAPED.map(json.dumps),
+                 st.sampled_from(['{"message": "E\\u0000: a\\ud800b\\u0000"}', '{"message": "\\udfff: x"}'])),
+       st.integers(0, 7))
 def test_error_file_parser_never_raises_and_keeps_its_bounds(text, local_rank):
     r = F.parse_error_file(text, local_rank)
     if r is not None:
@@ -194,7 +196,8 @@ def test_error_file_parser_never_raises_and_keeps_its_bounds(text, local_rank):
         assert r.time == math.inf or 0 <= r.time < 1e11
         f = F.diagnose([facts("a", 0, errors=[{"attempt": 0, "local_rank": local_rank, "data": text,
                                                 "truncated": False}])], "a")
-        json.dumps(f.to_json())
+        rec = replace(make_record("r1", status=RunStatus.FAILED), failure=f)  # what a node sent never
+        assert RunRecord.from_json(json.loads(json.dumps(rec.to_json())), "run.json").failure == f  # breaks run.json
 
 
 @settings(max_examples=200, deadline=None)
