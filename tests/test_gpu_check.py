@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -10,8 +11,20 @@ from helpers import REPO
 
 
 def gpu_check(path: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh")], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PATH": path, "PYTHON": sys.executable})
+    # A session of its own: should the script not refuse (a regression), its benchmark is ended with it.
+    p = subprocess.Popen(["bash", str(REPO / "bench" / "gpu_check.sh")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={**os.environ, "PATH": path, "PYTHON": sys.executable})
+    try:
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None or p.returncode != 2:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def test_no_nvidia_smi_and_a_gpu_torch_cannot_see_are_refused_with_exit_2(tmp_path):
