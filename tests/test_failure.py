@@ -23,7 +23,7 @@ from clusterddp import node
 from clusterddp.errors import RecordError
 from clusterddp.node import diagnose as D
 from clusterddp.record import RunRecord, RunStatus
-from helpers import make_record
+from helpers import cddp, make_record, record, run_id_of
 
 
 def torch_error_file(tmp_path: Path, monkeypatch) -> str:
@@ -253,3 +253,13 @@ def test_node_program_reads_error_files_bounded_without_links_and_the_kernel_lin
 
 def test_signal_names_come_from_the_exit_code():
     assert F.RankError(0, 0, "signal", exit_code=-signal.SIGSEGV).text() == "killed by SIGSEGV"
+
+
+def test_up_local_names_the_failing_rank_and_its_exception(tmp_path):
+    (tmp_path / "bad.py").write_text("import clusterddp.train as ct\nctx = ct.init()\nif ctx.rank == 1:\n"
+                                     "    raise OSError('disk full')\nct.cleanup()\n")
+    r = cddp("up", "local", "bad.py", "--gpus", "2", "--runs-dir", "runs", cwd=tmp_path, check_rc=1)
+    assert "root cause: local, rank 1 (local rank 1): OSError: disk full" in r.stderr, r.stderr
+    assert "bad.py:4 in <module>: raise OSError('disk full')" in r.stderr
+    f = record(tmp_path / "runs", run_id_of(r.stdout))["failure"]
+    assert (f["host"], f["kind"], f["rank"], f["others"]) == ("local", "exception", 1, [])
