@@ -67,7 +67,14 @@ def status(store: RunStore, run_id: str, connect: Callable = default_connect) ->
             return rec
         st, failed = overall(rec)
         return replace(rec, status=st, failed_host=failed, ended_at=utcnow() if st.is_terminal() else rec.ended_at)
-    return store.update(run_id, looked)
+    rec = store.update(run_id, looked)
+    if rec.status is RunStatus.FAILED and rec.failure is None:  # e.g. a detached run: say why, once
+        from .postmortem import explain
+        with _reach(rec, connect) as (nodes, fleet):
+            failure = explain(fleet, nodes, rec, store)
+        # status saw the nodes ended, not in which order: the root cause's host failed first
+        rec = store.update(run_id, lambda r: r if r.failure else replace(r, failure=failure, failed_host=failure.host))
+    return rec
 
 
 # What the node's teardown (plan.teardown_command) printed, as a note on how `stop` ended its job.

@@ -88,15 +88,18 @@ class RunFailed(ClusterDDPError):
     """A run ended badly; carries every node's outcome and names the first failure."""
 
     def __init__(self, run_id: str, outcomes: list[NodeOutcome], first_failed: str | None,
-                 status: str = "failed", said: dict[str, str] | None = None) -> None:
+                 status: str = "failed", said: dict[str, str] | None = None,
+                 cause: tuple[str, ...] | list[str] = ()) -> None:
         lines = [f"run {run_id} {status}" + (f": {first_failed} failed first" if first_failed else "")]
-        for o in outcomes:
+        lines += [f"  {line}" for line in cause]  # the root cause (clusterddp.failure), then every other node
+        for o in outcomes if not cause else ():
             # ``said``: each node in the words `status` prints (NodeRecord.describe), when the record is known
             what = (said or {}).get(o.host) or (f"exit {o.exit_code}" if o.exit_code is not None else "no exit code")
             lines.append(f"  {o.host} (node {o.node_rank}): {what}" + (f" - {o.error}" if o.error else ""))
         super().__init__("\n".join(lines),
                          f"see the logs under the run folder, or `clusterddp logs {run_id}`")
         self.run_id, self.outcomes, self.first_failed, self.status = run_id, outcomes, first_failed, status
+        self.cause = tuple(cause)
 
 
 class RecordError(UsageError):

@@ -20,6 +20,7 @@ from . import inventory as inv_mod
 from . import plan as P
 from .artifacts import CollectResult, collect_nodes
 from .errors import HostError, RunFailed, UsageError
+from .failure import Failure
 from .fleet import Fleet
 from .record import NodeRecord, NodeState, RunRecord, RunStatus
 from .store import RunStore, new_run_id, utcnow
@@ -357,7 +358,7 @@ def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | No
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
             on_collect: Callable[[CollectResult], None] = lambda r: None,
             connect: Callable | None = None, fleet: Fleet | None = None,
-            source_tar: Path | None = None) -> RunOutcome | None:
+            source_tar: Path | None = None, join_timeout: float = 0.0) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
 
     ``fleet`` (from :func:`preflight`) is the run's connections, already open; ``source_tar``
@@ -372,7 +373,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         on_output(host, data)
     fleet = fleet or Fleet([n.host for n in plan.nodes], fanout=plan.inventory.fanout,
                            **({"connect": connect} if connect else {}))
-    sup = Supervisor(plan, on_output=output, source_tar=source_tar, fleet=fleet)
+    sup = Supervisor(plan, on_output=output, source_tar=source_tar, fleet=fleet, join_timeout_s=join_timeout)
     try:
         try:
             sup.start()
@@ -398,11 +399,25 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         status = finish(store, run_id, sup, outcome)
         if status is not RunStatus.SUCCEEDED:
             said = {n.host: n.describe() for n in store.load(run_id).nodes}  # the words `status` will print
-            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said)
+            cause = explain(fleet, plan, store) if status is RunStatus.FAILED else ()
+            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said, cause=cause)
         return outcome
     finally:
         store.close_logs()
         sup.close()
+
+
+def explain(fleet: Fleet, plan: P.LaunchPlan, store: RunStore) -> tuple[str, ...]:
+    """Why the run failed (:mod:`clusterddp.postmortem`), recorded in run.json's ``failure``, as the
+    summary's lines; when it cannot be worked out, a line saying why (the exit codes still say what
+    they say)."""
+    from .postmortem import explain as postmortem
+    try:
+        failure: Failure = postmortem(fleet, plan.nodes, store.load(plan.run_id), store)
+        store.update(plan.run_id, lambda rec: replace(rec, failure=failure))
+    except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not hide the run's own failure
+        return (f"(the root cause could not be worked out: {type(e).__name__}: {e})",)
+    return tuple(failure.lines())
 
 
 def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Callable[[CollectResult], None],

@@ -171,6 +171,8 @@ class _Probed(str):
 
 
 NPROC, LOCAL_ADDR = _Probed("$NPROC"), _Probed("$LOCAL_ADDR")
+# torchrun's --log-dir: where each worker's TORCHELASTIC_ERROR_FILE goes (clusterddp.node.diagnose reads them).
+ERRORS_DIR = _Probed("$CTL/errors")
 
 
 def _probes(argv: Iterable[str], word: _Probed) -> bool:
@@ -217,7 +219,7 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
             torchrun += ["--nnodes", str(len(inventory.hosts)), "--node-rank", str(rank),
                          "--master-addr", inventory.master.addr, "--master-port", str(master_port)]
         torchrun += ["--nproc-per-node", NPROC if nproc == "auto" else str(nproc),
-                     "--max-restarts", str(spec.max_restarts),
+                     "--max-restarts", str(spec.max_restarts), "--log-dir", ERRORS_DIR,
                      *torchrun_entry(host.python, script, spec.script_args, spec.local_rank_arg)]
         marker = f"{run_id}/{host.name}"
         node = NodeLaunch(host, rank, nproc, run_dir, control_dir, marker, node_env, tuple(torchrun), "")
@@ -445,6 +447,14 @@ def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE) -> str:
 def collect_command(node: NodeLaunch) -> str:
     """The node side of ``collect`` (``clusterddp/node/collect.py``): request on stdin, log and files on stdout."""
     return _helper(node, "collect", qpath(node.run_dir), qpath(node.control_dir + "/node.log"))
+
+
+def diagnose_command(node: NodeLaunch, mode: str, master: tuple[str, int] | None = None) -> str:
+    """What the node knows of a failure (``clusterddp/node/diagnose.py``): ``joined`` (did its torchrun
+    join the rendezvous; can it reach ``master``) or ``report`` (that, its ranks' error files, kernel
+    log lines, an nvidia-smi snapshot). After the host's setup lines, which may put tools on PATH."""
+    request = json.dumps({"mode": mode, "master": list(master) if master else None})
+    return _helper(node, "diagnose", qpath(node.control_dir), q(request))
 
 
 def node_log_command(node: NodeLaunch) -> str:

@@ -21,6 +21,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import RecordError
+from .failure import KINDS, Failure
+from .failure import MAX_FRAMES as _MAX_FRAMES
+from .failure import MAX_LOG_LINES as _MAX_LOG_LINES
+from .failure import MAX_OTHERS as _MAX_OTHERS
 from .inventory import DEFAULT_FANOUT, ENV_NAME_RE, HOST_NAME_RE, Host
 
 SCHEMA = 1  # 0: records written before the schema field (read as well)
@@ -194,6 +198,7 @@ class RunRecord:
     nodes: tuple[NodeRecord, ...]
     fanout: int = DEFAULT_FANOUT   # hosts contacted at once by status, stop, logs and collect
     schema: int = SCHEMA
+    failure: Failure | None = None  # why it failed: the rank that failed first (clusterddp.failure)
 
     @property
     def exit_code(self) -> int | None:
@@ -218,7 +223,8 @@ class RunRecord:
                 "local": self.local, "started_at": self.started_at, "ended_at": self.ended_at,
                 "launch_dir": self.launch_dir, "master": {"addr": self.master_addr, "port": self.master_port},
                 "collect": list(self.collect), "fanout": self.fanout,
-                "nodes": [n.to_json() for n in self.nodes]}
+                "nodes": [n.to_json() for n in self.nodes],
+                **({"failure": self.failure.to_json()} if self.failure else {})}
 
     @classmethod
     def from_json(cls, data: Any, path: str) -> RunRecord:
@@ -252,7 +258,8 @@ class RunRecord:
                    ended_at=r.get("ended_at", str | None), launch_dir=r.get("launch_dir", str),
                    master_addr=master.get("addr", str), master_port=_between(master.get("port", int), 1, 65535,
                                                                               master, "port"),
-                   collect=r.get("collect", tuple[str, ...]), fanout=fanout, schema=SCHEMA, nodes=read)
+                   collect=r.get("collect", tuple[str, ...]), fanout=fanout, schema=SCHEMA, nodes=read,
+                   failure=_failure(r.get("failure", dict | None, default=None), path))
 
 
 # ---- reading JSON into typed fields ----
@@ -451,6 +458,52 @@ def _host(data: dict, path: str, where: str) -> Host:
     for name, _ in kwargs["env"]:
         _name(name, ENV_NAME_RE, path, f"{where}.env", "an object keyed by variable names")
     return Host(**kwargs)
+
+
+_MAX_TEXT = 20000  # characters of any text of a failure: the writer keeps far less
+
+
+def _failure(data: dict | None, path: str) -> Failure | None:
+    """run.json's ``failure`` (added after schema 1 without a version bump: a record without it reads
+    as before), checked field by field like the rest of the file: it holds what a node sent."""
+    if data is None:
+        return None
+    r = _Reader(data, path, "failure")
+
+    def text(key: str, tp: Any = str) -> Any:
+        v = r.get(key, tp, default=None if tp is not str else _REQUIRED)
+        if isinstance(v, str) and len(v) > _MAX_TEXT:
+            raise RecordError(path, r.field(key), f"longer than {_MAX_TEXT} characters")
+        return v
+
+    def texts(key: str, limit: int) -> tuple[str, ...]:
+        v = r.get(key, tuple[str, ...], default=())
+        if len(v) > limit or any(len(x) > _MAX_TEXT for x in v):
+            raise RecordError(path, r.field(key), f"more than {limit} entries, or an entry too long")
+        return v
+
+    kind = text("kind")
+    if kind not in KINDS:
+        raise RecordError(path, "failure.kind", f"{_short(kind)} is not one of {', '.join(KINDS)}")
+    host = _name(text("host"), HOST_NAME_RE, path, "failure.host", "a host name (letters, digits, . _ -)")
+    others = r.get("others", list, default=[])
+    if len(others) > _MAX_OTHERS:
+        raise RecordError(path, "failure.others", f"more than {_MAX_OTHERS} entries")
+    pairs = []
+    for i, o in enumerate(others):
+        o_r = _Reader(o, path, f"failure.others[{i}]")
+        note = o_r.get("note", str)
+        if len(note) > _MAX_TEXT:
+            raise RecordError(path, o_r.field("note"), f"longer than {_MAX_TEXT} characters")
+        pairs.append((_name(o_r.get("host", str), HOST_NAME_RE, path, o_r.field("host"), "a host name"), note))
+    ranks = [r.get(k, int | None, default=None) for k in ("rank", "local_rank")]
+    for k, v in zip(("rank", "local_rank"), ranks, strict=True):
+        if v is not None:
+            _at_least(v, 0, r, k)
+    return Failure(host=host, kind=kind, summary=text("summary"), rank=ranks[0], local_rank=ranks[1],
+                   exc_type=text("exc_type", str | None), message=text("message", str | None),
+                   frames=texts("frames", _MAX_FRAMES), signal=text("signal", str | None),
+                   log_tail=texts("log_tail", _MAX_LOG_LINES), others=tuple(pairs))
 
 
 # States written by `clusterddp status` before schema 1, and what they mean now.

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .errors import RecordError, RunNotFound, StoreError, UsageError
+from .errors import ClusterDDPError, RecordError, RunNotFound, StoreError, UsageError
 from .record import RunRecord
 
 DB_TIMEOUT = 30.0      # seconds a write waits for another launcher's write to runs.db
@@ -608,6 +608,29 @@ class RunStore:
         for f in self._logs.values():
             f.close()
         self._logs.clear()
+
+    def write_evidence(self, run_id: str, kind: str, host: str, rel: str, data: bytes) -> Path:
+        """``<run>/<kind>/<host>/<rel>``, 0600 in 0700 folders: what a node left at failure (``errors``: its
+        ranks' error files; ``forensics``: nvidia-smi, kernel lines). ``rel`` is made here, never by a node."""
+        assert kind in ("errors", "forensics") and ".." not in rel.split("/"), (kind, rel)
+        base = self.run_dir(run_id)
+        path = base / kind / host / rel
+        try:
+            for d in reversed((path.parent, *path.parent.parents)):
+                if base in d.parents:
+                    d.mkdir(mode=DIR_MODE, exist_ok=True)
+            _replace(path, data)
+        except OSError as e:
+            raise self._cannot_write(e, path) from None
+        return path
+
+    def failure_of(self, run_id: str) -> dict | None:
+        """The run's recorded ``failure`` (as run.json holds it, checked), or None: none, or an unreadable record."""
+        try:
+            rec = self.load(run_id)
+        except ClusterDDPError:
+            return None
+        return rec.failure.to_json() if rec.failure else None
 
     def artifacts_dir(self, run_id: str, host: str) -> Path:
         return (self.run_dir(run_id) / "artifacts" / host).resolve()

@@ -47,6 +47,11 @@ ACTIVE = (NodeState.STARTING, NodeState.RUNNING)
 # NAT and firewall state alive.
 HEARTBEAT_S = 2.0
 LOST_AFTER_S = 8.0
+# A node whose torchrun has not joined the rendezvous this long after the run started is named
+# (with whether it can reach the master's port) and the run ends, instead of hanging until
+# torch's own rendezvous timeout (many minutes). Loading torch on a busy node takes seconds;
+# setup lines that install things take longer: `up --join-timeout` raises it (0: never).
+JOIN_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -95,6 +100,14 @@ class _Beat:
     error: str | None
 
 
+@dataclass(frozen=True)
+class _NotJoined:
+    """The join deadline passed: ``nodes`` ((host, why), the first to name first) never joined."""
+
+    host: str
+    nodes: tuple[tuple[str, str], ...]
+
+
 @dataclass
 class Supervisor:
     """Runs one plan. ``on_output(host, bytes)`` gets every node's output as it arrives.
@@ -113,6 +126,7 @@ class Supervisor:
     heartbeat_s: float = HEARTBEAT_S
     lost_after_s: float = LOST_AFTER_S
     grace_s: float = P.DEFAULT_GRACE
+    join_timeout_s: float = 0.0   # 0: no join deadline (see JOIN_TIMEOUT_S)
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], object] | None = None
     nodes: list[Node] = field(init=False)
@@ -124,7 +138,7 @@ class Supervisor:
             self.fleet = Fleet([n.host for n in self.plan.nodes], fanout=self.plan.inventory.fanout,
                                connect=self.connect)
         self._fleet: Fleet = self.fleet
-        self._events: queue.Queue[_Ended | _Beat] = queue.Queue()
+        self._events: queue.Queue[_Ended | _Beat | _NotJoined] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._done = threading.Event()  # set when the run is over: the heartbeats stop
         self._sleep = self.sleep or self._done.wait
@@ -187,6 +201,8 @@ class Supervisor:
             # Not joined: a heartbeat may hang on a dead host until its connection is closed.
             threading.Thread(target=self._heartbeats, args=(node, t), name=f"heartbeat-{node.name}",
                              daemon=True).start()
+        if self.join_timeout_s > 0 and not self.plan.local:
+            threading.Thread(target=self._join_deadline, name="join-deadline", daemon=True).start()
         try:
             try:
                 first_failed = self._watch()
@@ -212,7 +228,14 @@ class Supervisor:
             except queue.Empty:
                 event = None
             node = None if event is None else self._node(event.host)
-            if event is not None and node is not None and node.state in ACTIVE:
+            if isinstance(event, _NotJoined):
+                named = [(self._node(h), why) for h, why in event.nodes if self._node(h).state in ACTIVE]
+                for n, why in named:
+                    n.error = why
+                    self._set(n, NodeState.FAILED)
+                if named:
+                    return named[0][0].name
+            elif event is not None and node is not None and node.state in ACTIVE:
                 if isinstance(event, _Beat):
                     if event.error is None:
                         node.answered_at = self.clock()
@@ -256,6 +279,31 @@ class Supervisor:
             self._events.put(_Ended(node.name, None, str(e)))
         except Exception as e:  # noqa: BLE001 - e.g. the log disk is full: the run must not wait forever
             self._events.put(_Ended(node.name, None, f"following the log failed here: {e}"))
+
+    def _join_deadline(self) -> None:
+        """After ``join_timeout_s``, ask every running node whether its torchrun joined the
+        rendezvous and whether it reaches the master's port; post the ones that did not join.
+        Those that cannot reach the master are named; when every one of them can, all are."""
+        if self._done.wait(self.join_timeout_s):
+            return
+        from .postmortem import report
+        master = (self.plan.master_addr, self.plan.master_port)
+        running = [n for n in self.nodes if n.state is NodeState.RUNNING]
+        res = self._each(running, lambda node, t: report(t, node.launch, "joined", master))
+        late = {h: a for h, a in res.succeeded.items() if not a["joined"]}
+        if not late or self._done.is_set():
+            return
+        head = f"never joined the rendezvous within {self.join_timeout_s:g}s"
+        cut = {h: a for h, a in late.items() if a["reach"] != "ok"}
+        if cut:
+            named = [(h, f"{head}: cannot reach the master {master[0]}:{master[1]} from it ({a['reach']})")
+                     for h, a in cut.items()]
+        else:
+            named = [(h, f"{head} (it reaches the master {master[0]}:{master[1]}; its torchrun is still starting "
+                         "or waits for the others)") for h in late]
+        order = {n.name: i for i, n in enumerate(self.nodes)}
+        named.sort(key=lambda hw: order[hw[0]])
+        self._events.put(_NotJoined(named[0][0], tuple(named)))
 
     def _heartbeats(self, node: Node, t: Transport) -> None:
         """A node's heartbeat thread: every ``heartbeat_s`` ask its status (waiting at most

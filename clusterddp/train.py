@@ -87,6 +87,40 @@ class Context:
 _CTX: Context | None = None
 
 
+_HOOKED: list[Any] = []  # the excepthook record_errors() replaced, once installed
+
+
+def record_errors() -> None:
+    """What ``torch.distributed.elastic.multiprocessing.errors.record`` does for a decorated
+    ``main``, for the whole script: an uncaught exception is written, in torch elastic's format, to
+    the error file torchrun gives each worker (``TORCHELASTIC_ERROR_FILE``), then reported as usual.
+    ``clusterddp up`` reads these files to say which rank failed first and why. :func:`init` calls
+    it; without that variable (plain ``python``) it does nothing. The file also carries the rank and
+    a sub-second time (torch's own is whole seconds), so the first failure can be told apart from
+    the failures it causes on other ranks a moment later."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or _HOOKED:
+        return
+    previous = sys.excepthook
+    _HOOKED.append(previous)
+
+    def hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+        import json
+        import time
+        import traceback
+        try:
+            data = {"message": {"message": f"{tp.__name__}: {value}", "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(tp, value, tb)),
+                "timestamp": str(int(time.time())),
+                "clusterddp": {"rank": _env_int("RANK", 0), "time": time.time()}}}}
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(data, f)
+        except Exception as e:  # noqa: BLE001 - the report must not hide the exception itself
+            print(f"[clusterddp] could not write the error file {path}: {e}", file=sys.stderr)
+        previous(tp, value, tb)
+    sys.excepthook = hook
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return default if value in (None, "") else int(value)
@@ -103,6 +137,7 @@ def init(backend: str | None = None, timeout: datetime.timedelta | None = None) 
     Calling it again returns the same Context (until :func:`cleanup`).
     """
     global _CTX
+    record_errors()
     if _CTX is not None:
         if backend is not None and _CTX.distributed and backend != _CTX.backend:
             raise ValueError(f"already initialised with backend {_CTX.backend!r}, not {backend!r}")

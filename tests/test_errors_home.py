@@ -12,6 +12,9 @@ PACKAGE = Path(clusterddp.__file__).resolve().parent
 # imports allowed there); they never reach the CLI. Private control flow in one module.
 # Private ones carry a failure to the one place that translates it into an errors.py class.
 ALLOWED = {("node/probe.py", "ProbeError"), ("node/collect.py", "StreamError"), ("node/collect.py", "_TooMany"),
+           ("node/diagnose.py", "AnswerError"), ("node/top.py", "TopError"),
+           ("artifacts.py", "_KeepOldLog"), ("control.py", "_NoLog"), ("transport/ssh.py", "_TooMuch"),
+           ("transport/ssh.py", "_NoGreeting"),
            ("transport/ssh.py", "_LocalError"), ("transport/ssh.py", "_UnknownHostKey"),
            ("transport/ssh.py", "_RevokedHostKey"), ("schedule.py", "Mismatch"),
            ("_inventory_yaml.py", "Refused")}  # private module; inventory.py turns it into InventoryError

@@ -185,6 +185,7 @@ def test_a_failed_up_names_each_node_in_the_words_status_prints(tmp_path):
     script = job_script(tmp_path, "bad.py", "import sys; sys.exit(7)\n")
     runs = tmp_path / "runs"
     r = cddp("up", "local", str(script), "--gpus", "1", "--runs-dir", str(runs), cwd=tmp_path, check_rc=1)
-    assert "\n  local (node 0): failed (exit code 1)\n" in r.stderr, r.stderr  # torchrun exits 1 for a failed rank
+    # The root cause names the rank and its own exit code (torchrun itself exits 1 for a failed rank)
+    assert "\n  root cause: local, rank 0 (local rank 0): exited with code 7" in r.stderr, r.stderr
     status = cddp("status", run_id_of(r.stdout), "--runs-dir", str(runs), check_rc=0).stdout
     assert "\n  local: failed (exit code 1)\n" in status, status

@@ -58,6 +58,9 @@ def runs(runs_dir: str = RUNS_DIR, as_json: bool = typer.Option(False, "--json",
     """List runs, newest first."""
     rows = _store(runs_dir).list()
     if as_json:
+        store = _store(runs_dir, read_only=True)
+        for r in rows:  # why each failed run failed (clusterddp.failure), from its run.json
+            r["failure"] = store.failure_of(r["run_id"]) if r["status"] == "failed" else None
         print(json.dumps(rows, indent=2))
         return
     if not rows:
@@ -87,6 +90,9 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
                                           if rec.status is RunStatus.FAILED and rec.failed_host else ""))
     for n in rec.nodes:
         print(_node_line(n))
+    if rec.status is RunStatus.FAILED and rec.failure:
+        for line in rec.failure.lines(others=False):  # the other nodes are the lines above
+            print(visible(f"  {line}"))
     bad = [n.host for n in rec.nodes if n.state.ended_badly()]
     if rec.status is RunStatus.RUNNING and bad:
         print(f"warning: {', '.join(bad)} ended badly while other nodes still run; "

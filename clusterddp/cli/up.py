@@ -58,6 +58,9 @@ def up(
                                     "versions agree, master port free)."),
     raw: bool = RAW,
     quiet: bool = QUIET,
+    join_timeout: float = typer.Option(120.0, "--join-timeout", min=0, metavar="S",
+                                       help="Name and end a run whose nodes have not all joined the rendezvous "
+                                            "S seconds after it started (0: wait as long as torch does)."),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -80,14 +83,14 @@ def up(
         return
     upload = jobs.pack(prep, limit)
     try:
-        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule, quiet)
+        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule, quiet, join_timeout)
     finally:
         if upload is not None:
             upload.discard()
 
 
 def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: bool, raw: bool,
-        schedule: str | None, quiet: bool = False) -> None:
+        schedule: str | None, quiet: bool = False, join_timeout: float = 0.0) -> None:
     from .. import jobs
     fleet = None if skip_check else jobs.preflight(prep.plan)
     try:
@@ -119,7 +122,7 @@ def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: b
     from .prune import apply_keep_runs
     try:
         jobs.execute(prep, printer, on_collect=on_collect, detach=detach, fleet=fleet,
-                     source_tar=upload.path if upload else None)
+                     source_tar=upload.path if upload else None, join_timeout=join_timeout)
     except RunFailed:
         printer.flush()
         apply_keep_runs(prep.plan.inventory, runs_dir)  # a failed run is a run: it counts among the kept

@@ -1,0 +1,378 @@
+"""Why a run failed: the rank that failed first and how, from what the nodes left behind. Pure.
+
+The evidence, all of it untrusted (a node, or the job on it, wrote it):
+
+- per-rank error files (``TORCHELASTIC_ERROR_FILE``, torch elastic's JSON: ``{"message": {"message":
+  "Type: text", "extraInfo": {"py_callstack": ..., "timestamp": "<seconds>"}}}``), written by
+  ``torch.distributed.elastic.multiprocessing.errors.record`` or by :func:`clusterddp.train.init`'s
+  hook, which adds ``extraInfo.clusterddp = {"rank", "time"}`` (a float time: torch's is whole seconds);
+- torchrun's own failure table in the node's log (``Root Cause (first observed failure)``: rank,
+  local rank, exit code, pid), the only record of a rank killed by a signal;
+- the node's kernel log lines about the OOM killer, and what the supervisor saw (lost, never joined).
+
+:func:`diagnose` orders every rank's failure by time (ties: the node the supervisor saw end first,
+then the rank) and describes the first; every other node gets one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# Bounds on what is kept: a record and a terminal summary stay small whatever a node sent.
+MAX_TYPE = 200
+MAX_MESSAGE = 2000
+MAX_MESSAGE_LINES = 10
+MAX_FRAMES = 3
+MAX_FRAME = 500
+MAX_LOG_LINES = 15
+MAX_LOG_LINE = 300
+MAX_NOTE = 240
+MAX_OTHERS = 1024
+MAX_ERROR_FILE = 1 << 20        # bytes of an error file parsed; longer is refused
+MAX_TABLE_SCAN = 256 << 10      # bytes at the end of a node log searched for torchrun's failure table
+
+KINDS = ("exception", "signal", "oom", "exit", "never_joined", "lost", "unknown")
+
+
+_UNWRITABLE = re.compile("[\x00\ud800-\udfff]")  # NUL and lone surrogates: run.json refuses them (record.py)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, without what no run record may hold (shown as U+FFFD)."""
+    text = _UNWRITABLE.sub("\ufffd", text[:limit + 1])
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class RankError:
+    """One rank's failure as its node recorded it."""
+
+    local_rank: int
+    rank: int | None              # the global rank, when known
+    kind: str                     # "exception", "signal" or "exit"
+    exc_type: str | None = None
+    message: str | None = None
+    frames: tuple[str, ...] = ()
+    time: float = math.inf        # seconds since the epoch; whole seconds when torch wrote it
+    precise: bool = False         # time to the sub-second (clusterddp's hook wrote it)
+    exit_code: int | None = None
+    pid: int | None = None
+
+    @property
+    def signal(self) -> str | None:
+        if self.exit_code is None or self.exit_code >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exit_code).name
+        except ValueError:
+            return f"signal {-self.exit_code}"
+
+    def text(self) -> str:
+        if self.kind == "exception":
+            return f"{self.exc_type}: {self.message}" if self.message else str(self.exc_type)
+        if self.kind == "signal":
+            return f"killed by {self.signal}"
+        return f"exited with code {self.exit_code} without a Python exception"
+
+
+_TYPE_RE = re.compile(r"[A-Za-z_][\w.]{0,199}")
+_FRAME_RE = re.compile(r'^ {2}File "(.{1,4096}?)", line (\d{1,9}), in (.{1,500})$')
+
+
+def _int(v: Any, lo: int = -(2 ** 63), hi: int = 2 ** 63 - 1) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi else None
+
+
+def frames_of(callstack: str) -> tuple[str, ...]:
+    """The last :data:`MAX_FRAMES` frames of a Python traceback, each as ``file:line in func: code``."""
+    lines = callstack.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        m = _FRAME_RE.match(line)
+        if m:
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME_RE.match(lines[i + 1]) and \
+                lines[i + 1].startswith("    ") else ""
+            out.append(clip(f"{m.group(1)}:{m.group(2)} in {m.group(3)}" + (f": {code}" if code else ""), MAX_FRAME))
+    return tuple(out[-MAX_FRAMES:])
+
+
+def parse_error_file(text: str, local_rank: int) -> RankError | None:
+    """An error file's content as a :class:`RankError`, or None when it is not one. Never raises."""
+    if len(text) > MAX_ERROR_FILE:
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    msg = data.get("message")
+    extra: Any = {}
+    if isinstance(msg, dict):
+        extra = msg.get("extraInfo")
+        extra = extra if isinstance(extra, dict) else {}
+        stamp = extra.get("timestamp")
+        msg = msg.get("message")
+    else:
+        stamp = data.get("timestamp")
+    if not isinstance(msg, str):
+        return None
+    head, sep, rest = msg.partition(": ")
+    if sep and _TYPE_RE.fullmatch(head):
+        exc_type, message = head, rest
+    elif _TYPE_RE.fullmatch(msg.strip()):
+        exc_type, message = msg.strip(), ""
+    else:
+        exc_type, message = "Error", msg
+    message = "\n".join(message.splitlines()[:MAX_MESSAGE_LINES])
+    callstack = extra.get("py_callstack")
+    frames = frames_of(callstack[-(256 << 10):]) if isinstance(callstack, str) else ()
+    time, precise, rank = math.inf, False, None
+    try:
+        t = float(stamp) if isinstance(stamp, (str, int, float)) and not isinstance(stamp, bool) else math.inf
+        time = t if math.isfinite(t) and 0 <= t < 1e11 else math.inf
+    except (ValueError, OverflowError):
+        pass
+    ours = extra.get("clusterddp")
+    if isinstance(ours, dict):
+        t2 = ours.get("time")
+        if isinstance(t2, (int, float)) and not isinstance(t2, bool) and math.isfinite(t2) and 0 <= t2 < 1e11:
+            time, precise = float(t2), True
+        rank = _int(ours.get("rank"), 0, 10 ** 7)
+    return RankError(local_rank=local_rank, rank=rank, kind="exception", exc_type=clip(exc_type, MAX_TYPE),
+                     message=clip(message, MAX_MESSAGE), frames=frames, time=time, precise=precise)
+
+
+# torchrun's ChildFailedError table (torch.distributed.elastic.multiprocessing.errors), one entry:
+#   time      : 2026-11-30_14:50:01
+#   host      : node2
+#   rank      : 3 (local_rank: 1)
+#   exitcode  : -9 (pid: 1234)  (SIGKILL)
+#   error_file: <N/A>
+_ENTRY_RE = re.compile(
+    r"time\s*: (\S{1,40})\n[^\n]{0,300}\n\s*rank\s*: (\d{1,7}) \(local_rank: (\d{1,7})\)\n"
+    r"\s*exitcode\s*: (-?\d{1,4}) \(pid: (\d{1,10})\)[^\n]{0,100}\n\s*error_file: ([^\n]{0,4096})")
+
+
+def torchrun_failures(log: bytes) -> list[RankError]:
+    """The ranks torchrun reported failed, from the end of a node's log, without an error file
+    (a signal, or an exit without a Python exception): those with one are read from the file."""
+    text = log[-MAX_TABLE_SCAN:].decode("utf-8", "replace").replace("\r\n", "\n")
+    out: dict[int, RankError] = {}
+    for m in _ENTRY_RE.finditer(text):
+        when, rank, local_rank, code, pid, error_file = m.groups()
+        if error_file.strip() != "<N/A>":
+            continue
+        try:
+            t = datetime.strptime(when, "%Y-%m-%d_%H:%M:%S").timestamp()
+        except (ValueError, OverflowError):
+            t = math.inf
+        exit_code = int(code)
+        out[int(rank)] = RankError(local_rank=int(local_rank), rank=int(rank),
+                                   kind="signal" if exit_code < 0 else "exit", time=t, exit_code=exit_code,
+                                   pid=int(pid))
+    return list(out.values())
+
+
+_OOM_PID_RE = re.compile(r"Killed process (\d+)|oom-kill:.*?,pid=(\d+)")
+
+
+def oom_killed(kernel_lines: Sequence[str], pid: int | None) -> str | None:
+    """The kernel log line that says the OOM killer killed ``pid``, or None."""
+    if pid is None:
+        return None
+    for line in kernel_lines:
+        for m in _OOM_PID_RE.finditer(line):
+            if int(m.group(1) or m.group(2)) == pid:
+                return line
+    return None
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What is known of one node when its run failed."""
+
+    host: str
+    node_rank: int
+    nproc: int | None
+    state: str                          # a NodeState word
+    exit_code: int | None
+    error: str | None                   # the supervisor's or status's reason
+    log: bytes = b""                    # the end of its log
+    report: dict | None = None          # its diagnose answer (clusterddp.node.diagnose.read_answer)
+    report_error: str | None = None     # why there is none
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The root cause of a failed run, as recorded in run.json's ``failure`` and printed."""
+
+    host: str
+    kind: str                           # one of KINDS
+    summary: str                        # one line: what happened
+    rank: int | None = None
+    local_rank: int | None = None
+    exc_type: str | None = None
+    message: str | None = None
+    frames: tuple[str, ...] = ()
+    signal: str | None = None
+    log_tail: tuple[str, ...] = ()
+    others: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host, one line)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "kind": self.kind, "summary": self.summary, "rank": self.rank,
+                "local_rank": self.local_rank, "exc_type": self.exc_type, "message": self.message,
+                "frames": list(self.frames), "signal": self.signal, "log_tail": list(self.log_tail),
+                "others": [{"host": h, "note": n} for h, n in self.others]}
+
+    def lines(self, others: bool = True) -> list[str]:
+        """The summary as text lines (unescaped: the CLI escapes what it prints): the root cause, then
+        (``others``) every other node in one line."""
+        where = self.host
+        if self.rank is not None or self.local_rank is not None:
+            where += f", rank {self.rank if self.rank is not None else '?'}"
+            where += f" (local rank {self.local_rank})" if self.local_rank is not None else ""
+        head, *more = self.summary.splitlines() or [""]
+        out = [f"root cause: {where}: {head}"] + [f"  {m}" for m in more]
+        out += [f"  at {f}" for f in self.frames]
+        if self.log_tail:
+            out.append(f"  last lines of {self.host}'s log:")
+            out += [f"  | {line}" for line in self.log_tail]
+        out += [f"{h}: {note}" for h, note in self.others] if others else []
+        return out
+
+
+def _tail(log: bytes) -> tuple[str, ...]:
+    text = log[-(64 << 10):].decode("utf-8", "replace")
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return tuple(clip(line, MAX_LOG_LINE) for line in lines[-MAX_LOG_LINES:])
+
+
+def rank_errors(node: NodeFacts) -> list[RankError]:
+    """Every rank failure a node left: its error files (newest attempt), and torchrun's table entries
+    without a file. Global ranks are filled in from the node rank when every node has ``nproc`` ranks."""
+    out: list[RankError] = []
+    if node.report:
+        files = node.report.get("errors", [])
+        newest = max((e["attempt"] for e in files), default=0)
+        for e in files:
+            if e["attempt"] == newest:
+                r = parse_error_file(e["data"], e["local_rank"])
+                if r is not None:
+                    out.append(r)
+    have = {r.local_rank for r in out}
+    out += [r for r in torchrun_failures(node.log) if r.local_rank not in have]
+    return out
+
+
+def _with_rank(r: RankError, node: NodeFacts, uniform: int | None) -> RankError:
+    if r.rank is None and uniform is not None:
+        from dataclasses import replace
+        return replace(r, rank=node.node_rank * uniform + r.local_rank)
+    return r
+
+
+def _oom(r: RankError, node: NodeFacts) -> str | None:
+    if r.kind != "signal" or r.exit_code != -signal.SIGKILL or not node.report:
+        return None
+    return oom_killed(node.report.get("kernel_lines", []), r.pid)
+
+
+def _describe_rank(r: RankError, node: NodeFacts) -> Failure:
+    kernel = _oom(r, node)
+    if kernel:
+        return Failure(node.host, "oom", "killed by the kernel: out of memory\n" + clip(kernel, MAX_LOG_LINE),
+                       rank=r.rank, local_rank=r.local_rank, signal=r.signal, log_tail=_tail(node.log))
+    if r.kind == "exception":
+        return Failure(node.host, "exception", r.text(), rank=r.rank, local_rank=r.local_rank, exc_type=r.exc_type,
+                       message=r.message, frames=r.frames)
+    if r.kind == "signal":
+        return Failure(node.host, "signal", r.text(), rank=r.rank, local_rank=r.local_rank, signal=r.signal,
+                       log_tail=_tail(node.log))
+    return Failure(node.host, "exit", r.text(), rank=r.rank, local_rank=r.local_rank, log_tail=_tail(node.log))
+
+
+def _never_joined(node: NodeFacts) -> bool:
+    return node.report is not None and node.report.get("joined") is False and node.state in ("failed", "lost")
+
+
+def _node_only(node: NodeFacts) -> Failure:
+    """A node's failure when no rank left a word: never joined, lost, or an exit code and its log."""
+    if node.error and node.error.startswith("never joined"):
+        return Failure(node.host, "never_joined", clip(node.error, MAX_MESSAGE), log_tail=_tail(node.log))
+    if node.state == "lost":
+        return Failure(node.host, "lost", clip(f"lost: {node.error or 'no exit code'}", MAX_MESSAGE),
+                       log_tail=_tail(node.log))
+    if _never_joined(node):
+        return Failure(node.host, "never_joined",
+                       f"never joined the rendezvous: its job ended (exit {node.exit_code}) before it started "
+                       "any worker", log_tail=_tail(node.log))
+    what = f"exit {node.exit_code}" if node.exit_code is not None else (node.error or "ended badly")
+    if node.exit_code is not None and node.error:
+        what += f" - {node.error}"
+    return Failure(node.host, "exit" if node.exit_code is not None else "unknown", clip(what, MAX_MESSAGE),
+                   log_tail=_tail(node.log))
+
+
+def _note(node: NodeFacts, errors: list[RankError], nproc: int | None) -> str:
+    word = node.state + (f" exit {node.exit_code}" if node.exit_code is not None else "")
+    if errors:
+        r = min(errors, key=lambda r: (_when(r), r.local_rank))
+        r = _with_rank(r, node, nproc)
+        rank = f"rank {r.rank}" if r.rank is not None else f"local rank {r.local_rank}"
+        desc = _describe_rank(r, node).summary.splitlines()[0]
+        return clip(f"{word} - {rank}: {desc}", MAX_NOTE)
+    if node.error:
+        return clip(f"{word} - {node.error}", MAX_NOTE)
+    if node.report_error:
+        return clip(f"{word} (no report: {node.report_error})", MAX_NOTE)
+    return word
+
+
+TABLE_LEAD_S = 1.0
+
+
+def _when(r: RankError) -> float:
+    """When a rank failed, for ordering. A whole-second time is taken as the middle of its second. A
+    time from torchrun's table is when the agent noticed the death (up to its monitor interval later)
+    rounded down: it counts a second earlier, since a rank killed by a signal or that exited without
+    an exception is rarely the echo of another's failure (those raise: "Connection closed by peer")."""
+    if r.precise:
+        return r.time
+    if r.kind == "exception":
+        return r.time + 0.5
+    return r.time - TABLE_LEAD_S
+
+
+def diagnose(nodes: Sequence[NodeFacts], first_failed: str | None) -> Failure:
+    """The failure of the rank that failed first, and a line for every other node."""
+    sizes = {n.nproc for n in nodes}
+    uniform = next(iter(sizes)) if len(sizes) == 1 and None not in sizes else None
+    per_node = {n.host: [_with_rank(r, n, uniform) for r in rank_errors(n)] for n in nodes}
+    candidates = []
+    for n in nodes:
+        for r in per_node[n.host]:
+            if n.state == "stopped" and r.kind == "signal":
+                continue  # we ended that node: its SIGTERMed ranks did not fail on their own
+            candidates.append((_when(r), n.host != first_failed, r.rank if r.rank is not None else 10 ** 8, n, r))
+    # A node we stopped did not fail on its own: what its ranks raised came after the first failure,
+    # unless no node that ended by itself left a word about any rank.
+    own = [c for c in candidates if c[3].state != "stopped"]
+    bad = [n for n in nodes if n.state in ("failed", "lost")]
+    failed_first = next((n for n in bad if n.host == first_failed), None)
+    if own or (candidates and failed_first is None):
+        *_, node, first = min(own or candidates, key=lambda c: c[:3])
+        failure = _describe_rank(first, node)
+    else:
+        node = failed_first or (bad[0] if bad else nodes[0])
+        failure = _node_only(node)
+    others = tuple((n.host, _note(n, per_node[n.host], uniform)) for n in nodes if n.host != node.host)
+    from dataclasses import replace
+    return replace(failure, others=others[:MAX_OTHERS])

@@ -1,0 +1,84 @@
+"""After a run failed: ask every node what it knows (``clusterddp/node/diagnose.py``), keep the GPU
+forensics, and say which rank failed first and why (:mod:`clusterddp.failure`).
+
+Used by `up` once the job has ended everywhere and by `status` when it finds a run failed.
+Never raises for what a node does or sends: a node that cannot answer is named in the summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from . import nodeops
+from . import plan as P
+from .failure import Failure, NodeFacts, diagnose
+from .fleet import Fleet
+from .node.diagnose import MAX_ANSWER, AnswerError, read_answer
+from .record import NodeState, RunRecord
+from .store import RunStore
+from .transport import Transport
+
+REPORT_TIMEOUT = 60.0   # seconds of silence before a node's report is given up (nvidia-smi may be slow)
+LOCAL_LOG_TAIL = 128 << 10
+
+
+class _Bounded(bytearray):
+    """Keeps the first MAX_ANSWER + 1 bytes written with ``+=`` (enough to know an answer is too long)."""
+
+    def __iadd__(self, data):  # type: ignore[misc]  # returns the _Bounded itself
+        room = MAX_ANSWER + 1 - len(self)
+        if room > 0:
+            super().__iadd__(data[:room])
+        return self
+
+
+def report(t: Transport, node: P.NodeLaunch, mode: str = "report", master: tuple[str, int] | None = None) -> dict:
+    """The node's diagnose answer, checked (:func:`clusterddp.node.diagnose.read_answer`)."""
+    out, err = _Bounded(), _Bounded()
+
+    def take(b: bytes) -> None:
+        nonlocal out
+        out += b
+    code = t.stream(P.diagnose_command(node, mode, master), take, timeout=REPORT_TIMEOUT, stderr_to=err)
+    if code != 0:
+        lines = err.decode("utf-8", "replace").strip().splitlines()
+        raise AnswerError(f"diagnose exited {code}: {lines[-1][:200] if lines else ''}")
+    return read_answer(bytes(out))
+
+
+def _local_log(store: RunStore, run_id: str, host: str) -> bytes:
+    try:
+        with open(store.log_path(run_id, host), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - LOCAL_LOG_TAIL))
+            return f.read()
+    except OSError:
+        return b""
+
+
+def explain(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord, store: RunStore) -> Failure:
+    """Ask every node that may answer (not lost or unreachable) for its report; keep the forensics of
+    GPU nodes under ``<run>/forensics/<host>/``; return the diagnosis."""
+    ask = [n for n in nodes if rec.node(n.host.name).state not in (NodeState.LOST, NodeState.UNREACHABLE)]
+    res = nodeops.each(fleet, ask, lambda n, t: report(t, n))
+    facts = []
+    for nr in rec.nodes:
+        rep = res.succeeded.get(nr.host)
+        why = res.failed.get(nr.host)
+        log = _local_log(store, rec.run_id, nr.host)
+        if rep is not None:
+            for e in rep["errors"]:
+                rel = f"attempt_{e['attempt']}/{e['local_rank']}/error.json"
+                store.write_evidence(rec.run_id, "errors", nr.host, rel, e["data"].encode())
+            if rep["log"] is not None and len(rep["log"]) >= len(log):
+                log = rep["log"].encode()
+            if rep["nvidia_smi"] is not None:
+                store.write_evidence(rec.run_id, "forensics", nr.host, "nvidia-smi.txt", rep["nvidia_smi"].encode())
+                xid = [line for line in rep["kernel_lines"] if "Xid" in line]
+                store.write_evidence(rec.run_id, "forensics", nr.host, "xid.txt",
+                                      "".join(line + "\n" for line in xid).encode() if xid else
+                                      f"no Xid lines ({rep['kernel_error'] or 'kernel log read'})\n".encode())
+        facts.append(NodeFacts(host=nr.host, node_rank=nr.node_rank, nproc=nr.nproc if isinstance(nr.nproc, int)
+                               else None, state=nr.state.value, exit_code=nr.exit_code, error=nr.error, log=log,
+                               report=rep, report_error=str(why) if why is not None else None))
+    return diagnose(facts, rec.failed_host)
