@@ -56,7 +56,11 @@ def up(
 
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
     limit = jobs.parse_size(max_upload)
-    prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts))
+    loaded = jobs.load_inventory(inventory, gpus)
+    if loaded.slurm is not None:  # Slurm allocates, starts and kills: a path of its own
+        from .up_slurm import up_slurm
+        return up_slurm(loaded, inventory, spec, runs_dir, host_list(hosts), limit, dry_run, detach, raw, schedule)
+    prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts), loaded=loaded)
     print(f"run {prep.plan.run_id}", flush=True)
     if dry_run:
         print(plan.render(prep.plan))
