@@ -164,16 +164,18 @@ class SlurmJob:
     job_id: str | None = None      # None until sbatch answered
     partition: str | None = None   # as Slurm reports it once the job is known
     hosts: tuple[str, ...] = ()    # the allocation, once Slurm made it
+    nproc: int = 1                 # processes per node
 
     def to_json(self) -> dict[str, Any]:
         return {"run_dir": self.run_dir, "job_id": self.job_id, "partition": self.partition,
-                "hosts": list(self.hosts)}
+                "hosts": list(self.hosts), "nproc": self.nproc}
 
     @classmethod
     def from_json(cls, data: Any, path: str) -> SlurmJob:
         r = _Reader(data, path, "slurm")
         return cls(run_dir=r.get("run_dir", str), job_id=r.get("job_id", str | None),
-                   partition=r.get("partition", str | None), hosts=r.get("hosts", tuple[str, ...], default=()))
+                   partition=r.get("partition", str | None), hosts=r.get("hosts", tuple[str, ...], default=()),
+                   nproc=_at_least(r.get("nproc", int, default=1), 1, r, "nproc"))
 
 
 @dataclass(frozen=True)

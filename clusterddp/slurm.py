@@ -109,7 +109,8 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
         script=plan.spec.script, args=tuple(plan.spec.script_args), status=RunStatus.RUNNING, failed_host=None,
         schedule=schedule, local=False, started_at=utcnow(), ended_at=None, launch_dir=os.getcwd(),
         master_addr="", master_port=plan.spec.master_port or 29500, collect=plan.collect, nodes=(),
-        slurm=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition))
+        slurm=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
+                       nproc=plan.spec.gpus or plan.settings.gpus_per_node))
 
 
 def stage(prep: Prepared, folder: SourceFolder | None) -> None:
@@ -122,6 +123,7 @@ def stage(prep: Prepared, folder: SourceFolder | None) -> None:
             raise UsageError(f"{plan.run_dir} already holds a run", "use another run id")
         ctl.mkdir(parents=True, mode=0o700)
         ctl.chmod(0o700)
+        (ctl / SP.NODES).mkdir(mode=0o700)
         for rel, _ in folder.entries if folder else ():
             assert folder is not None
             src, dst = folder.root / rel.rstrip("/"), Path(plan.run_dir) / rel.rstrip("/")
@@ -203,11 +205,11 @@ class LogTail:
                 self.on_output(h, data)
 
 
-def exit_codes(plan: SP.SlurmPlan, hosts: tuple[str, ...]) -> dict[str, tuple[int | None, float]]:
+def exit_codes(control_dir: str, hosts: tuple[str, ...]) -> dict[str, tuple[int | None, float]]:
     """Each node's recorded exit code and when it was written (None, inf: none recorded)."""
     out: dict[str, tuple[int | None, float]] = {}
     for h in hosts:
-        path = plan.exit_code_file(h)
+        path = os.path.join(control_dir, SP.NODES, f"{h}.exit_code")
         try:
             out[h] = (int(Path(path).read_text().strip()), os.stat(path).st_mtime)
         except (OSError, ValueError):
@@ -215,10 +217,10 @@ def exit_codes(plan: SP.SlurmPlan, hosts: tuple[str, ...]) -> dict[str, tuple[in
     return out
 
 
-def outcome(plan: SP.SlurmPlan, info: JobInfo | None, hosts: tuple[str, ...], stopped: bool) -> RunOutcome:
+def outcome(control_dir: str, info: JobInfo | None, hosts: tuple[str, ...], stopped: bool) -> RunOutcome:
     """How the run ended: every node's exit code; the node whose failure came first failed, the others
     that ended badly after it were ended by Slurm (--kill-on-bad-exit) and count as stopped."""
-    codes = exit_codes(plan, hosts)
+    codes = exit_codes(control_dir, hosts)
     nodes = tuple(NodeOutcome(h, i, codes[h][0]) for i, h in enumerate(hosts))
     if stopped:
         return RunOutcome(RunStatus.STOPPED, nodes)
@@ -268,21 +270,27 @@ def finish(store: RunStore, run_id: str, out: RunOutcome) -> RunStatus:
     return store.update(run_id, ended).status
 
 
-def collect(prep: Prepared) -> CollectResult:
-    """The batch step's output and the collect globs, from the shared run folder, through the same
-    node program as SSH runs (run here: the folder is local), into ``artifacts/shared/``."""
+def collect(store: RunStore, run_id: str, run_dir: str, control_dir: str, hosts: tuple[str, ...],
+            globs: tuple[str, ...]) -> CollectResult:
+    """Every node's log, and the batch step's output and the collect globs from the shared run folder
+    (through the same node program as SSH runs, run here: the folder is local) into ``artifacts/shared/``."""
     from .artifacts import collect_node
     from .inventory import Host
     from .transport.base import Transport
     from .transport.local import LocalTransport
-    plan = prep.plan
+    for h in hosts:
+        try:
+            store.write_log(run_id, h, Path(control_dir, SP.NODES, f"{h}.log").read_bytes())
+        except FileNotFoundError:
+            pass
     host = Host(name=SHARED, address=SHARED, user=None, port=None, identity_file=None, known_hosts="",
-                host_key_policy="strict", gpus=1, python=sys.executable, workdir=plan.run_dir, env=(), setup=(),
+                host_key_policy="strict", gpus=1, python=sys.executable, workdir=run_dir, env=(), setup=(),
                 connect_timeout=10.0, transport="local")
-    node = P.NodeLaunch(host, 0, 1, plan.run_dir, plan.control_dir, "", (), (), "")
+    # collect_command reads <control_dir>/node.log: the batch step's output (slurm_plan.BATCH_LOG)
+    node = P.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
     t = LocalTransport(SHARED)
     try:
-        return collect_node(cast(Transport, t), node, prep.store, plan.run_id, plan.collect)
+        return collect_node(cast(Transport, t), node, store, run_id, globs)
     finally:
         t.close()
 
@@ -338,8 +346,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
                 hosts = info.hosts
         tail.poll(hosts)
         store.close_logs()
-        result = outcome(plan, info, hosts, stopped)
-        on_collect(collect(prep))
+        result = outcome(plan.control_dir, info, hosts, stopped)
+        on_collect(collect(store, run_id, plan.run_dir, plan.control_dir, hosts, plan.collect))
         status = finish(store, run_id, result)
         if stopped:
             raise KeyboardInterrupt

@@ -3,8 +3,8 @@
 Slurm allocates, starts and kills; clusterddp renders, submits and follows. The run lives in
 ``<shared_dir>/runs/<run_id>/`` (the script's folder is staged there, and every node runs in it)
 with a control folder ``.clusterddp/`` holding ``job.sbatch`` (given to ``sbatch``), ``node.sh``
-(what each node runs: it holds the env values, so both are 0600 in a 0700 folder), ``batch.log``
-(the batch step's own output) and, per node, ``<host>.log`` and ``<host>.exit_code``.
+(what each node runs: it holds the env values, so both are 0600 in a 0700 folder), ``node.log``
+(the batch step's own output) and, per node, ``nodes/<host>.log`` and ``nodes/<host>.exit_code``.
 
 Inside the job one ``srun`` step with one task per node runs node.sh, which starts torchrun with
 c10d rendezvous (id = the job id) hosted on the allocation's first host; the master's address is
@@ -24,7 +24,8 @@ from .inventory import BUILTIN, Host, Inventory, SlurmSettings
 
 BATCH = "job.sbatch"
 NODE_SCRIPT = "node.sh"
-BATCH_LOG = "batch.log"
+NODES = "nodes"  # <control>/nodes/<host>.log and <host>.exit_code: apart from node.log whatever a host is called
+BATCH_LOG = "node.log"  # the name collect reads as the log of the pseudo-host `shared`
 # Without --master-port, each job's rendezvous port comes from its id: two jobs sharing a node
 # (Slurm may pack them) do not collide.
 _PORT_FROM_JOB = "$((20000 + SLURM_JOB_ID % 20000))"
@@ -51,10 +52,10 @@ class SlurmPlan:
         return posixpath.join(self.control_dir, NODE_SCRIPT)
 
     def node_log(self, host: str) -> str:
-        return posixpath.join(self.control_dir, f"{host}.log")
+        return posixpath.join(self.control_dir, NODES, f"{host}.log")
 
     def exit_code_file(self, host: str) -> str:
-        return posixpath.join(self.control_dir, f"{host}.exit_code")
+        return posixpath.join(self.control_dir, NODES, f"{host}.exit_code")
 
 
 def node_host(s: SlurmSettings, name: str = "slurm") -> Host:
@@ -120,7 +121,7 @@ def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, c
         "#!/usr/bin/env bash",
         f"# clusterddp run {run_id}: one node's part, started by srun on every node of the allocation",
         "trap 'echo \"[clusterddp] stop signal received\" >&2' TERM INT HUP",
-        f"CTL={P.q(ctl)}",
+        f"CTL={P.q(ctl + '/' + NODES)}",
         "cddp_h=${SLURMD_NODENAME:-$(hostname)}",
         "# Each node's own log and exit code (0600), in the shared control folder.",
         '(umask 077 && : >> "$CTL/$cddp_h.log")',

@@ -159,3 +159,29 @@ def test_a_pending_job_shows_its_reason_and_ctrl_c_cancels_it(slurm, tmp_path, j
     assert job_id not in slurm.jobs()  # cancelled before up returned
     rec = record(runs, run_id)
     assert rec["status"] == "stopped" and rec["nodes"] == [] and rec["slurm"]["hosts"] == []
+
+
+def test_detach_then_status_logs_and_stop_work_through_slurm(slurm, tmp_path, job):
+    runs = tmp_path / "runs"
+    r = up(slurm, tmp_path, job / "probe.py", "--detach", "-e", "CDDP_TEST_MODE=hang", check_rc=0)
+    run_id = run_id_of(r.stdout)
+    job_id = record(runs, run_id)["slurm"]["job_id"]
+    assert f"slurm job {job_id} runs on" in r.stdout and job_id in slurm.jobs()
+
+    def ranks_ready() -> bool:
+        out = cddp("logs", run_id, "--runs-dir", str(runs), env=slurm.env()).stdout
+        return "rank 3 ready" in out and "rank 0 ready" in out
+    assert eventually(ranks_ready, 180, interval=1), "the detached job never got going"
+    st = cddp("status", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=0).stdout
+    assert f"run {run_id}: running" in st and f"slurm job {job_id}: running, partition main" in st
+    assert "node-1: running" in st and "node-2: running" in st
+    rec = record(runs, run_id)
+    assert rec["slurm"]["hosts"] == ["node-1", "node-2"]  # learnt by status: up had returned before allocation
+    assert job_pids(run_id)
+    s = cddp("stop", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=0).stdout
+    assert f"run {run_id}: stopped" in s and "node-1: stopped" in s and "(cancelled by scancel)" in s
+    # stop returned once Slurm said the job ended: nothing of it runs on any node
+    assert not job_pids(run_id)
+    assert record(runs, run_id)["status"] == "stopped"
+    assert "rank 3 ready" in (runs / run_id / "logs" / "node-2.log").read_text()  # stop brought the logs back
+    gone(slurm, run_id, job_id)
