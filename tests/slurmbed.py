@@ -169,7 +169,9 @@ SlurmdPort={self.slurmd_port}
 SrunPortRange={srun_lo}-{srun_lo + 199}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.socket}
+# cred_expire: a requeued job may start again only cred_expire+1 s later (Slurm's rule; default
+# 120 s): keep the --max-restarts test short.
+AuthInfo=socket={self.socket},cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={self.root / "state"}

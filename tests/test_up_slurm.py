@@ -185,3 +185,17 @@ def test_detach_then_status_logs_and_stop_work_through_slurm(slurm, tmp_path, jo
     assert record(runs, run_id)["status"] == "stopped"
     assert "rank 3 ready" in (runs / run_id / "logs" / "node-2.log").read_text()  # stop brought the logs back
     gone(slurm, run_id, job_id)
+
+
+def test_max_restarts_requeues_the_job_which_resumes_from_its_checkpoint(slurm, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copy(REPO / "examples" / "ddp_train.py", tmp_path / "ddp_train.py")
+    r = up(slurm, tmp_path, tmp_path / "ddp_train.py", "--max-restarts", "1", "--", "--epochs", "3",
+           "--crash-at-epoch", "2", "--crash-rank", "3")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "simulated crash at epoch 2" in r.stdout
+    assert "requeue" in r.stdout  # the batch script put the job back in the queue
+    assert "resumed from step" in r.stdout and "done world_size=4" in r.stdout
+    rec = record(runs, run_id_of(r.stdout))
+    assert rec["status"] == "succeeded" and [n["exit_code"] for n in rec["nodes"]] == [0, 0]
+    gone(slurm, rec["run_id"], rec["slurm"]["job_id"])
