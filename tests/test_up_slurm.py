@@ -3,8 +3,10 @@ real sbatch, slurmctld, slurmd and srun; real torchrun (gloo, CPU) on node-1 and
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -199,3 +201,23 @@ def test_max_restarts_requeues_the_job_which_resumes_from_its_checkpoint(slurm, 
     rec = record(runs, run_id_of(r.stdout))
     assert rec["status"] == "succeeded" and [n["exit_code"] for n in rec["nodes"]] == [0, 0]
     gone(slurm, rec["run_id"], rec["slurm"]["job_id"])
+
+
+@pytest.mark.skipif(not shutil.which("crontab"), reason="needs Debian's cron package (scripts/install-system-deps.sh)")
+def test_a_schedule_with_a_slurm_inventory_fires_a_slurm_run(slurm, tmp_path, job):
+    runs = tmp_path / "runs"
+    saved = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    name = f"slurm{secrets.token_hex(3)}"
+    try:
+        cddp("schedule", "add", name, "--cron", "0 3 * * *", str(slurm_inv(tmp_path)), str(job / "probe.py"),
+             "--runs-dir", str(runs), "--", "a b", check_rc=0)
+        spec = runs / "schedules" / f"{name}.json"
+        # what cron's line runs (cron itself fires once a minute at best: tests/test_schedule_cron.py waits for it)
+        cddp("schedule", "fire", str(spec), env=slurm.env(), timeout=300, check_rc=0)
+    finally:
+        cddp("schedule", "remove", name, "--runs-dir", str(runs))
+        if saved.returncode == 0:
+            subprocess.run(["crontab", "-"], input=saved.stdout, text=True, check=True)
+    (rec,) = [record(runs, p.name) for p in runs.iterdir() if (p / "run.json").exists()]
+    assert rec["schedule"] == name and rec["status"] == "succeeded" and rec["slurm"]["job_id"]
+    assert rec["args"] == ["a b"] and [n["host"] for n in rec["nodes"]] == ["node-1", "node-2"]

@@ -64,7 +64,12 @@ def add(
     expr = S.check_cron(cron)
     run = run_spec(script, script_args, run_name, gpus, master_port, env, collect, max_restarts)
     hosts_ = host_list(hosts)
-    prep = jobs.prepare(inventory, run, runs_dir, hosts_)  # the same checks as `up`; no network
+    loaded = jobs.load_inventory(inventory, gpus)
+    if loaded.slurm is not None:  # the same checks as `up` with a `slurm:` inventory; no network
+        from .up_slurm import prepare_slurm
+        prep = prepare_slurm(loaded, run, runs_dir, hosts_)
+    else:
+        prep = jobs.prepare(inventory, run, runs_dir, hosts_, loaded=loaded)  # the same checks as `up`; no network
     run = dataclasses.replace(run, script=os.path.abspath(script))
     executable, bin_dir = S.current_executable()
     spec = S.ScheduleSpec(

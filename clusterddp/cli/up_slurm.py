@@ -9,10 +9,9 @@ from pathlib import Path
 from .common import PrefixPrinter, err, sigterm_as_interrupt, tell_missing
 
 
-def up_slurm(inv, inventory_arg: str, spec, runs_dir: str, hosts: list[str] | None, limit: int, dry_run: bool,
-             detach: bool, raw: bool, schedule: str | None) -> None:
-    from .. import jobs, slurm
-    from .. import slurm_plan as SP
+def prepare_slurm(inv, spec, runs_dir: str, hosts: list[str] | None):
+    """Check the input and plan the run, as for SSH inventories; no network."""
+    from .. import slurm
     from ..errors import UsageError
     if hosts is not None:
         raise UsageError("--hosts does not apply to a `slurm:` inventory: Slurm chooses the hosts",
@@ -20,7 +19,14 @@ def up_slurm(inv, inventory_arg: str, spec, runs_dir: str, hosts: list[str] | No
     script = Path(spec.script)
     if not script.is_file():
         raise UsageError(f"script {spec.script}: no such file", "pass the path of your training script")
-    prep = slurm.prepare(inv, spec, runs_dir, script)
+    return slurm.prepare(inv, spec, runs_dir, script)
+
+
+def up_slurm(inv, inventory_arg: str, spec, runs_dir: str, hosts: list[str] | None, limit: int, dry_run: bool,
+             detach: bool, raw: bool, schedule: str | None) -> None:
+    from .. import jobs, slurm
+    from .. import slurm_plan as SP
+    prep = prepare_slurm(inv, spec, runs_dir, hosts)
     run_id = prep.plan.run_id
     print(f"run {run_id}", flush=True)
     folder = jobs.scan_source(prep.source_dir, prep.store.root)
