@@ -78,7 +78,7 @@ def run_cmd(args: list[str], timeout: float = 60, stdin: bytes | None = None) ->
                          "is slurmctld up? try `sinfo`") from None
 
 
-def _checked(args: list[str], timeout: float = 60) -> str:
+def checked(args: list[str], timeout: float = 60) -> str:
     r = run_cmd(args, timeout)
     if r.returncode != 0:
         said = r.stderr.decode(errors="replace").strip() or r.stdout.decode(errors="replace").strip()
@@ -144,7 +144,7 @@ def stage(prep: Prepared, folder: SourceFolder | None) -> None:
 
 def submit(prep: Prepared) -> str:
     """``sbatch --parsable``; the job id."""
-    out = _checked(["sbatch", "--parsable", prep.plan.batch_path]).strip()
+    out = checked(["sbatch", "--parsable", prep.plan.batch_path]).strip()
     job_id = out.split(";")[0]
     if not re.fullmatch(r"\d+(_\d+)?", job_id):
         raise SlurmError(f"sbatch --parsable answered {out[:200]!r}, not a job id")
@@ -154,7 +154,7 @@ def submit(prep: Prepared) -> str:
 def _hostnames(nodelist: str) -> tuple[str, ...]:
     if not nodelist or nodelist == "(null)":
         return ()
-    return tuple(_checked(["scontrol", "show", "hostnames", nodelist]).split())
+    return tuple(checked(["scontrol", "show", "hostnames", nodelist]).split())
 
 
 def job_info(job_id: str) -> JobInfo | None:
@@ -173,7 +173,7 @@ def job_info(job_id: str) -> JobInfo | None:
 
 def cancel(job_id: str, timeout: float = 120) -> JobInfo | None:
     """``scancel`` the job and wait until Slurm says nothing of it runs any more."""
-    _checked(["scancel", job_id])
+    checked(["scancel", job_id])
     deadline = time.monotonic() + timeout
     while True:
         info = job_info(job_id)

@@ -182,3 +182,23 @@ def render(p: SlurmPlan) -> str:
     if p.collect:
         out += ["collect: " + ", ".join(p.collect)]
     return "\n".join(out)
+
+
+# `check` on a compute node: what it prints, one "key value" line each.
+_PROBE_PY = ("import platform, sys\n"
+             "print('python', platform.python_version())\n"
+             "try:\n    import torch\n    print('torch', torch.__version__)\n"
+             "except Exception as e:\n    print('torch missing:', type(e).__name__, str(e)[:200])\n")
+
+
+def probe_script(s: SlurmSettings, token: str) -> str:
+    """What `check` runs on one compute node (as a file in the shared dir: it holds the env values): the
+    inventory's setup lines and env, then whether the token written on this machine is visible there,
+    and the python and torch versions. Prints ``key value`` lines."""
+    host = node_host(s)
+    lines = ["#!/usr/bin/env bash", 'echo "node ${SLURMD_NODENAME:-$(hostname)}"']
+    lines += P._preamble(host, s.env, stdout_to=">&2",
+                         on_fail=lambda line: f"echo {P.q('setup failed: ' + line)}; exit 0")
+    lines += [f"if [ -r {P.q(token)} ]; then echo 'shared ok'; else echo 'shared missing'; fi",
+              f"{P.q(s.python)} -c {P.q(_PROBE_PY)} 2>&1 || echo 'python failed'", ""]
+    return "\n".join(lines)
