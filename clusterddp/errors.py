@@ -98,6 +98,11 @@ class RunFailed(ClusterDDPError):
         self.run_id, self.outcomes, self.first_failed, self.status = run_id, outcomes, first_failed, status
 
 
+class SlurmError(ClusterDDPError):
+    """A Slurm command (sbatch, scontrol, scancel, ...) failed or is missing: exit 1, naming the
+    command and what it said."""
+
+
 class RecordError(UsageError):
     """A run.json that cannot be read, located by file and field (``nodes[1].exit_code``)."""
 

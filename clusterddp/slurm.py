@@ -24,7 +24,7 @@ from typing import cast
 from . import plan as P
 from . import slurm_plan as SP
 from .artifacts import CollectResult
-from .errors import ClusterDDPError, NodeOutcome, RunFailed, UsageError
+from .errors import NodeOutcome, RunFailed, SlurmError, UsageError
 from .inventory import Inventory
 from .jobs import SourceFolder
 from .record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
@@ -37,10 +37,6 @@ POLL = 0.5  # seconds between looks at the job; node logs are read as often
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
 SHARED = "shared"  # the pseudo-host whose log is the batch step's output and whose artifacts come from the run folder
-
-
-class SlurmError(ClusterDDPError):
-    """A Slurm command failed or is missing: exit 1, naming the command and what it said."""
 
 
 @dataclass(frozen=True)
