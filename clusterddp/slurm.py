@@ -301,10 +301,10 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     cancelled and gone first)."""
     plan, store = prep.plan, prep.store
     run_id = plan.run_id
-    stage(prep, folder)
     try:
+        stage(prep, folder)
         job_id = submit(prep)
-    except SlurmError:
+    except (SlurmError, UsageError):  # nothing was submitted: the run ends here, not `running` forever
         store.update(run_id, lambda rec: replace(rec, status=RunStatus.FAILED, ended_at=utcnow()))
         raise
     store.update(run_id, lambda rec: replace(rec, slurm=replace(rec.slurm, job_id=job_id) if rec.slurm else None))
