@@ -180,7 +180,14 @@ def test_detach_then_status_logs_and_stop_work_through_slurm(slurm, tmp_path, jo
     rec = record(runs, run_id)
     assert rec["slurm"]["hosts"] == ["node-1", "node-2"]  # learnt by status: up had returned before allocation
     assert job_pids(run_id)
-    s = cddp("stop", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=0).stdout
+    follower = cddp_popen("logs", run_id, "--follow", "--runs-dir", str(runs), env=slurm.env())
+    try:
+        wait_for_line(follower, "[node-2] rank 3 ready", timeout=60)
+        s = cddp("stop", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=0).stdout
+        follower.communicate(timeout=60)  # `logs -f` ends once Slurm says the job ended
+        assert follower.returncode == 0
+    finally:
+        follower.kill()
     assert f"run {run_id}: stopped" in s and "node-1: stopped" in s and "(cancelled by scancel)" in s
     # stop returned once Slurm said the job ended: nothing of it runs on any node
     assert not job_pids(run_id)
