@@ -142,7 +142,7 @@ class SlurmBed:
         """Ids of the jobs Slurm still lists (any state)."""
         return self.client("squeue", "-h", "-o", "%i", check=False).stdout.split()
 
-    def drain(self, reason: str = "test") -> None:
+    def drain(self) -> None:
         """Make the partition accept jobs but start none (they pend with reason PartitionDown)."""
         self.client("scontrol", "update", f"PartitionName={self.partition}", "State=DOWN")
 
