@@ -79,20 +79,24 @@ class _Settings(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, Any] | None) -> dict[str, str] | None:
-        if v is None:
-            return v
-        out = {}
-        for k, val in v.items():
-            if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
-                raise ValueError(f"{show(str(k))} is not a valid environment variable name "
-                                 "(letters, digits and _, not starting with a digit)")
-            if isinstance(val, (list, dict)) or val is None:
-                raise ValueError(f"{k}: value must be a string or a whole number, not "
-                                 f"{'empty' if val is None else 'a list' if isinstance(val, list) else 'a mapping'}")
-            if isinstance(val, bool) or not isinstance(val, (str, int)):
-                raise ValueError(f"{k}: value must be a string or a whole number; quote it, e.g. {k}: \"{val}\"")
-            out[k] = str(val)
-        return out
+        return _env_values(v)
+
+
+def _env_values(v: dict[str, Any] | None) -> dict[str, str] | None:
+    if v is None:
+        return v
+    out = {}
+    for k, val in v.items():
+        if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
+            raise ValueError(f"{show(str(k))} is not a valid environment variable name "
+                             "(letters, digits and _, not starting with a digit)")
+        if isinstance(val, (list, dict)) or val is None:
+            raise ValueError(f"{k}: value must be a string or a whole number, not "
+                             f"{'empty' if val is None else 'a list' if isinstance(val, list) else 'a mapping'}")
+        if isinstance(val, bool) or not isinstance(val, (str, int)):
+            raise ValueError(f"{k}: value must be a string or a whole number; quote it, e.g. {k}: \"{val}\"")
+        out[k] = str(val)
+    return out
 
 
 class _HostEntry(_Settings):
@@ -124,3 +128,98 @@ class InventoryFile(BaseModel):
     fanout: int | None = Field(default=None, ge=1, le=1024)
     keep_runs: int | None = Field(default=None, ge=1)
     hosts: list[_HostEntry] = Field(min_length=1)
+
+
+# ---- `slurm:` inventories: Slurm allocates the hosts, so there is no `hosts:` list ----
+
+# Slurm's --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (or UNLIMITED).
+_SLURM_TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE")
+_SBATCH_OPTION = re.compile(r"(--[A-Za-z][A-Za-z0-9-]*|-[A-Za-z])(?:[= ].*)?", re.S)
+# What the batch script sets itself: given twice, Slurm would silently take one of them.
+SBATCH_RESERVED = frozenset({
+    "--nodes", "-N", "--ntasks-per-node", "--ntasks", "-n", "--output", "-o", "--error", "-e", "--job-name", "-J",
+    "--partition", "-p", "--time", "-t", "--account", "-A", "--qos", "-q", "--constraint", "-C", "--gpus-per-node",
+    "--chdir", "-D", "--parsable", "--requeue", "--no-requeue", "--wrap", "--array", "-a", "--export",
+})
+_SLURM_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._,:|&*()\[\]-]*")  # partition, account, qos, constraint
+
+
+def _slurm_word(v: str | None) -> str | None:
+    if v is not None and not _SLURM_WORD.fullmatch(v):
+        raise ValueError("must be a Slurm name: letters, digits and . _ - (constraints also , : | & * ( ) [ ])")
+    return v
+
+
+SlurmWord = Annotated[str, AfterValidator(_slurm_word)]
+
+
+def _sbatch_option(opt: str) -> str:
+    m = _SBATCH_OPTION.fullmatch(opt)
+    if not m:
+        raise ValueError(f"{show(opt)} is not an sbatch option (it must start with - or --, e.g. \"--mem=16G\")")
+    if m.group(1) in SBATCH_RESERVED:
+        raise ValueError(f"{m.group(1)}: clusterddp sets it itself; use the `slurm:` field for it "
+                         "(nodes, partition, time, account, qos, constraint, gpus_per_node)")
+    return opt
+
+
+SbatchOption = Annotated[str, AfterValidator(_one_line), AfterValidator(_sbatch_option)]
+
+
+class _SlurmEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    login: Line = LOCAL
+    partition: SlurmWord | None = None
+    nodes: Any = 1  # a count or "MIN:MAX"; checked below, so a wrong type gets one clear message
+    gpus_per_node: int = Field(default=1, ge=1, le=1024)
+    request_gpus: bool = True
+    time: Line | None = None
+    account: SlurmWord | None = None
+    qos: SlurmWord | None = None
+    constraint: SlurmWord | None = None
+    sbatch: list[SbatchOption] = []
+    shared_dir: Line = "~/clusterddp"
+    python: Line = "python3"
+    setup: list[str] = []
+    env: dict[str, Any] = {}
+
+    @field_validator("login", mode="before")
+    @classmethod
+    def _login(cls, v: Any) -> Any:
+        if v != LOCAL:
+            raise ValueError("only `local` is supported: sbatch, squeue and scancel run on this machine "
+                             "(run clusterddp on the login host)")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("must be a number of nodes or a range \"MIN:MAX\"")
+        if isinstance(v, int):
+            if v < 1:
+                raise ValueError("must be >= 1")
+            return v
+        m = re.fullmatch(r"(\d{1,5}):(\d{1,5})", v) if isinstance(v, str) else None
+        if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+            raise ValueError("must be a number of nodes or a range \"MIN:MAX\" with 1 <= MIN <= MAX, e.g. \"2:4\"")
+        return v
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        if v is not None and not _SLURM_TIME.fullmatch(v):
+            raise ValueError(f"{show(v)} is not a Slurm time limit; use minutes, \"HH:MM:SS\" or \"D-HH:MM:SS\"")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, Any]) -> dict[str, str]:
+        return _env_values(v) or {}
+
+
+class SlurmInventoryFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: Line | None = None
+    collect: list[Line] = []
+    slurm: _SlurmEntry

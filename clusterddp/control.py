@@ -55,6 +55,9 @@ def overall(rec: RunRecord) -> tuple[RunStatus, str | None]:
 def status(store: RunStore, run_id: str, connect: Callable = default_connect) -> RunRecord:
     """Ask every node (in parallel, bounded by its connect timeout) how its part is doing; record it."""
     rec = store.load(run_id)
+    if rec.slurm is not None:  # Slurm knows where the job stands
+        from . import slurm_control
+        return slurm_control.status(store, run_id)
     with _reach(rec, connect) as (nodes, fleet):
         res = nodeops.each(fleet, nodes, lambda n, t: nodeops.status(t, n, n.host.connect_timeout))
     seen: dict[str, tuple[NodeState, int | None, str | None]] = {
@@ -100,6 +103,10 @@ def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: 
     signal left) is recorded in the words `status` uses.
     """
     rec = store.load(run_id)
+    if rec.slurm is not None:  # Slurm ends the job: scancel
+        from . import slurm_control
+        cancelled, logs = slurm_control.stop(store, run_id)
+        return Stopped(cancelled, {n.host: "cancelled by scancel" for n in cancelled.nodes}, (), [logs])
     with _reach(rec, connect) as (nodes, fleet):
         res = nodeops.each(fleet, nodes, lambda n, t: nodeops.teardown(t, n, grace))
         collected = collect_nodes(fleet, nodes, store, run_id, (), progress)
@@ -137,6 +144,9 @@ def collect(store: RunStore, run_id: str, connect: Callable = default_connect,
             progress: Progress | None = None) -> list[CollectResult]:
     """Bring back logs and the run's collect globs from every node, verified."""
     rec = store.load(run_id)
+    if rec.slurm is not None:  # the run folder is shared with this machine
+        from . import slurm_control
+        return slurm_control.collect(store, run_id)
     with _reach(rec, connect) as (nodes, fleet):
         return collect_nodes(fleet, nodes, store, run_id, rec.collect, progress)
 
@@ -151,6 +161,9 @@ def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
     nodes' logs then go to a private temp folder for as long as they are shown.
     """
     rec = store.load(run_id)
+    if rec.slurm is not None:
+        from . import slurm_control
+        return slurm_control.node_logs(store, run_id, hosts, show)
     with _reach(rec, connect, hosts) as (nodes, fleet), \
             tempfile.TemporaryDirectory(prefix="clusterddp-logs-") as scratch:
         def fetch(n: P.NodeLaunch, t: Transport) -> Path:
@@ -192,6 +205,9 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
     or else the first whose stream broke off.
     """
     rec = store.load(run_id)
+    if rec.slurm is not None:
+        from . import slurm_control
+        return slurm_control.follow(store, run_id, on_output, hosts, from_lines)
     with _reach(rec, connect, hosts) as (nodes, fleet):
         down = fleet.open().first_failure()
         if down is not None:

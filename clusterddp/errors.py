@@ -102,6 +102,11 @@ class RunFailed(ClusterDDPError):
         self.cause = tuple(cause)
 
 
+class SlurmError(ClusterDDPError):
+    """A Slurm command (sbatch, scontrol, scancel, ...) failed or is missing: exit 1, naming the
+    command and what it said."""
+
+
 class RecordError(UsageError):
     """A run.json that cannot be read, located by file and field (``nodes[1].exit_code``)."""
 

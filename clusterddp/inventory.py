@@ -104,8 +104,28 @@ class Master:
 
 
 @dataclass(frozen=True)
+class SlurmSettings:
+    """A `slurm:` inventory's cluster: Slurm allocates the hosts; clusterddp submits and follows."""
+
+    login: str                      # where sbatch/squeue/scancel run: "local"
+    partition: str | None
+    nodes: tuple[int, int]          # (min, max) nodes; equal unless an elastic range "MIN:MAX"
+    gpus_per_node: int              # processes per node
+    request_gpus: bool              # also ask Slurm for that many GPUs per node (--gpus-per-node)
+    time: str | None
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    sbatch: tuple[str, ...]         # extra #SBATCH options, verbatim
+    shared_dir: str                 # seen by this machine and every compute node
+    python: str
+    setup: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class Inventory:
-    """A validated inventory: hosts in node-rank order."""
+    """A validated inventory: hosts in node-rank order (none for a `slurm:` inventory)."""
 
     path: str
     name: str
@@ -114,6 +134,7 @@ class Inventory:
     collect: tuple[str, ...] = field(default=())
     fanout: int = DEFAULT_FANOUT  # at most this many hosts are contacted at once
     keep_runs: int | None = None  # `up` prunes this inventory's runs to the newest N after each run
+    slurm: SlurmSettings | None = None
 
     def select(self, names: list[str]) -> Inventory:
         """The same inventory restricted to ``names`` (kept in inventory order)."""
@@ -211,11 +232,17 @@ def parse(text: str, path: str) -> Inventory:
     if not isinstance(data, dict):
         raise InventoryError(path, "must be a YAML mapping with a `hosts:` list", line=1 if root is None else
                              _line_of(root, ()), hint="see inventory/lab.yaml for an example")
-    from pydantic import ValidationError  # imported here: `up local` and --help never pay for pydantic
-
+    if "slurm" in data:
+        return _parse_slurm(data, path, root)
     from ._inventory_schema import InventoryFile
+    return _resolve(_validate(InventoryFile, data, path, root), path, root)
+
+
+def _validate(model: Any, data: dict, path: str, root: yaml.Node | None) -> Any:
+    """``data`` as an instance of the pydantic ``model``, or an InventoryError at the first problem."""
+    from pydantic import ValidationError  # imported here: `up local` and --help never pay for pydantic
     try:
-        inv = InventoryFile.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         errors = e.errors()
         err = errors[0]
@@ -226,7 +253,30 @@ def parse(text: str, path: str) -> Inventory:
             hint = (hint + "; " if hint else "") + f"{more} more problem(s) after this one"
         raise InventoryError(path, _message(err), field=_path_str(loc) or None, line=_line_of(root, loc),
                              hint=hint) from None
-    return _resolve(inv, path, root)
+
+
+def _parse_slurm(data: dict, path: str, root: yaml.Node | None) -> Inventory:
+    for key in ("hosts", "defaults", "master", "fanout"):
+        if key in data:
+            raise InventoryError(path, "not part of a `slurm:` inventory: Slurm allocates the hosts",
+                                 field=key, line=_line_of(root, (key,)),
+                                 hint="remove it; per-node settings (python, setup, env) go under `slurm:`")
+    from ._inventory_schema import SlurmInventoryFile
+    inv = _validate(SlurmInventoryFile, data, path, root)
+    s = inv.slurm
+    for k in s.env:
+        why = reserved_env(k)
+        if why:
+            raise InventoryError(path, "a reserved name", field=f"slurm.env.{k}",
+                                 line=_line_of(root, ("slurm", "env", k)), hint=why)
+    lo, _, hi = str(s.nodes).partition(":")
+    settings = SlurmSettings(
+        login=s.login, partition=s.partition, nodes=(int(lo), int(hi or lo)), gpus_per_node=s.gpus_per_node,
+        request_gpus=s.request_gpus, time=s.time, account=s.account, qos=s.qos, constraint=s.constraint,
+        sbatch=tuple(s.sbatch), shared_dir=s.shared_dir, python=s.python, setup=tuple(s.setup),
+        env=tuple(s.env.items()))
+    return Inventory(path, inv.name or Path(path).stem, (), Master("", "", 29500), tuple(inv.collect),
+                     slurm=settings)
 
 
 def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:

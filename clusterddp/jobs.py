@@ -41,14 +41,19 @@ def load_inventory(arg: str, gpus: int | None) -> inv_mod.Inventory:
 
 
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
-            run_id: str | None = None, exclude: list[str] | None = None) -> Prepared:
-    """Validate input and plan the run (no network). Raises UsageError for bad input."""
+            run_id: str | None = None, exclude: list[str] | None = None,
+            loaded: inv_mod.Inventory | None = None) -> Prepared:
+    """Validate input and plan the run (no network). Raises UsageError for bad input.
+    ``loaded``: the inventory, when the caller has already read it."""
     script = Path(spec.script)
     if script.is_dir():
         raise UsageError(f"script {spec.script}: is a directory, not a script", _script_in(script))
     if not script.is_file():
         raise UsageError(f"script {spec.script}: no such file", "pass the path of your training script")
-    inventory = load_inventory(inventory_arg, spec.gpus)
+    inventory = loaded or load_inventory(inventory_arg, spec.gpus)
+    if inventory.slurm is not None:
+        raise UsageError(f"{inventory.path} is a `slurm:` inventory, which this command does not take",
+                         "give it an inventory with `hosts:`")
     inventory = inventory.narrow(hosts, exclude)
     store = RunStore(runs_dir)
     run_id = run_id or new_run_id()

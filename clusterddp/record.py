@@ -177,6 +177,28 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
+class SlurmJob:
+    """Where a run handed to Slurm is: its folder in the shared dir, and the job once submitted."""
+
+    run_dir: str                   # <shared_dir>/runs/<run_id> (code, node logs, exit codes)
+    job_id: str | None = None      # None until sbatch answered
+    partition: str | None = None   # as Slurm reports it once the job is known
+    hosts: tuple[str, ...] = ()    # the allocation, once Slurm made it
+    nproc: int = 1                 # processes per node
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_dir": self.run_dir, "job_id": self.job_id, "partition": self.partition,
+                "hosts": list(self.hosts), "nproc": self.nproc}
+
+    @classmethod
+    def from_json(cls, data: Any, path: str) -> SlurmJob:
+        r = _Reader(data, path, "slurm")
+        return cls(run_dir=r.get("run_dir", str), job_id=r.get("job_id", str | None),
+                   partition=r.get("partition", str | None), hosts=r.get("hosts", tuple[str, ...], default=()),
+                   nproc=_at_least(r.get("nproc", int, default=1), 1, r, "nproc"))
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """Everything known about one run: enough to reach its nodes again without the inventory."""
 
@@ -199,6 +221,7 @@ class RunRecord:
     fanout: int = DEFAULT_FANOUT   # hosts contacted at once by status, stop, logs and collect
     schema: int = SCHEMA
     failure: Failure | None = None  # why it failed: the rank that failed first (clusterddp.failure)
+    slurm: SlurmJob | None = None  # set for runs of a `slurm:` inventory; absent from older records
 
     @property
     def exit_code(self) -> int | None:
@@ -224,7 +247,8 @@ class RunRecord:
                 "launch_dir": self.launch_dir, "master": {"addr": self.master_addr, "port": self.master_port},
                 "collect": list(self.collect), "fanout": self.fanout,
                 "nodes": [n.to_json() for n in self.nodes],
-                **({"failure": self.failure.to_json()} if self.failure else {})}
+                **({"failure": self.failure.to_json()} if self.failure else {}),
+                **({"slurm": self.slurm.to_json()} if self.slurm else {})}
 
     @classmethod
     def from_json(cls, data: Any, path: str) -> RunRecord:
@@ -259,7 +283,8 @@ class RunRecord:
                    master_addr=master.get("addr", str), master_port=_between(master.get("port", int), 1, 65535,
                                                                               master, "port"),
                    collect=r.get("collect", tuple[str, ...]), fanout=fanout, schema=SCHEMA, nodes=read,
-                   failure=_failure(r.get("failure", dict | None, default=None), path))
+                   failure=_failure(r.get("failure", dict | None, default=None), path),
+                   slurm=SlurmJob.from_json(data["slurm"], path) if data.get("slurm") is not None else None)
 
 
 # ---- reading JSON into typed fields ----
@@ -451,7 +476,7 @@ def _host(data: dict, path: str, where: str) -> Host:
     if kwargs["connect_timeout"] <= 0:
         raise RecordError(path, f"{where}.connect_timeout", f"must be > 0, not {_short(kwargs['connect_timeout'])}")
     _at_least(kwargs["keepalive"], 0, r, "keepalive")
-    for key, choices in (("transport", ("ssh", "local")), ("host_key_policy", ("strict", "accept-new"))):
+    for key, choices in (("transport", ("ssh", "local", "slurm")), ("host_key_policy", ("strict", "accept-new"))):
         if kwargs[key] not in choices:
             raise RecordError(path, f"{where}.{key}", f"{_short(kwargs[key])} is not one of {', '.join(choices)}",
                               "upgrade clusterddp to read this run")

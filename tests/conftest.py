@@ -15,6 +15,7 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 from ci_skips import in_ci  # noqa: E402
+from slurmbed import SlurmBed, missing_slurm  # noqa: E402
 from testbed import TestBed, missing_requirements, session_slot  # noqa: E402
 
 # In CI a skipped integration test is a failure (see ci_skips.py).
@@ -76,3 +77,22 @@ def make_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int
                 errors.append(e)
         if errors:
             raise errors[0]
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmBed]:
+    """A real Slurm cluster (munged, slurmctld, slurmd node-1 and node-2) on a 2-node bed of its own
+    (prefix cd<slot>m, subnet 10.<100+slot>.250.0/24), shared by the session; see slurmbed.py.
+
+    Tests must leave it as they found it: no job left in the queue, the partition up.
+    """
+    _require_bed()
+    reason = missing_slurm()
+    if reason:
+        if in_ci():
+            pytest.fail(f"Slurm test bed unavailable in CI: {reason}", pytrace=False)
+        pytest.skip(f"Slurm test bed unavailable: {reason}")
+    slot = session_slot()
+    with TestBed(2, tmp_path_factory.mktemp("slurmbed"), prefix=f"cd{slot}m", subnet=f"10.{100 + slot}.250") as b:
+        with SlurmBed(b, slot) as s:
+            yield s

@@ -50,7 +50,11 @@ def check(
 
     inv = load_inventory(inventory, hosts, fanout, exclude)
     started = time.monotonic()
-    report = run_checks(inv, full=True, master_port=master_port)
+    if inv.slurm is not None:  # Slurm's commands, the partition, and a one-node probe job
+        from ..slurm_check import run_slurm_checks
+        report = run_slurm_checks(inv)
+    else:
+        report = run_checks(inv, full=True, master_port=master_port)
     took = time.monotonic() - started
     if as_json:
         print(json.dumps({**report.to_dict(), "seconds": round(took, 2)}, indent=2))

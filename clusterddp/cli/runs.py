@@ -88,6 +88,9 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     rec = control.status(store, run_id)
     print(f"run {run_id}: {rec.status}" + (f" (failed first: {rec.failed_host})"
                                           if rec.status is RunStatus.FAILED and rec.failed_host else ""))
+    if rec.slurm is not None:
+        from ..slurm_control import job_state
+        print(f"  slurm job {rec.slurm.job_id}: {job_state(rec) or 'ended'}, partition {rec.slurm.partition or '-'}")
     for n in rec.nodes:
         print(_node_line(n))
     if rec.status is RunStatus.FAILED and rec.failure:

@@ -72,9 +72,19 @@ def add(
     run = dataclasses.replace(run, local_rank_arg=local_rank_flag(local_rank_arg))
     hosts_ = host_list(hosts)
     excluded = host_list(exclude, "--exclude")
-    prep = jobs.prepare(inventory, run, runs_dir, hosts_, exclude=excluded)  # the same checks as `up`; no network
-    if excluded:  # the spec records the hosts that are left, as --hosts
-        hosts_ = [h.name for h in prep.plan.inventory.hosts]
+    loaded = jobs.load_inventory(inventory, gpus)
+    if loaded.slurm is not None:  # the same checks as `up` with a `slurm:` inventory; no network
+        if excluded:
+            from ..errors import UsageError
+            raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
+                             "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
+        from .up_slurm import prepare_slurm
+        prep = prepare_slurm(loaded, run, runs_dir, hosts_)
+    else:
+        # the same checks as `up`; no network
+        prep = jobs.prepare(inventory, run, runs_dir, hosts_, exclude=excluded, loaded=loaded)
+        if excluded:  # the spec records the hosts that are left, as --hosts
+            hosts_ = [h.name for h in prep.plan.inventory.hosts]
     run = dataclasses.replace(run, script=os.path.abspath(script))
     executable, bin_dir = S.current_executable()
     spec = S.ScheduleSpec(

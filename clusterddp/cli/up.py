@@ -70,7 +70,16 @@ def up(
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
     spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg))
     limit = jobs.parse_size(max_upload)
-    prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts), exclude=host_list(exclude, "--exclude"))
+    loaded = jobs.load_inventory(inventory, gpus)
+    if loaded.slurm is not None:  # Slurm allocates, starts and kills: a path of its own
+        if exclude is not None:
+            from ..errors import UsageError
+            raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
+                             "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
+        from .up_slurm import up_slurm
+        return up_slurm(loaded, inventory, spec, runs_dir, host_list(hosts), limit, dry_run, detach, raw, schedule)
+    prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts), exclude=host_list(exclude, "--exclude"),
+                        loaded=loaded)
     warning = jobs.local_rank_warning(spec)
     if warning:
         err(warning)

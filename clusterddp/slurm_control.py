@@ -1,0 +1,167 @@
+"""status, logs, stop and collect of a run handed to Slurm, from its run record.
+
+Slurm says where the job stands (``scontrol``) and ends it (``scancel``); each node's log and exit
+code are read from the run's folder in the shared dir (:mod:`clusterddp.slurm_plan`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import BinaryIO
+
+from . import slurm
+from . import slurm_plan as SP
+from .artifacts import CollectResult
+from .errors import UsageError
+from .inventory import BUILTIN, Host
+from .record import NodeRecord, NodeState, RunRecord, RunStatus
+from .store import RunStore, utcnow
+
+
+def _job(rec: RunRecord) -> tuple[str, str]:
+    """(job id, control folder) of a Slurm run; a run whose submission never finished is bad input."""
+    assert rec.slurm is not None
+    if rec.slurm.job_id is None:
+        raise UsageError(f"run {rec.run_id} was never accepted by Slurm (no job id recorded)",
+                         "start it again with `clusterddp up`")
+    return rec.slurm.job_id, os.path.join(rec.slurm.run_dir, ".clusterddp")
+
+
+def _nodes(rec: RunRecord, info: slurm.JobInfo) -> tuple[NodeRecord, ...]:
+    """The run's nodes: once Slurm allocated the job (a detached run learns its hosts here)."""
+    if rec.nodes or not info.hosts:
+        return rec.nodes
+    assert rec.slurm is not None
+    run_dir = rec.slurm.run_dir
+    return tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=rec.slurm.nproc, run_dir=run_dir,
+                            control_dir=os.path.join(run_dir, ".clusterddp"), marker=f"{rec.run_id}/{h}",
+                            settings=_settings(run_dir, h), state=NodeState.RUNNING)
+                 for i, h in enumerate(info.hosts))
+
+
+def _settings(run_dir: str, host: str) -> Host:
+    return Host(name=host, address=host, user=None, port=None, identity_file=None, known_hosts=BUILTIN["known_hosts"],
+                host_key_policy="strict", gpus=1, python="python3", workdir=run_dir, env=(), setup=(),
+                connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
+
+
+def _seen(rec: RunRecord, info: slurm.JobInfo | None, stopped: bool = False) -> RunRecord:
+    """The record after a look at the job: its hosts once allocated, each node's state, and the run's
+    status once Slurm says the job has ended."""
+    job_id, ctl = _job(rec)
+    assert rec.slurm is not None
+    if info is not None:
+        rec = replace(rec, nodes=_nodes(rec, info),
+                      slurm=replace(rec.slurm, partition=info.partition or rec.slurm.partition,
+                                    hosts=info.hosts or rec.slurm.hosts))
+    hosts = tuple(rec.hosts)
+    ended = info is None or info.ended
+    if not ended and not stopped:
+        codes = slurm.exit_codes(ctl, hosts)
+        return rec.seen({h: (NodeState.of_exit_code(c) if c is not None else NodeState.RUNNING, c, None)
+                         for h, (c, _) in codes.items()})
+    out = slurm.outcome(ctl, info, hosts, stopped)
+    rec = rec.seen({h: v for h, v in slurm.node_states(out).items() if h in hosts})
+    if rec.status is RunStatus.RUNNING:
+        rec = replace(rec, status=out.status, failed_host=out.first_failed)
+    return replace(rec, ended_at=rec.ended_at or utcnow())
+
+
+def status(store: RunStore, run_id: str) -> RunRecord:
+    rec = store.load(run_id)
+    job_id, _ = _job(rec)
+    info = slurm.job_info(job_id)
+    return store.update(run_id, lambda r: _seen(r, info))
+
+
+def job_state(rec: RunRecord) -> str | None:
+    """Slurm's word for the job now, with its reason while it pends (None when Slurm forgot it)."""
+    job_id, _ = _job(rec)
+    info = slurm.job_info(job_id)
+    if info is None:
+        return None
+    return info.state.lower() + (f" ({info.reason})" if info.reason not in ("None", "") else "")
+
+
+def stop(store: RunStore, run_id: str) -> tuple[RunRecord, CollectResult]:
+    """scancel the job, wait until Slurm says it ended, mark the run stopped, collect its logs."""
+    rec = store.load(run_id)
+    job_id, ctl = _job(rec)
+    info = slurm.cancel(job_id)
+    rec = store.update(run_id, lambda r: _seen(r, info, stopped=r.status is RunStatus.RUNNING))
+    assert rec.slurm is not None
+    return rec, slurm.collect(store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), ())
+
+
+def collect(store: RunStore, run_id: str) -> list[CollectResult]:
+    rec = store.load(run_id)
+    _, ctl = _job(rec)
+    assert rec.slurm is not None
+    return [slurm.collect(store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), rec.collect)]
+
+
+def _log(ctl: str, host: str) -> Path:
+    return Path(ctl, SP.NODES, f"{host}.log")
+
+
+def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
+              show: Callable[[str, str, BinaryIO | None], None]) -> None:
+    """:func:`clusterddp.control.node_logs` for a Slurm run: each node's log from the shared folder
+    (copied to the local copy in chunks, never held whole), else the local copy."""
+    rec = status(store, run_id)  # the hosts may have been allocated since the last look
+    _, ctl = _job(rec)
+    for h in rec.hosts:
+        if hosts and h not in hosts:
+            continue
+        try:
+            with open(_log(ctl, h), "rb") as src:
+                if store.read_only:
+                    show(h, "node", src)
+                    continue
+                with store.log_writer(run_id, h) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            source = "node"
+        except FileNotFoundError:
+            source = "local copy"
+        try:
+            with open(store.log_path(run_id, h), "rb") as f:
+                show(h, source, f)
+        except FileNotFoundError:
+            show(h, "missing", None)
+
+
+def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None], hosts: list[str] | None,
+           from_lines: dict[str, int]) -> dict[str, int | None]:
+    """Stream each node's log from ``from_lines[host]`` until Slurm says the job ended; the exit codes."""
+    rec = store.load(run_id)
+    job_id, ctl = _job(rec)
+    offsets: dict[str, int] = {}
+    while True:
+        info = slurm.job_info(job_id)
+        names = [h for h in (info.hosts if info and info.hosts else tuple(rec.hosts)) if not hosts or h in hosts]
+        for h in names:
+            try:
+                data = _log(ctl, h).read_bytes()
+            except FileNotFoundError:
+                continue
+            if h not in offsets:  # skip the lines already shown
+                skip = from_lines.get(h, 1) - 1
+                pos = 0
+                for _ in range(skip):
+                    nl = data.find(b"\n", pos)
+                    if nl < 0:
+                        break
+                    pos = nl + 1
+                offsets[h] = pos
+            if len(data) > offsets[h]:
+                on_output(h, data[offsets[h]:])
+                offsets[h] = len(data)
+        if info is None or info.ended:
+            codes = slurm.exit_codes(ctl, tuple(names))
+            return {h: c for h, (c, _) in codes.items()}
+        time.sleep(slurm.POLL)

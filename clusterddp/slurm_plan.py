@@ -1,0 +1,204 @@
+"""Pure planning for `slurm:` inventories: inventory + run spec -> the batch script and the node script.
+
+Slurm allocates, starts and kills; clusterddp renders, submits and follows. The run lives in
+``<shared_dir>/runs/<run_id>/`` (the script's folder is staged there, and every node runs in it)
+with a control folder ``.clusterddp/`` holding ``job.sbatch`` (given to ``sbatch``), ``node.sh``
+(what each node runs: it holds the env values, so both are 0600 in a 0700 folder), ``node.log``
+(the batch step's own output) and, per node, ``nodes/<host>.log`` and ``nodes/<host>.exit_code``.
+
+Inside the job one ``srun`` step with one task per node runs node.sh, which starts torchrun with
+c10d rendezvous (id = the job id) hosted on the allocation's first host; the master's address is
+Slurm's ``NodeAddr`` for it, resolved on the node, and each node finds the interface that routes
+there as in SSH mode (:data:`clusterddp.plan._IFACE_FN`). Quoting goes through :func:`plan.q`, and
+setup lines and exports through :func:`plan._preamble`, the same as launch.sh.
+Nothing here touches the network, the clock or the filesystem.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+from . import plan as P
+from .inventory import BUILTIN, Host, Inventory, SlurmSettings
+
+BATCH = "job.sbatch"
+NODE_SCRIPT = "node.sh"
+NODES = "nodes"  # <control>/nodes/<host>.log and <host>.exit_code: apart from node.log whatever a host is called
+BATCH_LOG = "node.log"  # the name collect reads as the log of the pseudo-host `shared`
+# Without --master-port, each job's rendezvous port comes from its id: two jobs sharing a node
+# (Slurm may pack them) do not collide.
+_PORT_FROM_JOB = "$((20000 + SLURM_JOB_ID % 20000))"
+
+
+@dataclass(frozen=True)
+class SlurmPlan:
+    run_id: str
+    inventory: Inventory
+    spec: P.RunSpec
+    settings: SlurmSettings
+    run_dir: str                 # <shared_dir>/runs/<run_id>: the staged code; where the script runs
+    control_dir: str
+    batch_script: str            # the text of job.sbatch
+    node_script: str             # the text of node.sh
+    collect: tuple[str, ...]
+
+    @property
+    def batch_path(self) -> str:
+        return posixpath.join(self.control_dir, BATCH)
+
+    @property
+    def node_script_path(self) -> str:
+        return posixpath.join(self.control_dir, NODE_SCRIPT)
+
+    def node_log(self, host: str) -> str:
+        return posixpath.join(self.control_dir, NODES, f"{host}.log")
+
+    def exit_code_file(self, host: str) -> str:
+        return posixpath.join(self.control_dir, NODES, f"{host}.exit_code")
+
+
+def node_host(s: SlurmSettings, name: str = "slurm") -> Host:
+    """The per-node settings of a `slurm:` inventory as a Host (what plan's helpers and the record take)."""
+    return Host(name=name, address=name, user=None, port=None, identity_file=None,
+                known_hosts=BUILTIN["known_hosts"], host_key_policy="strict", gpus=s.gpus_per_node,
+                python=s.python, workdir=s.shared_dir, env=s.env, setup=s.setup,
+                connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
+
+
+def build(inventory: Inventory, spec: P.RunSpec, run_id: str, shared_dir: str) -> SlurmPlan:
+    """Plan a Slurm run; ``shared_dir`` is the inventory's, with ``~`` already expanded by the caller."""
+    s = inventory.slurm
+    assert s is not None, "build() takes a `slurm:` inventory"
+    run_dir = posixpath.join(shared_dir, "runs", run_id)
+    ctl = posixpath.join(run_dir, P.CONTROL)
+    collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
+    node = _node_script(s, spec, run_id, run_dir, ctl)
+    batch = _batch_script(s, spec, run_id, ctl)
+    return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, collect)
+
+
+def _batch_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, ctl: str) -> str:
+    lo, hi = s.nodes
+    opts = [f"--job-name=clusterddp-{run_id}", f"--nodes={lo}" if lo == hi else f"--nodes={lo}-{hi}",
+            "--ntasks-per-node=1", f"--output={ctl}/{BATCH_LOG}", f"--chdir={ctl}"]
+    opts += [f"--{k}={v}" for k, v in (("partition", s.partition), ("time", s.time), ("account", s.account),
+                                        ("qos", s.qos), ("constraint", s.constraint)) if v]
+    if s.request_gpus:
+        opts.append(f"--gpus-per-node={s.gpus_per_node}")
+    opts.append("--requeue" if spec.max_restarts > 0 else "--no-requeue")
+    opts += s.sbatch
+    # sbatch reads #SBATCH lines verbatim (no shell): a path with spaces would split there, so
+    # the control folder's path is also checked by the caller; here each option is one line.
+    lines = ["#!/usr/bin/env bash"] + [f"#SBATCH {o}" for o in opts] + [
+        f"# clusterddp run {run_id}: one srun step, one task (node.sh) per node",
+        f"CTL={P.q(ctl)}",
+        "# The allocation's first host hosts the rendezvous; node.sh finds its address.",
+        'cddp_master=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# --kill-on-bad-exit: one node failing ends the step on every node.",
+        'srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 '
+        '--ntasks="$SLURM_JOB_NUM_NODES" bash "$CTL/' + NODE_SCRIPT + '" "$cddp_master"',
+        "rc=$?",
+    ]
+    if spec.max_restarts > 0:
+        lines += [
+            "# A failed attempt with restarts left goes back to the queue; the script resumes from its checkpoint.",
+            f'if [ "$rc" -ne 0 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {spec.max_restarts} ]; then',
+            '  echo "[clusterddp] attempt $((${SLURM_RESTART_COUNT:-0} + 1)) failed (exit $rc): requeue"',
+            '  scontrol requeue "$SLURM_JOB_ID"',
+            "fi",
+        ]
+    lines += ['exit "$rc"', ""]
+    return "\n".join(lines)
+
+
+def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
+    host = node_host(s)
+    env = tuple({**dict(s.env), **dict(spec.env)}.items())
+    env_keys = {k for k, _ in env}
+    port = str(spec.master_port) if spec.master_port else _PORT_FROM_JOB
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# clusterddp run {run_id}: one node's part, started by srun on every node of the allocation",
+        "trap 'echo \"[clusterddp] stop signal received\" >&2' TERM INT HUP",
+        f"CTL={P.q(ctl + '/' + NODES)}",
+        "cddp_h=${SLURMD_NODENAME:-$(hostname)}",
+        "# Each node's own log and exit code (0600), in the shared control folder.",
+        '(umask 077 && : >> "$CTL/$cddp_h.log")',
+        'exec >> "$CTL/$cddp_h.log" 2>&1',
+        'rm -f "$CTL/$cddp_h.exit_code"',
+        ('cddp_exit() { (umask 077 && echo "$1" > "$CTL/$cddp_h.exit_code.tmp") && mv "$CTL/$cddp_h.exit_code.tmp" '
+         '"$CTL/$cddp_h.exit_code"; exit "$1"; }'),
+        f"cd {P.q(run_dir)} || cddp_exit 97",
+        f"export {P.MARKER}={P.q(run_id + '/')}\"$cddp_h\" CLUSTERDDP_RUN_ID={P.q(run_id)} CLUSTERDDP_HOST=\"$cddp_h\" "
+        "CLUSTERDDP_NODE_RANK=\"$SLURM_NODEID\"",
+    ]
+    lines += P._preamble(host, env, stdout_to="",
+                         on_fail=lambda line: f"echo {P.q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98")
+    lines += [
+        "cddp_master=$1",
+        "# Slurm's NodeAddr for the master, resolved here: compute nodes' names need not resolve.",
+        'MASTER_ADDR=$(scontrol show node "$cddp_master" 2>/dev/null | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
+        'cddp_a=$(getent ahostsv4 "${MASTER_ADDR:-$cddp_master}" 2>/dev/null | awk \'NR==1{print $1}\')',
+        'MASTER_ADDR=${cddp_a:-${MASTER_ADDR:-$cddp_master}}',
+        P._IFACE_FN,
+        'IFACE=$(cddp_iface "$MASTER_ADDR")',
+        'if [ -n "$IFACE" ]; then',
+    ]
+    lines += [f'  export {k}="$IFACE"' for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if k not in env_keys]
+    lines += [
+        "  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" | awk 'NR==1{split($4, a, \"/\"); print a[1]}')",
+        "else",
+        '  echo "[clusterddp] warning: no interface routes to $MASTER_ADDR; set NCCL_SOCKET_IFNAME and '
+        'GLOO_SOCKET_IFNAME in the inventory env" >&2',
+        "fi",
+        'cddp_is_host=0; [ "$cddp_h" = "$cddp_master" ] && cddp_is_host=1',
+        'echo "[clusterddp] node $SLURM_NODEID/$SLURM_JOB_NUM_NODES on $cddp_h iface=${IFACE:-?} job $SLURM_JOB_ID"',
+    ]
+    lo, hi = s.nodes
+    nproc = spec.gpus or s.gpus_per_node
+    argv = [P.q(w) for w in (s.python, "-m", "torch.distributed.run", "--nnodes",
+                             str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
+                             "--rdzv-backend", "c10d")]
+    argv += ["--rdzv-endpoint", f'"$MASTER_ADDR:{port}"', "--rdzv-id", '"$SLURM_JOB_ID"',
+             "--rdzv-conf", '"is_host=$cddp_is_host"']
+    argv += ['${LOCAL_ADDR:+--local-addr "$LOCAL_ADDR"}']
+    # Restarts are Slurm's (the batch script requeues the job), not torchrun's: one mechanism, so a
+    # restart always starts every node afresh in a new allocation.
+    argv += [P.q(w) for w in ("--max-restarts", "0", *P.torchrun_entry(
+        s.python, posixpath.basename(spec.script), spec.script_args, spec.local_rank_arg))]
+    lines += [" ".join(argv), "cddp_exit $?", ""]
+    return "\n".join(lines)
+
+
+def render(p: SlurmPlan) -> str:
+    """The dry-run text: where the run goes and both scripts, exactly as they would be written."""
+    s = p.settings
+    count = str(s.nodes[0]) if s.nodes[0] == s.nodes[1] else f"{s.nodes[0]}-{s.nodes[1]}"
+    out = [f"run {p.run_id}: Slurm job, {count} node(s) "
+           f"x {p.spec.gpus or s.gpus_per_node} process(es), partition {s.partition or '(default)'}",
+           f"run folder (shared): {p.run_dir}", f"submit: sbatch --parsable {p.batch_path}",
+           "", f"== {BATCH} ==", p.batch_script, f"== {NODE_SCRIPT} ==", p.node_script]
+    if p.collect:
+        out += ["collect: " + ", ".join(p.collect)]
+    return "\n".join(out)
+
+
+# `check` on a compute node: what it prints, one "key value" line each.
+_PROBE_PY = ("import platform, sys\n"
+             "print('python', platform.python_version())\n"
+             "try:\n    import torch\n    print('torch', torch.__version__)\n"
+             "except Exception as e:\n    print('torch missing:', type(e).__name__, str(e)[:200])\n")
+
+
+def probe_script(s: SlurmSettings, token: str) -> str:
+    """What `check` runs on one compute node (as a file in the shared dir: it holds the env values): the
+    inventory's setup lines and env, then whether the token written on this machine is visible there,
+    and the python and torch versions. Prints ``key value`` lines."""
+    host = node_host(s)
+    lines = ["#!/usr/bin/env bash", 'echo "node ${SLURMD_NODENAME:-$(hostname)}"']
+    lines += P._preamble(host, s.env, stdout_to=">&2",
+                         on_fail=lambda line: f"echo {P.q('setup failed: ' + line)}; exit 0")
+    lines += [f"if [ -r {P.q(token)} ]; then echo 'shared ok'; else echo 'shared missing'; fi",
+              f"{P.q(s.python)} -c {P.q(_PROBE_PY)} 2>&1 || echo 'python failed'", ""]
+    return "\n".join(lines)

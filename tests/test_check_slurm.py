@@ -1,0 +1,49 @@
+"""`clusterddp check` on a `slurm:` inventory, against the real Slurm test bed."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from helpers import cddp
+
+pytestmark = [pytest.mark.integration]
+
+
+def inv(tmp_path, **extra):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"slurm": {"partition": "main", "nodes": 2, "gpus_per_node": 2,
+                                              "request_gpus": False, "shared_dir": str(tmp_path / "shared"),
+                                              "python": sys.executable, **extra}}))
+    return path
+
+
+def test_check_passes_on_the_bed_and_names_what_is_missing(slurm, tmp_path):
+    r = cddp("check", str(inv(tmp_path)), "--json", env=slurm.env(), check_rc=0)
+    rep = json.loads(r.stdout)
+    login, node = rep["hosts"]
+    assert {c["check"]: c["status"] for c in login["checks"]} == {
+        "slurm": "ok", "partition": "ok", "nodes": "ok", "gpus": "ok"}
+    # the probe job ran on a compute node: it read a token written here, and found python and torch
+    assert node["host"] in ("node-1", "node-2")
+    found = {c["check"]: c for c in node["checks"]}
+    assert found["shared_dir"]["value"] == "shared" and found["torch"]["status"] == "ok"
+    assert found["python"]["value"] == ".".join(map(str, sys.version_info[:3]))
+    # too many nodes, GPUs that the CPU nodes do not have, and a partition that is not there: each named
+    r = cddp("check", str(inv(tmp_path, nodes=3, request_gpus=True)), env=slurm.env(), check_rc=1)
+    assert "FAIL slurm nodes: the job needs 3 node(s); main has 2 up" in r.stdout
+    assert "FAIL slurm gpus: gpus_per_node is 2; nodes of main offer 0" in r.stdout
+    r = cddp("check", str(inv(tmp_path, partition="nope")), env=slurm.env(), check_rc=1)
+    assert "FAIL slurm partition: no partition nope" in r.stdout
+
+
+def test_check_fails_on_a_partition_that_is_down(slurm, tmp_path):
+    slurm.drain()
+    try:
+        r = cddp("check", str(inv(tmp_path)), env=slurm.env(), check_rc=1)
+    finally:
+        slurm.undrain()
+    assert "FAIL slurm partition: partition main is not up" in r.stdout

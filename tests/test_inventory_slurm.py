@@ -1,0 +1,85 @@
+"""`slurm:` inventories: the cluster block read strictly, every error located (file:line: field)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterddp import inventory
+from clusterddp.errors import InventoryError
+from helpers import cddp
+
+GOOD = """
+name: cluster
+collect: ["checkpoints/**"]
+slurm:
+  login: local
+  partition: main
+  nodes: "2:4"
+  gpus_per_node: 2
+  request_gpus: false
+  time: "02:00:00"
+  account: proj-1
+  qos: null
+  constraint: "a100&ib"
+  sbatch: ["--mem=16G", "--exclusive"]
+  shared_dir: /shared/clusterddp
+  python: /opt/venv/bin/python
+  setup: ["module load cuda"]
+  env: {NCCL_DEBUG: WARN, N: 3}
+"""
+
+
+def error_of(text: str) -> InventoryError:
+    with pytest.raises(InventoryError) as e:
+        inventory.parse(text, "c.yaml")
+    return e.value
+
+
+def test_a_slurm_inventory_reads_into_settings_and_lists_no_hosts():
+    inv = inventory.parse(GOOD, "c.yaml")
+    s = inv.slurm
+    assert inv.hosts == () and inv.name == "cluster" and inv.collect == ("checkpoints/**",)
+    assert s is not None
+    assert (s.login, s.partition, s.nodes, s.gpus_per_node, s.request_gpus) == ("local", "main", (2, 4), 2, False)
+    assert (s.time, s.account, s.qos, s.constraint) == ("02:00:00", "proj-1", None, "a100&ib")
+    assert s.sbatch == ("--mem=16G", "--exclusive") and s.shared_dir == "/shared/clusterddp"
+    assert s.setup == ("module load cuda",) and s.env == (("NCCL_DEBUG", "WARN"), ("N", "3"))
+    plain = inventory.parse("slurm: {}\n", "c.yaml").slurm
+    assert plain is not None and (plain.nodes, plain.gpus_per_node, plain.request_gpus, plain.shared_dir,
+                                  plain.python) == ((1, 1), 1, True, "~/clusterddp", "python3")
+
+
+@pytest.mark.parametrize("text, where, words", [
+    ("slurm:\n  nodes: 0\n", "c.yaml:2: slurm.nodes", ">= 1"),
+    ("slurm:\n  nodes: \"4:2\"\n", "c.yaml:2: slurm.nodes", "MIN <= MAX"),
+    ("slurm:\n  nodes: true\n", "c.yaml:2: slurm.nodes", "range"),
+    ("slurm:\n  gpus_per_node: 0\n", "c.yaml:2: slurm.gpus_per_node", "greater than or equal to 1"),
+    ("slurm:\n  time: 2h\n", "c.yaml:2: slurm.time", "Slurm time limit"),
+    ("slurm:\n  partition: \"main; rm -rf /\"\n", "c.yaml:2: slurm.partition", "Slurm name"),
+    ("slurm:\n  sbatch:\n    - --mem=1G\n    - mem\n", "c.yaml:4: slurm.sbatch[1]", "not an sbatch option"),
+    ("slurm:\n  sbatch: [\"--nodes=3\"]\n", "c.yaml:2: slurm.sbatch[0]", "sets it itself"),
+    ("slurm:\n  sbatch: [\"--mem=1G\\n#SBATCH --nodes=9\"]\n", "c.yaml:2: slurm.sbatch[0]", "control character"),
+    ("slurm:\n  login: {name: login1}\n", "c.yaml:2: slurm.login", "only `local`"),
+    ("slurm:\n  env: {RANK: 1}\n", "c.yaml:2: slurm.env.RANK", "reserved"),
+    ("slurm:\n  env: {A: [1]}\n", "c.yaml:2: slurm.env", "a list"),
+    ("slurm:\n  gpus: 2\n", "c.yaml:2: slurm.gpus", "unknown key"),
+    ("slurm: {}\nhosts:\n  - name: a\n", "c.yaml:2: hosts", "Slurm allocates the hosts"),
+    ("name: c\nslurm: {}\ndefaults: {gpus: 2}\n", "c.yaml:3: defaults", "not part of a `slurm:` inventory"),
+    ("slurm: []\n", "c.yaml:1: slurm", "valid dictionary"),
+])
+def test_each_bad_slurm_field_is_refused_at_its_line(text, where, words):
+    e = error_of(text)
+    assert str(e).startswith(where + ":"), str(e)
+    assert words in str(e)
+
+
+def test_up_with_a_bad_slurm_inventory_exits_2_before_contacting_slurm(tmp_path):
+    (tmp_path / "t.py").write_text("")
+    inv = tmp_path / "c.yaml"
+    inv.write_text("slurm:\n  partition: main\n  nodes: 0\n")
+    r = cddp("up", str(inv), str(tmp_path / "t.py"), "--runs-dir", str(tmp_path / "runs"), check_rc=2)
+    assert f"{inv}:3: slurm.nodes: must be >= 1" in r.stderr and "Traceback" not in r.stderr
+    inv.write_text("slurm:\n  partition: main\n")
+    r = cddp("up", str(inv), str(tmp_path / "t.py"), "--hosts", "a", "--runs-dir", str(tmp_path / "runs"), check_rc=2)
+    assert "--hosts does not apply to a `slurm:` inventory" in r.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("2*"))

@@ -1,0 +1,230 @@
+"""`clusterddp up` with a `slurm:` inventory, on the real Slurm test bed (tests/slurmbed.py):
+real sbatch, slurmctld, slurmd and srun; real torchrun (gloo, CPU) on node-1 and node-2."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import REPO, cddp, cddp_popen, eventually, job_pids, record, run_id_of, wait_for_line
+from test_up_ssh import HOSTILE, PROBE, probes
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def job(tmp_path):
+    src = tmp_path / "job"
+    src.mkdir()
+    (src / "probe.py").write_text(PROBE)
+    (src / "data.txt").write_text("staged with the script's folder\n")
+    (src / ".git").mkdir()
+    (src / ".git" / "big").write_text("never staged")
+    return src
+
+
+def slurm_inv(tmp_path: Path, **slurm_extra) -> Path:
+    doc = {"name": "cluster", "collect": ["checkpoints/**"],
+           "slurm": {"partition": "main", "nodes": 2, "gpus_per_node": 2, "request_gpus": False,
+                     "time": "00:10:00", "shared_dir": str(tmp_path / "shared"), "python": sys.executable,
+                     "env": {"CDDP_TEST_INV": "inv $HOME 'q'", "OMP_NUM_THREADS": "1"}, **slurm_extra}}
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def up(slurm, tmp_path, script, *args, check_rc=None):
+    return cddp("up", str(slurm_inv(tmp_path)), str(script), "--runs-dir", str(tmp_path / "runs"), *args,
+                env=slurm.env(), check_rc=check_rc, timeout=300)
+
+
+def popen_up(slurm, tmp_path, script, *args, inv=None):
+    return cddp_popen("up", str(inv or slurm_inv(tmp_path)), str(script), "--runs-dir", str(tmp_path / "runs"), *args,
+                      env=slurm.env())
+
+
+def gone(slurm, run_id, job_id):
+    """Slurm lists the job no more (or as ended), and no process of the run is left on any node."""
+    assert eventually(lambda: job_id not in slurm.jobs(), 60), f"job {job_id} still queued: {slurm.jobs()}"
+    assert eventually(lambda: not job_pids(run_id), 30), f"processes of {run_id} remain: {job_pids(run_id)}"
+
+
+def test_two_nodes_succeed_with_logs_checkpoint_and_the_job_recorded(slurm, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copy(REPO / "examples" / "ddp_train.py", tmp_path / "ddp_train.py")
+    r = up(slurm, tmp_path, tmp_path / "ddp_train.py", "--", "--epochs", "2", check_rc=0)
+    run_id = run_id_of(r.stdout)
+    assert "running on node-1,node-2" in r.stdout
+    assert "done world_size=4" in r.stdout  # 2 nodes x 2 processes through one srun step
+    rec = record(runs, run_id)
+    assert rec["status"] == "succeeded" and rec["exit_code"] == 0 and rec["failed_host"] is None
+    job_id = rec["slurm"]["job_id"]
+    assert job_id and rec["slurm"]["partition"] == "main" and rec["slurm"]["hosts"] == ["node-1", "node-2"]
+    assert [(n["host"], n["exit_code"], n["state"]) for n in rec["nodes"]] == [
+        ("node-1", 0, "succeeded"), ("node-2", 0, "succeeded")]
+    ckpts = list((runs / run_id / "artifacts" / "shared" / "checkpoints").glob("step-*.pt"))
+    assert ckpts, "the checkpoints were not brought back"
+    for host in ("node-1", "node-2"):
+        log = (runs / run_id / "logs" / f"{host}.log").read_text()
+        assert f"on {host} iface=eth0 job {job_id}" in log
+        assert f"[{host}] [clusterddp] node" in r.stdout
+    gone(slurm, run_id, job_id)
+
+
+def test_arguments_and_env_arrive_byte_for_byte(slurm, tmp_path, job):
+    r = up(slurm, tmp_path, job / "probe.py", "-e", "CDDP_TEST_CLI=cli $(x) `y` \"z\" ü", "--", *HOSTILE,
+           check_rc=0)
+    run_id = run_id_of(r.stdout)
+    seen = probes(r.stdout)
+    assert len(seen) == 4 and {h for h, _ in seen} == {"node-1", "node-2"}, r.stdout
+    master = slurm.bed.nodes[0].address  # node-1's NodeAddr: host names do not resolve on the nodes
+    for _host, p in seen:
+        assert p["argv"] == HOSTILE
+        e = p["env"]
+        assert e["CDDP_TEST_INV"] == "inv $HOME 'q'" and e["CDDP_TEST_CLI"] == "cli $(x) `y` \"z\" ü"
+        assert e["CLUSTERDDP_RUN_ID"] == run_id and e["MASTER_ADDR"] == master and e["WORLD_SIZE"] == "4"
+        assert e["GLOO_SOCKET_IFNAME"] == e["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert not Path("/tmp/cddp-pwned").exists()
+    staged = tmp_path / "shared" / "runs" / run_id
+    assert (staged / "data.txt").read_text() == "staged with the script's folder\n"
+    assert not (staged / ".git").exists()
+    ctl = staged / ".clusterddp"
+    assert ctl.stat().st_mode & 0o777 == 0o700 and (ctl / "node.sh").stat().st_mode & 0o777 == 0o600
+    # the env values are in node.sh only, never on a command line
+    assert "cli $(x)" not in (ctl / "job.sbatch").read_text()
+
+
+def test_one_rank_crashing_fails_the_run_naming_the_host_and_the_job_is_gone(slurm, tmp_path, job):
+    runs = tmp_path / "runs"
+    t0 = time.monotonic()
+    r = up(slurm, tmp_path, job / "probe.py", "-e", "CDDP_TEST_MODE=crash", check_rc=1)
+    took = time.monotonic() - t0
+    run_id = run_id_of(r.stdout)
+    rec = record(runs, run_id)
+    # the last rank (3) lives on node-2: its node fails first; Slurm ends node-1's part (--kill-on-bad-exit)
+    assert rec["status"] == "failed" and rec["failed_host"] == "node-2", rec
+    assert "node-2 failed first" in r.stderr and "node-2 (node 1): exit 1" in r.stderr
+    assert {n["host"]: n["state"] for n in rec["nodes"]} == {"node-1": "stopped", "node-2": "failed"}
+    assert took < 120, f"a crash took {took:.0f}s to end the job"
+    gone(slurm, run_id, rec["slurm"]["job_id"])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_or_sigterm_cancels_the_job_then_exits_130(slurm, tmp_path, job, sig):
+    runs = tmp_path / "runs"
+    p = popen_up(slurm, tmp_path, job / "probe.py", "-e", "CDDP_TEST_MODE=hang")
+    try:
+        lines = wait_for_line(p, "rank 3 ready", timeout=180)
+        run_id = run_id_of(lines[0])
+        assert job_pids(run_id), "the job should be running now"
+        p.send_signal(sig)
+        rest = p.communicate(timeout=120)[0]
+        assert p.returncode == 130, "".join(lines) + rest
+    finally:
+        p.kill()
+    rec = record(runs, run_id)
+    job_id = rec["slurm"]["job_id"]
+    # up returned only once Slurm said the job had ended: nothing of it runs on any node
+    assert not job_pids(run_id), "up exited before the job had ended on every node"
+    state = slurm.client("scontrol", "-o", "show", "job", job_id, check=False).stdout
+    assert "JobState=CANCELLED" in state or not state, state
+    assert "interrupted" in rest
+    assert rec["status"] == "stopped" and rec["exit_code"] == 130, rec
+    gone(slurm, run_id, job_id)
+
+
+def test_a_pending_job_shows_its_reason_and_ctrl_c_cancels_it(slurm, tmp_path, job):
+    runs = tmp_path / "runs"
+    slurm.drain()
+    try:
+        p = popen_up(slurm, tmp_path, job / "probe.py")
+        try:
+            lines = wait_for_line(p, "pending (PartitionDown)", timeout=60)
+            run_id = run_id_of(lines[0])
+            job_id = record(runs, run_id)["slurm"]["job_id"]
+            assert job_id in slurm.jobs()
+            p.send_signal(signal.SIGINT)
+            rest = p.communicate(timeout=60)[0]
+            assert p.returncode == 130, "".join(lines) + rest
+        finally:
+            p.kill()
+    finally:
+        slurm.undrain()
+    assert job_id not in slurm.jobs()  # cancelled before up returned
+    rec = record(runs, run_id)
+    assert rec["status"] == "stopped" and rec["nodes"] == [] and rec["slurm"]["hosts"] == []
+
+
+def test_detach_then_status_logs_and_stop_work_through_slurm(slurm, tmp_path, job):
+    runs = tmp_path / "runs"
+    r = up(slurm, tmp_path, job / "probe.py", "--detach", "-e", "CDDP_TEST_MODE=hang", check_rc=0)
+    run_id = run_id_of(r.stdout)
+    job_id = record(runs, run_id)["slurm"]["job_id"]
+    assert f"slurm job {job_id} runs on" in r.stdout and job_id in slurm.jobs()
+
+    def ranks_ready() -> bool:
+        out = cddp("logs", run_id, "--runs-dir", str(runs), env=slurm.env()).stdout
+        return "rank 3 ready" in out and "rank 0 ready" in out
+    assert eventually(ranks_ready, 180, interval=1), "the detached job never got going"
+    st = cddp("status", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=0).stdout
+    assert f"run {run_id}: running" in st and f"slurm job {job_id}: running, partition main" in st
+    assert "node-1: running" in st and "node-2: running" in st
+    rec = record(runs, run_id)
+    assert rec["slurm"]["hosts"] == ["node-1", "node-2"]  # learnt by status: up had returned before allocation
+    assert job_pids(run_id)
+    follower = cddp_popen("logs", run_id, "--follow", "--runs-dir", str(runs), env=slurm.env())
+    try:
+        wait_for_line(follower, "[node-2] rank 3 ready", timeout=60)
+        s = cddp("stop", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=0).stdout
+        follower.communicate(timeout=60)  # `logs -f` ends once Slurm says the job ended
+        assert follower.returncode == 0
+    finally:
+        follower.kill()
+    assert f"run {run_id}: stopped" in s and "node-1: stopped" in s and "(cancelled by scancel)" in s
+    # stop returned once Slurm said the job ended: nothing of it runs on any node
+    assert not job_pids(run_id)
+    assert record(runs, run_id)["status"] == "stopped"
+    assert "rank 3 ready" in (runs / run_id / "logs" / "node-2.log").read_text()  # stop brought the logs back
+    gone(slurm, run_id, job_id)
+
+
+def test_max_restarts_requeues_the_job_which_resumes_from_its_checkpoint(slurm, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copy(REPO / "examples" / "ddp_train.py", tmp_path / "ddp_train.py")
+    r = up(slurm, tmp_path, tmp_path / "ddp_train.py", "--max-restarts", "1", "--", "--epochs", "3",
+           "--crash-at-epoch", "2", "--crash-rank", "3")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "simulated crash at epoch 2" in r.stdout
+    assert "requeue" in r.stdout  # the batch script put the job back in the queue
+    assert "resumed from step" in r.stdout and "done world_size=4" in r.stdout
+    rec = record(runs, run_id_of(r.stdout))
+    assert rec["status"] == "succeeded" and [n["exit_code"] for n in rec["nodes"]] == [0, 0]
+    gone(slurm, rec["run_id"], rec["slurm"]["job_id"])
+
+
+@pytest.mark.skipif(not shutil.which("crontab"), reason="needs Debian's cron package (scripts/install-system-deps.sh)")
+def test_a_schedule_with_a_slurm_inventory_fires_a_slurm_run(slurm, tmp_path, job):
+    runs = tmp_path / "runs"
+    saved = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    name = f"slurm{secrets.token_hex(3)}"
+    try:
+        cddp("schedule", "add", name, "--cron", "0 3 * * *", str(slurm_inv(tmp_path)), str(job / "probe.py"),
+             "--runs-dir", str(runs), "--", "a b", check_rc=0)
+        spec = runs / "schedules" / f"{name}.json"
+        # what cron's line runs (cron itself fires once a minute at best: tests/test_schedule_cron.py waits for it)
+        cddp("schedule", "fire", str(spec), env=slurm.env(), timeout=300, check_rc=0)
+    finally:
+        cddp("schedule", "remove", name, "--runs-dir", str(runs))
+        if saved.returncode == 0:
+            subprocess.run(["crontab", "-"], input=saved.stdout, text=True, check=True)
+    (rec,) = [record(runs, p.name) for p in runs.iterdir() if (p / "run.json").exists()]
+    assert rec["schedule"] == name and rec["status"] == "succeeded" and rec["slurm"]["job_id"]
+    assert rec["args"] == ["a b"] and [n["host"] for n in rec["nodes"]] == ["node-1", "node-2"]
