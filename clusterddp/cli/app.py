@@ -9,6 +9,7 @@ from . import schedule as schedule_cmd
 from . import up as up_cmd
 from .check import check as check_cmd
 from .exec_ import exec_ as exec_cmd
+from .leases import leases as leases_cmd
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Start PyTorch DDP training on several machines over SSH, from one command.")
@@ -18,6 +19,7 @@ for _verb in ("runs", "status", "logs", "stop", "collect"):
 app.add_typer(schedule_cmd.app, name="schedule")
 app.command("check")(check_cmd)
 app.command("exec")(exec_cmd)
+app.command("leases")(leases_cmd)
 
 
 @app.callback()

@@ -22,7 +22,7 @@ from .common import (
     SCRIPT_ARGS,
     err,
     handle_errors,
-    host_list,
+    host_slots,
     run_spec,
     sigterm_as_interrupt,
     tell_missing,
@@ -48,6 +48,8 @@ def up(
     skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
                                     "versions agree, master port free)."),
     raw: bool = RAW,
+    wait: bool = typer.Option(False, "--wait", help="When the GPU slots are taken, wait in the queue for them "
+                              "instead of refusing (exit 75)."),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -56,7 +58,8 @@ def up(
 
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
     limit = jobs.parse_size(max_upload)
-    prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts))
+    names, slots = host_slots(hosts)
+    prep = jobs.prepare(inventory, spec, runs_dir, names, slots=slots)
     print(f"run {prep.plan.run_id}", flush=True)
     if dry_run:
         print(plan.render(prep.plan))
@@ -68,25 +71,43 @@ def up(
     if upload is not None:
         print(f"upload: {upload.folder.summary()}", flush=True)
     try:
-        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule)
+        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule, wait)
     finally:
         if upload is not None:
             upload.discard()
 
 
 def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: bool, raw: bool,
-        schedule: str | None) -> None:
+        schedule: str | None, wait: bool = False) -> None:
     from .. import jobs
     fleet = None if skip_check else jobs.preflight(prep.plan)
+    sigterm_as_interrupt()  # a waiting run leaves the queue on SIGTERM too
+    lease = None
     try:
+        if not prep.plan.local:
+            from ..fleet import Fleet
+            fleet = fleet or Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
+            prep, lease = jobs.take_lease(prep, fleet, wait=wait,
+                                          on_wait=lambda s: print(f"[clusterddp] {s}", flush=True))
+            if lease is not None:
+                print("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
+                      + f"; master port {prep.plan.master_port}", flush=True)
         prep.store.create(jobs.new_record(prep, inventory, schedule=schedule))
     except BaseException:
+        if lease is not None:
+            lease.release()
         if fleet is not None:
             fleet.close()
         raise
+    # From here the supervisor's fleet is the lease's: a node whose job was never told to start
+    # frees its slots when the fleet's connections close (its holder sees its channel go).
+    _follow(prep, upload, fleet, runs_dir, detach, raw)
+
+
+def _follow(prep, upload, fleet, runs_dir: str, detach: bool, raw: bool) -> None:
+    from .. import jobs
     from .common import PrefixPrinter
     printer = PrefixPrinter([n.host.name for n in prep.plan.nodes], raw=raw)
-    sigterm_as_interrupt()
     started = time.monotonic()
 
     def on_collect(r) -> None:
