@@ -47,7 +47,7 @@ class _Settings(BaseModel):
     identity_file: Line | None = None
     known_hosts: Line | None = None
     host_key_policy: Literal["strict", "accept-new"] | None = None
-    gpus: int | str | list[int] | None = None
+    gpus: int | str | list[Any] | None = None  # a list is checked by _gpus
     python: Line | None = None
     workdir: Line | None = None
     env: dict[str, Any] | None = None
