@@ -81,6 +81,15 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_star
         lines = wait_for_line(p, "waiting in the queue: position 1")
         assert first in lines[-1], lines[-1]
         second = run_id_of(lines[0])
+        third = cddp_popen("up", str(inv), str(job), "--runs-dir", str(runs), "--wait")
+        try:
+            assert "position 2" in wait_for_line(third, "waiting in the queue")[-1]
+            queued = json.loads(cddp("leases", str(inv), "--json", check_rc=0).stdout)["hosts"]
+            assert len([w for h in queued for w in h["queue"]]) == 4
+            third.send_signal(signal.SIGINT)  # Ctrl-C leaves the queue
+            assert third.wait(timeout=60) == 130
+        finally:
+            third.kill()
         queued = json.loads(cddp("leases", str(inv), "--json", check_rc=0).stdout)["hosts"]
         assert [w["run"] for h in queued for w in h["queue"]] == [second, second]
         assert not job_pids(second), "the waiting run started while the first still held its slots"
@@ -130,3 +139,30 @@ def test_two_runs_side_by_side_get_disjoint_slots_and_master_ports(bed, tmp_path
         hold.touch()
     for run in (a, b):
         assert eventually(lambda run=run: not job_pids(run), 60)
+
+
+def test_two_launchers_at_once_take_all_or_nothing_and_the_later_one_waits_its_turn(bed, tmp_path, job):
+    """Both want every slot of both nodes at the same moment: no deadlock, no half-taken run; one runs
+    while the other waits, then the other runs."""
+    inv = bed.write_inventory(tmp_path / "inv.yaml")
+    runs, hold = tmp_path / "runs", tmp_path / "release"
+    ps = [cddp_popen("up", str(inv), str(job), "--runs-dir", str(runs), "--wait", "-e", f"HOLD_UNTIL={hold}")
+          for _ in range(2)]
+    try:
+        ids = [run_id_of(wait_for_line(p, "run ")[-1]) for p in ps]
+        assert eventually(lambda: sum(bool(job_pids(r)) for r in ids) == 1, 120), "exactly one run should start"
+        running = next(r for r in ids if job_pids(r))
+        waiting = ps[1 - ids.index(running)]
+        assert running in wait_for_line(waiting, "waiting in the queue")[-1]
+        seen(bed, running, 4)
+        listed = json.loads(cddp("leases", str(inv), "--json", check_rc=0).stdout)["hosts"]
+        assert [[x["run"] for x in h["leases"]] for h in listed] == [[running], [running]], listed
+        hold.touch()
+        outs = [p.communicate(timeout=240)[0] for p in ps]
+        assert [p.returncode for p in ps] == [0, 0], outs
+    finally:
+        hold.touch()
+        for p in ps:
+            p.kill()
+    for out in outs:
+        assert out.count("SEEN ") == 4, out
