@@ -90,8 +90,19 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_star
             assert third.wait(timeout=60) == 130
         finally:
             third.kill()
-        queued = json.loads(cddp("leases", str(inv), "--json", check_rc=0).stdout)["hosts"]
-        assert [w["run"] for h in queued for w in h["queue"]] == [second, second]
+        crashed = cddp_popen("up", str(inv), str(job), "--runs-dir", str(runs), "--wait")
+        try:
+            assert "position 2" in wait_for_line(crashed, "waiting in the queue")[-1]
+        finally:
+            crashed.kill()  # a waiter whose launcher dies: its SSH channels close, and its entries go with them
+            crashed.wait()
+
+        def queued() -> list[str]:
+            hosts = json.loads(cddp("leases", str(inv), "--json", check_rc=0).stdout)["hosts"]
+            return [w["run"] for h in hosts for w in h["queue"]]
+        assert eventually(lambda: queued() == [second, second], 30), queued()
+        text = cddp("leases", str(inv), check_rc=0).stdout
+        assert text.count(first) == 2 and "running" in text and f"1. run {second} of {user()}" in text, text
         assert not job_pids(second), "the waiting run started while the first still held its slots"
         hold.touch()  # the first run ends; the waiting one takes its slots
         rest = p.communicate(timeout=180)[0]
