@@ -198,11 +198,14 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
         # attempt's addresses and gloo's connectFullMesh is refused (pytorch/pytorch#135712):
         # workers get a store of their own instead. The inventory or -e may still set it.
         restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts > 0 else {}
-        lease_env = {}
+        lease_env, order_env = {}, {}
         if grants is not None:
             nproc = len(grants[host.name])
             lease_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, grants[host.name]))}
-        node_env = tuple({**restart_env, **dict(host.env), **dict(spec.env), **lease_env}.items())
+            # Slots are numbered as nvidia-smi lists GPUs (by PCI bus); CUDA's own default order is
+            # fastest first, which on a mixed machine would put a rank on another run's GPU.
+            order_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        node_env = tuple({**restart_env, **order_env, **dict(host.env), **dict(spec.env), **lease_env}.items())
         torchrun = [host.python, "-m", "torch.distributed.run"]
         if local:
             torchrun += ["--standalone", "--nnodes", "1"]

@@ -260,6 +260,7 @@ def test_a_leased_plan_runs_one_process_per_slot_on_its_gpus_and_port():
     assert p.leased and p.master_port == 29517
     for n, want in zip(p.nodes, ("1,3", "0"), strict=True):
         assert dict(n.env)["CUDA_VISIBLE_DEVICES"] == want and n.nproc == len(want.split(","))
+        assert dict(n.env)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # the order nvidia-smi numbers GPUs in
         assert f"--nproc-per-node {n.nproc} " in n.launch_script and "--master-port 29517 " in n.launch_script
         assert f"export CUDA_VISIBLE_DEVICES={want}" in n.launch_script or \
             f"export CUDA_VISIBLE_DEVICES='{want}'" in n.launch_script
