@@ -57,9 +57,11 @@ def user() -> str:
     return launching_user()
 
 
-def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_starts_when_it_ends(bed, tmp_path, job):
+def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_starts_once_the_holder_is_sigkilled(
+        bed, tmp_path, job):
+    """The first run holds every slot and never ends by itself: only its SIGKILL can free them."""
     inv = bed.write_inventory(tmp_path / "inv.yaml")
-    runs, hold = tmp_path / "runs", tmp_path / "release-first"
+    runs, hold = tmp_path / "runs", tmp_path / "never"
     first = start(inv, job, runs, hold=hold)  # 2 processes per node: every slot of both nodes
     seen(bed, first, 4)
 
@@ -104,7 +106,11 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_star
         text = cddp("leases", str(inv), check_rc=0).stdout
         assert text.count(first) == 2 and "running" in text and f"1. run {second} of {user()}" in text, text
         assert not job_pids(second), "the waiting run started while the first still held its slots"
-        hold.touch()  # the first run ends; the waiting one takes its slots
+        for pid in job_pids(first):  # a SIGKILLed job frees its slots by itself: the waiting run takes them
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         rest = p.communicate(timeout=180)[0]
         assert p.returncode == 0, "".join(lines) + rest
     finally:
@@ -112,23 +118,6 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_star
     assert rest.count("SEEN ") == 4 and "leased: node1 GPUs 0,1, node2 GPUs 0,1" in rest, rest
     after = json.loads(cddp("leases", str(inv), "--json", check_rc=0).stdout)["hosts"]
     assert all(h["leases"] == [] and h["queue"] == [] and h["free"] == [0, 1] for h in after), after
-
-
-def test_a_sigkilled_job_frees_its_lease(bed, tmp_path, job):
-    inv = bed.write_inventory(tmp_path / "inv.yaml")
-    runs, hold = tmp_path / "runs", tmp_path / "never"
-    first = start(inv, job, runs, hold=hold)
-    seen(bed, first, 4)
-    cddp("up", str(inv), str(job), "--runs-dir", str(runs), check_rc=75)
-    for pid in job_pids(first):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert eventually(lambda: not job_pids(first), 15)
-    hold.touch()
-    r = cddp("up", str(inv), str(job), "--runs-dir", str(runs), "-e", f"HOLD_UNTIL={hold}", check_rc=0)
-    assert r.stdout.count("SEEN ") == 4, r.stdout
 
 
 def test_two_runs_side_by_side_get_disjoint_slots_and_master_ports(bed, tmp_path, job):
