@@ -70,6 +70,7 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_star
     assert "node1" in r.stderr and "Traceback" not in r.stderr
     refused = run_id_of(r.stdout)
     assert not (runs / refused).exists(), "a refused run must start nothing, not even a record"
+    assert not any((Path(n.workdir) / "runs" / refused).exists() for n in bed.nodes), "nor upload anything"
 
     listed = cddp("leases", str(inv), "--json", check_rc=0)
     hosts = {h["host"]: h for h in json.loads(listed.stdout)["hosts"]}
