@@ -47,13 +47,14 @@ class _Settings(BaseModel):
     identity_file: Line | None = None
     known_hosts: Line | None = None
     host_key_policy: Literal["strict", "accept-new"] | None = None
-    gpus: int | str | None = None
+    gpus: int | str | list[Any] | None = None  # a list is checked by _gpus
     python: Line | None = None
     workdir: Line | None = None
     env: dict[str, Any] | None = None
     setup: list[str] | None = None
     connect_timeout: float | int | None = Field(default=None, gt=0)
     keepalive: float | int | None = Field(default=None, ge=0)
+    lease_dir: Line | None = None
 
     @field_validator("connect_timeout")
     @classmethod
@@ -69,6 +70,12 @@ class _Settings(BaseModel):
     @classmethod
     def _gpus(cls, v: Any) -> Any:
         if v is None or v == "auto":
+            return v
+        if isinstance(v, list):  # a fixed choice of GPUs (slots), e.g. [0, 1]
+            if not v or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1024 for i in v):
+                raise ValueError("a list of GPUs must hold GPU indices 0..1023, e.g. [0, 1]")
+            if len(set(v)) != len(v):
+                raise ValueError("lists a GPU twice")
             return v
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError("must be a whole number of processes (>= 1) or 'auto'")
@@ -116,7 +123,7 @@ class _MasterEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     host: Line | None = None
     addr: Line | None = None
-    port: int = Field(default=29500, ge=1, le=65535)
+    port: int | None = Field(default=None, ge=1, le=65535)  # None: chosen free on the master, from 29500
 
 
 class InventoryFile(BaseModel):

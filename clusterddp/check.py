@@ -322,7 +322,7 @@ def _train(host: Host, f: dict) -> Finding | None:
 
 
 def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool = True,
-             master_port: int | None = None) -> Report:
+             master_port: int | None = None, check_port: bool = True) -> Report:
     """Turn each host's probe result into findings; compare versions across hosts."""
     hosts = {h.name: h for h in inventory.hosts}
     results = list(results)
@@ -386,7 +386,7 @@ def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool 
         if full:
             found.append(_gpus(h, f))
         found.append(_iface(h, f, inventory.master.addr, len(inventory.hosts)))
-        if host == master:
+        if host == master and check_port:
             found.append(_port(f, port))
         if full:
             found.append(_disk(h, f))
@@ -413,15 +413,16 @@ def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool 
 
 def run_checks(inventory: Inventory, *, full: bool = True, master_port: int | None = None,
                fleet: Fleet | None = None, env: dict[str, tuple[tuple[str, str], ...]] | None = None,
-               timeout: float = PROBE_TIMEOUT_S) -> Report:
+               timeout: float = PROBE_TIMEOUT_S, check_port: bool = True) -> Report:
     """Probe every host of ``inventory`` once, in parallel, and evaluate. ``env`` (by host) replaces
     the inventory's env in the probe, as a run's ``-e`` would. Uses ``fleet``'s connections if given
-    (they stay open for the caller); otherwise opens and closes its own."""
+    (they stay open for the caller); otherwise opens and closes its own. ``check_port`` False: the
+    master port is not probed (`up` chooses a free one with its lease)."""
     port = master_port or inventory.master.port
 
     def command(h: Host) -> P.NodeCommand:  # the env goes on stdin, off the command line
-        return P.probe_command(h, inventory.master.addr, port if h.name == inventory.master.host else None,
-                               full=full, env=(env or {}).get(h.name))
+        probe_port = port if check_port and h.name == inventory.master.host else None
+        return P.probe_command(h, inventory.master.addr, probe_port, full=full, env=(env or {}).get(h.name))
     own = fleet is None
     fleet = fleet or Fleet(inventory.hosts, fanout=inventory.fanout)
     try:
@@ -429,4 +430,4 @@ def run_checks(inventory: Inventory, *, full: bool = True, master_port: int | No
     finally:
         if own:
             fleet.close()
-    return evaluate(inventory, results, full=full, master_port=port)
+    return evaluate(inventory, results, full=full, master_port=port, check_port=check_port)

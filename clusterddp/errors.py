@@ -155,3 +155,15 @@ class PreflightFailed(ClusterDDPError):
 
 class StoreError(UsageError):
     """The runs folder or runs.db cannot be used as it is; the message names the path and the fix."""
+
+
+class LeaseBusy(ClusterDDPError):
+    """A run that does not fit in the free GPU slots now (``up`` without ``--wait``): nothing was
+    started. Exit code 75 (EX_TEMPFAIL, as a skipped scheduled run): try again later, or wait.
+    ``holders`` are the leases (``leases.Holding``) on the node that did not fit."""
+
+    exit_code = 75
+
+    def __init__(self, message: str, hint: str | None = None, *, holders: tuple = (), run_id: str = "") -> None:
+        super().__init__(message, hint)
+        self.holders, self.run_id = holders, run_id

@@ -72,6 +72,7 @@ def _some(names: list[str], limit: int = 8) -> str:
 
 BUILTIN: dict[str, Any] = dict(host_key_policy="strict", gpus="auto", python="python3", workdir="~/clusterddp",
                                known_hosts="~/.ssh/known_hosts", connect_timeout=10.0, keepalive=5.0)
+DEFAULT_MASTER_PORT = 29500  # the first port tried when the master port is chosen
 DEFAULT_FANOUT = 32  # hosts contacted at once by fleet commands, like pdsh's default
 
 
@@ -94,6 +95,8 @@ class Host:
     connect_timeout: float
     transport: str = "ssh"  # "ssh" or "local"
     keepalive: float = BUILTIN["keepalive"]  # seconds between SSH keepalives; 0: none
+    slots: tuple[int, ...] | None = None  # a fixed choice of GPU slots (`gpus: [0, 1]`); gpus is then their count
+    lease_dir: str | None = None  # the node's lease folder; None: <workdir>/leases
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class Master:
     host: str
     addr: str
     port: int
+    port_fixed: bool = False  # master.port was written in the inventory; otherwise a free one is chosen from it
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ class Inventory:
         hosts = tuple(h for h in self.hosts if h.name in names)
         master = self.master
         if master.host not in names:  # the master left the subset: the first chosen host leads
-            master = Master(hosts[0].name, hosts[0].address, master.port)
+            master = Master(hosts[0].name, hosts[0].address, master.port, master.port_fixed)
         return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs)
 
     def narrow(self, hosts: list[str] | None = None, exclude: list[str] | None = None) -> Inventory:
@@ -301,12 +305,15 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:
             v = getattr(h, key)
             return v if v is not None else getattr(d, key)
         env = {**(d.env or {}), **(h.env or {})}
+        gpus = pick("gpus") or BUILTIN["gpus"]
+        slots = tuple(sorted(gpus)) if isinstance(gpus, list) else None
         hosts.append(Host(
             name=h.name, address=h.address or h.name, user=pick("user"), port=pick("port"),
             identity_file=pick("identity_file"),
             known_hosts=pick("known_hosts") or BUILTIN["known_hosts"],
             host_key_policy=pick("host_key_policy") or BUILTIN["host_key_policy"],
-            gpus=pick("gpus") or BUILTIN["gpus"], python=pick("python") or BUILTIN["python"],
+            gpus=len(slots) if slots else gpus, slots=slots, lease_dir=pick("lease_dir"),
+            python=pick("python") or BUILTIN["python"],
             workdir=pick("workdir") or BUILTIN["workdir"], env=tuple(env.items()),
             setup=tuple(pick("setup") or ()),
             connect_timeout=float(pick("connect_timeout") or BUILTIN["connect_timeout"]),
@@ -317,7 +324,7 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:
         raise InventoryError(path, f"{show(master_name)} is not one of the hosts", field="master.host",
                              line=_line_of(root, ("master", "host")), hint=f"use one of: {_some(list(seen))}")
     master_host = hosts[seen[master_name]]
-    master = Master(master_name, m.addr or master_host.address, m.port)
+    master = Master(master_name, m.addr or master_host.address, m.port or DEFAULT_MASTER_PORT, m.port is not None)
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
                      inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs)
 

@@ -39,7 +39,10 @@ DESCRIPTIONS = {
     "known_hosts": "Host keys are always checked against this file (default ~/.ssh/known_hosts)",
     "host_key_policy": "strict (default): an unknown or changed key is refused; accept-new: unknown keys are "
                        "recorded, changed keys refused",
-    "gpus": "Processes per node: a count, or auto (default: nvidia-smi's GPU count, 1 when none)",
+    "gpus": "Processes per node: a count, or auto (default: nvidia-smi's GPU count, 1 when none), or a list of "
+            "GPU numbers (a fixed choice of this host's GPUs, leased for the run)",
+    "lease_dir": "The node's folder of GPU slot leases and queue entries (default <workdir>/leases; keep it on "
+                 "local disk: flock is not reliable over NFS)",
     "python": "The node's Python with torch; torchrun runs as `<python> -m torch.distributed.run` (default python3)",
     "workdir": "A run lives in <workdir>/runs/<run_id>/ on the node (default ~/clusterddp)",
     "env": "Environment variables for the job on the node, values verbatim",
@@ -67,7 +70,9 @@ def _shape(props: dict[str, Any], host_entry: bool) -> None:
     """What the model's validators enforce beyond their types, for the editor to check too."""
     from .inventory import ENV_NAME_RE, HOST_NAME_RE
     if "gpus" in props:
-        props["gpus"]["anyOf"] = [{"type": "integer", "minimum": 1}, {"const": "auto"}, {"type": "null"}]
+        props["gpus"]["anyOf"] = [{"type": "integer", "minimum": 1}, {"const": "auto"},
+                                  {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1,
+                                   "uniqueItems": True}, {"type": "null"}]
     if "env" in props:
         props["env"]["anyOf"] = [{"type": "object", "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"},
                                   "additionalProperties": {"type": ["string", "integer"]}}, {"type": "null"}]

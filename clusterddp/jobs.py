@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import inventory as inv_mod
 from . import plan as P
@@ -25,6 +26,9 @@ from .fleet import Fleet
 from .record import NodeRecord, NodeState, RunRecord, RunStatus
 from .store import RunStore, new_run_id, utcnow
 from .supervisor import RunOutcome, Supervisor
+
+if TYPE_CHECKING:  # leases are not needed by `up local`
+    from .leases import Lease
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,10 @@ def load_inventory(arg: str, gpus: int | None) -> inv_mod.Inventory:
 
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
             run_id: str | None = None, exclude: list[str] | None = None,
-            loaded: inv_mod.Inventory | None = None) -> Prepared:
+            loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None) -> Prepared:
     """Validate input and plan the run (no network). Raises UsageError for bad input.
-    ``loaded``: the inventory, when the caller has already read it."""
+    ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
+    GPUs by host (``--hosts gpu-01:0,1``), over the inventory's."""
     script = Path(spec.script)
     if script.is_dir():
         raise UsageError(f"script {spec.script}: is a directory, not a script", _script_in(script))
@@ -55,9 +60,12 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         raise UsageError(f"{inventory.path} is a `slurm:` inventory, which this command does not take",
                          "give it an inventory with `hosts:`")
     inventory = inventory.narrow(hosts, exclude)
+    if slots:
+        inventory = replace(inventory, hosts=tuple(replace(h, slots=slots[h.name], gpus=len(slots[h.name]))
+                                                   if h.name in slots else h for h in inventory.hosts))
     store = RunStore(runs_dir)
     run_id = run_id or new_run_id()
-    local = {}
+    local: dict = {}
     if inventory_arg == inv_mod.LOCAL:
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
     plan = P.build_plan(inventory, spec, run_id, **local)
@@ -350,7 +358,7 @@ def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | No
     fleet = Fleet(plan.inventory.hosts, fanout=plan.inventory.fanout, **({"connect": connect} if connect else {}))
     try:
         report = run_checks(plan.inventory, full=False, master_port=plan.master_port, fleet=fleet,
-                            env={n.host.name: n.env for n in plan.nodes})
+                            env={n.host.name: n.env for n in plan.nodes}, check_port=port_fixed(plan))
     except BaseException:
         fleet.close()
         raise
@@ -358,6 +366,32 @@ def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | No
         fleet.close()
         raise preflight_failed(report, plan.inventory.path)
     return fleet
+
+
+def port_fixed(plan: P.LaunchPlan) -> bool:
+    """The master port was given (--master-port, or master.port in the inventory); otherwise the
+    lease chooses a free one, from the inventory's (29500 by default)."""
+    return plan.spec.master_port is not None or plan.inventory.master.port_fixed
+
+
+def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
+               on_wait: Callable[[str], None] = lambda s: None) -> tuple[Prepared, Lease | None]:
+    """Lease the run's GPU slots (and master port) on every node, waiting in the queue with ``wait``;
+    return the run planned on them (one process per slot, ``CUDA_VISIBLE_DEVICES``, the port chosen)
+    and the lease, whose :meth:`~clusterddp.leases.Lease.release` gives back what no job took. Local
+    runs take none."""
+    plan = prep.plan
+    if plan.local:
+        return prep, None
+    from .leases import acquire
+    lease = acquire(plan, fleet, port_fixed=port_fixed(plan), wait=wait, on_wait=on_wait)
+    try:
+        spec = replace(plan.spec, master_port=lease.port or plan.master_port)
+        new = P.build_plan(plan.inventory, spec, plan.run_id, grants=lease.grants)
+    except BaseException:
+        lease.release()
+        raise
+    return replace(prep, plan=new), lease
 
 
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,

@@ -27,7 +27,7 @@ import json
 import posixpath
 import re
 import shlex
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -83,6 +83,7 @@ class LaunchPlan:
     collect: tuple[str, ...]
     upload: bool                  # copy the script's folder to each node (not in local mode)
     local: bool = field(default=False)
+    leased: bool = False          # each node's slots are leased: its lease holder starts the job (go_command)
 
     @property
     def nnodes(self) -> int:
@@ -180,9 +181,11 @@ def _probes(argv: Iterable[str], word: _Probed) -> bool:
 
 
 def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_dir: str | None = None,
-               local_control_dir: str | None = None) -> LaunchPlan:
+               local_control_dir: str | None = None,
+               grants: Mapping[str, tuple[int, ...]] | None = None) -> LaunchPlan:
     """Plan a run. Local mode (``up local``: run in place, ``torchrun --standalone``) is chosen by
-    passing the absolute launch directory and the control folder."""
+    passing the absolute launch directory and the control folder. ``grants``: the slots each node's
+    lease holds (:mod:`clusterddp.leases`), one process per slot, ``CUDA_VISIBLE_DEVICES`` set to them."""
     local = local_run_dir is not None
     master_port = spec.master_port or inventory.master.port
     nodes = []
@@ -202,7 +205,14 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
         # attempt's addresses and gloo's connectFullMesh is refused (pytorch/pytorch#135712):
         # workers get a store of their own instead. The inventory or -e may still set it.
         restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts > 0 else {}
-        node_env = tuple({**restart_env, **dict(host.env), **dict(spec.env)}.items())
+        lease_env, order_env = {}, {}
+        if grants is not None:
+            nproc = len(grants[host.name])
+            lease_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, grants[host.name]))}
+            # Slots are numbered as nvidia-smi lists GPUs (by PCI bus); CUDA's own default order is
+            # fastest first, which on a mixed machine would put a rank on another run's GPU.
+            order_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        node_env = tuple({**restart_env, **order_env, **dict(host.env), **dict(spec.env), **lease_env}.items())
         torchrun = [host.python, "-m", "torch.distributed.run"]
         if local:
             torchrun += ["--standalone", "--nnodes", "1"]
@@ -226,7 +236,7 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
         nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, local))
     collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
-                      collect, upload=not local, local=local)
+                      collect, upload=not local, local=local, leased=grants is not None)
 
 
 # ---- what each worker process runs ----
@@ -574,6 +584,8 @@ def prune_command(targets: Sequence[tuple[str, str]], dry_run: bool = False) -> 
     for i, (run_dir, marker) in enumerate(targets):
         lines.append(f"cddp_prune {i} {qpath(run_dir)} {q(MARKER + '=' + marker)}" + (" dry" if dry_run else ""))
     return "\n".join(lines)
+
+
 # ---- `clusterddp top` ----
 
 TOP_TAIL = 65536  # bytes of each node.log read for its last line and last step
@@ -585,3 +597,40 @@ def top_command(host: Host, nodes: Iterable[NodeLaunch], progress_regex: str) ->
     args = {"jobs": [[n.control_dir, n.marker] for n in nodes], "regex": progress_regex, "tail": TOP_TAIL}
     lines = _preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
     return "\n".join([*lines, _python(host, "top", [q(json.dumps(args))])])
+
+
+# ---- leases (the node program ``clusterddp/node/lease.py``) ----
+
+GO_FILE = "lease-go"   # in the control folder: the launcher's word to a node's lease holder to start the job
+
+
+def lease_dir(host: Host) -> str:
+    """The node's lease folder: the host's ``lease_dir``, or ``<workdir>/leases``."""
+    return host.lease_dir or posixpath.join(host.workdir, "leases")
+
+
+def lease_command(host: Host, mode: str) -> str:
+    """Run node program ``lease`` in ``mode`` (``hold``, ``queue`` or ``list``); its request, JSON,
+    goes on stdin (a setup line's stdin is /dev/null, so none can eat it)."""
+    lines = _preamble(host, (), stdout_to=">/dev/null 2>&1 </dev/null", on_fail=lambda line: "true")
+    return "\n".join([*lines, _python(host, "lease", [mode])])
+
+
+def go_command(node: NodeLaunch) -> str:
+    """Tell the node's lease holder to start the job (it runs :func:`start_command` with the lock
+    files open); print the job's pid once it is written, as :func:`start_command` does."""
+    return (f"cd {qpath(node.control_dir)} || exit 3; : > {GO_FILE} || exit 3; "
+            "for i in $(seq 600); do [ -s pid ] && exec cat pid; sleep 0.1; done; "
+            "echo 'the lease holder did not start the job (it ended; is the node overloaded?)' >&2; exit 3")
+
+
+def lease_release_command(host: Host, run_id: str, control_dir: str) -> str:
+    """Release the lease of a run whose job was not started: remove its record, which its holder
+    watches. A job told to start keeps its lease (the go file exists)."""
+    return (f"cd {qpath(lease_dir(host))} 2>/dev/null || exit 0; "
+            f"[ -e {qpath(posixpath.join(control_dir, GO_FILE))} ] || rm -f {q(f'lease-{run_id}.json')}")
+
+
+def queue_leave_command(host: Host, ticket: str) -> str:
+    """Leave the queue: remove the entry, which its waiter process watches (it then ends)."""
+    return f"rm -f {qpath(posixpath.join(lease_dir(host), f'queue-{ticket}.json'))}"

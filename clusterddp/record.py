@@ -155,6 +155,9 @@ class NodeRecord:
     def to_json(self) -> dict[str, Any]:
         settings = dataclasses.asdict(self.settings)
         settings["env"], settings["setup"] = dict(self.settings.env), list(self.settings.setup)
+        for key in ("slots", "lease_dir"):  # GPU lease settings: only where set, so older readers read the rest
+            if settings[key] is None:
+                del settings[key]
         return {"host": self.host, "address": self.address, "node_rank": self.node_rank, "nproc": self.nproc,
                 "run_dir": self.run_dir, "control_dir": self.control_dir, "marker": self.marker,
                 "state": self.state.value, "exit_code": self.exit_code, "error": self.error, "settings": settings}

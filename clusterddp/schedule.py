@@ -151,6 +151,7 @@ class ScheduleSpec:
     run: RunSpec                     # script absolute
     hosts: tuple[str, ...] = ()
     agent_socket: str | None = None  # SSH_AUTH_SOCK for the run, if the user named one
+    wait: bool = False               # `up --wait`: wait in the GPU lease queue rather than give up (exit 75)
 
     @property
     def spec_path(self) -> str:
@@ -173,7 +174,7 @@ class ScheduleSpec:
             "inventory": self.inventory, "script": r.script, "script_args": list(r.script_args),
             "env": [[k, v] for k, v in r.env], "run_name": r.name, "hosts": list(self.hosts), "gpus": r.gpus,
             "master_port": r.master_port, "collect": list(r.collect), "max_restarts": r.max_restarts,
-            "agent_socket": self.agent_socket,
+            "agent_socket": self.agent_socket, **({"wait": True} if self.wait else {}),
             # optional: written only when set, so a spec without it reads as before
             **({"local_rank_arg": r.local_rank_arg} if r.local_rank_arg else {}),
         }
@@ -243,7 +244,7 @@ def _kind(v: Any) -> str:
 _SPEC_FIELDS = ("schema_version", "name", "cron", "launch_dir", "runs_dir", "bin_dir", "executable", "inventory",
                 "script", "script_args", "env", "run_name", "hosts", "gpus", "master_port", "collect",
                 "max_restarts", "agent_socket")
-_OPTIONAL_SPEC_FIELDS = ("local_rank_arg",)
+_OPTIONAL_SPEC_FIELDS = ("local_rank_arg", "wait")  # added later: specs written before them lack them
 
 
 def spec_from_json(data: Any, path: str) -> ScheduleSpec:
@@ -263,6 +264,9 @@ def spec_from_json(data: Any, path: str) -> ScheduleSpec:
     for key in data:
         if key not in _SPEC_FIELDS and key not in _OPTIONAL_SPEC_FIELDS:
             raise f.fail(key, "unknown field")
+    wait = data.get("wait", False)
+    if type(wait) is not bool:
+        raise f.fail("wait", f"expected true or false, got {_kind(wait)}")
     for key in _SPEC_FIELDS:
         if key not in data:
             raise f.fail(key, "missing")
@@ -305,7 +309,7 @@ def spec_from_json(data: Any, path: str) -> ScheduleSpec:
     return ScheduleSpec(name=name, cron=f.text("cron"), launch_dir=f.text("launch_dir", absolute=True),
                         runs_dir=runs_dir, executable=executable, bin_dir=f.text("bin_dir", absolute=True),
                         inventory=inventory, run=run, hosts=hosts,
-                        agent_socket=f.text("agent_socket", absolute=True, optional=True))
+                        agent_socket=f.text("agent_socket", absolute=True, optional=True), wait=wait)
 
 
 def _local_rank_arg(f: _Fields) -> str | None:
@@ -347,6 +351,8 @@ def up_options(spec: ScheduleSpec, env_file: str | None = None) -> list[str]:
         argv += ["--max-restarts", str(r.max_restarts)]
     if r.local_rank_arg:
         argv += [f"--local-rank-arg={r.local_rank_arg}"]
+    if spec.wait:
+        argv += ["--wait"]
     if r.script_args:
         argv += ["--", *r.script_args]
     return argv

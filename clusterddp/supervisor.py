@@ -178,7 +178,9 @@ class Supervisor:
             self._check(node, t.run(P.unpack_command(n), timeout=600), "cannot unpack the script folder")
         self._check(node, t.run(P.upload_command(n.control_dir + "/launch.sh"),
                                 stdin=n.launch_script.encode(), timeout=60), "cannot write launch.sh")
-        self._check(node, t.run(P.start_command(n), timeout=60), "cannot start the job")
+        # A leased run's job is started by the node's lease holder, so that it holds the slots' locks.
+        start = P.go_command(n) if self.plan.leased else P.start_command(n)
+        self._check(node, t.run(start, timeout=90), "cannot start the job")
         self._set(node, NodeState.RUNNING)
 
     def _check(self, node: Node, res, what: str) -> None:

@@ -161,10 +161,14 @@ def test_busy_master_port_fails_check_and_up_refuses(bed, tmp_path, script):
         port = host(rep, "node1")["by"]["port"]
         assert port["status"] == "fail" and port["value"] == "29500 busy" and "in use" in port["problem"]
         assert host(rep, "node2")["status"] == "ok"
-        r = cddp("up", str(inv), str(script), "--runs-dir", str(tmp_path / "runs"), check_rc=1, timeout=60)
+        r = cddp("up", str(inv), str(script), "--runs-dir", str(tmp_path / "runs"), "--master-port", "29500",
+                 check_rc=1, timeout=60)
         assert "node1: the master port 29500 cannot be bound" in r.stderr and "--master-port" in r.stderr
         # another port is free: check agrees (and up would start)
         assert host(check_json(inv, "--master-port", "29511", rc=0), "node1")["by"]["port"]["value"] == "29511 free"
+        # with no port given, up chooses a free one on the master (its lease): the busy one is skipped
+        r = cddp("up", str(inv), str(script), "--runs-dir", str(tmp_path / "runs"), check_rc=0, timeout=120)
+        assert "leased: " in r.stdout and "; master port 29500" not in r.stdout, r.stdout
     finally:
         listener.kill()
         listener.wait()

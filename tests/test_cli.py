@@ -122,3 +122,15 @@ def test_a_damaged_run_record_exits_2_naming_file_and_field(tmp_path):
     (runs / run_id / "run.json").write_text("{not json")
     r = cddp("status", run_id, "--runs-dir", str(runs), timeout=60)
     assert r.returncode == 2 and "run.json: not valid JSON" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_hosts_may_pick_each_hosts_gpus():
+    from clusterddp.cli.common import host_slots
+    from clusterddp.errors import UsageError
+    assert host_slots(None) == (None, {})
+    assert host_slots("a:1,0,b,c:2") == (["a", "b", "c"], {"a": (0, 1), "c": (2,)})
+    assert host_slots("a,7") == (["a", "7"], {})  # a bare number after a host without `:` is a host name
+    for bad, words in (("a:x", "'x' is not a GPU number for a"), ("a:0,0", "GPU 0 of a named twice"),
+                       ("a:", "'' is not a GPU number")):
+        with pytest.raises(UsageError, match=words):
+            host_slots(bad)

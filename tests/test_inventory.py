@@ -310,3 +310,20 @@ def test_hosts_flag_keeps_inventory_order_and_refuses_unknown_names_shortly():
     with pytest.raises(InventoryError, match="not in the inventory") as e:
         big.select(host_list("h1,nope\x1b[2J," + "x" * 100_000 + "," + ",".join(f"n{i}" for i in range(50))))
     assert len(str(e.value)) < 600 and "\x1b" not in str(e.value) and "(and 44 more)" in str(e.value)
+
+
+def test_a_fixed_choice_of_gpus_the_lease_folder_and_whether_the_master_port_was_given():
+    inv = parse("defaults: {lease_dir: /var/lib/cddp-leases}\nhosts:\n  - {name: a, gpus: [3, 1]}\n  - {name: b}\n")
+    a, b = inv.hosts
+    assert (a.gpus, a.slots, b.gpus, b.slots) == (2, (1, 3), "auto", None)
+    assert a.lease_dir == b.lease_dir == "/var/lib/cddp-leases"
+    assert (inv.master.port, inv.master.port_fixed) == (29500, False)  # not written: up chooses a free one from it
+    assert parse(GOOD).master.port_fixed and parse(GOOD).master.port == 29600
+    assert inv.select(["b"]).master.port_fixed is False
+
+
+@pytest.mark.parametrize("gpus, words", [("[]", "GPU indices"), ("[0, 0]", "lists a GPU twice"),
+                                         ("[0, true]", "GPU indices"), ("[1024]", "GPU indices")])
+def test_a_bad_fixed_choice_of_gpus_is_located(gpus, words):
+    e = error_of(f"hosts:\n  - name: a\n    gpus: {gpus}\n")
+    assert e.field == "hosts[0].gpus" and e.line == 3 and words in str(e)

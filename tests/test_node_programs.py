@@ -16,7 +16,8 @@ import pytest
 from clusterddp import inventory, node, plan
 
 # The oldest Python each must parse on (see clusterddp/node/__init__.py).
-FLOOR = {"probe": (3, 5), "collect": (3, 8), "follow": (3, 8), "worker": (3, 8), "top": (3, 8), "diagnose": (3, 8)}
+FLOOR = {"probe": (3, 5), "collect": (3, 8), "follow": (3, 8), "worker": (3, 8), "top": (3, 8), "diagnose": (3, 8),
+         "lease": (3, 8)}
 
 
 def test_every_program_has_a_floor_and_source_reads_each_once():

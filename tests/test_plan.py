@@ -231,6 +231,9 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
             (f"teardown_command({h}, grace=0.05)", plan.teardown_command(n, 0.05)),
             (f"collect_command({h})", plan.collect_command(n)),
             (f"node_log_command({h})", plan.node_log_command(n)),
+            (f"go_command({h})  # a leased run's start", plan.go_command(n)),
+            (f"lease_release_command({h}, {RUN_ID!r}, <control dir>)",
+             plan.lease_release_command(n.host, RUN_ID, n.control_dir)),
         ]
     (a, b), addr = inv.hosts, inv.master.addr
     ea, eb = (n.env for n in p.nodes)
@@ -244,8 +247,25 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
         (f"exec_command({a.name}, {EXEC_WORDS!r})", plan.exec_command(a, EXEC_WORDS)),
         (f"exec_command({b.name}, {EXEC_WORDS!r})", plan.exec_command(b, EXEC_WORDS)),
         (f"exec_command({a.name}, {EXEC_WORDS!r}, limit=2.5)", plan.exec_command(a, EXEC_WORDS, 2.5)),
+        (f"lease_command({a.name}, 'hold')", plan.lease_command(a, "hold")),
+        (f"lease_command({b.name}, 'queue')", plan.lease_command(b, "queue")),
+        (f"lease_command({b.name}, 'list')", plan.lease_command(b, "list")),
+        (f"queue_leave_command({a.name}, <ticket>)", plan.queue_leave_command(a, f"{'1' * 19}-{RUN_ID}")),
     ]
     return out
+
+
+def test_a_leased_plan_runs_one_process_per_slot_on_its_gpus_and_port():
+    inv = inventory.parse(INV, "lab.yaml")
+    p = build_plan(inv, RunSpec("t.py", master_port=29517), RUN_ID, grants={"gpu-01": (1, 3), "gpu-02": (0,)})
+    assert p.leased and p.master_port == 29517
+    for n, want in zip(p.nodes, ("1,3", "0"), strict=True):
+        assert dict(n.env)["CUDA_VISIBLE_DEVICES"] == want and n.nproc == len(want.split(","))
+        assert dict(n.env)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # the order nvidia-smi numbers GPUs in
+        assert f"--nproc-per-node {n.nproc} " in n.launch_script and "--master-port 29517 " in n.launch_script
+        assert f"export CUDA_VISIBLE_DEVICES={want}" in n.launch_script or \
+            f"export CUDA_VISIBLE_DEVICES='{want}'" in n.launch_script
+    assert not build_plan(inv, RunSpec("t.py"), RUN_ID).leased
 
 
 def test_node_commands_match_golden():

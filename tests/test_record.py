@@ -36,7 +36,8 @@ def full_record() -> RunRecord:
         a.settings, user=None, port=2222, identity_file="~/.ssh/id_ed25519", host_key_policy="accept-new",
         gpus="auto", env=(("NCCL_DEBUG", "WARN"), ("A", "x y ü")), setup=("source ~/venv/bin/activate",),
         connect_timeout=3.5, keepalive=0.0), nproc="auto")
-    b = replace(b, state=NodeState.FAILED, exit_code=3, error="boom", settings=replace(b.settings, gpus=4))
+    b = replace(b, state=NodeState.FAILED, exit_code=3, error="boom",
+                settings=replace(b.settings, gpus=2, slots=(0, 3), lease_dir="/var/lib/leases"))
     return replace(rec, nodes=(a, b))
 
 
@@ -52,6 +53,7 @@ def test_a_full_record_round_trips_through_json_and_keeps_run_json_keys():
     assert set(new) == set(old) | {"schema", "fanout"} and new["schema"] == 1 and new["fanout"] == 7
     assert set(new["nodes"][0]) == set(old["nodes"][0])
     assert set(new["nodes"][0]["settings"]) == set(old["nodes"][0]["settings"])
+    assert list(new["nodes"][1]["settings"]["slots"]) == [0, 3]
     assert new["status"] == "failed" and new["exit_code"] == 1 and new["nodes"][1]["exit_code"] == 3
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp import schedule as S
-from clusterddp.errors import UsageError
+from clusterddp.errors import SpecError, UsageError
 from clusterddp.plan import RunSpec
 from clusterddp.record import RunStatus
 from clusterddp.store import RunStore
@@ -85,6 +85,16 @@ def test_minimal_spec_has_no_optional_flags():
     argv = S.up_argv(spec(run=run, hosts=(), inventory="local"))
     assert argv == ["/venv/bin/clusterddp", "up", "local", "/p/t.py", "--runs-dir", "/srv/runs 50%",
                     "--schedule", "nightly"]
+
+
+def test_a_schedule_with_wait_fires_up_wait_and_older_specs_without_it_still_read(tmp_path):
+    s = spec(run=RunSpec(script="/p/t.py"), hosts=(), inventory="local", wait=True)
+    assert S.up_argv(s)[-3:] == ["--schedule", "nightly", "--wait"]
+    assert S.spec_from_json(json.loads(json.dumps(s.to_json())), s.spec_path) == s
+    old = spec(run=RunSpec(script="/p/t.py"), hosts=(), inventory="local")
+    assert "wait" not in old.to_json() and S.spec_from_json(old.to_json(), old.spec_path).wait is False
+    with pytest.raises(SpecError, match="wait: expected true or false"):
+        S.spec_from_json({**s.to_json(), "wait": "yes"}, s.spec_path)
 
 
 @pytest.mark.parametrize("where", ["launch_dir", "runs_dir", "bin_dir"])

@@ -11,6 +11,7 @@ from . import schema as schema_cmd
 from . import up as up_cmd
 from .check import check as check_cmd
 from .exec_ import exec_ as exec_cmd
+from .leases import leases as leases_cmd
 from .script_args import ScriptCommand
 from .top import top as top_cmd
 
@@ -27,6 +28,7 @@ app.command("exec")(exec_cmd)
 app.command("prune")(prune_cmd.prune)
 app.command("schema")(schema_cmd.schema)
 app.command("top")(top_cmd)
+app.command("leases")(leases_cmd)
 
 
 @app.callback()

@@ -25,7 +25,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 INVENTORY = typer.Argument(..., help="Inventory YAML file, or `local` for this machine's GPUs.")
 SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.")
 RUN_NAME = typer.Option(None, "--name", help="A name for the run.")
-HOSTS = typer.Option(None, "--hosts", help="Run on these hosts only: a,b,c.")
+HOSTS = typer.Option(None, "--hosts", help="Run on these hosts only: a,b,c; host:0,1 also picks its GPUs.")
 EXCLUDE = typer.Option(None, "--exclude", help="Leave these hosts out: a,b (after --hosts).")
 MAX_GPUS = 1024  # processes per node; far above any machine, low enough to keep torchrun's numbers sane
 GPUS = typer.Option(None, "--gpus", min=1, max=MAX_GPUS, help="Processes per node (overrides the inventory).")
@@ -74,6 +74,38 @@ def host_list(hosts: str | None, flag: str = "--hosts") -> list[str] | None:
         from ..inventory import show
         raise UsageError(f"{flag} {show(hosts)} names no host", f"give host names from the inventory: {flag} a,b")
     return names
+
+
+def host_slots(hosts: str | None) -> tuple[list[str] | None, dict[str, tuple[int, ...]]]:
+    """``--hosts gpu-01:0,1,gpu-02`` as the host names and each fixed choice of GPUs: after
+    ``host:N``, the bare numbers that follow are more of that host's GPUs."""
+    from ..errors import UsageError
+    from ..inventory import show
+    names = host_list(hosts)
+    if names is None:
+        return None, {}
+    out: list[str] = []
+    slots: dict[str, list[int]] = {}
+    last: str | None = None
+    for word in names:
+        name, colon, first = word.partition(":")
+        if colon:
+            last = name
+            out.append(name)
+            slots[name] = []
+            word = first
+        elif last is None or not word.isdigit():
+            last = None
+            out.append(word)
+            continue
+        if not word.isdigit() or int(word) >= MAX_GPUS:
+            raise UsageError(f"--hosts {show(hosts or '')}: {show(word)} is not a GPU number for {last}",
+                             "give GPUs as numbers after the host: --hosts gpu-01:0,1,gpu-02:2,3")
+        assert last is not None
+        if int(word) in slots[last]:
+            raise UsageError(f"--hosts {show(hosts or '')}: GPU {word} of {last} named twice", "name each GPU once")
+        slots[last].append(int(word))
+    return out, {h: tuple(sorted(s)) for h, s in slots.items()}
 
 
 # Control characters (C0 but newline and tab, DEL, C1) and lone surrogates, as visible escapes:

@@ -57,6 +57,8 @@ def add(
     collect: list[str] = COLLECT,
     max_restarts: int = MAX_RESTARTS,
     local_rank_arg: str | None = LOCAL_RANK_ARG,
+    wait: bool = typer.Option(False, "--wait", help="When the GPU slots are taken, wait in the queue for them "
+                              "instead of giving up (exit 75)."),
 ) -> None:
     """Add a crontab entry that runs `clusterddp up INVENTORY SCRIPT` at the --cron times, from here.
 
@@ -91,7 +93,7 @@ def add(
         name=name, cron=expr, launch_dir=os.getcwd(), runs_dir=str(prep.store.root), executable=executable,
         bin_dir=bin_dir, inventory=inventory if inventory == LOCAL else os.path.abspath(inventory), run=run,
         hosts=tuple(hosts_ or ()),
-        agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None)
+        agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None, wait=wait)
     edit = S.add(spec, replace)
     _tell_migrated(edit)
 

@@ -27,6 +27,7 @@ from .common import (
     err,
     handle_errors,
     host_list,
+    host_slots,
     local_rank_flag,
     quiet_filter,
     run_spec,
@@ -61,6 +62,8 @@ def up(
     join_timeout: float = typer.Option(120.0, "--join-timeout", min=0, metavar="S",
                                        help="Name and end a run whose nodes have not all joined the rendezvous "
                                             "S seconds after it started (0: wait as long as torch does)."),
+    wait: bool = typer.Option(False, "--wait", help="When the GPU slots are taken, wait in the queue for them "
+                              "instead of refusing (exit 75)."),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -78,8 +81,9 @@ def up(
                              "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
         from .up_slurm import up_slurm
         return up_slurm(loaded, inventory, spec, runs_dir, host_list(hosts), limit, dry_run, detach, raw, schedule)
-    prep = jobs.prepare(inventory, spec, runs_dir, host_list(hosts), exclude=host_list(exclude, "--exclude"),
-                        loaded=loaded)
+    names, slots = host_slots(hosts)
+    prep = jobs.prepare(inventory, spec, runs_dir, names, exclude=host_list(exclude, "--exclude"),
+                        loaded=loaded, slots=slots)
     warning = jobs.local_rank_warning(spec)
     if warning:
         err(warning)
@@ -92,31 +96,46 @@ def up(
         return
     upload = jobs.pack(prep, limit)
     try:
-        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule, quiet, join_timeout)
+        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule, quiet, join_timeout, wait)
     finally:
         if upload is not None:
             upload.discard()
 
 
 def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: bool, raw: bool,
-        schedule: str | None, quiet: bool = False, join_timeout: float = 0.0) -> None:
+        schedule: str | None, quiet: bool = False, join_timeout: float = 0.0, wait: bool = False) -> None:
     from .. import jobs
     fleet = None if skip_check else jobs.preflight(prep.plan)
+    sigterm_as_interrupt()  # a waiting run leaves the queue on SIGTERM too
+    lease, leased = None, None
     try:
+        if not prep.plan.local:
+            from ..fleet import Fleet
+            fleet = fleet or Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
+            prep, lease = jobs.take_lease(prep, fleet, wait=wait,
+                                          on_wait=lambda s: print(f"[clusterddp] {s}", flush=True))
+            if lease is not None:  # said once the run id is (below)
+                leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
+                          + f"; master port {prep.plan.master_port}")
         prep.store.create(jobs.new_record(prep, inventory, schedule=schedule))
     except BaseException:
+        if lease is not None:
+            lease.release()
         if fleet is not None:
             fleet.close()
         raise
-    # The id is printed once it is recorded: a run refused before (bad input, the preflight) has
-    # no record, so it shows no id that `clusterddp logs` could not find.
+    # The id is printed once it is recorded: a run refused before (bad input, the preflight, slots
+    # taken) has no record, so it shows no id that `clusterddp logs` could not find. From here the
+    # supervisor's fleet is the lease's: a node whose job was never told to start frees its slots
+    # when the fleet's connections close (its holder sees its channel go).
     print(f"run {prep.plan.run_id}", flush=True)
+    if leased:
+        print(leased, flush=True)
     if upload is not None:
         print(f"upload: {upload.folder.summary()}", flush=True)
     from .common import PrefixPrinter
     hide = quiet_filter(quiet)
     printer = PrefixPrinter([n.host.name for n in prep.plan.nodes], raw=raw, hide=hide)
-    sigterm_as_interrupt()
     started = time.monotonic()
 
     def on_collect(r) -> None:

@@ -10,8 +10,8 @@ where it runs alone, as ``__main__``, with the node's own Python. So every modul
   ``TYPE_CHECKING`` a plain ``False``;
 - keeps to the grammar of the oldest Python it may meet: ``probe`` Python 3.5 (no f-strings, no
   variable annotations), since it must report on a node whose Python is too old rather than
-  fail to parse; ``collect``, ``follow``, ``worker``, ``top`` and ``diagnose`` Python 3.8, the
-  oldest that torch 2 supports (they
+  fail to parse; ``collect``, ``follow``, ``worker``, ``top``, ``diagnose`` and ``lease`` Python 3.8,
+  the oldest that torch 2 supports (they
   run only where a job can run). tests/test_node_programs.py parses each with that grammar;
 - has ``main(argv)`` (argv without the program name), callable in-process by tests, and ends
   with ``if __name__ == "__main__":`` calling it.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-PROGRAMS = ("probe", "collect", "follow", "worker", "top", "diagnose")
+PROGRAMS = ("probe", "collect", "follow", "worker", "top", "diagnose", "lease")
 
 
 @functools.cache

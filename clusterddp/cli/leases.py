@@ -1,0 +1,61 @@
+"""`clusterddp leases INVENTORY [--json]`: who holds which GPU slots on each node, and who waits."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from .check import FANOUT, HOSTS, load_inventory
+from .common import EXIT_FAILED, err, handle_errors, visible
+
+
+@handle_errors
+def leases(
+    inventory: str = typer.Argument(..., help="Inventory YAML file."),
+    hosts: str | None = HOSTS,
+    fanout: int | None = FANOUT,
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: every host's leases and queue."),
+) -> None:
+    """List the GPU slot leases and the queue on every host (read from each node's lease folder)."""
+    from ..fleet import Fleet
+    from ..leases import read_views
+    inv = load_inventory(inventory, hosts, fanout)
+    with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
+        res = read_views(fleet, inv.hosts)
+    if as_json:
+        doc = {"hosts": [{"host": h, "error": str(v)} if isinstance(v, Exception) else {
+            "host": h, "capacity": v.capacity, "free": sorted(v.free), "unreadable": v.garbled,
+            "leases": [{"run": x.run, "user": x.user, "since": x.since, "slots": list(x.slots), "port": x.port,
+                        "state": x.state} for x in v.holders],
+            "queue": [{"ticket": w.ticket, "run": w.run, "user": w.user, "since": w.since, "need": w.need,
+                       "slots": list(w.slots) if w.slots else None} for w in v.waiting]} for h, v in res.items()]}
+        print(json.dumps(doc, indent=2))
+    else:
+        rows = [("HOST", "GPUS", "FREE", "RUN", "USER", "SINCE", "SLOTS", "PORT", "STATE")]
+        waits = []
+        for h, v in res.items():
+            if isinstance(v, Exception):
+                continue
+            free = ",".join(map(str, sorted(v.free))) or "-"
+            if not v.holders:
+                rows.append((h, str(v.capacity), free, "-", "", "", "", "", ""))
+            for x in v.holders:
+                rows.append((h, str(v.capacity), free, x.run, x.user, x.since, ",".join(map(str, x.slots)),
+                             str(x.port or ""), x.state))
+            if v.garbled:
+                waits.append(f"{h}: {v.garbled} unreadable lease file(s)")
+            for i, w in enumerate(v.waiting, 1):
+                wants = f"slots {','.join(map(str, w.slots))}" if w.slots else f"{w.need or 'every'} slot(s)"
+                waits.append(f"{h}: {i}. run {w.run} of {w.user} waits since {w.since} for {wants}")
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            print(visible("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()))
+        if waits:
+            print("queue:")
+            for line in waits:
+                print(visible("  " + line))
+    for h, e in res.failed.items():
+        err(f"{h}: cannot read its leases: {e}")
+    if res.failed:
+        raise typer.Exit(EXIT_FAILED)

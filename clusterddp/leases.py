@@ -1,0 +1,367 @@
+"""GPU slot leases and the queue, launcher side: take a run's slots on every node, all or nothing,
+before it starts; wait for them in a queue shared by every launcher; list them. No daemon: each
+node's lease folder holds locked files (``clusterddp/node/lease.py`` says which, and the queue's rule).
+
+Taking a lease on several nodes: one node at a time, in one order every launcher uses (by address,
+port, name), each node's check-and-take under that node's mutex and without waiting for a slot; on the
+first node that does not fit, what was taken on the others is given back. Nobody ever waits for one
+node while holding another, so two launchers cannot deadlock, and two that want the same nodes meet on
+the first of them, where one wins outright instead of each holding half. A node's lease is held by a
+holder process that the launcher's SSH channel keeps: if the launcher dies before the job starts, the
+channel closes and the holder ends, freeing the slots. At the start the holder runs the job with the
+lock files open, so from then on the job's own processes hold them.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import posixpath
+import queue
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from . import plan as P
+from .errors import HostError, LeaseBusy, UsageError
+from .fleet import Fleet, GroupResult, as_host_error
+from .inventory import Host
+from .node import lease as node_lease
+from .transport import Transport
+
+REPLY_TIMEOUT_S = 60.0    # a node's first answer (its mutex waits at most 30 s)
+RETRY_STARTING_S = 10.0   # a node busy because another launcher is taking it right now: retry this long
+WAIT_POLL_S = 1.0         # how often a waiting run looks at the nodes again
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A lease a node reports: ``run`` holds ``slots`` (and ``port``, on its master) there."""
+
+    run: str
+    user: str
+    since: str
+    host: str
+    slots: tuple[int, ...]
+    port: int | None
+    state: str          # starting (taken, job not yet started) or running
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A queue entry a node reports: ``run`` waits for ``need`` slots (or exactly ``slots``)."""
+
+    ticket: str
+    run: str
+    user: str
+    since: str
+    need: int | None
+    slots: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What one node's lease folder says: its capacity, live leases and queue (garbled entries counted)."""
+
+    host: str
+    capacity: int
+    holders: tuple[Holding, ...]
+    waiting: tuple[Waiting, ...]
+    garbled: int = 0
+
+    @property
+    def free(self) -> set[int]:
+        return set(range(self.capacity)) - {s for h in self.holders for s in h.slots}
+
+
+def _view(host: str, reply: dict) -> NodeView:
+    hs = [h for h in reply.get("holders", []) if not h["garbled"]]
+    ws = [w for w in reply.get("waiting", []) if not w["garbled"]]
+    garbled = len(reply.get("holders", [])) + len(reply.get("waiting", [])) - len(hs) - len(ws)
+    return NodeView(host, reply.get("capacity", 0),
+                    tuple(Holding(h["run"], h["user"], h["since"], h["host"], tuple(h["slots"]), h["port"], h["state"])
+                          for h in hs),
+                    tuple(sorted((Waiting(w["ticket"], w["run"], w["user"], w["since"], w["need"],
+                                          tuple(w["slots"]) if w["slots"] else None) for w in ws),
+                                 key=lambda w: w.ticket)),
+                    garbled)
+
+
+def launching_user() -> str:
+    """Who launches, as leases name them: ``user@machine`` of the launcher (the nodes' SSH user may be
+    one shared account)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+def new_ticket(run_id: str) -> str:
+    """A queue ticket: the launcher's clock in ns, then the run id. Tickets sort in arrival order
+    (up to the launchers' clock skew), and every node sees the same order, so no two waiters each
+    wait for the other."""
+    return f"{time.time_ns():019d}-{run_id}"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S%z")
+
+
+# ---- what a run asks of each node ----
+
+@dataclass(frozen=True)
+class Ask:
+    """One node's part of a run's lease: ``need`` slots (None: all the node has) or exactly ``slots``;
+    ``port``: on the master, the port to lock (``{"fixed": p}``) or where to start looking (``{"from": p}``)."""
+
+    host: Host
+    control_dir: str
+    need: int | None
+    slots: tuple[int, ...] | None
+    port: dict | None
+
+    @property
+    def wants(self) -> str:
+        if self.slots:
+            return "slots " + ",".join(map(str, self.slots))
+        return f"{self.need} slot(s)" if self.need else "every slot"
+
+
+def asks(plan: P.LaunchPlan, port_fixed: bool) -> list[Ask]:
+    """Each node's part of ``plan``'s lease, in the order every launcher takes nodes."""
+    out = []
+    for n in plan.nodes:
+        h = n.host
+        fixed = h.slots if plan.spec.gpus is None else None  # --gpus N wins over a host's fixed choice
+        need = plan.spec.gpus or (h.gpus if isinstance(h.gpus, int) else None)
+        port = None
+        if h.name == plan.inventory.master.host:
+            port = {"fixed": plan.master_port} if port_fixed else {"from": plan.master_port, "span": 100}
+        out.append(Ask(h, n.control_dir, None if fixed else need, fixed, port))
+    return sorted(out, key=lambda a: (a.host.address, a.host.port or 22, a.host.name))
+
+
+def _request(a: Ask, run_id: str, user: str, since: str, **extra: object) -> bytes:
+    return json.dumps({"dir": P.lease_dir(a.host), "run": run_id, "user": user, "host": a.host.name,
+                       "since": since, "need": a.need, "slots": list(a.slots) if a.slots else None,
+                       "fallback": a.host.gpus if isinstance(a.host.gpus, int) else 1, **extra}).encode()
+
+
+# ---- a node program kept running over its SSH channel ----
+
+class _Channel:
+    """A node program on one host, running in a thread of its own for as long as it holds something:
+    its reply lines come through :meth:`reply`."""
+
+    def __init__(self, host: str, t: Transport, command: str, stdin: bytes) -> None:
+        self.host = host
+        self._lines: queue.Queue[str | Exception | None] = queue.Queue()
+        self._buf = b""
+        self.thread = threading.Thread(target=self._run, args=(t, command, stdin), daemon=True,
+                                       name=f"lease-{host}")
+        self.thread.start()
+
+    def _run(self, t: Transport, command: str, stdin: bytes) -> None:
+        try:
+            t.stream(command, self._data, stdin=stdin, stderr_to=bytearray())
+        except Exception as e:  # noqa: BLE001 - the reader gets it as this host's failure
+            self._lines.put(e)
+        finally:
+            self._lines.put(None)
+
+    def _data(self, chunk: bytes) -> None:
+        self._buf += chunk
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            self._lines.put(line.decode("utf-8", "replace"))
+        if len(self._buf) > node_lease.MAX_REPLY:
+            self._lines.put(ValueError("a reply line of over 1 MiB"))
+            self._buf = b""
+
+    def reply(self, timeout: float = REPLY_TIMEOUT_S) -> dict:
+        """The program's next reply, checked; HostError when there is none or it is unreadable."""
+        try:
+            item = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise HostError(self.host, f"the lease program did not answer within {timeout:g}s") from None
+        if item is None:
+            raise HostError(self.host, "the lease program ended without answering")
+        if isinstance(item, Exception):
+            raise item if isinstance(item, HostError) else HostError(self.host, f"lease: {item}")
+        try:
+            return node_lease.parse_reply(item)
+        except ValueError as e:
+            raise HostError(self.host, f"unreadable answer from the lease program: {e}") from None
+
+
+# ---- a run's lease ----
+
+@dataclass
+class Lease:
+    """A run's lease, held on every node: each node's slots, and the master port."""
+
+    run_id: str
+    fleet: Fleet
+    grants: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    port: int | None = None
+    _held: list[Ask] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Give back every node's lease whose job was not started (a started job keeps its own until
+        it ends). Best effort: a node that does not answer loses its holder with the connection."""
+        held, self._held = self._held, []
+
+        def one(h: Host, t: Transport) -> None:
+            a = next(x for x in held if x.host.name == h.name)
+            t.run(P.lease_release_command(h, self.run_id, a.control_dir), timeout=30)
+        self.fleet.each(one, [a.host for a in held])
+
+
+def _busy(run_id: str, a: Ask, view: NodeView, why: str | None, never: bool) -> UsageError | LeaseBusy:
+    h = a.host.name
+    if never:
+        return UsageError(f"the run can never fit on {h}: {why}",
+                          f"ask for fewer processes (--gpus) or other slots on {h} (gpus: [..] or --hosts {h}:0,1)")
+    lines = [f"the run does not fit: it needs {a.wants} on {h}, which has {view.capacity}"
+             + (" (the master port is taken)" if why == "port" else "")]
+    for x in view.holders:
+        lines.append(f"  {h}: slots {','.join(map(str, x.slots))} held by run {x.run} of {x.user} since {x.since}"
+                     + (f", master port {x.port}" if x.port else "") + f" ({x.state})")
+    for w in view.waiting:
+        lines.append(f"  {h}: run {w.run} of {w.user} waits since {w.since} for "
+                     + (f"slots {','.join(map(str, w.slots))}" if w.slots else f"{w.need or 'every'} slot(s)"))
+    if view.garbled:
+        lines.append(f"  {h}: {view.garbled} unreadable lease file(s) in {P.lease_dir(a.host)}")
+    return LeaseBusy("\n".join(lines), "wait for a turn with `up --wait`, or choose other hosts (--hosts) or fewer "
+                     "processes (--gpus); `clusterddp leases INVENTORY` lists every lease", holders=view.holders,
+                     run_id=run_id)
+
+
+def try_acquire(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], *, user: str,
+                ticket: str | None = None) -> Lease:
+    """Take the lease on every node of ``ask_list`` in its order, or none: raises LeaseBusy (exit 75)
+    naming who holds what on the first node that does not fit, UsageError when the run can never fit."""
+    lease = Lease(plan.run_id, fleet)
+    since = _now()
+    try:
+        for a in ask_list:
+            t = fleet.transport(a.host)
+            req = _request(a, plan.run_id, user, since, ticket=ticket, port=a.port,
+                           go=posixpath.join(a.control_dir, P.GO_FILE), start=P.start_command(
+                               next(n for n in plan.nodes if n.host.name == a.host.name)))
+            ch = _Channel(a.host.name, t, P.lease_command(a.host, "hold"), req)
+            reply = ch.reply()
+            if not reply.get("ok"):
+                raise _busy(plan.run_id, a, _view(a.host.name, reply), reply.get("why"), reply.get("never", False))
+            lease._held.append(a)
+            lease.grants[a.host.name] = tuple(reply["slots"])
+            if a.port is not None:
+                lease.port = reply["port"]
+    except BaseException:
+        lease.release()
+        raise
+    return lease
+
+
+def acquire(plan: P.LaunchPlan, fleet: Fleet, *, port_fixed: bool, wait: bool = False,
+            on_wait: Callable[[str], None] = lambda s: None, user: str | None = None,
+            sleep: Callable[[float], object] = time.sleep) -> Lease:
+    """The run's lease on every node. Without ``wait`` a run that does not fit raises LeaseBusy, after
+    retrying for a few seconds while the nodes it needs are being taken by another launcher right now.
+    With ``wait`` it joins the queue on its nodes and waits its turn, telling ``on_wait`` its position
+    and what it waits for whenever that changes; Ctrl-C leaves the queue."""
+    user = user or launching_user()
+    ask_list = asks(plan, port_fixed)
+    ticket = new_ticket(plan.run_id) if wait else None
+    deadline = time.monotonic() + RETRY_STARTING_S
+    while True:
+        try:
+            return try_acquire(plan, fleet, ask_list, user=user, ticket=ticket)
+        except LeaseBusy as e:
+            if wait:
+                break
+            starting = any(h.state == "starting" for h in e.holders)
+            if not starting or time.monotonic() > deadline:
+                raise
+            sleep(random.uniform(0.2, 1.0))
+    assert ticket is not None
+    return _wait(plan, fleet, ask_list, user, ticket, on_wait, sleep)
+
+
+def _wait(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], user: str, ticket: str,
+          on_wait: Callable[[str], None], sleep: Callable[[float], object]) -> Lease:
+    since = _now()
+    entries: list[Host] = []
+    try:
+        for a in ask_list:
+            ch = _Channel(a.host.name, fleet.transport(a.host), P.lease_command(a.host, "queue"),
+                          _request(a, plan.run_id, user, since, ticket=ticket))
+            if not ch.reply().get("queued"):
+                raise HostError(a.host.name, "the lease program did not queue the run")
+            entries.append(a.host)
+        said = None
+        while True:
+            views = list_views(fleet, [a.host for a in ask_list])
+            status = _position(ask_list, views, ticket)
+            if status != said:
+                on_wait(status)
+                said = status
+            if _may_fit(ask_list, views, ticket):
+                try:
+                    return try_acquire(plan, fleet, ask_list, user=user, ticket=ticket)
+                except LeaseBusy:
+                    pass
+            sleep(WAIT_POLL_S)
+    finally:
+        fleet.each(lambda h, t: t.run(P.queue_leave_command(h, ticket), timeout=30), entries)
+
+
+def _position(ask_list: Sequence[Ask], views: dict[str, NodeView], ticket: str) -> str:
+    ahead = {w.ticket: w for v in views.values() for w in v.waiting if w.ticket < ticket}
+    holders: dict[str, tuple[Holding, list[str]]] = {}
+    for a in ask_list:
+        v = views[a.host.name]
+        for h in v.holders:
+            holders.setdefault(h.run, (h, []))[1].append(f"{a.host.name}:{','.join(map(str, h.slots))}")
+    waits = "; ".join(f"run {h.run} of {h.user} ({' '.join(where)})" for h, where in holders.values()) or "nobody"
+    return f"waiting in the queue: position {len(ahead) + 1}; the slots are held by {waits}"
+
+
+def _may_fit(ask_list: Sequence[Ask], views: dict[str, NodeView], ticket: str) -> bool:
+    """Whether every node has room for the run by the queue's rule, as the nodes' files say (the
+    take itself decides; this only spares the nodes attempts that cannot succeed)."""
+    for a in ask_list:
+        v = views[a.host.name]
+        earlier = [w for w in v.waiting if w.ticket < ticket]
+        reserved = {s for w in earlier if w.slots for s in w.slots}
+        count = sum(min(v.capacity, w.need or v.capacity) for w in earlier if not w.slots)
+        free = v.free - reserved
+        need = len(a.slots) if a.slots else (a.need or v.capacity)
+        if (a.slots and not set(a.slots) <= free) or len(free) - need < count:
+            return False
+    return True
+
+
+def read_views(fleet: Fleet, hosts: Sequence[Host]) -> GroupResult[str, NodeView]:
+    """Every host's lease folder, read in parallel; a host that cannot be read fails on its own."""
+    def one(h: Host, t: Transport) -> NodeView:
+        req = json.dumps({"dir": P.lease_dir(h), "fallback": h.gpus if isinstance(h.gpus, int) else 1}).encode()
+        res = t.run(P.lease_command(h, "list"), stdin=req, timeout=REPLY_TIMEOUT_S)
+        try:
+            return _view(h.name, node_lease.parse_reply(res.text))
+        except ValueError as e:
+            raise HostError(h.name, f"unreadable answer from the lease program: {e}") from None
+    return fleet.each(one, hosts)
+
+
+def list_views(fleet: Fleet, hosts: Sequence[Host]) -> dict[str, NodeView]:
+    """Every host's lease folder; the first host that cannot be read raises its HostError."""
+    res = read_views(fleet, hosts)
+    first = res.first_failure()
+    if first:
+        raise as_host_error(*first)
+    return dict(res.succeeded)

@@ -1,0 +1,79 @@
+"""The launcher side of leases, on pure data: what each node is asked, in which order, how a
+refusal reads, and the queue's rule as the waiting launcher applies it."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterddp import inventory, leases
+from clusterddp.errors import LeaseBusy, UsageError
+from clusterddp.plan import RunSpec, build_plan
+
+INV = """
+master: {host: b}
+hosts:
+  - {name: b, address: 10.0.0.2, gpus: [1, 3]}
+  - {name: a, address: 10.0.0.9}
+  - {name: c, address: 10.0.0.1, gpus: 4}
+"""
+
+
+def plan(**spec):
+    return build_plan(inventory.parse(INV, "inv.yaml"), RunSpec("t.py", **spec), "r1")
+
+
+def test_nodes_are_asked_in_one_order_for_their_slots_and_the_master_for_its_port():
+    asks = leases.asks(plan(), port_fixed=False)
+    assert [a.host.name for a in asks] == ["c", "b", "a"]  # by address, whatever the inventory's order
+    by = {a.host.name: a for a in asks}
+    assert (by["b"].slots, by["b"].need, by["b"].wants) == ((1, 3), None, "slots 1,3")
+    assert (by["a"].need, by["a"].wants) == (None, "every slot")  # gpus: auto
+    assert by["c"].need == 4 and by["b"].port == {"from": 29500, "span": 100} and by["a"].port is None
+    fixed = {a.host.name: a for a in leases.asks(plan(gpus=1, master_port=29611), port_fixed=True)}
+    assert (fixed["b"].slots, fixed["b"].need, fixed["b"].port) == (None, 1, {"fixed": 29611})  # --gpus wins
+
+
+def view(host="b", capacity=2, holders=(), waiting=()):
+    return leases.NodeView(host, capacity, tuple(holders), tuple(waiting))
+
+
+HOLDER = leases.Holding("20261130-140211-ab12", "alice@laptop", "2026-11-30 14:02:11+0000", "b", (0, 1), 29500,
+                        "running")
+
+
+def test_a_refusal_names_every_holder_and_waiter_of_the_node_and_never_fitting_is_bad_input():
+    a = {x.host.name: x for x in leases.asks(plan(), port_fixed=False)}["b"]
+    w = leases.Waiting("0000000000000000009-r0", "r0", "bob@desk", "2026-11-30 14:05:00+0000", 2, None)
+    e = leases._busy("r1", a, view(holders=[HOLDER], waiting=[w]), "busy", False)
+    assert isinstance(e, LeaseBusy) and e.exit_code == 75 and e.holders == (HOLDER,)
+    assert str(e).splitlines()[:3] == [
+        "the run does not fit: it needs slots 1,3 on b, which has 2",
+        "  b: slots 0,1 held by run 20261130-140211-ab12 of alice@laptop since 2026-11-30 14:02:11+0000, "
+        "master port 29500 (running)",
+        "  b: run r0 of bob@desk waits since 2026-11-30 14:05:00+0000 for 2 slot(s)"]
+    assert "up --wait" in e.hint
+    never = leases._busy("r1", a, view(), "slot 3 asked for, but the node has 2 (0..1)", True)
+    assert isinstance(never, UsageError) and never.exit_code == 2 and "can never fit on b" in str(never)
+
+
+@pytest.mark.parametrize("waiting, holders, fits", [
+    ((), (), True),
+    ((), [HOLDER], False),                                                      # every slot held
+    ([leases.Waiting("0000000000000000001-x", "x", "u", "s", 1, None)], (), True),   # 2 free: 1 for x, 1 for us
+    ([leases.Waiting("0000000000000000001-x", "x", "u", "s", 2, None)], (), False),  # x came first and needs both
+    ([leases.Waiting("0000000000000000009-x", "x", "u", "s", 2, None)], (), True),   # x came after us
+    ([leases.Waiting("0000000000000000001-x", "x", "u", "s", None, (0,))], (), True),
+    ([leases.Waiting("0000000000000000001-x", "x", "u", "s", None, (1,))], (), False),  # x fixed on our slot
+])
+def test_the_queue_rule_as_a_waiter_reads_it(waiting, holders, fits):
+    ask = leases.Ask(inventory.parse("hosts: [{name: b, gpus: 2}]", "i.yaml").hosts[0], "/c", None, (1,), None)
+    views = {"b": view(holders=holders, waiting=waiting)}
+    assert leases._may_fit([ask], views, "0000000000000000005-me") is fits
+
+
+def test_a_waiter_is_told_its_place_and_whose_runs_hold_its_slots():
+    ask = leases.Ask(inventory.parse("hosts: [{name: b, gpus: 2}]", "i.yaml").hosts[0], "/c", 2, None, None)
+    ahead = [leases.Waiting(f"000000000000000000{i}-w{i}", f"w{i}", "u", "s", 1, None) for i in (1, 2, 8)]
+    said = leases._position([ask], {"b": view(holders=[HOLDER], waiting=ahead)}, "0000000000000000005-me")
+    assert said == ("waiting in the queue: position 3; the slots are held by run 20261130-140211-ab12 of "
+                    "alice@laptop (b:0,1)")

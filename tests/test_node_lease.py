@@ -1,0 +1,181 @@
+"""The node program ``lease`` run as nodes run it (``python -S -c``), on a local lease folder: real
+flocks, real processes. The queue's rule, crashed holders, garbage in the folder, and the reply parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clusterddp import leases, node
+from clusterddp.node import lease as L
+from helpers import eventually
+
+SRC = node.source("lease")
+
+
+def run(mode: str, req: dict) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-S", "-c", SRC, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdin is not None
+    p.stdin.write(json.dumps(req))
+    p.stdin.close()
+    return p
+
+
+def reply(p: subprocess.Popen) -> dict:
+    assert p.stdout is not None
+    return L.parse_reply(p.stdout.readline())
+
+
+@pytest.fixture
+def base(tmp_path):
+    # no nvidia-smi here: a node of 2 slots (the inventory's gpus)
+    return {"dir": str(tmp_path / "leases"), "user": "me@laptop", "host": "n1", "since": "2026-11-30 10:00:00+0000",
+            "fallback": 2, "port": None, "slots": None, "go": str(tmp_path / "go"), "start": "true"}
+
+
+def listing(base: dict) -> leases.NodeView:
+    r = subprocess.run([sys.executable, "-S", "-c", SRC, "list"], input=json.dumps(base), capture_output=True,
+                       text=True, check=True)
+    return leases._view("n1", L.parse_reply(r.stdout))
+
+
+def release(p: subprocess.Popen) -> None:
+    """The launcher goes away: its channel (the holder's stdout) closes, and the holder ends."""
+    assert p.stdout is not None
+    p.stdout.close()
+    assert p.wait(timeout=10) == 0
+
+
+def ticket(n: int) -> str:
+    return f"{n:019d}-w{n}"
+
+
+def test_a_later_small_run_never_takes_the_slots_an_earlier_waiter_needs(base):
+    small = run("hold", {**base, "run": "small", "need": 1})
+    assert reply(small)["slots"] == [0]
+    waiter = run("queue", {**base, "run": "big", "need": 2, "ticket": ticket(5)})
+    assert reply(waiter)["queued"]
+    # slot 1 is free, but the big run waits for both: a newcomer (no ticket, or a later one) may not take it
+    for later in (None, ticket(6)):
+        r = reply(run("hold", {**base, "run": "late", "need": 1, "ticket": later}))
+        assert r["ok"] is False and [w["run"] for w in r["waiting"]] == ["big"], r
+        assert [(h["run"], h["slots"], h["user"]) for h in r["holders"]] == [("small", [0], "me@laptop")]
+    # a waiter that came before the big one may
+    early = run("hold", {**base, "run": "early", "need": 1, "ticket": ticket(4)})
+    assert reply(early)["slots"] == [1]
+    assert reply(run("hold", {**base, "run": "big", "need": 2, "ticket": ticket(5)}))["ok"] is False
+    release(small)
+    release(early)
+    big = run("hold", {**base, "run": "big", "need": 2, "ticket": ticket(5)})
+    assert reply(big)["slots"] == [0, 1]
+    release(big)
+    waiter.kill()
+
+
+def test_killed_holders_and_waiters_hold_nothing_and_leave_no_record(base):
+    held = run("hold", {**base, "run": "r1", "need": 2})
+    assert reply(held)["ok"]
+    waiter = run("queue", {**base, "run": "r2", "need": 2, "ticket": ticket(1)})
+    assert reply(waiter)["queued"]
+    v = listing(base)
+    assert [h.run for h in v.holders] == ["r1"] and [w.run for w in v.waiting] == ["r2"] and v.free == set()
+    for p in (held, waiter):
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    v = listing(base)
+    assert (v.holders, v.waiting, v.free) == ((), (), {0, 1})
+    assert not list(Path(base["dir"]).glob("*.json")), "stale records are removed by the next reader"
+
+
+def test_go_hands_the_locks_to_the_job_and_a_removed_record_releases_before_it(base, tmp_path):
+    job = tmp_path / "job.pid"
+    p = run("hold", {**base, "run": "r1", "need": 1,
+                     "start": f"setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {job}"})
+    assert reply(p)["slots"] == [0]
+    Path(base["go"]).touch()
+    assert p.wait(timeout=10) == 0
+    pid = int(job.read_text())
+    try:
+        (h,) = listing(base).holders  # the holder is gone; the job holds the lease now
+        assert (h.run, h.state, h.slots) == ("r1", "running", (0,))
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    other = run("hold", {**base, "run": "r2", "need": 2, "go": str(tmp_path / "go2")})
+    assert reply(other)["ok"]
+    Path(base["dir"], "lease-r2.json").unlink()  # lease_release_command: the holder ends, the job never starts
+    assert other.wait(timeout=10) == 0
+    assert listing(base).free == {0, 1}
+
+
+def test_two_masters_choosing_at_once_never_get_the_same_port(base, tmp_path):
+    """The port's lock is what keeps them apart: neither has bound it yet (torchrun binds it later)."""
+    first = 20000 + os.getpid() % 20000
+    a = run("hold", {**base, "run": "a", "need": 1, "port": {"from": first, "span": 50}})
+    b = run("hold", {**base, "run": "b", "need": 1, "port": {"from": first, "span": 50}, "go": base["go"] + "b"})
+    pa, pb = reply(a)["port"], reply(b)["port"]
+    assert pa and pb and pa != pb
+    (h,) = [h for h in listing(base).holders if h.run == "a"]
+    assert h.port == pa
+    release(a)
+    release(b)
+
+
+def test_a_fixed_choice_and_runs_that_can_never_fit(base):
+    r = reply(run("hold", {**base, "run": "r1", "slots": [2]}))
+    assert r["never"] and "slot 2 asked for, but the node has 2" in r["why"]
+    r = reply(run("hold", {**base, "run": "r1", "need": 3}))
+    assert r["never"] and "needs 3 slots, but the node has 2" in r["why"]
+    p = run("hold", {**base, "run": "r1", "slots": [1]})
+    assert reply(p)["slots"] == [1]
+    assert reply(run("hold", {**base, "run": "r2", "slots": [1]}))["ok"] is False
+    q = run("hold", {**base, "run": "r3", "need": 1, "go": base["go"] + "3"})
+    assert reply(q)["slots"] == [0]
+    release(p)
+    release(q)
+
+
+def test_garbage_in_the_lease_folder_is_counted_not_trusted(base):
+    folder = Path(base["dir"])
+    folder.mkdir()
+    (folder / "lease-junk.json").write_text("{not json")  # nobody holds it: stale, removed
+    held = folder / "lease-held.json"
+    held.write_text(json.dumps({"run": "x\x1b[2J", "slots": [0]}))
+    locker = subprocess.Popen(["flock", "-x", str(held), "sleep", "60"])
+    try:
+        assert eventually(lambda: listing(base).garbled, 10)  # once flock(1) holds it
+        v = listing(base)
+        assert v.garbled == 1 and v.holders == ()
+        assert not (folder / "lease-junk.json").exists()
+    finally:
+        locker.kill()
+        locker.wait()
+
+
+@pytest.mark.parametrize("text, why", [
+    ("", "not JSON"), ("[1]", "not a JSON object"), ('{"ok": 1, "capacity": 2}', "ok: not true or false"),
+    ('{"ok": true, "capacity": 0}', "capacity"), ('{"ok": true, "capacity": 2, "slots": [-1]}', "slots"),
+    ('{"ok": true, "capacity": 2, "slots": [0], "port": 70000}', "port"),
+    ('{"capacity": 2, "holders": {}}', "holders: not a list"), ('{"error": "OSError: disk full"}', "disk full"),
+    ("x" * (L.MAX_REPLY + 1), "over"),
+])
+def test_the_reply_parser_refuses_what_no_node_program_says(text, why):
+    with pytest.raises(ValueError, match=why):
+        L.parse_reply(text)
+
+
+def test_the_reply_parser_cleans_each_entry():
+    r = L.parse_reply(json.dumps({"capacity": 4, "holders": [
+        {"run": "r1", "user": "eve\x1b]0;pwn\x07", "since": 5, "slots": [1, 0], "port": "x", "state": "odd"},
+        {"run": "../etc", "slots": [0]}, "nope", {"run": "r2", "slots": [99999]}],
+        "waiting": [{"ticket": "1", "run": "w"}, {"ticket": ticket(3), "run": "w3", "need": True}]}))
+    assert r["holders"][0] == {"garbled": False, "run": "r1", "user": "?", "since": "?", "host": "?", "slots": [0, 1],
+                               "port": None, "state": "?"}
+    assert [h["garbled"] for h in r["holders"]] == [False, True, True, True]
+    assert [w["garbled"] for w in r["waiting"]] == [True, False] and r["waiting"][1]["need"] is None
