@@ -233,6 +233,23 @@ _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
 
 
+def _iface_lines(env_keys: set[str], master_addr: str, local_addr: bool = False) -> list[str]:
+    """Export NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (those ``env`` does not set) as the
+    interface that routes to the master, probed on the node; ``local_addr``: also its address.
+    The one interface choice, shared by launch.sh and ``check --collective``."""
+    if not (local_addr or not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys):
+        return []
+    lines = [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})", 'if [ -n "$IFACE" ]; then']
+    lines += [f"  export {k}=\"$IFACE\"" for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+              if k not in env_keys]
+    warning = (f"[clusterddp] warning: no interface routes to {master_addr}; "
+               "set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME in the inventory env")
+    if local_addr:
+        lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" "
+                     "| awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
+    return lines + ["else", f"  echo {q(warning)} >&2", "fi"]
+
+
 def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, local: bool) -> NodeLaunch:
     h = node.host
     ctl = node.control_dir
@@ -252,19 +269,8 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
     ]
     lines += _preamble(h, node.env, stdout_to="",
                        on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98")
-    env_keys = {k for k, _ in node.env}
-    local_addr = _probes(node.argv, LOCAL_ADDR)
-    if not local and (local_addr or not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys):
-        lines += [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
-                  'if [ -n "$IFACE" ]; then']
-        lines += [f"  export {k}=\"$IFACE\"" for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-                  if k not in env_keys]
-        warning = (f"[clusterddp] warning: no interface routes to {master_addr}; "
-                   "set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME in the inventory env")
-        if local_addr:
-            lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" "
-                         "| awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
-        lines += ["else", f"  echo {q(warning)} >&2", "fi"]
+    if not local:
+        lines += _iface_lines({k for k, _ in node.env}, master_addr, _probes(node.argv, LOCAL_ADDR))
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
     argv = " ".join(f'"{a}"' if isinstance(a, _Probed) else q(a) for a in node.argv)
@@ -400,4 +406,16 @@ def exec_command(host: Host, words: list[str] | tuple[str, ...]) -> NodeCommand:
     lines += _preamble(host, host.env, stdout_to=">/dev/null", env_on_stdin=True,
                        on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
     lines.append(" ".join(words))
+    return NodeCommand("\n".join(lines), _env_stdin(host.env))
+
+
+def collective_command(host: Host, master_addr: str, args: dict) -> NodeCommand:
+    """The node side of ``check --collective`` (``clusterddp/node/collective.py``; ``args`` is its
+    JSON argument: rank, world, sizes, bounds). Set up as launch.sh sets up a job: the host's setup
+    lines and env (on stdin), the same interface choice (:func:`_iface_lines`), the host's python
+    with its site-packages (torch)."""
+    lines = _preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
+                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
+    lines += _iface_lines({k for k, _ in host.env}, master_addr)
+    lines.append("exec " + _python(host, "collective", [q(json.dumps(args, sort_keys=True))], site=True))
     return NodeCommand("\n".join(lines), _env_stdin(host.env))

@@ -5,7 +5,7 @@
 # bed runs its own sshd per node, and a system sshd on port 22 would only get in the way.
 set -euo pipefail
 
-PACKAGES=(openssh-server cron pdsh iproute2 procps rsync)
+PACKAGES=(openssh-server cron pdsh iproute2 procps rsync iptables)
 
 if [[ $EUID -ne 0 ]]; then
     echo "install-system-deps.sh: must run as root" >&2

@@ -16,7 +16,7 @@ import pytest
 from clusterddp import inventory, node, plan
 
 # The oldest Python each must parse on (see clusterddp/node/__init__.py).
-FLOOR = {"probe": (3, 5), "collect": (3, 8), "follow": (3, 8)}
+FLOOR = {"probe": (3, 5), "collect": (3, 8), "follow": (3, 8), "collective": (3, 8)}
 
 
 def test_every_program_has_a_floor_and_source_reads_each_once():

@@ -209,6 +209,10 @@ EXEC_WORDS = ("du", "-sh", "~/clusterddp/runs/*", "|", "sort", "-h")
 SNIPPETS = {f"clusterddp/node/{p}.py": node.source(p) for p in node.PROGRAMS}
 
 
+COLLECTIVE_ARGS = {"rank": 1, "world": 2, "addr": "10.0.0.11", "port": 29500, "sizes": [1024], "gloo_max": 1024,
+                   "join_s": 20.0, "op_s": 0.5, "budget_s": 0.1, "limit_s": 100.0}
+
+
 def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
     """(header naming the function and its arguments, the command) for every command clusterddp
     sends to a node: a run's steps (supervisor, control, artifacts), check's and up's probe, exec
@@ -243,6 +247,8 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
          plan.probe_command(b, addr, None, full=False, env=eb)),
         (f"exec_command({a.name}, {EXEC_WORDS!r})", plan.exec_command(a, EXEC_WORDS)),
         (f"exec_command({b.name}, {EXEC_WORDS!r})", plan.exec_command(b, EXEC_WORDS)),
+        (f"collective_command({b.name}, {addr!r}, {COLLECTIVE_ARGS})  # check --collective",
+         plan.collective_command(b, addr, COLLECTIVE_ARGS)),
     ]
     return out
 

@@ -40,6 +40,10 @@ def check(
     master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535,
                                            help="Check this master port instead of the inventory's."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    collective: bool = typer.Option(False, "--collective", help="Instead: run all_reduce over every host at once "
+                                    "(gloo, or NCCL on GPUs); figures per host, who never joined, who is slow."),
+    join_timeout: float = typer.Option(20.0, "--join-timeout", min=1, max=3600, help="--collective: seconds a host "
+                                       "may take to join once the master is ready."),
 ) -> None:
     """Check that every host is ready for a DDP job, in parallel.
 
@@ -51,6 +55,12 @@ def check(
 
     inv = load_inventory(inventory, hosts, fanout)
     started = time.monotonic()
+    if collective:
+        from ..collective import run_collective
+        from .collective import show
+        ok = show(run_collective(inv, master_port=master_port, join_s=join_timeout), time.monotonic() - started,
+                  as_json)
+        raise typer.Exit(0 if ok else EXIT_FAILED)
     report = run_checks(inv, full=True, master_port=master_port)
     took = time.monotonic() - started
     if as_json:

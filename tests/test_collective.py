@@ -1,0 +1,227 @@
+"""`check --collective` without SSH: the node program for real on this machine (two ranks on
+loopback), the pure evaluation of every host's output, and the parser under arbitrary bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clusterddp import collective as C
+from clusterddp import inventory, node
+from clusterddp.errors import HostError
+from clusterddp.fleet import HostResult
+from clusterddp.node.collective import MARK, CollectiveReplyError, parse_output
+
+MiB = 1 << 20
+
+
+def inv(n: int) -> inventory.Inventory:
+    hosts = "".join(f"  - {{name: h{i}, address: 10.0.0.{i + 1}}}\n" for i in range(n))
+    return inventory.parse(f"hosts:\n{hosts}", "inv.yaml")
+
+
+def line(event: str, **fields) -> bytes:
+    return (MARK + json.dumps({"event": event, "t": 1.0, **fields}) + "\n").encode()
+
+
+def started(name: str, torch: str = "2.13.0+cpu") -> bytes:
+    return line("started", python="3.11.7", hostname=name, iface="eth0", addr="10.0.0.1", torch=torch, cuda=None,
+                gpu=False)
+
+
+def sweep(bw: float, sizes=(1024, 64 * 1024, MiB), lat: float = 0.0002) -> list:
+    """[size, ops, median, fastest] as a pair of 2 ranks at bus bandwidth ``bw`` bytes/s."""
+    return [[s, 5, lat + s / bw, lat + s / bw] for s in sizes]
+
+
+def measured(n: int, pair_bw: dict[tuple[int, int], float]) -> dict[str, bytes]:
+    """Every host's output of a run that went through, with the given bandwidth per ring pair."""
+    out = {}
+    for r in range(n):
+        pairs = {}
+        for a, b in (sorted((r, (r + 1) % n)), sorted(((r - 1) % n, r))):
+            peer = b if r == a else a
+            pairs[str(peer)] = sweep(pair_bw.get((a, b), 1e9))
+        out[f"h{r}"] = started(f"h{r}") + line("joined") + line("connected", backend="gloo") + line(
+            "result", backend="gloo", world=sweep(1e9), pairs=pairs)
+    return out
+
+
+def ok_results(n: int) -> list[HostResult]:
+    return [HostResult(f"h{r}") for r in range(n)]
+
+
+def test_a_slow_host_is_flagged_by_the_rule_and_only_it():
+    n = 4
+    slow_pairs = {(2, 3): 1e6, (1, 2): 1e6}  # h2 is slow with both its neighbours
+    rep = C.evaluate(inv(n), ok_results(n), measured(n, slow_pairs))
+    status = {h.host: h.status for h in rep.hosts}
+    assert status == {"h0": "ok", "h1": "ok", "h2": "slow", "h3": "ok"}
+    h2 = rep.hosts[2]
+    assert h2.bandwidth and h2.bandwidth.busbw < 1.1e6 and "the median" in (h2.problem or "")
+    assert not rep.ok and not any(li.slow for li in rep.links)
+    assert [f.size for f in rep.world] == [1024, 64 * 1024, MiB] and rep.backend == "gloo"
+    d = rep.to_dict()
+    assert d["hosts"][2]["status"] == "slow" and d["rule"] == C.RULE and json.dumps(d)
+
+
+def test_a_slow_link_between_fast_hosts_is_named_as_a_link():
+    n = 4
+    rep = C.evaluate(inv(n), ok_results(n), measured(n, {(0, 1): 1e6}))
+    assert all(h.status == "ok" for h in rep.hosts)  # each is fast with its other neighbour
+    assert [(li.a, li.b) for li in rep.links if li.slow] == [("h0", "h1")] and not rep.ok
+
+
+def test_every_host_ok_passes_and_two_hosts_are_never_judged_slow():
+    rep = C.evaluate(inv(3), ok_results(3), measured(3, {}))
+    assert rep.ok and all(h.status == "ok" for h in rep.hosts)
+    two = {f"h{r}": started(f"h{r}") + line("joined") + line("result", backend="gloo", world=sweep(1e3 * (r + 1)),
+                                                                pairs={}) for r in range(2)}
+    rep = C.evaluate(inv(2), ok_results(2), two)
+    assert rep.ok and rep.hosts[0].bandwidth == rep.hosts[1].bandwidth  # one pair: the slower view, for both
+
+
+def test_never_joined_names_the_host_and_why():
+    n = 3
+    outputs = {
+        "h0": started("h0") + line("joined") + line("error", phase="join", kind="missing", ranks=[1],
+                                                    message="rank(s) 1 never joined within 20s"),
+        "h1": started("h1") + line("error", phase="join", kind="master_unreachable",
+                                   message="cannot reach the master port 10.0.0.1:29500 within 20s: timed out"),
+        "h2": started("h2") + line("joined") + line("error", phase="join", kind="missing", ranks=[1], message="x"),
+    }
+    rep = C.evaluate(inv(n), ok_results(n), outputs)
+    h = {x.host: x for x in rep.hosts}
+    assert h["h1"].status == "never joined"
+    assert h["h1"].problem == ("never joined within 20s: master port unreachable: cannot reach the master port "
+                               "10.0.0.1:29500 within 20s: timed out")
+    assert "TCP port 29500" in (h["h1"].fix or "")
+    assert h["h0"].status == h["h2"].status == "not measured" and not rep.ok
+
+    # a host that could not be reached printed nothing: its connection says why
+    outputs["h1"] = b""
+    err = HostError("h1", "cannot connect to 10.0.0.2:22: timed out")
+    rep = C.evaluate(inv(n), [HostResult("h0"), HostResult("h1", error=err), HostResult("h2")], outputs)
+    assert rep.hosts[1].status == "never joined"
+    assert rep.hosts[1].problem == "never joined within 20s: it did not start: cannot connect to 10.0.0.2:22: timed out"
+    # nothing understood: its last lines say why (python missing, a setup line failing)
+    outputs["h1"] = b"bash: line 3: /opt/py: No such file or directory\n"
+    rep = C.evaluate(inv(n), ok_results(n), outputs)
+    assert rep.hosts[1].problem == ("never joined within 20s: the test did not start there: bash: line 3: /opt/py: "
+                                    "No such file or directory")
+
+
+def test_version_mismatch_is_named_on_the_odd_host():
+    outputs = {
+        "h0": started("h0") + line("joined") + line("error", phase="join", kind="version_mismatch", ranks=[1],
+                                                    message="torch versions differ"),
+        "h1": started("h1", torch="2.12.0") + line("joined") + line(
+            "error", phase="join", kind="version_mismatch", ranks=[1], message="torch versions differ"),
+    }
+    rep = C.evaluate(inv(2), ok_results(2), outputs)
+    assert rep.hosts[1].status == "failed"
+    assert rep.hosts[1].problem == "version mismatch: torch 2.12.0 here, 2.13.0+cpu on the master h0"
+    assert rep.hosts[0].status == "not measured"
+
+
+def test_a_malformed_reply_is_that_hosts_error_only():
+    outputs = measured(3, {})
+    outputs["h1"] = started("h1") + (MARK + '{"event": "result", "t": 1, "backend": "gloo", "world": [[1024, 1, '
+                                     '-1, 0]], "pairs": {}}\n').encode()
+    rep = C.evaluate(inv(3), ok_results(3), outputs)
+    assert rep.hosts[1].status == "failed" and "world[0].median must be" in (rep.hosts[1].problem or "")
+    # the others' figures still count as theirs, but without h1's there is no group figure to judge by
+    assert rep.hosts[0].status == rep.hosts[2].status == "not measured" and not rep.ok
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_node_program_runs_two_ranks_for_real_and_its_answer_evaluates(tmp_path):
+    """Two ranks on this machine over loopback (one machine: loopback is allowed), as plan.py sends it."""
+    port = free_port()
+    args = {"world": 2, "addr": "127.0.0.1", "port": port, "sizes": [1024, 64 * 1024, 16 * MiB, 64 * MiB],
+            "gloo_max": 16 * MiB, "join_s": 60, "op_s": 0.5, "budget_s": 0.05, "limit_s": 240}
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", node.source("collective"), json.dumps({**args, "rank": r})],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
+             for r in range(2)]
+    outs = {f"h{r}": p.communicate(timeout=240)[0] for r, p in enumerate(procs)}
+    assert [p.returncode for p in procs] == [0, 0], outs
+    events, _ = parse_output(outs["h0"], 2)
+    assert [e["event"] for e in events] == ["started", "joined", "connected", "result"]
+    sizes = [m[0] for m in events[-1]["world"]]
+    assert sizes[0] == 1024 and 64 * MiB not in sizes  # gloo stops at gloo_max
+    rep = C.evaluate(inv(2), ok_results(2), outs)
+    assert rep.ok and rep.backend == "gloo" and [h.status for h in rep.hosts] == ["ok", "ok"]
+    assert all(h.latency and h.bandwidth and h.facts["iface"] == "lo" for h in rep.hosts)
+
+    # without torch (-S: no site-packages) it says so, in its own words
+    p = subprocess.run([sys.executable, "-S", "-c", node.source("collective"), json.dumps({**args, "rank": 1})],
+                       capture_output=True, cwd=tmp_path, timeout=60)
+    events, _ = parse_output(p.stdout, 2)
+    assert p.returncode == 1 and events[-1]["kind"] == "torch" and "No module named 'torch'" in events[-1]["message"]
+
+
+# ---- the parser, under whatever a node might send ----
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(1 << 70), max_value=1 << 70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=12)
+REAL = measured(3, {(1, 2): 1e6})["h1"]
+KEYS = ["event", "t", "backend", "world", "pairs", "kind", "phase", "message", "ranks", "hellos", "torch", "gpu",
+        "hostname", "iface", "addr"]
+
+
+def mutate_event(raw: bytes, data) -> bytes:
+    lines = raw.decode().splitlines()
+    i = data.draw(st.integers(0, len(lines) - 1))
+    ev = json.loads(lines[i][len(MARK):])
+    for _ in range(data.draw(st.integers(1, 3))):
+        ev[data.draw(st.sampled_from(KEYS))] = data.draw(json_values)
+    lines[i] = MARK + json.dumps(ev)
+    return "\n".join(lines).encode()
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=300,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_parser_and_evaluate_take_anything_a_node_sends(data):
+    how = data.draw(st.sampled_from(["event", "bytes", "cut", "repeat"]))
+    if how == "event":
+        raw = mutate_event(REAL, data)
+    elif how == "bytes":
+        raw = data.draw(st.binary(max_size=300)) + REAL[:data.draw(st.integers(0, len(REAL)))]
+    elif how == "cut":
+        raw = REAL[:data.draw(st.integers(0, len(REAL)))]
+    else:
+        raw = REAL * data.draw(st.integers(1, 30))
+    try:
+        events, other = parse_output(raw, 3)
+    except CollectiveReplyError as e:
+        assert str(e).startswith(("malformed collective reply", "unreadable collective reply"))
+    else:
+        assert len(events) <= 16 and len(other) <= 10
+        for ev in events:
+            for m in ev.get("world", []):
+                assert 1 <= m[0] <= 1 << 40 and 0 <= m[3] <= m[2] <= 1e6
+    outputs = measured(3, {})
+    outputs["h1"] = raw
+    rep = C.evaluate(inv(3), ok_results(3), outputs)  # never raises: the bad host is that host's problem
+    assert len(rep.hosts) == 3 and json.dumps(rep.to_dict())
+
+
+def test_program_file_is_the_one_plan_sends():
+    assert node.source("collective") == (Path(node.__file__).parent / "collective.py").read_text()
