@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .inventory import Host, Inventory
+from .node import envinfo as node_envinfo
 from .node import probe as node_probe
 from .node import source as node_source
 
@@ -418,4 +419,15 @@ def collective_command(host: Host, master_addr: str, args: dict) -> NodeCommand:
                       on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
     lines += _iface_lines({k for k, _ in host.env}, master_addr)
     lines.append("exec " + _python(host, "collective", [q(json.dumps(args, sort_keys=True))], site=True))
+    return NodeCommand("\n".join(lines), _env_stdin(host.env))
+
+
+def envinfo_command(host: Host, run_dir: str | None = None, files: Iterable[str] = ()) -> NodeCommand:
+    """The node side of ``check --diff`` (``clusterddp/node/envinfo.py``): after the host's setup
+    lines and env (on stdin), its python with site-packages reports versions, packages and, when
+    ``run_dir`` (a previous run's folder there) is given, a hash of ``files`` below it."""
+    lines = _preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
+                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
+    args = [qpath(run_dir), q(node_envinfo.files_arg(list(files)))] if run_dir else []
+    lines.append("exec " + _python(host, "envinfo", args, site=True))
     return NodeCommand("\n".join(lines), _env_stdin(host.env))

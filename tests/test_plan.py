@@ -249,6 +249,9 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
         (f"exec_command({b.name}, {EXEC_WORDS!r})", plan.exec_command(b, EXEC_WORDS)),
         (f"collective_command({b.name}, {addr!r}, {COLLECTIVE_ARGS})  # check --collective",
          plan.collective_command(b, addr, COLLECTIVE_ARGS)),
+        (f"envinfo_command({a.name})  # check --diff, no previous run", plan.envinfo_command(a)),
+        (f"envinfo_command({b.name}, {p.nodes[1].run_dir!r}, ['t.py', 'lib/a b.py'])  # check --diff",
+         plan.envinfo_command(b, p.nodes[1].run_dir, ["t.py", "lib/a b.py"])),
     ]
     return out
 

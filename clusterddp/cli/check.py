@@ -8,7 +8,8 @@ import time
 
 import typer
 
-from .common import EXIT_FAILED, handle_errors, is_tty, visible
+from ..errors import UsageError
+from .common import EXIT_FAILED, RUNS_DIR, handle_errors, is_tty, visible
 
 HOSTS = typer.Option(None, "--hosts", help="Only these hosts: a,b,c.")
 FANOUT = typer.Option(None, "--fanout", min=1, max=1024,
@@ -44,6 +45,9 @@ def check(
                                     "(gloo, or NCCL on GPUs); figures per host, who never joined, who is slow."),
     join_timeout: float = typer.Option(20.0, "--join-timeout", min=1, max=3600, help="--collective: seconds a host "
                                        "may take to join once the master is ready."),
+    diff: bool = typer.Option(False, "--diff", help="Instead: what differs from the master on each host: python, "
+                              "torch, CUDA, NCCL, driver, packages, the last run's script folder."),
+    runs_dir: str = RUNS_DIR,
 ) -> None:
     """Check that every host is ready for a DDP job, in parallel.
 
@@ -55,6 +59,13 @@ def check(
 
     inv = load_inventory(inventory, hosts, fanout)
     started = time.monotonic()
+    if collective and diff:
+        raise UsageError("--collective and --diff are two different checks", "run them one at a time")
+    if diff:
+        from ..envdiff import run_diff
+        from .envdiff import show as show_diff
+        ok = show_diff(run_diff(inv, runs_dir), time.monotonic() - started, as_json)
+        raise typer.Exit(0 if ok else EXIT_FAILED)
     if collective:
         from ..collective import run_collective
         from .collective import show

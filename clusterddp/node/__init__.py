@@ -8,9 +8,9 @@ where it runs alone, as ``__main__``, with the node's own Python. So every modul
 - loads nothing it does not need on the node at run time (not even ``typing``: every module a
   helper imports delays a collect); type checkers see ``if TYPE_CHECKING:`` blocks, with
   ``TYPE_CHECKING`` a plain ``False``;
-- keeps to the grammar of the oldest Python it may meet: ``probe`` Python 3.5 (no f-strings, no
-  variable annotations), since it must report on a node whose Python is too old rather than
-  fail to parse; ``collect``, ``follow`` and ``collective`` (which alone imports torch too)
+- keeps to the grammar of the oldest Python it may meet: ``probe`` and ``envinfo`` Python 3.5
+  (no f-strings, no variable annotations), since they must report on a node whose Python is too
+  old rather than fail to parse; ``collect``, ``follow`` and ``collective`` (which alone imports torch too)
   Python 3.8, the oldest that torch 2 supports (they run only where a job can run).
   tests/test_node_programs.py parses each with that grammar;
 - has ``main(argv)`` (argv without the program name), callable in-process by tests, and ends
@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-PROGRAMS = ("probe", "collect", "follow", "collective")
+PROGRAMS = ("probe", "collect", "follow", "collective", "envinfo")
 
 
 @functools.cache
