@@ -108,8 +108,9 @@ class CollectiveReport:
 def rate(bytes_per_s: float) -> str:
     """Decimal units, as nccl-tests prints them."""
     for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
-        if bytes_per_s < 1000 or unit == "GB/s":
-            return f"{bytes_per_s:.3g} {unit}"
+        if round(bytes_per_s) < 1000 or unit == "GB/s":
+            digits = 0 if bytes_per_s >= 100 else 1 if bytes_per_s >= 10 else 2
+            return f"{bytes_per_s:.{digits}f} {unit}"
         bytes_per_s /= 1000
     raise AssertionError
 

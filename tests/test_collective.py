@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -41,14 +43,16 @@ def sweep(bw: float, sizes=(1024, 64 * 1024, MiB), lat: float = 0.0002) -> list:
     return [[s, 5, lat + s / bw, lat + s / bw] for s in sizes]
 
 
-def measured(n: int, pair_bw: dict[tuple[int, int], float]) -> dict[str, bytes]:
-    """Every host's output of a run that went through, with the given bandwidth per ring pair."""
+def measured(n: int, pair_bw: dict[tuple[int, int], float],
+             pair_lat: dict[tuple[int, int], float] | None = None, base_lat: float = 0.0002) -> dict[str, bytes]:
+    """Every host's output of a run that went through, with the given bandwidth (and latency) per ring pair."""
     out = {}
     for r in range(n):
         pairs = {}
         for a, b in (sorted((r, (r + 1) % n)), sorted(((r - 1) % n, r))):
             peer = b if r == a else a
-            pairs[str(peer)] = sweep(pair_bw.get((a, b), 1e9))
+            lat = (pair_lat or {}).get((a, b), base_lat)
+            pairs[str(peer)] = sweep(pair_bw.get((a, b), 1e9), sizes=(1024, 64 * 1024, MiB, 64 * MiB), lat=lat)
         out[f"h{r}"] = started(f"h{r}") + line("joined") + line("connected", backend="gloo") + line(
             "result", backend="gloo", world=sweep(1e9), pairs=pairs)
     return out
@@ -65,11 +69,26 @@ def test_a_slow_host_is_flagged_by_the_rule_and_only_it():
     status = {h.host: h.status for h in rep.hosts}
     assert status == {"h0": "ok", "h1": "ok", "h2": "slow", "h3": "ok"}
     h2 = rep.hosts[2]
-    assert h2.bandwidth and h2.bandwidth.busbw < 1.1e6 and "the median" in (h2.problem or "")
+    assert h2.bandwidth and h2.bandwidth.busbw < 1.1e6
+    assert (h2.problem or "").startswith("bus bandwidth 1.00 MB/s is 0.001x the median 997 MB/s"), h2.problem
     assert not rep.ok and not any(li.slow for li in rep.links)
     assert [f.size for f in rep.world] == [1024, 64 * 1024, MiB] and rep.backend == "gloo"
     d = rep.to_dict()
     assert d["hosts"][2]["status"] == "slow" and d["rule"] == C.RULE and json.dumps(d)
+
+
+def test_rates_read_as_nccl_tests_prints_them():
+    assert [C.rate(x) for x in (0, 999.4, 999.6, 12345, 2.5e9, 3e12)] == [
+        "0.00 B/s", "999 B/s", "1.00 kB/s", "12.3 kB/s", "2.50 GB/s", "3000 GB/s"]
+
+
+def test_a_host_slow_only_in_latency_is_flagged_by_the_latency_rule():
+    # 4 ms more per operation on h1's links, where the others take 0.2 ms; bandwidth as theirs at 64 MiB
+    rep = C.evaluate(inv(4), ok_results(4), measured(4, {}, {(0, 1): 0.004, (1, 2): 0.004}))
+    assert [h.status for h in rep.hosts] == ["ok", "slow", "ok", "ok"]
+    assert (rep.hosts[1].problem or "").startswith("latency 4 ms is"), rep.hosts[1].problem
+    # 10x the median, but within the rule's floor (0.5 ms more than the median): noise, not slowness
+    assert C.evaluate(inv(4), ok_results(4), measured(4, {}, {(0, 1): 0.0002, (1, 2): 0.0002}, 0.00002)).ok
 
 
 def test_a_slow_link_between_fast_hosts_is_named_as_a_link():
@@ -139,6 +158,40 @@ def test_a_malformed_reply_is_that_hosts_error_only():
     assert rep.hosts[1].status == "failed" and "world[0].median must be" in (rep.hosts[1].problem or "")
     # the others' figures still count as theirs, but without h1's there is no group figure to judge by
     assert rep.hosts[0].status == rep.hosts[2].status == "not measured" and not rep.ok
+
+
+GOOD = [1024, 5, 0.002, 0.001]
+
+
+@pytest.mark.parametrize("measurement, why", [
+    ([0, 5, 0.002, 0.001], "world[0].size must be a whole number from 1"),
+    ([(1 << 40) + 1, 5, 0.002, 0.001], "world[0].size must be"),
+    ([True, 5, 0.002, 0.001], "world[0].size must be"),
+    ([1024, 0, 0.002, 0.001], "world[0].operations must be"),
+    ([1024, 5, -0.002, 0.001], "world[0].median must be"),
+    ([1024, 5, 0.002, 0.003], "world[0] must be a measurement whose fastest time is not above its median"),
+    ([1024, 5, 2e6, 0.001], "world[0].median must be"),
+    ([1024, 5, 0.002], "world[0] must be [size, operations, median, fastest]"),
+])
+def test_measurements_out_of_bounds_are_refused(measurement, why):
+    raw = line("result", backend="gloo", world=[measurement], pairs={})
+    with pytest.raises(CollectiveReplyError, match=re.escape(why)):
+        parse_output(raw, 2)
+    assert parse_output(line("result", backend="gloo", world=[GOOD], pairs={}), 2)[0][0]["world"] == [tuple(GOOD)]
+
+
+@pytest.mark.parametrize("raw, why", [
+    (line("result", backend="gloo", world=[GOOD] * 33, pairs={}), "at most 32 measurements"),
+    (line("result", backend="mpi", world=[GOOD], pairs={}), "backend must be gloo or nccl"),
+    (line("result", backend="gloo", world=[GOOD], pairs={"5": [GOOD]}), "keyed by peer rank"),
+    (line("error", phase="join", kind="missing", ranks=[7], message="x"), "ranks must be a whole number"),
+    (line("error", phase="join", kind="nope", message="x"), "kind must be one of"),
+    (line("joined") * 17, "more than 16 events"),
+    ((MARK + '{"event": "joined", "t": NaN}\n').encode(), "NaN is not a number"),
+])
+def test_events_out_of_bounds_are_refused(raw, why):
+    with pytest.raises(CollectiveReplyError, match=re.escape(why)):
+        parse_output(raw, 2)
 
 
 def free_port() -> int:
