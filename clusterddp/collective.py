@@ -206,7 +206,8 @@ def evaluate(inventory: Inventory, results: list[HostResult], outputs: dict[str,
     if len(per_host) >= 3:
         bws = [bw.busbw for _, bw in per_host.values() if bw]
         lats = [lt for lt, _ in per_host.values() if lt is not None]
-        med_bw, med_lat = statistics.median(bws), statistics.median(lats)
+        med_bw = statistics.median(bws) if bws else 0.0
+        med_lat = statistics.median(lats) if lats else 0.0
         for r, (lt, bw) in per_host.items():
             said = []
             if bw and bw.busbw < med_bw / SLOW_BW:

@@ -107,6 +107,12 @@ def test_every_host_ok_passes_and_two_hosts_are_never_judged_slow():
     assert rep.ok and rep.hosts[0].bandwidth == rep.hosts[1].bandwidth  # one pair: the slower view, for both
 
 
+def test_results_without_figures_are_judged_without_a_crash():
+    empty = {f"h{r}": started(f"h{r}") + line("result", backend="gloo", world=[], pairs={}) for r in range(3)}
+    rep = C.evaluate(inv(3), ok_results(3), empty)
+    assert [h.status for h in rep.hosts] == ["ok"] * 3 and all(h.bandwidth is None for h in rep.hosts)
+
+
 def test_never_joined_names_the_host_and_why():
     n = 3
     outputs = {
