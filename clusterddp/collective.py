@@ -36,9 +36,9 @@ SLOW_LAT = 5.0            # or latency above SLOW_LAT times the median host's,
 SLOW_LAT_MIN_S = 0.0005   # and at least this much above it (scheduling noise is not slowness)
 RULE = (f"a host is slow when its bus bandwidth is under 1/{SLOW_BW:g} of the median host's, or its latency "
         f"over {SLOW_LAT:g}x the median host's and {SLOW_LAT_MIN_S * 1000:g} ms more (3 hosts or more); a link "
-        f"when its bandwidth is under 1/{SLOW_BW:g} of both its hosts' figures. A host's figures are those of "
-        "its better ring pair (all_reduce with the host before or after it): bandwidth at its best size, "
-        "latency at the smallest")
+        f"when its bandwidth is under 1/{SLOW_BW:g} of both its hosts'. A host's figures are those of its "
+        "better ring pair (all_reduce with the host before or after it): latency at the smallest size, bandwidth "
+        "compared at the largest size every pair reached (shown: its best)")
 
 OK, SLOW, NEVER_JOINED, FAILED, NOT_MEASURED = "ok", "slow", "never joined", "failed", "not measured"
 
@@ -202,27 +202,39 @@ def evaluate(inventory: Inventory, results: list[HostResult], outputs: dict[str,
             best = [b for b in (_best(f) for f in figs) if b]
             per_host[r] = (min(lat, default=None), max(best, key=lambda f: f.busbw, default=None))
 
+    # Judged at one size, the largest every pair reached: a pair that stopped early (slow, or a
+    # noisy median) is compared like for like, never its 64 KiB figure against others' 16 MiB.
+    sizes = [{f.size for f in figs} for figs in pair_figs.values()]
+    judge_at = max(set.intersection(*sizes), default=None) if sizes else None
+
+    def at(figs: list[Figure]) -> float | None:
+        return next((f.busbw for f in figs if f.size == judge_at), None)
+    judged: dict[int, float] = {}
+    for r in per_host:
+        mine = [v for (a, b), figs in pair_figs.items() if r in (a, b) for v in [at(figs)] if v is not None]
+        if mine:
+            judged[r] = max(mine)
     slow: dict[int, str] = {}
     if len(per_host) >= 3:
-        bws = [bw.busbw for _, bw in per_host.values() if bw]
+        bws = list(judged.values())
         lats = [lt for lt, _ in per_host.values() if lt is not None]
         med_bw = statistics.median(bws) if bws else 0.0
         med_lat = statistics.median(lats) if lats else 0.0
-        for r, (lt, bw) in per_host.items():
+        for r, (lt, _bw) in per_host.items():
             said = []
-            if bw and bw.busbw < med_bw / SLOW_BW:
-                said.append(f"bus bandwidth {rate(bw.busbw)} is {bw.busbw / med_bw:.2g}x the median {rate(med_bw)}")
+            if r in judged and judge_at and judged[r] < med_bw / SLOW_BW:
+                said.append(f"bus bandwidth {rate(judged[r])} at {size_text(judge_at)} is {judged[r] / med_bw:.2g}x "
+                            f"the median {rate(med_bw)}")
             if lt is not None and lt > SLOW_LAT * med_lat and lt - med_lat > SLOW_LAT_MIN_S:
                 said.append(f"latency {lt * 1e3:.3g} ms is {lt / med_lat:.2g}x the median {med_lat * 1e3:.3g} ms")
             if said:
                 slow[r] = "; ".join(said)
     links = []
     for (a, b), sweep in pair_figs.items():
-        bw = _best(sweep)
-        ends = [per_host[a][1], per_host[b][1]]
-        is_slow = bool(bw and a not in slow and b not in slow and all(
-            e and bw.busbw < e.busbw / SLOW_BW for e in ends))
-        links.append(Link(names[a], names[b], sweep[0].seconds if sweep else None, bw, is_slow))
+        mine_bw = at(sweep)
+        is_slow = bool(mine_bw is not None and a not in slow and b not in slow and all(
+            e in judged and mine_bw < judged[e] / SLOW_BW for e in (a, b)))
+        links.append(Link(names[a], names[b], sweep[0].seconds if sweep else None, _best(sweep), is_slow))
 
     out = []
     for r, h in enumerate(hosts):

@@ -92,6 +92,7 @@ def main(argv: list[str]) -> int:
              **info)
         return 1
     info.update(torch=torch.__version__, cuda=torch.version.cuda, gpu=bool(torch.cuda.is_available()))
+    torch.set_num_threads(1)  # the nodes' other processes keep their CPUs; gloo's reductions need no pool
     _say("started", **info)
     try:
         out = _run(a, rank, world, info, torch, dist)
@@ -228,9 +229,11 @@ def _sweep(torch: object, dist: object, group: object, sizes: list[int], op_s: f
         median = times[len(times) // 2]
         out.append([size, len(times), median, times[0]])
         del buf
-        # The next size would take too long on this link: it has said enough. Medians, agreed, so that
-        # one operation that waited for the CPU does not end every member's sweep early.
-        if i + 1 < len(sizes) and _slowest(t, dist, group, median, device) * sizes[i + 1] / size > op_s:
+        # The next size would take too long on this link: it has said enough. From 64 KiB on, where
+        # the time grows with the size (below, latency rules and the estimate would be far too high);
+        # on medians, agreed, so that one operation that waited for the CPU ends no sweep early.
+        if i + 1 < len(sizes) and size >= 65536 and \
+                _slowest(t, dist, group, median, device) * sizes[i + 1] / size > op_s:
             break
     return out
 
