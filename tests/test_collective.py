@@ -115,6 +115,34 @@ def test_results_without_figures_are_judged_without_a_crash():
     assert [h.status for h in rep.hosts] == ["ok"] * 3 and all(h.bandwidth is None for h in rep.hosts)
 
 
+def test_the_master_is_rank_0_wherever_the_inventory_lists_it():
+    two = inventory.parse("master: {host: h1}\nhosts: [{name: h0, address: 10.0.0.1}, {name: h1, address: 10.0.0.2}]\n",
+                          "inv.yaml")
+    assert [h.name for h in C.ranked(two)] == ["h1", "h0"]
+    outputs = {"h1": started("h1") + line("joined") + line("error", phase="join", kind="missing", ranks=[1],
+                                                           message="rank(s) 1 never joined within 20s"),
+               "h0": started("h0") + line("error", phase="join", kind="master_unreachable", message="timed out")}
+    rep = C.evaluate(two, [HostResult("h0"), HostResult("h1")], outputs)
+    assert [(h.host, h.rank, h.status) for h in rep.hosts] == [("h1", 0, "not measured"), ("h0", 1, "never joined")]
+
+
+def test_rank_0_decides_go_or_names_who_and_why():
+    from clusterddp.node.collective import _decide
+    hello = {"torch": "2.13.0", "hostname": "a", "iface": "eth0", "addr": "10.0.0.1", "gpu": False}
+    assert _decide({0: hello, 1: {**hello, "hostname": "b"}}, 2, 20) == {"backend": "gloo"}
+    assert _decide({0: {**hello, "gpu": True}, 1: {**hello, "gpu": True}}, 2, 20) == {"backend": "nccl"}
+    go = _decide({0: hello}, 3, 20)
+    assert go["kind"] == "missing" and go["ranks"] == [1, 2] and go["abort"] == "rank(s) 1, 2 never joined within 20s"
+    go = _decide({0: hello, 1: {**hello, "torch": "2.12.0"}}, 2, 20)
+    assert go["kind"] == "version_mismatch" and go["ranks"] == [1]
+    go = _decide({0: hello, 1: {**hello, "hostname": "b", "iface": "lo", "addr": "127.0.0.1"}}, 2, 20)
+    assert go["kind"] == "interface" and go["ranks"] == [1] and "lo is a loopback interface" in go["abort"]
+    go = _decide({0: hello, 1: {**hello, "hostname": "b", "iface": "eth9", "addr": None}}, 2, 20)
+    assert go["kind"] == "interface" and "eth9 has no IPv4 address" in go["abort"]
+    lo = {**hello, "iface": "lo", "addr": "127.0.0.1"}
+    assert _decide({0: lo, 1: lo}, 2, 20) == {"backend": "gloo"}  # one machine: loopback reaches every rank
+
+
 def test_never_joined_names_the_host_and_why():
     n = 3
     outputs = {
@@ -286,3 +314,10 @@ def test_parser_and_evaluate_take_anything_a_node_sends(data):
 
 def test_program_file_is_the_one_plan_sends():
     assert node.source("collective") == (Path(node.__file__).parent / "collective.py").read_text()
+
+
+def test_collective_and_diff_together_is_bad_input(tmp_path):
+    from helpers import cddp
+    (tmp_path / "inv.yaml").write_text("hosts: [{name: a}]\n")
+    r = cddp("check", str(tmp_path / "inv.yaml"), "--collective", "--diff", check_rc=2, timeout=60)
+    assert "error: --collective and --diff are two different checks" in r.stderr and "Traceback" not in r.stderr
