@@ -37,8 +37,8 @@ SLOW_LAT_MIN_S = 0.0005   # and at least this much above it (scheduling noise is
 RULE = (f"a host is slow when its bus bandwidth is under 1/{SLOW_BW:g} of the median host's, or its latency "
         f"over {SLOW_LAT:g}x the median host's and {SLOW_LAT_MIN_S * 1000:g} ms more (3 hosts or more); a link "
         f"when its bandwidth is under 1/{SLOW_BW:g} of both its hosts'. A host's figures are those of its "
-        "better ring pair (all_reduce with the host before or after it): latency at the smallest size, bandwidth "
-        "compared at the largest size every pair reached (shown: its best)")
+        "better ring pair (all_reduce with the host before or after it): latency at the smallest size; bandwidth "
+        "compared as the best figure up to the largest size every pair reached")
 
 OK, SLOW, NEVER_JOINED, FAILED, NOT_MEASURED = "ok", "slow", "never joined", "failed", "not measured"
 
@@ -208,13 +208,14 @@ def evaluate(inventory: Inventory, results: list[HostResult], outputs: dict[str,
             best = [b for b in (_best(f) for f in figs) if b]
             per_host[r] = (min(lat, default=None), max(best, key=lambda f: f.busbw, default=None))
 
-    # Judged at one size, the largest every pair reached: a pair that stopped early (slow, or a
-    # noisy median) is compared like for like, never its 64 KiB figure against others' 16 MiB.
+    # Judged up to one size, the largest every pair reached: a pair that stopped early (slow) is
+    # compared like for like, never its 64 KiB figure against others' 16 MiB; and each pair by its
+    # best figure up to there, so that one size measured while the CPU was busy flags nothing.
     sizes = [{f.size for f in figs} for figs in pair_figs.values()]
     judge_at = max(set.intersection(*sizes), default=None) if sizes else None
 
     def at(figs: list[Figure]) -> float | None:
-        return next((f.busbw for f in figs if f.size == judge_at), None)
+        return max((f.busbw for f in figs if judge_at and f.size <= judge_at), default=None)
     judged: dict[int, float] = {}
     for r in per_host:
         mine = [v for (a, b), figs in pair_figs.items() if r in (a, b) for v in [at(figs)] if v is not None]
@@ -229,8 +230,8 @@ def evaluate(inventory: Inventory, results: list[HostResult], outputs: dict[str,
         for r, (lt, _bw) in per_host.items():
             said = []
             if r in judged and judge_at and judged[r] < med_bw / SLOW_BW:
-                said.append(f"bus bandwidth {rate(judged[r])} at {size_text(judge_at)} is {judged[r] / med_bw:.2g}x "
-                            f"the median {rate(med_bw)}")
+                said.append(f"bus bandwidth {rate(judged[r])} (best up to {size_text(judge_at)}) is "
+                            f"{judged[r] / med_bw:.2g}x the median {rate(med_bw)}")
             if lt is not None and lt > SLOW_LAT * med_lat and lt - med_lat > SLOW_LAT_MIN_S:
                 said.append(f"latency {lt * 1e3:.3g} ms is {lt / med_lat:.2g}x the median {med_lat * 1e3:.3g} ms")
             if said:

@@ -72,7 +72,8 @@ def test_a_slow_host_is_flagged_by_the_rule_and_only_it():
     assert status == {"h0": "ok", "h1": "ok", "h2": "slow", "h3": "ok"}
     h2 = rep.hosts[2]
     assert h2.bandwidth and h2.bandwidth.busbw < 1.1e6
-    assert (h2.problem or "").startswith("bus bandwidth 997 kB/s at 64 KiB is 0.004x the median 247 MB/s"), h2.problem
+    assert (h2.problem or "").startswith(
+        "bus bandwidth 997 kB/s (best up to 64 KiB) is 0.004x the median 247 MB/s"), h2.problem
     assert not rep.ok and not any(li.slow for li in rep.links)
     assert [f.size for f in rep.world] == [1024, 64 * 1024, MiB] and rep.backend == "gloo"
     d = rep.to_dict()
@@ -91,6 +92,17 @@ def test_a_host_slow_only_in_latency_is_flagged_by_the_latency_rule():
     assert (rep.hosts[1].problem or "").startswith("latency 4 ms is"), rep.hosts[1].problem
     # 10x the median, but within the rule's floor (0.5 ms more than the median): noise, not slowness
     assert C.evaluate(inv(4), ok_results(4), measured(4, {}, {(0, 1): 0.0002, (1, 2): 0.0002}, 0.00002)).ok
+
+
+def test_one_noisy_size_of_a_pair_flags_nothing():
+    outputs = measured(3, {})
+    for me, peer in (("h1", "2"), ("h2", "1")):  # h1-h2 measured 64 MiB while the CPU was busy: 1/10 the speed
+        lines = outputs[me].decode().splitlines()
+        ev = json.loads(lines[-1][len(MARK):])
+        ev["pairs"][peer][-1][2:] = [x * 10 for x in ev["pairs"][peer][-1][2:]]
+        outputs[me] = "\n".join(lines[:-1] + [MARK + json.dumps(ev)]).encode()
+    rep = C.evaluate(inv(3), ok_results(3), outputs)
+    assert rep.ok, [(h.host, h.problem) for h in rep.hosts]
 
 
 def test_a_slow_link_between_fast_hosts_is_named_as_a_link():
