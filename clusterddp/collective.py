@@ -31,9 +31,9 @@ OP_S = 0.5                # a size whose one operation would take longer is not 
 BUDGET_S = 0.1            # seconds of operations timed per size and group, after the first
 MAX_OUTPUT = 256 * KiB    # bytes kept of one host's output (the program prints a few KiB)
 
-SLOW_BW = 3.0             # slow: bus bandwidth under 1/SLOW_BW of the median host's
+SLOW_BW = 5.0             # slow: bus bandwidth under 1/SLOW_BW of the median host's
 SLOW_LAT = 5.0            # or latency above SLOW_LAT times the median host's,
-SLOW_LAT_MIN_S = 0.0005   # and at least this much above it (scheduling noise is not slowness)
+SLOW_LAT_MIN_S = 0.001    # and at least this much above it (scheduling noise is not slowness)
 RULE = (f"a host is slow when its bus bandwidth is under 1/{SLOW_BW:g} of the median host's, or its latency "
         f"over {SLOW_LAT:g}x the median host's and {SLOW_LAT_MIN_S * 1000:g} ms more (3 hosts or more); a link "
         f"when its bandwidth is under 1/{SLOW_BW:g} of both its hosts'. A host's figures are those of its "

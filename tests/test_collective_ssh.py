@@ -41,7 +41,7 @@ def test_rate_limited_node_is_flagged_slow_and_only_it(make_bed, tmp_path):
     assert "PASS: all 3 host(s) joined and ran all_reduce; none slow" in out, out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("node")}
     assert set(rows) == {"node1", "node2", "node3"} and all(r[-1] == "OK" and r[2] == "eth0" for r in rows.values())
-    assert "rule: a host is slow when its bus bandwidth is under 1/3 of the median host's" in out
+    assert "rule: a host is slow when its bus bandwidth is under 1/5 of the median host's" in out
 
     # node3's veth (the bridge side: all traffic to node3) at 8 Mbit/s; the bed's links are >100x faster
     subprocess.run(["tc", "qdisc", "add", "dev", b.nodes[2].veth, "root", "tbf", "rate", "8mbit", "burst", "16kb",
