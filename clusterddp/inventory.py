@@ -96,7 +96,7 @@ class Host:
     transport: str = "ssh"  # "ssh" or "local"
     keepalive: float = BUILTIN["keepalive"]  # seconds between SSH keepalives; 0: none
     slots: tuple[int, ...] | None = None  # a fixed choice of GPU slots (`gpus: [0, 1]`); gpus is then their count
-    lease_dir: str | None = None  # the node's lease folder; None: <workdir>/leases
+    lease_dir: str | None = None  # the node's lease folder; None: <workdir>/leases/%h (%h: the node's hostname)
 
 
 @dataclass(frozen=True)

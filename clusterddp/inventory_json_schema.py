@@ -41,7 +41,8 @@ DESCRIPTIONS = {
                        "recorded, changed keys refused",
     "gpus": "Processes per node: a count, or auto (default: nvidia-smi's GPU count, 1 when none), or a list of "
             "GPU numbers (a fixed choice of this host's GPUs, leased for the run)",
-    "lease_dir": "The node's folder of GPU slot leases and queue entries (default <workdir>/leases; keep it on "
+    "lease_dir": "The node's folder of GPU slot leases and queue entries (default <workdir>/leases/%h, %h the "
+                 "node's hostname; keep it on "
                  "local disk: flock is not reliable over NFS)",
     "python": "The node's Python with torch; torchrun runs as `<python> -m torch.distributed.run` (default python3)",
     "workdir": "A run lives in <workdir>/runs/<run_id>/ on the node (default ~/clusterddp)",

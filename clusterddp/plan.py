@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .inventory import Host, Inventory
+from .node import envinfo as node_envinfo
 from .node import probe as node_probe
 from .node import source as node_source
 
@@ -277,6 +278,23 @@ _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
 
 
+def _iface_lines(env_keys: set[str], master_addr: str, local_addr: bool = False) -> list[str]:
+    """Export NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (those ``env`` does not set) as the
+    interface that routes to the master, probed on the node; ``local_addr``: also its address.
+    The one interface choice, shared by launch.sh and ``check --collective``."""
+    if not (local_addr or not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys):
+        return []
+    lines = [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})", 'if [ -n "$IFACE" ]; then']
+    lines += [f"  export {k}=\"$IFACE\"" for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+              if k not in env_keys]
+    warning = (f"[clusterddp] warning: no interface routes to {master_addr}; "
+               "set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME in the inventory env")
+    if local_addr:
+        lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" "
+                     "| awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
+    return lines + ["else", f"  echo {q(warning)} >&2", "fi"]
+
+
 # clusterddp.train travels with every run (jobs.pack puts it in the tarball) for nodes whose python
 # lacks clusterddp. It goes on PYTHONPATH only there: a clusterddp the node has (installed, or on
 # the job's own PYTHONPATH) always wins, and the job's log says so when it differs from the copy
@@ -329,19 +347,8 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
     ]
     lines += _preamble(h, node.env, stdout_to="",
                        on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98")
-    env_keys = {k for k, _ in node.env}
-    local_addr = _probes(node.argv, LOCAL_ADDR)
-    if not local and (local_addr or not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys):
-        lines += [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
-                  'if [ -n "$IFACE" ]; then']
-        lines += [f"  export {k}=\"$IFACE\"" for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-                  if k not in env_keys]
-        warning = (f"[clusterddp] warning: no interface routes to {master_addr}; "
-                   "set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME in the inventory env")
-        if local_addr:
-            lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" "
-                         "| awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
-        lines += ["else", f"  echo {q(warning)} >&2", "fi"]
+    if not local:
+        lines += _iface_lines({k for k, _ in node.env}, master_addr, _probes(node.argv, LOCAL_ADDR))
     if not local:
         lines += _ship_train_lines(node)
     if node.nproc == "auto":
@@ -417,8 +424,11 @@ def start_command(node: NodeLaunch) -> str:
     ``setsid`` is not a process group leader here, so it execs in place and ``$!`` is the
     job's shell. Its output goes to node.log, so the job never depends on the SSH channel.
     node.log and pid are made 0600 in subshells: the job keeps the node's umask for its own files.
+    torchrun's ``--log-dir`` (``errors/``: per-rank error files, which can quote secrets) is made 0700
+    here too: torchrun would create it with the job's umask.
     """
-    return (f"cd {qpath(node.control_dir)} || exit 3; (umask 077 && : > node.log && chmod 600 node.log) || exit 3; "
+    return (f"cd {qpath(node.control_dir)} || exit 3; "
+            "(umask 077 && : > node.log && chmod 600 node.log && mkdir -p errors && chmod 700 errors) || exit 3; "
             f"{MARKER}={q(node.marker)} setsid bash launch.sh "
             "> node.log 2>&1 < /dev/null & (umask 077 && echo $! > pid); cat pid")
 
@@ -604,9 +614,22 @@ def top_command(host: Host, nodes: Iterable[NodeLaunch], progress_regex: str) ->
 GO_FILE = "lease-go"   # in the control folder: the launcher's word to a node's lease holder to start the job
 
 
+NODE_HOSTNAME = "%h"  # in a lease folder's path: the node's own hostname, filled in on the node
+
+
 def lease_dir(host: Host) -> str:
-    """The node's lease folder: the host's ``lease_dir``, or ``<workdir>/leases``."""
-    return host.lease_dir or posixpath.join(host.workdir, "leases")
+    """The node's lease folder: the host's ``lease_dir``, or ``<workdir>/leases/%h``, where ``%h``
+    (:data:`NODE_HOSTNAME`) is the node's hostname: hosts that share a workdir (NFS homes) keep
+    their slots apart, and every inventory naming the machine finds the same folder."""
+    return host.lease_dir or posixpath.join(host.workdir, "leases", NODE_HOSTNAME)
+
+
+def _qlease(path: str) -> str:
+    """A lease folder path (or one below it) as one shell word, ``%h`` as the node's hostname."""
+    head, sep, tail = path.partition(NODE_HOSTNAME)
+    if not sep:
+        return qpath(path)
+    return (qpath(head) if head else "") + '"$(hostname)"' + (_qlease(tail) if tail else "")
 
 
 def lease_command(host: Host, mode: str) -> str:
@@ -619,7 +642,7 @@ def lease_command(host: Host, mode: str) -> str:
 def go_command(node: NodeLaunch) -> str:
     """Tell the node's lease holder to start the job (it runs :func:`start_command` with the lock
     files open); print the job's pid once it is written, as :func:`start_command` does."""
-    return (f"cd {qpath(node.control_dir)} || exit 3; : > {GO_FILE} || exit 3; "
+    return (f"cd {qpath(node.control_dir)} || exit 3; (umask 077 && : > {GO_FILE}) || exit 3; "
             "for i in $(seq 600); do [ -s pid ] && exec cat pid; sleep 0.1; done; "
             "echo 'the lease holder did not start the job (it ended; is the node overloaded?)' >&2; exit 3")
 
@@ -627,10 +650,33 @@ def go_command(node: NodeLaunch) -> str:
 def lease_release_command(host: Host, run_id: str, control_dir: str) -> str:
     """Release the lease of a run whose job was not started: remove its record, which its holder
     watches. A job told to start keeps its lease (the go file exists)."""
-    return (f"cd {qpath(lease_dir(host))} 2>/dev/null || exit 0; "
+    return (f"cd {_qlease(lease_dir(host))} 2>/dev/null || exit 0; "
             f"[ -e {qpath(posixpath.join(control_dir, GO_FILE))} ] || rm -f {q(f'lease-{run_id}.json')}")
 
 
 def queue_leave_command(host: Host, ticket: str) -> str:
     """Leave the queue: remove the entry, which its waiter process watches (it then ends)."""
-    return f"rm -f {qpath(posixpath.join(lease_dir(host), f'queue-{ticket}.json'))}"
+    return f"rm -f {_qlease(posixpath.join(lease_dir(host), f'queue-{ticket}.json'))}"
+
+
+def collective_command(host: Host, master_addr: str, args: dict) -> NodeCommand:
+    """The node side of ``check --collective`` (``clusterddp/node/collective.py``; ``args`` is its
+    JSON argument: rank, world, sizes, bounds). Set up as launch.sh sets up a job: the host's setup
+    lines and env (on stdin), the same interface choice (:func:`_iface_lines`), the host's python
+    with its site-packages (torch)."""
+    lines = _preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
+                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
+    lines += _iface_lines({k for k, _ in host.env}, master_addr)
+    lines.append("exec " + _python(host, "collective", [q(json.dumps(args, sort_keys=True))], site=True))
+    return NodeCommand("\n".join(lines), _env_stdin(host.env))
+
+
+def envinfo_command(host: Host, run_dir: str | None = None, files: Iterable[str] = ()) -> NodeCommand:
+    """The node side of ``check --diff`` (``clusterddp/node/envinfo.py``): after the host's setup
+    lines and env (on stdin), its python with site-packages reports versions, packages and, when
+    ``run_dir`` (a previous run's folder there) is given, a hash of ``files`` below it."""
+    lines = _preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
+                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
+    args = [qpath(run_dir), q(node_envinfo.files_arg(list(files)))] if run_dir else []
+    lines.append("exec " + _python(host, "envinfo", args, site=True))
+    return NodeCommand("\n".join(lines), _env_stdin(host.env))

@@ -5,8 +5,9 @@
 # bed runs its own sshd per node, and a system sshd on port 22 would only get in the way.
 set -euo pipefail
 
-# slurmctld slurmd slurm-client munge: the Slurm test bed (tests/slurmbed.py) starts its own daemons.
-PACKAGES=(openssh-server cron pdsh iproute2 procps rsync slurmctld slurmd slurm-client munge)
+# slurmctld slurmd slurm-client munge: the Slurm test bed (tests/slurmbed.py) starts its own daemons;
+# iptables: check --collective's test blocks a node's traffic to the master port.
+PACKAGES=(openssh-server cron pdsh iproute2 procps rsync iptables slurmctld slurmd slurm-client munge)
 
 if [[ $EUID -ne 0 ]]; then
     echo "install-system-deps.sh: must run as root" >&2

@@ -12,7 +12,8 @@ PACKAGE = Path(clusterddp.__file__).resolve().parent
 # imports allowed there); they never reach the CLI. Private control flow in one module.
 # Private ones carry a failure to the one place that translates it into an errors.py class.
 ALLOWED = {("node/probe.py", "ProbeError"), ("node/collect.py", "StreamError"), ("node/collect.py", "_TooMany"),
-           ("node/diagnose.py", "AnswerError"), ("node/top.py", "TopError"),
+           ("node/diagnose.py", "AnswerError"), ("node/top.py", "TopError"), ("node/envinfo.py", "EnvInfoError"),
+           ("node/collective.py", "CollectiveReplyError"), ("node/collective.py", "_Stop"),
            ("artifacts.py", "_KeepOldLog"), ("control.py", "_NoLog"), ("transport/ssh.py", "_TooMuch"),
            ("transport/ssh.py", "_NoGreeting"),
            ("transport/ssh.py", "_LocalError"), ("transport/ssh.py", "_UnknownHostKey"),

@@ -287,7 +287,8 @@ def test_up_flags_give_a_plan_or_exit_2(work, inv_text, hosts, env, gpus, port, 
     r = cli_outcome([*argv, "--", *args])
     assert time.perf_counter() - started < CASE_SECONDS
     if r.exit_code == 0:  # every user word reaches launch.sh quoted: "$NPROC" from a user stays literal
-        assert "--max-restarts 0 " + " ".join(shlex.quote(w) for w in ["t.py", *args]) in r.output
+        words = " ".join(shlex.quote(w) for w in ["t.py", *args])
+        assert '--max-restarts 0 --log-dir "$CTL/errors" ' + words in r.output
 
 
 checked: list = []

@@ -17,7 +17,7 @@ from clusterddp import inventory, node, plan
 
 # The oldest Python each must parse on (see clusterddp/node/__init__.py).
 FLOOR = {"probe": (3, 5), "collect": (3, 8), "follow": (3, 8), "worker": (3, 8), "top": (3, 8), "diagnose": (3, 8),
-         "lease": (3, 8)}
+         "lease": (3, 8), "collective": (3, 8), "envinfo": (3, 5)}
 
 
 def test_every_program_has_a_floor_and_source_reads_each_once():
@@ -65,6 +65,14 @@ def test_each_program_runs_alone(tmp_path):
     (tmp_path / "exit_code").write_text("0")
     p = bare("follow", [str(tmp_path), "2", "0.01"], tmp_path)
     assert (p.returncode, p.stdout, p.stderr) == (0, b"line 2\n", b"")
+
+    p = bare("envinfo", [], tmp_path)
+    from clusterddp.node.envinfo import parse_reply as envinfo_reply
+    assert envinfo_reply(p.stdout, p.stderr, p.returncode)["torch"] is None, p.stderr  # -S: no site-packages
+
+    p = bare("collective", [json.dumps({"rank": 0, "world": 1, "limit_s": 60})], tmp_path)
+    from clusterddp.node.collective import parse_output
+    assert parse_output(p.stdout, 1)[0][-1]["kind"] == "torch", p.stderr
 
     p = bare("collect", [str(tmp_path), str(tmp_path / "node.log")], tmp_path,
              json.dumps({"log": True, "globs": ["pid"], "have": {}}).encode())

@@ -110,7 +110,8 @@ def test_env_values_stay_off_command_lines_and_control_files_are_private(bed, tm
     out, _ = p.communicate(timeout=180)
     assert p.returncode == 0, out
     assert mode(ctl / "exit_code") == 0o600 and (ctl / "exit_code").read_text() == "0\n"
-    files = ("launch.sh", "node.log", "pid", "exit_code")
-    assert {f.name: mode(f) for f in ctl.iterdir()} == dict.fromkeys(files, 0o600)
+    files = ("launch.sh", "node.log", "pid", "exit_code", "lease-go")  # lease-go: the lease holder's word to start
+    # errors/: torchrun's per-rank error files (which can quote a secret), private like the rest
+    assert {f.name: mode(f) for f in ctl.iterdir()} == {**dict.fromkeys(files, 0o600), "errors": 0o700}
     assert json.loads((run_dir / "seen.json").read_text()) == {"SECRET": value, "CLI_SECRET": cli_value}
     assert not Path("/tmp/cddp-pwned").exists()

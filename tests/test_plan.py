@@ -209,6 +209,10 @@ EXEC_WORDS = ("du", "-sh", "~/clusterddp/runs/*", "|", "sort", "-h")
 SNIPPETS = {f"clusterddp/node/{p}.py": node.source(p) for p in node.PROGRAMS}
 
 
+COLLECTIVE_ARGS = {"rank": 1, "world": 2, "addr": "10.0.0.11", "port": 29500, "sizes": [1024], "gloo_max": 1024,
+                   "join_s": 20.0, "op_s": 0.5, "budget_s": 0.1, "limit_s": 100.0}
+
+
 def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
     """(header naming the function and its arguments, the command) for every command clusterddp
     sends to a node: a run's steps (supervisor, control, artifacts), check's and up's probe, exec
@@ -251,6 +255,11 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
         (f"lease_command({b.name}, 'queue')", plan.lease_command(b, "queue")),
         (f"lease_command({b.name}, 'list')", plan.lease_command(b, "list")),
         (f"queue_leave_command({a.name}, <ticket>)", plan.queue_leave_command(a, f"{'1' * 19}-{RUN_ID}")),
+        (f"collective_command({b.name}, {addr!r}, {COLLECTIVE_ARGS})  # check --collective",
+         plan.collective_command(b, addr, COLLECTIVE_ARGS)),
+        (f"envinfo_command({a.name})  # check --diff, no previous run", plan.envinfo_command(a)),
+        (f"envinfo_command({b.name}, {p.nodes[1].run_dir!r}, ['t.py', 'lib/a b.py'])  # check --diff",
+         plan.envinfo_command(b, p.nodes[1].run_dir, ["t.py", "lib/a b.py"])),
     ]
     return out
 

@@ -189,7 +189,7 @@ def test_two_hosts_sharing_one_workdir_run_collect_and_are_stopped_each_on_its_o
         # the checkpoints are in the shared folder: each host brings them back
         assert sorted((runs / run_id / "artifacts" / node.name / "checkpoints").glob("step-*.pt"))
     st = cddp("status", run_id, "--runs-dir", str(runs), check_rc=0).stdout
-    assert "node1: succeeded exit 0" in st and "node2: succeeded exit 0" in st
+    assert "node1: succeeded (exit code 0)" in st and "node2: succeeded (exit code 0)" in st, st
 
     # a detached run: status and stop reach each node's own job
     hold = job_script(tmp_path, "hold.py", HOLD)
@@ -200,7 +200,7 @@ def test_two_hosts_sharing_one_workdir_run_collect_and_are_stopped_each_on_its_o
     st = cddp("status", run_id, "--runs-dir", str(runs), check_rc=0).stdout
     assert "node1: running" in st and "node2: running" in st, st
     stop = cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "5", check_rc=0, timeout=120).stdout
-    assert "node1: stopped exit" in stop and "node2: stopped exit" in stop, stop
+    assert "node1: stopped (exit code" in stop and "node2: stopped (exit code" in stop, stop
     assert eventually(lambda: not job_pids(run_id), 15), job_pids(run_id)
     for node in bed.nodes:
         assert eventually(lambda node=node: not bed.ns_pids(node), 15), bed.ns_pids(node)

@@ -8,7 +8,8 @@ import time
 
 import typer
 
-from .common import EXIT_FAILED, handle_errors, is_tty, visible
+from ..errors import UsageError
+from .common import EXIT_FAILED, RUNS_DIR, handle_errors, is_tty, visible
 
 HOSTS = typer.Option(None, "--hosts", help="Only these hosts: a,b,c.")
 EXCLUDE = typer.Option(None, "--exclude", help="Leave these hosts out: a,b (after --hosts).")
@@ -39,6 +40,13 @@ def check(
     master_port: int | None = typer.Option(None, "--master-port", min=1, max=65535,
                                            help="Check this master port instead of the inventory's."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    collective: bool = typer.Option(False, "--collective", help="Instead: run all_reduce over every host at once "
+                                    "(gloo, or NCCL on GPUs); figures per host, who never joined, who is slow."),
+    join_timeout: float = typer.Option(20.0, "--join-timeout", min=1, max=3600, help="--collective: seconds a host "
+                                       "may take to join once the master is ready."),
+    diff: bool = typer.Option(False, "--diff", help="Instead: what differs from the master on each host: python, "
+                              "torch, CUDA, NCCL, driver, packages, the last run's script folder."),
+    runs_dir: str = RUNS_DIR,
 ) -> None:
     """Check that every host is ready for a DDP job, in parallel.
 
@@ -50,6 +58,22 @@ def check(
 
     inv = load_inventory(inventory, hosts, fanout, exclude)
     started = time.monotonic()
+    if collective and diff:
+        raise UsageError("--collective and --diff are two different checks", "run them one at a time")
+    if inv.slurm is not None and (collective or diff):
+        raise UsageError(f"--{'collective' if collective else 'diff'}: not available for a `slurm:` inventory",
+                         "run it on an inventory that lists the hosts")
+    if diff:
+        from ..envdiff import run_diff
+        from .envdiff import show as show_diff
+        ok = show_diff(run_diff(inv, runs_dir), time.monotonic() - started, as_json)
+        raise typer.Exit(0 if ok else EXIT_FAILED)
+    if collective:
+        from ..collective import run_collective
+        from .collective import show
+        ok = show(run_collective(inv, master_port=master_port, join_s=join_timeout), time.monotonic() - started,
+                  as_json)
+        raise typer.Exit(0 if ok else EXIT_FAILED)
     if inv.slurm is not None:  # Slurm's commands, the partition, and a one-node probe job
         from ..slurm_check import run_slurm_checks
         report = run_slurm_checks(inv)

@@ -1,18 +1,18 @@
 """Programs that run on the nodes, each in one module with the launcher-side code that reads its answer.
 
 Nothing is installed on a node: ``plan.py`` sends a module's whole source (:func:`source`) as
-``python -S -c <source> ARGS`` (the probe without ``-S``: it looks for torch in site-packages),
+``python -S -c <source> ARGS`` (the probe and collective without ``-S``: they need site-packages' torch),
 where it runs alone, as ``__main__``, with the node's own Python. So every module here:
 
 - imports only the standard library and nothing from clusterddp, which is not on the node;
 - loads nothing it does not need on the node at run time (not even ``typing``: every module a
   helper imports delays a collect); type checkers see ``if TYPE_CHECKING:`` blocks, with
   ``TYPE_CHECKING`` a plain ``False``;
-- keeps to the grammar of the oldest Python it may meet: ``probe`` Python 3.5 (no f-strings, no
-  variable annotations), since it must report on a node whose Python is too old rather than
-  fail to parse; ``collect``, ``follow``, ``worker``, ``top``, ``diagnose`` and ``lease`` Python 3.8,
-  the oldest that torch 2 supports (they
-  run only where a job can run). tests/test_node_programs.py parses each with that grammar;
+- keeps to the grammar of the oldest Python it may meet: ``probe`` and ``envinfo`` Python 3.5
+  (no f-strings, no variable annotations), since they must report on a node whose Python is too
+  old rather than fail to parse; ``collect``, ``follow``, ``worker``, ``top``, ``diagnose``,
+  ``lease`` and ``collective`` (which alone imports torch too) Python 3.8, the oldest that torch 2
+  supports (they run only where a job can run). tests/test_node_programs.py parses each with that grammar;
 - has ``main(argv)`` (argv without the program name), callable in-process by tests, and ends
   with ``if __name__ == "__main__":`` calling it.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-PROGRAMS = ("probe", "collect", "follow", "worker", "top", "diagnose", "lease")
+PROGRAMS = ("probe", "collect", "follow", "worker", "top", "diagnose", "lease", "collective", "envinfo")
 
 
 @functools.cache

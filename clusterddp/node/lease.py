@@ -1,7 +1,7 @@
 """``lease``: the node program that takes, holds and lists a node's GPU slot leases and queue entries,
 and the launcher's reader of its replies.
 
-A node's lease folder (``lease_dir``, default ``<workdir>/leases``) holds:
+A node's lease folder (``lease_dir``, default ``<workdir>/leases/%h``, %h the node's hostname) holds:
 
 - ``slot-<i>.lock`` and ``port-<p>.lock``: empty files; a slot (or the master port) is taken while a
   process holds an ``flock`` on its file. Never deleted (deleting a lock file races with its next
@@ -41,6 +41,12 @@ import socket
 import subprocess
 import sys
 import time
+
+
+def _folder(path):
+    # type: (str) -> str
+    """The lease folder: ``~`` expanded, ``%h`` as this node's hostname (plan.NODE_HOSTNAME)."""
+    return os.path.expanduser(path).replace("%h", socket.gethostname())
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -184,7 +190,7 @@ def _reserved(queue: list, ticket: str | None, run: str, cap: int) -> tuple:
 
 
 def _hold(req: dict) -> int:
-    folder = os.path.expanduser(req["dir"])
+    folder = _folder(req["dir"])
     run = req["run"]
     if not RUN_RE.match(run):
         raise ValueError("bad run id")
@@ -302,7 +308,7 @@ def _wait(record_fd: int, done: Any) -> bool:
 
 
 def _queue(req: dict) -> int:
-    folder = os.path.expanduser(req["dir"])
+    folder = _folder(req["dir"])
     ticket = req["ticket"]
     if not TICKET_RE.match(ticket):
         raise ValueError("bad ticket")
@@ -316,7 +322,7 @@ def _queue(req: dict) -> int:
 
 
 def _list(req: dict) -> int:
-    folder = os.path.expanduser(req["dir"])
+    folder = _folder(req["dir"])
     _emit({"capacity": capacity(int(req.get("fallback") or 1)), "holders": read_live(folder, "lease-"),
            "waiting": read_live(folder, "queue-")})
     return 0
