@@ -85,8 +85,8 @@ class RunView:
 
 @dataclass
 class Snapshot:
-    """One look at every run shown. ``leases`` stays None until clusterddp keeps GPU leases
-    (issue 16, part 1): the view then lists them here."""
+    """One look at every run shown; with a lab inventory (``top --inventory``), ``leases`` lists every
+    GPU lease and queue entry on its hosts (a host that cannot be read: one entry with its error)."""
 
     time: float
     runs: list[RunView]
@@ -109,8 +109,9 @@ class Watch:
 
     def __init__(self, recs: Sequence[RunRecord], progress_regex: str = DEFAULT_PROGRESS,
                  connect: Callable[[Host], Transport] = default_connect,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, lab: Sequence[Host] = ()) -> None:
         self.recs = list(recs)
+        self.lab = list(lab)  # the hosts whose GPU leases are listed too (one more command per host)
         self.regex = progress_regex
         self._connect = connect
         self._clock = clock
@@ -123,6 +124,7 @@ class Watch:
                 self._jobs.setdefault(n.host.name, []).append((rec.run_id, n))
         self._fanout = min((r.fanout for r in self.recs), default=32)
         self._fleet = self._new_fleet()
+        self._lab_fleet = Fleet(self.lab, fanout=self._fanout, connect=self._connect) if self.lab else None
         self._failed_at: float | None = None
         self._steps: dict[tuple[str, str], deque[tuple[float, int]]] = {}
         self._cpu: dict[tuple[str, str], tuple[float, float]] = {}
@@ -133,6 +135,8 @@ class Watch:
 
     def close(self) -> None:
         self._fleet.close()
+        if self._lab_fleet is not None:
+            self._lab_fleet.close()
 
     def __enter__(self) -> Watch:
         return self
@@ -166,7 +170,25 @@ class Watch:
                     views[(run_id, name)] = self._view(run_id, n, got["time"], got["jobs"][i], node)
         runs = [RunView(r.run_id, r.name, str(r.status), [views[(r.run_id, n.host)] for n in r.nodes])
                 for r in self.recs]
-        return Snapshot(time.time(), runs)
+        return Snapshot(time.time(), runs, self._leases() if self._lab_fleet is not None else None)
+
+    def _leases(self) -> list[dict]:
+        """Every lease and queue entry on the lab's hosts, in host order (the lease program's answers,
+        already checked by :mod:`clusterddp.leases`)."""
+        from . import leases
+        assert self._lab_fleet is not None
+        res = leases.read_views(self._lab_fleet, self.lab)
+        out: list[dict] = []
+        for h in self.lab:
+            got = res.get(h.name)
+            if isinstance(got, Exception) or got is None:
+                out.append({"host": h.name, "error": str(as_host_error(h.name, got)) if got else "not asked"})
+                continue
+            out += [{"host": h.name, "run": x.run, "user": x.user, "since": x.since, "slots": list(x.slots),
+                     "master_port": x.port, "state": x.state} for x in got.holders]
+            out += [{"host": h.name, "run": w.run, "user": w.user, "since": w.since, "state": "waiting",
+                     "needs": list(w.slots) if w.slots else w.need} for w in got.waiting]
+        return out
 
     def _node(self, host: str, node: dict) -> dict:
         """The node-wide fields of a NodeView (the same for every job on that host) from its answer."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def seen(bed, run_id: str, want: int) -> list[dict]:
     def read() -> list[dict]:
         out = []
         for node in bed.nodes:
-            log = Path(node.workdir) / "runs" / run_id / ".clusterddp" / "node.log"
+            log = Path(node.workdir) / "runs" / run_id / ".clusterddp" / node.name / "node.log"
             if log.exists():
                 out += [json.loads(line[5:]) for line in log.read_text().splitlines() if line.startswith("SEEN ")]
         return out
@@ -50,6 +51,13 @@ def start(inv: Path, job: Path, runs: Path, *args: str, hold: Path) -> str:
     r = cddp("up", str(inv), str(job), "--runs-dir", str(runs), "--detach", "-e", f"HOLD_UNTIL={hold}", *args,
              check_rc=0)
     return run_id_of(r.stdout)
+
+
+def id_in(line: str) -> str:
+    """The run id of `up`'s first line about its run: `run ID` once recorded, or its queue line."""
+    m = re.match(r"(?:\[clusterddp\] )?run (\S+)", line)
+    assert m, line
+    return m.group(1)
 
 
 def user() -> str:
@@ -68,9 +76,10 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_star
     r = cddp("up", str(inv), str(job), "--runs-dir", str(runs), check_rc=75)
     assert f"held by run {first} of {user()}" in r.stderr and "slots 0,1" in r.stderr, r.stderr
     assert "node1" in r.stderr and "Traceback" not in r.stderr
-    refused = run_id_of(r.stdout)
-    assert not (runs / refused).exists(), "a refused run must start nothing, not even a record"
-    assert not any((Path(n.workdir) / "runs" / refused).exists() for n in bed.nodes), "nor upload anything"
+    assert not re.search(r"^run ", r.stdout, re.M), r.stdout  # a refused run has no id: nothing to look up
+    assert [d.name for d in runs.iterdir() if d.is_dir()] == [first], "a refused run starts nothing, not a record"
+    assert all([d.name for d in (Path(n.workdir) / "runs").iterdir()] == [first] for n in bed.nodes), \
+        "nor upload anything"
 
     listed = cddp("leases", str(inv), "--json", check_rc=0)
     hosts = {h["host"]: h for h in json.loads(listed.stdout)["hosts"]}
@@ -78,12 +87,18 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_star
         (lease,) = hosts[node.name]["leases"]
         assert (lease["run"], lease["user"], lease["slots"], lease["state"]) == (first, user(), [0, 1], "running")
         assert hosts[node.name]["free"] == []
+    # `top --inventory` shows the same leases beside the running run
+    snap = json.loads(cddp("top", "--once", "--json", "--inventory", str(inv), "--runs-dir", str(runs),
+                           check_rc=0, timeout=120).stdout.splitlines()[-1])
+    assert [r["run_id"] for r in snap["runs"]] == [first]
+    assert sorted((x["host"], x["run"], x["slots"], x["state"]) for x in snap["leases"]) == [
+        (n.name, first, [0, 1], "running") for n in bed.nodes]
 
     p = cddp_popen("up", str(inv), str(job), "--runs-dir", str(runs), "--wait")
     try:
         lines = wait_for_line(p, "waiting in the queue: position 1")
         assert first in lines[-1], lines[-1]
-        second = run_id_of(lines[0])
+        second = id_in(lines[-1])  # not recorded until it starts, so no `run ID` line yet: the queue line names it
         third = cddp_popen("up", str(inv), str(job), "--runs-dir", str(runs), "--wait")
         try:
             assert "position 2" in wait_for_line(third, "waiting in the queue")[-1]
@@ -150,11 +165,15 @@ def test_two_launchers_at_once_take_all_or_nothing_and_the_later_one_waits_its_t
     ps = [cddp_popen("up", str(inv), str(job), "--runs-dir", str(runs), "--wait", "-e", f"HOLD_UNTIL={hold}")
           for _ in range(2)]
     try:
-        ids = [run_id_of(wait_for_line(p, "run ")[-1]) for p in ps]
+        firsts = [wait_for_line(p, "run ")[-1] for p in ps]
+        ids = [id_in(line) for line in firsts]
         assert eventually(lambda: sum(bool(job_pids(r)) for r in ids) == 1, 120), "exactly one run should start"
         running = next(r for r in ids if job_pids(r))
         waiting = ps[1 - ids.index(running)]
-        assert running in wait_for_line(waiting, "waiting in the queue")[-1]
+        said = firsts[1 - ids.index(running)]  # its first line is already its queue line, or comes next
+        if "waiting in the queue" not in said:
+            said = wait_for_line(waiting, "waiting in the queue")[-1]
+        assert running in said, said
         seen(bed, running, 4)
         listed = json.loads(cddp("leases", str(inv), "--json", check_rc=0).stdout)["hosts"]
         assert [[x["run"] for x in h["leases"]] for h in listed] == [[running], [running]], listed

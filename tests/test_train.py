@@ -452,3 +452,49 @@ def test_dp_vs_ddp_tiny(tmp_path) -> None:
     assert any(line.startswith("DDP (2 procs): ") and line.endswith(" samples/s") for line in lines)
     assert any(line.startswith("DDP/DataParallel speed-up: ") and line.endswith("x") for line in lines)
     assert _numpy_hidden_at_exit(tmp_path, "dp_vs_ddp.py") == [True] * 3  # itself and its 2 DDP workers
+
+
+END_AFTER_CLEANUP = """
+import atexit, logging, os, sys
+import torch
+import clusterddp.train as ct
+logging.basicConfig(filename=f"log-{os.environ['RANK']}", level=logging.INFO)
+# Registered before init(): runs only if the interpreter finishes its own teardown, which is skipped.
+atexit.register(lambda: open(f"finalized-{os.environ['RANK']}", "w").close())
+ctx = ct.init()
+model = ct.wrap(torch.nn.Linear(2, 2))
+model(torch.ones(1, 2)).sum().backward()
+ct.cleanup(barrier=True)
+with open(f"threads-{ctx.rank}", "w") as f:  # what would be torn down at exit, were it not skipped
+    f.write(" ".join(sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))))
+logging.getLogger("job").info("logged after cleanup")
+mode = sys.argv[1]
+if mode == "raise":
+    raise RuntimeError("boom after cleanup")
+if mode == "exit3":
+    sys.exit(3)
+print("ended", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode, code", [("ok", 0), ("raise", 1), ("exit3", 3)])
+def test_a_finished_run_exits_with_its_own_status_and_no_cpp_teardown(tmp_path, mode, code) -> None:
+    """cleanup(barrier=True) ends the process without C++ static teardown: DDP keeps gloo's threads
+    alive past destroy_process_group, and their teardown at exit aborted ~1 run in 15 (SIGABRT,
+    "terminate called without an active exception"). The status Python would exit with is kept,
+    and logging is flushed."""
+    script = tmp_path / "end.py"
+    script.write_text(END_AFTER_CLEANUP)
+    r = _torchrun(script, mode, cwd=tmp_path)
+    threads = (tmp_path / "threads-0").read_text().split()
+    assert "pt_gloo_runloop" in threads, threads  # the premise: the threads outlive the group
+    if code == 0:
+        assert r.returncode == 0 and r.stdout.count("ended") == 2, r.stdout
+    else:  # torchrun names each rank's own exit code
+        assert r.returncode == 1 and r.stdout.count(f"exitcode  : {code} ") >= 1, r.stdout
+        assert "terminate called" not in r.stdout and "SIGABRT" not in r.stdout, r.stdout
+    if mode == "raise":
+        assert "RuntimeError: boom after cleanup" in r.stdout
+    for rank in (0, 1):
+        assert "logged after cleanup" in (tmp_path / f"log-{rank}").read_text()
+        assert not (tmp_path / f"finalized-{rank}").exists(), "the interpreter's own teardown ran"

@@ -68,7 +68,7 @@ def table(snap: Snapshot):
     parts: list = [Text(f"clusterddp top - {time.strftime('%H:%M:%S')} - {len(snap.runs)} run(s)", style="bold"), t]
     if not snap.runs:
         parts.append(Text("no running runs"))
-    if snap.leases is not None:  # issue 16, part 1: filled in once clusterddp keeps leases
+    if snap.leases is not None:  # top --inventory: the lab's GPU leases and queue
         lt = Table(box=None, pad_edge=False, header_style="bold", title="leases")
         keys = sorted({k for lease in snap.leases for k in lease})
         for k in keys:
@@ -91,6 +91,9 @@ def top(
         help="Finds the step number in the job's output (its group, or the whole match): steps per second. "
              "Default: 'step N' lines, as (?i)step\\s*[:=#]?\\s*(\\d+)."),
     interval: float = typer.Option(1.0, "--interval", min=0.2, max=3600, help="Seconds between refreshes."),
+    inventory: str | None = typer.Option(None, "--inventory", metavar="INVENTORY",
+                                         help="Also list every GPU lease and queue entry on this inventory's "
+                                              "hosts (who holds which slots, who waits)."),
 ) -> None:
     """Show what each node of RUN (or of every running run) is doing: state, last log line, steps/s,
     CPU and memory of the job and the node, and each GPU's use where nvidia-smi answers. Refreshed every
@@ -101,7 +104,11 @@ def top(
     regex = check_progress_regex(progress_regex) if progress_regex is not None else DEFAULT_PROGRESS
     store = RunStore(runs_dir, read_only=True)  # top only looks
     recs = records(store, run)
-    with Watch(recs, regex) as watch:
+    lab = ()
+    if inventory is not None:
+        from .check import load_inventory
+        lab = load_inventory(inventory, None, None).hosts
+    with Watch(recs, regex, lab=lab) as watch:
         if once:
             if recs:
                 watch.look()

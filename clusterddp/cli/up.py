@@ -112,8 +112,9 @@ def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: b
         if not prep.plan.local:
             from ..fleet import Fleet
             fleet = fleet or Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
+            run_id = prep.plan.run_id  # a waiting run is not recorded yet: its queue lines name it
             prep, lease = jobs.take_lease(prep, fleet, wait=wait,
-                                          on_wait=lambda s: print(f"[clusterddp] {s}", flush=True))
+                                          on_wait=lambda s: print(f"[clusterddp] run {run_id} {s}", flush=True))
             if lease is not None:  # said once the run id is (below)
                 leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
                           + f"; master port {prep.plan.master_port}")
