@@ -24,7 +24,6 @@ itself is not installed::
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import inspect
 import io
@@ -139,7 +138,6 @@ def init(backend: str | None = None, timeout: datetime.timedelta | None = None) 
     """
     global _CTX
     record_errors()
-    _register_exit_hook()
     if _CTX is not None:
         if backend is not None and _CTX.distributed and backend != _CTX.backend:
             raise ValueError(f"already initialised with backend {_CTX.backend!r}, not {backend!r}")
@@ -228,74 +226,13 @@ def cleanup(barrier: bool = False) -> None:
     ``barrier=True`` (at the normal end of training, reached by every rank) first waits for every
     rank, so no rank tears its connections down while a peer still uses them. Leave it off where
     only some ranks may call it (an error path): the others would wait for it forever.
-
-    With ``barrier=True`` the process also ends without C++ teardown once Python has finished
-    (:func:`_exit_hook`): a DDP model keeps gloo's threads alive past ``destroy_process_group``
-    (torch 2.13), and their teardown at process exit aborted about 1 run in 15 on this project's
-    test machines ("terminate called without an active exception", exit -6, after the job's work
-    was done). The exit status is kept: 0, 1 after an exception that escaped, or ``sys.exit``'s;
-    logging is flushed, and atexit handlers registered after :func:`init` run; ones registered
-    before it (by modules imported earlier) do not.
     """
-    global _CTX, _FINISHED
+    global _CTX
     if dist.is_available() and dist.is_initialized():
         if barrier and dist.get_world_size() > 1:
             dist.barrier()
         dist.destroy_process_group()
     _CTX = None
-    if barrier:
-        _FINISHED = True
-        _watch_sys_exit()
-
-
-# ---- ending a finished process without C++ teardown (see cleanup) ----
-
-_FINISHED = False
-_EXIT_HOOKED = False
-_EXIT_STATUS: list[object] = []  # what sys.exit was last called with, after cleanup(barrier=True)
-
-
-def _register_exit_hook() -> None:
-    """Registered by :func:`init`, early, so it runs after the atexit handlers registered later
-    (a logger's, wandb's, the script's own): LIFO."""
-    global _EXIT_HOOKED
-    if not _EXIT_HOOKED:
-        _EXIT_HOOKED = True
-        atexit.register(_exit_hook)
-
-
-def _watch_sys_exit() -> None:
-    real = sys.exit
-    if getattr(real, "_clusterddp", False):
-        return
-
-    def exit(status: object = None) -> None:  # noqa: A001 - stands in for sys.exit
-        _EXIT_STATUS[:] = [status]
-        real(status)  # type: ignore[arg-type]
-    exit._clusterddp = True  # type: ignore[attr-defined]
-    sys.exit = exit  # type: ignore[assignment]
-
-
-def _exit_hook() -> None:
-    """At interpreter exit after :func:`cleanup` ``(barrier=True)``: flush, then ``os._exit`` with the
-    status Python would have used, skipping the C++ static destructors that may abort."""
-    if not _FINISHED:
-        return
-    if getattr(sys, "last_value", None) is not None:  # an exception escaped (and was printed)
-        code = 1
-    elif _EXIT_STATUS:
-        status = _EXIT_STATUS[-1]
-        code = 0 if status is None else status if isinstance(status, int) else 1
-    else:
-        code = 0
-    import logging
-    logging.shutdown()  # registered before us (at import), so it would run after us: run it now
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    os._exit(code & 0xFF)
 
 
 def print0(*args: Any, sep: str | None = " ", end: str | None = "\n", file: TextIO | None = None,
