@@ -30,6 +30,13 @@ dist.destroy_process_group()
 
 
 @pytest.fixture
+def bed(make_bed):
+    """A private bed per test (not the session's): a holder a failing test leaves running would
+    otherwise keep the session bed's slots and master port from every later test."""
+    return make_bed(2)
+
+
+@pytest.fixture
 def job(tmp_path):
     return job_script(tmp_path, "job.py", JOB)
 

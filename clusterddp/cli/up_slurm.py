@@ -35,9 +35,9 @@ def up_slurm(inv, inventory_arg: str, spec, runs_dir: str, hosts: list[str] | No
         print(SP.render(prep.plan))
         print(f"upload: {folder.summary()}", flush=True)
         return
-    print(f"upload: {folder.summary()}", flush=True)
     prep.store.create(slurm.new_record(prep, inventory_arg, schedule=schedule))
     print(f"run {run_id}", flush=True)  # once recorded, so `logs`/`status` find it (as for SSH runs)
+    print(f"upload: {folder.summary()}", flush=True)
     printer = PrefixPrinter([], raw=raw)
     sigterm_as_interrupt()
     started = time.monotonic()
