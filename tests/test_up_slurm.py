@@ -188,7 +188,7 @@ def test_detach_then_status_logs_and_stop_work_through_slurm(slurm, tmp_path, jo
         assert follower.returncode == 0
     finally:
         follower.kill()
-    assert f"run {run_id}: stopped" in s and "node-1: stopped" in s and "(cancelled by scancel)" in s
+    assert f"run {run_id}: stopped" in s and "node-1: stopped (exit code" in s and "; cancelled by scancel" in s, s
     # stop returned once Slurm said the job ended: nothing of it runs on any node
     assert not job_pids(run_id)
     assert record(runs, run_id)["status"] == "stopped"
