@@ -36,8 +36,10 @@ parser.add_argument('--local_rank', '--local-rank', type=int, default=-1)
 parser.add_argument('--epochs', type=int, default=1)
 parser.add_argument('rest', nargs='*')
 args = parser.parse_args()
-print("LR " + json.dumps({"local_rank": args.local_rank, "env": os.environ["LOCAL_RANK"], "argv": sys.argv[1:],
-                          "epochs": args.epochs, "rest": args.rest}), flush=True)
+# one write per line: ranks share torchrun's stdout, and `python -u` print writes the newline apart
+sys.stdout.write("LR " + json.dumps({"local_rank": args.local_rank, "env": os.environ["LOCAL_RANK"],
+                                     "argv": sys.argv[1:], "epochs": args.epochs, "rest": args.rest}) + "\n")
+sys.stdout.flush()
 '''
 
 

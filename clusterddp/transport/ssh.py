@@ -126,6 +126,7 @@ class _Transport(paramiko.Transport):
 
     greeted = False  # the server's SSH version line was read
     seen: bytes | bytearray = b""  # what it sent before (or instead of) that line
+    hung_up = False  # the server closed the connection before its version line
 
     def _check_banner(self) -> None:
         packetizer: Any = self.packetizer  # _read_timeout: private, in paramiko since 2003
@@ -133,7 +134,11 @@ class _Transport(paramiko.Transport):
         seen = self.seen = bytearray()
 
         def recording(timeout: float) -> bytes:
-            data = read(timeout)
+            try:
+                data = read(timeout)
+            except EOFError:
+                self.hung_up = True
+                raise
             seen.extend(data[:SEEN_MAX - len(seen)])
             return data
         packetizer._read_timeout = recording
@@ -143,7 +148,8 @@ class _Transport(paramiko.Transport):
         except paramiko.SSHException as e:
             if isinstance(e, paramiko.ProxyCommandFailure) or seen.startswith(b"SSH-"):
                 raise  # an SSH server after all (a bad version line): paramiko's words say it
-            closed = isinstance(e.__context__, EOFError) or (seen and not isinstance(e.__context__, socket.timeout))
+            closed = self.hung_up or isinstance(e.__context__, EOFError) or (
+                seen and not isinstance(e.__context__, socket.timeout))
             raise _NoGreeting(str(e), bytes(seen), bool(closed)) from None
         finally:
             del packetizer._read_timeout
@@ -155,7 +161,7 @@ def _no_greeting(t: paramiko.Transport | None, e: BaseException) -> BaseExceptio
     ("No existing session") before the banner check can say what was, or was not, seen."""
     if isinstance(t, _Transport) and not t.greeted and isinstance(e, paramiko.SSHException) \
             and not isinstance(e, (_NoGreeting, paramiko.ProxyCommandFailure)):
-        return _NoGreeting(str(e), bytes(t.seen), closed=not t.is_alive())
+        return _NoGreeting(str(e), bytes(t.seen), closed=t.hung_up or not t.is_alive())
     return e
 
 
