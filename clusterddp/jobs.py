@@ -50,11 +50,7 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
     """Validate input and plan the run (no network). Raises UsageError for bad input.
     ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
     GPUs by host (``--hosts gpu-01:0,1``), over the inventory's."""
-    script = Path(spec.script)
-    if script.is_dir():
-        raise UsageError(f"script {spec.script}: is a directory, not a script", _script_in(script))
-    if not script.is_file():
-        raise UsageError(f"script {spec.script}: no such file", "pass the path of your training script")
+    script = check_script(spec.script)
     inventory = loaded or load_inventory(inventory_arg, spec.gpus)
     if inventory.slurm is not None:
         raise UsageError(f"{inventory.path} is a `slurm:` inventory, which this command does not take",
@@ -70,6 +66,16 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
     plan = P.build_plan(inventory, spec, run_id, **local)
     return Prepared(plan, store, script.resolve().parent)
+
+
+def check_script(path: str) -> Path:
+    """The training script as a Path; a UsageError (exit 2) naming it when it is a folder or missing."""
+    script = Path(path)
+    if script.is_dir():
+        raise UsageError(f"script {path}: is a directory, not a script", _script_in(script))
+    if not script.is_file():
+        raise UsageError(f"script {path}: no such file", "pass the path of your training script")
+    return script
 
 
 def _script_in(folder: Path) -> str:

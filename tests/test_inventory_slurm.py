@@ -82,4 +82,8 @@ def test_up_with_a_bad_slurm_inventory_exits_2_before_contacting_slurm(tmp_path)
     inv.write_text("slurm:\n  partition: main\n")
     r = cddp("up", str(inv), str(tmp_path / "t.py"), "--hosts", "a", "--runs-dir", str(tmp_path / "runs"), check_rc=2)
     assert "--hosts does not apply to a `slurm:` inventory" in r.stderr
+    for verb in (("up",), ("schedule", "add", "n", "--cron", "@daily")):
+        r = cddp(*verb, str(inv), str(tmp_path / "t.py"), "--exclude", "a", "--runs-dir", str(tmp_path / "runs"),
+                 check_rc=2)
+        assert "--exclude: a `slurm:` inventory lists no hosts" in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("2*"))

@@ -76,12 +76,8 @@ def add(
     excluded = host_list(exclude, "--exclude")
     loaded = jobs.load_inventory(inventory, gpus)
     if loaded.slurm is not None:  # the same checks as `up` with a `slurm:` inventory; no network
-        if excluded:
-            from ..errors import UsageError
-            raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
-                             "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
         from .up_slurm import prepare_slurm
-        prep = prepare_slurm(loaded, run, runs_dir, hosts_)
+        prep = prepare_slurm(loaded, run, runs_dir, hosts_, excluded)
     else:
         # the same checks as `up`; no network
         prep = jobs.prepare(inventory, run, runs_dir, hosts_, exclude=excluded, loaded=loaded)

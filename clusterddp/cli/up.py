@@ -75,12 +75,9 @@ def up(
     limit = jobs.parse_size(max_upload)
     loaded = jobs.load_inventory(inventory, gpus)
     if loaded.slurm is not None:  # Slurm allocates, starts and kills: a path of its own
-        if exclude is not None:
-            from ..errors import UsageError
-            raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
-                             "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
         from .up_slurm import up_slurm
-        return up_slurm(loaded, inventory, spec, runs_dir, host_list(hosts), limit, dry_run, detach, raw, schedule)
+        return up_slurm(loaded, inventory, spec, runs_dir, host_list(hosts), limit, dry_run, detach, raw, schedule,
+                        host_list(exclude, "--exclude"))
     names, slots = host_slots(hosts)
     prep = jobs.prepare(inventory, spec, runs_dir, names, exclude=host_list(exclude, "--exclude"),
                         loaded=loaded, slots=slots)

@@ -4,29 +4,28 @@ from __future__ import annotations
 
 import shlex
 import time
-from pathlib import Path
 
 from .common import PrefixPrinter, err, sigterm_as_interrupt, tell_missing
 
 
-def prepare_slurm(inv, spec, runs_dir: str, hosts: list[str] | None):
+def prepare_slurm(inv, spec, runs_dir: str, hosts: list[str] | None, exclude: list[str] | None = None):
     """Check the input and plan the run, as for SSH inventories; no network."""
-    from .. import slurm
+    from .. import jobs, slurm
     from ..errors import UsageError
     if hosts is not None:
         raise UsageError("--hosts does not apply to a `slurm:` inventory: Slurm chooses the hosts",
                          "set slurm.nodes (and slurm.constraint, or `sbatch` options) in the inventory")
-    script = Path(spec.script)
-    if not script.is_file():
-        raise UsageError(f"script {spec.script}: no such file", "pass the path of your training script")
-    return slurm.prepare(inv, spec, runs_dir, script)
+    if exclude:
+        raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
+                         "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
+    return slurm.prepare(inv, spec, runs_dir, jobs.check_script(spec.script))
 
 
 def up_slurm(inv, inventory_arg: str, spec, runs_dir: str, hosts: list[str] | None, limit: int, dry_run: bool,
-             detach: bool, raw: bool, schedule: str | None) -> None:
+             detach: bool, raw: bool, schedule: str | None, exclude: list[str] | None = None) -> None:
     from .. import jobs, slurm
     from .. import slurm_plan as SP
-    prep = prepare_slurm(inv, spec, runs_dir, hosts)
+    prep = prepare_slurm(inv, spec, runs_dir, hosts, exclude)
     run_id = prep.plan.run_id
     folder = jobs.scan_source(prep.source_dir, prep.store.root)
     jobs.check_upload_size(folder, limit)
