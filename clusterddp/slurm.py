@@ -276,7 +276,7 @@ def collect(store: RunStore, run_id: str, run_dir: str, control_dir: str, hosts:
     from .transport.local import LocalTransport
     for h in hosts:
         try:
-            store.write_log(run_id, h, Path(control_dir, SP.NODES, f"{h}.log").read_bytes())
+            store.copy_log(run_id, h, Path(control_dir, SP.NODES, f"{h}.log"))
         except FileNotFoundError:
             pass
     host = Host(name=SHARED, address=SHARED, user=None, port=None, identity_file=None, known_hosts="",

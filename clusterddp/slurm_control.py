@@ -7,7 +7,6 @@ code are read from the run's folder in the shared dir (:mod:`clusterddp.slurm_pl
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -118,13 +117,15 @@ def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
     for h in rec.hosts:
         if hosts and h not in hosts:
             continue
-        try:
-            with open(_log(ctl, h), "rb") as src:
-                if store.read_only:
+        if store.read_only:  # the shared folder's copy as it is; the local one is kept
+            try:
+                with open(_log(ctl, h), "rb") as src:
                     show(h, "node", src)
-                    continue
-                with store.log_writer(run_id, h) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+                continue
+            except FileNotFoundError:
+                pass
+        try:
+            store.copy_log(run_id, h, _log(ctl, h))
             source = "node"
         except FileNotFoundError:
             source = "local copy"

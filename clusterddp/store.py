@@ -591,6 +591,15 @@ class RunStore:
         with self.log_writer(run_id, host) as f:
             f.write(data)
 
+    def copy_log(self, run_id: str, host: str, src: Path) -> None:
+        """Replace the local log with the file ``src`` (a log on a shared folder), copied in chunks.
+        Raises FileNotFoundError when there is none; a read-only store keeps the old copy."""
+        with open(src, "rb") as f:
+            if self.read_only:
+                return
+            with self.log_writer(run_id, host) as dst:
+                shutil.copyfileobj(f, dst, 1 << 20)
+
     @contextmanager
     def log_writer(self, run_id: str, host: str) -> Iterator[BinaryIO]:
         """A private temp file beside the local log, written as the node's copy arrives (a log is
