@@ -15,20 +15,14 @@ import pytest
 import yaml
 
 from helpers import REPO, cddp, cddp_popen, eventually, job_pids, record, run_id_of, wait_for_line
-from test_up_ssh import HOSTILE, PROBE, probes
+from test_up_ssh import HOSTILE, probes, script_folder
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def job(tmp_path):
-    src = tmp_path / "job"
-    src.mkdir()
-    (src / "probe.py").write_text(PROBE)
-    (src / "data.txt").write_text("staged with the script's folder\n")
-    (src / ".git").mkdir()
-    (src / ".git" / "big").write_text("never staged")
-    return src
+    return script_folder(tmp_path)
 
 
 def slurm_inv(tmp_path: Path, **slurm_extra) -> Path:
@@ -94,7 +88,7 @@ def test_arguments_and_env_arrive_byte_for_byte(slurm, tmp_path, job):
         assert e["GLOO_SOCKET_IFNAME"] == e["NCCL_SOCKET_IFNAME"] == "eth0"
     assert not Path("/tmp/cddp-pwned").exists()
     staged = tmp_path / "shared" / "runs" / run_id
-    assert (staged / "data.txt").read_text() == "staged with the script's folder\n"
+    assert (staged / "data.txt").read_text() == "copied with the script's folder\n"
     assert not (staged / ".git").exists()
     ctl = staged / ".clusterddp"
     assert ctl.stat().st_mode & 0o777 == 0o700 and (ctl / "node.sh").stat().st_mode & 0o777 == 0o600

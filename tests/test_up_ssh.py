@@ -41,6 +41,12 @@ dist.destroy_process_group()
 
 @pytest.fixture
 def job(tmp_path):
+    return script_folder(tmp_path)
+
+
+def script_folder(tmp_path: Path) -> Path:
+    """The probe script in a folder of its own, with a data file that travels with it and a .git
+    folder that does not (SSH and Slurm runs alike)."""
     src = tmp_path / "job"
     src.mkdir()
     (src / "probe.py").write_text(PROBE)
