@@ -168,16 +168,11 @@ def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
             tempfile.TemporaryDirectory(prefix="clusterddp-logs-") as scratch:
         def fetch(n: P.NodeLaunch, t: Transport) -> Path:
             h = n.host.name
-            if store.read_only:
-                dest = Path(scratch) / f"{n.node_rank}.log"
-                with replacing(dest) as f:
-                    if not nodeops.fetch_log(t, n, f):
-                        raise _NoLog()
-                return dest
-            with store.log_writer(run_id, h) as f:
+            dest = Path(scratch) / f"{n.node_rank}.log" if store.read_only else store.log_path(run_id, h)
+            with replacing(dest) if store.read_only else store.log_writer(run_id, h) as f:
                 if not nodeops.fetch_log(t, n, f):
                     raise _NoLog()
-            return store.log_path(run_id, h)
+            return dest
         fetched = nodeops.each(fleet, nodes, fetch).succeeded
         for n in nodes:
             h = n.host.name
