@@ -61,6 +61,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from . import envfile
 from .errors import ClusterDDPError, LockTimeout, SpecError, UnknownSchedule, UsageError
 from .plan import RunSpec, q
 
@@ -330,7 +331,7 @@ def up_options(spec: ScheduleSpec, env_file: str | None = None) -> list[str]:
     """What follows ``up INVENTORY SCRIPT --runs-dir RUNS`` when the schedule fires.
 
     The env's values never go on the command line (every user sees it in ``ps``): ``up`` reads
-    them from ``env_file`` (``-e @FILE``), which :func:`start_up` fills with :func:`env_lines`."""
+    them from ``env_file`` (``-e @FILE``), which :func:`start_up` fills with :func:`clusterddp.envfile.render`."""
     r = spec.run
     if r.env and env_file is None:
         raise ValueError("a schedule with env values needs the file that carries them")
@@ -362,11 +363,6 @@ def up_argv(spec: ScheduleSpec, env_file: str | None = None) -> list[str]:
     """The `clusterddp up` command line the schedule runs."""
     return [*spec.executable, "up", spec.inventory, spec.run.script, "--runs-dir", spec.runs_dir,
             *up_options(spec, env_file)]
-
-
-def env_lines(env: tuple[tuple[str, str], ...]) -> bytes:
-    """The env as ``-e @FILE`` reads it: every value a JSON string, so any text survives."""
-    return "".join(f"{k}={json.dumps(v)}\n" for k, v in env).encode()
 
 
 # ---- the crontab line ----
@@ -1001,7 +997,7 @@ def start_up(spec: ScheduleSpec, lock_fd: int) -> subprocess.Popen:
     env_file = None
     if spec.run.env:  # the values go through a memory-only file this process hands on, never argv
         fd = os.memfd_create(f"clusterddp-{spec.name}-env", 0)  # not CLOEXEC: only up gets it (pass_fds)
-        os.write(fd, env_lines(spec.run.env))
+        os.write(fd, envfile.render(spec.run.env))
         fds.append(fd)
         env_file = f"/dev/fd/{fd}"
     argv = up_argv(spec, env_file)

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterddp.cli.common import parse_env, read_env_file
+from clusterddp.envfile import render as env_lines
 from clusterddp.errors import UsageError
 from clusterddp.inventory import reserved_env
-from clusterddp.schedule import env_lines
 
 
 def test_name_alone_takes_this_shells_value_and_at_file_reads_lines(tmp_path, monkeypatch, capsys):
