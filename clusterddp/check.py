@@ -225,10 +225,13 @@ def _iface(host: Host, f: dict, master_addr: str, nnodes: int) -> Finding:
     return Finding("iface", OK, iface)
 
 
-def _port(f: dict, port: int) -> Finding:
+def _port(f: dict, port: int, fixed: bool) -> Finding:
     if f.get("port_free"):
         return Finding("port", OK, f"{port} free")
     why = f.get("port_error") or "in use"
+    if not fixed:  # `up` leases the next free port from this one: nothing will fail
+        return Finding("port", WARN, f"{port} busy", f"the master port {port} cannot be bound ({why}); `up` "
+                       "will choose the next free one", "nothing to do; set master.port to pin a port")
     return Finding("port", FAIL, f"{port} busy", f"the master port {port} cannot be bound ({why})",
                    f"stop what listens there (`ss -ltnp 'sport = :{port}'` shows it), or choose another "
                    f"port with --master-port or master.port in the inventory")
@@ -322,8 +325,9 @@ def _train(host: Host, f: dict) -> Finding | None:
 
 
 def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool = True,
-             master_port: int | None = None, check_port: bool = True) -> Report:
-    """Turn each host's probe result into findings; compare versions across hosts."""
+             master_port: int | None = None, check_port: bool = True, port_fixed: bool = True) -> Report:
+    """Turn each host's probe result into findings; compare versions across hosts. ``port_fixed``
+    False: a busy master port is only a warning, since `up` then chooses a free one."""
     hosts = {h.name: h for h in inventory.hosts}
     results = list(results)
     port = master_port or inventory.master.port
@@ -387,7 +391,7 @@ def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool 
             found.append(_gpus(h, f))
         found.append(_iface(h, f, inventory.master.addr, len(inventory.hosts)))
         if host == master and check_port:
-            found.append(_port(f, port))
+            found.append(_port(f, port, port_fixed))
         if full:
             found.append(_disk(h, f))
             if isinstance(f.get("time"), (int, float)) and r.ended:
@@ -430,4 +434,5 @@ def run_checks(inventory: Inventory, *, full: bool = True, master_port: int | No
     finally:
         if own:
             fleet.close()
-    return evaluate(inventory, results, full=full, master_port=port, check_port=check_port)
+    return evaluate(inventory, results, full=full, master_port=port, check_port=check_port,
+                    port_fixed=master_port is not None or inventory.master.port_fixed)

@@ -518,3 +518,10 @@ def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):
     local = plan.build_plan(inventory.local(), plan.RunSpec("t.py"), "x", local_run_dir=str(tmp_path),
                             local_control_dir=str(tmp_path / "c"))
     assert jobs.preflight(local) is None  # `up local` pays nothing
+
+
+def test_busy_master_port_only_warns_when_up_would_choose_another():
+    results = healthy()
+    results[0] = probed("a", facts(hostname="a", port_error="Address already in use"), port_free=False)
+    f = finding(evaluate(inv(), results, master_port=29500, port_fixed=False), "a", "port")
+    assert (f.status, f.value) == (WARN, "29500 busy") and "next free one" in f.problem

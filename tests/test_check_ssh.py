@@ -157,10 +157,14 @@ def test_busy_master_port_fails_check_and_up_refuses(bed, tmp_path, script):
          "print('listening', flush=True); time.sleep(300)"], stdout=subprocess.PIPE, text=True)
     try:
         assert listener.stdout.readline().strip() == "listening"
-        rep = check_json(inv, rc=1)
+        # the port pinned: check fails on the master, as up would
+        rep = check_json(inv, "--master-port", "29500", rc=1)
         port = host(rep, "node1")["by"]["port"]
         assert port["status"] == "fail" and port["value"] == "29500 busy" and "in use" in port["problem"]
         assert host(rep, "node2")["status"] == "ok"
+        # not pinned: up leases the next free port, so check only warns
+        port = host(check_json(inv, rc=0), "node1")["by"]["port"]
+        assert port["status"] == "warn" and port["value"] == "29500 busy" and "next free one" in port["problem"]
         r = cddp("up", str(inv), str(script), "--runs-dir", str(tmp_path / "runs"), "--master-port", "29500",
                  check_rc=1, timeout=60)
         assert "node1: the master port 29500 cannot be bound" in r.stderr and "--master-port" in r.stderr
