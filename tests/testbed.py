@@ -93,6 +93,9 @@ def missing_requirements() -> str | None:
     return None
 
 
+PYENV_LOCK_STALE_S = 20.0  # a rehash takes well under a second, even on a loaded machine
+
+
 def release_stale_pyenv_lock() -> bool:
     """Remove pyenv's rehash lock if a killed shell left it behind; True if it did.
 
@@ -100,11 +103,17 @@ def release_stale_pyenv_lock() -> bool:
     runs ``pyenv rehash`` in every SSH command's shell. Killing a node's processes (a bed's
     stop, a test's teardown) can catch a shell inside rehash, which leaves
     ``$PYENV_ROOT/shims/.pyenv-shim``; every later shell then waits 60 s for it and commands
-    time out. The lock is only removed when no ``pyenv-rehash`` process is alive to own it.
+    time out. The lock is removed when no ``pyenv-rehash`` process is alive to own it, or when
+    it is older than a rehash ever takes (the other shells waiting on it are rehash processes too).
     """
     lock = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "shims" / ".pyenv-shim"
-    if not lock.exists():
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
         return False
+    if age > PYENV_LOCK_STALE_S:
+        lock.unlink(missing_ok=True)
+        return True
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             if b"pyenv-rehash" in cmdline.read_bytes():
