@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from . import plan as P
 from .fleet import Fleet, HostResult
-from .inventory import Host, Inventory
+from .inventory import Inventory
 from .node.collective import CollectiveReplyError, busbw, parse_output
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -152,16 +152,10 @@ def _reason(kind: str, message: str, host: str, master: str, port: int, python: 
     return message, "see the node's message; `clusterddp check` tests the rest of its set-up"
 
 
-def ranked(inventory: Inventory) -> list[Host]:
-    """The hosts in rank order: the master first (rank 0 hosts the rendezvous on the master's
-    address and port), then the others in inventory order."""
-    return sorted(inventory.hosts, key=lambda h: h.name != inventory.master.host)
-
-
 def evaluate(inventory: Inventory, results: list[HostResult], outputs: dict[str, bytes], *,
              join_s: float = JOIN_S, master_port: int | None = None) -> CollectiveReport:
-    """Every host's output (and its command's result) -> the report, hosts in rank order (:func:`ranked`)."""
-    hosts = ranked(inventory)
+    """Every host's output (and its command's result) -> the report, hosts in rank order (:meth:`Inventory.ranked`)."""
+    hosts = inventory.ranked()
     n = len(hosts)
     names = [h.name for h in hosts]
     port = master_port or inventory.master.port
@@ -322,7 +316,7 @@ def _never_joined(name: str, rank: int, started: dict | None, ev: dict | None, r
 def run_collective(inventory: Inventory, *, master_port: int | None = None, join_s: float = JOIN_S,
                    sizes: tuple[int, ...] = SIZES) -> CollectiveReport:
     """Run the test on every host of ``inventory`` at once and evaluate it."""
-    hosts = ranked(inventory)
+    hosts = inventory.ranked()
     n = len(hosts)
     port = master_port or inventory.master.port
     rank = {h.name: r for r, h in enumerate(hosts)}

@@ -129,7 +129,7 @@ class SlurmSettings:
 
 @dataclass(frozen=True)
 class Inventory:
-    """A validated inventory: hosts in node-rank order (none for a `slurm:` inventory)."""
+    """A validated inventory: hosts in inventory order (none for a `slurm:` inventory)."""
 
     path: str
     name: str
@@ -139,6 +139,11 @@ class Inventory:
     fanout: int = DEFAULT_FANOUT  # at most this many hosts are contacted at once
     keep_runs: int | None = None  # `up` prunes this inventory's runs to the newest N after each run
     slurm: SlurmSettings | None = None
+
+    def ranked(self) -> list[Host]:
+        """The hosts in node-rank order: the master first (node rank 0 serves torchrun's static
+        rendezvous store at the master's address), then the others in inventory order."""
+        return sorted(self.hosts, key=lambda h: h.name != self.master.host)
 
     def select(self, names: list[str]) -> Inventory:
         """The same inventory restricted to ``names`` (kept in inventory order)."""

@@ -190,7 +190,7 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
     local = local_run_dir is not None
     master_port = spec.master_port or inventory.master.port
     nodes = []
-    for rank, host in enumerate(inventory.hosts):
+    for rank, host in enumerate(inventory.ranked()):  # the master is node 0 wherever it is listed
         if local:
             assert local_run_dir and local_control_dir, "local mode needs a run and a control folder"
             run_dir, control_dir = local_run_dir, local_control_dir

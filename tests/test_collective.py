@@ -130,7 +130,7 @@ def test_results_without_figures_are_judged_without_a_crash():
 def test_the_master_is_rank_0_wherever_the_inventory_lists_it():
     two = inventory.parse("master: {host: h1}\nhosts: [{name: h0, address: 10.0.0.1}, {name: h1, address: 10.0.0.2}]\n",
                           "inv.yaml")
-    assert [h.name for h in C.ranked(two)] == ["h1", "h0"]
+    assert [h.name for h in two.ranked()] == ["h1", "h0"]
     outputs = {"h1": started("h1") + line("joined") + line("error", phase="join", kind="missing", ranks=[1],
                                                            message="rank(s) 1 never joined within 20s"),
                "h0": started("h0") + line("error", phase="join", kind="master_unreachable", message="timed out")}

@@ -94,6 +94,16 @@ def test_node_ranks_master_and_flags():
     assert p.collect == ("checkpoints/**", "logs/*.txt")
 
 
+def test_the_master_is_node_rank_0_wherever_the_inventory_lists_it():
+    inv = inventory.parse(INV + "master: {host: gpu-02}\n", "inv.yaml")
+    p = build_plan(inv, RunSpec("t.py", ()), RUN_ID)
+    assert [(n.host.name, n.node_rank) for n in p.nodes] == [("gpu-02", 0), ("gpu-01", 1)]
+    for n in p.nodes:
+        argv = list(n.argv)
+        assert argv[argv.index("--node-rank") + 1] == str(n.node_rank)
+        assert argv[argv.index("--master-addr") + 1] == "10.0.0.12"
+
+
 def test_restarts_use_c10d_rendezvous_and_a_fresh_store_per_attempt():
     p = two_node_plan(max_restarts=2)
     for n in p.nodes:

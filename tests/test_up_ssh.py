@@ -117,6 +117,17 @@ def test_arguments_and_env_arrive_byte_for_byte(bed, tmp_path, job):
     assert not (remote / ".git").exists()
 
 
+def test_a_master_not_listed_first_hosts_node_rank_0(bed, tmp_path, job):
+    # torchrun's static rendezvous serves its store from node rank 0 at the master address: the
+    # master must be node 0 wherever the inventory lists it, or the others wait on a port nobody opened
+    lead = bed.nodes[1]
+    r = cddp("up", str(inv(bed, tmp_path, master={"host": lead.name})), str(job / "probe.py"),
+             "--runs-dir", str(tmp_path / "runs"), check_rc=0, timeout=120)
+    seen = probes(r.stdout)
+    assert len(seen) == 4 and all(p["env"]["MASTER_ADDR"] == lead.address for _, p in seen), r.stdout
+    assert {p["env"]["RANK"] for h, p in seen if h == lead.name} == {"0", "1"}, r.stdout
+
+
 def test_one_rank_crashing_ends_the_whole_job(bed, tmp_path, job):
     runs = tmp_path / "runs"
     t0 = time.monotonic()
