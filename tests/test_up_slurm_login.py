@@ -90,7 +90,6 @@ def test_a_remote_login_runs_collects_and_detaches_with_every_slurm_command_over
     finally:
         follower.kill()
     assert f"run {run_id}: stopped" in s and "cancelled by scancel" in s, s
-    assert job_id not in slurm.jobs() or "CANCELLED" in slurm.client("scontrol", "show", "job", job_id).stdout
     assert not job_pids(run_id)
     assert "rank 3 ready" in (runs / run_id / "logs" / "node-2.log").read_text()
     gone(slurm, run_id, job_id)
