@@ -133,3 +133,16 @@ def test_a_local_login_is_this_machine_and_nothing_is_contacted_before_use():
     remote = open_login(login_host(address="192.0.2.1"))  # TEST-NET: would hang if contacted
     assert isinstance(remote, SSHLogin) and remote._t is None
     remote.close()
+
+
+def test_the_run_record_keeps_the_login_host_and_reads_it_back_strictly():
+    from clusterddp.errors import RecordError
+    from clusterddp.record import SlurmJob
+    job = SlurmJob(run_dir="/s/runs/r", job_id="7", login=login_host())
+    data = job.to_json()
+    assert data["login"]["address"] == "10.0.0.5" and data["login"]["env"]["SLURM_CONF"] == "/etc/slurm/it's.conf"
+    assert SlurmJob.from_json(data, "run.json") == job
+    assert "login" not in SlurmJob(run_dir="/s").to_json()  # a local login: the record reads as before
+    assert SlurmJob.from_json({"run_dir": "/s", "job_id": None, "partition": None}, "run.json").login is None
+    with pytest.raises(RecordError, match="slurm.login.port"):
+        SlurmJob.from_json({**data, "login": {**data["login"], "port": "22"}}, "run.json")
