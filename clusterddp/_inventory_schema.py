@@ -173,9 +173,33 @@ def _sbatch_option(opt: str) -> str:
 SbatchOption = Annotated[str, AfterValidator(_one_line), AfterValidator(_sbatch_option)]
 
 
+class _LoginEntry(_HostEntry):
+    """`slurm.login` as a host entry: where sbatch, scontrol and scancel run, reached over SSH."""
+
+    @field_validator("gpus", "workdir", "lease_dir", mode="before")
+    @classmethod
+    def _unused(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError("not used for the login host (Slurm's commands run there; jobs run on the compute "
+                             "nodes): remove it (slurm.gpus_per_node and slurm.shared_dir say it for the job)")
+        return v
+
+
+class _LoginOnly(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    login: _LoginEntry
+
+
+class SlurmLoginFile(BaseModel):
+    """Only `slurm.login`, when it is a host entry: validated by itself, so errors point inside it."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    slurm: _LoginOnly
+
+
 class _SlurmEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    login: Line = LOCAL
+    login: Any = LOCAL  # `local` or a host entry (a mapping: checked by SlurmLoginFile)
     partition: SlurmWord | None = None
     nodes: Any = 1  # a count or "MIN:MAX"; checked below, so a wrong type gets one clear message
     gpus_per_node: int = Field(default=1, ge=1, le=1024)
@@ -193,9 +217,10 @@ class _SlurmEntry(BaseModel):
     @field_validator("login", mode="before")
     @classmethod
     def _login(cls, v: Any) -> Any:
-        if v != LOCAL:
-            raise ValueError("only `local` is supported: sbatch, squeue and scancel run on this machine "
-                             "(run clusterddp on the login host)")
+        if v != LOCAL and not isinstance(v, dict):
+            raise ValueError(f"must be `local` (Slurm's commands run on this machine) or a host entry reached "
+                             f"over SSH, e.g. {{name: login1, address: login1.example.org, user: me}}, "
+                             f"not {show(str(v))}")
         return v
 
     @field_validator("nodes")

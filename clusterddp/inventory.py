@@ -111,7 +111,7 @@ class Master:
 class SlurmSettings:
     """A `slurm:` inventory's cluster: Slurm allocates the hosts; clusterddp submits and follows."""
 
-    login: str                      # where sbatch/squeue/scancel run: "local"
+    login: str | Host               # where sbatch/squeue/scancel run: "local", or a host reached over SSH
     partition: str | None
     nodes: tuple[int, int]          # (min, max) nodes; equal unless an elastic range "MIN:MAX"
     gpus_per_node: int              # processes per node
@@ -279,13 +279,26 @@ def _parse_slurm(data: dict, path: str, root: yaml.Node | None) -> Inventory:
             raise InventoryError(path, "a reserved name", field=f"slurm.env.{k}",
                                  line=_line_of(root, ("slurm", "env", k)), hint=why)
     lo, _, hi = str(s.nodes).partition(":")
+    login = s.login if s.login == LOCAL else _login_host(data, path, root)
     settings = SlurmSettings(
-        login=s.login, partition=s.partition, nodes=(int(lo), int(hi or lo)), gpus_per_node=s.gpus_per_node,
+        login=login, partition=s.partition, nodes=(int(lo), int(hi or lo)), gpus_per_node=s.gpus_per_node,
         request_gpus=s.request_gpus, time=s.time, account=s.account, qos=s.qos, constraint=s.constraint,
         sbatch=tuple(s.sbatch), shared_dir=s.shared_dir, python=s.python, setup=tuple(s.setup),
         env=tuple(s.env.items()))
     return Inventory(path, inv.name or Path(path).stem, (), Master("", "", 29500), tuple(inv.collect),
                      slurm=settings)
+
+
+def _login_host(data: dict, path: str, root: yaml.Node | None) -> Host:
+    """`slurm.login` given as a host entry, read as strictly as a hosts[] entry."""
+    from ._inventory_schema import SlurmLoginFile
+    h = _validate(SlurmLoginFile, data, path, root).slurm.login
+    return Host(name=h.name, address=h.address or h.name, user=h.user, port=h.port, identity_file=h.identity_file,
+                known_hosts=h.known_hosts or BUILTIN["known_hosts"],
+                host_key_policy=h.host_key_policy or BUILTIN["host_key_policy"], gpus=1,
+                python=h.python or BUILTIN["python"], workdir=BUILTIN["workdir"], env=tuple((h.env or {}).items()),
+                setup=tuple(h.setup or ()), connect_timeout=float(h.connect_timeout or BUILTIN["connect_timeout"]),
+                keepalive=float(BUILTIN["keepalive"] if h.keepalive is None else h.keepalive))
 
 
 def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:

@@ -153,11 +153,7 @@ class NodeRecord:
         return replace(self, state=state, exit_code=exit_code, error=error)
 
     def to_json(self) -> dict[str, Any]:
-        settings = dataclasses.asdict(self.settings)
-        settings["env"], settings["setup"] = dict(self.settings.env), list(self.settings.setup)
-        for key in ("slots", "lease_dir"):  # GPU lease settings: only where set, so older readers read the rest
-            if settings[key] is None:
-                del settings[key]
+        settings = _host_json(self.settings)
         return {"host": self.host, "address": self.address, "node_rank": self.node_rank, "nproc": self.nproc,
                 "run_dir": self.run_dir, "control_dir": self.control_dir, "marker": self.marker,
                 "state": self.state.value, "exit_code": self.exit_code, "error": self.error, "settings": settings}
@@ -188,17 +184,20 @@ class SlurmJob:
     partition: str | None = None   # as Slurm reports it once the job is known
     hosts: tuple[str, ...] = ()    # the allocation, once Slurm made it
     nproc: int = 1                 # processes per node
+    login: Host | None = None      # the login host Slurm's commands ran on over SSH; None: this machine
 
     def to_json(self) -> dict[str, Any]:
+        login = {"login": _host_json(self.login)} if self.login is not None else {}
         return {"run_dir": self.run_dir, "job_id": self.job_id, "partition": self.partition,
-                "hosts": list(self.hosts), "nproc": self.nproc}
+                "hosts": list(self.hosts), "nproc": self.nproc, **login}
 
     @classmethod
     def from_json(cls, data: Any, path: str) -> SlurmJob:
         r = _Reader(data, path, "slurm")
         return cls(run_dir=r.get("run_dir", str), job_id=r.get("job_id", str | None),
                    partition=r.get("partition", str | None), hosts=r.get("hosts", tuple[str, ...], default=()),
-                   nproc=_at_least(r.get("nproc", int, default=1), 1, r, "nproc"))
+                   nproc=_at_least(r.get("nproc", int, default=1), 1, r, "nproc"),
+                   login=_host(r.get("login", dict), path, "slurm.login") if data.get("login") is not None else None)
 
 
 @dataclass(frozen=True)
@@ -456,6 +455,15 @@ def _short(value: Any) -> str:
 
 
 _HOST_TYPES: dict[str, Any] = {}
+
+
+def _host_json(host: Host) -> dict[str, Any]:
+    settings = dataclasses.asdict(host)
+    settings["env"], settings["setup"] = dict(host.env), list(host.setup)
+    for key in ("slots", "lease_dir"):  # GPU lease settings: only where set, so older readers read the rest
+        if settings[key] is None:
+            del settings[key]
+    return settings
 
 
 def _host(data: dict, path: str, where: str) -> Host:

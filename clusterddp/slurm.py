@@ -1,10 +1,11 @@
 """Runs of a `slurm:` inventory: stage, submit, follow, cancel; free of any printing.
 
 Slurm allocates, starts and kills: clusterddp never signals a job's processes itself, it asks
-``scancel``. Slurm's client commands run on this machine (``login: local``), and the shared
-folder is read directly: the code is staged there, and each node's log and exit code
-(:mod:`clusterddp.slurm_plan`) are read from there while the job runs. The run record keeps the
-job id, its partition and the allocated hosts once Slurm reports them.
+``scancel``. Slurm's client commands run on the login host and the shared folder is read there,
+through a :class:`clusterddp.slurm_login.Login` (this machine, or a host reached over SSH): the
+code is staged there, and each node's log and exit code (:mod:`clusterddp.slurm_plan`) are read
+from there while the job runs. The run record keeps the job id, its partition and the allocated
+hosts once Slurm reports them, and the login host.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import functools
 import os
 import re
 import shutil
-import subprocess
-import sys
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import cast
 
 from . import plan as P
 from . import slurm_plan as SP
@@ -28,11 +29,12 @@ from .errors import NodeOutcome, RunFailed, SlurmError, UsageError
 from .inventory import Inventory
 from .jobs import SourceFolder
 from .record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
+from .slurm_login import Login, open_login
 from .store import RunStore, new_run_id, utcnow
 from .supervisor import RunOutcome
 
-LOGIN = "slurm"  # how errors name the place Slurm's commands run
 POLL = 0.5  # seconds between looks at the job; node logs are read as often
+READ_CHUNK = 1 << 20  # bytes of a node log read at once (a log is never held whole)
 # Slurm job states after which nothing of the job runs any more (COMPLETING: still cleaning up).
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
@@ -44,6 +46,7 @@ class Prepared:
     plan: SP.SlurmPlan
     store: RunStore
     source_dir: Path
+    login: Login
 
 
 @dataclass(frozen=True)
@@ -62,40 +65,28 @@ class JobInfo:
         return self.state in ENDED
 
 
-def run_cmd(args: list[str], timeout: float = 60, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    """A Slurm client command on the login host; raises :class:`SlurmError` when it cannot run."""
-    try:
-        return subprocess.run(args, input=stdin, capture_output=True, timeout=timeout)
-    except FileNotFoundError:
-        raise SlurmError(f"{args[0]}: not found on this machine",
-                         "run clusterddp on a Slurm login host (slurm-client installed)") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"{' '.join(args[:3])} did not answer within {timeout:g}s",
-                         "is slurmctld up? try `sinfo`") from None
-
-
-def checked(args: list[str], timeout: float = 60) -> str:
-    r = run_cmd(args, timeout)
-    if r.returncode != 0:
+def checked(login: Login, args: list[str], timeout: float = 60) -> str:
+    """A Slurm client command's output; SlurmError (naming the command and what it said) when it failed."""
+    r = login.run(args, timeout)
+    if r.exit_code != 0:
         said = r.stderr.decode(errors="replace").strip() or r.stdout.decode(errors="replace").strip()
-        raise SlurmError(f"{' '.join(args[:2])} failed (exit {r.returncode}): {said}")
-    return r.stdout.decode(errors="replace")
+        raise SlurmError(f"{' '.join(args[:2])} failed (exit {r.exit_code}): {said}")
+    return r.text
 
 
-def shared_dir(inventory: Inventory) -> str:
+def prepare(inventory: Inventory, spec: P.RunSpec, runs_dir: str, script: Path, run_id: str | None = None,
+            *, contact: bool = False) -> Prepared:
+    """Plan the run; nothing written. A remote login host is asked for its home (where ``~`` in
+    slurm.shared_dir is) only with ``contact``; otherwise (--dry-run, `schedule add`) the path is shown as written."""
     assert inventory.slurm is not None
-    return os.path.abspath(os.path.expanduser(inventory.slurm.shared_dir))
-
-
-def prepare(inventory: Inventory, spec: P.RunSpec, runs_dir: str, script: Path, run_id: str | None = None) -> Prepared:
-    """Plan the run (no network, nothing written)."""
-    base = shared_dir(inventory)
+    login = open_login(inventory.slurm.login)
+    base = login.shared_dir(inventory.slurm) if contact or login.host is None else inventory.slurm.shared_dir
     if re.search(r"[\s\x00-\x1f\x7f]", base):
         raise UsageError(f"{inventory.path}: slurm.shared_dir: {base!r} holds white space or a control character, "
                          "which #SBATCH lines cannot carry", "choose a folder whose path has none")
     store = RunStore(runs_dir)
     plan = SP.build(inventory, spec, run_id or new_run_id(), base)
-    return Prepared(plan, store, script.resolve().parent)
+    return Prepared(plan, store, script.resolve().parent, login)
 
 
 def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> RunRecord:
@@ -106,73 +97,52 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
         schedule=schedule, local=False, started_at=utcnow(), ended_at=None, launch_dir=os.getcwd(),
         master_addr="", master_port=plan.spec.master_port or 29500, collect=plan.collect, nodes=(),
         slurm=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
-                       nproc=plan.spec.gpus or plan.settings.gpus_per_node))
+                       nproc=plan.spec.gpus or plan.settings.gpus_per_node, login=prep.login.host))
 
 
 def stage(prep: Prepared, folder: SourceFolder | None) -> None:
     """Copy the script's folder (what the upload would send) into the run folder in the shared dir;
     write job.sbatch and node.sh (0600, in the 0700 control folder: node.sh holds the env values)."""
     plan = prep.plan
-    ctl = Path(plan.control_dir)
-    try:
-        if ctl.exists():
-            raise UsageError(f"{plan.run_dir} already holds a run", "use another run id")
-        ctl.mkdir(parents=True, mode=0o700)
-        ctl.chmod(0o700)
-        (ctl / SP.NODES).mkdir(mode=0o700)
-        for rel, _ in folder.entries if folder else ():
-            assert folder is not None
-            src, dst = folder.root / rel.rstrip("/"), Path(plan.run_dir) / rel.rstrip("/")
-            if rel.endswith("/"):
-                dst.mkdir(exist_ok=True)
-            elif src.is_symlink():  # sent as a link, never followed, as the SSH upload does
-                dst.symlink_to(os.readlink(src))
-            else:
-                shutil.copy2(src, dst)
-        for path, text in ((plan.batch_path, plan.batch_script), (plan.node_script_path, plan.node_script)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-    except OSError as e:
-        raise UsageError(f"cannot stage the run in {plan.run_dir}: {e}",
-                         "slurm.shared_dir must be a folder this machine can write") from None
+    prep.login.stage(plan.run_dir, plan.control_dir, folder,
+                     {SP.BATCH: plan.batch_script, SP.NODE_SCRIPT: plan.node_script})
 
 
 def submit(prep: Prepared) -> str:
     """``sbatch --parsable``; the job id."""
-    out = checked(["sbatch", "--parsable", prep.plan.batch_path]).strip()
+    out = checked(prep.login, ["sbatch", "--parsable", prep.plan.batch_path]).strip()
     job_id = out.split(";")[0]
     if not re.fullmatch(r"\d+(_\d+)?", job_id):
         raise SlurmError(f"sbatch --parsable answered {out[:200]!r}, not a job id")
     return job_id
 
 
-def _hostnames(nodelist: str) -> tuple[str, ...]:
+def _hostnames(login: Login, nodelist: str) -> tuple[str, ...]:
     if not nodelist or nodelist == "(null)":
         return ()
-    return tuple(checked(["scontrol", "show", "hostnames", nodelist]).split())
+    return tuple(checked(login, ["scontrol", "show", "hostnames", nodelist]).split())
 
 
-def job_info(job_id: str) -> JobInfo | None:
+def job_info(login: Login, job_id: str) -> JobInfo | None:
     """The job as Slurm sees it, or None when Slurm no longer knows it (ended and purged)."""
-    r = run_cmd(["scontrol", "-o", "show", "job", job_id])
-    if r.returncode != 0:
+    r = login.run(["scontrol", "-o", "show", "job", job_id])
+    if r.exit_code != 0:
         said = r.stderr.decode(errors="replace")
         if "Invalid job id" in said:
             return None
-        raise SlurmError(f"scontrol show job {job_id} failed (exit {r.returncode}): {said.strip()}")
-    fields = dict(re.findall(r"(\w+)=(\S*)", r.stdout.decode(errors="replace")))
+        raise SlurmError(f"scontrol show job {job_id} failed (exit {r.exit_code}): {said.strip()}")
+    fields = dict(re.findall(r"(\w+)=(\S*)", r.text))
     return JobInfo(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None"),
-                   fields.get("Partition") or None, _hostnames(fields.get("NodeList", "")),
+                   fields.get("Partition") or None, _hostnames(login, fields.get("NodeList", "")),
                    int(fields.get("Restarts", "0") or 0))
 
 
-def cancel(job_id: str, timeout: float = 120) -> JobInfo | None:
+def cancel(login: Login, job_id: str, timeout: float = 120) -> JobInfo | None:
     """``scancel`` the job and wait until Slurm says nothing of it runs any more."""
-    checked(["scancel", job_id])
+    checked(login, ["scancel", job_id])
     deadline = time.monotonic() + timeout
     while True:
-        info = job_info(job_id)
+        info = job_info(login, job_id)
         if info is None or info.ended:
             return info
         if time.monotonic() > deadline:
@@ -182,41 +152,57 @@ def cancel(job_id: str, timeout: float = 120) -> JobInfo | None:
 
 
 class LogTail:
-    """Reads each node's log in the shared control folder from where it was left."""
+    """Reads each node's log in the shared control folder from where it was left, a chunk at a time;
+    ``skip`` lines of a host's log are passed over first (`logs -f` from a line on)."""
 
-    def __init__(self, plan: SP.SlurmPlan, on_output: Callable[[str, bytes], None]) -> None:
-        self.plan, self.on_output = plan, on_output
+    def __init__(self, login: Login, control_dir: str, on_output: Callable[[str, bytes], None],
+                 skip: dict[str, int] | None = None) -> None:
+        self.login, self.control_dir, self.on_output = login, control_dir, on_output
         self.offsets: dict[str, int] = {}
+        self.skip = dict(skip or {})
 
-    def poll(self, hosts: tuple[str, ...]) -> None:
+    def poll(self, hosts: tuple[str, ...] | list[str]) -> None:
         for h in hosts:
-            try:
-                with open(self.plan.node_log(h), "rb") as f:
-                    f.seek(self.offsets.get(h, 0))
-                    data = f.read()
-            except FileNotFoundError:
-                continue
-            if data:
-                self.offsets[h] = self.offsets.get(h, 0) + len(data)
-                self.on_output(h, data)
+            path = os.path.join(self.control_dir, SP.NODES, f"{h}.log")
+            while True:
+                at = self.offsets.get(h, 0)
+                data = self.login.read(path, at, READ_CHUNK)
+                if not data:
+                    break
+                self.offsets[h] = at + len(data)
+                while self.skip.get(h, 0) > 0 and data:
+                    nl = data.find(b"\n")
+                    if nl < 0:
+                        data = b""
+                        break
+                    data = data[nl + 1:]
+                    self.skip[h] -= 1
+                if data:
+                    self.on_output(h, data)
+                if self.offsets[h] - at < READ_CHUNK:
+                    break
 
 
-def exit_codes(control_dir: str, hosts: tuple[str, ...]) -> dict[str, tuple[int | None, float]]:
+def exit_codes(login: Login, control_dir: str, hosts: tuple[str, ...] | list[str]
+               ) -> dict[str, tuple[int | None, float]]:
     """Each node's recorded exit code and when it was written (None, inf: none recorded)."""
+    paths = {h: os.path.join(control_dir, SP.NODES, f"{h}.exit_code") for h in hosts}
+    found = login.small_files(list(paths.values()))
     out: dict[str, tuple[int | None, float]] = {}
-    for h in hosts:
-        path = os.path.join(control_dir, SP.NODES, f"{h}.exit_code")
+    for h, path in paths.items():
+        text, mtime = found.get(path, ("", float("inf")))
         try:
-            out[h] = (int(Path(path).read_text().strip()), os.stat(path).st_mtime)
-        except (OSError, ValueError):
+            out[h] = (int(text.strip()), mtime)
+        except ValueError:
             out[h] = (None, float("inf"))
     return out
 
 
-def outcome(control_dir: str, info: JobInfo | None, hosts: tuple[str, ...], stopped: bool) -> RunOutcome:
+def outcome(login: Login, control_dir: str, info: JobInfo | None, hosts: tuple[str, ...],
+            stopped: bool) -> RunOutcome:
     """How the run ended: every node's exit code; the node whose failure came first failed, the others
     that ended badly after it were ended by Slurm (--kill-on-bad-exit) and count as stopped."""
-    codes = exit_codes(control_dir, hosts)
+    codes = exit_codes(login, control_dir, hosts)
     nodes = tuple(NodeOutcome(h, i, codes[h][0]) for i, h in enumerate(hosts))
     if stopped:
         return RunOutcome(RunStatus.STOPPED, nodes)
@@ -266,29 +252,50 @@ def finish(store: RunStore, run_id: str, out: RunOutcome) -> RunStatus:
     return store.update(run_id, ended).status
 
 
-def collect(store: RunStore, run_id: str, run_dir: str, control_dir: str, hosts: tuple[str, ...],
+def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_dir: str, hosts: tuple[str, ...],
             globs: tuple[str, ...]) -> CollectResult:
     """Every node's log, and the batch step's output and the collect globs from the shared run folder
-    (through the same node program as SSH runs, run here: the folder is local) into ``artifacts/shared/``."""
+    (through the same node program as SSH runs, run where the folder is) into ``artifacts/shared/``."""
     from .artifacts import collect_node
-    from .inventory import Host
-    from .transport.base import Transport
-    from .transport.local import LocalTransport
     for h in hosts:
-        try:
-            store.copy_log(run_id, h, Path(control_dir, SP.NODES, f"{h}.log"))
-        except FileNotFoundError:
-            pass
-    host = Host(name=SHARED, address=SHARED, user=None, port=None, identity_file=None, known_hosts="",
-                host_key_policy="strict", gpus=1, python=sys.executable, workdir=run_dir, env=(), setup=(),
-                connect_timeout=10.0, transport="local")
+        copy_log(login, store, run_id, h, os.path.join(control_dir, SP.NODES, f"{h}.log"))
+    t, host = login.collect_host(run_dir)
     # collect_command reads <control_dir>/node.log: the batch step's output (slurm_plan.BATCH_LOG)
     node = P.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
-    t = LocalTransport(SHARED)
+    return collect_node(t, node, store, run_id, globs)
+
+
+def copy_log(login: Login, store: RunStore, run_id: str, host: str, path: str) -> bool:
+    """Replace the local copy of ``host``'s log with the shared folder's (in chunks); False when there is none."""
     try:
-        return collect_node(cast(Transport, t), node, store, run_id, globs)
+        with login.open_file(path) as src:
+            if not store.read_only:  # a read-only store keeps the old copy
+                with store.log_writer(run_id, host) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block ends, then raise KeyboardInterrupt: a job sbatch
+    accepted is recorded before `up` can be interrupted, so an interruption always cancels it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def hold(signum, frame) -> None:
+        got.append(signum)
+    old = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
     finally:
-        t.close()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if got:
+        raise KeyboardInterrupt
 
 
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
@@ -299,30 +306,42 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
 
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C (the job
     cancelled and gone first)."""
-    plan, store = prep.plan, prep.store
+    plan, store, login = prep.plan, prep.store, prep.login
     run_id = plan.run_id
+    job_id: str | None = None
+    interrupted = False
     try:
         stage(prep, folder)
-        job_id = submit(prep)
-    except (SlurmError, UsageError):  # nothing was submitted: the run ends here, not `running` forever
+        with _interrupts_held():
+            job_id = submit(prep)
+            store.update(run_id, lambda rec: replace(rec, slurm=replace(rec.slurm, job_id=job_id)
+                                                     if rec.slurm else None))
+    except KeyboardInterrupt:
+        if job_id is None:  # interrupted before sbatch: nothing to cancel
+            store.update(run_id, lambda rec: replace(rec, status=RunStatus.STOPPED, ended_at=utcnow()))
+            raise
+        interrupted = True  # while sbatch answered: the job is recorded, and cancelled below
+    except BaseException:  # nothing was submitted: the run ends here, not `running` forever
         store.update(run_id, lambda rec: replace(rec, status=RunStatus.FAILED, ended_at=utcnow()))
         raise
-    store.update(run_id, lambda rec: replace(rec, slurm=replace(rec.slurm, job_id=job_id) if rec.slurm else None))
-    if detach:
+    if detach and not interrupted:
         return None
+    assert job_id is not None
 
     def output(host: str, data: bytes) -> None:
         store.append_log(run_id, host, data)
         on_output(host, data)
-    tail = LogTail(plan, output)
+    tail = LogTail(login, plan.control_dir, output)
     hosts: tuple[str, ...] = ()
     last: tuple[str, str] | None = None
     info: JobInfo | None = None
     stopped = False
     try:
         try:
+            if interrupted:
+                raise KeyboardInterrupt
             while True:
-                info = job_info(job_id)
+                info = job_info(login, job_id)
                 if info is None:
                     break
                 if (info.state, info.reason) != last:
@@ -337,13 +356,13 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
                 time.sleep(POLL)
         except KeyboardInterrupt:
             stopped = True
-            info = cancel(job_id)
+            info = cancel(login, job_id)
             if info is not None and info.hosts and not hosts:
                 hosts = info.hosts
         tail.poll(hosts)
         store.close_logs()
-        result = outcome(plan.control_dir, info, hosts, stopped)
-        on_collect(collect(store, run_id, plan.run_dir, plan.control_dir, hosts, plan.collect))
+        result = outcome(login, plan.control_dir, info, hosts, stopped)
+        on_collect(collect(login, store, run_id, plan.run_dir, plan.control_dir, hosts, plan.collect))
         status = finish(store, run_id, result)
         if stopped:
             raise KeyboardInterrupt

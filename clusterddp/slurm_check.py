@@ -1,34 +1,34 @@
 """`clusterddp check` on a `slurm:` inventory: will Slurm run this job?
 
-On this machine (the login host): Slurm's commands answer, the partition exists and is up, it has
-the nodes and GPUs the inventory asks for, the shared dir can be written. Then one small probe job
-on one compute node: the shared dir is visible there (it reads a token written here), and the
-python and torch versions there. The answer is a :class:`clusterddp.check.Report`, printed as for
-SSH inventories.
+On the login host (this machine, or one reached over SSH): Slurm's commands answer, the partition
+exists and is up, it has the nodes and GPUs the inventory asks for, the shared dir can be written.
+Then one small probe job on one compute node: the shared dir is visible there (it reads a token
+written from the login host), and the python and torch versions there. The answer is a
+:class:`clusterddp.check.Report`, printed as for SSH inventories.
 """
 
 from __future__ import annotations
 
-import os
+import posixpath
 import re
 import secrets
-import shutil
-from pathlib import Path
 
 from . import slurm
 from . import slurm_plan as SP
 from .check import FAIL, OK, Finding, HostReport, Report
+from .errors import HostError, UsageError
 from .inventory import Inventory, SlurmSettings
+from .slurm_login import Login, open_login
 
 CHECKS = ("slurm", "partition", "nodes", "gpus", "shared_dir", "python", "torch")
 PROBE_WAIT_S = 60  # srun --immediate: a probe that cannot start within this is reported, not waited for
 _UP_STATES = ("idle", "mixed", "allocated", "completing", "planned")
 
 
-def _partition(s: SlurmSettings) -> tuple[str | None, list[list[str]]]:
+def _partition(login: Login, s: SlurmSettings) -> tuple[str | None, list[list[str]]]:
     """The partition (the default one when the inventory names none) and sinfo's rows for it:
     [availability, node count, state, gres]."""
-    out = slurm.checked(["sinfo", "-h", "-o", "%P|%a|%D|%T|%G"])
+    out = slurm.checked(login, ["sinfo", "-h", "-o", "%P|%a|%D|%T|%G"])
     rows = [line.split("|") for line in out.splitlines() if line.count("|") == 4]
     if s.partition is None:
         name = next((r[0].rstrip("*") for r in rows if r[0].endswith("*")), None)
@@ -42,10 +42,10 @@ def _gpus(gres: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def _login_findings(s: SlurmSettings) -> tuple[list[Finding], str | None]:
+def _login_findings(login: Login, s: SlurmSettings) -> tuple[list[Finding], str | None]:
     try:
-        version = slurm.checked(["sinfo", "--version"]).strip()
-        name, rows = _partition(s)
+        version = slurm.checked(login, ["sinfo", "--version"]).strip()
+        name, rows = _partition(login, s)
     except slurm.SlurmError as e:
         return [Finding("slurm", FAIL, "unreachable", str(e),
                         "run check on a Slurm login host; is slurmctld up?")], None
@@ -73,34 +73,30 @@ def _login_findings(s: SlurmSettings) -> tuple[list[Finding], str | None]:
     return found, name
 
 
-def _probe(s: SlurmSettings, partition: str | None) -> tuple[str, list[Finding]]:
+def _probe(login: Login, s: SlurmSettings, partition: str | None) -> tuple[str, list[Finding]]:
     """One compute node's name and findings, from a one-node probe job."""
-    base = Path(os.path.expanduser(s.shared_dir))
-    folder = base / ".clusterddp-check" / secrets.token_hex(4)
+    base = login.shared_dir(s)
+    folder = posixpath.join(base, ".clusterddp-check", secrets.token_hex(4))
+    ctl = posixpath.join(folder, ".clusterddp")
+    token, script = posixpath.join(ctl, "token"), posixpath.join(ctl, "probe.sh")
     try:
-        folder.mkdir(parents=True, mode=0o700)
-        token = folder / "token"
-        token.write_text("ok\n")
-        script = folder / "probe.sh"
-        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(SP.probe_script(s, str(token)))
-    except OSError as e:
-        return "slurm", [Finding("shared_dir", FAIL, "not writable", f"{base}: {e.strerror or e}",
-                                 "set slurm.shared_dir to a folder this machine and the nodes share")]
+        login.stage(folder, ctl, None, {"token": "ok\n", "probe.sh": SP.probe_script(s, token)})
+    except UsageError as e:
+        return "slurm", [Finding("shared_dir", FAIL, "not writable", f"{base}: {e.message}",
+                                 "set slurm.shared_dir to a folder the login host and the nodes share")]
     try:
         opts = [f"--{k}={v}" for k, v in (("partition", partition), ("account", s.account), ("qos", s.qos),
                                           ("constraint", s.constraint)) if v]
-        r = slurm.run_cmd(["srun", "-N1", "-n1", f"--immediate={PROBE_WAIT_S}", "--time=5", *opts,
-                           "bash", str(script)], timeout=PROBE_WAIT_S + 120)
+        r = login.run(["srun", "-N1", "-n1", f"--immediate={PROBE_WAIT_S}", "--time=5", *opts,
+                       "bash", script], timeout=PROBE_WAIT_S + 120)
     except slurm.SlurmError as e:
         return "slurm", [Finding("shared_dir", FAIL, "no probe", str(e))]
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        login.remove_tree(folder)
     out = r.stdout.decode(errors="replace")
     facts = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
     node = facts.get("node", "compute node")
-    if r.returncode != 0 and "node" not in facts:
+    if r.exit_code != 0 and "node" not in facts:
         said = r.stderr.decode(errors="replace").strip()[-300:]
         return "slurm", [Finding("shared_dir", FAIL, "no probe", f"the one-node probe job failed: {said}",
                                  "see `sinfo`; is the partition accepting jobs?")]
@@ -125,9 +121,18 @@ def _probe(s: SlurmSettings, partition: str | None) -> tuple[str, list[Finding]]
 def run_slurm_checks(inv: Inventory) -> Report:
     s = inv.slurm
     assert s is not None
-    login, partition = _login_findings(s)
-    hosts = [HostReport("slurm", s.login, tuple(login))]
-    if all(f.status != FAIL for f in login):
-        node, found = _probe(s, partition)
-        hosts.append(HostReport(node, node, tuple(found)))
+    login = open_login(s.login)
+    name, address = (login.host.name, login.host.address) if login.host else ("slurm", "local")
+    try:
+        found, partition = _login_findings(login, s)
+        hosts = [HostReport(name, address, tuple(found))]
+        if all(f.status != FAIL for f in found):
+            node, probed = _probe(login, s, partition)
+            hosts.append(HostReport(node, node, tuple(probed)))
+    except HostError as e:  # the login host cannot be reached (or its host key is refused)
+        msg = e.message[len(e.host) + 2:] if e.message.startswith(f"{e.host}: ") else e.message
+        hosts = [HostReport(name, address, (Finding("slurm", FAIL, "unreachable", f"login host {name}: {msg}",
+                                                    e.hint),))]
+    finally:
+        login.close()
     return Report(tuple(hosts), CHECKS)

@@ -1,16 +1,17 @@
 """status, logs, stop and collect of a run handed to Slurm, from its run record.
 
 Slurm says where the job stands (``scontrol``) and ends it (``scancel``); each node's log and exit
-code are read from the run's folder in the shared dir (:mod:`clusterddp.slurm_plan`).
+code are read from the run's folder in the shared dir (:mod:`clusterddp.slurm_plan`). Both happen on
+the login host the run record names (this machine, or one reached over SSH: :mod:`clusterddp.slurm_login`).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import BinaryIO
 
 from . import slurm
@@ -19,7 +20,19 @@ from .artifacts import CollectResult
 from .errors import UsageError
 from .inventory import BUILTIN, Host
 from .record import NodeRecord, NodeState, RunRecord, RunStatus
+from .slurm_login import Login, open_login
 from .store import RunStore, utcnow
+
+
+@contextmanager
+def _login(rec: RunRecord) -> Iterator[Login]:
+    """Where the run's Slurm commands run and its shared folder is: as recorded."""
+    assert rec.slurm is not None
+    login = open_login(rec.slurm.login)
+    try:
+        yield login
+    finally:
+        login.close()
 
 
 def _job(rec: RunRecord) -> tuple[str, str]:
@@ -49,7 +62,7 @@ def _settings(run_dir: str, host: str) -> Host:
                 connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
 
 
-def _seen(rec: RunRecord, info: slurm.JobInfo | None, stopped: bool = False) -> RunRecord:
+def _seen(rec: RunRecord, login: Login, info: slurm.JobInfo | None, stopped: bool = False) -> RunRecord:
     """The record after a look at the job: its hosts once allocated, each node's state, and the run's
     status once Slurm says the job has ended."""
     job_id, ctl = _job(rec)
@@ -61,27 +74,33 @@ def _seen(rec: RunRecord, info: slurm.JobInfo | None, stopped: bool = False) -> 
     hosts = tuple(rec.hosts)
     ended = info is None or info.ended
     if not ended and not stopped:
-        codes = slurm.exit_codes(ctl, hosts)
+        codes = slurm.exit_codes(login, ctl, hosts)
         return rec.seen({h: (NodeState.of_exit_code(c) if c is not None else NodeState.RUNNING, c, None)
                          for h, (c, _) in codes.items()})
-    out = slurm.outcome(ctl, info, hosts, stopped)
+    out = slurm.outcome(login, ctl, info, hosts, stopped)
     rec = rec.seen({h: v for h, v in slurm.node_states(out).items() if h in hosts})
     if rec.status is RunStatus.RUNNING:
         rec = replace(rec, status=out.status, failed_host=out.first_failed)
     return replace(rec, ended_at=rec.ended_at or utcnow())
 
 
-def status(store: RunStore, run_id: str) -> RunRecord:
+def _status(store: RunStore, run_id: str, login: Login) -> RunRecord:
     rec = store.load(run_id)
     job_id, _ = _job(rec)
-    info = slurm.job_info(job_id)
-    return store.update(run_id, lambda r: _seen(r, info))
+    info = slurm.job_info(login, job_id)
+    return store.update(run_id, lambda r: _seen(r, login, info))
+
+
+def status(store: RunStore, run_id: str) -> RunRecord:
+    with _login(store.load(run_id)) as login:
+        return _status(store, run_id, login)
 
 
 def job_state(rec: RunRecord) -> str | None:
     """Slurm's word for the job now, with its reason while it pends (None when Slurm forgot it)."""
     job_id, _ = _job(rec)
-    info = slurm.job_info(job_id)
+    with _login(rec) as login:
+        info = slurm.job_info(login, job_id)
     if info is None:
         return None
     return info.state.lower() + (f" ({info.reason})" if info.reason not in ("None", "") else "")
@@ -91,49 +110,48 @@ def stop(store: RunStore, run_id: str) -> tuple[RunRecord, CollectResult]:
     """scancel the job, wait until Slurm says it ended, mark the run stopped, collect its logs."""
     rec = store.load(run_id)
     job_id, ctl = _job(rec)
-    info = slurm.cancel(job_id)
-    rec = store.update(run_id, lambda r: _seen(r, info, stopped=r.status is RunStatus.RUNNING))
-    assert rec.slurm is not None
-    return rec, slurm.collect(store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), ())
+    with _login(rec) as login:
+        info = slurm.cancel(login, job_id)
+        rec = store.update(run_id, lambda r: _seen(r, login, info, stopped=r.status is RunStatus.RUNNING))
+        assert rec.slurm is not None
+        return rec, slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), ())
 
 
 def collect(store: RunStore, run_id: str) -> list[CollectResult]:
     rec = store.load(run_id)
     _, ctl = _job(rec)
     assert rec.slurm is not None
-    return [slurm.collect(store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), rec.collect)]
+    with _login(rec) as login:
+        return [slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), rec.collect)]
 
 
-def _log(ctl: str, host: str) -> Path:
-    return Path(ctl, SP.NODES, f"{host}.log")
+def _log(ctl: str, host: str) -> str:
+    return os.path.join(ctl, SP.NODES, f"{host}.log")
 
 
 def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
               show: Callable[[str, str, BinaryIO | None], None]) -> None:
     """:func:`clusterddp.control.node_logs` for a Slurm run: each node's log from the shared folder
     (copied to the local copy in chunks, never held whole), else the local copy."""
-    rec = status(store, run_id)  # the hosts may have been allocated since the last look
-    _, ctl = _job(rec)
-    for h in rec.hosts:
-        if hosts and h not in hosts:
-            continue
-        if store.read_only:  # the shared folder's copy as it is; the local one is kept
-            try:
-                with open(_log(ctl, h), "rb") as src:
-                    show(h, "node", src)
+    with _login(store.load(run_id)) as login:
+        rec = _status(store, run_id, login)  # the hosts may have been allocated since the last look
+        _, ctl = _job(rec)
+        for h in rec.hosts:
+            if hosts and h not in hosts:
                 continue
+            if store.read_only:  # the shared folder's copy as it is; the local one is kept
+                try:
+                    with login.open_file(_log(ctl, h)) as src:
+                        show(h, "node", src)
+                    continue
+                except FileNotFoundError:
+                    pass
+            source = "node" if slurm.copy_log(login, store, run_id, h, _log(ctl, h)) else "local copy"
+            try:
+                with open(store.log_path(run_id, h), "rb") as f:
+                    show(h, source, f)
             except FileNotFoundError:
-                pass
-        try:
-            store.copy_log(run_id, h, _log(ctl, h))
-            source = "node"
-        except FileNotFoundError:
-            source = "local copy"
-        try:
-            with open(store.log_path(run_id, h), "rb") as f:
-                show(h, source, f)
-        except FileNotFoundError:
-            show(h, "missing", None)
+                show(h, "missing", None)
 
 
 def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None], hosts: list[str] | None,
@@ -141,28 +159,14 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
     """Stream each node's log from ``from_lines[host]`` until Slurm says the job ended; the exit codes."""
     rec = store.load(run_id)
     job_id, ctl = _job(rec)
-    offsets: dict[str, int] = {}
-    while True:
-        info = slurm.job_info(job_id)
-        names = [h for h in (info.hosts if info and info.hosts else tuple(rec.hosts)) if not hosts or h in hosts]
-        for h in names:
-            try:
-                data = _log(ctl, h).read_bytes()
-            except FileNotFoundError:
-                continue
-            if h not in offsets:  # skip the lines already shown
-                skip = from_lines.get(h, 1) - 1
-                pos = 0
-                for _ in range(skip):
-                    nl = data.find(b"\n", pos)
-                    if nl < 0:
-                        break
-                    pos = nl + 1
-                offsets[h] = pos
-            if len(data) > offsets[h]:
-                on_output(h, data[offsets[h]:])
-                offsets[h] = len(data)
-        if info is None or info.ended:
-            codes = slurm.exit_codes(ctl, tuple(names))
-            return {h: c for h, (c, _) in codes.items()}
-        time.sleep(slurm.POLL)
+    with _login(rec) as login:
+        tail = slurm.LogTail(login, ctl, on_output, skip={h: n - 1 for h, n in from_lines.items()})
+        while True:
+            info = slurm.job_info(login, job_id)
+            names = [h for h in (info.hosts if info and info.hosts else tuple(rec.hosts)) if not hosts or h in hosts]
+            tail.poll(names)
+            if info is None or info.ended:
+                tail.poll(names)  # what the nodes wrote between the last read and the end
+                codes = slurm.exit_codes(login, ctl, names)
+                return {h: c for h, (c, _) in codes.items()}
+            time.sleep(slurm.POLL)

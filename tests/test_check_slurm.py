@@ -47,3 +47,31 @@ def test_check_fails_on_a_partition_that_is_down(slurm, tmp_path):
     finally:
         slurm.undrain()
     assert "FAIL slurm partition: partition main is not up" in r.stdout
+
+
+def test_check_through_a_remote_login_passes_and_a_login_host_it_cannot_reach_is_named(slurm, tmp_path):
+    from test_up_slurm_login import login_entry, no_local_slurm
+    env, tried = no_local_slurm(tmp_path)
+    r = cddp("check", str(inv(tmp_path, login=login_entry(slurm))), "--json", env=env, check_rc=0)
+    login, node = json.loads(r.stdout)["hosts"]
+    assert login["host"] == "login1" and {c["check"]: c["status"] for c in login["checks"]} == {
+        "slurm": "ok", "partition": "ok", "nodes": "ok", "gpus": "ok"}, login
+    found = {c["check"]: c for c in node["checks"]}
+    assert node["host"] in ("node-1", "node-2") and found["shared_dir"]["value"] == "shared", node
+    assert found["torch"]["status"] == "ok"
+    assert not list((tmp_path / "shared" / ".clusterddp-check").iterdir()), "the probe folder was left behind"
+    assert not tried.exists(), f"a local Slurm command was run: {tried.read_text()}"
+    # nothing listens on port 2 of the login host: check names it and fails; up stops before recording a run
+    bad = inv(tmp_path, login=login_entry(slurm, port=2))
+    r = cddp("check", str(bad), env=env, check_rc=1, timeout=60)
+    assert "login1" in r.stdout and "FAIL" in r.stdout and "cannot connect" in r.stdout, r.stdout
+    (tmp_path / "t.py").write_text("")
+    r = cddp("up", str(bad), str(tmp_path / "t.py"), "--runs-dir", str(tmp_path / "runs"), env=env, check_rc=1,
+             timeout=60)
+    assert r.stderr.startswith("error: login1: cannot connect to") and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("2*"))
+    # a login host whose key is not in known_hosts is refused (strict), named, never a traceback
+    (tmp_path / "empty_known_hosts").write_text("")
+    r = cddp("up", str(inv(tmp_path, login=login_entry(slurm, known_hosts=str(tmp_path / "empty_known_hosts")))),
+             str(tmp_path / "t.py"), "--runs-dir", str(tmp_path / "runs"), env=env, check_rc=1, timeout=60)
+    assert "login1: host key of" in r.stderr and "is unknown" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -59,7 +59,18 @@ def test_a_slurm_inventory_reads_into_settings_and_lists_no_hosts():
     ("slurm:\n  sbatch:\n    - --mem=1G\n    - mem\n", "c.yaml:4: slurm.sbatch[1]", "not an sbatch option"),
     ("slurm:\n  sbatch: [\"--nodes=3\"]\n", "c.yaml:2: slurm.sbatch[0]", "sets it itself"),
     ("slurm:\n  sbatch: [\"--mem=1G\\n#SBATCH --nodes=9\"]\n", "c.yaml:2: slurm.sbatch[0]", "control character"),
-    ("slurm:\n  login: {name: login1}\n", "c.yaml:2: slurm.login", "only `local`"),
+    ("slurm:\n  login: login1\n", "c.yaml:2: slurm.login", "must be `local`"),
+    ("slurm:\n  login: [a]\n", "c.yaml:2: slurm.login", "or a host entry"),
+    ("slurm:\n  login:\n    name: l1\n    addres: x\n", "c.yaml:4: slurm.login.addres", "unknown key"),
+    ("slurm:\n  login:\n    name: l1\n    port: \"22\"\n", "c.yaml:4: slurm.login.port", "valid integer"),
+    ("slurm:\n  login:\n    name: l1\n    port: 70000\n", "c.yaml:4: slurm.login.port", "65535"),
+    ("slurm:\n  login:\n    name: l1\n    host_key_policy: yes\n", "c.yaml:4: slurm.login.host_key_policy",
+     "strict"),
+    ("slurm:\n  login:\n    name: l1\n    gpus: 2\n", "c.yaml:4: slurm.login.gpus", "not used for the login host"),
+    ("slurm:\n  login:\n    name: l1\n    setup: echo\n", "c.yaml:4: slurm.login.setup", "valid list"),
+    ("slurm:\n  login:\n    address: 10.0.0.5\n", "c.yaml:2: slurm.login.name", "required"),
+    ("slurm:\n  login:\n    name: \"a b\"\n", "c.yaml:3: slurm.login.name", "letters, digits"),
+    ("slurm:\n  login:\n    name: l1\n    env: {A: [1]}\n", "c.yaml:4: slurm.login.env", "a list"),
     ("slurm:\n  env: {RANK: 1}\n", "c.yaml:2: slurm.env.RANK", "reserved"),
     ("slurm:\n  env: {A: [1]}\n", "c.yaml:2: slurm.env", "a list"),
     ("slurm:\n  gpus: 2\n", "c.yaml:2: slurm.gpus", "unknown key"),
@@ -71,6 +82,23 @@ def test_each_bad_slurm_field_is_refused_at_its_line(text, where, words):
     e = error_of(text)
     assert str(e).startswith(where + ":"), str(e)
     assert words in str(e)
+
+
+def test_a_login_host_entry_reads_like_a_hosts_entry():
+    inv = inventory.parse("slurm:\n  login:\n    name: login1\n    address: 10.0.0.5\n    user: me\n    port: 2222\n"
+                          "    identity_file: ~/.ssh/id_x\n    known_hosts: /k\n    host_key_policy: accept-new\n"
+                          "    python: /opt/py\n    setup: [module load slurm]\n    env: {SLURM_CONF: /etc/s.conf}\n"
+                          "    connect_timeout: 3\n    keepalive: 0\n", "c.yaml")
+    login = inv.slurm.login if inv.slurm else None
+    assert isinstance(login, inventory.Host)
+    assert (login.name, login.address, login.user, login.port, login.identity_file, login.known_hosts,
+            login.host_key_policy, login.python, login.setup, login.env, login.connect_timeout, login.keepalive,
+            login.transport) == ("login1", "10.0.0.5", "me", 2222, "~/.ssh/id_x", "/k", "accept-new", "/opt/py",
+                                 ("module load slurm",), (("SLURM_CONF", "/etc/s.conf"),), 3.0, 0.0, "ssh")
+    plain = inventory.parse("slurm:\n  login: {name: login1}\n", "c.yaml").slurm
+    assert plain is not None and isinstance(plain.login, inventory.Host)
+    assert (plain.login.address, plain.login.known_hosts, plain.login.host_key_policy) == (
+        "login1", "~/.ssh/known_hosts", "strict")
 
 
 def test_up_with_a_bad_slurm_inventory_exits_2_before_contacting_slurm(tmp_path):
@@ -86,4 +114,7 @@ def test_up_with_a_bad_slurm_inventory_exits_2_before_contacting_slurm(tmp_path)
         r = cddp(*verb, str(inv), str(tmp_path / "t.py"), "--exclude", "a", "--runs-dir", str(tmp_path / "runs"),
                  check_rc=2)
         assert "--exclude: a `slurm:` inventory lists no hosts" in r.stderr, r.stderr
+    inv.write_text("slurm:\n  partition: main\n  login:\n    name: l1\n    prot: 22\n")
+    r = cddp("up", str(inv), str(tmp_path / "t.py"), "--runs-dir", str(tmp_path / "runs"), check_rc=2)
+    assert f"{inv}:5: slurm.login.prot: unknown key" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("2*"))

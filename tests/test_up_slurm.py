@@ -3,6 +3,7 @@ real sbatch, slurmctld, slurmd and srun; real torchrun (gloo, CPU) on node-1 and
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import signal
@@ -222,3 +223,28 @@ def test_a_schedule_with_a_slurm_inventory_fires_a_slurm_run(slurm, tmp_path, jo
     (rec,) = [record(runs, p.name) for p in runs.iterdir() if (p / "run.json").exists()]
     assert rec["schedule"] == name and rec["status"] == "succeeded" and rec["slurm"]["job_id"]
     assert rec["args"] == ["a b"] and [n["host"] for n in rec["nodes"]] == ["node-1", "node-2"]
+
+
+def test_sigterm_right_after_sbatch_answered_still_cancels_and_records_the_job(slurm, tmp_path, job):
+    """The window between sbatch printing the job id and the run record holding it: a SIGTERM there
+    must not leave a submitted job running and unrecorded. An `sbatch` on PATH runs the real one,
+    prints its answer, then signals its parent (clusterddp) before exiting."""
+    runs = tmp_path / "runs"
+    wrapper = tmp_path / "bin" / "sbatch"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nout=$({shutil.which("sbatch")} "$@") || exit $?\necho "$out"\n'
+                       'kill -TERM "$PPID"\nexit 0\n')
+    wrapper.chmod(0o755)
+    env = {**slurm.env(), "PATH": f"{wrapper.parent}:{os.environ['PATH']}"}
+    r = cddp("up", str(slurm_inv(tmp_path)), str(job / "probe.py"), "-e", "CDDP_TEST_MODE=hang",
+             "--runs-dir", str(runs), env=env, timeout=180)
+    assert r.returncode == 130, r.stdout + r.stderr
+    run_id = run_id_of(r.stdout)
+    rec = record(runs, run_id)
+    job_id = rec["slurm"]["job_id"]
+    assert job_id and rec["status"] == "stopped", rec  # recorded, then cancelled
+    names = slurm.client("squeue", "-h", "-o", "%i %j").stdout
+    assert f"clusterddp-{run_id}" not in names, f"the run's job is still queued: {names}"
+    state = slurm.client("scontrol", "-o", "show", "job", job_id, check=False).stdout
+    assert "JobState=CANCELLED" in state or not state, state
+    gone(slurm, run_id, job_id)

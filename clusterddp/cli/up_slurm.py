@@ -8,8 +8,10 @@ import time
 from .common import PrefixPrinter, err, sigterm_as_interrupt, tell_missing
 
 
-def prepare_slurm(inv, spec, runs_dir: str, hosts: list[str] | None, exclude: list[str] | None = None):
-    """Check the input and plan the run, as for SSH inventories; no network."""
+def prepare_slurm(inv, spec, runs_dir: str, hosts: list[str] | None, exclude: list[str] | None = None,
+                  contact: bool = False):
+    """Check the input and plan the run, as for SSH inventories; no network unless ``contact`` (a remote
+    login host is then asked where its home is, for slurm.shared_dir)."""
     from .. import jobs, slurm
     from ..errors import UsageError
     if hosts is not None:
@@ -18,20 +20,30 @@ def prepare_slurm(inv, spec, runs_dir: str, hosts: list[str] | None, exclude: li
     if exclude:
         raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
                          "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
-    return slurm.prepare(inv, spec, runs_dir, jobs.check_script(spec.script))
+    return slurm.prepare(inv, spec, runs_dir, jobs.check_script(spec.script), contact=contact)
 
 
 def up_slurm(inv, inventory_arg: str, spec, runs_dir: str, hosts: list[str] | None, limit: int, dry_run: bool,
              detach: bool, raw: bool, schedule: str | None, exclude: list[str] | None = None) -> None:
+    prep = prepare_slurm(inv, spec, runs_dir, hosts, exclude, contact=not dry_run)
+    try:
+        _up(prep, inventory_arg, runs_dir, limit, dry_run, detach, raw, schedule)
+    finally:
+        prep.login.close()
+
+
+def _up(prep, inventory_arg: str, runs_dir: str, limit: int, dry_run: bool, detach: bool, raw: bool,
+        schedule: str | None) -> None:
     from .. import jobs, slurm
     from .. import slurm_plan as SP
-    prep = prepare_slurm(inv, spec, runs_dir, hosts, exclude)
     run_id = prep.plan.run_id
     folder = jobs.scan_source(prep.source_dir, prep.store.root)
     jobs.check_upload_size(folder, limit)
     if dry_run:
         print(f"run {run_id}", flush=True)
         print(SP.render(prep.plan))
+        if prep.login.host is not None:
+            print(f"login host: {prep.login.name} over SSH (not contacted by --dry-run; ~ is the home there)")
         print(f"upload: {folder.summary()}", flush=True)
         return
     prep.store.create(slurm.new_record(prep, inventory_arg, schedule=schedule))
