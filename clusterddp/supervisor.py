@@ -10,7 +10,8 @@ node follows its log), or a heartbeat answered or missed (one heartbeat thread p
 host that hangs delays no other node's event). A node that has not answered a heartbeat for
 ``lost_after_s`` is LOST. The first node to end badly makes every other node's job be ended
 (SIGTERM, then SIGKILL); a LOST node is not waited for: its connection is closed, and its job
-runs on there, detached, until a later `stop` (or `status`) reaches it.
+runs on there, detached, until a later `stop` (or `status`) reaches it. (`up local` has no
+heartbeats: no link to lose.)
 The jobs run detached on the nodes, so this process dying does not end them: a later
 command reconnects through the run record.
 """
@@ -200,9 +201,10 @@ class Supervisor:
             node.answered_at = now
             t = self._fleet.transport(node.launch.host)
             self._spawn(self._stream, node, t, name=f"stream-{node.name}")
-            # Not joined: a heartbeat may hang on a dead host until its connection is closed.
-            threading.Thread(target=self._heartbeats, args=(node, t), name=f"heartbeat-{node.name}",
-                             daemon=True).start()
+            if self._beats:
+                # Not joined: a heartbeat may hang on a dead host until its connection is closed.
+                threading.Thread(target=self._heartbeats, args=(node, t), name=f"heartbeat-{node.name}",
+                                 daemon=True).start()
         if self.join_timeout_s > 0 and not self.plan.local:
             threading.Thread(target=self._join_deadline, name="join-deadline", daemon=True).start()
         try:
@@ -253,8 +255,16 @@ class Supervisor:
                 return silent
         return None
 
+    @property
+    def _beats(self) -> bool:
+        """Heartbeats watch the links to the nodes. `up local` has none that could die, and each beat
+        (a shell and a scan of /proc) would take the CPUs from the job it watches: none there."""
+        return not self.plan.local
+
     def _silent(self) -> str | None:
         """Mark LOST the first running node that has not answered for ``lost_after_s``; its name, or None."""
+        if not self._beats:
+            return None
         now = self.clock()
         for node in self.nodes:
             if node.state is NodeState.RUNNING and now - node.answered_at >= self.lost_after_s:

@@ -77,3 +77,23 @@ def test_a_job_that_ended_before_the_wanted_line_gives_nothing(tmp_path):
     th, out, rc = start(ctl, 5)
     th.join(timeout=20)
     assert not th.is_alive() and rc == [0] and out.data == b""
+
+
+def test_the_end_of_the_job_shell_ends_the_wait_between_polls(tmp_path):
+    # Every run's end waited for the follower's next poll; it now wakes on the shell's exit. With a
+    # 60 s poll, a follower that only sleeps would still be asleep when the join gives up.
+    ctl = tmp_path / ".clusterddp"
+    ctl.mkdir()
+    (ctl / "node.log").write_bytes(b"started\n")
+    p = subprocess.Popen(["bash", "-c", f"sleep 1; echo done >> {ctl}/node.log; echo 0 > {ctl}/exit_code"])
+    try:
+        (ctl / "pid").write_text(f"{p.pid}\n")
+        out, rc = Sink(), []
+        th = threading.Thread(target=lambda: rc.append(follow.main([str(ctl), "1", "60"], stdout=out)), daemon=True)
+        th.start()
+        assert eventually(lambda: out.data == b"started\n"), bytes(out.data)
+        th.join(timeout=20)
+        assert not th.is_alive(), "the follower slept through the end of the job's shell"
+        assert rc == [0] and out.data == b"started\ndone\n"  # what the job wrote last is not lost
+    finally:
+        p.wait()

@@ -33,6 +33,7 @@ case "$1" in -S|-c) exec PYTHON "$@" ;; esac
 echo "hello from $CLUSTERDDP_HOST rank $CLUSTERDDP_NODE_RANK"
 case "$MODE" in
   ok) exit 0 ;;
+  slow) sleep 1.5; exit 0 ;;
   fail) sleep 0.5; echo "boom" >&2; exit 3 ;;
   hang) sleep 300 & wait ;;
 esac
@@ -143,6 +144,49 @@ def test_a_host_that_stops_answering_is_lost_and_the_run_fails(tmp_path):
     assert sup.nodes[1].state == NodeState.LOST and "stopped answering" in sup.nodes[1].error
     subprocess.run(["bash", "-c", plan.teardown_command(p.nodes[1], 1)], check=True)  # what a later `stop` does
     assert job_pids(p) == []
+
+
+class _Counting:
+    """Wraps a transport; counts the status commands it is asked to run."""
+
+    def __init__(self, inner, node: plan.NodeLaunch) -> None:
+        self.inner, self.name, self.status = inner, inner.name, plan.status_command(node)
+        self.statuses = 0
+
+    def run(self, command, **kw):
+        self.statuses += command == self.status
+        return self.inner.run(command, **kw)
+
+    def stream(self, command, on_data, **kw):
+        return self.inner.stream(command, on_data, **kw)
+
+    def close(self):
+        self.inner.close()
+
+
+def test_up_local_runs_without_heartbeats_and_is_never_lost_for_lack_of_them(tmp_path):
+    # `up local` has no link to lose; its heartbeats only took the CPUs from the job. Beats every
+    # 0.05 s would ask the status some 30 times during this 1.5 s job; without them, a node silent
+    # for lost_after_s must not be called lost either.
+    py = tmp_path / "fakepy"
+    py.write_text(FAKE_PY.replace("PYTHON", sys.executable))
+    py.chmod(0o755)
+    host = replace(inventory.local(python=str(py)).hosts[0], env=(("MODE", "slow"),))
+    inv = inventory.Inventory("local", "local", (host,), inventory.Master(host.name, "127.0.0.1", 29500))
+    p = plan.build_plan(inv, plan.RunSpec("t.py"), new_run_id(), local_run_dir=str(tmp_path),
+                        local_control_dir=str(tmp_path / "ctl"))
+    assert p.local
+    counted: list[_Counting] = []
+
+    def conn(host):
+        counted.append(_Counting(connect(host), p.nodes[0]))
+        return counted[-1]
+    sup = Supervisor(p, on_output=lambda h, b: None, connect=conn, heartbeat_s=0.05, lost_after_s=0.5, grace_s=2)
+    sup.start()
+    out = sup.follow()
+    sup.close()
+    assert out.status == "succeeded" and sup.nodes[0].exit_code == 0, sup.nodes[0].error
+    assert [c.statuses for c in counted] == [1]  # the one that reads the exit code once the log ended
 
 
 class Scripted:

@@ -6,11 +6,16 @@ has ended and the log is drained. The end is the ``exit_code`` file (launch.sh w
 or the job's shell gone or a zombie: ``tail --pid`` treats an unreaped zombie as alive, and an
 orphan's reaping can lag by seconds, so tail would hold every run's end back. The launcher then
 reads the exit code with ``plan.status_command``.
+
+Between polls it waits on a pidfd of the job's shell where the node has them (Linux 5.3,
+Python 3.9): the shell's exit (just after it wrote ``exit_code``) ends the wait at once, instead of
+every run's end waiting up to a whole poll interval.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import sys
 import time
 
@@ -26,35 +31,56 @@ def main(argv: list[str], stdout=None) -> int:
     with open(os.path.join(ctl, PID)) as f:
         pid = int(f.read().strip() or 0)
     exit_code = os.path.join(ctl, EXIT_CODE)
+    pidfd = _pidfd(pid)
+
+    def wait() -> None:
+        if pidfd is None:
+            time.sleep(poll)
+        else:
+            select.select([pidfd], [], [], poll)
 
     def ended() -> bool:
         if os.path.exists(exit_code):
             return True
+        if pidfd is not None:  # readable once the shell has exited, zombie or reaped; immune to pid reuse
+            return bool(select.select([pidfd], [], [], 0)[0])
         try:
             with open("/proc/%d/stat" % pid) as f:
                 return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
         except (OSError, IndexError):
             return True
-    with open(os.path.join(ctl, LOG), "rb") as log:
-        while line > 1:  # skip to the first line wanted, waiting for it if needed
-            pos, text = log.tell(), log.readline()
-            if text.endswith(b"\n"):
-                line -= 1
-                continue
-            log.seek(pos)
-            if ended():
-                return 0
-            time.sleep(poll)
-        while True:
-            done = ended()
-            chunk = log.read(1 << 16)
-            if chunk:
-                out.write(chunk)
-                out.flush()
-            elif done:
-                return 0
-            else:
-                time.sleep(poll)
+    try:
+        with open(os.path.join(ctl, LOG), "rb") as log:
+            while line > 1:  # skip to the first line wanted, waiting for it if needed
+                pos, text = log.tell(), log.readline()
+                if text.endswith(b"\n"):
+                    line -= 1
+                    continue
+                log.seek(pos)
+                if ended():
+                    return 0
+                wait()
+            while True:
+                done = ended()
+                chunk = log.read(1 << 16)
+                if chunk:
+                    out.write(chunk)
+                    out.flush()
+                elif done:
+                    return 0
+                else:
+                    wait()
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of the job's shell, or None: Python < 3.9, Linux < 5.3, or no such process (ended then)."""
+    try:
+        return os.pidfd_open(pid) if pid > 0 else None
+    except (AttributeError, OSError):
+        return None
 
 
 if __name__ == "__main__":
