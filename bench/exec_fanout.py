@@ -8,6 +8,8 @@ root) and times, for each host count, the whole command from the shell's point o
   paramiko pool  a bare paramiko + thread pool script (PARAMIKO_POOL below): the floor for a Python launcher
   sequential   python -m clusterddp exec inv.yaml --fanout 1 -- true   (one host after another)
   ssh loop     for a in <addresses>; do ssh a true; done               (OpenSSH, one after another)
+  mux floor    pdsh over OpenSSH ControlMaster connections opened beforehand: no handshake, no
+               launcher start-up, only each host's session and login shell (what no launcher can beat)
 
 Runs are interleaved (every tool once per round) so a busy machine slows all of them alike;
 the medians are reported, with the ratios to pdsh and to the sequential runs, as a Markdown
@@ -78,6 +80,10 @@ def main() -> None:
     if shutil.which("pdsh") is None:
         raise SystemExit("pdsh is not installed (apt-get install pdsh)")
     n_max = max(args.hosts)
+    # What an installed clusterddp runs: byte-compiled. An editable checkout under
+    # PYTHONDONTWRITEBYTECODE=1 would otherwise compile its modules again in every run (~0.07 s).
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "clusterddp")], check=True)
+    load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="cddp-bench-"))
     bed = TestBed(n_max, root / "bed", prefix=f"cd{session_slot()}x", subnet=f"10.{100 + session_slot()}.250")
     results: dict[int, dict[str, list[float]]] = {}
@@ -85,6 +91,11 @@ def main() -> None:
         ssh_opts = (f"-i {bed.identity_file} -o UserKnownHostsFile={bed.known_hosts} "
                     "-o StrictHostKeyChecking=yes -o BatchMode=yes")
         pdsh_env = {**os.environ, "PDSH_SSH_ARGS_APPEND": ssh_opts}
+        mux = f"-o ControlPath={root}/cm-%h"
+        for x in bed.nodes:  # one persistent master connection per host, for the floor below
+            subprocess.run(f"ssh {ssh_opts} {mux} -o ControlMaster=yes -o ControlPersist=yes -fN root@{x.address}",
+                           shell=True, check=True)
+        mux_env = {**os.environ, "PDSH_SSH_ARGS_APPEND": f"{mux} -o ControlMaster=no -o BatchMode=yes"}
         py = [sys.executable, "-m", "clusterddp", "exec"]
         for n in args.hosts:
             nodes = bed.nodes[:n]
@@ -97,6 +108,8 @@ def main() -> None:
                                                   env=pdsh_env),
                 "paramiko pool": lambda nodes=nodes: timed([sys.executable, "-c", PARAMIKO_POOL, str(bed.identity_file),
                                                             str(bed.known_hosts), *(x.address for x in nodes)]),
+                "mux floor": lambda addrs=addrs: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"],
+                                                       env=mux_env),
             }
             if not args.no_sequential:
                 tools["sequential"] = lambda inv=inv: timed([*py, str(inv), "--fanout", "1", "--", "true"])
@@ -111,26 +124,30 @@ def main() -> None:
             results[n] = times
             print(f"{n} hosts: " + ", ".join(f"{k} {statistics.median(v):.2f}s" for k, v in times.items()),
                   flush=True)
+        for x in bed.nodes:
+            subprocess.run(f"ssh {mux} -O exit root@{x.address}", shell=True, stderr=subprocess.DEVNULL)
     shutil.rmtree(root, ignore_errors=True)
-    report(results, args)
+    report(results, args, load_before)
 
 
-def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace) -> None:
+def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
+           load_before: tuple[float, float, float]) -> None:
     med = {n: {k: statistics.median(v) for k, v in t.items()} for n, t in results.items()}
     load = os.getloadavg()
-    lines = [f"cores: {os.cpu_count()}, load average after the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
-             f"median of {args.rounds} interleaved rounds, seconds", "",
-             "| hosts | clusterddp exec | pdsh | ratio vs pdsh | bare paramiko pool | sequential (--fanout 1) | "
-             "ssh loop | ratio vs sequential |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"cores: {os.cpu_count()}, load average before the run: {load_before[0]:.1f}, after: "
+             f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; median of {args.rounds} interleaved rounds, seconds", "",
+             "| hosts | clusterddp exec | pdsh | ratio vs pdsh | bare paramiko pool (ratio) | mux floor (ratio) | "
+             "sequential (--fanout 1) | ssh loop | ratio vs sequential |", "|---|---|---|---|---|---|---|---|---|"]
     for n, m in med.items():
         seq = m.get("sequential")
         lines.append(f"| {n} | {m['clusterddp']:.2f} | {m['pdsh']:.2f} | {m['clusterddp'] / m['pdsh']:.2f} | "
-                     f"{m['paramiko pool']:.2f} | "
+                     f"{m['paramiko pool']:.2f} ({m['paramiko pool'] / m['pdsh']:.2f}) | "
+                     f"{m['mux floor']:.2f} ({m['mux floor'] / m['pdsh']:.2f}) | "
                      + (f"{seq:.2f} | {m['ssh loop']:.2f} | {m['clusterddp'] / seq:.2f} |" if seq else "- | - | - |"))
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results-exec.json").write_text(json.dumps(
-        {"cores": os.cpu_count(), "load": load, "rounds": args.rounds,
+        {"cores": os.cpu_count(), "load_before": load_before, "load": load, "rounds": args.rounds,
          "seconds": {str(n): t for n, t in results.items()}}, indent=1))
     try:
         import matplotlib
@@ -141,8 +158,8 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace)
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     ns = list(med)
-    for k, style in (("clusterddp", "o-"), ("pdsh", "s-"), ("paramiko pool", "x:"), ("sequential", "^--"),
-                     ("ssh loop", "v--")):
+    for k, style in (("clusterddp", "o-"), ("pdsh", "s-"), ("paramiko pool", "x:"), ("mux floor", "+:"),
+                     ("sequential", "^--"), ("ssh loop", "v--")):
         if all(k in med[n] for n in ns):
             ax.plot(ns, [med[n][k] for n in ns], style, label="clusterddp exec --fanout 1" if k == "sequential"
                     else "clusterddp exec" if k == "clusterddp" else k)

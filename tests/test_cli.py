@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,23 @@ def test_help_is_fast_and_imports_no_heavy_library():
             "print(sorted(m for m in ('paramiko', 'torch', 'pydantic', 'yaml') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_quick_exit_flushes_buffered_output_and_keeps_the_exit_code_only_when_asked():
+    # exec ends with os._exit (skipping the interpreter's teardown): what sits in stdout's and
+    # stderr's buffers must still come out, and the exit status must be the command's.
+    def run(body: str) -> subprocess.CompletedProcess:
+        code = ("import sys\nfrom clusterddp.cli.common import exit_quickly_when_done, quick_exit\n"
+                "for _ in range(7000): sys.stdout.write('x' * 10)\nsys.stderr.write('tail without a newline')\n" + body)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as on a pipe
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    r = run("exit_quickly_when_done()\nimport atexit; atexit.register(print, 'atexit ran')\nquick_exit(3)\n"
+            "print('not reached')")
+    assert (r.returncode, len(r.stdout), r.stderr) == (3, 70000, "tail without a newline")
+    r = run("quick_exit(3)\nprint('normal exit')")  # not asked: returns, Python exits as usual
+    assert r.returncode == 0 and r.stdout.endswith("normal exit\n")
+    r = run("exit_quickly_when_done()\nquick_exit('a message')\nprint('normal exit')")  # not an exit status
+    assert r.returncode == 0 and r.stdout.endswith("normal exit\n")
 
 
 @pytest.mark.parametrize("inv_text, words", [

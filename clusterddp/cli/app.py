@@ -37,4 +37,9 @@ def _root() -> None:
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as e:
+        from .common import quick_exit
+        quick_exit(e.code)
+        raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .check import EXCLUDE, FANOUT, HOSTS, load_inventory
-from .common import EXIT_FAILED, RAW, err, handle_errors
+from .common import EXIT_FAILED, RAW, err, exit_quickly_when_done, handle_errors
 
 
 @handle_errors
@@ -34,6 +34,7 @@ def exec_(
     from .. import plan
     from ..errors import UsageError
 
+    exit_quickly_when_done()
     if not command:
         raise UsageError("no command given", "put it after `--`, e.g. clusterddp exec inv.yaml -- nvidia-smi")
     if timeout is not None and not 0 < timeout < float("inf"):
