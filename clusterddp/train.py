@@ -17,6 +17,7 @@ itself is not installed::
         for x, y in loader:
             ...
         ct.save_checkpoint({...}, step=epoch + 1)
+    del model                 # it holds the process group (see cleanup)
     ct.cleanup(barrier=True)  # every rank ends here
 
 ``save_checkpoint`` and ``load_latest`` are collective: every rank must call them.
