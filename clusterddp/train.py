@@ -17,6 +17,7 @@ itself is not installed::
         for x, y in loader:
             ...
         ct.save_checkpoint({...}, step=epoch + 1)
+    del model                 # it holds the process group (see cleanup)
     ct.cleanup(barrier=True)  # every rank ends here
 
 ``save_checkpoint`` and ``load_latest`` are collective: every rank must call them.
@@ -25,6 +26,7 @@ itself is not installed::
 from __future__ import annotations
 
 import datetime
+import gc
 import inspect
 import io
 import os
@@ -32,6 +34,7 @@ import re
 import secrets
 import sys
 import warnings
+import weakref
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -171,6 +174,7 @@ def init(backend: str | None = None, timeout: datetime.timedelta | None = None) 
             # right GPU; it only exists in torch >= 2.3 and only makes sense for a CUDA device.
             if device.type == "cuda" and "device_id" in inspect.signature(dist.init_process_group).parameters:
                 kwargs["device_id"] = device
+            _import_before_group()
             dist.init_process_group(**kwargs)
         else:
             chosen = dist.get_backend()
@@ -215,6 +219,19 @@ def _restart_safe_store(rank: int, timeout: datetime.timedelta | None) -> dist.S
     return dist.PrefixStore(f"clusterddp/restart_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
+def _import_before_group() -> None:
+    """Import ``torch.distributed.nn.functional`` while no default group exists.
+
+    Its functions take ``group=group.WORLD`` as a default argument, evaluated once, at import: the
+    default group of that moment. DDP imports it on first use (``DistributedDataParallel()`` loads
+    ``torch._dynamo``, which loads FSDP and ``_shard``), so after ``init_process_group`` it pins the
+    group for good: ``destroy_process_group`` then cannot free it, and gloo's worker threads live
+    on into interpreter exit, where one still dropping a finished collective aborts the process
+    (see :func:`cleanup`). Imported first, those defaults are None.
+    """
+    import torch.distributed.nn.functional  # noqa: F401
+
+
 def context() -> Context:
     """The current Context, initialising (as :func:`init` with defaults) if needed."""
     return _CTX if _CTX is not None else init()
@@ -226,12 +243,29 @@ def cleanup(barrier: bool = False) -> None:
     ``barrier=True`` (at the normal end of training, reached by every rank) first waits for every
     rank, so no rank tears its connections down while a peer still uses them. Leave it off where
     only some ranks may call it (an error path): the others would wait for it forever.
+
+    Delete the DDP model (and anything else holding the group) before calling it: the group, and
+    with gloo its worker threads, must go here, not at interpreter exit. A gloo worker drops each
+    finished collective itself, and one launched by DDP during backward carries a Python object
+    (autograd's saved ``contextvars`` context), so dropping it takes the GIL; a worker that asks
+    for the GIL once the interpreter is finalizing is ended by CPython with ``pthread_exit``, whose
+    unwinding through that C++ destructor calls ``std::terminate``: SIGABRT, "terminate called
+    without an active exception", after the script's last line. Freed here, the group joins its
+    threads first. If something still holds it, this warns (RuntimeWarning) and names the fix.
     """
     global _CTX
     if dist.is_available() and dist.is_initialized():
         if barrier and dist.get_world_size() > 1:
             dist.barrier()
+        group = weakref.ref(dist.group.WORLD) if dist.group.WORLD is not None else None
         dist.destroy_process_group()
+        if group is not None and group() is not None:
+            gc.collect()  # a model in a reference cycle is still freed in time
+        if group is not None and group() is not None:
+            warnings.warn("cleanup(): the default process group is still referenced after "
+                          "destroy_process_group, so it outlives this call (a DDP model still alive?): "
+                          "delete the model (del model) before cleanup(); with gloo, its threads can "
+                          "otherwise abort the process at exit (SIGABRT)", RuntimeWarning, stacklevel=2)
     _CTX = None
 
 

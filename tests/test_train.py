@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -325,7 +326,20 @@ loader = ct.make_loader(TensorDataset(torch.arange(10)), batch_size=2)
 out["shard"] = [int(v) for (b,) in loader for v in b]
 # One file per rank: both ranks share torchrun's stdout, where lines can interleave.
 (base / f"result-{ctx.rank}.json").write_text(json.dumps(out))
-ct.cleanup(barrier=True)  # every rank ends here (see examples/ddp_train.py)
+
+# A trained DDP model, dropped before cleanup as examples/ddp_train.py does: the group must go
+# with cleanup, and gloo's threads with it, not live on into interpreter exit.
+import os, warnings
+model = ct.wrap(torch.nn.Linear(2, 1))
+model(torch.ones(4, 2)).sum().backward()  # DDP's all-reduces run from backward
+del model
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    ct.cleanup(barrier=True)  # every rank ends here (see examples/ddp_train.py)
+threads = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+(base / f"exit-{ctx.rank}.json").write_text(json.dumps({
+    "gloo_threads": [t for t in threads if t.startswith(("pt_gloo", "gloo"))],
+    "warnings": [str(w.message) for w in caught]}))
 """
 
 
@@ -364,7 +378,8 @@ def torchrun_results(tmp_path_factory) -> dict[int, dict]:
     script.write_text(WORKER)
     proc = _torchrun(script, str(base), cwd=base)
     assert proc.returncode == 0, proc.stdout
-    return {r: json.loads((base / f"result-{r}.json").read_text()) for r in (0, 1)}
+    return {r: {**json.loads((base / f"result-{r}.json").read_text()),
+                "exit": json.loads((base / f"exit-{r}.json").read_text())} for r in (0, 1)}
 
 
 def test_torchrun_workers_run_without_numpy(torchrun_results) -> None:
@@ -394,6 +409,30 @@ def test_save_and_loader_under_torchrun(torchrun_results) -> None:
     assert r1["visible_after_barrier"]
     assert len(r0["shard"]) == len(r1["shard"]) == 5
     assert sorted(r0["shard"] + r1["shard"]) == list(range(10))  # disjoint shards cover the data
+
+
+def test_cleanup_ends_gloo_threads_before_interpreter_exit(torchrun_results) -> None:
+    # DDP imports torch.distributed.nn.functional, whose default arguments would pin the group it
+    # finds (ct.init imports it first). A gloo thread left at exit, dropping a finished backward
+    # all-reduce, aborts the process now and then ("terminate called without an active exception").
+    for r in torchrun_results.values():
+        assert r["exit"] == {"gloo_threads": [], "warnings": []}, r["exit"]
+
+
+def test_cleanup_warns_while_a_model_still_holds_the_group(solo, monkeypatch) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    ct.init(backend="gloo")
+    model = ct.wrap(torch.nn.Linear(2, 1))
+    with pytest.warns(RuntimeWarning, match=r"still referenced .*\(del model\)"):
+        ct.cleanup(barrier=True)
+    assert not dist.is_initialized()
+    del model  # the group, and its threads, go now
 
 
 # ----------------------------------------------------------------------------- examples
