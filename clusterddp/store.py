@@ -213,7 +213,7 @@ class RunStore:
         try:
             con = sqlite3.connect(path, timeout=DB_TIMEOUT, isolation_level=None)
             con.execute(f"PRAGMA busy_timeout = {int(DB_TIMEOUT * 1000)}")
-            con.execute("PRAGMA journal_mode = WAL")
+            _into_wal(con)
             # WAL + NORMAL cannot corrupt the index; a power cut may lose its last row, as it may the
             # run.json rename beside it (neither is fsynced: the index can be rebuilt from the folders)
             con.execute("PRAGMA synchronous = NORMAL")
@@ -718,3 +718,19 @@ def _record_row(rec: RunRecord) -> dict:
 
 def glob_escape(s: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in s)
+
+
+def _into_wal(con: sqlite3.Connection) -> None:
+    """``PRAGMA journal_mode = WAL``, waiting like every other statement. Turning a fresh runs.db
+    into WAL needs it to itself, and SQLite answers "database is locked" at once, without its busy
+    handler, while another launcher opens the same fresh file: two first runs in a new runs folder
+    (two schedules firing together) failed one of them."""
+    deadline = time.monotonic() + DB_TIMEOUT
+    while True:
+        try:
+            con.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)

@@ -270,3 +270,23 @@ def test_a_runs_folder_others_can_read_is_made_private_on_the_next_write(tmp_pat
     assert [r["run_id"] for r in RunStore(tmp_path / "runs").list()] == ["20261129-100000-aaaa", "20261001-100000-0000"]
     RunStore(tmp_path / "runs").update("20261001-100000-0000", lambda r: r)
     assert _mode(old_record) == 0o600
+
+
+def _open_fresh(root: str, go) -> None:
+    go.wait()
+    RunStore(root)._write_db().close()
+
+
+def test_launchers_opening_a_fresh_runs_folder_at_once_all_get_the_index(tmp_path):
+    # the first open turns runs.db into WAL; SQLite refused the others at once ("database is
+    # locked", no busy wait): about 1 round in 6 lost a launcher before the fix
+    ctx = mp.get_context("fork")
+    for i in range(40):
+        root, go = tmp_path / str(i), ctx.Event()
+        procs = [ctx.Process(target=_open_fresh, args=(str(root), go)) for _ in range(3)]
+        for p in procs:
+            p.start()
+        go.set()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0, 0], f"round {i}"
