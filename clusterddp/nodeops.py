@@ -121,6 +121,14 @@ def teardown(t: Transport, node: P.NodeLaunch, grace: float) -> Teardown:
     return Teardown(said, status(t, node, STATUS_TIMEOUT))
 
 
+def end_marked(fleet: Fleet, marker: str, grace: float) -> GroupResult[str, str]:
+    """End, on every host ``fleet`` is connected to, the processes carrying ``marker`` (an ``exec``
+    interrupted by Ctrl-C: closing a connection does not end a command that has no terminal);
+    each host's answer as :func:`plan.teardown_command` words it."""
+    command = P.kill_marked_command(marker, grace)
+    return fleet.each(lambda h, t: t.run(command, timeout=grace + 10).text.strip(), fleet.connected())
+
+
 # ---- the whole log ----
 
 def fetch_log(t: Transport, node: P.NodeLaunch, out: BinaryIO) -> bool:

@@ -453,7 +453,12 @@ def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE) -> str:
     Processes are found by their environment marker, so nothing of another run is touched.
     Prints ``clean`` (nothing ran), ``terminated``, ``killed`` or ``survivors <pids>``.
     """
-    m = q(f"{MARKER}={node.marker}")
+    return kill_marked_command(node.marker, grace)
+
+
+def kill_marked_command(marker: str, grace: float = DEFAULT_GRACE) -> str:
+    """:func:`teardown_command` for every process whose environment holds ``CLUSTERDDP_JOB=marker``."""
+    m = q(f"{MARKER}={marker}")
     steps = max(1, int(grace * 10))
     return (f"cddp_pids() {{ grep -lzxF {m} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}; "
             "P=$(cddp_pids); [ -z \"$P\" ] && { echo clean; exit 0; }; "
@@ -518,7 +523,8 @@ def probe_command(host: Host, master_addr: str, master_port: int | None, *, full
 EXEC_TIMED_OUT = 124  # what coreutils' timeout exits with when it ended the command
 
 
-def exec_command(host: Host, words: list[str] | tuple[str, ...], limit: float | None = None) -> NodeCommand:
+def exec_command(host: Host, words: list[str] | tuple[str, ...], limit: float | None = None,
+                 marker: str | None = None) -> NodeCommand:
     """The user's command for ``clusterddp exec``, after the host's setup lines and env.
 
     Like ssh and pdsh, the words are joined with spaces and the remote shell interprets
@@ -531,8 +537,13 @@ def exec_command(host: Host, words: list[str] | tuple[str, ...], limit: float | 
     the connection does not stop a command that has no terminal. It then runs in a child of the
     same shell (bash where the node's shell is bash), which sees the exported env and PATH but
     not shell functions the setup lines did not export.
+
+    With ``marker`` every process the command starts carries ``CLUSTERDDP_JOB=marker`` in its
+    environment, so :func:`kill_marked_command` can end them after a Ctrl-C.
     """
     lines = [f"export CLUSTERDDP_HOST={q(host.name)}"]
+    if marker is not None:
+        lines.append(f"export {MARKER}={q(marker)}")
     lines += _preamble(host, host.env, stdout_to=">/dev/null", env_on_stdin=True,
                        on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
     text = " ".join(words)

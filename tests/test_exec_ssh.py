@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -112,3 +113,28 @@ def test_a_link_dying_mid_command_is_reported_within_the_timeout(make_bed, tmp_p
     finally:
         p.kill()
         subprocess.run(["ip", "link", "set", node2.veth, "up"], check=True)
+
+
+def test_ctrl_c_ends_the_command_on_every_host(bed, tmp_path):
+    inv = bed.write_inventory(tmp_path / "inv.yaml")
+    naptime = f"300.{os.getpid()}{secrets.randbelow(10**6)}"  # names this test's sleep among the machine's processes
+    p = cddp_popen("exec", str(inv), "--", f"echo started; sleep {naptime} | cat")
+    try:
+        lines = wait_for_line(p, "[node1] started")
+        if not any("[node2] started" in line for line in lines):
+            lines += wait_for_line(p, "[node2] started")
+        assert eventually(lambda: len(sleeps(naptime)) == 2, 15), "both nodes' sleep should run"
+        p.send_signal(signal.SIGINT)
+        rest, _ = p.communicate(timeout=60)  # stderr is merged into stdout
+        assert p.returncode == 130, rest
+        assert "exec: interrupted; the command was ended on 2 host(s)" in rest, rest
+        # without a terminal, closing the connection alone leaves the command running on the node
+        assert eventually(lambda: not sleeps(naptime), 15), f"still running after Ctrl-C: {sleeps(naptime)}"
+    finally:
+        p.kill()
+        for pid in sleeps(naptime):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def sleeps(naptime: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", f"^sleep {naptime}$"], capture_output=True, text=True).stdout.split()

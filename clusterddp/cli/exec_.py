@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import secrets
+
 import typer
 
 from .check import EXCLUDE, FANOUT, HOSTS, load_inventory
 from .common import EXIT_FAILED, RAW, err, exit_quickly_when_done, handle_errors
+
+INTERRUPT_GRACE_S = 2.0  # after Ctrl-C: SIGTERM, then SIGKILL this much later
 
 
 @handle_errors
@@ -45,10 +49,18 @@ def exec_(
     from .common import PrefixPrinter
 
     printer = PrefixPrinter([h.name for h in inv.hosts], raw=raw)
+    marker = f"exec/{secrets.token_hex(8)}"
     try:
         with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
-            results = fleet.run(lambda h: plan.exec_command(h, command, timeout), on_output=printer, limit=timeout,
-                                timed_out_code=plan.EXEC_TIMED_OUT)
+            try:
+                results = fleet.run(lambda h: plan.exec_command(h, command, timeout, marker), on_output=printer,
+                                    limit=timeout, timed_out_code=plan.EXEC_TIMED_OUT)
+            except KeyboardInterrupt:  # the command has no terminal: it would outlive its connection
+                from ..nodeops import end_marked
+                ended = end_marked(fleet, marker, INTERRUPT_GRACE_S)
+                err(f"exec: interrupted; the command was ended on {len(ended.succeeded)} host(s)"
+                    + "".join(f"\n  {h}: could not end it: {e}" for h, e in ended.failed.items()))
+                raise
     finally:
         printer.flush()
     failed = [r for r in results if not r.ok]
