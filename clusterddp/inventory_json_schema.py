@@ -53,7 +53,21 @@ DESCRIPTIONS = {
     "address": "The address to connect to (default: the name, resolved through ~/.ssh/config)",
     "host": "The master host, one of `hosts` (default: the first host)",
     "addr": "The address other nodes use to reach the master (default: that host's address)",
+    "slurm": "This inventory is a Slurm cluster: the run is handed to sbatch instead of listing hosts",
+    "login": "Where sbatch, scontrol and scancel run: `local` (this machine), or a host entry reached over SSH",
+    "partition": "The Slurm partition (default: the cluster's default partition)",
+    "nodes": "Nodes to allocate: a count, or \"MIN:MAX\" for an elastic range (torchrun --nnodes MIN:MAX)",
+    "gpus_per_node": "Processes per node (torchrun --nproc-per-node); --gpus overrides",
+    "request_gpus": "Also ask Slurm for that many GPUs per node (--gpus-per-node); false on CPU nodes",
+    "time": "Time limit: minutes, \"HH:MM:SS\" or \"D-HH:MM:SS\" (default: the partition's)",
+    "account": "Slurm account to charge (sbatch --account)",
+    "qos": "Slurm quality of service (sbatch --qos)",
+    "constraint": "Node features required (sbatch --constraint)",
+    "sbatch": "Extra #SBATCH options, verbatim; each must be an option clusterddp does not set itself",
+    "shared_dir": "A folder the login host and every compute node see: runs live in <shared_dir>/runs/<run_id>/",
 }
+# Fields of a host entry that mean nothing on a Slurm login host (clusterddp refuses them there).
+_NOT_ON_LOGIN = ("gpus", "workdir", "lease_dir")
 
 _KEYWORDS = {"gt": "exclusiveMinimum", "ge": "minimum", "lt": "exclusiveMaximum", "le": "maximum"}
 
@@ -84,18 +98,29 @@ def _shape(props: dict[str, Any], host_entry: bool) -> None:
 
 
 def generate() -> dict[str, Any]:
-    """The schema, from the model as it is now."""
-    from ._inventory_schema import InventoryFile
-    schema = _fix(InventoryFile.model_json_schema())
-    for name, sub in [("", schema), *schema.get("$defs", {}).items()]:
+    """The schema, from the models as they are now: one inventory lists ``hosts``, the other is a
+    ``slurm:`` cluster; a document must be exactly one of the two."""
+    from ._inventory_schema import InventoryFile, SlurmInventoryFile
+    ssh, slurm = _fix(InventoryFile.model_json_schema()), _fix(SlurmInventoryFile.model_json_schema())
+    defs = {**ssh.pop("$defs", {}), **slurm.pop("$defs", {})}
+    login = {**defs["_HostEntry"], "title": "_LoginEntry"}
+    login["properties"] = {k: v for k, v in login["properties"].items() if k not in _NOT_ON_LOGIN}
+    defs["_LoginEntry"] = login
+    entry = defs["_SlurmEntry"]["properties"]
+    entry["login"] = {"anyOf": [{"const": "local"}, {"$ref": "#/$defs/_LoginEntry"}], "default": "local"}
+    entry["nodes"] = {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": r"^\d{1,5}:\d{1,5}$"}],
+                      "default": 1}
+    defs["SSHInventory"], defs["SlurmInventory"] = ssh, slurm
+    for name, sub in defs.items():
         props = sub.get("properties", {})
-        _shape(props, host_entry=name == "_HostEntry")
+        _shape(props, host_entry=name in ("_HostEntry", "_LoginEntry"))
         for key, prop in props.items():
             if key in DESCRIPTIONS and "description" not in prop:
                 prop["description"] = DESCRIPTIONS[key]
     return {"$schema": SCHEMA_DIALECT, "title": "clusterddp inventory",
-            "description": "A clusterddp inventory: the machines a DDP job runs on (see the README's "
-                           "Inventory reference)", **{k: v for k, v in schema.items() if k != "title"}}
+            "description": "A clusterddp inventory: the machines a DDP job runs on, or a Slurm cluster (see the "
+                           "README's Inventory reference)",
+            "oneOf": [{"$ref": "#/$defs/SSHInventory"}, {"$ref": "#/$defs/SlurmInventory"}], "$defs": defs}
 
 
 def render() -> str:
