@@ -6,6 +6,7 @@ import http.server
 import re
 import shlex
 import socket
+import struct
 import threading
 
 import pytest
@@ -74,35 +75,42 @@ def test_a_run_the_preflight_refuses_shows_no_run_id_and_leaves_no_record(bed, t
 
 @pytest.fixture
 def not_ssh_listeners():
-    """Three real loopback listeners that are not SSH servers: a real HTTP server (it answers the
-    client's SSH version line with a 400 page), one that closes at once, one that never speaks."""
+    """Four real loopback listeners that are not SSH servers: a real HTTP server (it answers the
+    client's SSH version line with a 400 page), one that closes at once, one that resets the
+    connection at once (what a client whose version line reached a closed socket reads), one
+    that never speaks."""
     class Quiet(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:
             pass
     web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     closer, mute = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    resetter = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
     stop = threading.Event()
 
-    def serve(srv: socket.socket, keep: bool) -> None:
+    def serve(srv: socket.socket, keep: bool, reset: bool = False) -> None:
         srv.settimeout(0.2)
         while not stop.is_set():
             try:
                 conn, _ = srv.accept()
             except TimeoutError:
                 continue
+            if reset:  # linger 0: close sends RST, not FIN
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             held.append(conn) if keep else conn.close()
     threads = [threading.Thread(target=web.serve_forever, daemon=True),
                threading.Thread(target=serve, args=(closer, False), daemon=True),
-               threading.Thread(target=serve, args=(mute, True), daemon=True)]
+               threading.Thread(target=serve, args=(mute, True), daemon=True),
+               threading.Thread(target=serve, args=(resetter, False, True), daemon=True)]
     for t in threads:
         t.start()
-    yield {"web": web.server_address[1], "closer": closer.getsockname()[1], "mute": mute.getsockname()[1]}
+    yield {"web": web.server_address[1], "closer": closer.getsockname()[1], "mute": mute.getsockname()[1],
+           "resetter": resetter.getsockname()[1]}
     stop.set()
     web.shutdown()
     for t in threads:
         t.join(10)
-    for s in (web.socket, closer, mute, *held):
+    for s in (web.socket, closer, mute, resetter, *held):
         s.close()
 
 
@@ -121,6 +129,9 @@ def test_a_port_that_is_not_ssh_is_reported_with_what_it_said(tmp_path, not_ssh_
             "'<!DOCTYPE HTML>\\n<html lang=\"en\">\\n") in said["web"], r.stderr
     assert said["web"].endswith("'..."), said["web"]
     assert said["closer"].endswith("accepted the connection, then closed it without an SSH greeting"), r.stderr
+    # a reset may come while connecting or while our version line is sent: either way it is said as such
+    assert said["resetter"].endswith(("accepted the connection, then closed it without an SSH greeting",
+                                      "Connection reset by peer")), r.stderr
     assert said["mute"].endswith("accepted the connection but sent nothing within 10s (an SSH server greets at once)")
 
 

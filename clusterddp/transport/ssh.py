@@ -136,7 +136,7 @@ class _Transport(paramiko.Transport):
         def recording(timeout: float) -> bytes:
             try:
                 data = read(timeout)
-            except EOFError:
+            except (EOFError, ConnectionError):  # a reset, when our version line reached a closed socket
                 self.hung_up = True
                 raise
             seen.extend(data[:SEEN_MAX - len(seen)])
@@ -148,7 +148,7 @@ class _Transport(paramiko.Transport):
         except paramiko.SSHException as e:
             if isinstance(e, paramiko.ProxyCommandFailure) or seen.startswith(b"SSH-"):
                 raise  # an SSH server after all (a bad version line): paramiko's words say it
-            closed = self.hung_up or isinstance(e.__context__, EOFError) or (
+            closed = self.hung_up or isinstance(e.__context__, (EOFError, ConnectionError)) or (
                 seen and not isinstance(e.__context__, socket.timeout))
             raise _NoGreeting(str(e), bytes(seen), bool(closed)) from None
         finally:
@@ -159,8 +159,11 @@ def _no_greeting(t: paramiko.Transport | None, e: BaseException) -> BaseExceptio
     """``e``, or a :class:`_NoGreeting` when the server never sent its SSH version line: paramiko's
     connect stops waiting at its own timeout, racing the banner timeout, and then fails later
     ("No existing session") before the banner check can say what was, or was not, seen."""
-    if isinstance(t, _Transport) and not t.greeted and isinstance(e, paramiko.SSHException) \
-            and not isinstance(e, (_NoGreeting, paramiko.ProxyCommandFailure)):
+    if not isinstance(t, _Transport) or t.greeted:
+        return e
+    if isinstance(e, (EOFError, ConnectionError)):  # sending our version line hit the server's close (a reset)
+        return _NoGreeting(str(e) or type(e).__name__, bytes(t.seen), closed=True)
+    if isinstance(e, paramiko.SSHException) and not isinstance(e, (_NoGreeting, paramiko.ProxyCommandFailure)):
         return _NoGreeting(str(e), bytes(t.seen), closed=t.hung_up or not t.is_alive())
     return e
 
