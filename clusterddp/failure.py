@@ -361,6 +361,8 @@ def diagnose(nodes: Sequence[NodeFacts], first_failed: str | None) -> Failure:
         for r in per_node[n.host]:
             if n.state == "stopped" and r.kind == "signal":
                 continue  # we ended that node: its SIGTERMed ranks did not fail on their own
+            if r.signal == "SIGTERM" and any(o.signal != "SIGTERM" for o in per_node[n.host]):
+                continue  # torchrun's closing signal to the others once one of its ranks failed: an echo
             candidates.append((_when(r), n.host != first_failed, r.rank if r.rank is not None else 10 ** 8, n, r))
     # A node we stopped did not fail on its own: what its ranks raised came after the first failure,
     # unless no node that ended by itself left a word about any rank.

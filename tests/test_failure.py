@@ -115,6 +115,18 @@ def test_whole_second_ties_go_to_the_node_that_ended_first_and_ranks_come_from_n
     assert F.diagnose([a, b], first_failed="a").host == "a"
 
 
+def test_ranks_torchrun_sigtermed_after_another_failed_are_not_its_cause():
+    # torchrun ends a failed rank's siblings with SIGTERM ("closing signal"); its table lists them too
+    log = table({0: (0, -15, 700)}).encode()
+    noticed = F.torchrun_failures(log)[0].time
+    node = facts("local", 0, log=log, errors=[efile(1, "OSError", "disk full", noticed + 0.2, rank=1)])
+    f = F.diagnose([node], first_failed="local")
+    assert (f.rank, f.kind, f.exc_type) == (1, "exception", "OSError")
+    # a SIGTERM that is all a node has to show is still named
+    alone = F.diagnose([facts("local", 0, log=log)], first_failed="local")
+    assert (alone.rank, alone.kind) == (0, "signal")
+
+
 def test_a_signal_noticed_in_the_next_second_still_precedes_the_errors_it_caused():
     log = table({3: (1, -9, 777)}).encode()  # the table's time: now, in whole seconds
     noticed = F.torchrun_failures(log)[0].time
