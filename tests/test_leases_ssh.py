@@ -19,8 +19,10 @@ JOB = r'''
 import json, os, sys, time
 import torch.distributed as dist
 dist.init_process_group("gloo")
-print("SEEN " + json.dumps({k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "MASTER_PORT", "RANK",
-                                                           "LOCAL_WORLD_SIZE", "CLUSTERDDP_HOST")}), flush=True)
+# one write per line: the ranks share stdout, and under python -u print() writes the newline apart
+seen = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "MASTER_PORT", "RANK", "LOCAL_WORLD_SIZE",
+                                       "CLUSTERDDP_HOST")}
+os.write(1, ("SEEN " + json.dumps(seen) + "\n").encode())
 until = os.environ.get("HOLD_UNTIL")
 while until and not os.path.exists(until):
     time.sleep(0.1)

@@ -22,7 +22,9 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 keys = ["MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "CLUSTERDDP_RUN_ID",
         "CDDP_TEST_INV", "CDDP_TEST_CLI", "WORLD_SIZE", "RANK"]
-print("PROBE " + json.dumps({"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}), flush=True)
+# one write per line: the ranks share stdout, and under python -u print() writes the newline apart
+probe = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}
+os.write(1, ("PROBE " + json.dumps(probe) + "\n").encode())
 mode = os.environ.get("CDDP_TEST_MODE", "")
 if mode == "crash":
     print(f"rank {dist.get_rank()} ready", flush=True)
