@@ -110,16 +110,13 @@ def test_ctrl_c_ends_every_node(tmp_path):
     assert job_pids(p) == []
 
 
-class _Flaky:
-    """Wraps a transport; after ``fail_after`` commands every further `run` fails like a dead host."""
+class _Wrapped:
+    """A transport passed through, for a test to watch or break its `run`."""
 
-    def __init__(self, inner, fail_after: int) -> None:
-        self.inner, self.name, self.calls, self.fail_after = inner, inner.name, 0, fail_after
+    def __init__(self, inner) -> None:
+        self.inner, self.name = inner, inner.name
 
     def run(self, command, **kw):
-        self.calls += 1
-        if self.calls > self.fail_after:
-            raise HostError(self.name, "timed out")
         return self.inner.run(command, **kw)
 
     def stream(self, command, on_data, **kw):
@@ -127,6 +124,20 @@ class _Flaky:
 
     def close(self):
         self.inner.close()
+
+
+class _Flaky(_Wrapped):
+    """Wraps a transport; after ``fail_after`` commands every further `run` fails like a dead host."""
+
+    def __init__(self, inner, fail_after: int) -> None:
+        super().__init__(inner)
+        self.calls, self.fail_after = 0, fail_after
+
+    def run(self, command, **kw):
+        self.calls += 1
+        if self.calls > self.fail_after:
+            raise HostError(self.name, "timed out")
+        return self.inner.run(command, **kw)
 
 
 def test_a_host_that_stops_answering_is_lost_and_the_run_fails(tmp_path):
@@ -146,22 +157,16 @@ def test_a_host_that_stops_answering_is_lost_and_the_run_fails(tmp_path):
     assert job_pids(p) == []
 
 
-class _Counting:
+class _Counting(_Wrapped):
     """Wraps a transport; counts the status commands it is asked to run."""
 
     def __init__(self, inner, node: plan.NodeLaunch) -> None:
-        self.inner, self.name, self.status = inner, inner.name, plan.status_command(node)
-        self.statuses = 0
+        super().__init__(inner)
+        self.status, self.statuses = plan.status_command(node), 0
 
     def run(self, command, **kw):
         self.statuses += command == self.status
         return self.inner.run(command, **kw)
-
-    def stream(self, command, on_data, **kw):
-        return self.inner.stream(command, on_data, **kw)
-
-    def close(self):
-        self.inner.close()
 
 
 def test_up_local_runs_without_heartbeats_and_is_never_lost_for_lack_of_them(tmp_path):
