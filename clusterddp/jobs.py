@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 import tarfile
 import tempfile
@@ -64,8 +65,26 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
     local: dict = {}
     if inventory_arg == inv_mod.LOCAL:
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
+        if spec.max_restarts == 0:  # a static rendezvous (plan.build_plan) on a port free now
+            spec = replace(spec, master_port=local_port(spec.master_port))
     plan = P.build_plan(inventory, spec, run_id, **local)
     return Prepared(plan, store, script.resolve().parent)
+
+
+def local_port(fixed: int | None) -> int:
+    """The master port of an ``up local`` run: ``fixed`` (--master-port) when nothing listens on
+    it, else a UsageError naming it; without one, a port the kernel finds free. Between this and
+    torchrun's bind (0.3-0.5 s) another program could take it, but the kernel hands each bind(0) a
+    random port of its ~28000 ephemeral ones and prefers the other parity for outgoing connections."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a finished run's TIME_WAIT is no listener
+        try:
+            s.bind(("", fixed or 0))
+        except OSError as e:
+            raise UsageError(f"--master-port {fixed}: cannot listen on it on this machine ({e.strerror})",
+                             "choose another port, or leave --master-port out and `up local` takes a free one"
+                             ) from None
+        return s.getsockname()[1]
 
 
 def check_script(path: str) -> Path:

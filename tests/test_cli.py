@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cddp, record, run_id_of
+from helpers import REPO, cddp, cddp_popen, record, run_id_of
 
 GOOD_INV = "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n  - {name: gpu-02, address: gpu-02.invalid}\n"
 
@@ -113,6 +114,50 @@ def test_up_local_restarts_a_crashed_rank_from_its_checkpoint(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "rank 1: simulated crash at epoch 2" in r.stdout
     assert "[local] resumed from step" in r.stdout and "[local] done world_size=2" in r.stdout
+
+
+MEET = """import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+time.sleep(1)  # two runs started together overlap
+print(f"met at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} sum={t.item():.0f}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_up_local_runs_at_once_each_meet_on_a_port_of_their_own_and_record_it(tmp_path):
+    (tmp_path / "meet.py").write_text(MEET)
+    runs = tmp_path / "runs"
+    procs = [cddp_popen("up", "local", "meet.py", "--gpus", "2", "--runs-dir", str(runs), cwd=tmp_path)
+             for _ in range(2)]
+    ports = set()
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, out
+        met = {line.split("met at ")[1] for line in out.splitlines() if "met at " in line}
+        assert len(met) == 1, out  # both ranks met at one address
+        addr_port, total = met.pop().split()
+        assert total == "sum=2"
+        rec = record(runs, run_id_of(out))
+        assert addr_port == f"127.0.0.1:{rec['master']['port']}"  # the record says where the run met
+        ports.add(rec["master"]["port"])
+    assert len(ports) == 2
+
+
+def test_up_local_takes_the_master_port_it_is_given_and_refuses_a_busy_one(tmp_path):
+    (tmp_path / "meet.py").write_text(MEET)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        r = cddp("up", "local", "meet.py", "--gpus", "1", "--master-port", port, "--runs-dir", "runs", cwd=tmp_path,
+                 check_rc=2)
+        assert f"--master-port {port}: cannot listen on it" in r.stderr and "Traceback" not in r.stderr
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("*/run.json"))
+    r = cddp("up", "local", "meet.py", "--gpus", "1", "--master-port", port, "--runs-dir", "runs", cwd=tmp_path,
+             check_rc=0)
+    assert f"met at 127.0.0.1:{port} sum=1" in r.stdout
 
 
 def test_an_empty_hosts_list_and_an_unwritable_runs_dir_are_bad_input(tmp_path, script):

@@ -94,6 +94,18 @@ def test_node_ranks_master_and_flags():
     assert p.collect == ("checkpoints/**", "logs/*.txt")
 
 
+def test_a_local_run_meets_on_a_static_rendezvous_unless_it_restarts():
+    inv = inventory.local(gpus=2, python="/usr/bin/python3")
+    where = dict(local_run_dir="/home/me/proj", local_control_dir="/home/me/proj/runs/x/node")
+    argv = list(build_plan(inv, RunSpec("t.py", (), master_port=40123), RUN_ID, **where).nodes[0].argv)
+    assert "--standalone" not in argv and "--rdzv-backend" not in argv
+    assert argv[argv.index("--master-addr") + 1] == "127.0.0.1" and argv[argv.index("--master-port") + 1] == "40123"
+    # A static store hands a restarted group the last attempt's keys (gloo's connectFullMesh then
+    # fails once more): restarts keep c10d's rounds, on a port torchrun finds itself.
+    argv = list(build_plan(inv, RunSpec("t.py", (), max_restarts=1), RUN_ID, **where).nodes[0].argv)
+    assert "--standalone" in argv and "--master-port" not in argv
+
+
 def test_the_master_is_node_rank_0_wherever_the_inventory_lists_it():
     inv = inventory.parse(INV + "master: {host: gpu-02}\n", "inv.yaml")
     p = build_plan(inv, RunSpec("t.py", ()), RUN_ID)
