@@ -30,5 +30,19 @@ def compare(name_a: str, a: Callable[[], object], name_b: str, b: Callable[[], o
     return {"a": ma, "b": mb, "ratio": ma / mb}
 
 
+def interleave(tools: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Run every tool once per round, in turn, ``rounds`` times; print each median and its ratio to
+    the first tool's (the baseline); return the medians."""
+    times: dict[str, list[float]] = {k: [] for k in tools}
+    for _ in range(rounds):
+        for k, f in tools.items():
+            times[k].append(timed(f))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = next(iter(med.values()))
+    for k, v in times.items():
+        print(f"{k}: median {med[k]:.3f}s, {med[k] / base:.3f}x  (runs: {', '.join(f'{x:.2f}' for x in v)})")
+    return med
+
+
 def run(cmd: list[str], **kw) -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)

@@ -17,6 +17,12 @@ table, a JSON file and, if matplotlib is installed, a plot.
 
     sudo python bench/exec_fanout.py                      # 4, 16, 32 hosts, 7 rounds
     sudo python bench/exec_fanout.py --hosts 4 16 --rounds 3 --out /tmp/bench
+
+The nodes' login shell reads a stock ~/.bashrc by default (Debian's and Ubuntu's /etc/skel one,
+which returns at once in a shell that is not interactive), bind-mounted over this machine's in each
+node's mount namespace. `--node-bashrc machine` keeps this machine's own: on the team's machines it
+runs `pyenv init` in every SSH command's shell (0.1 CPU-s each), which then outweighs every
+launcher's own work.
 """
 
 from __future__ import annotations
@@ -60,6 +66,16 @@ with ThreadPoolExecutor(32) as pool:
 """
 
 
+# The start of Debian's and Ubuntu's /etc/skel/.bashrc: what a lab node's account has unless
+# someone put work above that line.
+STOCK_BASHRC = """# If not running interactively, don't do anything
+case $- in
+    *i*) ;;
+      *) return;;
+esac
+"""
+
+
 def timed(cmd: list[str], env: dict | None = None, shell: bool = False) -> float:
     t0 = time.perf_counter()
     r = subprocess.run(cmd if not shell else " ".join(cmd), shell=shell, env=env, stdout=subprocess.DEVNULL,
@@ -74,6 +90,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", type=int, nargs="+", default=[4, 16, 32])
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--node-bashrc", choices=["stock", "machine"], default="stock",
+                    help="the nodes' ~/.bashrc: a stock one (default) or this machine's own")
     ap.add_argument("--no-sequential", action="store_true", help="skip the two one-after-another runs")
     ap.add_argument("--out", type=Path, default=REPO / "bench", help="where results-exec.json and the plot go")
     args = ap.parse_args()
@@ -85,12 +103,17 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "clusterddp")], check=True)
     load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="cddp-bench-"))
-    bed = TestBed(n_max, root / "bed", prefix=f"cd{session_slot()}x", subnet=f"10.{100 + session_slot()}.250")
+    bed = TestBed(n_max, root / "bed", prefix=f"cd{session_slot()}x", subnet=f"10.{100 + session_slot()}.250",
+                  login_rc=STOCK_BASHRC if args.node_bashrc == "stock" else None)
     results: dict[int, dict[str, list[float]]] = {}
     with bed:
         ssh_opts = (f"-i {bed.identity_file} -o UserKnownHostsFile={bed.known_hosts} "
                     "-o StrictHostKeyChecking=yes -o BatchMode=yes")
         pdsh_env = {**os.environ, "PDSH_SSH_ARGS_APPEND": ssh_opts}
+        if args.node_bashrc == "stock":  # the bind mount took: a node's shell reads the stock file
+            seen = subprocess.run(f"ssh {ssh_opts} root@{bed.nodes[0].address} 'cat ~/.bashrc'", shell=True,
+                                  check=True, capture_output=True, text=True).stdout
+            assert seen == STOCK_BASHRC, f"the nodes' ~/.bashrc is not the stock one:\n{seen}"
         mux = f"-o ControlPath={root}/cm-%h"
         for x in bed.nodes:  # one persistent master connection per host, for the floor below
             subprocess.run(f"ssh {ssh_opts} {mux} -o ControlMaster=yes -o ControlPersist=yes -fN root@{x.address}",
@@ -134,7 +157,8 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
            load_before: tuple[float, float, float]) -> None:
     med = {n: {k: statistics.median(v) for k, v in t.items()} for n, t in results.items()}
     load = os.getloadavg()
-    lines = [f"cores: {os.cpu_count()}, load average before the run: {load_before[0]:.1f}, after: "
+    lines = [f"nodes' ~/.bashrc: {args.node_bashrc}; cores: {os.cpu_count()}, "
+             f"load average before the run: {load_before[0]:.1f}, after: "
              f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; median of {args.rounds} interleaved rounds, seconds", "",
              "| hosts | clusterddp exec | pdsh | ratio vs pdsh | bare paramiko pool (ratio) | mux floor (ratio) | "
              "sequential (--fanout 1) | ssh loop | ratio vs sequential |", "|---|---|---|---|---|---|---|---|---|"]
@@ -147,7 +171,8 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results-exec.json").write_text(json.dumps(
-        {"cores": os.cpu_count(), "load_before": load_before, "load": load, "rounds": args.rounds,
+        {"node_bashrc": args.node_bashrc, "cores": os.cpu_count(), "load_before": load_before, "load": load,
+         "rounds": args.rounds,
          "seconds": {str(n): t for n, t in results.items()}}, indent=1))
     try:
         import matplotlib

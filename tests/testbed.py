@@ -153,7 +153,7 @@ class TestBed:
 
     SSHD_START_TIMEOUT = 20.0  # seconds for all sshds to accept TCP connections
 
-    def __init__(self, n: int, root: Path, prefix: str, subnet: str) -> None:
+    def __init__(self, n: int, root: Path, prefix: str, subnet: str, login_rc: str | None = None) -> None:
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, got {n}")
         # Interface names are limited to 15 characters: "<prefix>-v<n>".
@@ -181,6 +181,9 @@ class TestBed:
         ]
         self._sshd: dict[str, subprocess.Popen] = {}  # node name -> sshd listener
         self._sshd_extra: dict[str, str] = {}  # node name -> extra sshd_config lines
+        # What the login user's ~/.bashrc reads on the nodes (bind-mounted over it in each sshd's own
+        # mount namespace; this machine's file is untouched); None: this machine's own ~/.bashrc.
+        self.login_rc = login_rc
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -382,9 +385,18 @@ Subsystem sftp {SFTP_SERVER}
         # ip netns exec, unshare (without --fork) and sh's `exec` all exec in place,
         # so the Popen pid *is* the sshd listener.
         cmd = f"hostname {node.name} && exec {SSHD} -D -e -f {cfg} -E {log}"
+        unshare = ["unshare", "--uts"]
+        if self.login_rc is not None:
+            rc = self.root / "login-bashrc"
+            rc.write_text(self.login_rc)
+            rc.chmod(0o644)
+            bashrc = Path.home() / ".bashrc"
+            bashrc.touch(exist_ok=True)
+            unshare += ["--mount", "--propagation", "private"]
+            cmd = f"mount --bind {rc} {bashrc} && {cmd}"
         with open(log, "ab") as logf:
             self._sshd[node.name] = subprocess.Popen(
-                ["ip", "netns", "exec", node.ns, "unshare", "--uts", "sh", "-c", cmd],
+                ["ip", "netns", "exec", node.ns, *unshare, "sh", "-c", cmd],
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=logf,
