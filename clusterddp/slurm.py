@@ -25,7 +25,7 @@ from pathlib import Path
 from . import plan as P
 from . import slurm_plan as SP
 from .artifacts import CollectResult
-from .errors import NodeOutcome, RunFailed, SlurmError, UsageError
+from .errors import HostError, NodeOutcome, RunFailed, SlurmError, UsageError
 from .inventory import Inventory
 from .jobs import SourceFolder
 from .record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
@@ -34,6 +34,9 @@ from .store import RunStore, new_run_id, utcnow
 from .supervisor import RunOutcome
 
 POLL = 0.5  # seconds between looks at the job; node logs are read as often
+# How long the login host (or Slurm's controller) may stay out of reach while `up` follows a job
+# before it stops following; the job itself goes on under Slurm either way.
+FOLLOW_GRACE = 60.0
 READ_CHUNK = 1 << 20  # bytes of a node log read at once (a log is never held whole)
 # Slurm job states after which nothing of the job runs any more (COMPLETING: still cleaning up).
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -298,14 +301,28 @@ def _interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+def _gave_up(e: HostError | SlurmError, run_id: str, job_id: str, runs_dir_flag: str) -> HostError | SlurmError:
+    """``e``, raised after following stopped, with the hint that the job goes on and how to reach it."""
+    hint = (f"Slurm job {job_id} goes on without this launcher: `clusterddp status {run_id}{runs_dir_flag}` and "
+            f"`clusterddp logs -f {run_id}{runs_dir_flag}` follow it once the login host answers, "
+            f"`clusterddp stop {run_id}{runs_dir_flag}` ends it")
+    if isinstance(e, HostError):
+        return HostError(e.host, e.message.removeprefix(f"{e.host}: "), hint, kind=e.kind)
+    return SlurmError(e.message, hint)
+
+
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
             on_state: Callable[[JobInfo], None] = lambda i: None,
             on_collect: Callable[[CollectResult], None] = lambda r: None,
-            folder: SourceFolder | None = None) -> RunOutcome | None:
+            folder: SourceFolder | None = None, on_note: Callable[[str], None] = lambda s: None,
+            grace: float = FOLLOW_GRACE, runs_dir_flag: str = "") -> RunOutcome | None:
     """Stage, submit and (unless ``detach``) follow the job to its end, collect and record the outcome.
 
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C (the job
-    cancelled and gone first)."""
+    cancelled and gone first). A login host or Slurm out of reach while following is asked again
+    (a new connection each time, ``on_note`` told once) for ``grace`` seconds; then the error is
+    raised with a hint saying the job goes on and how to follow or stop it (``runs_dir_flag``: the
+    ``--runs-dir`` those commands need, if any), the run left running."""
     plan, store, login = prep.plan, prep.store, prep.login
     run_id = plan.run_id
     job_id: str | None = None
@@ -340,17 +357,31 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         try:
             if interrupted:
                 raise KeyboardInterrupt
+            lost_since: float | None = None
             while True:
-                info = job_info(login, job_id)
+                try:
+                    info = job_info(login, job_id)
+                    if info is not None and info.hosts and not hosts:
+                        hosts = info.hosts
+                        store.update(run_id, functools.partial(with_hosts, plan=plan, info=info))
+                    tail.poll(hosts)
+                except (HostError, SlurmError) as e:
+                    login.close()  # the next look opens a new connection
+                    if lost_since is None:
+                        lost_since = time.monotonic()
+                        on_note(f"{e.message}; asking again for {grace:g} s (the job goes on meanwhile)")
+                    elif time.monotonic() - lost_since > grace:
+                        raise _gave_up(e, run_id, job_id, runs_dir_flag) from None
+                    time.sleep(POLL)
+                    continue
+                if lost_since is not None:
+                    lost_since = None
+                    on_note(f"{login.name}: answering again")
                 if info is None:
                     break
                 if (info.state, info.reason) != last:
                     last = (info.state, info.reason)
                     on_state(info)
-                if info.hosts and not hosts:
-                    hosts = info.hosts
-                    store.update(run_id, functools.partial(with_hosts, plan=plan, info=info))
-                tail.poll(hosts)
                 if info.ended:
                     break
                 time.sleep(POLL)

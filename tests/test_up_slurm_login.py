@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,45 @@ def test_ctrl_c_with_a_remote_login_cancels_the_job_over_ssh_and_exits_130(slurm
     assert rec["status"] == "stopped" and rec["exit_code"] == 130, rec
     gone(slurm, run_id, rec["slurm"]["job_id"])
     assert not tried.exists(), f"a local Slurm command was run: {tried.read_text()}"
+
+
+WAITS = r'''
+import os, sys, time
+rank = os.environ["RANK"]
+os.write(1, f"rank {rank} waiting\n".encode())
+deadline = time.time() + 240
+while not os.path.exists(sys.argv[1]) and time.time() < deadline:
+    time.sleep(0.2)
+os.write(1, f"rank {rank} released\n".encode())
+'''
+
+
+def test_a_login_host_out_of_reach_for_a_while_is_asked_again_and_the_job_followed_to_its_end(slurm, tmp_path):
+    runs, release = tmp_path / "runs", tmp_path / "release"
+    env, _ = no_local_slurm(tmp_path)
+    inv = slurm_inv(tmp_path, login=login_entry(slurm))
+    (tmp_path / "waits").mkdir()
+    (tmp_path / "waits" / "waits.py").write_text(WAITS)
+    # every packet to the login host's sshd answered with a reset: the open connection and new ones alike
+    rule = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "REJECT", "--reject-with", "tcp-reset"]
+    iptables = ["ip", "netns", "exec", slurm.bed.nodes[0].ns, "iptables"]
+    p = cddp_popen("up", str(inv), str(tmp_path / "waits" / "waits.py"), "--runs-dir", str(runs), "--", str(release),
+                   env=env)
+    try:
+        seen = wait_for_line(p, "rank 3 waiting", timeout=180)
+        subprocess.run([*iptables, "-I", *rule], check=True)
+        try:
+            seen += wait_for_line(p, "asking again for 60 s (the job goes on meanwhile)", timeout=90)
+        finally:
+            subprocess.run([*iptables, "-D", *rule], check=True)
+        seen += wait_for_line(p, "login1: answering again", timeout=90)
+        release.touch()
+        rest = p.communicate(timeout=120)[0]
+        out = "".join(seen) + rest
+        assert p.returncode == 0, out
+    finally:
+        p.kill()
+    assert all(f"rank {r} released" in out for r in range(4)), out
+    rec = record(runs, run_id_of(out))
+    assert rec["status"] == "succeeded", rec
+    assert [n["exit_code"] for n in rec["nodes"]] == [0, 0]

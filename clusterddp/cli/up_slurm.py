@@ -66,13 +66,14 @@ def _up(prep, inventory_arg: str, runs_dir: str, limit: int, dry_run: bool, deta
         elif r.fetched or r.skipped:
             print(f"collected {len(r.fetched)} file(s) from the run folder", flush=True)
         tell_missing("collect: ", r.missing)
+    rd = f" --runs-dir {shlex.quote(runs_dir)}" if runs_dir != "./runs" else ""
     try:
-        slurm.execute(prep, printer, detach=detach, on_state=on_state, on_collect=on_collect, folder=folder)
+        slurm.execute(prep, printer, detach=detach, on_state=on_state, on_collect=on_collect, folder=folder,
+                      on_note=err, runs_dir_flag=rd)
     finally:
         printer.flush()
     if detach:
         rec = prep.store.load(run_id)
-        rd = f" --runs-dir {shlex.quote(runs_dir)}" if runs_dir != "./runs" else ""
         job = rec.slurm.job_id if rec.slurm else "?"
         print(f"detached; slurm job {job} runs on without this command.\n"
               f"  follow: clusterddp logs {run_id} --follow{rd}\n"
