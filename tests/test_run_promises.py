@@ -24,9 +24,9 @@ rank, world = dist.get_rank(), dist.get_world_size()
 mode = os.environ.get("CDDP_TEST_MODE", "")
 if mode == "trap":
     def on_term(signum, frame):
-        print(f"rank {rank} got SIGTERM at {time.time():.3f}, carrying on", flush=True)
+        os.write(1, f"rank {rank} got SIGTERM at {time.time():.3f}, carrying on\n".encode())
     signal.signal(signal.SIGTERM, on_term)
-print(f"rank {rank} ready world={world}", flush=True)
+os.write(1, f"rank {rank} ready world={world}\n".encode())
 if mode == "crash" and rank == world - 1:
     os._exit(13)
 go = os.environ.get("CDDP_TEST_GO", "")
@@ -34,7 +34,7 @@ while not os.path.exists(go):
     time.sleep(0.1)
 dist.barrier()
 dist.destroy_process_group()
-print(f"rank {rank} finished", flush=True)
+os.write(1, f"rank {rank} finished\n".encode())
 '''
 
 

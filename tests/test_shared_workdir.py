@@ -138,7 +138,7 @@ def test_hosts_probing_a_new_workdir_at_once_all_read_one_marker(tmp_path):
 
 HOLD = r'''
 import os, time
-print(f"rank {os.environ['RANK']} ready", flush=True)
+os.write(1, f"rank {os.environ['RANK']} ready\n".encode())
 time.sleep(600)
 '''
 

@@ -27,14 +27,14 @@ probe = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}
 os.write(1, ("PROBE " + json.dumps(probe) + "\n").encode())
 mode = os.environ.get("CDDP_TEST_MODE", "")
 if mode == "crash":
-    print(f"rank {dist.get_rank()} ready", flush=True)
+    os.write(1, f"rank {dist.get_rank()} ready\n".encode())
     if dist.get_rank() == dist.get_world_size() - 1:
         time.sleep(2)
         os._exit(13)
     import torch
     dist.all_reduce(torch.ones(1))  # the others block here until the crash breaks the collective
 elif mode == "hang":
-    print(f"rank {dist.get_rank()} ready", flush=True)
+    os.write(1, f"rank {dist.get_rank()} ready\n".encode())
     time.sleep(600)
 dist.barrier()
 dist.destroy_process_group()
