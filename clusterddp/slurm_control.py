@@ -22,6 +22,7 @@ from .inventory import BUILTIN, Host
 from .record import NodeRecord, NodeState, RunRecord, RunStatus
 from .slurm_login import Login, open_login
 from .store import RunStore, utcnow
+from .supervisor import RunOutcome
 
 
 @contextmanager
@@ -62,25 +63,42 @@ def _settings(run_dir: str, host: str) -> Host:
                 connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
 
 
-def _seen(rec: RunRecord, login: Login, info: slurm.JobInfo | None, stopped: bool = False) -> RunRecord:
-    """The record after a look at the job: its hosts once allocated, each node's state, and the run's
-    status once Slurm says the job has ended."""
-    job_id, ctl = _job(rec)
+def _allocated(rec: RunRecord, info: slurm.JobInfo | None) -> RunRecord:
+    """The record with what a look at the job says of its allocation: hosts and partition."""
+    if info is None:
+        return rec
     assert rec.slurm is not None
-    if info is not None:
-        rec = replace(rec, nodes=_nodes(rec, info),
-                      slurm=replace(rec.slurm, partition=info.partition or rec.slurm.partition,
-                                    hosts=info.hosts or rec.slurm.hosts))
-    hosts = tuple(rec.hosts)
-    ended = info is None or info.ended
-    if not ended and not stopped:
+    return replace(rec, nodes=_nodes(rec, info),
+                   slurm=replace(rec.slurm, partition=info.partition or rec.slurm.partition,
+                                 hosts=info.hosts or rec.slurm.hosts))
+
+
+NodeStates = dict[str, tuple[NodeState, int | None, str | None]]
+
+
+def _read(rec: RunRecord, login: Login, info: slurm.JobInfo | None, stopped: bool = False) -> NodeStates | RunOutcome:
+    """What the shared folder says of each node after a look at the job: while it runs, the exit
+    codes written so far; once Slurm says it ended, the outcome. Read before the record is locked
+    (:func:`_seen` applies it), so no other launcher waits on this host's answers."""
+    _, ctl = _job(rec)
+    hosts = tuple(_allocated(rec, info).hosts)
+    if not (info is None or info.ended) and not stopped:
         codes = slurm.exit_codes(login, ctl, hosts)
-        return rec.seen({h: (NodeState.of_exit_code(c) if c is not None else NodeState.RUNNING, c, None)
-                         for h, (c, _) in codes.items()})
-    out = slurm.outcome(login, ctl, info, hosts, stopped)
-    rec = rec.seen({h: v for h, v in slurm.node_states(out).items() if h in hosts})
+        return {h: (NodeState.of_exit_code(c) if c is not None else NodeState.RUNNING, c, None)
+                for h, (c, _) in codes.items()}
+    return slurm.outcome(login, ctl, info, hosts, stopped)
+
+
+def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOutcome) -> RunRecord:
+    """The record after a look at the job (:func:`_read`): its hosts once allocated, each node's
+    state, and the run's status once Slurm says the job has ended."""
+    rec = _allocated(rec, info)
+    if not isinstance(found, RunOutcome):
+        return rec.seen(found)
+    hosts = set(rec.hosts)
+    rec = rec.seen({h: v for h, v in slurm.node_states(found).items() if h in hosts})
     if rec.status is RunStatus.RUNNING:
-        rec = replace(rec, status=out.status, failed_host=out.first_failed)
+        rec = replace(rec, status=found.status, failed_host=found.first_failed)
     return replace(rec, ended_at=rec.ended_at or utcnow())
 
 
@@ -88,7 +106,8 @@ def _status(store: RunStore, run_id: str, login: Login) -> RunRecord:
     rec = store.load(run_id)
     job_id, _ = _job(rec)
     info = slurm.job_info(login, job_id)
-    return store.update(run_id, lambda r: _seen(r, login, info))
+    found = _read(rec, login, info)
+    return store.update(run_id, lambda r: _seen(r, info, found))
 
 
 def status(store: RunStore, run_id: str) -> RunRecord:
@@ -112,7 +131,8 @@ def stop(store: RunStore, run_id: str) -> tuple[RunRecord, CollectResult]:
     job_id, ctl = _job(rec)
     with _login(rec) as login:
         info = slurm.cancel(login, job_id)
-        rec = store.update(run_id, lambda r: _seen(r, login, info, stopped=r.status is RunStatus.RUNNING))
+        found = _read(rec, login, info, stopped=rec.status is RunStatus.RUNNING)
+        rec = store.update(run_id, lambda r: _seen(r, info, found))
         assert rec.slurm is not None
         return rec, slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), ())
 

@@ -1,8 +1,11 @@
-"""Following a Slurm job while the login host (or Slurm's controller) is out of reach: `up` asks
+"""Looking at a Slurm job from the launcher.
+
+Following it while the login host (or Slurm's controller) is out of reach: `up` asks
 again with a new connection for a grace period, then stops following with an error that says the
 job goes on and how to reach it; the run stays recorded as running. A login host stands in here
 (pure control flow, a short grace); the real outage and recovery over SSH is in
-tests/test_up_slurm_login.py."""
+tests/test_up_slurm_login.py. And `status` reads the shared folder before it locks the run record.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ from dataclasses import replace
 
 import pytest
 
-from clusterddp import inventory, slurm
+from clusterddp import inventory, slurm, slurm_control
+from clusterddp import store as store_mod
 from clusterddp.errors import HostError, HostErrorKind, SlurmError
 from clusterddp.plan import RunSpec
+from clusterddp.store import RunStore
 from clusterddp.transport.base import CommandResult
 
 INV = """
@@ -72,3 +77,45 @@ def test_a_login_host_gone_for_longer_than_the_grace_ends_following_but_not_the_
     assert rec.status.value == "running" and rec.slurm is not None and rec.slurm.job_id == "4242"
     if isinstance(error, HostError):
         assert got.value.host == "login1" and got.value.kind is HostErrorKind.CONNECTION_LOST
+
+
+class _Running:
+    """A login host on which job 4242 runs on n1 and n2, and n1 has written exit code 0. While it
+    reads the shared folder, another launcher (another RunStore on the same runs folder, as another
+    process would be) updates the run record: that must not wait on this look."""
+
+    host = None
+    name = "login1"
+
+    def __init__(self, other: RunStore, run_id: str) -> None:
+        self.other, self.run_id, self.updated_meanwhile = other, run_id, False
+
+    def run(self, args, timeout=60):
+        if args[:3] == ["scontrol", "-o", "show"]:
+            return CommandResult(0, b"JobId=4242 JobState=RUNNING Reason=None Partition=main NodeList=n[1-2]\n", b"")
+        if args[:3] == ["scontrol", "show", "hostnames"]:
+            return CommandResult(0, b"n1\nn2\n", b"")
+        raise AssertionError(args)
+
+    def small_files(self, paths):
+        self.other.update(self.run_id, lambda r: replace(r, name="renamed meanwhile"))
+        self.updated_meanwhile = True
+        return {p: ("0\n", 1.0) for p in paths if p.endswith("/n1.exit_code")}
+
+    def close(self) -> None:
+        pass
+
+
+def test_status_reads_the_shared_folder_before_it_locks_the_run_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_mod, "LOCK_TIMEOUT", 2.0)  # a wait on a held lock fails in 2 s, not 60
+    inv = inventory.parse(INV.format(shared=tmp_path / "shared"), "c.yaml")
+    (tmp_path / "t.py").write_text("pass\n")
+    prep = slurm.prepare(inv, RunSpec("t.py", ()), str(tmp_path / "runs"), tmp_path / "t.py")
+    rec = slurm.new_record(prep, "c.yaml")
+    prep.store.create(replace(rec, slurm=replace(rec.slurm, job_id="4242")))
+    login = _Running(RunStore(str(tmp_path / "runs")), prep.plan.run_id)
+    monkeypatch.setattr(slurm_control, "open_login", lambda recorded: login)
+    got = slurm_control.status(prep.store, prep.plan.run_id)
+    assert login.updated_meanwhile and got.name == "renamed meanwhile"  # the other update was kept
+    seen = [(n.host, n.state.value, n.exit_code) for n in got.nodes]
+    assert seen == [("n1", "succeeded", 0), ("n2", "running", None)]
