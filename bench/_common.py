@@ -7,6 +7,17 @@ import subprocess
 import time
 from collections.abc import Callable
 
+# The start of Debian's and Ubuntu's /etc/skel/.bashrc: what a lab node's account has unless someone
+# put work above that line. The SSH benchmarks give it to their test-bed nodes (TestBed(login_rc=...))
+# unless told to keep this machine's own ~/.bashrc, whose `pyenv init` costs every SSH command's shell
+# 0.1 CPU-s on the team's machines.
+STOCK_BASHRC = """# If not running interactively, don't do anything
+case $- in
+    *i*) ;;
+      *) return;;
+esac
+"""
+
 
 def timed(fn: Callable[[], object]) -> float:
     t = time.perf_counter()

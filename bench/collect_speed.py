@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from _common import compare, run, timed  # noqa: E402
+from _common import STOCK_BASHRC, compare, run, timed  # noqa: E402
 from testbed import TestBed, session_slot  # noqa: E402
 
 WRITER = """import os
@@ -36,12 +36,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--node-bashrc", choices=["stock", "machine"], default="stock",
+                    help="the node's ~/.bashrc: a stock one (default) or this machine's own")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="cddp-bench-"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cli = [sys.executable, "-m", "clusterddp"]
     try:
-        with TestBed(1, root / "bed", prefix=f"cd{session_slot()}c", subnet=f"10.{100 + session_slot()}.251") as bed:
+        with TestBed(1, root / "bed", prefix=f"cd{session_slot()}c", subnet=f"10.{100 + session_slot()}.251",
+                     login_rc=STOCK_BASHRC if args.node_bashrc == "stock" else None) as bed:
             node = bed.nodes[0]
             (root / "job").mkdir()
             (root / "job" / "w.py").write_text(WRITER.format(mib=args.mib))
@@ -59,7 +62,7 @@ def main() -> None:
             def clean() -> None:
                 local.unlink(missing_ok=True)
                 scp_dest.unlink(missing_ok=True)
-            print(f"file: {args.mib} MiB; rounds: {args.rounds}")
+            print(f"file: {args.mib} MiB; rounds: {args.rounds}; node ~/.bashrc: {args.node_bashrc}")
             compare("clusterddp collect", lambda: run(cli + ["collect", run_id, "--runs-dir", str(runs)], env=env),
                     "scp", lambda: run(scp), args.rounds, before_each=clean)
             run(cli + ["collect", run_id, "--runs-dir", str(runs)], env=env)

@@ -40,7 +40,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
+from _common import STOCK_BASHRC  # noqa: E402
 from testbed import TestBed, session_slot  # noqa: E402
 
 # What a launcher built on paramiko cannot beat: import paramiko, connect to every host in a
@@ -63,16 +65,6 @@ def one(a):
     return code
 with ThreadPoolExecutor(32) as pool:
     sys.exit(max(pool.map(one, addrs)))
-"""
-
-
-# The start of Debian's and Ubuntu's /etc/skel/.bashrc: what a lab node's account has unless
-# someone put work above that line.
-STOCK_BASHRC = """# If not running interactively, don't do anything
-case $- in
-    *i*) ;;
-      *) return;;
-esac
 """
 
 
