@@ -301,11 +301,18 @@ def _interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _gave_up(e: HostError | SlurmError, run_id: str, job_id: str, runs_dir_flag: str) -> HostError | SlurmError:
-    """``e``, raised after following stopped, with the hint that the job goes on and how to reach it."""
-    hint = (f"Slurm job {job_id} goes on without this launcher: `clusterddp status {run_id}{runs_dir_flag}` and "
-            f"`clusterddp logs -f {run_id}{runs_dir_flag}` follow it once the login host answers, "
-            f"`clusterddp stop {run_id}{runs_dir_flag}` ends it")
+def _still_running(e: HostError | SlurmError, run_id: str, job_id: str, runs_dir_flag: str, *,
+                   cancel_failed: bool) -> HostError | SlurmError:
+    """``e``, from the login host or Slurm, after which `up` stops following the job (or could not
+    cancel it: ``cancel_failed``), with a hint that says the job may go on and how to reach it."""
+    rd = runs_dir_flag
+    if not cancel_failed:
+        hint = (f"Slurm job {job_id} goes on without this launcher: `clusterddp status {run_id}{rd}` and "
+                f"`clusterddp logs -f {run_id}{rd}` follow it once the login host answers, "
+                f"`clusterddp stop {run_id}{rd}` ends it")
+    else:
+        hint = (f"Slurm job {job_id} may still be running: it was not cancelled. `clusterddp stop {run_id}{rd}` "
+                f"cancels it once the login host answers (`clusterddp status {run_id}{rd}` shows it)")
     if isinstance(e, HostError):
         return HostError(e.host, e.message.removeprefix(f"{e.host}: "), hint, kind=e.kind)
     return SlurmError(e.message, hint)
@@ -322,7 +329,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     cancelled and gone first). A login host or Slurm out of reach while following is asked again
     (a new connection each time, ``on_note`` told once) for ``grace`` seconds; then the error is
     raised with a hint saying the job goes on and how to follow or stop it (``runs_dir_flag``: the
-    ``--runs-dir`` those commands need, if any), the run left running."""
+    ``--runs-dir`` those commands need, if any), the run left running. A Ctrl-C whose scancel cannot
+    reach Slurm says likewise that the job was not cancelled."""
     plan, store, login = prep.plan, prep.store, prep.login
     run_id = plan.run_id
     job_id: str | None = None
@@ -371,7 +379,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
                         lost_since = time.monotonic()
                         on_note(f"{e.message}; asking again for {grace:g} s (the job goes on meanwhile)")
                     elif time.monotonic() - lost_since > grace:
-                        raise _gave_up(e, run_id, job_id, runs_dir_flag) from None
+                        raise _still_running(e, run_id, job_id, runs_dir_flag, cancel_failed=False) from None
                     time.sleep(POLL)
                     continue
                 if lost_since is not None:
@@ -387,7 +395,10 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
                 time.sleep(POLL)
         except KeyboardInterrupt:
             stopped = True
-            info = cancel(login, job_id)
+            try:
+                info = cancel(login, job_id)
+            except (HostError, SlurmError) as e:
+                raise _still_running(e, run_id, job_id, runs_dir_flag, cancel_failed=True) from None
             if info is not None and info.hosts and not hosts:
                 hosts = info.hosts
         tail.poll(hosts)

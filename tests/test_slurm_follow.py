@@ -119,3 +119,34 @@ def test_status_reads_the_shared_folder_before_it_locks_the_run_record(tmp_path,
     assert login.updated_meanwhile and got.name == "renamed meanwhile"  # the other update was kept
     seen = [(n.host, n.state.value, n.exit_code) for n in got.nodes]
     assert seen == [("n1", "succeeded", 0), ("n2", "running", None)]
+
+
+class _InterruptedThenGone(_GoneAfterSubmit):
+    """Takes the sbatch; the first look at the job is interrupted (Ctrl-C); then scancel cannot
+    reach the login host."""
+
+    def run(self, args, timeout=60):
+        if args[0] == "sbatch":
+            return CommandResult(0, b"4242\n", b"")
+        if args[0] == "scontrol" and self.looks == 0:
+            self.looks += 1
+            raise KeyboardInterrupt
+        self.looks += 1
+        raise self.error
+
+
+def test_a_ctrl_c_whose_scancel_cannot_reach_slurm_says_the_job_was_not_cancelled(tmp_path):
+    inv = inventory.parse(INV.format(shared=tmp_path / "shared"), "c.yaml")
+    (tmp_path / "t.py").write_text("pass\n")
+    prep = slurm.prepare(inv, RunSpec("t.py", ()), str(tmp_path / "runs"), tmp_path / "t.py")
+    login = _InterruptedThenGone(HostError("login1", "cannot connect: connection refused",
+                                           kind=HostErrorKind.UNREACHABLE))
+    prep = replace(prep, login=login)
+    prep.store.create(slurm.new_record(prep, "c.yaml"))
+    with pytest.raises(HostError) as got:
+        slurm.execute(prep, lambda h, b: None)
+    run_id = prep.plan.run_id
+    assert str(got.value).startswith("login1: cannot connect: connection refused")
+    assert got.value.hint is not None and "Slurm job 4242 may still be running: it was not cancelled" in got.value.hint
+    assert f"`clusterddp stop {run_id}` cancels it" in got.value.hint
+    assert prep.store.load(run_id).status.value == "running"  # not recorded as stopped: it may well run on
