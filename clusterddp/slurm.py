@@ -166,7 +166,7 @@ class LogTail:
 
     def poll(self, hosts: tuple[str, ...] | list[str]) -> None:
         for h in hosts:
-            path = os.path.join(self.control_dir, SP.NODES, f"{h}.log")
+            path = SP.node_log(self.control_dir, h)
             while True:
                 at = self.offsets.get(h, 0)
                 data = self.login.read(path, at, READ_CHUNK)
@@ -189,7 +189,7 @@ class LogTail:
 def exit_codes(login: Login, control_dir: str, hosts: tuple[str, ...] | list[str]
                ) -> dict[str, tuple[int | None, float]]:
     """Each node's recorded exit code and when it was written (None, inf: none recorded)."""
-    paths = {h: os.path.join(control_dir, SP.NODES, f"{h}.exit_code") for h in hosts}
+    paths = {h: SP.exit_code_file(control_dir, h) for h in hosts}
     found = login.small_files(list(paths.values()))
     out: dict[str, tuple[int | None, float]] = {}
     for h, path in paths.items():
@@ -261,7 +261,7 @@ def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_di
     (through the same node program as SSH runs, run where the folder is) into ``artifacts/shared/``."""
     from .artifacts import collect_node
     for h in hosts:
-        copy_log(login, store, run_id, h, os.path.join(control_dir, SP.NODES, f"{h}.log"))
+        copy_log(login, store, run_id, h, SP.node_log(control_dir, h))
     t, host = login.collect_host(run_dir)
     # collect_command reads <control_dir>/node.log: the batch step's output (slurm_plan.BATCH_LOG)
     node = P.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")

@@ -7,13 +7,14 @@ the login host the run record names (this machine, or one reached over SSH: :mod
 
 from __future__ import annotations
 
-import os
+import posixpath
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import BinaryIO
 
+from . import plan as P
 from . import slurm
 from . import slurm_plan as SP
 from .artifacts import CollectResult
@@ -42,7 +43,7 @@ def _job(rec: RunRecord) -> tuple[str, str]:
     if rec.slurm.job_id is None:
         raise UsageError(f"run {rec.run_id} was never accepted by Slurm (no job id recorded)",
                          "start it again with `clusterddp up`")
-    return rec.slurm.job_id, os.path.join(rec.slurm.run_dir, ".clusterddp")
+    return rec.slurm.job_id, posixpath.join(rec.slurm.run_dir, P.CONTROL)
 
 
 def _nodes(rec: RunRecord, info: slurm.JobInfo) -> tuple[NodeRecord, ...]:
@@ -52,7 +53,7 @@ def _nodes(rec: RunRecord, info: slurm.JobInfo) -> tuple[NodeRecord, ...]:
     assert rec.slurm is not None
     run_dir = rec.slurm.run_dir
     return tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=rec.slurm.nproc, run_dir=run_dir,
-                            control_dir=os.path.join(run_dir, ".clusterddp"), marker=f"{rec.run_id}/{h}",
+                            control_dir=posixpath.join(run_dir, P.CONTROL), marker=f"{rec.run_id}/{h}",
                             settings=_settings(run_dir, h), state=NodeState.RUNNING)
                  for i, h in enumerate(info.hosts))
 
@@ -145,10 +146,6 @@ def collect(store: RunStore, run_id: str) -> list[CollectResult]:
         return [slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), rec.collect)]
 
 
-def _log(ctl: str, host: str) -> str:
-    return os.path.join(ctl, SP.NODES, f"{host}.log")
-
-
 def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
               show: Callable[[str, str, BinaryIO | None], None]) -> None:
     """:func:`clusterddp.control.node_logs` for a Slurm run: each node's log from the shared folder
@@ -161,12 +158,12 @@ def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
                 continue
             if store.read_only:  # the shared folder's copy as it is; the local one is kept
                 try:
-                    with login.open_file(_log(ctl, h)) as src:
+                    with login.open_file(SP.node_log(ctl, h)) as src:
                         show(h, "node", src)
                     continue
                 except FileNotFoundError:
                     pass
-            source = "node" if slurm.copy_log(login, store, run_id, h, _log(ctl, h)) else "local copy"
+            source = "node" if slurm.copy_log(login, store, run_id, h, SP.node_log(ctl, h)) else "local copy"
             try:
                 with open(store.log_path(run_id, h), "rb") as f:
                     show(h, source, f)

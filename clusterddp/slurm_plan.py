@@ -51,11 +51,15 @@ class SlurmPlan:
     def node_script_path(self) -> str:
         return posixpath.join(self.control_dir, NODE_SCRIPT)
 
-    def node_log(self, host: str) -> str:
-        return posixpath.join(self.control_dir, NODES, f"{host}.log")
 
-    def exit_code_file(self, host: str) -> str:
-        return posixpath.join(self.control_dir, NODES, f"{host}.exit_code")
+def node_log(control_dir: str, host: str) -> str:
+    """Where node.sh writes ``host``'s output, in a run's control folder in the shared dir."""
+    return posixpath.join(control_dir, NODES, f"{host}.log")
+
+
+def exit_code_file(control_dir: str, host: str) -> str:
+    """Where node.sh writes ``host``'s exit code, beside its log."""
+    return posixpath.join(control_dir, NODES, f"{host}.exit_code")
 
 
 def node_host(s: SlurmSettings, name: str = "slurm") -> Host:
