@@ -155,8 +155,7 @@ _SSH_VALUE = {
 
 
 def _ssh_finding(e: HostError) -> Finding:
-    msg = e.message[len(e.host) + 2:] if e.message.startswith(f"{e.host}: ") else e.message
-    return Finding("ssh", FAIL, _SSH_VALUE[e.kind], msg, e.hint)
+    return Finding("ssh", FAIL, _SSH_VALUE[e.kind], e.detail, e.hint)
 
 
 def _torch(host: Host, f: dict, compared: Finding | None, ref: str | None) -> Finding:

@@ -299,8 +299,7 @@ def _never_joined(name: str, rank: int, started: dict | None, ev: dict | None, r
                 f"install torch {master_torch} for {python} on {name}, as on the master")
     if res is not None and res.error is not None and not started:
         e = res.error
-        msg = e.message[len(e.host) + 2:] if e.message.startswith(f"{e.host}: ") else e.message
-        return f"{head}: it did not start: {msg}", e.hint or "run `clusterddp check` on this inventory"
+        return f"{head}: it did not start: {e.detail}", e.hint or "run `clusterddp check` on this inventory"
     if ev is not None:
         why, fix = _reason(ev["kind"], ev["message"], name, master_addr, port, python)
         return f"{head}: {why}", fix

@@ -138,7 +138,7 @@ def _facts(results: list[HostResult]) -> tuple[dict[str, dict], dict[str, str]]:
     for r in results:
         if r.error is not None:
             e = r.error
-            errors[r.host] = e.message[len(e.host) + 2:] if e.message.startswith(f"{e.host}: ") else e.message
+            errors[r.host] = e.detail
             continue
         assert r.result is not None
         try:

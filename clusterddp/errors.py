@@ -71,6 +71,7 @@ class HostError(ClusterDDPError):
                  kind: HostErrorKind = HostErrorKind.OTHER) -> None:
         super().__init__(f"{host}: {message}", hint)
         self.host = host
+        self.detail = message  # the message without the host's name in front
         self.kind = kind
 
 

@@ -314,7 +314,7 @@ def _still_running(e: HostError | SlurmError, run_id: str, job_id: str, runs_dir
         hint = (f"Slurm job {job_id} may still be running: it was not cancelled. `clusterddp stop {run_id}{rd}` "
                 f"cancels it once the login host answers (`clusterddp status {run_id}{rd}` shows it)")
     if isinstance(e, HostError):
-        return HostError(e.host, e.message.removeprefix(f"{e.host}: "), hint, kind=e.kind)
+        return HostError(e.host, e.detail, hint, kind=e.kind)
     return SlurmError(e.message, hint)
 
 

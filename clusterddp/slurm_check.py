@@ -130,8 +130,7 @@ def run_slurm_checks(inv: Inventory) -> Report:
             node, probed = _probe(login, s, partition)
             hosts.append(HostReport(node, node, tuple(probed)))
     except HostError as e:  # the login host cannot be reached (or its host key is refused)
-        msg = e.message[len(e.host) + 2:] if e.message.startswith(f"{e.host}: ") else e.message
-        hosts = [HostReport(name, address, (Finding("slurm", FAIL, "unreachable", f"login host {name}: {msg}",
+        hosts = [HostReport(name, address, (Finding("slurm", FAIL, "unreachable", f"login host {name}: {e.detail}",
                                                     e.hint),))]
     finally:
         login.close()
