@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterddp.cli.common import parse_env, read_env_file
+from clusterddp import envfile
+from clusterddp.cli.common import parse_env
 from clusterddp.envfile import render as env_lines
 from clusterddp.errors import UsageError
 from clusterddp.inventory import reserved_env
@@ -74,7 +75,7 @@ def test_what_a_schedule_writes_reads_back_exactly(tmp_path, env):
     """schedule fire hands `up` its env values in a file (JSON strings): any text survives the trip."""
     f = tmp_path / "env"
     f.write_bytes(env_lines(tuple(env)))
-    assert read_env_file(str(f)) == env
+    assert envfile.read(str(f), lambda warning: None) == env
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -84,7 +85,7 @@ def test_any_file_gives_pairs_or_a_located_usage_error(tmp_path, data):
     f.write_bytes(data)
     os.chmod(f, 0o600)
     try:
-        pairs = read_env_file(str(f))
+        pairs = envfile.read(str(f), lambda warning: None)
     except UsageError as e:
         assert str(e).startswith(f"-e @{f}") or str(e).startswith(f"{f}:"), str(e)
     else:

@@ -242,7 +242,7 @@ def _run_as_cron(line: str, home: Path, extra_env: dict | None = None) -> subpro
 
 def _inline_env(call: dict) -> list[str]:
     """A recorded up's argv with ``-e @FILE`` replaced by the ``-e NAME=VALUE`` flags the file holds."""
-    from clusterddp.cli.common import read_env_file
+    from clusterddp import envfile
     out: list[str] = []
     for a in call["argv"]:
         if a[1:] in call["files"] and out[-1:] == ["-e"]:
@@ -250,7 +250,7 @@ def _inline_env(call: dict) -> list[str]:
             with tempfile.NamedTemporaryFile("w") as f:
                 f.write(call["files"][a[1:]])
                 f.flush()
-                for k, v in read_env_file(f.name):
+                for k, v in envfile.read(f.name, lambda warning: None):
                     out += ["-e", f"{k}={v}"]
         else:
             out.append(a)
@@ -287,9 +287,9 @@ def test_cron_line_fires_up_with_every_word_exactly(tmp_path, module):
     (env_file, lines), = call["files"].items()  # the env's values came in a file, not on the command line
     assert env_file.startswith("/dev/fd/") and call["argv"] == S.up_argv(s, env_file)[1:]
     assert "s3cr" not in " ".join(call["argv"]) and "x%y" not in " ".join(call["argv"])
-    from clusterddp.cli.common import read_env_file
+    from clusterddp import envfile
     (tmp_path / "env").write_text(lines)
-    assert tuple(read_env_file(str(tmp_path / "env"))) == s.run.env
+    assert tuple(envfile.read(str(tmp_path / "env"), lambda warning: None)) == s.run.env
     assert call["cwd"] == str(work)
     assert call["env"]["PATH"] == S.search_path(str(exe.parent))
     assert call["env"]["SSH_AUTH_SOCK"] == str(tmp_path / "agent 50%.sock")

@@ -305,12 +305,6 @@ def parse_env(pairs: list[str]) -> tuple[tuple[str, str], ...]:
     return envfile.parse(pairs, err)
 
 
-def read_env_file(path: str) -> list[tuple[str, str]]:
-    """``-e @FILE``'s ``NAME=VALUE`` lines (:func:`clusterddp.envfile.read`)."""
-    from .. import envfile
-    return envfile.read(path, err)
-
-
 def sigterm_as_interrupt() -> None:
     """Make SIGTERM end an attached run like Ctrl-C does (teardown everywhere, exit 130)."""
     import signal
