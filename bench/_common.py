@@ -1,4 +1,4 @@
-"""Shared bits for the benchmarks: alternate runs of two commands, report medians and the ratio."""
+"""Shared bits for the benchmarks: interleaved runs of commands, their medians and ratios."""
 
 from __future__ import annotations
 
@@ -25,28 +25,15 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def compare(name_a: str, a: Callable[[], object], name_b: str, b: Callable[[], object], rounds: int,
-            before_each: Callable[[], object] = lambda: None) -> dict:
-    """Run a and b alternately ``rounds`` times (alternating evens out machine noise); medians and a/b."""
-    ta, tb = [], []
-    for _ in range(rounds):
-        before_each()
-        ta.append(timed(a))
-        before_each()
-        tb.append(timed(b))
-    ma, mb = statistics.median(ta), statistics.median(tb)
-    print(f"{name_a}: median {ma:.3f}s  (runs: {', '.join(f'{x:.2f}' for x in ta)})")
-    print(f"{name_b}: median {mb:.3f}s  (runs: {', '.join(f'{x:.2f}' for x in tb)})")
-    print(f"ratio {name_a} / {name_b}: {ma / mb:.3f}")
-    return {"a": ma, "b": mb, "ratio": ma / mb}
-
-
-def interleave(tools: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Run every tool once per round, in turn, ``rounds`` times; print each median and its ratio to
-    the first tool's (the baseline); return the medians."""
+def interleave(tools: dict[str, Callable[[], object]], rounds: int,
+               before_each: Callable[[], object] = lambda: None) -> dict[str, float]:
+    """Run every tool once per round, in turn, ``rounds`` times (alternating evens out machine
+    noise), ``before_each`` untimed before every run; print each median and its ratio to the first
+    tool's (the baseline); return the medians."""
     times: dict[str, list[float]] = {k: [] for k in tools}
     for _ in range(rounds):
         for k, f in tools.items():
+            before_each()
             times[k].append(timed(f))
     med = {k: statistics.median(v) for k, v in times.items()}
     base = next(iter(med.values()))

@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from _common import STOCK_BASHRC, compare, run, timed  # noqa: E402
+from _common import STOCK_BASHRC, interleave, run, timed  # noqa: E402
 from testbed import TestBed, session_slot  # noqa: E402
 
 WRITER = """import os
@@ -63,8 +63,9 @@ def main() -> None:
                 local.unlink(missing_ok=True)
                 scp_dest.unlink(missing_ok=True)
             print(f"file: {args.mib} MiB; rounds: {args.rounds}; node ~/.bashrc: {args.node_bashrc}")
-            compare("clusterddp collect", lambda: run(cli + ["collect", run_id, "--runs-dir", str(runs)], env=env),
-                    "scp", lambda: run(scp), args.rounds, before_each=clean)
+            interleave({"scp": lambda: run(scp),
+                        "clusterddp collect": lambda: run(cli + ["collect", run_id, "--runs-dir", str(runs)], env=env)},
+                       args.rounds, before_each=clean)
             run(cli + ["collect", run_id, "--runs-dir", str(runs)], env=env)
             assert local.read_bytes() == remote.read_bytes()
             t = timed(lambda: run(cli + ["collect", run_id, "--runs-dir", str(runs)], env=env))

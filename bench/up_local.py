@@ -15,13 +15,13 @@ import argparse
 import compileall
 import importlib.util
 import os
-import socket
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleave, run  # noqa: E402
+from clusterddp.jobs import local_port  # noqa: E402
 
 SCRIPT = """import torch.distributed as dist
 dist.init_process_group("gloo")
@@ -39,12 +39,9 @@ def main() -> None:
         clusterddp = [sys.executable, "-m", "clusterddp", "up", "local", "t.py", "--gpus", "1", "--runs-dir", "runs"]
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "t.py"]
 
-        def static() -> None:
-            with socket.socket() as s:  # a free port, as `up local` finds one
-                s.bind(("", 0))
-                port = s.getsockname()[1]
+        def static() -> None:  # on a free port, found as `up local` finds it
             run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--node-rank", "0", "--master-addr",
-                 "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "1", "t.py"], cwd=d, env=env)
+                 "127.0.0.1", "--master-port", str(local_port(None)), "--nproc-per-node", "1", "t.py"], cwd=d, env=env)
         run(torchrun, cwd=d, env=env)  # warm the page cache for torch
         # torch's bytecode was compiled when it was installed; clusterddp's, in an editable checkout
         # under PYTHONDONTWRITEBYTECODE=1 (set on the team's machines), would be compiled again at
