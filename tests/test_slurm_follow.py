@@ -28,6 +28,18 @@ slurm:
 """
 
 
+def _recorded(tmp_path, job_id: str | None = None) -> slurm.Prepared:
+    """A planned Slurm run of a `login: local` inventory, recorded as running (with ``job_id``, as
+    if sbatch had answered); tests give it their stand-in login."""
+    inv = inventory.parse(INV.format(shared=tmp_path / "shared"), "c.yaml")
+    (tmp_path / "t.py").write_text("pass\n")
+    prep = slurm.prepare(inv, RunSpec("t.py", ()), str(tmp_path / "runs"), tmp_path / "t.py")
+    rec = slurm.new_record(prep, "c.yaml")
+    assert rec.slurm is not None
+    prep.store.create(replace(rec, slurm=replace(rec.slurm, job_id=job_id)))
+    return prep
+
+
 class _GoneAfterSubmit:
     """Takes the sbatch, then every later look fails with ``error``."""
 
@@ -58,12 +70,8 @@ class _GoneAfterSubmit:
     SlurmError("scontrol show job 4242 failed (exit 1): Unable to contact slurm controller"),
 ])
 def test_a_login_host_gone_for_longer_than_the_grace_ends_following_but_not_the_job(tmp_path, error):
-    inv = inventory.parse(INV.format(shared=tmp_path / "shared"), "c.yaml")
-    (tmp_path / "t.py").write_text("pass\n")
-    prep = slurm.prepare(inv, RunSpec("t.py", ()), str(tmp_path / "runs"), tmp_path / "t.py")
     login = _GoneAfterSubmit(error)
-    prep = replace(prep, login=login)
-    prep.store.create(slurm.new_record(prep, "c.yaml"))
+    prep = replace(_recorded(tmp_path), login=login)
     notes: list[str] = []
     with pytest.raises(type(error)) as got:
         slurm.execute(prep, lambda h, b: None, on_note=notes.append, grace=0.6, runs_dir_flag=" --runs-dir R")
@@ -108,11 +116,7 @@ class _Running:
 
 def test_status_reads_the_shared_folder_before_it_locks_the_run_record(tmp_path, monkeypatch):
     monkeypatch.setattr(store_mod, "LOCK_TIMEOUT", 2.0)  # a wait on a held lock fails in 2 s, not 60
-    inv = inventory.parse(INV.format(shared=tmp_path / "shared"), "c.yaml")
-    (tmp_path / "t.py").write_text("pass\n")
-    prep = slurm.prepare(inv, RunSpec("t.py", ()), str(tmp_path / "runs"), tmp_path / "t.py")
-    rec = slurm.new_record(prep, "c.yaml")
-    prep.store.create(replace(rec, slurm=replace(rec.slurm, job_id="4242")))
+    prep = _recorded(tmp_path, job_id="4242")
     login = _Running(RunStore(str(tmp_path / "runs")), prep.plan.run_id)
     monkeypatch.setattr(slurm_control, "open_login", lambda recorded: login)
     got = slurm_control.status(prep.store, prep.plan.run_id)
@@ -136,13 +140,9 @@ class _InterruptedThenGone(_GoneAfterSubmit):
 
 
 def test_a_ctrl_c_whose_scancel_cannot_reach_slurm_says_the_job_was_not_cancelled(tmp_path):
-    inv = inventory.parse(INV.format(shared=tmp_path / "shared"), "c.yaml")
-    (tmp_path / "t.py").write_text("pass\n")
-    prep = slurm.prepare(inv, RunSpec("t.py", ()), str(tmp_path / "runs"), tmp_path / "t.py")
     login = _InterruptedThenGone(HostError("login1", "cannot connect: connection refused",
                                            kind=HostErrorKind.UNREACHABLE))
-    prep = replace(prep, login=login)
-    prep.store.create(slurm.new_record(prep, "c.yaml"))
+    prep = replace(_recorded(tmp_path), login=login)
     with pytest.raises(HostError) as got:
         slurm.execute(prep, lambda h, b: None)
     run_id = prep.plan.run_id
