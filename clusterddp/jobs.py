@@ -65,7 +65,7 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
     local: dict = {}
     if inventory_arg == inv_mod.LOCAL:
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
-        if spec.max_restarts == 0:  # a static rendezvous (plan.build_plan) on a port free now
+        if P.static_local(spec):  # its rendezvous needs a port, free now
             spec = replace(spec, master_port=local_port(spec.master_port))
     plan = P.build_plan(inventory, spec, run_id, **local)
     return Prepared(plan, store, script.resolve().parent)

@@ -181,6 +181,12 @@ def _probes(argv: Iterable[str], word: _Probed) -> bool:
     return any(isinstance(a, _Probed) and a == word for a in argv)
 
 
+def static_local(spec: RunSpec) -> bool:
+    """An ``up local`` run meets on a static rendezvous at a port chosen before it starts
+    (jobs.local_port); with restarts it keeps ``--standalone`` (see :func:`build_plan`)."""
+    return spec.max_restarts == 0
+
+
 def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_dir: str | None = None,
                local_control_dir: str | None = None,
                grants: Mapping[str, tuple[int, ...]] | None = None) -> LaunchPlan:
@@ -215,7 +221,7 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
             order_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         node_env = tuple({**restart_env, **order_env, **dict(host.env), **dict(spec.env), **lease_env}.items())
         torchrun = [host.python, "-m", "torch.distributed.run"]
-        if local and spec.max_restarts == 0:
+        if local and static_local(spec):
             # A static rendezvous on this machine: 3 ms, where --standalone's c10d one takes 0.2-0.4 s
             # (a random 0-0.3 s sleep before its first round, each step recorded through
             # inspect.stack()). The port is free (jobs.prepare); restarts need c10d's rounds (below).
