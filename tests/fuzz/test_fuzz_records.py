@@ -1,11 +1,11 @@
 """Property-based test of run records: generated records (as today's ``to_json`` writes them) and mutated
-ones (fields dropped, wrong types, huge numbers, NaN, odd unicode and control characters, deep nesting,
-truncated or random bytes, an oversized file) go through the real ``RunStore.load`` /
+ones (fields dropped, wrong types, huge numbers, NaN, odd unicode and control characters, 50,000-deep
+nesting, truncated or random bytes, an oversized file) go through the real ``RunStore.load`` /
 ``RunRecord.from_json`` and the real ``clusterddp status`` and ``runs`` commands, in-process.
 
 Every case ends in success or a located RecordError (exit 2), never a traceback, and in bounded time;
-every record that loads reads back equal after the store wrote it. Derandomized: CI runs the same
-cases every time.
+every record that loads reads back equal after the store wrote it. Derandomized in CI (the same cases
+every time); scripts/fuzz.sh runs the campaign (tests/fuzz/fuzzing.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import typer.main
 import typer.testing
-from hypothesis import HealthCheck, given, settings
+from fuzzing import CAMPAIGN, case, fuzz, json_edited
+from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -33,8 +34,8 @@ from clusterddp.record import SCHEMA, NodeRecord, NodeState, RecordError, RunRec
 from clusterddp.store import RunStore
 
 RID = "20261129-181500-f0zz"
-EXAMPLES = 500
-CASE_LIMIT_S = 10.0  # one case is ~20 ms; a hang (a FIFO read, a runaway loop) is caught well before pytest's timeout
+EXAMPLES = 120  # in CI; scripts/fuzz.sh runs FUZZ_EXAMPLES
+CASE_LIMIT_S = 10.0  # one case (the load, then `status` and `runs` in process) is ~20 ms; the load alone: fuzzing.LIMIT_S
 
 NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,12}", fullmatch=True)
 ENV_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True)
@@ -83,59 +84,6 @@ VALUES = st.recursive(LEAVES, lambda kids: st.lists(kids, max_size=3) | st.dicti
                       max_leaves=8)
 
 
-def _paths(data, prefix=()):
-    """Every place in a JSON tree: tuples of keys and indexes."""
-    yield prefix
-    if isinstance(data, dict):
-        for k, v in data.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            yield from _paths(v, prefix + (i,))
-
-
-def _at(data, path):
-    for k in path:
-        data = data[k]
-    return data
-
-
-@st.composite
-def mutated(draw, data: dict) -> dict:
-    """``data`` with one to three edits somewhere in it."""
-    for _ in range(draw(st.integers(1, 3))):
-        how = draw(st.sampled_from(["odd text", "drop", "value", "wrap", "nest", "huge", "bool"]))
-        places = list(_paths(data))
-        if how == "odd text":  # text where text belongs: mostly still a valid record
-            places = [p for p in places if p and isinstance(_at(data, p), str)] or places
-        path = draw(st.sampled_from(places))
-        if not path:
-            data = draw(VALUES)
-            continue
-        parent = _at(data, path[:-1])
-        key, old = path[-1], parent[path[-1]]
-        if how == "drop":
-            parent.pop(key)
-        elif how == "value":
-            parent[key] = draw(VALUES)
-        elif how == "wrap":
-            parent[key] = [old] if draw(st.booleans()) else {"value": old}
-        elif how == "nest":
-            value = old
-            for _ in range(draw(st.integers(2, 300))):
-                value = [value]
-            parent[key] = value
-        elif how == "odd text":
-            parent[key] = draw(ODD_TEXT)
-        elif how == "huge":
-            parent[key] = draw(st.sampled_from([10 ** 30, -(10 ** 30), 2 ** 63, 1e308, float("inf"), float("nan")]))
-        else:
-            parent[key] = draw(st.booleans())
-        if not isinstance(data, (dict, list)):
-            break
-    return data
-
-
 @st.composite
 def run_json(draw) -> tuple[str, bytes]:
     """(how it was made, run.json's bytes)."""
@@ -145,7 +93,7 @@ def run_json(draw) -> tuple[str, bytes]:
     if kind == "valid":
         return kind, text.encode()
     if kind == "mutated":
-        return kind, json.dumps(draw(mutated(rec.to_json()))).encode()
+        return kind, json.dumps(draw(json_edited(rec.to_json(), VALUES, ODD_TEXT))).encode()
     raw = text.encode()
     if kind == "truncated":
         return kind, raw[:draw(st.integers(0, len(raw) - 1))]
@@ -169,9 +117,7 @@ def test_any_run_record_is_read_or_refused_cleanly(tmp_path, monkeypatch):
     seen: dict[str, int] = {}
     slowest = [0.0]
 
-    @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None, print_blob=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.large_base_example])
+    @fuzz(EXAMPLES)
     @given(case=run_json())
     def check(case: tuple[str, bytes]) -> None:
         kind, raw = case
@@ -182,11 +128,13 @@ def test_any_run_record_is_read_or_refused_cleanly(tmp_path, monkeypatch):
             path = runs / RID / "run.json"
             path.write_bytes(raw)
             store = RunStore(runs)
-            try:
-                rec = store.load(RID)
-            except RecordError as e:
-                rec = None
+            rec = None
+
+            def located(e: BaseException) -> None:
+                assert isinstance(e, RecordError)
                 assert str(e).startswith(str(path)) and e.exit_code == 2 and "hint:" in str(e)
+            with case("run.json", RecordError, located):
+                rec = store.load(RID)
             if kind == "valid":
                 assert rec is not None, "a record as to_json writes it must read back"
             if rec is not None:
@@ -212,7 +160,7 @@ def test_any_run_record_is_read_or_refused_cleanly(tmp_path, monkeypatch):
 
     check()
     print(f"cases: {dict(sorted(seen.items()))}; slowest {slowest[0]:.2f}s")
-    assert sum(seen.values()) >= EXAMPLES * 0.9
+    assert sum(seen.values()) >= (CAMPAIGN or EXAMPLES) * 0.9
     assert all(seen.get(k, 0) > 0 for k in ("valid ok", "mutated ok", "mutated refused", "truncated refused",
                                             "bytes refused", "raw refused")), seen
 

@@ -1,0 +1,30 @@
+"""The fuzz tests' counts: per parser, the inputs tried and how each ended (see fuzzing.py).
+
+Printed at the end of a campaign (FUZZ_EXAMPLES set) and written to FUZZ_REPORT when it names a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from fuzzing import CAMPAIGN, OUTCOMES, TALLY
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not TALLY or not (CAMPAIGN or os.environ.get("FUZZ_REPORT")):
+        return
+    w = terminalreporter
+    w.section("fuzz: inputs per parser and how they ended")
+    w.write_line(f"{'parser':<26}" + "".join(f"{k:>11}" for k in OUTCOMES))
+    for parser in sorted(TALLY):
+        w.write_line(f"{parser:<26}" + "".join(f"{TALLY[parser][k]:>11}" for k in OUTCOMES))
+    w.write_line("(tracebacks, hangs and wrong include the shrinker's replays of a failing input)")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get("FUZZ_REPORT")
+    if path and TALLY:
+        with open(path, "w") as f:
+            json.dump({p: {k: c[k] for k in OUTCOMES} for p, c in sorted(TALLY.items())}, f, indent=1)
