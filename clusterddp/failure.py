@@ -158,7 +158,8 @@ def parse_error_file(text: str, local_rank: int) -> RankError | None:
 #   error_file: <N/A>
 _ENTRY_RE = re.compile(
     r"time\s*: (\S{1,40})\n[^\n]{0,300}\n\s*rank\s*: (\d{1,7}) \(local_rank: (\d{1,7})\)\n"
-    r"\s*exitcode\s*: (-?\d{1,4}) \(pid: (\d{1,10})\)[^\n]{0,100}\n\s*error_file: ([^\n]{0,4096})")
+    r"\s*exitcode\s*: (-?\d{1,4}) \(pid: (\d{1,10})\)[^\n]{0,100}\n\s*error_file: ([^\n]{0,4096})",
+    re.ASCII)  # \d: ASCII digits only (torchrun writes those; int() would read Arabic-Indic ones too)
 
 
 def torchrun_failures(log: bytes) -> list[RankError]:

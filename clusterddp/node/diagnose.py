@@ -203,7 +203,7 @@ def read_answer(data: bytes) -> "dict":
         raise AnswerError("no answer")
     try:
         a = json.loads(lines[-1])
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python recurses
         raise AnswerError("not JSON: " + lines[-1][:80]) from None
     if not isinstance(a, dict) or not isinstance(a.get("joined"), bool):
         raise AnswerError("not an answer object")
