@@ -158,7 +158,9 @@ def parse_reply(text: str, count: int) -> dict[int, tuple[str, int | None]]:
     """:func:`plan.prune_command`'s lines as ``{index: (word, KiB)}``; lines that are not one are skipped."""
     out: dict[int, tuple[str, int | None]] = {}
     for line in text.splitlines():
-        m = re.fullmatch(r"(\d+) (removed|would|missing|running|refused|failed)(?: (\d+|-))?", line.strip())
+        # ASCII digits, of a length int() reads: the node is not trusted (Arabic-Indic digits, 5,000 of them)
+        m = re.fullmatch(r"([0-9]{1,18}) (removed|would|missing|running|refused|failed)(?: ([0-9]{1,30}|-))?",
+                         line.strip())
         if m and int(m.group(1)) < count:
             kib = m.group(3)
             out[int(m.group(1))] = (m.group(2), int(kib) if kib and kib != "-" else None)

@@ -1,0 +1,82 @@
+"""Property-based: a node's one-line answers, ``status`` (``nodeops.parse_status``) and ``prune``'s
+per-folder lines (``prune.parse_reply``).
+
+Both never raise. A rendered answer parses back to its values; an exit code or a folder index or size
+accepted is the number its ASCII digits say (an exit code 0..255, an index below the count asked), and
+anything else (Unicode digits, control characters, huge numbers, NUL, very long lines) is ``garbled``,
+an unreadable exit, or a line skipped.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fuzzing import case, fuzz, hostile_text, spliced
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clusterddp import nodeops, prune
+
+WORDS = ("running", "exited", "lost", "missing", "garbled")
+
+
+def status(text: str):
+    with case("status reply"):
+        kind, code = nodeops.parse_status(text)
+    return kind, code
+
+
+@fuzz(60)
+@given(word=st.sampled_from(["running", "lost", "missing", "exit"]), code=st.integers(0, 255),
+       pad=st.sampled_from(["", "\n", "\r\n", " ", "\t\n"]))
+def test_a_status_reply_parses_back(word, code, pad):
+    if word == "exit":
+        assert status(f"exit {code}{pad}") == ("exited", code)
+    else:
+        assert status(word + pad) == (word, None)
+
+
+@fuzz(250)
+@given(text=st.one_of(hostile_text(), st.builds("exit {}".format, hostile_text(3, big=False)),
+                      st.builds(lambda w, p: w + p, st.sampled_from(["running", "exit 0", "lost"]),
+                                hostile_text(2, big=False))))
+def test_any_status_reply_is_a_word_and_an_exit_code_its_ascii_digits_say(text):
+    kind, code = status(text)
+    assert kind in WORDS
+    if code is not None:
+        digits = text.strip(" \t\r\n").partition(" ")[2]
+        assert kind == "exited" and re.fullmatch(r"[0-9]{1,3}", digits, re.ASCII) and int(digits) == code <= 255
+
+
+LINE_WORDS = ("removed", "would", "missing", "running", "refused", "failed")
+
+
+def reply(text: str, count: int):
+    with case("prune reply"):
+        got = prune.parse_reply(text, count)
+    return got
+
+
+@fuzz(60)
+@given(lines=st.lists(st.tuples(st.sampled_from(LINE_WORDS), st.none() | st.integers(0, 2 ** 70)), max_size=8),
+       noise=st.sampled_from(["", "motd\n", "rm: cannot remove\n"]))
+def test_prune_lines_parse_back(lines, noise):
+    text = noise + "".join(f"{i} {w}" + ("" if k is None else f" {k}") + "\n" for i, (w, k) in enumerate(lines))
+    assert reply(text, len(lines)) == {i: (w, k) for i, (w, k) in enumerate(lines)}
+
+
+@fuzz(250)
+@given(count=st.integers(0, 5), text=st.one_of(
+    hostile_text(),
+    st.builds(lambda i, w, k: f"{i} {w} {k}\n", hostile_text(1, big=False), st.sampled_from(LINE_WORDS),
+              hostile_text(1, big=False)),
+    st.builds(lambda t: t, spliced("0 removed 12\n1 would -\n2 running\n", big=False))))
+def test_any_prune_reply_gives_only_the_numbers_its_ascii_digits_say(count, text):
+    got = reply(text, count)
+    ours = {}
+    for line in text.splitlines():  # the documented rule: "<index> <word>[ <KiB>|-]", in ASCII digits
+        m = re.fullmatch(r"([0-9]{1,18}) (removed|would|missing|running|refused|failed)(?: ([0-9]{1,30}|-))?",
+                         line.strip())
+        if m and int(m.group(1)) < count:
+            ours[int(m.group(1))] = (m.group(2), int(m.group(3)) if m.group(3) not in (None, "-") else None)
+    assert got == ours
