@@ -115,7 +115,7 @@ def submit(prep: Prepared) -> str:
     """``sbatch --parsable``; the job id."""
     out = checked(prep.login, ["sbatch", "--parsable", prep.plan.batch_path]).strip()
     job_id = out.split(";")[0]
-    if not re.fullmatch(r"\d+(_\d+)?", job_id):
+    if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job_id):  # ASCII: \d would take Arabic-Indic digits
         raise SlurmError(f"sbatch --parsable answered {out[:200]!r}, not a job id")
     return job_id
 
@@ -134,7 +134,7 @@ def job_info(login: Login, job_id: str) -> JobInfo | None:
         if "Invalid job id" in said:
             return None
         raise SlurmError(f"scontrol show job {job_id} failed (exit {r.exit_code}): {said.strip()}")
-    fields = dict(re.findall(r"(\w+)=(\S*)", r.text))
+    fields = dict(re.findall(r"\b(\w+)=(\S*)", r.text))  # \b: linear in a long word (a hostile login host)
     return JobInfo(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None"),
                    fields.get("Partition") or None, _hostnames(login, fields.get("NodeList", "")),
                    int(fields.get("Restarts", "0") or 0))
@@ -194,10 +194,8 @@ def exit_codes(login: Login, control_dir: str, hosts: tuple[str, ...] | list[str
     out: dict[str, tuple[int | None, float]] = {}
     for h, path in paths.items():
         text, mtime = found.get(path, ("", float("inf")))
-        try:
-            out[h] = (int(text.strip()), mtime)
-        except ValueError:
-            out[h] = (None, float("inf"))
+        text = text.strip()  # what node.sh's `echo "$1"` wrote: ASCII digits (int() also reads "1_0", "٣")
+        out[h] = (int(text), mtime) if re.fullmatch(r"-?[0-9]{1,10}", text) else (None, float("inf"))
     return out
 
 
