@@ -453,6 +453,8 @@ _RAW_WORD = re.compile(r"""(?:[^\s'"\\]|'[^']*'|"[^"]*")+""")
 def _shell_words(command: str) -> tuple[tuple[str, str], ...] | None:
     """The words of a command line we rendered, each as (raw text, the word the shell sees);
     None when it has anything :func:`_word` never writes (a backslash outside quotes, unpaired quotes)."""
+    if len(command) > 8 * MAX_COMMAND:  # never ours (cron runs at most MAX_COMMAND bytes); shlex is quadratic in
+        return None                     # a word's length: a 256 KiB one took minutes
     out, pos = [], 0
     for m in _RAW_WORD.finditer(command):
         if command[pos:m.start()].strip():
