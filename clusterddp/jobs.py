@@ -225,7 +225,7 @@ def human_size(size: int) -> str:
     raise AssertionError
 
 
-_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.I)
+_SIZE_RE = re.compile(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([KMGT]?)(?:i?B)?", re.I | re.ASCII)  # no "٣", no 1e400
 
 
 def parse_size(text: str) -> int:

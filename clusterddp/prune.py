@@ -28,7 +28,7 @@ from .transport import connect as default_connect
 
 PRUNE_TIMEOUT = 600.0  # seconds for one node's removals: rm -rf of big checkpoint folders takes a while
 
-_AGE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.I)
+_AGE_RE = re.compile(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([smhdw])", re.I | re.ASCII)  # no "٣", no 1e400 (inf)
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 

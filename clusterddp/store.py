@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import ClusterDDPError, RecordError, RunNotFound, StoreError, UsageError
-from .record import RunRecord
+from .record import RUN_ID_RE, RunRecord
 
 DB_TIMEOUT = 30.0      # seconds a write waits for another launcher's write to runs.db
 LOCK_TIMEOUT = 60.0    # seconds `update` waits for another process's read-change-write of one run.json
@@ -498,7 +498,8 @@ class RunStore:
 
     def resolve(self, prefix: str) -> str:
         """The run id that ``prefix`` names uniquely."""
-        if not prefix or "/" in prefix or "\0" in prefix or prefix in (".", ".."):
+        # Only what a run id may be (record.RUN_ID_RE, a file name): a 64 KiB prefix took seconds to glob
+        if len(prefix) > 255 or not RUN_ID_RE.fullmatch(prefix) or prefix in (".", ".."):
             raise RunNotFound(f"{prefix!r} is not a run id", "list runs with `clusterddp runs`")
         try:
             # any run.json, even one that is not a file: `load` then says what is wrong with it
