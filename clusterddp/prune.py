@@ -29,15 +29,16 @@ from .transport import connect as default_connect
 PRUNE_TIMEOUT = 600.0  # seconds for one node's removals: rm -rf of big checkpoint folders takes a while
 
 _AGE_RE = re.compile(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([smhdw])", re.I | re.ASCII)  # no "٣", no 1e400 (inf)
+_AGES_RE = re.compile(r"(?:\s*[0-9]{1,30}(?:\.[0-9]{1,30})?\s*[smhdw])+\s*", re.I | re.ASCII)
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_age(text: str) -> float:
     """``30m``, ``12h``, ``7d``, ``2w`` (or ``1d12h``) as seconds; bad input is a UsageError."""
-    parts = _AGE_RE.findall(text.strip())
-    if not parts or _AGE_RE.sub("", text.strip()).strip():
+    # The whole text first: findall alone tries every position, quadratic in a long number (64 KiB: a minute)
+    if not _AGES_RE.fullmatch(text):
         raise UsageError(f"--older-than {text!r}: not an age", "e.g. --older-than 7d, 12h, 30m or 2w")
-    return sum(float(n) * _UNIT[u.lower()] for n, u in parts)
+    return sum(float(n) * _UNIT[u.lower()] for n, u in _AGE_RE.findall(text))
 
 
 @dataclass(frozen=True)

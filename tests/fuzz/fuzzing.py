@@ -34,15 +34,16 @@ OUTCOMES = ("inputs", "accepted", "refused", "tracebacks", "hangs", "wrong")
 TALLY: dict[str, Counter[str]] = {}
 
 
-def fuzz(ci: int, known_bug: bool = False) -> settings:
-    """Hypothesis settings for one property: ``ci`` inputs in the normal run, FUZZ_EXAMPLES in the campaign.
+def fuzz(ci: int, known_bug: bool = False, share: float = 1.0) -> settings:
+    """Hypothesis settings for one property: ``ci`` inputs in the normal run, FUZZ_EXAMPLES in the campaign
+    (``share`` of them for a property that only completes a parser's count: its round trip, say).
     No hypothesis deadline: :func:`case` bounds each input itself, and says which parser was slow.
     ``known_bug``: the property is marked xfail for a bug being fixed elsewhere; its first failing input
     ends it (no shrinking, which costs minutes for an outcome already known)."""
     # No explain phase: it traces every line run (sys.settrace on Python < 3.12), which makes a parser that
     # loops in Python over a 256 KiB line (shlex) a hundred times slower than it is, and the bound fail.
     phases = (Phase.explicit, Phase.reuse, Phase.generate) + (() if known_bug else (Phase.target, Phase.shrink))
-    return settings(max_examples=CAMPAIGN or ci, derandomize=not CAMPAIGN, database=None, deadline=None,
+    return settings(max_examples=max(1, int(CAMPAIGN * share)) if CAMPAIGN else ci, derandomize=not CAMPAIGN, database=None, deadline=None,
                     print_blob=True, phases=phases, report_multiple_bugs=not known_bug, suppress_health_check=[
                         HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
                         HealthCheck.large_base_example, HealthCheck.function_scoped_fixture])

@@ -75,7 +75,7 @@ def diagnosis(report: dict | None, log: bytes) -> failure.Failure:
     return got
 
 
-@fuzz(80)
+@fuzz(30, share=0.25)
 @given(a=answers(), banner=st.sampled_from([b"", b"Welcome\n", b'{"joined": 1}\n']))
 def test_a_rendered_answer_reads_back_with_its_values(a, banner):
     got = read(banner + json.dumps(a).encode() + b"\n")
@@ -87,7 +87,7 @@ def test_a_rendered_answer_reads_back_with_its_values(a, banner):
     diagnosis(got, (a["log"] or "").encode())
 
 
-@fuzz(80)
+@fuzz(30)
 @given(exc=TYPES, msg=MESSAGES, stamp=st.integers(10 ** 9, 2 * 10 ** 9), rank=st.none() | st.integers(0, 1000),
        lr=st.integers(0, 16))
 def test_an_error_file_gives_its_exception_type_and_message(exc, msg, stamp, rank, lr):
@@ -102,7 +102,7 @@ def test_an_error_file_gives_its_exception_type_and_message(exc, msg, stamp, ran
 DIGITS = st.lists(st.sampled_from(tuple("0123456789") + UNICODE_DIGITS), min_size=1, max_size=4).map("".join)
 
 
-@fuzz(150)
+@fuzz(30)
 @given(rank=DIGITS, lr=DIGITS, code=st.one_of(DIGITS, DIGITS.map("-".__add__)), pid=DIGITS,
        before=st.sampled_from(["", "noise\n", "\r\n"]))
 def test_a_failure_table_entry_gives_the_numbers_its_ascii_digits_say(rank, lr, code, pid, before):
@@ -141,7 +141,7 @@ def mutated(draw) -> tuple[bytes, bytes]:
     return data, log
 
 
-@fuzz(250)
+@fuzz(60)
 @given(case_=mutated())
 def test_any_answer_gives_an_answer_or_an_answer_error_and_a_diagnosis(case_):
     data, log = case_

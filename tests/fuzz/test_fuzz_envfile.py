@@ -42,7 +42,7 @@ def valid(pairs: list[tuple[str, str]]) -> None:
         v.encode("utf-8")  # no lone surrogate: the value reaches the node as UTF-8
 
 
-@fuzz(80)
+@fuzz(30, share=0.25)
 @given(env=ENVS)
 def test_what_render_writes_reads_back_the_same(tmp_path, env):
     p = tmp_path / "env"
@@ -56,7 +56,7 @@ def test_what_render_writes_reads_back_the_same(tmp_path, env):
 PLAIN = ANY_TEXT.filter(lambda v: "\n" not in v and "\0" not in v and not v.startswith('"') and not v.endswith("\r"))
 
 
-@fuzz(80)
+@fuzz(30, share=0.25)
 @given(env=st.lists(st.tuples(NAMES, PLAIN), max_size=5), export=st.booleans(), indent=st.sampled_from(["", "  ", "\t"]))
 def test_a_plain_line_reads_back_as_its_value_verbatim(tmp_path, env, export, indent):
     p = tmp_path / "env"
@@ -71,7 +71,7 @@ def env_files(draw) -> bytes:
     return draw(st.one_of(spliced_bytes(base), hostile_bytes(), st.just(base)))
 
 
-@fuzz(300)
+@fuzz(60)
 @given(data=env_files())
 def test_any_env_file_gives_valid_pairs_or_a_located_error(tmp_path, data):
     p = tmp_path / "env"
@@ -85,7 +85,7 @@ FLAG_NAMES = st.one_of(NAMES, st.sampled_from(["RANK", "MASTER_ADDR", "CLUSTERDD
                                                "٣", "A-B"]))
 
 
-@fuzz(200)
+@fuzz(60)
 @given(flags=st.lists(st.one_of(st.tuples(FLAG_NAMES, hostile_text(3, big=False)).map("=".join),
                                 hostile_text(2, big=False)), max_size=4))
 def test_env_flags_give_the_value_after_the_first_equals_sign_or_a_usage_error(flags):

@@ -55,7 +55,7 @@ def parse(out: bytes, err: bytes = b"", code: int = 0):
     return got
 
 
-@fuzz(80)
+@fuzz(30, share=0.25)
 @given(f=facts(), banner=st.sampled_from([b"", b"Welcome\n", b"\x1b[1mmotd\x1b[0m\r\n"]))
 def test_rendered_facts_parse_back_to_their_values(f, banner):
     assert parse(render(f, banner)) == expected(f)
@@ -89,7 +89,7 @@ def mutated(draw) -> tuple[bytes, bytes]:
     return E.MARK.encode() + draw(hostile_bytes()), err
 
 
-@fuzz(250)
+@fuzz(60)
 @given(case_=mutated(), code=st.sampled_from([0, 1, 127, -9]))
 def test_any_reply_gives_checked_facts_or_an_envinfo_error(case_, code):
     out, err = case_

@@ -195,7 +195,7 @@ def parse_or_refuse(text: str, path: str = "fuzz.yaml"):
     return inv
 
 
-@fuzz(150)
+@fuzz(60)
 @given(TEXTS)
 def test_parser_gives_an_inventory_or_a_located_error(text):
     parse_or_refuse(text)
@@ -271,7 +271,7 @@ def cli_outcome(args: list[str]):
     return r
 
 
-@fuzz(60)
+@fuzz(30)
 @given(inv_text=INVENTORIES, hosts=HOST_FLAGS, env=ENV_FLAGS, gpus=INT_FLAGS, port=INT_FLAGS,
        collect=st.lists(FLAG_TEXT, max_size=2), args=SCRIPT_ARGS)
 def test_up_flags_give_a_plan_or_exit_2(work, inv_text, hosts, env, gpus, port, collect, args):

@@ -151,7 +151,7 @@ def scratch():
     shutil.rmtree(d)
 
 
-@fuzz(80)
+@fuzz(30)
 @given(data=st.data())
 def test_any_collect_answer_gives_files_or_a_stream_error_only(answers, scratch, data):
     base = data.draw(st.sampled_from(range(len(answers))))
@@ -210,7 +210,7 @@ def probe_line(facts: dict) -> bytes:
     return (probe.MARK + json.dumps(facts) + "\n").encode()
 
 
-@fuzz(60)
+@fuzz(30)
 @given(data=st.data())
 def test_any_probe_reply_gives_facts_or_a_probe_error_and_check_never_trips(fleet_inventory, data):
     from clusterddp.check import FAIL, evaluate

@@ -118,9 +118,9 @@ def test_any_run_record_is_read_or_refused_cleanly(tmp_path, monkeypatch):
     slowest = [0.0]
 
     @fuzz(EXAMPLES)
-    @given(case=run_json())
-    def check(case: tuple[str, bytes]) -> None:
-        kind, raw = case
+    @given(made=run_json())
+    def check(made: tuple[str, bytes]) -> None:
+        kind, raw = made
         t0 = time.monotonic()
         runs = Path(tempfile.mkdtemp(dir=tmp_path))
         try:

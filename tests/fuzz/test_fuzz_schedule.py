@@ -67,7 +67,7 @@ def load(path: str):
     return got
 
 
-@fuzz(80)
+@fuzz(30, share=0.25)
 @given(data=st.data())
 def test_a_spec_as_to_json_writes_it_loads_back_equal(tmp_path, data):
     spec = data.draw(specs(str(tmp_path)))
@@ -102,7 +102,7 @@ def spec_files(draw, runs_dir: str) -> tuple[str, bytes]:
     return spec.name, raw
 
 
-@fuzz(250)
+@fuzz(60)
 @given(data=st.data())
 def test_any_spec_file_loads_as_a_valid_spec_or_is_refused_with_a_located_error(tmp_path, data):
     name, raw = data.draw(spec_files(str(tmp_path)))
@@ -115,7 +115,7 @@ def test_any_spec_file_loads_as_a_valid_spec_or_is_refused_with_a_located_error(
 
 
 @pytest.mark.xfail(DEEP_BUG, strict=False, reason="fixed by engineer A: deep JSON in a schedule spec (RecursionError)")
-@fuzz(10, known_bug=DEEP_BUG)
+@fuzz(10, known_bug=DEEP_BUG, share=0.05)
 @given(deep=st.sampled_from(range(len(DEEP_JSON))))
 def test_deep_nesting_in_a_spec_is_refused(tmp_path, deep):
     load(write(str(tmp_path), "deep", DEEP_JSON[deep].encode()))
@@ -128,7 +128,7 @@ def entries(text: str):
     return got
 
 
-@fuzz(60)
+@fuzz(30, share=0.25)
 @given(data=st.data(), before=st.sampled_from(["", "MAILTO=me\n", "# m h dom mon dow command\n", "0 1 * * * backup\n"]))
 def test_a_rendered_crontab_line_reads_back_as_its_schedule(tmp_path, data, before):
     spec = data.draw(specs(str(tmp_path)))
@@ -140,7 +140,7 @@ def test_a_rendered_crontab_line_reads_back_as_its_schedule(tmp_path, data, befo
     assert (e.name, e.cron, e.spec_path, e.runs_dir) == (spec.name, spec.cron, spec.spec_path, spec.runs_dir)
 
 
-@fuzz(200)
+@fuzz(60)
 @given(text=st.one_of(hostile_text(), spliced("0 2 * * * { cd /w && PATH=/b /b/clusterddp schedule fire "
                                               "/r/schedules/n.json ; } >> /r/schedules/n.log 2>&1 # clusterddp:n\n")))
 def test_any_crontab_text_gives_entries_or_none(text):

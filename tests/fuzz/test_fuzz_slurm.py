@@ -71,7 +71,7 @@ def job_info(answer: CommandResult, hostnames: CommandResult | None = None):
     return got
 
 
-@fuzz(80)
+@fuzz(30, share=0.25)
 @given(state=STATES, reason=WORD, partition=WORD, hosts=HOSTS, restarts=st.integers(0, 10 ** 6))
 def test_a_job_line_reads_back_as_its_values(state, reason, partition, hosts, restarts):
     nodelist = ",".join(hosts) or "(null)"
@@ -89,7 +89,7 @@ def job_answers(draw) -> str:
     return draw(st.one_of(spliced(line, big=False), hostile_text(), st.just(line)))
 
 
-@fuzz(200)
+@fuzz(60)
 @given(text=job_answers(), hostnames=st.one_of(st.just("n1\n"), hostile_text(3, big=False)))
 def test_any_job_answer_gives_job_info_or_a_slurm_error(text, hostnames):
     raw = text.encode("utf-8", "surrogatepass")
@@ -103,7 +103,7 @@ def test_any_job_answer_gives_job_info_or_a_slurm_error(text, hostnames):
 
 
 @pytest.mark.xfail(SLURM_BUG, strict=False, reason="fixed by engineer B: Restarts=abc, huge or Unicode-digit counts")
-@fuzz(40, known_bug=SLURM_BUG)
+@fuzz(30, known_bug=SLURM_BUG, share=0.05)
 @given(restarts=st.one_of(st.sampled_from(UNICODE_DIGITS + NUMBERS + ("abc", "-1", "3x"))))
 def test_a_restart_count_is_read_only_from_ascii_digits(restarts):
     got = job_info(ok(job_line("42", "RUNNING", "None", "p", "(null)", restarts)))
@@ -120,14 +120,14 @@ def submit(answer: CommandResult):
     return got
 
 
-@fuzz(40)
+@fuzz(40, share=0.25)
 @given(job=st.integers(1, 10 ** 9), array=st.none() | st.integers(0, 1000), cluster=st.sampled_from(["", ";c1"]))
 def test_sbatch_answers_read_back_as_the_job_id(job, array, cluster):
     want = f"{job}" + ("" if array is None else f"_{array}")
     assert submit(ok(f"{want}{cluster}\n")) == want
 
 
-@fuzz(150)
+@fuzz(30)
 @given(text=st.one_of(hostile_text(), spliced("12345;cluster\n", big=False),
                       st.lists(st.sampled_from(UNICODE_DIGITS + tuple("0123456789_;")), max_size=6).map("".join)))
 def test_any_sbatch_answer_gives_an_ascii_job_id_or_a_slurm_error(text):
@@ -139,7 +139,7 @@ def test_any_sbatch_answer_gives_an_ascii_job_id_or_a_slurm_error(text):
 CTL = "/shared/run/.clusterddp"
 
 
-@fuzz(150)
+@fuzz(30)
 @given(codes=st.lists(st.one_of(st.integers(-255, 255).map(str), hostile_text(2, big=False),
                                 st.sampled_from(UNICODE_DIGITS + NUMBERS + ("1_0", " 7\n"))), min_size=1, max_size=4))
 def test_exit_code_files_give_the_number_their_ascii_digits_say(codes):
@@ -172,7 +172,7 @@ def findings(sinfo: CommandResult, partition: str | None = "gpu", nodes: int = 2
     return got
 
 
-@fuzz(80)
+@fuzz(30, share=0.25)
 @given(rows=st.lists(ROW, max_size=6), nodes=st.integers(1, 50), gpus=st.integers(1, 8))
 def test_sinfo_rows_give_the_usable_nodes_and_gpus_they_list(rows, nodes, gpus):
     text = "".join(f"{p}{'*' if d else ''}|{a}|{n}|{s}|{g}\n" for p, d, a, n, s, g in rows)
@@ -203,7 +203,7 @@ def counts_are_ascii(text: str) -> bool:
         ascii_int(n) is not None and len(n) < 100 for n in re.findall(r"gpu(?::[^:(,]+)?:(\d+)", r[4])) for r in rows)
 
 
-@fuzz(200)
+@fuzz(60)
 @given(data=sinfo_answers(), partition=st.sampled_from([None, "gpu", "cpu"]))
 def test_any_sinfo_answer_gives_findings(data, partition):
     if SLURM_BUG:
@@ -215,7 +215,7 @@ def test_any_sinfo_answer_gives_findings(data, partition):
 
 
 @pytest.mark.xfail(SLURM_BUG, strict=False, reason="fixed by engineer B: non-numeric or 5,000-digit counts from sinfo")
-@fuzz(40, known_bug=SLURM_BUG)
+@fuzz(30, known_bug=SLURM_BUG, share=0.05)
 @given(count=st.sampled_from(UNICODE_DIGITS + NUMBERS + ("abc", "", "N/A")), where=st.sampled_from(["nodes", "gres"]))
 def test_a_count_from_sinfo_is_read_only_from_ascii_digits(count, where):
     row = f"gpu*|up|{count}|idle|gpu:4\n" if where == "nodes" else f"gpu*|up|4|idle|gpu:{count}\n"

@@ -26,7 +26,7 @@ def status(text: str):
     return kind, code
 
 
-@fuzz(60)
+@fuzz(30, share=0.25)
 @given(word=st.sampled_from(["running", "lost", "missing", "exit"]), code=st.integers(0, 255),
        pad=st.sampled_from(["", "\n", "\r\n", " ", "\t\n"]))
 def test_a_status_reply_parses_back(word, code, pad):
@@ -36,7 +36,7 @@ def test_a_status_reply_parses_back(word, code, pad):
         assert status(word + pad) == (word, None)
 
 
-@fuzz(250)
+@fuzz(60)
 @given(text=st.one_of(hostile_text(), st.builds("exit {}".format, hostile_text(3, big=False)),
                       st.builds(lambda w, p: w + p, st.sampled_from(["running", "exit 0", "lost"]),
                                 hostile_text(2, big=False))))
@@ -57,7 +57,7 @@ def reply(text: str, count: int):
     return got
 
 
-@fuzz(60)
+@fuzz(30, share=0.25)
 @given(lines=st.lists(st.tuples(st.sampled_from(LINE_WORDS), st.none() | st.integers(0, 2 ** 70)), max_size=8),
        noise=st.sampled_from(["", "motd\n", "rm: cannot remove\n"]))
 def test_prune_lines_parse_back(lines, noise):
@@ -65,7 +65,7 @@ def test_prune_lines_parse_back(lines, noise):
     assert reply(text, len(lines)) == {i: (w, k) for i, (w, k) in enumerate(lines)}
 
 
-@fuzz(250)
+@fuzz(60)
 @given(count=st.integers(0, 5), text=st.one_of(
     hostile_text(),
     st.builds(lambda i, w, k: f"{i} {w} {k}\n", hostile_text(1, big=False), st.sampled_from(LINE_WORDS),

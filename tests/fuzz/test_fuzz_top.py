@@ -91,7 +91,7 @@ BANNERS = st.sampled_from([b"", b"Welcome to gpu-01\n", b"\x1b[2J motd\r\n", (to
                            b"\xff\xfe\n"])
 
 
-@fuzz(100)
+@fuzz(30, share=0.25)
 @given(r=replies(), banner=BANNERS)
 def test_a_rendered_reply_parses_back_to_its_values(r, banner):
     assert parse(render(r, banner), len(r["jobs"])) == expected(r)
@@ -111,7 +111,7 @@ def mutated(draw) -> tuple[bytes, int]:
     return top.MARK.encode() + draw(hostile_bytes()), jobs
 
 
-@fuzz(250)
+@fuzz(60)
 @given(case_=mutated())
 def test_any_reply_gives_checked_values_or_a_top_error(case_):
     data, jobs = case_
