@@ -23,8 +23,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     w.write_line("(tracebacks, hangs and wrong include the shrinker's replays of a failing input)")
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def _write_report() -> None:
     path = os.environ.get("FUZZ_REPORT")
     if path and TALLY:
-        with open(path, "w") as f:
+        with open(path + ".tmp", "w") as f:
             json.dump({p: {k: c[k] for k in OUTCOMES} for p, c in sorted(TALLY.items())}, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+
+def pytest_runtest_logfinish() -> None:
+    _write_report()  # after every test: a campaign cut short still says what it tried
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _write_report()

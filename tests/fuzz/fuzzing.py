@@ -43,7 +43,8 @@ def fuzz(ci: int, known_bug: bool = False, share: float = 1.0) -> settings:
     # No explain phase: it traces every line run (sys.settrace on Python < 3.12), which makes a parser that
     # loops in Python over a 256 KiB line (shlex) a hundred times slower than it is, and the bound fail.
     phases = (Phase.explicit, Phase.reuse, Phase.generate) + (() if known_bug else (Phase.target, Phase.shrink))
-    return settings(max_examples=max(1, int(CAMPAIGN * share)) if CAMPAIGN else ci, derandomize=not CAMPAIGN, database=None, deadline=None,
+    return settings(max_examples=max(1, int(CAMPAIGN * share)) if CAMPAIGN else ci, derandomize=not CAMPAIGN,
+                    database=None, deadline=None,
                     print_blob=True, phases=phases, report_multiple_bugs=not known_bug, suppress_health_check=[
                         HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
                         HealthCheck.large_base_example, HealthCheck.function_scoped_fixture])
@@ -170,8 +171,8 @@ def ascii_int(text: str) -> int | None:
 
 LEAVES = (st.none() | st.booleans() | st.integers() | st.integers(-(10 ** 40), 10 ** 40)
           | st.floats(allow_nan=True, allow_infinity=True) | ANY_TEXT | hostile_text(3, big=False))
-JSON_VALUES = st.recursive(LEAVES, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(ANY_TEXT, kids, max_size=3),
-                           max_leaves=8)
+JSON_VALUES = st.recursive(
+    LEAVES, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(ANY_TEXT, kids, max_size=3), max_leaves=8)
 
 
 def _places(data: object, prefix: tuple = ()) -> Iterator[tuple]:

@@ -12,7 +12,7 @@ import json
 import re
 
 import pytest
-from fuzzing import (ANY_TEXT, DEEP_JSON, UNICODE_DIGITS, case, fuzz, hostile_bytes, json_edited, spliced_bytes)
+from fuzzing import ANY_TEXT, DEEP_JSON, UNICODE_DIGITS, case, fuzz, hostile_bytes, json_edited, spliced_bytes
 from hypothesis import assume, given
 from hypothesis import strategies as st
 

@@ -12,8 +12,18 @@ from __future__ import annotations
 
 import json
 
-from fuzzing import (ANY_TEXT, DEEP_JSON, UNICODE_DIGITS, case, fuzz, hostile_bytes, hostile_text, json_edited,
-                     spliced, spliced_bytes)
+from fuzzing import (
+    ANY_TEXT,
+    DEEP_JSON,
+    UNICODE_DIGITS,
+    case,
+    fuzz,
+    hostile_bytes,
+    hostile_text,
+    json_edited,
+    spliced,
+    spliced_bytes,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -131,9 +141,9 @@ def mutated(draw) -> tuple[bytes, bytes]:
     elif how == "any":
         data = draw(hostile_bytes())
     elif how == "error file":  # the answer is well formed; the error file inside it is not
-        a["errors"] = [{"attempt": 0, "local_rank": 0, "truncated": False,
-                        "data": draw(st.one_of(spliced(error_file("E", "m", 1, 0)), hostile_text(),
-                                               st.builds(json.dumps, json_edited(json.loads(error_file("E", "m", 1, 0))))))}]
+        good = error_file("E", "m", 1, 0)
+        bad = st.one_of(spliced(good), hostile_text(), st.builds(json.dumps, json_edited(json.loads(good))))
+        a["errors"] = [{"attempt": 0, "local_rank": 0, "truncated": False, "data": draw(bad)}]
         data = json.dumps(a).encode()
     else:
         data = json.dumps(a).encode()

@@ -57,7 +57,8 @@ PLAIN = ANY_TEXT.filter(lambda v: "\n" not in v and "\0" not in v and not v.star
 
 
 @fuzz(30, share=0.25)
-@given(env=st.lists(st.tuples(NAMES, PLAIN), max_size=5), export=st.booleans(), indent=st.sampled_from(["", "  ", "\t"]))
+@given(env=st.lists(st.tuples(NAMES, PLAIN), max_size=5), export=st.booleans(),
+       indent=st.sampled_from(["", "  ", "\t"]))
 def test_a_plain_line_reads_back_as_its_value_verbatim(tmp_path, env, export, indent):
     p = tmp_path / "env"
     p.write_text("# comment\n\n" + "".join(f"{indent}{'export ' if export else ''}{k}={v}\n" for k, v in env),

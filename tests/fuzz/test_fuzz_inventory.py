@@ -72,7 +72,8 @@ SETTINGS = {
     "setup": st.lists(WORDS, max_size=2), "connect_timeout": st.floats(0.1, 60), "keepalive": st.integers(0, 30),
 }
 BAD_VALUES = st.one_of(
-    st.sampled_from(UNICODE_DIGITS), hostile_text(3, big=False), st.none(), st.booleans(), st.integers(-(10**40), 10**40), st.sampled_from([0, -1, 65536, 10**4000]),
+    st.sampled_from(UNICODE_DIGITS), hostile_text(3, big=False),
+    st.none(), st.booleans(), st.integers(-(10**40), 10**40), st.sampled_from([0, -1, 65536, 10**4000]),
     st.floats(allow_nan=True, allow_infinity=True), ODD_TEXT, st.lists(st.integers(), max_size=3),
     st.dictionaries(ODD_TEXT, st.integers(), max_size=2), st.integers(1, 60).map(lambda n: [[[[n]]]] * 2),
 )

@@ -13,8 +13,7 @@ import os
 import re
 
 import pytest
-from fuzzing import (ANY_TEXT, DEEP_JSON, case, fuzz, hostile_bytes, hostile_text, json_edited, spliced,
-                     spliced_bytes)
+from fuzzing import ANY_TEXT, DEEP_JSON, case, fuzz, hostile_bytes, hostile_text, json_edited, spliced, spliced_bytes
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
