@@ -34,7 +34,7 @@ from clusterddp.record import SCHEMA, NodeRecord, NodeState, RecordError, RunRec
 from clusterddp.store import RunStore
 
 RID = "20261129-181500-f0zz"
-EXAMPLES = 120  # in CI; scripts/fuzz.sh runs FUZZ_EXAMPLES
+EXAMPLES = 500  # in CI (fewer miss a kind of case below); scripts/fuzz.sh runs FUZZ_EXAMPLES
 CASE_LIMIT_S = 10.0  # one case (the load, then `status` and `runs` in process): ~20 ms; the load: fuzzing.LIMIT_S
 
 NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,12}", fullmatch=True)
