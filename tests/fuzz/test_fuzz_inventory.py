@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fuzzing import DEEP, S_PER_MIB, UNICODE_DIGITS, case, fuzz, hostile_bytes, hostile_text
+from fuzzing import CAMPAIGN, DEEP, S_PER_MIB, UNICODE_DIGITS, case, fuzz, hostile_bytes, hostile_text
 from hypothesis import event, given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -29,8 +29,11 @@ from clusterddp.cli.app import app
 from clusterddp.errors import InventoryError
 
 CASE_SECONDS = 3.0      # CPU of one parse: ~5 ms here; the alias bomb took 8 s before the strict reader
-HEADROOM_MB = 512       # address space allowed on top of what the process has: the bomb needed 1.2 GB
-RSS_GROWTH_MB = 300     # peak resident memory growth over the whole module
+# Address space allowed on top of what the process has (the bomb needed 1.2 GB), and the peak resident memory
+# growth over the whole module; in the campaign hypothesis keeps each input's choices (MB-sized inputs here),
+# 0.1 MB per input more: 2,000 inputs a test still stay well under what one bomb takes.
+HEADROOM_MB = 512 + CAMPAIGN // 10
+RSS_GROWTH_MB = 300 + CAMPAIGN // 10
 
 
 def max_rss_mb() -> float:
