@@ -171,8 +171,9 @@ def spliced_bytes(draw: st.DrawFn, base: bytes, big: bool = True) -> bytes:
 
 
 def ascii_int(text: str) -> int | None:
-    """What an integer in ``text`` means by the documented rule: ASCII digits only, else None."""
-    return int(text) if text.isascii() and text.isdigit() else None
+    """What an integer in ``text`` means by the documented rule: ASCII digits only, else None (and None past
+    int()'s 4,300 digits: no parser here takes a number that long)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 4300 else None
 
 
 # ---- JSON documents, edited ----
