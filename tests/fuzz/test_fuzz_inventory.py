@@ -31,9 +31,9 @@ from clusterddp.errors import InventoryError
 CASE_SECONDS = 3.0      # CPU of one parse: ~5 ms here; the alias bomb took 8 s before the strict reader
 # Address space allowed on top of what the process has (the bomb needed 1.2 GB), and the peak resident memory
 # growth over the whole module; in the campaign hypothesis keeps each input's choices (MB-sized inputs here),
-# 0.1 MB per input more: 2,000 inputs a test still stay well under what one bomb takes.
-HEADROOM_MB = 512 + CAMPAIGN // 10
-RSS_GROWTH_MB = 300 + CAMPAIGN // 10
+# 0.3 MB per input more (582 MB measured over 2,000): that still stops a bomb, which takes 1.2 GB at once.
+HEADROOM_MB = 512 + CAMPAIGN * 3 // 10
+RSS_GROWTH_MB = 300 + CAMPAIGN * 3 // 10
 
 
 def max_rss_mb() -> float:
@@ -232,7 +232,9 @@ def test_files_of_any_bytes_give_an_inventory_or_a_located_error(data, tmp_path_
 
     def located(e: BaseException) -> None:
         assert isinstance(e, InventoryError)
-        assert e.exit_code == 2 and str(e).startswith(f"{f}:") and e.line is not None and len(str(e)) < 1500, str(e)
+        too_big = len(data) > 1 << 20  # the 1 MiB limit: the file's error, no line
+        assert e.exit_code == 2 and str(e).startswith(f"{f}:") and len(str(e)) < 1500, str(e)
+        assert e.line is not None or too_big, str(e)
     with case("inventory (file bytes)", InventoryError, located, size=len(data)):
         inventory.load(f)
     assert time.process_time() - started < CASE_SECONDS + S_PER_MIB * len(data) / (1 << 20)
@@ -293,7 +295,8 @@ def test_up_flags_give_a_plan_or_exit_2(work, inv_text, hosts, env, gpus, port, 
     r = cli_outcome([*argv, "--", *args])
     assert time.process_time() - started < CASE_SECONDS
     if r.exit_code == 0:  # every user word reaches launch.sh quoted: "$NPROC" from a user stays literal
-        words = " ".join(shlex.quote(w) for w in ["t.py", *args])
+        # click's CliRunner reads its output with \r\n as \n
+        words = " ".join(shlex.quote(w) for w in ["t.py", *args]).replace("\r\n", "\n")
         assert '--max-restarts 0 --log-dir "$CTL/errors" ' + words in r.output
 
 
