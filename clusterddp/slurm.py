@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import posixpath
 import re
 import shutil
 import signal
@@ -22,16 +23,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from . import nodescript as NS
 from . import plan as P
+from . import postmortem
 from . import slurm_plan as SP
 from .artifacts import CollectResult
 from .errors import HostError, NodeOutcome, RunFailed, SlurmError, UsageError
+from .failure import Failure
 from .inventory import Inventory
-from .jobs import SourceFolder
 from .record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
 from .slurm_login import Login, open_login
 from .store import RunStore, new_run_id, utcnow
 from .supervisor import RunOutcome
+from .upload import SourceFolder
 
 POLL = 0.5  # seconds between looks at the job; node logs are read as often
 # How long the login host (or Slurm's controller) may stay out of reach while `up` follows a job
@@ -255,6 +259,40 @@ def finish(store: RunStore, run_id: str, out: RunOutcome) -> RunStatus:
     return store.update(run_id, ended).status
 
 
+def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
+    """Why a Slurm run failed, as for an SSH run (:mod:`clusterddp.postmortem`): the node program
+    ``diagnose`` reads each node's own control folder in the shared folder (its ranks' error files,
+    the end of its log) where that folder is, on the login host. The kernel log and nvidia-smi there
+    are the login host's, not the node's: they are left out."""
+    assert rec.slurm is not None
+    t, where = login.collect_host(rec.slurm.run_dir)
+    ctl = posixpath.join(rec.slurm.run_dir, NS.CONTROL)
+    reports: dict[str, dict] = {}
+    failed: dict[str, BaseException] = {}
+    for n in rec.nodes:
+        node = P.NodeLaunch(where, n.node_rank, n.nproc, rec.slurm.run_dir, SP.node_control(ctl, n.host), "",
+                            (), (), "")
+        try:
+            rep = postmortem.report(t, node)
+        except Exception as e:  # noqa: BLE001 - a node that cannot be asked is named in the summary
+            failed[n.host] = e
+            continue
+        reports[n.host] = {**rep, "kernel_lines": [], "nvidia_smi": None,
+                           "kernel_error": "not read: a Slurm node's kernel log is not reachable from the login host"}
+    return postmortem.explain_reports(rec, store, reports, failed)
+
+
+def explain(login: Login, store: RunStore, run_id: str) -> tuple[str, ...]:
+    """:func:`diagnose`, recorded in run.json's ``failure``, as the summary's lines; when it cannot be
+    worked out, a line saying why (the exit codes still say what they say)."""
+    try:
+        failure = diagnose(login, store, store.load(run_id))
+        store.update(run_id, lambda rec: replace(rec, failure=failure))
+    except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not hide the run's own failure
+        return (f"(the root cause could not be worked out: {type(e).__name__}: {e})",)
+    return tuple(failure.lines())
+
+
 def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_dir: str, hosts: tuple[str, ...],
             globs: tuple[str, ...]) -> CollectResult:
     """Every node's log, and the batch step's output and the collect globs from the shared run folder
@@ -409,7 +447,9 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         if stopped:
             raise KeyboardInterrupt
         if status is not RunStatus.SUCCEEDED:
-            raise RunFailed(run_id, list(result.nodes), result.first_failed, status)
+            said = {n.host: n.describe() for n in store.load(run_id).nodes}  # the words `status` will print
+            cause = explain(login, store, run_id) if status is RunStatus.FAILED else ()
+            raise RunFailed(run_id, list(result.nodes), result.first_failed, status, said, cause=cause)
         return result
     finally:
         store.close_logs()

@@ -113,7 +113,11 @@ def _status(store: RunStore, run_id: str, login: Login) -> RunRecord:
 
 def status(store: RunStore, run_id: str) -> RunRecord:
     with _login(store.load(run_id)) as login:
-        return _status(store, run_id, login)
+        rec = _status(store, run_id, login)
+        if rec.status is RunStatus.FAILED and rec.failure is None:  # e.g. a detached run: say why, once
+            failure = slurm.diagnose(login, store, rec)
+            rec = store.update(run_id, lambda r: r if r.failure else replace(r, failure=failure))
+        return rec
 
 
 def job_state(rec: RunRecord) -> str | None:

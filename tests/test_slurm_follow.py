@@ -108,7 +108,7 @@ class _Running:
     def small_files(self, paths):
         self.other.update(self.run_id, lambda r: replace(r, name="renamed meanwhile"))
         self.updated_meanwhile = True
-        return {p: ("0\n", 1.0) for p in paths if p.endswith("/n1.exit_code")}
+        return {p: ("0\n", 1.0) for p in paths if p.endswith("/n1/exit_code")}
 
     def close(self) -> None:
         pass

@@ -72,7 +72,8 @@ def up(
 
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
     spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg))
-    limit = jobs.parse_size(max_upload)
+    from ..upload import parse_size
+    limit = parse_size(max_upload)
     loaded = jobs.load_inventory(inventory, gpus)
     if loaded.slurm is not None:  # Slurm allocates, starts and kills: a path of its own
         from .up_slurm import up_slurm

@@ -34,11 +34,12 @@ def up_slurm(inv, inventory_arg: str, spec, runs_dir: str, hosts: list[str] | No
 
 def _up(prep, inventory_arg: str, runs_dir: str, limit: int, dry_run: bool, detach: bool, raw: bool,
         schedule: str | None) -> None:
-    from .. import jobs, slurm
+    from .. import slurm
     from .. import slurm_plan as SP
     run_id = prep.plan.run_id
-    folder = jobs.scan_source(prep.source_dir, prep.store.root)
-    jobs.check_upload_size(folder, limit)
+    from .. import upload
+    folder = upload.scan(prep.source_dir, prep.store.root)
+    upload.check_upload_size(folder, limit)
     if dry_run:
         print(f"run {run_id}", flush=True)
         print(SP.render(prep.plan))
