@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from clusterddp import control
+from clusterddp.backends.ssh import control
 from clusterddp.cli.app import app
 from clusterddp.errors import HostError
 from clusterddp.inventory import Host

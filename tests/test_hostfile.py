@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterddp import _hostfile, inventory, jobs, plan
+from clusterddp import _hostfile, inventory, plan
+from clusterddp.backends import base
 from clusterddp.errors import InventoryError
 from clusterddp.node import worker
 from helpers import REPO
@@ -151,11 +152,11 @@ def test_the_plan_renders_the_shim_quoted_and_only_when_asked(tmp_path):
 def test_up_warns_when_a_script_parses_local_rank_and_the_option_is_off(tmp_path):
     s = tmp_path / "d.py"
     s.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument(\"--local-rank\", type=int)\n")
-    warning = jobs.local_rank_warning(plan.RunSpec(str(s)))
+    warning = base.local_rank_warning(plan.RunSpec(str(s)))
     assert warning and f"{s}:3 parses --local-rank" in warning and "--local-rank-arg=--local-rank" in warning
-    assert jobs.local_rank_warning(plan.RunSpec(str(s), local_rank_arg="--local-rank")) is None
+    assert base.local_rank_warning(plan.RunSpec(str(s), local_rank_arg="--local-rank")) is None
     s.write_text("import os\nrank = int(os.environ['LOCAL_RANK'])  # --local_rank is not parsed here\n")
-    assert jobs.local_rank_warning(plan.RunSpec(str(s))) is None
+    assert base.local_rank_warning(plan.RunSpec(str(s))) is None
 
 
 def test_local_rank_arg_spellings_on_the_command_line():

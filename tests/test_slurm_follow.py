@@ -13,8 +13,10 @@ from dataclasses import replace
 
 import pytest
 
-from clusterddp import inventory, slurm, slurm_control
+from clusterddp import inventory
 from clusterddp import store as store_mod
+from clusterddp.backends.slurm import control as slurm_control
+from clusterddp.backends.slurm import job as slurm
 from clusterddp.errors import HostError, HostErrorKind, SlurmError
 from clusterddp.plan import RunSpec
 from clusterddp.store import RunStore

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import slurm_commands as P
+from clusterddp.backends.slurm import commands as P
+from clusterddp.backends.slurm.login import LocalLogin, SSHLogin, open_login
 from clusterddp.errors import SlurmError, UsageError
 from clusterddp.inventory import Host, SlurmSettings
-from clusterddp.slurm_login import LocalLogin, SSHLogin, open_login
 from clusterddp.transport.local import LocalTransport
 from clusterddp.upload import SourceFolder
 from test_plan import golden

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import jobs, upload
+from clusterddp import upload
+from clusterddp.backends.ssh import launch as jobs
 from clusterddp.errors import UsageError
 from helpers import REPO, cddp
 

@@ -64,8 +64,9 @@ def add(
 
     The options, -e values and script arguments go to a 0600 spec file in <runs-dir>/schedules/,
     not into the crontab."""
-    from .. import jobs
+    from .. import backends
     from .. import schedule as S
+    from ..backends.base import LaunchRequest
     from ..inventory import LOCAL
 
     S.check_name(name)
@@ -74,15 +75,12 @@ def add(
     run = dataclasses.replace(run, local_rank_arg=local_rank_flag(local_rank_arg))
     hosts_ = host_list(hosts)
     excluded = host_list(exclude, "--exclude")
-    loaded = jobs.load_inventory(inventory, gpus)
-    if loaded.slurm is not None:  # the same checks as `up` with a `slurm:` inventory; no network
-        from .up_slurm import prepare_slurm
-        prep = prepare_slurm(loaded, run, runs_dir, hosts_, excluded)
-    else:
-        # the same checks as `up`; no network
-        prep = jobs.prepare(inventory, run, runs_dir, hosts_, exclude=excluded, loaded=loaded)
-        if excluded:  # the spec records the hosts that are left, as --hosts
-            hosts_ = [h.name for h in prep.plan.inventory.hosts]
+    loaded = backends.load_inventory(inventory, gpus)
+    # the same checks as `up`, through the inventory's backend; no network
+    request = LaunchRequest(inventory, loaded, run, runs_dir, hosts_, exclude=excluded)
+    prep = backends.for_inventory(loaded).prepare(request)
+    if excluded:  # the spec records the hosts that are left, as --hosts
+        hosts_ = [h.name for h in prep.plan.inventory.hosts]
     run = dataclasses.replace(run, script=os.path.abspath(script))
     executable, bin_dir = S.current_executable()
     spec = S.ScheduleSpec(

@@ -11,7 +11,6 @@ hosts once Slurm reports them, and the login host.
 from __future__ import annotations
 
 import functools
-import os
 import posixpath
 import re
 import shutil
@@ -23,19 +22,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import nodescript as NS
-from . import plan as P
-from . import postmortem
-from . import slurm_plan as SP
-from .artifacts import CollectResult
-from .errors import HostError, NodeOutcome, RunFailed, SlurmError, UsageError
-from .failure import Failure
-from .inventory import Inventory
-from .record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
-from .slurm_login import Login, open_login
-from .store import RunStore, new_run_id, utcnow
-from .supervisor import RunOutcome
-from .upload import SourceFolder
+from ... import nodescript as NS
+from ... import plan as P
+from ... import postmortem, upload
+from ...artifacts import CollectResult
+from ...errors import HostError, NodeOutcome, RunFailed, SlurmError, UsageError
+from ...failure import Failure
+from ...inventory import Inventory
+from ...record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
+from ...store import RunStore, new_run_id, utcnow
+from ...upload import SourceFolder
+from .. import base
+from ..base import RunOutcome
+from . import plan as SP
+from .login import Login, open_login
 
 POLL = 0.5  # seconds between looks at the job; node logs are read as often
 # How long the login host (or Slurm's controller) may stay out of reach while `up` follows a job
@@ -98,11 +98,9 @@ def prepare(inventory: Inventory, spec: P.RunSpec, runs_dir: str, script: Path, 
 
 def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> RunRecord:
     plan = prep.plan
-    return RunRecord(
-        run_id=plan.run_id, name=plan.spec.name, inventory=str(Path(inventory_arg).resolve()),
-        script=plan.spec.script, args=tuple(plan.spec.script_args), status=RunStatus.RUNNING, failed_host=None,
-        schedule=schedule, local=False, started_at=utcnow(), ended_at=None, launch_dir=os.getcwd(),
-        master_addr="", master_port=plan.spec.master_port or 29500, collect=plan.collect, nodes=(),
+    return base.new_record(
+        inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=False, master_addr="",
+        master_port=plan.spec.master_port or 29500, collect=plan.collect,
         slurm=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
                        nproc=plan.spec.gpus or plan.settings.gpus_per_node, login=prep.login.host))
 
@@ -251,12 +249,7 @@ def with_hosts(rec: RunRecord, plan: SP.SlurmPlan, info: JobInfo) -> RunRecord:
 
 
 def finish(store: RunStore, run_id: str, out: RunOutcome) -> RunStatus:
-    def ended(rec: RunRecord) -> RunRecord:
-        rec = rec.seen(node_states(out))
-        if rec.status is RunStatus.STOPPED:  # `clusterddp stop` from another terminal
-            return replace(rec, ended_at=rec.ended_at or utcnow())
-        return replace(rec, status=out.status, failed_host=out.first_failed, ended_at=utcnow())
-    return store.update(run_id, ended).status
+    return base.finish(store, run_id, node_states(out), out)
 
 
 def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
@@ -297,7 +290,7 @@ def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_di
             globs: tuple[str, ...]) -> CollectResult:
     """Every node's log, and the batch step's output and the collect globs from the shared run folder
     (through the same node program as SSH runs, run where the folder is) into ``artifacts/shared/``."""
-    from .artifacts import collect_node
+    from ...artifacts import collect_node
     for h in hosts:
         copy_log(login, store, run_id, h, SP.node_log(control_dir, h))
     t, host = login.collect_host(run_dir)
@@ -385,7 +378,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             raise
         interrupted = True  # while sbatch answered: the job is recorded, and cancelled below
     except BaseException:  # nothing was submitted: the run ends here, not `running` forever
-        store.update(run_id, lambda rec: replace(rec, status=RunStatus.FAILED, ended_at=utcnow()))
+        base.failed_run(store, run_id)
         raise
     if detach and not interrupted:
         return None
@@ -453,3 +446,74 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         return result
     finally:
         store.close_logs()
+
+
+def prepare_request(req: base.LaunchRequest, *, contact: bool = False) -> Prepared:
+    """:func:`prepare` from `up`'s request: Slurm picks the hosts, so --hosts and --exclude are refused."""
+    if req.hosts is not None:
+        raise UsageError("--hosts does not apply to a `slurm:` inventory: Slurm chooses the hosts",
+                         "set slurm.nodes (and slurm.constraint, or `sbatch` options) in the inventory")
+    if req.exclude:
+        raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
+                         "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
+    return prepare(req.inventory, req.spec, req.runs_dir, base.check_script(req.spec.script), contact=contact)
+
+
+def scan(prep: Prepared, req: base.LaunchRequest) -> SourceFolder:
+    folder = upload.scan(prep.source_dir, prep.store.root)
+    upload.check_upload_size(folder, req.max_upload)
+    return folder
+
+
+def render(prep: Prepared, req: base.LaunchRequest) -> str:
+    """The dry-run text: the plan (:func:`plan.render`), where it would be submitted, what it uploads."""
+    out = [f"run {prep.plan.run_id}", SP.render(prep.plan)]
+    if prep.login.host is not None:
+        out.append(f"login host: {prep.login.name} over SSH (not contacted by --dry-run; ~ is the home there)")
+    return "\n".join([*out, f"upload: {scan(prep, req).summary()}"])
+
+
+def job_line(info: JobInfo) -> str:
+    """How `up` says what Slurm says of the job (its state, why it pends, where it runs)."""
+    where = f" on {','.join(info.hosts)}" if info.hosts else ""
+    why = f" ({info.reason})" if info.reason not in ("None", "") else ""
+    return f"slurm job {info.job_id} {info.state.lower()}{why}{where}"
+
+
+def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutcome | None:
+    """The whole `up` of a Slurm run: record, stage, submit, follow (or detach), collect."""
+    try:
+        return _up(prep, req, events)
+    finally:
+        prep.login.close()
+
+
+def _up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutcome | None:
+    run_id = prep.plan.run_id
+    folder = scan(prep, req)
+    prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule))
+    events.say(f"run {run_id}")  # once recorded, so `logs`/`status` find it (as for SSH runs)
+    events.say(f"upload: {folder.summary()}")
+    started = time.monotonic()
+
+    def on_state(info: JobInfo) -> None:
+        events.say(job_line(info))
+        if info.hosts:
+            events.hosts(info.hosts)
+    rd = req.runs_dir_flag
+    # keep_runs is not applied to Slurm runs: prune reaches a run's nodes over SSH, which a Slurm
+    # run's nodes are not (its folder is in the shared dir, under the login host).
+    result = execute(prep, events.output, detach=req.detach, on_state=on_state, folder=folder,
+                     on_collect=lambda r: events.collected(r, "the run folder"), on_note=events.warn,
+                     runs_dir_flag=rd)
+    if req.detach:
+        rec = prep.store.load(run_id)
+        job = rec.slurm.job_id if rec.slurm else "?"
+        events.say(f"detached; slurm job {job} runs on without this command.\n"
+                   f"  follow: clusterddp logs {run_id} --follow{rd}\n"
+                   f"  status: clusterddp status {run_id}{rd}\n"
+                   f"  stop:   clusterddp stop {run_id}{rd}")
+    else:
+        events.say(f"run {run_id} succeeded in {time.monotonic() - started:.1f}s; "
+                   f"run folder: {prep.store.run_dir(run_id)}")
+    return result

@@ -14,16 +14,16 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import BinaryIO
 
-from . import plan as P
-from . import slurm
-from . import slurm_plan as SP
-from .artifacts import CollectResult
-from .errors import UsageError
-from .inventory import BUILTIN, Host
-from .record import NodeRecord, NodeState, RunRecord, RunStatus
-from .slurm_login import Login, open_login
-from .store import RunStore, utcnow
-from .supervisor import RunOutcome
+from ... import nodescript as NS
+from ...artifacts import CollectResult
+from ...errors import UsageError
+from ...inventory import BUILTIN, Host
+from ...record import NodeRecord, NodeState, RunRecord, RunStatus
+from ...store import RunStore, utcnow
+from ..base import RunOutcome, Stopped
+from . import job as slurm
+from . import plan as SP
+from .login import Login, open_login
 
 
 @contextmanager
@@ -43,7 +43,7 @@ def _job(rec: RunRecord) -> tuple[str, str]:
     if rec.slurm.job_id is None:
         raise UsageError(f"run {rec.run_id} was never accepted by Slurm (no job id recorded)",
                          "start it again with `clusterddp up`")
-    return rec.slurm.job_id, posixpath.join(rec.slurm.run_dir, P.CONTROL)
+    return rec.slurm.job_id, posixpath.join(rec.slurm.run_dir, NS.CONTROL)
 
 
 def _nodes(rec: RunRecord, info: slurm.JobInfo) -> tuple[NodeRecord, ...]:
@@ -53,7 +53,7 @@ def _nodes(rec: RunRecord, info: slurm.JobInfo) -> tuple[NodeRecord, ...]:
     assert rec.slurm is not None
     run_dir = rec.slurm.run_dir
     return tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=rec.slurm.nproc, run_dir=run_dir,
-                            control_dir=posixpath.join(run_dir, P.CONTROL), marker=f"{rec.run_id}/{h}",
+                            control_dir=posixpath.join(run_dir, NS.CONTROL), marker=f"{rec.run_id}/{h}",
                             settings=_settings(run_dir, h), state=NodeState.RUNNING)
                  for i, h in enumerate(info.hosts))
 
@@ -130,7 +130,7 @@ def job_state(rec: RunRecord) -> str | None:
     return info.state.lower() + (f" ({info.reason})" if info.reason not in ("None", "") else "")
 
 
-def stop(store: RunStore, run_id: str) -> tuple[RunRecord, CollectResult]:
+def stop(store: RunStore, run_id: str) -> Stopped:
     """scancel the job, wait until Slurm says it ended, mark the run stopped, collect its logs."""
     rec = store.load(run_id)
     job_id, ctl = _job(rec)
@@ -139,7 +139,8 @@ def stop(store: RunStore, run_id: str) -> tuple[RunRecord, CollectResult]:
         found = _read(rec, login, info, stopped=rec.status is RunStatus.RUNNING)
         rec = store.update(run_id, lambda r: _seen(r, info, found))
         assert rec.slurm is not None
-        return rec, slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), ())
+        logs = slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), ())
+    return Stopped(rec, {n.host: "cancelled by scancel" for n in rec.nodes}, (), [logs])
 
 
 def collect(store: RunStore, run_id: str) -> list[CollectResult]:
@@ -152,7 +153,7 @@ def collect(store: RunStore, run_id: str) -> list[CollectResult]:
 
 def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
               show: Callable[[str, str, BinaryIO | None], None]) -> None:
-    """:func:`clusterddp.control.node_logs` for a Slurm run: each node's log from the shared folder
+    """:func:`clusterddp.backends.ssh.control.node_logs` for a Slurm run: each node's log from the shared folder
     (copied to the local copy in chunks, never held whole), else the local copy."""
     with _login(store.load(run_id)) as login:
         rec = _status(store, run_id, login)  # the hosts may have been allocated since the last look

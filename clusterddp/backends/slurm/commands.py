@@ -1,4 +1,4 @@
-"""The shell a `slurm:` inventory's login host runs (:mod:`clusterddp.slurm_login`): Slurm's client
+"""The shell a `slurm:` inventory's login host runs (:mod:`.login`): Slurm's client
 commands after the login host's setup lines and env, and the reads and writes of the shared folder.
 Pure text, quoted through :mod:`clusterddp.nodescript`; golden-tested (tests/golden/slurm_login_commands.txt).
 """
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .inventory import Host
-from .nodescript import NodeCommand, env_stdin, preamble, q
+from ...inventory import Host
+from ...nodescript import NodeCommand, env_stdin, preamble, q
 
 LOGIN_SETUP_FAILED = 98  # what login_command exits with when one of the login host's setup lines failed
 NO_FILE = 3  # what file_read_command exits with when the file is not there

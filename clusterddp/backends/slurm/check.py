@@ -13,12 +13,12 @@ import posixpath
 import re
 import secrets
 
-from . import slurm
-from . import slurm_plan as SP
-from .check import FAIL, OK, Finding, HostReport, Report
-from .errors import HostError, UsageError
-from .inventory import Inventory, SlurmSettings
-from .slurm_login import Login, open_login
+from ...check import FAIL, OK, Finding, HostReport, Report
+from ...errors import HostError, UsageError
+from ...inventory import Inventory, SlurmSettings
+from . import job as slurm
+from . import plan as SP
+from .login import Login, open_login
 
 CHECKS = ("slurm", "partition", "nodes", "gpus", "shared_dir", "python", "torch")
 PROBE_WAIT_S = 60  # srun --immediate: a probe that cannot start within this is reported, not waited for

@@ -1,34 +1,36 @@
-"""One run, from plan to record: the steps behind `clusterddp up`, free of any printing.
+"""One SSH (or `local`) run, from plan to record: the steps behind `clusterddp up`, free of any printing.
 
-The CLI calls :func:`prepare` (pure planning plus the run record) and then :func:`execute`
-(start, watch, collect, record the outcome).
+:func:`prepare` plans (no network); :func:`up` is the whole sequence (preflight, lease, record,
+:func:`execute`: start, watch, collect, record the outcome; keep_runs), telling a
+:class:`clusterddp.backends.base.Events` what happens.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
-import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import inventory as inv_mod
-from . import plan as P
-from . import upload
-from .artifacts import CollectResult, collect_nodes
-from .errors import HostError, RunFailed, UsageError
-from .failure import Failure
-from .fleet import Fleet
-from .record import NodeRecord, NodeState, RunRecord, RunStatus
-from .store import RunStore, new_run_id, utcnow
-from .supervisor import RunOutcome, Supervisor
-from .upload import DEFAULT_MAX_UPLOAD
+from ... import backends, upload
+from ... import inventory as inv_mod
+from ... import plan as P
+from ...artifacts import CollectResult, collect_nodes
+from ...errors import HostError, RunFailed, UsageError
+from ...failure import Failure
+from ...fleet import Fleet
+from ...record import NodeRecord, NodeState, RunRecord, RunStatus
+from ...store import RunStore, new_run_id
+from ...upload import DEFAULT_MAX_UPLOAD
+from .. import base
+from ..base import RunOutcome
+from .supervisor import Supervisor
 
 if TYPE_CHECKING:  # leases are not needed by `up local`
-    from .leases import Lease
+    from ...leases import Lease
 
 
 @dataclass(frozen=True)
@@ -38,22 +40,16 @@ class Prepared:
     source_dir: Path
 
 
-def load_inventory(arg: str, gpus: int | None) -> inv_mod.Inventory:
-    if arg == inv_mod.LOCAL:
-        return inv_mod.local(gpus=gpus or "auto", python=sys.executable)
-    return inv_mod.load(arg)
-
-
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
             run_id: str | None = None, exclude: list[str] | None = None,
             loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None) -> Prepared:
     """Validate input and plan the run (no network). Raises UsageError for bad input.
     ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
     GPUs by host (``--hosts gpu-01:0,1``), over the inventory's."""
-    script = check_script(spec.script)
-    inventory = loaded or load_inventory(inventory_arg, spec.gpus)
-    if inventory.slurm is not None:
-        raise UsageError(f"{inventory.path} is a `slurm:` inventory, which this command does not take",
+    script = base.check_script(spec.script)
+    inventory = loaded or backends.load_inventory(inventory_arg, spec.gpus)
+    if backends.name_of_inventory(inventory) != "ssh":
+        raise UsageError(f"{inventory.path} is not an inventory of SSH hosts, which this command takes",
                          "give it an inventory with `hosts:`")
     inventory = inventory.narrow(hosts, exclude)
     if slots:
@@ -86,27 +82,6 @@ def local_port(fixed: int | None) -> int:
         return s.getsockname()[1]
 
 
-def check_script(path: str) -> Path:
-    """The training script as a Path; a UsageError (exit 2) naming it when it is a folder or missing."""
-    script = Path(path)
-    if script.is_dir():
-        raise UsageError(f"script {path}: is a directory, not a script", _script_in(script))
-    if not script.is_file():
-        raise UsageError(f"script {path}: no such file", "pass the path of your training script")
-    return script
-
-
-def _script_in(folder: Path) -> str:
-    """What to pass instead of a folder: its Python files (the folder itself is uploaded with the script)."""
-    try:
-        found = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_file())
-    except OSError:
-        found = []
-    shown = ", ".join(str(folder / name) for name in found[:5]) + (", ..." if len(found) > 5 else "")
-    return ("pass the training script inside it" + (f" (one of: {shown})" if found else "")
-            + "; the script's whole folder is uploaded with it")
-
-
 def describe_upload(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> str | None:
     """For --dry-run: what the upload would send (None in local mode); over the limit is bad input."""
     if not prep.plan.upload:
@@ -128,16 +103,12 @@ def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> upload.Upload 
 
 def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> RunRecord:
     plan = prep.plan
-    return RunRecord(
-        run_id=plan.run_id, name=plan.spec.name,
-        inventory=inventory_arg if inventory_arg == inv_mod.LOCAL else str(Path(inventory_arg).resolve()),
-        script=plan.spec.script, args=tuple(plan.spec.script_args), status=RunStatus.RUNNING, failed_host=None,
-        schedule=schedule, local=plan.local, started_at=utcnow(), ended_at=None, launch_dir=os.getcwd(),
-        master_addr=plan.master_addr, master_port=plan.master_port, collect=tuple(plan.collect),
-        fanout=plan.inventory.fanout,
-        nodes=tuple(NodeRecord(host=n.host.name, address=n.host.address, node_rank=n.node_rank, nproc=n.nproc,
-                               run_dir=n.run_dir, control_dir=n.control_dir, marker=n.marker, settings=n.host,
-                               state=NodeState.PENDING) for n in plan.nodes))
+    return base.new_record(
+        inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=plan.local, master_addr=plan.master_addr,
+        master_port=plan.master_port, collect=plan.collect, fanout=plan.inventory.fanout,
+        nodes=[NodeRecord(host=n.host.name, address=n.host.address, node_rank=n.node_rank, nproc=n.nproc,
+                          run_dir=n.run_dir, control_dir=n.control_dir, marker=n.marker, settings=n.host,
+                          state=NodeState.PENDING) for n in plan.nodes])
 
 
 def node_states(sup: Supervisor) -> dict[str, tuple[NodeState, int | None, str | None]]:
@@ -155,7 +126,7 @@ def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | No
     """
     if plan.local:
         return None
-    from .check import preflight_failed, run_checks
+    from ...check import preflight_failed, run_checks
     fleet = Fleet(plan.inventory.hosts, fanout=plan.inventory.fanout, **({"connect": connect} if connect else {}))
     try:
         report = run_checks(plan.inventory, full=False, master_port=plan.master_port, fleet=fleet,
@@ -184,7 +155,7 @@ def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
     plan = prep.plan
     if plan.local:
         return prep, None
-    from .leases import acquire
+    from ...leases import acquire
     lease = acquire(plan, fleet, port_fixed=port_fixed(plan), wait=wait, on_wait=on_wait)
     try:
         spec = replace(plan.spec, master_port=lease.port or plan.master_port)
@@ -251,7 +222,7 @@ def explain(fleet: Fleet, plan: P.LaunchPlan, store: RunStore) -> tuple[str, ...
     """Why the run failed (:mod:`clusterddp.postmortem`), recorded in run.json's ``failure``, as the
     summary's lines; when it cannot be worked out, a line saying why (the exit codes still say what
     they say)."""
-    from .postmortem import explain as postmortem
+    from ...postmortem import explain as postmortem
     try:
         failure: Failure = postmortem(fleet, plan.nodes, store.load(plan.run_id), store)
         store.update(plan.run_id, lambda rec: replace(rec, failure=failure))
@@ -278,32 +249,72 @@ def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Calla
 
 def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> RunStatus:
     """Record how the run ended; return the status recorded."""
-    def ended(rec: RunRecord) -> RunRecord:
-        rec = rec.seen(node_states(sup))
-        if rec.status is RunStatus.STOPPED:  # `clusterddp stop` from another terminal: a stop, not a failure
-            return replace(rec, ended_at=rec.ended_at or utcnow())
-        return replace(rec, status=outcome.status, failed_host=outcome.first_failed, ended_at=utcnow())
-    return store.update(run_id, ended).status
+    return base.finish(store, run_id, node_states(sup), outcome)
 
 
-# How a script written for torch.distributed.launch asks for its local rank: argparse's
-# add_argument("--local_rank", ...) or "--local-rank", in either quotes.
-_LOCAL_RANK_ARG = re.compile(r"""(["'])--local[_-]rank\1""")
+def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutcome | None:
+    """The whole `up` of an SSH (or `local`) run: pack, preflight, lease, record, execute, keep_runs.
 
-
-def local_rank_warning(spec: P.RunSpec) -> str | None:
-    """A warning when the script parses ``--local_rank`` but ``--local-rank-arg`` is off: torchrun
-    does not pass it, so every rank would get the argument's default (on GPUs, all the same device)."""
-    if spec.local_rank_arg is not None:
-        return None
+    The run id is said once it is recorded: a run refused before (bad input, the preflight, slots
+    taken) has no record, so it shows no id that `clusterddp logs` could not find."""
+    packed = pack(prep, req.max_upload)
     try:
-        text = Path(spec.script).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    m = _LOCAL_RANK_ARG.search(text)
-    if m is None:
-        return None
-    line = text.count("\n", 0, m.start()) + 1
-    flag = m.group()[1:-1]
-    return (f"warning: {spec.script}:{line} parses {flag}, which torchrun does not pass: every rank gets its "
-            f"default. Add --local-rank-arg={flag} (or read os.environ['LOCAL_RANK'] in the script).")
+        return _up(prep, packed, req, events)
+    finally:
+        if packed is not None:
+            packed.discard()
+
+
+def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, events: base.Events
+        ) -> RunOutcome | None:
+    fleet = None if req.skip_check else preflight(prep.plan)
+    lease, leased = None, None
+    try:
+        if not prep.plan.local:
+            fleet = fleet or Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
+            run_id = prep.plan.run_id  # a waiting run is not recorded yet: its queue lines name it
+            prep, lease = take_lease(prep, fleet, wait=req.wait,
+                                     on_wait=lambda s: events.say(f"[clusterddp] run {run_id} {s}"))
+            if lease is not None:  # said once the run id is (below)
+                leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
+                          + f"; master port {prep.plan.master_port}")
+        prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule))
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        if fleet is not None:
+            fleet.close()
+        raise
+    # From here the supervisor's fleet is the lease's: a node whose job was never told to start frees
+    # its slots when the fleet's connections close (its holder sees its channel go).
+    plan = prep.plan
+    events.say(f"run {plan.run_id}")
+    if leased:
+        events.say(leased)
+    if packed is not None:
+        events.say(f"upload: {packed.folder.summary()}")
+    events.hosts([n.host.name for n in plan.nodes])
+    started = time.monotonic()
+    try:
+        outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
+                          source_tar=packed.path if packed else None, join_timeout=req.join_timeout)
+    except RunFailed:
+        _keep_runs(plan.inventory, req, events)  # a failed run is a run: it counts among the kept
+        raise
+    if req.detach:
+        rd = req.runs_dir_flag
+        events.say(f"detached; the job runs on without this command.\n"
+                   f"  follow: clusterddp logs {plan.run_id} --follow{rd}\n"
+                   f"  status: clusterddp status {plan.run_id}{rd}\n"
+                   f"  stop:   clusterddp stop {plan.run_id}{rd}")
+    else:
+        events.say(f"run {plan.run_id} succeeded in {time.monotonic() - started:.1f}s; "
+                   f"run folder: {prep.store.run_dir(plan.run_id)}")
+    _keep_runs(plan.inventory, req, events)
+    return outcome
+
+
+def _keep_runs(inventory: inv_mod.Inventory, req: base.LaunchRequest, events: base.Events) -> None:
+    kept = base.keep_runs(inventory, req.runs_dir)
+    if kept is not None:
+        events.kept(kept)

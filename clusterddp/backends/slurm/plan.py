@@ -20,9 +20,9 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from . import nodescript as NS
-from . import plan as P
-from .inventory import BUILTIN, Host, Inventory, SlurmSettings
+from ... import nodescript as NS
+from ... import plan as P
+from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
 
 BATCH = "job.sbatch"
 NODE_SCRIPT = "node.sh"

@@ -23,14 +23,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol, cast
 
-from . import slurm_commands as SC
-from . import upload
-from .errors import SlurmError, UsageError
-from .inventory import LOCAL, Host, SlurmSettings
-from .transport.base import CommandResult, Tail, Transport
+from ... import upload
+from ...errors import SlurmError, UsageError
+from ...inventory import LOCAL, Host, SlurmSettings
+from ...transport.base import CommandResult, Tail, Transport
+from . import commands as SC
 
 if TYPE_CHECKING:
-    from .upload import SourceFolder
+    from ...upload import SourceFolder
 
 COMMAND_TIMEOUT = 60.0
 READ_TIMEOUT = 60.0
@@ -159,7 +159,7 @@ class LocalLogin:
         shutil.rmtree(path, ignore_errors=True)
 
     def collect_host(self, run_dir: str) -> tuple[Transport, Host]:
-        from .transport.local import LocalTransport
+        from ...transport.local import LocalTransport
         host = Host(name="shared", address="shared", user=None, port=None, identity_file=None, known_hosts="",
                     host_key_policy="strict", gpus=1, python=sys.executable, workdir=run_dir, env=(), setup=(),
                     connect_timeout=10.0, transport="local")
@@ -181,7 +181,7 @@ class SSHLogin:
 
     def _transport(self) -> Transport:
         if self._t is None:
-            from .transport import connect
+            from ...transport import connect
             self._t = connect(self._host)
         return self._t
 
