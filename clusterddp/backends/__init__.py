@@ -8,10 +8,10 @@ line in :data:`BACKENDS`.
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import TYPE_CHECKING
 
 from .. import inventory as inv_mod
+from .base import load_inventory  # noqa: F401 - the inventory loader of `up` and `schedule add`
 
 if TYPE_CHECKING:
     from ..record import RunRecord
@@ -42,11 +42,3 @@ def for_record(rec: RunRecord) -> Backend:
     """The backend that ran the run ``rec`` records (a run is reached as recorded, whatever its
     inventory says now)."""
     return get("slurm" if rec.slurm is not None else "ssh")
-
-
-def load_inventory(arg: str, gpus: int | None) -> inv_mod.Inventory:
-    """The inventory of ``up``/``schedule add``: a file, or ``local`` (this machine, with ``--gpus``
-    processes or one per GPU, run by this python)."""
-    if arg == inv_mod.LOCAL:
-        return inv_mod.local(gpus=gpus or "auto", python=sys.executable)
-    return inv_mod.load(arg)

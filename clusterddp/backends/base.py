@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -201,6 +202,15 @@ def finish(store: RunStore, run_id: str, states: NodeStates, outcome: RunOutcome
             return replace(rec, ended_at=rec.ended_at or utcnow())
         return replace(rec, status=outcome.status, failed_host=outcome.first_failed, ended_at=utcnow())
     return store.update(run_id, ended).status
+
+
+def load_inventory(arg: str, gpus: int | None) -> Inventory:
+    """The inventory of ``up``/``schedule add``: a file, or ``local`` (this machine, with ``--gpus``
+    processes or one per GPU, run by this python)."""
+    from .. import inventory as inv_mod
+    if arg == LOCAL:
+        return inv_mod.local(gpus=gpus or "auto", python=sys.executable)
+    return inv_mod.load(arg)
 
 
 def check_script(path: str) -> Path:

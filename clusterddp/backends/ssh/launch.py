@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ... import backends, upload
 from ... import inventory as inv_mod
 from ... import plan as P
+from ... import upload
 from ...artifacts import CollectResult, collect_nodes
 from ...errors import HostError, RunFailed, UsageError
 from ...failure import Failure
@@ -47,9 +47,9 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
     ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
     GPUs by host (``--hosts gpu-01:0,1``), over the inventory's."""
     script = base.check_script(spec.script)
-    inventory = loaded or backends.load_inventory(inventory_arg, spec.gpus)
-    if backends.name_of_inventory(inventory) != "ssh":
-        raise UsageError(f"{inventory.path} is not an inventory of SSH hosts, which this command takes",
+    inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
+    if not inventory.hosts:
+        raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
                          "give it an inventory with `hosts:`")
     inventory = inventory.narrow(hosts, exclude)
     if slots:
