@@ -108,6 +108,12 @@ class SlurmError(ClusterDDPError):
     command and what it said."""
 
 
+class SlurmAnswerError(SlurmError):
+    """A Slurm command answered what Slurm never says (a count that is no count, a host name that
+    climbs out of a folder): refused, naming the command and the words (escaped). A run whose job
+    gives such an answer is not followed further: its job is cancelled and the run marked failed."""
+
+
 class RecordError(UsageError):
     """A run.json that cannot be read, located by file and field (``nodes[1].exit_code``)."""
 

@@ -106,7 +106,9 @@ def test_one_rank_crashing_fails_the_run_naming_the_host_and_the_job_is_gone(slu
     rec = record(runs, run_id)
     # the last rank (3) lives on node-2: its node fails first; Slurm ends node-1's part (--kill-on-bad-exit)
     assert rec["status"] == "failed" and rec["failed_host"] == "node-2", rec
-    assert "node-2 failed first" in r.stderr and "node-2 (node 1): exit 1" in r.stderr
+    assert "node-2 failed first" in r.stderr, r.stderr
+    # the root cause, as for SSH runs: torchrun's table in node-2's log names rank 3 and its exit code
+    assert "root cause: node-2, rank 3 (local rank 1): exited with code 13" in r.stderr, r.stderr
     assert {n["host"]: n["state"] for n in rec["nodes"]} == {"node-1": "stopped", "node-2": "failed"}
     assert took < 120, f"a crash took {took:.0f}s to end the job"
     gone(slurm, run_id, rec["slurm"]["job_id"])

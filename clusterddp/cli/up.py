@@ -33,6 +33,7 @@ from .common import (
     sigterm_as_interrupt,
     tell_hidden,
     tell_missing,
+    visible,
 )
 
 
@@ -105,7 +106,7 @@ class Printed:
         self.printer = PrefixPrinter([], raw=raw, hide=hide)
 
     def say(self, line: str) -> None:
-        print(line, flush=True)
+        print(visible(line), flush=True)  # lines quote Slurm's words (a job's Reason) and hosts' names
 
     def warn(self, line: str) -> None:
         err(line)

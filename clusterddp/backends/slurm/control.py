@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from ... import nodescript as NS
 from ...artifacts import CollectResult
-from ...errors import UsageError
+from ...errors import SlurmAnswerError, UsageError
 from ...inventory import BUILTIN, Host
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus
 from ...store import RunStore, utcnow
@@ -106,9 +106,19 @@ def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOut
 def _status(store: RunStore, run_id: str, login: Login) -> RunRecord:
     rec = store.load(run_id)
     job_id, _ = _job(rec)
-    info = slurm.job_info(login, job_id)
+    info = _info(store, rec, login, job_id)
     found = _read(rec, login, info)
     return store.update(run_id, lambda r: _seen(r, info, found))
+
+
+def _info(store: RunStore, rec: RunRecord, login: Login, job_id: str) -> slurm.JobInfo | None:
+    """:func:`job.job_info`; an answer refused cancels the job and fails a running run (:func:`job.refused`)."""
+    try:
+        return slurm.job_info(login, job_id)
+    except SlurmAnswerError as e:
+        if rec.status is not RunStatus.RUNNING:  # an ended run keeps its outcome; its job is not ours to end
+            raise
+        raise slurm.refused(login, store, rec.run_id, job_id, e) from None
 
 
 def status(store: RunStore, run_id: str) -> RunRecord:
@@ -184,7 +194,7 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
     with _login(rec) as login:
         tail = slurm.LogTail(login, ctl, on_output, skip={h: n - 1 for h, n in from_lines.items()})
         while True:
-            info = slurm.job_info(login, job_id)
+            info = _info(store, rec, login, job_id)
             names = [h for h in (info.hosts if info and info.hosts else tuple(rec.hosts)) if not hosts or h in hosts]
             tail.poll(names)
             if info is None or info.ended:

@@ -26,7 +26,7 @@ from ... import nodescript as NS
 from ... import plan as P
 from ... import postmortem, upload
 from ...artifacts import CollectResult
-from ...errors import HostError, NodeOutcome, RunFailed, SlurmError, UsageError
+from ...errors import HostError, NodeOutcome, RunFailed, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
 from ...inventory import Inventory
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
@@ -34,6 +34,7 @@ from ...store import RunStore, new_run_id, utcnow
 from ...upload import SourceFolder
 from .. import base
 from ..base import RunOutcome
+from . import answers
 from . import plan as SP
 from .login import Login, open_login
 
@@ -125,7 +126,7 @@ def submit(prep: Prepared) -> str:
 def _hostnames(login: Login, nodelist: str) -> tuple[str, ...]:
     if not nodelist or nodelist == "(null)":
         return ()
-    return tuple(checked(login, ["scontrol", "show", "hostnames", nodelist]).split())
+    return answers.hostnames(checked(login, ["scontrol", "show", "hostnames", nodelist]), nodelist)
 
 
 def job_info(login: Login, job_id: str) -> JobInfo | None:
@@ -136,10 +137,9 @@ def job_info(login: Login, job_id: str) -> JobInfo | None:
         if "Invalid job id" in said:
             return None
         raise SlurmError(f"scontrol show job {job_id} failed (exit {r.exit_code}): {said.strip()}")
-    fields = dict(re.findall(r"(\w+)=(\S*)", r.text))
-    return JobInfo(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None"),
-                   fields.get("Partition") or None, _hostnames(login, fields.get("NodeList", "")),
-                   int(fields.get("Restarts", "0") or 0))
+    fields = answers.job_fields(r.text, job_id)
+    return JobInfo(job_id, fields["JobState"], fields.get("Reason", "None"), fields.get("Partition") or None,
+                   _hostnames(login, fields.get("NodeList", "")), int(fields["Restarts"]))
 
 
 def cancel(login: Login, job_id: str, timeout: float = 120) -> JobInfo | None:
@@ -332,6 +332,21 @@ def _interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+def refused(login: Login, store: RunStore, run_id: str, job_id: str, e: SlurmAnswerError,
+            runs_dir_flag: str = "") -> SlurmError:
+    """After Slurm gave an answer that is refused: the job is cancelled (scancel, not waited for: the
+    next look could be refused too) and the run recorded failed, never left `running` for a job
+    clusterddp can no longer follow. The error to raise: the refusal, and what became of the job."""
+    try:
+        checked(login, ["scancel", job_id])
+        fate = f"Slurm job {job_id} was cancelled"
+    except (HostError, SlurmError) as c:
+        fate = f"Slurm job {job_id} could not be cancelled ({c.message}): cancel it with `scancel {job_id}`"
+    base.failed_run(store, run_id)
+    return SlurmAnswerError(e.message, f"{fate} and run {run_id} recorded failed; {e.hint}" if e.hint
+                            else f"{fate} and run {run_id} recorded failed")
+
+
 def _still_running(e: HostError | SlurmError, run_id: str, job_id: str, runs_dir_flag: str, *,
                    cancel_failed: bool) -> HostError | SlurmError:
     """``e``, from the login host or Slurm, after which `up` stops following the job (or could not
@@ -404,6 +419,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
                         hosts = info.hosts
                         store.update(run_id, functools.partial(with_hosts, plan=plan, info=info))
                     tail.poll(hosts)
+                except SlurmAnswerError as e:
+                    raise refused(login, store, run_id, job_id, e, runs_dir_flag) from None
                 except (HostError, SlurmError) as e:
                     login.close()  # the next look opens a new connection
                     if lost_since is None:
