@@ -1,8 +1,8 @@
 """status, logs, stop and collect of a run handed to Slurm, from its run record.
 
 Slurm says where the job stands (``scontrol``) and ends it (``scancel``); each node's log and exit
-code are read from the run's folder in the shared dir (:mod:`clusterddp.slurm_plan`). Both happen on
-the login host the run record names (this machine, or one reached over SSH: :mod:`clusterddp.slurm_login`).
+code are read from the run's folder in the shared dir (:mod:`.plan`). Both happen on
+the login host the run record names (this machine, or one reached over SSH: :mod:`.login`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Slurm allocates, starts and kills: clusterddp never signals a job's processes itself, it asks
 ``scancel``. Slurm's client commands run on the login host and the shared folder is read there,
-through a :class:`clusterddp.slurm_login.Login` (this machine, or a host reached over SSH): the
-code is staged there, and each node's log and exit code (:mod:`clusterddp.slurm_plan`) are read
+through a :class:`.login.Login` (this machine, or a host reached over SSH): the
+code is staged there, and each node's log and exit code (:mod:`.plan`) are read
 from there while the job runs. The run record keeps the job id, its partition and the allocated
 hosts once Slurm reports them, and the login host.
 """
@@ -294,7 +294,7 @@ def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_di
     for h in hosts:
         copy_log(login, store, run_id, h, SP.node_log(control_dir, h))
     t, host = login.collect_host(run_dir)
-    # collect_command reads <control_dir>/node.log: the batch step's output (slurm_plan.BATCH_LOG)
+    # collect_command reads <control_dir>/node.log: the batch step's output (plan.BATCH_LOG)
     node = P.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
     return collect_node(t, node, store, run_id, globs)
 

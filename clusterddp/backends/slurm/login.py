@@ -2,8 +2,8 @@
 
 ``login: local`` is this machine (:class:`LocalLogin`: subprocess and local files); a host entry is
 a login host reached over SSH (:class:`SSHLogin`: the commands :mod:`clusterddp.plan` renders, run
-through :mod:`clusterddp.transport`). :mod:`clusterddp.slurm`, ``slurm_control`` and
-``slurm_check`` talk to Slurm and the shared folder only through a :class:`Login`.
+through :mod:`clusterddp.transport`). :mod:`.job`, :mod:`.control` and
+:mod:`.check` talk to Slurm and the shared folder only through a :class:`Login`.
 
 The SSH connection opens on first use (``--dry-run`` contacts nothing) and is kept for the run.
 An unreachable login host, or a refused host key, is the transport's HostError naming it.
