@@ -17,8 +17,7 @@ from typing import BinaryIO
 from ... import nodescript as NS
 from ...artifacts import CollectResult
 from ...errors import SlurmAnswerError, UsageError
-from ...inventory import BUILTIN, Host
-from ...record import NodeRecord, NodeState, RunRecord, RunStatus
+from ...record import NodeState, RunRecord, RunStatus
 from ...store import RunStore, utcnow
 from ..base import RunOutcome, Stopped
 from . import job as slurm
@@ -46,34 +45,6 @@ def _job(rec: RunRecord) -> tuple[str, str]:
     return rec.slurm.job_id, posixpath.join(rec.slurm.run_dir, NS.CONTROL)
 
 
-def _nodes(rec: RunRecord, info: slurm.JobInfo) -> tuple[NodeRecord, ...]:
-    """The run's nodes: once Slurm allocated the job (a detached run learns its hosts here)."""
-    if rec.nodes or not info.hosts:
-        return rec.nodes
-    assert rec.slurm is not None
-    run_dir = rec.slurm.run_dir
-    return tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=rec.slurm.nproc, run_dir=run_dir,
-                            control_dir=posixpath.join(run_dir, NS.CONTROL), marker=f"{rec.run_id}/{h}",
-                            settings=_settings(run_dir, h), state=NodeState.RUNNING)
-                 for i, h in enumerate(info.hosts))
-
-
-def _settings(run_dir: str, host: str) -> Host:
-    return Host(name=host, address=host, user=None, port=None, identity_file=None, known_hosts=BUILTIN["known_hosts"],
-                host_key_policy="strict", gpus=1, python="python3", workdir=run_dir, env=(), setup=(),
-                connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
-
-
-def _allocated(rec: RunRecord, info: slurm.JobInfo | None) -> RunRecord:
-    """The record with what a look at the job says of its allocation: hosts and partition."""
-    if info is None:
-        return rec
-    assert rec.slurm is not None
-    return replace(rec, nodes=_nodes(rec, info),
-                   slurm=replace(rec.slurm, partition=info.partition or rec.slurm.partition,
-                                 hosts=info.hosts or rec.slurm.hosts))
-
-
 NodeStates = dict[str, tuple[NodeState, int | None, str | None]]
 
 
@@ -82,7 +53,7 @@ def _read(rec: RunRecord, login: Login, info: slurm.JobInfo | None, stopped: boo
     codes written so far; once Slurm says it ended, the outcome. Read before the record is locked
     (:func:`_seen` applies it), so no other launcher waits on this host's answers."""
     _, ctl = _job(rec)
-    hosts = tuple(_allocated(rec, info).hosts)
+    hosts = tuple(slurm.allocated(rec, info).hosts)
     if not (info is None or info.ended) and not stopped:
         codes = slurm.exit_codes(login, ctl, hosts)
         return {h: (NodeState.of_exit_code(c) if c is not None else NodeState.RUNNING, c, None)
@@ -93,7 +64,7 @@ def _read(rec: RunRecord, login: Login, info: slurm.JobInfo | None, stopped: boo
 def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOutcome) -> RunRecord:
     """The record after a look at the job (:func:`_read`): its hosts once allocated, each node's
     state, and the run's status once Slurm says the job has ended."""
-    rec = _allocated(rec, info)
+    rec = slurm.allocated(rec, info)
     if not isinstance(found, RunOutcome):
         return rec.seen(found)
     hosts = set(rec.hosts)

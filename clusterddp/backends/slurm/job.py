@@ -28,7 +28,7 @@ from ... import postmortem, upload
 from ...artifacts import CollectResult
 from ...errors import HostError, NodeOutcome, RunFailed, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
-from ...inventory import Inventory
+from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
 from ...store import RunStore, new_run_id, utcnow
 from ...upload import SourceFolder
@@ -233,19 +233,29 @@ def node_states(out: RunOutcome) -> dict[str, tuple[NodeState, int | None, str |
     return states
 
 
-def with_hosts(rec: RunRecord, plan: SP.SlurmPlan, info: JobInfo) -> RunRecord:
-    """The record once Slurm allocated the job: its hosts as nodes, the job's partition."""
+def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | None = None) -> RunRecord:
+    """The record with what a look at the job says of its allocation: its hosts as nodes (once, with
+    ``settings``' python and setup lines when the inventory is at hand, else neutral ones: a detached
+    run learns its hosts from `status`), the job's partition."""
+    if info is None:
+        return rec
     assert rec.slurm is not None
     nodes = rec.nodes
     if info.hosts and not nodes:
-        nproc = plan.spec.gpus or plan.settings.gpus_per_node
-        nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=nproc, run_dir=plan.run_dir,
-                                 control_dir=plan.control_dir, marker=f"{plan.run_id}/{h}",
-                                 settings=SP.node_host(plan.settings, h), state=NodeState.RUNNING)
+        run_dir = rec.slurm.run_dir
+        nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=rec.slurm.nproc, run_dir=run_dir,
+                                 control_dir=posixpath.join(run_dir, NS.CONTROL), marker=f"{rec.run_id}/{h}",
+                                 settings=SP.node_host(settings, h) if settings else _neutral(run_dir, h),
+                                 state=NodeState.RUNNING)
                       for i, h in enumerate(info.hosts))
-    return replace(rec, nodes=nodes, slurm=replace(rec.slurm, job_id=info.job_id,
-                                                   partition=info.partition or rec.slurm.partition,
+    return replace(rec, nodes=nodes, slurm=replace(rec.slurm, partition=info.partition or rec.slurm.partition,
                                                    hosts=info.hosts or rec.slurm.hosts))
+
+
+def _neutral(run_dir: str, host: str) -> Host:
+    return Host(name=host, address=host, user=None, port=None, identity_file=None, known_hosts=BUILTIN["known_hosts"],
+                host_key_policy="strict", gpus=1, python="python3", workdir=run_dir, env=(), setup=(),
+                connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
 
 
 def finish(store: RunStore, run_id: str, out: RunOutcome) -> RunStatus:
@@ -417,7 +427,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
                     info = job_info(login, job_id)
                     if info is not None and info.hosts and not hosts:
                         hosts = info.hosts
-                        store.update(run_id, functools.partial(with_hosts, plan=plan, info=info))
+                        store.update(run_id, functools.partial(allocated, info=info, settings=plan.settings))
                     tail.poll(hosts)
                 except SlurmAnswerError as e:
                     raise refused(login, store, run_id, job_id, e, runs_dir_flag) from None
