@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterddp import _hostfile, inventory, jobs, plan
+from clusterddp import inventory, jobs, plan
 from clusterddp.errors import InventoryError
+from clusterddp.inventory import _hostfile
 from clusterddp.node import worker
 from helpers import REPO
 
@@ -94,7 +95,7 @@ def hostfiles(draw):
 def test_generated_hostfiles_read_back_as_written(tmp_path, case):
     text, want = case
     assert _hostfile.is_hostfile(text)
-    inv = _hostfile.parse(text, "hf")
+    inv = inventory.parse_hostfile(text, "hf")
     assert [(h.name, h.gpus) for h in inv.hosts] == want
     assert inv.master.host == want[0][0]
 
@@ -105,7 +106,7 @@ def test_any_text_gives_an_inventory_or_a_located_error(text):
     if not _hostfile.is_hostfile(text):
         return
     try:
-        inv = _hostfile.parse(text, "hf")
+        inv = inventory.parse_hostfile(text, "hf")
     except InventoryError as e:
         assert str(e).startswith("hf"), e
     else:

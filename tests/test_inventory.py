@@ -126,7 +126,7 @@ BOMB = "\n".join([
 @pytest.fixture(params=["libyaml", "pyyaml"])
 def yaml_parser(request, monkeypatch):
     """Both parsers the strict reader can run on: libyaml's where installed, PyYAML's own where not."""
-    from clusterddp import _inventory_yaml
+    from clusterddp.inventory import _inventory_yaml
     if request.param == "libyaml" and not _inventory_yaml.LIBYAML:
         pytest.skip("PyYAML was built without libyaml here")
     monkeypatch.setattr(_inventory_yaml, "LIBYAML", request.param == "libyaml")

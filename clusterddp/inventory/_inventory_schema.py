@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from .inventory import ENV_NAME_RE, HOST_NAME_RE, LOCAL, show
+from .model import ENV_NAME_RE, HOST_NAME_RE, LOCAL, show
 
 # C0 controls, DEL and C1 controls: a newline or an escape sequence in a host address, a path or a
 # glob is a mistake (or an attempt to forge terminal output); setup lines and env values may hold them.
