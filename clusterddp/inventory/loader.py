@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InventoryError
+from ..errors import FileRefused, InventoryError
+from ..files import read_bounded
 from .model import (
     BUILTIN,
     DEFAULT_FANOUT,
@@ -229,16 +230,15 @@ def load(path: str | Path) -> Inventory:
     from ._hostfile import is_hostfile
     from ._inventory_yaml import MAX_BYTES
     p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise InventoryError(str(p), "no such file", hint="pass the path of a YAML inventory, or `local`") from None
-    except OSError as e:
-        raise InventoryError(str(p), f"cannot be read: {e.strerror or e}") from None
-    if len(raw) > MAX_BYTES:
-        raise InventoryError(str(p), f"larger than {MAX_BYTES:,} bytes (1 MiB), the most an inventory may be",
-                             hint="is this the right file?")
+    try:  # non-blocking, regular files only, bounded: a FIFO or /dev/zero named as the inventory is refused
+        raw, _ = read_bounded(p, MAX_BYTES)
+    except FileRefused as e:
+        if e.reason == "missing":
+            raise InventoryError(str(p), "no such file", hint="pass the path of a YAML inventory, or `local`") from None
+        if e.reason == "too_large":
+            raise InventoryError(str(p), f"larger than {MAX_BYTES:,} bytes (1 MiB), the most an inventory may be",
+                                 hint="is this the right file?") from None
+        raise InventoryError(str(p), e.problem, hint="pass the path of a YAML inventory file, or `local`") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
