@@ -91,7 +91,6 @@ def add(
         hosts=tuple(hosts_ or ()),
         agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None, wait=wait)
     edit = S.add(spec, replace)
-    _tell_migrated(edit)
 
     print(f"{'replaced' if edit.replaced else 'added'} schedule {name}: {expr}")
     print("  next:  " + ", ".join(t.strftime("%Y-%m-%d %H:%M %Z") for t in S.next_runs(expr, 3)))
@@ -108,30 +107,6 @@ def add(
     if not S.cron_daemon_running():
         err("warning: no cron daemon is running on this machine; start it (e.g. `service cron start`) "
             "or the schedule never fires")
-
-
-def _migrated_crontab() -> str:
-    """The crontab, its long-form lines rewritten first; if that fails, as it is (those lines still run)."""
-    from .. import schedule as S
-    from ..errors import ClusterDDPError
-
-    try:
-        edit = S.migrate()
-    except ClusterDDPError as e:
-        err(f"warning: could not move the options of older crontab lines to spec files: {e}")
-        return S.read_crontab()
-    _tell_migrated(edit)
-    return edit.text
-
-
-def _tell_migrated(edit) -> None:
-    """Say on stderr which long-form crontab lines an edit rewrote, and which it could not."""
-    for spec in edit.migrated:
-        err(f"migrated schedule {spec.name}: its options, -e values and script arguments moved from the crontab "
-            f"line to {spec.spec_path} (mode 0600); the line now runs `clusterddp schedule fire` on that file")
-    for name in edit.left:
-        err(f"note: schedule {name}: its crontab line is not one clusterddp writes (edited by hand?); left as it is. "
-            f"`clusterddp schedule add {name} ... --replace` writes a new one")
 
 
 def _is_socket(path: str) -> bool:
@@ -151,7 +126,7 @@ def list_() -> None:
     from .. import schedule as S
     from ..store import RunStore
 
-    found = S.entries(_migrated_crontab())
+    found = S.entries(S.read_crontab())
     if not found:
         print(f"no schedules in the crontab of {S.current_user().pw_name}; add one with `clusterddp schedule add`")
         return
@@ -190,7 +165,7 @@ def run(name: str = typer.Argument(..., help="The schedule to run now.")) -> Non
     from ..errors import UnknownSchedule
 
     S.check_name(name)
-    text = _migrated_crontab()  # so that the run goes through `schedule fire`, as cron's next one will
+    text = S.read_crontab()
     entry = S.find(text, name)
     if entry is None:
         raise UnknownSchedule(name, S.current_user().pw_name)
@@ -268,13 +243,3 @@ def _record_skip(name: str, runs_dir: str) -> None:
               f"{S.lock_path(str(store.root), name)}")
     rec = store.record_skip(name, reason, holder)
     print(f"[clusterddp] {rec['at']} schedule {name}: skipped; {reason}", flush=True)
-
-
-@app.command("_skipped", hidden=True)
-@handle_errors
-def skipped(name: str = typer.Argument(...), runs_dir: str = RUNS_DIR) -> None:
-    """Called by a long-form line (written before spec files, until `schedule list` or `add`
-    migrates it) when the previous run still holds the lock: record the skip."""
-    from .. import schedule as S
-
-    _record_skip(S.check_name(name), runs_dir)
