@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import sys
 import tarfile
 import tempfile
 import time
@@ -25,6 +24,7 @@ from .errors import HostError, RunFailed, UsageError
 from .failure import Failure
 from .fleet import Fleet
 from .record import NodeRecord, NodeState, RunRecord, RunStatus
+from .sizes import human_size
 from .store import RunStore, new_run_id, utcnow
 from .supervisor import RunOutcome, Supervisor
 
@@ -40,9 +40,7 @@ class Prepared:
 
 
 def load_inventory(arg: str, gpus: int | None) -> inv_mod.Inventory:
-    if arg == inv_mod.LOCAL:
-        return inv_mod.local(gpus=gpus or "auto", python=sys.executable)
-    return inv_mod.load(arg)
+    return inv_mod.load_named(arg, gpus)
 
 
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
@@ -214,15 +212,6 @@ class SourceFolder:
 
     def summary(self) -> str:
         return f"{self.files} files, {human_size(self.size)} ({self.size} bytes) from {self.root}"
-
-
-def human_size(size: int) -> str:
-    n = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{size} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
 
 
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.I)

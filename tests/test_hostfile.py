@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterddp import inventory, jobs, plan
-from clusterddp.errors import InventoryError
+from clusterddp.errors import InventoryError, SpecError
 from clusterddp.inventory import _hostfile
 from clusterddp.node import worker
 from helpers import REPO
@@ -188,5 +188,5 @@ def test_a_schedule_keeps_local_rank_arg_and_older_specs_read_as_before():
     assert S.spec_from_json(on.to_json(), on.spec_path) == on
     assert "local_rank_arg" not in off.to_json() and S.spec_from_json(off.to_json(), off.spec_path) == off
     assert S.up_argv(on)[-3:] == ["--local-rank-arg=--local_rank", "--", "x"]
-    with pytest.raises(S.SpecError, match="local_rank_arg: '--rank' is not --local_rank or --local-rank"):
+    with pytest.raises(SpecError, match="local_rank_arg: '--rank' is not --local_rank or --local-rank"):
         S.spec_from_json({**on.to_json(), "local_rank_arg": "--rank"}, on.spec_path)

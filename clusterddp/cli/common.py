@@ -76,6 +76,14 @@ def host_list(hosts: str | None, flag: str = "--hosts") -> list[str] | None:
     return names
 
 
+def load_inventory(arg: str, hosts: str | None = None, fanout: int | None = None, exclude: str | None = None,
+                   gpus: int | None = None):
+    """The inventory a command names (a file, or `local`), narrowed to ``--hosts`` less ``--exclude``,
+    with ``--fanout`` applied (the flag wins): :func:`clusterddp.inventory.load_named`, from the flags' text."""
+    from ..inventory import load_named
+    return load_named(arg, gpus, host_list(hosts), host_list(exclude, "--exclude"), fanout)
+
+
 def host_slots(hosts: str | None) -> tuple[list[str] | None, dict[str, tuple[int, ...]]]:
     """``--hosts gpu-01:0,1,gpu-02`` as the host names and each fixed choice of GPUs: after
     ``host:N``, the bare numbers that follow are more of that host's GPUs."""

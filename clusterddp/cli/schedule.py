@@ -26,6 +26,7 @@ from .common import (
     err,
     handle_errors,
     host_list,
+    load_inventory,
     local_rank_flag,
     run_spec,
 )
@@ -74,7 +75,7 @@ def add(
     run = dataclasses.replace(run, local_rank_arg=local_rank_flag(local_rank_arg))
     hosts_ = host_list(hosts)
     excluded = host_list(exclude, "--exclude")
-    loaded = jobs.load_inventory(inventory, gpus)
+    loaded = load_inventory(inventory, gpus=gpus)
     if loaded.slurm is not None:  # the same checks as `up` with a `slurm:` inventory; no network
         from .up_slurm import prepare_slurm
         prep = prepare_slurm(loaded, run, runs_dir, hosts_, excluded)

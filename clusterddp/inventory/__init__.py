@@ -6,7 +6,7 @@
 names re-exported here: ``from clusterddp.inventory import Host, Inventory, load, LOCAL``.
 """
 
-from .loader import load, local, parse, parse_hostfile
+from .loader import load, load_named, local, parse, parse_hostfile
 from .model import (
     BUILTIN,
     DEFAULT_FANOUT,
@@ -25,5 +25,5 @@ from .model import (
 )
 
 __all__ = ["BUILTIN", "DEFAULT_FANOUT", "DEFAULT_MASTER_PORT", "ENV_NAME_RE", "HOST_NAME_RE", "LOCAL", "RESERVED_ENV",
-           "Host", "Inventory", "Master", "SlurmSettings", "load", "local", "parse", "parse_hostfile", "reserved_env",
-           "show", "some"]
+           "Host", "Inventory", "Master", "SlurmSettings", "load", "load_named", "local", "parse", "parse_hostfile",
+           "reserved_env", "show", "some"]

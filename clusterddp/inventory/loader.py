@@ -11,6 +11,7 @@ Precedence for each host setting: CLI flag (applied later, in the plan) > host e
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -248,6 +249,17 @@ def load(path: str | Path) -> Inventory:
     if is_hostfile(text):  # a DeepSpeed/MPI hostfile: `host slots=N` lines
         return parse_hostfile(text, str(p))
     return parse(text, str(p))
+
+
+def load_named(arg: str, gpus: int | None = None, hosts: list[str] | None = None,
+               exclude: list[str] | None = None, fanout: int | None = None) -> Inventory:
+    """The inventory a command line names, read the one way every command reads it: ``local`` (this
+    machine, this Python, ``gpus`` processes or one per GPU) or a file (:func:`load`); narrowed to
+    ``hosts`` less ``exclude`` (:meth:`Inventory.narrow`), with ``fanout`` over the inventory's (the flag wins)."""
+    import sys
+    inv = local(gpus=gpus or "auto", python=sys.executable) if arg == LOCAL else load(arg)
+    inv = inv.narrow(hosts, exclude)
+    return replace(inv, fanout=fanout) if fanout else inv
 
 
 def local(gpus: int | str = "auto", python: str = "python3") -> Inventory:
