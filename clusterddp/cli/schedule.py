@@ -9,6 +9,7 @@ import time
 
 import typer
 
+from .. import launch
 from .common import (
     COLLECT,
     ENV,
@@ -28,7 +29,9 @@ from .common import (
     host_list,
     load_inventory,
     local_rank_flag,
+    option,
     run_spec,
+    with_recorded_options,
 )
 from .script_args import ScriptCommand
 
@@ -38,6 +41,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 
 @app.command("add", cls=ScriptCommand)
+@with_recorded_options
 @handle_errors
 def add(
     name: str = typer.Argument(..., help="Schedule name: letters, digits, '.', '_', '-'."),
@@ -58,8 +62,8 @@ def add(
     collect: list[str] = COLLECT,
     max_restarts: int = MAX_RESTARTS,
     local_rank_arg: str | None = LOCAL_RANK_ARG,
-    wait: bool = typer.Option(False, "--wait", help="When the GPU slots are taken, wait in the queue for them "
-                              "instead of giving up (exit 75)."),
+    wait: bool = option("wait"),
+    up_options: dict | None = None,
 ) -> None:
     """Add a crontab entry that runs `clusterddp up INVENTORY SCRIPT` at the --cron times, from here.
 
@@ -90,7 +94,8 @@ def add(
         name=name, cron=expr, launch_dir=os.getcwd(), runs_dir=str(prep.store.root), executable=executable,
         bin_dir=bin_dir, inventory=inventory if inventory == LOCAL else os.path.abspath(inventory), run=run,
         hosts=tuple(hosts_ or ()),
-        agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None, wait=wait)
+        agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None, wait=wait,
+        up=tuple((k, v) for k, v in (up_options or {}).items() if v != launch.BY_NAME[k].default))
     edit = S.add(spec, replace)
 
     print(f"{'replaced' if edit.replaced else 'added'} schedule {name}: {expr}")

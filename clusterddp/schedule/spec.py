@@ -15,6 +15,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
+from .. import launch
 from ..errors import ClusterDDPError, FileRefused, SpecError, UsageError
 from ..files import read_bounded, write_private
 from ..plan import RunSpec
@@ -51,6 +52,7 @@ class ScheduleSpec:
     hosts: tuple[str, ...] = ()
     agent_socket: str | None = None  # SSH_AUTH_SOCK for the run, if the user named one
     wait: bool = False               # `up --wait`: wait in the GPU lease queue rather than give up (exit 75)
+    up: tuple[tuple[str, Any], ...] = ()  # every other `up` option set (launch.RECORDED): (name, value), in order
 
     @property
     def spec_path(self) -> str:
@@ -76,6 +78,7 @@ class ScheduleSpec:
             "agent_socket": self.agent_socket, **({"wait": True} if self.wait else {}),
             # optional: written only when set, so a spec without it reads as before
             **({"local_rank_arg": r.local_rank_arg} if r.local_rank_arg else {}),
+            **({"up": {k: list(v) if isinstance(v, tuple) else v for k, v in self.up}} if self.up else {}),
         }
 
 
@@ -143,7 +146,7 @@ def _kind(v: Any) -> str:
 _SPEC_FIELDS = ("schema_version", "name", "cron", "launch_dir", "runs_dir", "bin_dir", "executable", "inventory",
                 "script", "script_args", "env", "run_name", "hosts", "gpus", "master_port", "collect",
                 "max_restarts", "agent_socket")
-_OPTIONAL_SPEC_FIELDS = ("local_rank_arg", "wait")  # added later: specs written before them lack them
+_OPTIONAL_SPEC_FIELDS = ("local_rank_arg", "wait", "up")  # added later: specs written before them lack them
 
 
 def spec_from_json(data: Any, path: str) -> ScheduleSpec:
@@ -208,7 +211,26 @@ def spec_from_json(data: Any, path: str) -> ScheduleSpec:
     return ScheduleSpec(name=name, cron=f.text("cron"), launch_dir=f.text("launch_dir", absolute=True),
                         runs_dir=runs_dir, executable=executable, bin_dir=f.text("bin_dir", absolute=True),
                         inventory=inventory, run=run, hosts=hosts,
-                        agent_socket=f.text("agent_socket", absolute=True, optional=True), wait=wait)
+                        agent_socket=f.text("agent_socket", absolute=True, optional=True), wait=wait,
+                        up=_up_options(f))
+
+
+def _up_options(f: _Fields) -> tuple[tuple[str, Any], ...]:
+    """The optional ``up`` object: `up` options by name (:data:`clusterddp.launch.RECORDED`), each checked."""
+    given = f.data.get("up", {})
+    if not isinstance(given, dict):
+        raise f.fail("up", f"expected an object of `up` options, got {_kind(given)}")
+    out = []
+    for name, v in given.items():
+        o = launch.BY_NAME.get(name)
+        if o is None or o.recorded != launch.UP:
+            raise f.fail(f"up.{name}" if isinstance(name, str) and name.isidentifier() else "up",
+                         f"{name!r} is not an `up` option a schedule records")
+        problem = o.check(v)
+        if problem:
+            raise f.fail(f"up.{name}", f"{problem}, got {_kind(v)}")
+        out.append((name, tuple(v) if isinstance(v, list) else v))
+    return tuple(out)
 
 
 def _local_rank_arg(f: _Fields) -> str | None:
@@ -252,6 +274,8 @@ def up_options(spec: ScheduleSpec, env_file: str | None = None) -> list[str]:
         argv += [f"--local-rank-arg={r.local_rank_arg}"]
     if spec.wait:
         argv += ["--wait"]
+    for name, v in spec.up:
+        argv += launch.BY_NAME[name].argv(v)
     if r.script_args:
         argv += ["--", *r.script_args]
     return argv
