@@ -17,8 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .inventory.model import MAX_GPUS
+
 UP = "up"  # recorded in the spec's generic `up` object
-MAX_GPUS = 1024  # processes per node; far above any machine, low enough to keep torchrun's numbers sane
 
 
 @dataclass(frozen=True)

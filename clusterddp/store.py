@@ -505,11 +505,13 @@ class RunStore:
         return ids[0]
 
     def list(self) -> list[dict]:
-        """Every run, newest first: from runs.db, or, where there is none, from the run folders
-        (damaged records are skipped with a warning)."""
+        """Every run, newest first: from runs.db (less the rows whose run folder is gone), or, where
+        there is none, from the run folders (damaged records are skipped with a warning)."""
         rows = self._select("ORDER BY started_at DESC, run_id DESC")
         if rows is not None:
-            return rows
+            # a run folder deleted by hand leaves its row: the run is gone, so is it from the listing
+            # (prune and keep_runs read this list, and would stop at a run they cannot load)
+            return [r for r in rows if os.path.lexists(self.record_path(str(r["run_id"])))]
         rows = []
         for rec, problem in self._scan():
             if rec is None:

@@ -134,3 +134,24 @@ def test_a_fifo_as_env_file_is_refused_naming_the_flag(tmp_path, fifo):
     r = _up(tmp_path, "local", "-e", f"@{fifo}")
     assert r.exit_code == 2, r.output
     assert f"-e @{fifo}: cannot read it: is a named pipe (FIFO)" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("which", ["fifo", "/dev/zero"])
+def test_a_fifo_or_a_device_as_known_hosts_is_refused_naming_it(tmp_path, fifo, which):
+    from dataclasses import replace
+
+    from clusterddp import inventory
+    from clusterddp.transport import connect
+    known = str(fifo) if which == "fifo" else which
+    host = replace(inventory.parse("hosts: [{name: a, address: 127.0.0.1, port: 9}]\n", "i.yaml").hosts[0],
+                   known_hosts=known, connect_timeout=5.0)
+
+    def go():
+        t = connect(host)
+        try:
+            t.run("true")
+        finally:
+            t.close()
+    with pytest.raises(FileRefused) as e:
+        _within(60, go)
+    assert e.value.exit_code == 2 and f"{known}: (known_hosts) is a" in str(e.value), str(e.value)

@@ -423,7 +423,8 @@ def test_valid_expressions(expr, norm):
 
 @pytest.mark.parametrize("expr, words", [
     ("", "expected 5 fields"), ("* * * *", "got 4"), ("* * * * * *", "got 6"),  # cron would run "*" as the command
-    ("61 * * * *", "not a valid cron"), ("*/0 * * * *", "not a valid cron"), ("0 0 L * *", "day of month field 'L'"),
+    ("61 * * * *", "minute field: '61' is out of range (0..59"), ("*/0 * * * *", "not a valid cron"),
+    ("0 0 L * *", "day of month field 'L'"),
     ("0 0 * * 5#3", "day of week field"), ("0 0 ? * *", "day of month field"), ("0 0 * * jan", "day of week field"),
     ("@reboot", "unsupported keyword"), ("@often", "unsupported keyword"), ("0 0 31 2 *", "never fires"),
 ])

@@ -71,8 +71,15 @@ MAX_UPLOAD = option("max_upload")
 
 def run_spec(script: str, script_args: list[str] | None, name: str | None, gpus: int | None,
              master_port: int | None, env: list[str], collect: list[str], max_restarts: int):
-    """The RunSpec those options describe (``-e`` checked here)."""
+    """The RunSpec those options describe (``-e`` and ``--collect`` checked here)."""
+    from ..errors import UsageError
+    from ..inventory import glob_problem, show
     from ..plan import RunSpec
+    for g in collect:
+        problem = glob_problem(g)
+        if problem:
+            raise UsageError(f"--collect {show(g)}: {problem}", "give a glob relative to the run folder, "
+                             "e.g. --collect 'checkpoints/**'")
     return RunSpec(script=script, script_args=tuple(script_args or ()), name=name, gpus=gpus,
                    master_port=master_port, env=parse_env(env), collect=tuple(collect), max_restarts=max_restarts)
 
@@ -114,7 +121,7 @@ def host_slots(hosts: str | None) -> tuple[list[str] | None, dict[str, tuple[int
     """``--hosts gpu-01:0,1,gpu-02`` as the host names and each fixed choice of GPUs: after
     ``host:N``, the bare numbers that follow are more of that host's GPUs."""
     from ..errors import UsageError
-    from ..inventory import show
+    from ..inventory import ascii_digits, show
     names = host_list(hosts)
     if names is None:
         return None, {}
@@ -128,11 +135,11 @@ def host_slots(hosts: str | None) -> tuple[list[str] | None, dict[str, tuple[int
             out.append(name)
             slots[name] = []
             word = first
-        elif last is None or not word.isdigit():
+        elif last is None or not ascii_digits(word):
             last = None
             out.append(word)
             continue
-        if not word.isdigit() or int(word) >= MAX_GPUS:
+        if not ascii_digits(word) or len(word) > 4 or int(word) >= MAX_GPUS:
             raise UsageError(f"--hosts {show(hosts or '')}: {show(word)} is not a GPU number for {last}",
                              "give GPUs as numbers after the host: --hosts gpu-01:0,1,gpu-02:2,3")
         assert last is not None
@@ -256,6 +263,32 @@ def crash_dir() -> str:
     return os.path.join(state, "clusterddp")
 
 
+def masked_argv(argv: list[str]) -> list[str]:
+    """``argv`` with every ``-e``/``--env`` value hidden (``NAME=***``): env values are secrets, and a
+    crash report is a file users attach to bug reports. Names, ``@FILE`` and ``NAME`` alone stay."""
+    def mask(flag_value: str) -> str:
+        k, sep, _ = flag_value.partition("=")
+        return f"{k}=***" if sep else flag_value
+    out: list[str] = []
+    after_env = False
+    for i, a in enumerate(argv):
+        if a == "--":  # the script's own arguments follow: not ours to read
+            return out + argv[i:]
+        if after_env:
+            out.append(mask(a))
+            after_env = False
+        elif a in ("-e", "--env"):
+            out.append(a)
+            after_env = True
+        elif a.startswith("--env="):
+            out.append("--env=" + mask(a[len("--env="):]))
+        elif a.startswith("-e") and not a.startswith("--") and len(a) > 2:
+            out.append("-e" + mask(a[2:]))
+        else:
+            out.append(a)
+    return out
+
+
 def crash_report(e: BaseException, command: str) -> str:
     """Write ``e``'s traceback to a private crash file; return the one line telling the user where.
 
@@ -266,7 +299,7 @@ def crash_report(e: BaseException, command: str) -> str:
     import traceback
     said = (str(e).strip().splitlines() or [""])[0][:200]
     what = f"internal error in `clusterddp {command.rstrip('_')}`: {type(e).__name__}" + (f": {said}" if said else "")
-    text = (f"clusterddp crash report\ncommand: {' '.join(sys.argv)}\npid: {os.getpid()}\n"
+    text = (f"clusterddp crash report\ncommand: {' '.join(masked_argv(sys.argv))}\npid: {os.getpid()}\n"
             f"time: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\npython: {sys.version.split()[0]}\n\n"
             + "".join(traceback.format_exception(e)))
     folder = crash_dir()

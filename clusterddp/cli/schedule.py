@@ -115,6 +115,32 @@ def add(
             "or the schedule never fires")
 
 
+SCHEDULES_RUNS_DIR = typer.Option(None, "--runs-dir", envvar="CLUSTERDDP_RUNS_DIR",
+                                  help="Only the schedules whose runs go to this folder (default: every schedule "
+                                       "in your crontab; each line names its own runs folder).")
+
+
+def _in_runs_dir(entry, runs_dir: str | None) -> bool:
+    """Whether ``entry`` keeps its runs in ``runs_dir`` (always, when no --runs-dir was given)."""
+    from ..store import RunStore
+    return runs_dir is None or (entry.runs_dir is not None
+                                and os.path.normpath(entry.runs_dir) == str(RunStore(runs_dir).root))
+
+
+def _entry(text: str, name: str, runs_dir: str | None):
+    """Schedule ``name``'s crontab entry; UnknownSchedule if none, UsageError if --runs-dir names another folder."""
+    from .. import schedule as S
+    from ..errors import UnknownSchedule, UsageError
+
+    entry = S.find(text, S.check_name(name))
+    if entry is None:
+        raise UnknownSchedule(name, S.current_user().pw_name)
+    if not _in_runs_dir(entry, runs_dir):
+        raise UsageError(f"schedule {name!r} keeps its runs in {entry.runs_dir or '(a folder its line does not say)'}"
+                         f", not in {runs_dir}", "leave --runs-dir out, or give the schedule's own runs folder")
+    return entry
+
+
 def _is_socket(path: str) -> bool:
     import stat
     try:
@@ -125,16 +151,18 @@ def _is_socket(path: str) -> bool:
 
 @app.command("list")
 @handle_errors
-def list_() -> None:
+def list_(runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     """Every schedule in your crontab: expression, next three runs, last run and its status."""
     from datetime import datetime
 
     from .. import schedule as S
     from ..store import RunStore
 
-    found = S.entries(S.read_crontab())
+    found = [e for e in S.entries(S.read_crontab()) if _in_runs_dir(e, runs_dir)]
     if not found:
-        print(f"no schedules in the crontab of {S.current_user().pw_name}; add one with `clusterddp schedule add`")
+        print(f"no schedules in the crontab of {S.current_user().pw_name}"
+              + (f" with runs in {RunStore(runs_dir).root}" if runs_dir else "")
+              + "; add one with `clusterddp schedule add`")
         return
     now = datetime.now().astimezone()
     rows = [("NAME", "CRON", f"NEXT RUNS ({now.tzname()})", "LAST RUN", "STATUS", "SKIPS")]
@@ -155,26 +183,26 @@ def list_() -> None:
 
 @app.command("remove")
 @handle_errors
-def remove(name: str = typer.Argument(..., help="The schedule to remove.")) -> None:
+def remove(name: str = typer.Argument(..., help="The schedule to remove."),
+           runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     """Remove a schedule's crontab entry and its spec file (its runs, log and lock file stay)."""
     from .. import schedule as S
 
+    if runs_dir is not None:
+        _entry(S.read_crontab(), name, runs_dir)
     S.remove(S.check_name(name))
     print(f"removed schedule {name}")
 
 
 @app.command("run")
 @handle_errors
-def run(name: str = typer.Argument(..., help="The schedule to run now.")) -> None:
+def run(name: str = typer.Argument(..., help="The schedule to run now."),
+        runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     """Run a schedule's entry now, exactly as cron would (same command and environment), and wait."""
     from .. import schedule as S
-    from ..errors import UnknownSchedule
 
-    S.check_name(name)
     text = S.read_crontab()
-    entry = S.find(text, name)
-    if entry is None:
-        raise UnknownSchedule(name, S.current_user().pw_name)
+    entry = _entry(text, name, runs_dir)
     log = entry.log_path
     pos = os.path.getsize(log) if log and os.path.exists(log) else 0
     print(f"running schedule {name} as cron would" + (f"; its log: {log}" if log else ""), flush=True)

@@ -14,16 +14,19 @@ from .model import (
     ENV_NAME_RE,
     HOST_NAME_RE,
     LOCAL,
+    MAX_GPUS,
     RESERVED_ENV,
     Host,
     Inventory,
     Master,
     SlurmSettings,
+    ascii_digits,
+    glob_problem,
     reserved_env,
     show,
     some,
 )
 
-__all__ = ["BUILTIN", "DEFAULT_FANOUT", "DEFAULT_MASTER_PORT", "ENV_NAME_RE", "HOST_NAME_RE", "LOCAL", "RESERVED_ENV",
-           "Host", "Inventory", "Master", "SlurmSettings", "load", "load_named", "local", "parse", "parse_hostfile",
-           "reserved_env", "show", "some"]
+__all__ = ["BUILTIN", "DEFAULT_FANOUT", "DEFAULT_MASTER_PORT", "ENV_NAME_RE", "HOST_NAME_RE", "LOCAL", "MAX_GPUS",
+           "RESERVED_ENV", "Host", "Inventory", "Master", "SlurmSettings", "ascii_digits", "glob_problem", "load",
+           "load_named", "local", "parse", "parse_hostfile", "reserved_env", "show", "some"]

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from ..errors import InventoryError
-from .model import HOST_NAME_RE, LOCAL, show
+from .model import HOST_NAME_RE, LOCAL, ascii_digits, show
 
 # The inventory fields a hostfile line may set (lists and mappings, env and setup, have no
 # one-word form), and how a value is read: YAML would read `port=22` as a number, so do we.
@@ -43,7 +43,7 @@ def is_hostfile(text: str) -> bool:
 
 def _value(key: str, text: str) -> Any:
     if key == "slots" or FIELDS.get(key) is int:
-        return int(text) if text.isdigit() and len(text) <= 9 else text
+        return int(text) if ascii_digits(text) and len(text) <= 9 else text
     if FIELDS.get(key) is float:
         return float(text) if _NUMBER.fullmatch(text) and len(text) <= 20 else text
     return text

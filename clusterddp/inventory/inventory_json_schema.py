@@ -83,10 +83,11 @@ def _fix(node: Any) -> Any:
 
 def _shape(props: dict[str, Any], host_entry: bool) -> None:
     """What the model's validators enforce beyond their types, for the editor to check too."""
-    from .model import ENV_NAME_RE, HOST_NAME_RE
+    from .model import ENV_NAME_RE, HOST_NAME_RE, MAX_GPUS
     if "gpus" in props:
-        props["gpus"]["anyOf"] = [{"type": "integer", "minimum": 1}, {"const": "auto"},
-                                  {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1,
+        props["gpus"]["anyOf"] = [{"type": "integer", "minimum": 1, "maximum": MAX_GPUS}, {"const": "auto"},
+                                  {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_GPUS - 1},
+                                   "minItems": 1,
                                    "uniqueItems": True}, {"type": "null"}]
     if "env" in props:
         props["env"]["anyOf"] = [{"type": "object", "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"},

@@ -51,6 +51,34 @@ def reserved_env(name: str) -> str | None:
     return _RESERVED_HINT[owner] if owner else None
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether ``text`` is one or more ASCII digits: ``str.isdigit`` also takes ``²``, which ``int()``
+    refuses, and Arabic-Indic digits, which ``int()`` silently reads; a count or a port is 0-9 only."""
+    return text.isascii() and text.isdigit()
+
+
+# C0 controls, DEL and C1 controls: a newline or an escape sequence in an address, a path or a glob
+# is a mistake (or an attempt to forge terminal output).
+CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def control_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as one-line text (a control character, named and placed), or None."""
+    bad = CONTROL_RE.search(text)
+    return None if bad is None else (f"holds the control character U+{ord(bad.group()):04X} at position "
+                                     f"{bad.start() + 1}; remove it")
+
+
+def glob_problem(glob: str) -> str | None:
+    """What is wrong with a ``collect`` glob (the inventory's or --collect's), or None: the node's own
+    rule (relative to the run folder, no ``..``), and one line of text."""
+    from ..node.collect import glob_parts  # the node program's rule, so both ends refuse the same globs
+    problem = control_problem(glob)
+    if problem is None and glob_parts(glob) is None:
+        problem = "must be relative to the run folder, without .. (e.g. checkpoints/**)"
+    return problem
+
+
 def show(text: str, limit: int = 40) -> str:
     """User text for a message: quoted, control characters escaped, cut at ``limit`` characters."""
     return repr(text[:limit]) + ("..." if len(text) > limit else "")
@@ -66,6 +94,7 @@ BUILTIN: dict[str, Any] = dict(host_key_policy="strict", gpus="auto", python="py
                                known_hosts="~/.ssh/known_hosts", connect_timeout=10.0, keepalive=5.0)
 DEFAULT_MASTER_PORT = 29500  # the first port tried when the master port is chosen
 DEFAULT_FANOUT = 32  # hosts contacted at once by fleet commands, like pdsh's default
+MAX_GPUS = 1024  # processes per node (`gpus`, --gpus): far above any machine, low enough for torchrun's numbers
 
 
 @dataclass(frozen=True)

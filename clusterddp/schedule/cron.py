@@ -7,6 +7,7 @@ import re
 from datetime import datetime
 
 from ..errors import UsageError
+from ..inventory.model import show
 
 KEYWORDS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 _MONTHS = "jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec"
@@ -16,6 +17,7 @@ _FIELD_RES = [re.compile(p, re.IGNORECASE) for p in (
     r"^[0-9*/,-]+$", r"^[0-9*/,-]+$", r"^[0-9*/,-]+$",
     rf"^(?:[0-9*/,-]|{_MONTHS})+$", rf"^(?:[0-9*/,-]|{_DAYS})+$")]
 _FIELD_NAMES = ("minute", "hour", "day of month", "month", "day of week")
+_FIELD_MAX = (59, 23, 31, 12, 7)  # every number of a field, steps included, is at most this
 
 
 def check_cron(expr: str, now: datetime | None = None) -> str:
@@ -37,6 +39,11 @@ def check_cron(expr: str, now: datetime | None = None) -> str:
         for f, rx, what in zip(fields, _FIELD_RES, _FIELD_NAMES, strict=True):  # 5 fields: checked above
             if not rx.match(f):
                 raise UsageError(f"--cron {expr!r}: {what} field {f!r} is not valid for cron", example)
+        for f, most, what in zip(fields, _FIELD_MAX, _FIELD_NAMES, strict=True):
+            big = next((n for n in re.findall(r"[0-9]+", f) if len(n) > 2 or int(n) > most), None)
+            if big is not None:  # croniter takes */99999999999999999999; cron would refuse or misread it
+                raise UsageError(f"--cron {show(expr)}: {what} field: {show(big)} is out of range (0..{most}, "
+                                 "steps included)", example)
     if not croniter.is_valid(norm):
         raise UsageError(f"--cron {expr!r}: not a valid cron expression", example)
     try:

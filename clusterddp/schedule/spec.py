@@ -27,8 +27,14 @@ MAX_SPEC_BYTES = 1 << 20
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # as inventory.ENV_NAME_RE (not imported: fire stays light)
 
 
+def is_name(name: str) -> bool:
+    """Whether ``name`` may name a schedule: letters, digits, '.', '_', '-', and not ``.`` or ``..``
+    (it names files: NAME.json, NAME.lock, NAME.log)."""
+    return bool(NAME_RE.fullmatch(name)) and name not in (".", "..")
+
+
 def check_name(name: str) -> str:
-    if not NAME_RE.fullmatch(name):
+    if not is_name(name):
         raise UsageError(f"schedule name {name!r}: use letters, digits, '.', '_' or '-'",
                          "it names the crontab tag, the spec, the lock and the log file, e.g. nightly-eval")
     return name
@@ -173,7 +179,7 @@ def spec_from_json(data: Any, path: str) -> ScheduleSpec:
         if key not in data:
             raise f.fail(key, "missing")
     name = f.text("name")
-    if not NAME_RE.fullmatch(name):
+    if not is_name(name):
         raise f.fail("name", f"{name!r} is not a schedule name (letters, digits, '.', '_', '-')")
     if os.path.basename(path) != f"{name}.json":
         raise f.fail("name", f"{name!r} does not match the file name {os.path.basename(path)}")
