@@ -178,7 +178,7 @@ def test_ssh_inventory_without_key_warns_that_cron_has_no_agent(crontab, work):
 
 @pytest.mark.parametrize("args, words", [
     (["n", "--cron", "* * * * * *", "local", "t.py"], "expected 5 fields"),
-    (["n", "--cron", "61 * * * *", "local", "t.py"], "not a valid cron expression"),
+    (["n", "--cron", "61 * * * *", "local", "t.py"], "minute field: '61' is out of range"),
     (["n", "--cron", "0 0 31 2 *", "local", "t.py"], "never fires"),
     (["n", "--cron", "@reboot", "local", "t.py"], "unsupported keyword"),
     (["n", "--cron", "0 0 L * *", "local", "t.py"], "not valid for cron"),
