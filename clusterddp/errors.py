@@ -142,6 +142,16 @@ class UnknownSchedule(UsageError):
                          "list schedules with `clusterddp schedule list`")
 
 
+class FileRefused(UsageError):
+    """A file :func:`clusterddp.files.read_bounded` would not read: missing, not a regular file (a
+    FIFO, a device, a folder), unreadable or too large. ``reason`` says which, ``problem`` how, for
+    the caller that names the file its own way (an inventory, ``-e @FILE``, a spec)."""
+
+    def __init__(self, path: str, reason: str, problem: str, hint: str | None = None) -> None:
+        super().__init__(f"{path}: {problem}", hint)
+        self.path, self.reason, self.problem = path, reason, problem
+
+
 class LockTimeout(ClusterDDPError):
     """A lock still held by someone else when its deadline passed."""
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .errors import UsageError
 from .nodescript import SHIPPED_LIB
+from .sizes import human_size
 
 # What never leaves this machine unless .clusterddpignore re-includes it (``!.env``): VCS and
 # tool caches, virtualenvs, and the usual places of secrets (SSH keys, .env files, PEM keys,
@@ -127,15 +128,6 @@ class SourceFolder:
 
     def summary(self) -> str:
         return f"{self.files} files, {human_size(self.size)} ({self.size} bytes) from {self.root}"
-
-
-def human_size(size: int) -> str:
-    n = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{size} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
 
 
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.I)

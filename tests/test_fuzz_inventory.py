@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ci_skips import in_ci
-from clusterddp import _inventory_yaml, inventory, plan
+from clusterddp import inventory, plan
 from clusterddp.cli.app import app
 from clusterddp.errors import InventoryError
+from clusterddp.inventory import _inventory_yaml
 
 CASE_SECONDS = 3.0      # one parse: ~5 ms here; the alias bomb took 8 s before the strict reader
 HEADROOM_MB = 512       # address space allowed on top of what the process has: the bomb needed 1.2 GB

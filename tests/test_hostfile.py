@@ -9,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterddp import _hostfile, inventory, plan
+from clusterddp import inventory, plan
 from clusterddp.backends import base
-from clusterddp.errors import InventoryError
+from clusterddp.errors import InventoryError, SpecError
+from clusterddp.inventory import _hostfile
 from clusterddp.node import worker
 from helpers import REPO
 
@@ -95,7 +96,7 @@ def hostfiles(draw):
 def test_generated_hostfiles_read_back_as_written(tmp_path, case):
     text, want = case
     assert _hostfile.is_hostfile(text)
-    inv = _hostfile.parse(text, "hf")
+    inv = inventory.parse_hostfile(text, "hf")
     assert [(h.name, h.gpus) for h in inv.hosts] == want
     assert inv.master.host == want[0][0]
 
@@ -106,7 +107,7 @@ def test_any_text_gives_an_inventory_or_a_located_error(text):
     if not _hostfile.is_hostfile(text):
         return
     try:
-        inv = _hostfile.parse(text, "hf")
+        inv = inventory.parse_hostfile(text, "hf")
     except InventoryError as e:
         assert str(e).startswith("hf"), e
     else:
@@ -188,5 +189,5 @@ def test_a_schedule_keeps_local_rank_arg_and_older_specs_read_as_before():
     assert S.spec_from_json(on.to_json(), on.spec_path) == on
     assert "local_rank_arg" not in off.to_json() and S.spec_from_json(off.to_json(), off.spec_path) == off
     assert S.up_argv(on)[-3:] == ["--local-rank-arg=--local_rank", "--", "x"]
-    with pytest.raises(S.SpecError, match="local_rank_arg: '--rank' is not --local_rank or --local-rank"):
+    with pytest.raises(SpecError, match="local_rank_arg: '--rank' is not --local_rank or --local-rank"):
         S.spec_from_json({**on.to_json(), "local_rank_arg": "--rank"}, on.spec_path)

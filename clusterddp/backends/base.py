@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -208,9 +207,7 @@ def load_inventory(arg: str, gpus: int | None) -> Inventory:
     """The inventory of ``up``/``schedule add``: a file, or ``local`` (this machine, with ``--gpus``
     processes or one per GPU, run by this python)."""
     from .. import inventory as inv_mod
-    if arg == LOCAL:
-        return inv_mod.local(gpus=gpus or "auto", python=sys.executable)
-    return inv_mod.load(arg)
+    return inv_mod.load_named(arg, gpus)
 
 
 def check_script(path: str) -> Path:

@@ -9,23 +9,12 @@ import time
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_FAILED, RUNS_DIR, handle_errors, is_tty, visible
+from .common import EXIT_FAILED, RUNS_DIR, handle_errors, is_tty, load_inventory, visible
 
 HOSTS = typer.Option(None, "--hosts", help="Only these hosts: a,b,c.")
 EXCLUDE = typer.Option(None, "--exclude", help="Leave these hosts out: a,b (after --hosts).")
 FANOUT = typer.Option(None, "--fanout", min=1, max=1024,
                       help="Hosts contacted at once (default: the inventory's `fanout`, else 32).")
-
-
-def load_inventory(path: str, hosts: str | None, fanout: int | None, exclude: str | None = None):
-    """The inventory, narrowed to ``--hosts`` less ``--exclude``, with ``--fanout`` applied (the flag wins)."""
-    from dataclasses import replace
-
-    from .. import inventory as inv_mod
-    from .common import host_list
-
-    inv = inv_mod.load(path).narrow(host_list(hosts), host_list(exclude, "--exclude"))
-    return replace(inv, fanout=fanout) if fanout else inv
 
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def _size(n: int | None) -> str:
-    from ..upload import human_size
+    from ..sizes import human_size
     return "?" if n is None else human_size(n)
 
 

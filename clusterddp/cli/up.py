@@ -28,6 +28,7 @@ from .common import (
     host_list,
     host_slots,
     local_rank_flag,
+    option,
     quiet_filter,
     run_spec,
     sigterm_as_interrupt,
@@ -53,17 +54,13 @@ def up(
     max_restarts: int = MAX_RESTARTS,
     max_upload: str = MAX_UPLOAD,
     local_rank_arg: str | None = LOCAL_RANK_ARG,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print every node's command; contact no host."),
-    detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return; it runs on without us."),
-    skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
-                                    "versions agree, master port free)."),
+    dry_run: bool = option("dry_run"),
+    detach: bool = option("detach"),
+    skip_check: bool = option("skip_check"),
     raw: bool = RAW,
     quiet: bool = QUIET,
-    join_timeout: float = typer.Option(120.0, "--join-timeout", min=0, metavar="S",
-                                       help="Name and end a run whose nodes have not all joined the rendezvous "
-                                            "S seconds after it started (0: wait as long as torch does)."),
-    wait: bool = typer.Option(False, "--wait", help="When the GPU slots are taken, wait in the queue for them "
-                              "instead of refusing (exit 75)."),
+    join_timeout: float = option("join_timeout"),
+    wait: bool = option("wait"),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
