@@ -85,8 +85,9 @@ def record(runs_dir: Path, run_id: str) -> dict:
 def gloo_exit_abort(runs_dir: Path, run_id: str) -> str | None:
     """Why the failed run ``run_id`` is torch 2.13's gloo abort at interpreter exit, or None when it is
     not: its root cause is a rank killed by SIGABRT, its node's log says std::terminate ran
-    (:data:`TERMINATE`), and no rank raised (no error file, no Python traceback but torchrun's own): every rank got
-    through its script; a gloo thread died with the interpreter (see clusterddp.train.cleanup)."""
+    (:data:`TERMINATE`), and no rank raised (no error file, no Python traceback but torchrun's own):
+    every rank got through its script; a gloo thread died with the interpreter (see
+    clusterddp.train.cleanup)."""
     try:
         rec = record(runs_dir, run_id)
     except (OSError, ValueError):
