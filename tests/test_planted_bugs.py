@@ -20,13 +20,13 @@ from clusterddp import failure as F
 from clusterddp import inventory
 from clusterddp import plan as P
 from clusterddp import prune as pr
+from clusterddp.backends.ssh.supervisor import NodeState, Supervisor
 from clusterddp.errors import HostError
 from clusterddp.fleet import HostResult
 from clusterddp.node import diagnose as D
 from clusterddp.node.collective import MARK
 from clusterddp.record import RunStatus
 from clusterddp.store import RunStore, new_run_id
-from clusterddp.supervisor import NodeState, Supervisor
 from clusterddp.transport import CommandResult
 from helpers import cddp, make_record, record, run_id_of
 

@@ -5,7 +5,7 @@ Only the golden text noticed ``--kill-on-bad-exit`` dropped from the srun step: 
 ranks wait in a collective, which the failure breaks, so each node's torchrun ends on its own. Here
 the ranks on the first node ignore SIGTERM and wait outside any collective; only Slurm ending the
 step on every node (``--kill-on-bad-exit=1``, SIGKILL KillWait s after SIGTERM) ends them.
-Mutation: the flag removed from the step in slurm_plan.py."""
+Mutation: the flag removed from the step in backends/slurm/plan.py."""
 
 from __future__ import annotations
 
