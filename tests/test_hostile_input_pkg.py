@@ -152,13 +152,13 @@ def test_a_crash_report_hides_env_values():
 
 
 def test_the_crash_report_file_has_no_env_value(tmp_path, monkeypatch):
-    import clusterddp.jobs
+    import clusterddp.backends
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(sys, "argv", ["clusterddp", "up", "local", "t.py", "-e", "TOKEN=hunter2"])
 
     def broken(*a, **k):
         raise RuntimeError("boom")
-    monkeypatch.setattr(clusterddp.jobs, "load_inventory", broken)
+    monkeypatch.setattr(clusterddp.backends, "load_inventory", broken)
     (tmp_path / "t.py").write_text("print('hi')\n")
     r = CliRunner().invoke(app, ["up", "local", str(tmp_path / "t.py"), "-e", "TOKEN=hunter2",
                                  "--runs-dir", str(tmp_path / "runs")])
