@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleave, run  # noqa: E402
-from clusterddp.jobs import local_port  # noqa: E402
+from clusterddp.backends.ssh.launch import local_port  # noqa: E402
 
 SCRIPT = """import torch.distributed as dist
 dist.init_process_group("gloo")

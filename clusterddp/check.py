@@ -25,6 +25,7 @@ from .errors import HostError, HostErrorKind, PreflightFailed
 from .fleet import Fleet, HostResult
 from .inventory import Host, Inventory
 from .node.probe import ProbeError, parse_reply
+from .sizes import human_size
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 _RANK = {OK: 0, WARN: 1, FAIL: 2}
@@ -107,11 +108,7 @@ def preflight_failed(report: Report, inventory_path: str) -> PreflightFailed:
 # ---- pure ----
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "K", "M", "G", "T"):
-        if n < 1024 or unit == "T":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return f"{n:.1f}T"  # pragma: no cover
+    return human_size(n, short=True)
 
 
 def _reference(values: dict[str, str | None]) -> str | None:

@@ -22,6 +22,7 @@ from . import plan as P
 from .fleet import Fleet, HostResult
 from .inventory import Inventory
 from .node.collective import CollectiveReplyError, busbw, parse_output
+from .sizes import human_size
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = (1 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB)
@@ -116,7 +117,7 @@ def rate(bytes_per_s: float) -> str:
 
 
 def size_text(n: int) -> str:
-    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB" if n >= KiB else f"{n} B"
+    return human_size(n, digits=0)
 
 
 def _figures(sweeps: list[list[tuple[int, int, float, float]]], n: int) -> list[Figure]:

@@ -107,7 +107,7 @@ def previous_run(store: RunStore, inventory: Inventory) -> RunRecord | None:
 
 def run_diff(inventory: Inventory, runs_dir: str) -> DiffReport:
     """Ask every host, in parallel, and compare."""
-    from .jobs import scan_source
+    from .upload import scan_source
     store = RunStore(runs_dir, read_only=True)
     rec = previous_run(store, inventory)
     files: list[str] = []

@@ -11,7 +11,8 @@ import json
 import os
 from collections.abc import Callable, Iterable
 
-from .errors import UsageError
+from .errors import FileRefused, UsageError
+from .files import read_bounded
 from .inventory import ENV_NAME_RE, reserved_env, show
 
 MAX_FILE = 1 << 20
@@ -47,20 +48,19 @@ def read(path: str, warn: Callable[[str], None]) -> list[tuple[str, str]]:
     """``NAME=VALUE`` lines of ``path``: blank lines and ``#`` comments skipped, an ``export``
     before the name allowed; the value is the rest of the line, verbatim, or, when it starts with
     a double quote, a JSON string (to carry newlines or leading spaces)."""
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            data = f.read(MAX_FILE + 1)
-    except OSError as e:
-        raise UsageError(f"-e @{path}: cannot read it: {e.strerror or e}", "give a readable file of NAME=VALUE lines"
+    try:  # non-blocking, regular files only, bounded: a FIFO or a device named here is refused, not waited on
+        data, st = read_bounded(path, MAX_FILE)
+    except FileRefused as e:
+        if e.reason == "too_large":
+            raise UsageError(f"-e @{path}: larger than {MAX_FILE >> 20} MiB", "an env file holds NAME=VALUE lines"
+                             ) from None
+        raise UsageError(f"-e @{path}: cannot read it: {e.problem}", "give a regular file of NAME=VALUE lines"
                          ) from None
-    if len(data) > MAX_FILE:
-        raise UsageError(f"-e @{path}: larger than {MAX_FILE >> 20} MiB", "an env file holds NAME=VALUE lines")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"-e @{path}: not UTF-8 text (byte {e.start})", "save it as UTF-8") from None
-    if st.st_mode & 0o077 and os.path.isfile(path) and not path.startswith(("/dev/fd/", "/proc/")):
+    if st.st_mode & 0o077 and not path.startswith(("/dev/fd/", "/proc/")):
         warn(f"warning: -e @{path} is readable by other users (mode {st.st_mode & 0o777:04o}); "
              f"chmod 600 {path} keeps its secrets yours")
     out = []

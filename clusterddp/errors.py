@@ -108,6 +108,12 @@ class SlurmError(ClusterDDPError):
     command and what it said."""
 
 
+class SlurmAnswerError(SlurmError):
+    """A Slurm command answered what Slurm never says (a count that is no count, a host name that
+    climbs out of a folder): refused, naming the command and the words (escaped). A run whose job
+    gives such an answer is not followed further: its job is cancelled and the run marked failed."""
+
+
 class RecordError(UsageError):
     """A run.json that cannot be read, located by file and field (``nodes[1].exit_code``)."""
 
@@ -134,6 +140,16 @@ class UnknownSchedule(UsageError):
     def __init__(self, name: str, user: str) -> None:
         super().__init__(f"no schedule {name!r} in the crontab of {user}",
                          "list schedules with `clusterddp schedule list`")
+
+
+class FileRefused(UsageError):
+    """A file :func:`clusterddp.files.read_bounded` would not read: missing, not a regular file (a
+    FIFO, a device, a folder), unreadable or too large. ``reason`` says which, ``problem`` how, for
+    the caller that names the file its own way (an inventory, ``-e @FILE``, a spec)."""
+
+    def __init__(self, path: str, reason: str, problem: str, hint: str | None = None) -> None:
+        super().__init__(f"{path}: {problem}", hint)
+        self.path, self.reason, self.problem = path, reason, problem
 
 
 class LockTimeout(ClusterDDPError):

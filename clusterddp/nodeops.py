@@ -15,7 +15,7 @@ from typing import BinaryIO, TypeVar
 
 from . import plan as P
 from .fleet import Fleet, GroupResult
-from .record import NodeState, from_report
+from .record import NodeState, RunRecord, from_report
 from .transport import Tail, Transport
 
 R = TypeVar("R")
@@ -23,6 +23,13 @@ R = TypeVar("R")
 STATUS_TIMEOUT = 30.0    # a status after a teardown: the node answered the teardown just now
 FOLLOW_STATUS_TIMEOUT = 60.0
 LOG_TIMEOUT = 120.0
+
+
+def nodes_of(rec: RunRecord, hosts: list[str] | None = None) -> list[P.NodeLaunch]:
+    """The NodeLaunch of each node (or only of ``hosts``), rebuilt from a run record (no launch
+    script: it already ran)."""
+    return [P.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
+            for n in rec.nodes if not hosts or n.host in hosts]
 
 
 def each(fleet: Fleet, nodes: Sequence[P.NodeLaunch],

@@ -26,18 +26,33 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-import shlex
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from .inventory import Host, Inventory
 from .node import envinfo as node_envinfo
 from .node import probe as node_probe
 from .node import source as node_source
+from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER: plan's callers quote through them
+    CONTROL,
+    IFACE_FN,
+    MARKED_FN,
+    MARKER,
+    SHIPPED_LIB,
+    STOP_TRAP,
+    NodeCommand,
+    env_stdin,
+    exit_function,
+    iface_lines,
+    marker_word,
+    preamble,
+    python_command,
+    q,
+    qpath,
+    setup_failed,
+    ship_train_lines,
+)
 
-CONTROL = ".clusterddp"
-MARKER = "CLUSTERDDP_JOB"
 DEFAULT_GRACE = 10.0
 
 
@@ -91,77 +106,11 @@ class LaunchPlan:
         return len(self.nodes)
 
 
-def q(s: str) -> str:
-    """Quote one word for a POSIX shell."""
-    return shlex.quote(s)
-
-
-def qpath(path: str) -> str:
-    """Quote a path, letting a leading ``~/`` expand to the remote user's home."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + q(path[2:])
-    return q(path)
-
-
-class NodeCommand(NamedTuple):
-    """A command and the bytes to feed its standard input (a transport's ``run(text, stdin=...)``)."""
-
-    text: str
-    stdin: bytes
-
-
-# The shell variable that holds the exports read from stdin, until they are evaluated.
-_ENV_VAR = "cddp_env"
-
-
-# ---- how every node command starts ----
-
-def _exports(env: Iterable[tuple[str, str]]) -> list[str]:
-    return [f"export {k}={q(v)}" for k, v in env]
-
-
-def _preamble(host: Host, env: Iterable[tuple[str, str]], *, stdout_to: str,
-              on_fail: Callable[[str], str], env_on_stdin: bool = False) -> list[str]:
-    """The lines a node command starts with: the host's setup lines, output redirected by
-    ``stdout_to`` (may be empty), each followed by ``on_fail(line)`` if it fails; then an
-    ``export`` of each of ``env``. launch.sh, the probe, exec and the node helpers all start here.
-
-    ``env_on_stdin``: the exports are not in the text but read from standard input first (before a
-    setup line could read it) and evaluated in their place; send :func:`_env_stdin` there. They are
-    the very lines that would be inline, each value quoted once by :func:`q`, so ``eval`` of them
-    runs exactly what the inline lines would, and the values stay off every command line."""
-    env = tuple(env)
-    redirect = f" {stdout_to}" if stdout_to else ""
-    lines = [f"{{ {line}\n}}{redirect} || {{ {on_fail(line)}; }}" for line in host.setup]
-    if not env_on_stdin:
-        return lines + _exports(env)
-    if not env:
-        return lines
-    return [f"{_ENV_VAR}=$(cat)", *lines, f'eval "${_ENV_VAR}"; unset {_ENV_VAR}']
-
-
-def _env_stdin(env: Iterable[tuple[str, str]]) -> bytes:
-    """What a command rendered with ``env_on_stdin`` reads from its standard input."""
-    return "".join(line + "\n" for line in _exports(env)).encode()
-
-
-def _python(host: Host, program: str, args: Iterable[str], *, site: bool = False) -> str:
-    """Run node program ``program`` (a module of ``clusterddp/node``) with the host's python.
-
-    Nothing is installed on nodes: the module's whole source travels as ``-c``. ``-S`` unless
-    ``site``: no site-packages to scan (.pth files and all); the helpers need only the standard
-    library, and a collect starts measurably sooner.
-    """
-    return " ".join([q(host.python), *([] if site else ["-S"]), "-c", q(node_source(program)), *args])
-
-
 def _helper(node: NodeLaunch, program: str, *args: str) -> str:
     """A node program run by a job's launcher after the host's setup lines (quietly, failures
     ignored), without the job's env: a PYTHONPATH there could shadow the modules it imports."""
-    lines = _preamble(node.host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
-    return "\n".join([*lines, _python(node.host, program, args)])
+    lines = preamble(node.host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    return "\n".join([*lines, python_command(node.host.python, program, args)])
 
 
 # ---- the plan ----
@@ -280,64 +229,8 @@ def torchrun_entry(python: str, script: str, args: Iterable[str], local_rank_arg
 
 # ---- launch.sh ----
 
-_IFACE_FN = r"""cddp_iface() {  # the interface on this node that routes to $1 (the master)
-  local a; a=$(getent ahostsv4 "$1" 2>/dev/null | awk 'NR==1{print $1}'); a=${a:-$1}
-  ip -o -4 addr show to "$a" 2>/dev/null | awk 'NR==1{print $2; f=1} END{exit !f}' && return 0
-  ip -o route get "$a" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -n 1
-}"""
-
 _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
-
-
-def _iface_lines(env_keys: set[str], master_addr: str, local_addr: bool = False) -> list[str]:
-    """Export NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (those ``env`` does not set) as the
-    interface that routes to the master, probed on the node; ``local_addr``: also its address.
-    The one interface choice, shared by launch.sh and ``check --collective``."""
-    if not (local_addr or not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= env_keys):
-        return []
-    lines = [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})", 'if [ -n "$IFACE" ]; then']
-    lines += [f"  export {k}=\"$IFACE\"" for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-              if k not in env_keys]
-    warning = (f"[clusterddp] warning: no interface routes to {master_addr}; "
-               "set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME in the inventory env")
-    if local_addr:
-        lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" "
-                     "| awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
-    return lines + ["else", f"  echo {q(warning)} >&2", "fi"]
-
-
-# clusterddp.train travels with every run (jobs.pack puts it in the tarball) for nodes whose python
-# lacks clusterddp. It goes on PYTHONPATH only there: a clusterddp the node has (installed, or on
-# the job's own PYTHONPATH) always wins, and the job's log says so when it differs from the copy
-# shipped. This asks the job's python, in the run folder, which one a script would import.
-SHIPPED_LIB = CONTROL + "/lib"
-_FIND_TRAIN = """import importlib.util as u
-try:
-    p = u.find_spec("clusterddp")
-    if p is None or p.origin in (None, "namespace"):  # a bare folder named clusterddp is no install
-        print("none")
-    else:
-        s = u.find_spec("clusterddp.train")
-        print(s.origin if s else "it has no clusterddp.train (%s)" % p.origin)
-except Exception as e:
-    print("%s: %s" % (type(e).__name__, e))"""
-
-
-def _ship_train_lines(node: NodeLaunch) -> list[str]:
-    lib = qpath(posixpath.join(node.run_dir, SHIPPED_LIB))
-    differs = ("[clusterddp] note: this node's own clusterddp.train ($cddp_train) is used; it differs from the "
-               "launcher's copy shipped with the run, which never shadows an installed clusterddp")
-    other = "[clusterddp] note: clusterddp.train is not shipped to this node, whose python has a clusterddp: "
-    return [
-        f"CDDP_LIB={lib}",
-        f"cddp_train=$({q(node.host.python)} -c {q(_FIND_TRAIN)} 2>&1 | tail -n 1)",
-        'case "$cddp_train" in',
-        '  none) export PYTHONPATH="$CDDP_LIB${PYTHONPATH:+:$PYTHONPATH}" ;;',
-        f'  /*) cmp -s "$cddp_train" "$CDDP_LIB/clusterddp/train.py" || echo "{differs}" >&2 ;;',
-        f'  *) echo {q(other)}"$cddp_train" >&2 ;;',
-        "esac",
-    ]
 
 
 def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, local: bool) -> NodeLaunch:
@@ -348,21 +241,19 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
         f"# clusterddp run {run_id}: node {node.node_rank} of {nnodes} ({h.name})",
         "# A stop signal must not kill this shell before it records the exit code;",
         "# a trap (unlike ignoring the signal) is reset for the children, so torchrun still gets it.",
-        "trap 'echo \"[clusterddp] stop signal received\" >&2' TERM INT HUP",
+        STOP_TRAP,
         f"CTL={qpath(ctl)}",
         "# exit_code is written 0600 whatever umask the job runs with (the node's own, or a setup line's).",
-        ('cddp_exit() { (umask 077 && echo "$1" > "$CTL/exit_code.tmp") && mv "$CTL/exit_code.tmp" "$CTL/exit_code"; '
-         'exit "$1"; }'),
+        exit_function(),
         f"cd {qpath(node.run_dir)} || cddp_exit 97",
         f"export CLUSTERDDP_RUN_ID={q(run_id)} CLUSTERDDP_HOST={q(h.name)} "
         f"CLUSTERDDP_NODE_RANK={node.node_rank}",
     ]
-    lines += _preamble(h, node.env, stdout_to="",
-                       on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98")
+    lines += preamble(h, node.env, stdout_to="", on_fail=setup_failed())
     if not local:
-        lines += _iface_lines({k for k, _ in node.env}, master_addr, _probes(node.argv, LOCAL_ADDR))
+        lines += iface_lines({k for k, _ in node.env}, master_addr, _probes(node.argv, LOCAL_ADDR))
     if not local:
-        lines += _ship_train_lines(node)
+        lines += ship_train_lines(h.python, node.run_dir)
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
     argv = " ".join(f'"{a}"' if isinstance(a, _Probed) else q(a) for a in node.argv)
@@ -453,9 +344,9 @@ def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.1) -> s
 
 def status_command(node: NodeLaunch) -> str:
     """Print one line: ``running``, ``exit N``, ``lost`` (no process, no exit code) or ``missing``."""
-    return (f"cd {qpath(node.control_dir)} 2>/dev/null || {{ echo missing; exit 0; }}; "
+    return (f"{MARKED_FN}; cd {qpath(node.control_dir)} 2>/dev/null || {{ echo missing; exit 0; }}; "
             "if [ -s exit_code ]; then echo \"exit $(cat exit_code)\"; "
-            f"elif [ -n \"$(grep -lzxF {q(MARKER + '=' + node.marker)} /proc/[0-9]*/environ 2>/dev/null)\" ]; "
+            f"elif [ -n \"$(cddp_marked {marker_word(node.marker)})\" ]; "
             "then echo running; else echo lost; fi")
 
 
@@ -470,9 +361,8 @@ def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE) -> str:
 
 def kill_marked_command(marker: str, grace: float = DEFAULT_GRACE) -> str:
     """:func:`teardown_command` for every process whose environment holds ``CLUSTERDDP_JOB=marker``."""
-    m = q(f"{MARKER}={marker}")
     steps = max(1, int(grace * 10))
-    return (f"cddp_pids() {{ grep -lzxF {m} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}; "
+    return (f"{MARKED_FN}; cddp_pids() {{ cddp_marked {marker_word(marker)}; }}; "
             "P=$(cddp_pids); [ -z \"$P\" ] && { echo clean; exit 0; }; "
             "kill -TERM $P 2>/dev/null; "
             f"for i in $(seq {steps}); do sleep 0.1; P=$(cddp_pids); "
@@ -525,11 +415,11 @@ def probe_command(host: Host, master_addr: str, master_port: int | None, *, full
     """
     args = {"full": full, "port": master_port, "workdir": host.workdir}
     env = host.env if env is None else env
-    lines = _preamble(host, env, stdout_to=">&2", env_on_stdin=True,
+    lines = preamble(host, env, stdout_to=">&2", env_on_stdin=True,
                       on_fail=lambda line: f"echo {q(node_probe.setup_failed_reply(line))}; exit 0")
-    lines += [_IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
-              "exec " + _python(host, "probe", [q(json.dumps(args)), '"$IFACE"'], site=True)]
-    return NodeCommand("\n".join(lines), _env_stdin(env))
+    lines += [IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
+              "exec " + python_command(host.python, "probe", [q(json.dumps(args)), '"$IFACE"'], site=True)]
+    return NodeCommand("\n".join(lines), env_stdin(env))
 
 
 EXEC_TIMED_OUT = 124  # what coreutils' timeout exits with when it ended the command
@@ -556,13 +446,13 @@ def exec_command(host: Host, words: list[str] | tuple[str, ...], limit: float | 
     lines = [f"export CLUSTERDDP_HOST={q(host.name)}"]
     if marker is not None:
         lines.append(f"export {MARKER}={q(marker)}")
-    lines += _preamble(host, host.env, stdout_to=">/dev/null", env_on_stdin=True,
+    lines += preamble(host, host.env, stdout_to=">/dev/null", env_on_stdin=True,
                        on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
     text = " ".join(words)
     if limit is not None:
         text = f'timeout -k 5 {limit:.3f} "${{BASH:-sh}}" -c {q(text)}'
     lines.append(text)
-    return NodeCommand("\n".join(lines), _env_stdin(host.env))
+    return NodeCommand("\n".join(lines), env_stdin(host.env))
 
 
 # ---- prune: removing old runs' node folders ----
@@ -595,7 +485,7 @@ def prune_target_problem(run_id: str, workdir: str, run_dir: str, control_dir: s
 
 
 _PRUNE_FN = r"""cddp_prune() {  # $1 index, $2 run folder, $3 the job's marker, $4 "dry": look only
-  if grep -qszxF "$3" /proc/[0-9]*/environ; then echo "$1 running"; return; fi
+  if [ -n "$(cddp_marked "$3")" ]; then echo "$1 running"; return; fi
   if [ ! -e "$2" ] && [ ! -L "$2" ]; then echo "$1 missing"; return; fi
   if [ -L "$2" ] || [ ! -d "$2" ] || [ -L "$2/.clusterddp" ] || [ ! -d "$2/.clusterddp" ]; then
     echo "$1 refused"; return
@@ -613,9 +503,9 @@ def prune_command(targets: Sequence[tuple[str, str]], dry_run: bool = False) -> 
     ``removed`` (or ``would`` with ``dry_run``: nothing is touched), ``missing`` (nothing there),
     ``running`` (a process still carries the run's marker: left alone, whatever the record says),
     ``refused`` (a symlink, or not a folder holding ``.clusterddp``) or ``failed``."""
-    lines = [_PRUNE_FN]
+    lines = [MARKED_FN, _PRUNE_FN]
     for i, (run_dir, marker) in enumerate(targets):
-        lines.append(f"cddp_prune {i} {qpath(run_dir)} {q(MARKER + '=' + marker)}" + (" dry" if dry_run else ""))
+        lines.append(f"cddp_prune {i} {qpath(run_dir)} {marker_word(marker)}" + (" dry" if dry_run else ""))
     return "\n".join(lines)
 
 
@@ -628,8 +518,8 @@ def top_command(host: Host, nodes: Iterable[NodeLaunch], progress_regex: str) ->
     """One look at ``host`` for ``clusterddp top``: every job of ``nodes`` (all on this host, of any
     runs) in one command (the node program ``clusterddp/node/top.py``), after the host's setup lines."""
     args = {"jobs": [[n.control_dir, n.marker] for n in nodes], "regex": progress_regex, "tail": TOP_TAIL}
-    lines = _preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
-    return "\n".join([*lines, _python(host, "top", [q(json.dumps(args))])])
+    lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    return "\n".join([*lines, python_command(host.python, "top", [q(json.dumps(args))])])
 
 
 # ---- leases (the node program ``clusterddp/node/lease.py``) ----
@@ -658,8 +548,8 @@ def _qlease(path: str) -> str:
 def lease_command(host: Host, mode: str) -> str:
     """Run node program ``lease`` in ``mode`` (``hold``, ``queue`` or ``list``); its request, JSON,
     goes on stdin (a setup line's stdin is /dev/null, so none can eat it)."""
-    lines = _preamble(host, (), stdout_to=">/dev/null 2>&1 </dev/null", on_fail=lambda line: "true")
-    return "\n".join([*lines, _python(host, "lease", [mode])])
+    lines = preamble(host, (), stdout_to=">/dev/null 2>&1 </dev/null", on_fail=lambda line: "true")
+    return "\n".join([*lines, python_command(host.python, "lease", [mode])])
 
 
 def go_command(node: NodeLaunch) -> str:
@@ -687,71 +577,19 @@ def collective_command(host: Host, master_addr: str, args: dict) -> NodeCommand:
     JSON argument: rank, world, sizes, bounds). Set up as launch.sh sets up a job: the host's setup
     lines and env (on stdin), the same interface choice (:func:`_iface_lines`), the host's python
     with its site-packages (torch)."""
-    lines = _preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
+    lines = preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
                       on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
-    lines += _iface_lines({k for k, _ in host.env}, master_addr)
-    lines.append("exec " + _python(host, "collective", [q(json.dumps(args, sort_keys=True))], site=True))
-    return NodeCommand("\n".join(lines), _env_stdin(host.env))
+    lines += iface_lines({k for k, _ in host.env}, master_addr)
+    lines.append("exec " + python_command(host.python, "collective", [q(json.dumps(args, sort_keys=True))], site=True))
+    return NodeCommand("\n".join(lines), env_stdin(host.env))
 
 
 def envinfo_command(host: Host, run_dir: str | None = None, files: Iterable[str] = ()) -> NodeCommand:
     """The node side of ``check --diff`` (``clusterddp/node/envinfo.py``): after the host's setup
     lines and env (on stdin), its python with site-packages reports versions, packages and, when
     ``run_dir`` (a previous run's folder there) is given, a hash of ``files`` below it."""
-    lines = _preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
+    lines = preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
                       on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
     args = [qpath(run_dir), q(node_envinfo.files_arg(list(files)))] if run_dir else []
-    lines.append("exec " + _python(host, "envinfo", args, site=True))
-    return NodeCommand("\n".join(lines), _env_stdin(host.env))
-
-
-# ---- a `slurm:` inventory's login host, reached over SSH (clusterddp/slurm_login.py) ----
-
-LOGIN_SETUP_FAILED = 98  # what login_command exits with when one of the login host's setup lines failed
-NO_FILE = 3  # what file_read_command exits with when the file is not there
-
-
-def login_command(host: Host, words: Sequence[str]) -> NodeCommand:
-    """A Slurm client command (sbatch, scontrol, scancel, sinfo, srun) on the login host: after its setup
-    lines (their output discarded: sbatch --parsable's answer must stay alone on stdout) and its env (on
-    stdin: values never on a command line), each word quoted."""
-    lines = _preamble(host, host.env, stdout_to=">/dev/null", env_on_stdin=True,
-                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; "
-                                           f"exit {LOGIN_SETUP_FAILED}")
-    lines.append("exec " + " ".join(q(w) for w in words))
-    return NodeCommand("\n".join(lines), _env_stdin(host.env))
-
-
-def home_command() -> str:
-    """The login user's home there, which a shared_dir of ``~/...`` (or a relative one) is under."""
-    return "printf '%s\\n' \"$HOME\""
-
-
-def file_read_command(path: str, offset: int, limit: int) -> str:
-    """At most ``limit`` bytes of the file at ``path`` from byte ``offset`` (a node log growing in the
-    shared folder, read a piece at a time); exit NO_FILE when there is none."""
-    p = q(path)
-    return f"[ -f {p} ] || exit {NO_FILE}; tail -c +{int(offset) + 1} {p} | head -c {int(limit)}"
-
-
-def small_files_command(paths: Sequence[str], most: int = 32) -> str:
-    """For each of ``paths`` that exists, one line: its index, its mtime (s, fractional) and its first
-    ``most`` bytes on that line (each node's exit code file)."""
-    words = " ".join(q(p) for p in paths)
-    return (f"i=0; for f in {words}; do [ -f \"$f\" ] && printf '%s %s %s\\n' \"$i\" \"$(stat -c %.9Y \"$f\")\" "
-            f"\"$(head -c {int(most)} \"$f\" | tr -d '\\n')\"; i=$((i+1)); done; exit 0")
-
-
-def slurm_stage_command(run_dir: str, control_dir: str) -> str:
-    """Create a Slurm run's folder and its private control folder (0700, refused when it exists: a run
-    folder is never reused), then unpack standard input (a gzip tar of the script's folder and the
-    0600 job.sbatch and node.sh) into the run folder with the modes it carries."""
-    ctl = q(control_dir)
-    return (f"mkdir -p {q(run_dir)} && cd {q(run_dir)} || exit 1; "
-            f"mkdir -m 700 {ctl} || {{ echo {q(run_dir + ' already holds a run')} >&2; exit {NO_FILE}; }}; "
-            f"mkdir -m 700 {q(control_dir + '/nodes')} && tar -xzpf - --no-same-owner")
-
-
-def remove_tree_command(path: str) -> str:
-    """Remove a folder clusterddp made on the login host (check's probe folder)."""
-    return f"rm -rf -- {q(path)}"
+    lines.append("exec " + python_command(host.python, "envinfo", args, site=True))
+    return NodeCommand("\n".join(lines), env_stdin(host.env))

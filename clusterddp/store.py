@@ -15,8 +15,6 @@ A damaged, foreign or locked runs.db, or a runs folder that cannot be written, i
 from __future__ import annotations
 
 import builtins
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -24,7 +22,6 @@ import secrets
 import shutil
 import sqlite3
 import stat
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -34,7 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .errors import ClusterDDPError, RecordError, RunNotFound, StoreError, UsageError
+from .errors import ClusterDDPError, FileRefused, RecordError, RunNotFound, StoreError, UsageError
+from .files import lock_polled, make_private, read_bounded, replacing, write_private
 from .record import RUN_ID_RE, RunRecord
 
 DB_TIMEOUT = 30.0      # seconds a write waits for another launcher's write to runs.db
@@ -138,7 +136,7 @@ class RunStore:
             lock, path = self._open_lock(run_id)  # made if missing: the run folder takes files
             with lock:
                 if index:  # taken and given back: a process stuck in an update of this run shows now
-                    _flock(lock, time.monotonic() + LOCK_TIMEOUT, lambda: self._still_locked(path))
+                    lock_polled(lock, time.monotonic() + LOCK_TIMEOUT, lambda: self._still_locked(path))
 
     def can_write(self, run_id: str) -> bool:
         """Whether this user can change files in the run's folder (its log copies)."""
@@ -201,12 +199,12 @@ class RunStore:
             if not stat.S_ISREG(st.st_mode):
                 raise self._wrong_schema("not a regular file")
             fresh = st.st_size == 0
-            _private(fd, st)
+            make_private(fd, st)
         finally:
             os.close(fd)
         for side in ("-wal", "-shm"):  # SQLite gives them runs.db's mode when it makes them; fix older ones
             try:
-                _private(str(path) + side)
+                make_private(str(path) + side)
             except OSError:
                 pass
         con = None
@@ -369,7 +367,7 @@ class RunStore:
         con.execute("BEGIN IMMEDIATE")
         try:
             self._index(con, rec)
-            _replace(path, text)
+            write_private(path, text, fsync=False)  # rebuilt from the folders if lost: see _write_db
             con.execute("COMMIT")
         except BaseException:
             if con.in_transaction:
@@ -400,7 +398,7 @@ class RunStore:
                 if not self._lock.acquire(timeout=LOCK_TIMEOUT):
                     raise self._still_locked(lock_path)
                 try:
-                    _flock(lock, deadline, lambda: self._still_locked(lock_path))
+                    lock_polled(lock, deadline, lambda: self._still_locked(lock_path))
                     new = change(self.load(run_id))
                     if new.run_id != run_id:
                         raise ValueError(f"an update of run {run_id} returned run {new.run_id}")
@@ -428,7 +426,7 @@ class RunStore:
         with closing(self._write_db()) as con:
             lock, lock_path = self._open_lock(run_id)
             with lock:
-                _flock(lock, time.monotonic() + LOCK_TIMEOUT, lambda: self._still_locked(lock_path))
+                lock_polled(lock, time.monotonic() + LOCK_TIMEOUT, lambda: self._still_locked(lock_path))
                 if not may_remove(self.load(run_id)):
                     return False
                 gone = self.root / f".{run_id}.removing-{secrets.token_hex(4)}"
@@ -462,27 +460,17 @@ class RunStore:
     def load(self, run_id: str) -> RunRecord:
         """The run's record; :class:`RunNotFound` if there is none, :class:`RecordError` if it is damaged."""
         path = self.record_path(run_id)
-        try:
-            # O_NONBLOCK: a FIFO planted as run.json must not hang the reader
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        except (FileNotFoundError, NotADirectoryError):
-            raise RunNotFound(f"no run {run_id!r} in {self.root}",
-                              "list runs with `clusterddp runs`, or pass --runs-dir") from None
-        except OSError as e:
-            raise RecordError(str(path), None, f"cannot read it: {e.strerror or e}",
-                              "make it readable by this user") from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise RecordError(str(path), None, "not a regular file")
-        with os.fdopen(fd, "rb") as f:
-            if st.st_size > MAX_RECORD_BYTES:
-                raise RecordError(str(path), None, f"{st.st_size} bytes, too large for a run record "
-                                  f"(at most {MAX_RECORD_BYTES})")
-            try:
-                raw = f.read(MAX_RECORD_BYTES + 1)
-            except OSError as e:
-                raise RecordError(str(path), None, f"cannot read it: {e.strerror or e}") from None
+        try:  # non-blocking, regular files only, bounded: a FIFO planted as run.json must not hang the reader
+            raw, _ = read_bounded(path, MAX_RECORD_BYTES)
+        except FileRefused as e:
+            if e.reason == "missing":
+                raise RunNotFound(f"no run {run_id!r} in {self.root}",
+                                  "list runs with `clusterddp runs`, or pass --runs-dir") from None
+            if e.reason == "unreadable":
+                raise RecordError(str(path), None, e.problem, "make it readable by this user") from None
+            if e.reason == "too_large":
+                raise RecordError(str(path), None, f"too large for a run record ({e.problem})") from None
+            raise RecordError(str(path), None, e.problem) from None
         try:
             data = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
@@ -518,11 +506,13 @@ class RunStore:
         return ids[0]
 
     def list(self) -> list[dict]:
-        """Every run, newest first: from runs.db, or, where there is none, from the run folders
-        (damaged records are skipped with a warning)."""
+        """Every run, newest first: from runs.db (less the rows whose run folder is gone), or, where
+        there is none, from the run folders (damaged records are skipped with a warning)."""
         rows = self._select("ORDER BY started_at DESC, run_id DESC")
         if rows is not None:
-            return rows
+            # a run folder deleted by hand leaves its row: the run is gone, so is it from the listing
+            # (prune and keep_runs read this list, and would stop at a run they cannot load)
+            return [r for r in rows if os.path.lexists(self.record_path(str(r["run_id"])))]
         rows = []
         for rec, problem in self._scan():
             if rec is None:
@@ -579,7 +569,7 @@ class RunStore:
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
             except OSError as e:
                 raise self._cannot_write(e, path) from None
-            _private(fd)
+            make_private(fd)
             f = self._logs[key] = os.fdopen(fd, "ab")
         f.write(data)
         f.flush()
@@ -609,7 +599,7 @@ class RunStore:
         path = self.log_path(run_id, host)
         try:
             path.parent.mkdir(mode=DIR_MODE, exist_ok=True)
-            with replacing(path) as f:
+            with replacing(path, fsync=False) as f:  # a log copy is fetched again if lost
                 yield f
         except OSError as e:
             raise self._cannot_write(e, path) from None
@@ -629,7 +619,7 @@ class RunStore:
             for d in reversed((path.parent, *path.parent.parents)):
                 if base in d.parents:
                     d.mkdir(mode=DIR_MODE, exist_ok=True)
-            _replace(path, data)
+            write_private(path, data, fsync=False)
         except OSError as e:
             raise self._cannot_write(e, path) from None
         return path
@@ -651,57 +641,6 @@ class RunStore:
         if base not in p.parents:  # a remote name must never write outside the run folder
             raise ValueError(f"refusing artifact path outside the run folder: {rel!r}")
         return p
-
-
-def _private(f: int | str, st: os.stat_result | None = None) -> None:
-    """Make an open file (or a path) ours-only (0600), when it is ours; the umask may have left it
-    looser or (0o277) unwritable. Files of another user are left alone."""
-    st = st or (os.fstat(f) if isinstance(f, int) else os.stat(f))
-    if stat.S_IMODE(st.st_mode) == FILE_MODE or st.st_uid != os.geteuid():
-        return
-    try:
-        os.fchmod(f, FILE_MODE) if isinstance(f, int) else os.chmod(f, FILE_MODE)
-    except OSError as e:
-        if e.errno not in (errno.EPERM, errno.EROFS):
-            raise
-
-
-def _replace(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file of its own (0600) and a rename."""
-    with replacing(path) as f:
-        f.write(data)
-
-
-@contextmanager
-def replacing(path: Path) -> Iterator[BinaryIO]:
-    """A temp file of its own (0600) beside ``path``, renamed over it when the block ends without
-    an exception, removed otherwise."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _private(f.fileno())
-            yield f
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _flock(lock, deadline: float, timed_out: Callable[[], Exception]) -> None:
-    """Take ``lock`` (an flock) before ``deadline``, polling: flock itself cannot time out."""
-    pause = 0.01
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise timed_out() from None
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 0.2)
 
 
 def _row(row: dict) -> dict:

@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from . import plan as P
-from .control import nodes_of
 from .errors import UsageError
 from .fleet import Fleet, as_host_error
 from .inventory import Host
 from .node import top as node_top
+from .nodeops import nodes_of
 from .record import RunRecord, RunStatus
 from .store import RunStore
 from .transport import Transport

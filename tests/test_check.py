@@ -486,7 +486,7 @@ class ProbeTransport(FakeTransport):
 
 
 def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):
-    from clusterddp import jobs
+    from clusterddp.backends.ssh import launch as jobs
     i = inv()
     p = plan.build_plan(i, plan.RunSpec("t.py", env=(("FROM_CLI", "1"),)), "20261129-000000-test")
     log, made = [], {}

@@ -40,7 +40,8 @@ def with_host_settings(path: Path, name: str, **settings) -> Path:
 @pytest.fixture
 def script(tmp_path) -> Path:
     return job_script(tmp_path, "train.py",
-                      "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n")
+                      "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
+                      "dist.destroy_process_group()\n")  # gloo's threads end here, not at exit (test_ci_gloo_exit)
 
 
 def test_healthy_cluster_passes_every_check(bed, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from clusterddp import jobs
+from clusterddp.backends.ssh import launch as jobs
 from clusterddp.record import NodeState, RunStatus
 from clusterddp.store import RunStore
 from helpers import cddp, eventually

@@ -14,11 +14,11 @@ PACKAGE = Path(clusterddp.__file__).resolve().parent
 ALLOWED = {("node/probe.py", "ProbeError"), ("node/collect.py", "StreamError"), ("node/collect.py", "_TooMany"),
            ("node/diagnose.py", "AnswerError"), ("node/top.py", "TopError"), ("node/envinfo.py", "EnvInfoError"),
            ("node/collective.py", "CollectiveReplyError"), ("node/collective.py", "_Stop"),
-           ("artifacts.py", "_KeepOldLog"), ("control.py", "_NoLog"), ("transport/ssh.py", "_TooMuch"),
+           ("artifacts.py", "_KeepOldLog"), ("backends/ssh/control.py", "_NoLog"), ("transport/ssh.py", "_TooMuch"),
            ("transport/ssh.py", "_NoGreeting"),
            ("transport/ssh.py", "_LocalError"), ("transport/ssh.py", "_UnknownHostKey"),
-           ("transport/ssh.py", "_RevokedHostKey"), ("schedule.py", "Mismatch"),
-           ("_inventory_yaml.py", "Refused")}  # private module; inventory.py turns it into InventoryError
+           ("transport/ssh.py", "_RevokedHostKey"), ("schedule/crontab.py", "Mismatch"),
+           ("inventory/_inventory_yaml.py", "Refused")}  # private; inventory/loader.py turns it into InventoryError
 
 
 def _exception_classes(path: Path) -> list[str]:

@@ -9,8 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterddp import _hostfile, inventory, jobs, plan
-from clusterddp.errors import InventoryError
+from clusterddp import inventory, plan
+from clusterddp.backends import base
+from clusterddp.errors import InventoryError, SpecError
+from clusterddp.inventory import _hostfile
 from clusterddp.node import worker
 from helpers import REPO
 
@@ -94,7 +96,7 @@ def hostfiles(draw):
 def test_generated_hostfiles_read_back_as_written(tmp_path, case):
     text, want = case
     assert _hostfile.is_hostfile(text)
-    inv = _hostfile.parse(text, "hf")
+    inv = inventory.parse_hostfile(text, "hf")
     assert [(h.name, h.gpus) for h in inv.hosts] == want
     assert inv.master.host == want[0][0]
 
@@ -105,7 +107,7 @@ def test_any_text_gives_an_inventory_or_a_located_error(text):
     if not _hostfile.is_hostfile(text):
         return
     try:
-        inv = _hostfile.parse(text, "hf")
+        inv = inventory.parse_hostfile(text, "hf")
     except InventoryError as e:
         assert str(e).startswith("hf"), e
     else:
@@ -151,11 +153,11 @@ def test_the_plan_renders_the_shim_quoted_and_only_when_asked(tmp_path):
 def test_up_warns_when_a_script_parses_local_rank_and_the_option_is_off(tmp_path):
     s = tmp_path / "d.py"
     s.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument(\"--local-rank\", type=int)\n")
-    warning = jobs.local_rank_warning(plan.RunSpec(str(s)))
+    warning = base.local_rank_warning(plan.RunSpec(str(s)))
     assert warning and f"{s}:3 parses --local-rank" in warning and "--local-rank-arg=--local-rank" in warning
-    assert jobs.local_rank_warning(plan.RunSpec(str(s), local_rank_arg="--local-rank")) is None
+    assert base.local_rank_warning(plan.RunSpec(str(s), local_rank_arg="--local-rank")) is None
     s.write_text("import os\nrank = int(os.environ['LOCAL_RANK'])  # --local_rank is not parsed here\n")
-    assert jobs.local_rank_warning(plan.RunSpec(str(s))) is None
+    assert base.local_rank_warning(plan.RunSpec(str(s))) is None
 
 
 def test_local_rank_arg_spellings_on_the_command_line():
@@ -187,5 +189,5 @@ def test_a_schedule_keeps_local_rank_arg_and_older_specs_read_as_before():
     assert S.spec_from_json(on.to_json(), on.spec_path) == on
     assert "local_rank_arg" not in off.to_json() and S.spec_from_json(off.to_json(), off.spec_path) == off
     assert S.up_argv(on)[-3:] == ["--local-rank-arg=--local_rank", "--", "x"]
-    with pytest.raises(S.SpecError, match="local_rank_arg: '--rank' is not --local_rank or --local-rank"):
+    with pytest.raises(SpecError, match="local_rank_arg: '--rank' is not --local_rank or --local-rank"):
         S.spec_from_json({**on.to_json(), "local_rank_arg": "--rank"}, on.spec_path)

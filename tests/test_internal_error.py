@@ -9,7 +9,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from clusterddp import jobs
+from clusterddp.backends.ssh import launch as jobs
 from clusterddp.cli.app import app
 from helpers import REPO
 

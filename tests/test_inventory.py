@@ -126,7 +126,7 @@ BOMB = "\n".join([
 @pytest.fixture(params=["libyaml", "pyyaml"])
 def yaml_parser(request, monkeypatch):
     """Both parsers the strict reader can run on: libyaml's where installed, PyYAML's own where not."""
-    from clusterddp import _inventory_yaml
+    from clusterddp.inventory import _inventory_yaml
     if request.param == "libyaml" and not _inventory_yaml.LIBYAML:
         pytest.skip("PyYAML was built without libyaml here")
     monkeypatch.setattr(_inventory_yaml, "LIBYAML", request.param == "libyaml")
@@ -327,3 +327,22 @@ def test_a_fixed_choice_of_gpus_the_lease_folder_and_whether_the_master_port_was
 def test_a_bad_fixed_choice_of_gpus_is_located(gpus, words):
     e = error_of(f"hosts:\n  - name: a\n    gpus: {gpus}\n")
     assert e.field == "hosts[0].gpus" and e.line == 3 and words in str(e)
+
+
+def test_every_command_reads_its_inventory_through_one_loader(tmp_path):
+    """load_named: `local` or a file, narrowed by --hosts/--exclude, --fanout over the inventory's;
+    the CLI's commands (up, schedule add, check, exec, leases, top) all call it."""
+    p = tmp_path / "inv.yaml"
+    p.write_text("fanout: 4\nhosts: [{name: a}, {name: b}, {name: c}]\n")
+    inv = inventory.load_named(str(p), hosts=["a", "b", "c"], exclude=["b"], fanout=2)
+    assert [h.name for h in inv.hosts] == ["a", "c"] and inv.fanout == 2
+    assert inventory.load_named(str(p)).fanout == 4
+    local = inventory.load_named("local", gpus=2)
+    assert local.hosts[0].transport == "local" and local.hosts[0].gpus == 2
+    import inspect
+
+    from clusterddp.backends import base
+    from clusterddp.cli import check, common, exec_, leases, top
+    assert base.load_inventory("local", 3).hosts[0].gpus == 3
+    assert check.load_inventory is exec_.load_inventory is leases.load_inventory is common.load_inventory
+    assert "from .common import load_inventory" in inspect.getsource(top)

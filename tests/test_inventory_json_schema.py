@@ -1,9 +1,9 @@
-"""The inventory's JSON Schema (clusterddp/inventory.schema.json): in sync with the model, shipped in
+"""The inventory's JSON Schema (clusterddp/inventory/inventory.schema.json): in sync with the model, shipped in
 the package, printed by `clusterddp schema`, and it accepts and refuses what clusterddp does.
 
 After changing the inventory model (clusterddp/_inventory_schema.py), regenerate the file with:
 
-    python -m clusterddp.inventory_json_schema --write
+    python -m clusterddp.inventory.inventory_json_schema --write
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import jsonschema
 import pytest
 import yaml
 
-from clusterddp import inventory_json_schema as S
 from clusterddp.errors import InventoryError
+from clusterddp.inventory import inventory_json_schema as S
 from clusterddp.inventory import parse
 from helpers import REPO, cddp
 
-REGENERATE = "python -m clusterddp.inventory_json_schema --write"
+REGENERATE = "python -m clusterddp.inventory.inventory_json_schema --write"
 
 
 def test_the_shipped_schema_is_the_one_the_model_generates():
@@ -118,4 +118,5 @@ def test_clusterddp_schema_prints_the_shipped_file_and_the_wheel_carries_it(tmp_
                     str(tmp_path), str(src)], check=True, capture_output=True, timeout=240)
     [wheel] = tmp_path.glob("clusterddp-*.whl")
     with zipfile.ZipFile(wheel) as z:
-        assert z.read("clusterddp/inventory.schema.json").decode() == S.SCHEMA_FILE.read_text(encoding="utf-8")
+        shipped = z.read("clusterddp/inventory/inventory.schema.json").decode()
+    assert shipped == S.SCHEMA_FILE.read_text(encoding="utf-8")

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import control, jobs
 from clusterddp import plan as P
+from clusterddp.backends.base import RunOutcome
+from clusterddp.backends.ssh import control
+from clusterddp.backends.ssh import launch as jobs
 from clusterddp.errors import NodeOutcome, UsageError
 from clusterddp.inventory import Host
 from clusterddp.nodeops import parse_status
 from clusterddp.record import NodeState, RecordError, RunRecord, RunStatus, from_report
 from clusterddp.store import RunStore
-from clusterddp.supervisor import RunOutcome
 from clusterddp.transport import CommandResult
 from helpers import make_record
 

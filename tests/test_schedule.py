@@ -1,5 +1,5 @@
 """Scheduled runs without a crontab: the spec file, the rendered line, `schedule fire`, cron's
-rules, editing crontab text, and migrating lines written before spec files.
+rules and editing crontab text.
 
 No crontab is touched here (tests/test_schedule_cron.py does that); lines are run through a
 real /bin/sh as cron would, with a stand-in clusterddp that records what `up` was given and
@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 
 from clusterddp import schedule as S
-from clusterddp.errors import SpecError, UsageError
+from clusterddp.errors import ClusterDDPError, LockTimeout, SpecError, UsageError
 from clusterddp.plan import RunSpec
 from clusterddp.record import RunStatus
+from clusterddp.schedule import crontab as crontab_mod
 from clusterddp.store import RunStore
 from helpers import eventually, make_record
 
 NOW = datetime(2026, 11, 29, 18, 15, tzinfo=timezone.utc)
-FIXTURE = Path(__file__).parent / "fixtures" / "schedule_legacy_lines.json"
 
 
 def spec(**over) -> S.ScheduleSpec:
@@ -170,7 +170,7 @@ def test_a_damaged_spec_is_refused_naming_file_and_field(tmp_path, change, field
         data.update(change)
         data = {k: v for k, v in data.items() if v is not DROP}
         path.write_text(json.dumps(data))
-    with pytest.raises(S.SpecError) as e:
+    with pytest.raises(SpecError) as e:
         S.load_spec(str(path))
     where = f"schedule spec {path}: {field}: " if field else f"schedule spec {path}: "
     assert str(e.value).startswith(where) and words in e.value.message, str(e.value)
@@ -198,7 +198,7 @@ def test_a_spec_someone_else_could_have_written_is_refused(tmp_path, how, words)
     else:
         path.unlink()
         path.mkdir()
-    with pytest.raises(S.SpecError, match=re.escape(f"schedule spec {path}: ") + ".*" + re.escape(words)):
+    with pytest.raises(SpecError, match=re.escape(f"schedule spec {path}: ") + ".*" + re.escape(words)):
         S.load_spec(str(path))
 
 
@@ -368,31 +368,29 @@ def test_a_crontab_cron_refuses_leaves_the_spec_files_as_they_were(tmp_path, mon
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     old = spec(runs_dir=str(tmp_path / "runs"))
     S.save_spec(old)
-    (legacy_line, legacy), _ = _legacy(str(tmp_path), "/venv/bin")
-    monkeypatch.setattr(S, "read_crontab", lambda: S.render_line(old) + "\n" + legacy_line + "\n")
+    monkeypatch.setattr(crontab_mod, "read_crontab", lambda: S.render_line(old) + "\n")
 
     def refuse(text):
-        raise S.ClusterDDPError("crontab refused the new table: bad minute")
-    monkeypatch.setattr(S, "write_crontab", refuse)
-    with pytest.raises(S.ClusterDDPError, match="bad minute"):
+        raise ClusterDDPError("crontab refused the new table: bad minute")
+    monkeypatch.setattr(crontab_mod, "write_crontab", refuse)
+    with pytest.raises(ClusterDDPError, match="bad minute"):
         S.add(spec(runs_dir=str(tmp_path / "runs"), cron="@daily"), replace=True)
     assert S.load_spec(old.spec_path) == old  # the line still names it: it must still say what it said
-    assert not Path(legacy.spec_path).exists()  # the long-form line was not rewritten, so no spec of it
 
 
 def test_replacing_a_schedule_leaves_no_spec_of_the_old_line_behind(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    (legacy_line, legacy), _ = _legacy(str(tmp_path / "old"), "/venv/bin")
-    moved = spec(name=legacy.name, runs_dir=str(tmp_path / "runs1"))
+    moved = spec(runs_dir=str(tmp_path / "runs1"))
     S.save_spec(moved)
-    crontab = {"text": legacy_line + "\n" + S.render_line(moved).replace(legacy.name, "other") + "\n"}
-    monkeypatch.setattr(S, "read_crontab", lambda: crontab["text"])
-    monkeypatch.setattr(S, "write_crontab", lambda text: crontab.update(text=text))
+    crontab = {"text": FOREIGN + S.render_line(moved) + "\n"}
+    monkeypatch.setattr(crontab_mod, "read_crontab", lambda: crontab["text"])
+    monkeypatch.setattr(crontab_mod, "write_crontab", lambda text: crontab.update(text=text))
 
-    new = spec(name=legacy.name, runs_dir=str(tmp_path / "runs2"))
-    edit = S.add(new, replace=True)  # a long-form line of that name: replaced, not migrated first
-    assert edit.replaced and edit.migrated == () and not Path(legacy.spec_path).exists()
-    assert S.entries(crontab["text"])[0].spec_path == new.spec_path
+    new = spec(runs_dir=str(tmp_path / "runs2"))
+    edit = S.add(new, replace=True)  # the same name in another runs folder: the old spec goes
+    assert edit.replaced and not Path(moved.spec_path).exists() and S.load_spec(new.spec_path) == new
+    assert [e.spec_path for e in S.entries(crontab["text"])] == [new.spec_path]
+    assert crontab["text"].startswith(FOREIGN)
     S.add(dataclasses.replace(new, runs_dir=str(tmp_path / "runs3")), replace=True)  # moved to another runs folder
     assert not Path(new.spec_path).exists() and Path(tmp_path / "runs3" / "schedules" / f"{new.name}.json").exists()
 
@@ -402,7 +400,7 @@ def test_crontab_lock_wait_has_a_deadline_that_names_the_holder(tmp_path, monkey
     lock = tmp_path / "clusterddp" / "crontab.lock"
     with S.editing():
         started = time.monotonic()
-        with pytest.raises(S.LockTimeout) as e:
+        with pytest.raises(LockTimeout) as e:
             with S.editing(deadline=0.5):
                 pass
         waited = time.monotonic() - started
@@ -411,72 +409,6 @@ def test_crontab_lock_wait_has_a_deadline_that_names_the_holder(tmp_path, monkey
     assert f"kill {os.getpid()}" in e.value.hint
     with S.editing(deadline=0.5):  # released with the block
         pass
-
-
-# ---- lines written before spec files ----
-
-def _legacy(root: str = "@ROOT@", bin_dir: str = "@BIN@") -> list[tuple[str, S.ScheduleSpec]]:
-    """The fixture's long-form lines, with their folders, and the specs they were rendered from."""
-    def sub(v):
-        if isinstance(v, str):
-            return v.replace("@ROOT@", root).replace("@BIN@", bin_dir)
-        if isinstance(v, list):
-            return tuple(sub(x) for x in v)
-        return v
-    out = []
-    for e in json.loads(FIXTURE.read_text())["entries"]:
-        d = {k: sub(v) for k, v in e["spec"].items() if k != "run"}
-        d["launch_dir"] = d.pop("workdir")
-        run = {k: sub(v) for k, v in e["spec"]["run"].items()}
-        run["env"] = tuple(tuple(kv) for kv in run["env"])
-        out.append((sub(e["line"]), S.ScheduleSpec(**d, run=RunSpec(**run))))
-    return out
-
-
-def test_long_form_lines_read_back_to_the_spec_they_were_rendered_from():
-    for line, expected in _legacy():
-        entry = S.parse_line(line)
-        assert entry.spec_path is None and entry.runs_dir == expected.runs_dir
-        assert S.legacy_spec(entry) == expected
-
-
-def test_migration_rewrites_long_form_lines_in_place_and_nothing_else():
-    (a, spec_a), (b, spec_b) = _legacy("/home/ann", "/venv/bin")
-    edited = a.replace(" -e W3= ", " -e W3= -e EXTRA=1 --verbose ").replace("clusterddp:ev.1_a-b", "clusterddp:hand")
-    more = b.replace("exit $rc #", "exit $rc ; echo more #").replace("weekly", "more")
-    text = FOREIGN + a + "\n" + GOLDEN + "\n" + edited + "\n" + b + "\n" + more + "\n@hourly tail\n"
-    plan = S.migration(text)
-    assert plan.specs == (spec_a, spec_b) and plan.left == ("hand", "more")
-    assert plan.text == (FOREIGN + S.render_line(spec_a) + "\n" + GOLDEN + "\n" + edited + "\n"
-                         + S.render_line(spec_b) + "\n" + more + "\n@hourly tail\n")
-    assert S.migration(plan.text) == S.Migration(plan.text, (), ("hand", "more"))  # nothing left to do
-    elsewhere = a.replace('--runs-dir "$R" --schedule', "--runs-dir /elsewhere --schedule") + "\n"
-    assert S.migration(elsewhere) == S.Migration(elsewhere, (), ("ev.1_a-b",))  # its runs would go elsewhere
-    assert S.migration(text, skip="weekly").specs == (spec_a,)
-
-
-def test_a_migrated_line_runs_the_same_up_as_the_long_form_line(tmp_path_factory):
-    root = tmp_path_factory.mktemp("legacy")
-    bin_dir = root / "bin"
-    assert re.fullmatch(r"[\w@%+=:,./-]+", str(root)), "the fixture's placeholders need a shell-safe path"
-    _fake_clusterddp(root, "clusterddp")
-    _fake_clusterddp(root, "python3")
-    for name in ("p 50%", "proj"):
-        (root / name).mkdir()
-    for line, s in _legacy(str(root), str(bin_dir)):
-        before = _run_as_cron(line, root)
-        assert before.returncode == 0, before.stderr
-        plan = S.migration(line + "\n")
-        (migrated,) = plan.specs
-        S.save_spec(migrated)
-        after = _run_as_cron(plan.text.rstrip("\n"), root)
-        assert after.returncode == 0, after.stderr
-        old, new = _calls(root)[-2:]
-        env_file = next(iter(new["files"]), None)  # the migrated line hands env values over in a file
-        assert new["argv"] == S.up_argv(s, env_file)[1:]
-        assert _inline_env(new) == old["argv"]  # the same up, values and all
-        assert new["cwd"] == old["cwd"] == s.launch_dir
-        assert new["env"] == old["env"], set(new["env"].items()) ^ set(old["env"].items())
 
 
 # ---- names and expressions ----
@@ -491,7 +423,8 @@ def test_valid_expressions(expr, norm):
 
 @pytest.mark.parametrize("expr, words", [
     ("", "expected 5 fields"), ("* * * *", "got 4"), ("* * * * * *", "got 6"),  # cron would run "*" as the command
-    ("61 * * * *", "not a valid cron"), ("*/0 * * * *", "not a valid cron"), ("0 0 L * *", "day of month field 'L'"),
+    ("61 * * * *", "minute field: '61' is out of range (0..59"), ("*/0 * * * *", "not a valid cron"),
+    ("0 0 L * *", "day of month field 'L'"),
     ("0 0 * * 5#3", "day of week field"), ("0 0 ? * *", "day of month field"), ("0 0 * * jan", "day of week field"),
     ("@reboot", "unsupported keyword"), ("@often", "unsupported keyword"), ("0 0 31 2 *", "never fires"),
 ])
@@ -579,7 +512,6 @@ def test_parse_line_reads_back_name_expression_spec_and_runs_dir():
     assert e.command == GOLDEN[len("0 2 * * * "):]
     (k,) = S.entries("@daily  echo hi   # clusterddp:k")
     assert (k.cron, k.runs_dir, k.spec_path) == ("@daily", None, None)
-    assert S.legacy_spec(k) is None
     assert S.entries("X=1 # clusterddp:y\n#0 2 * * * a # clusterddp:z\n") == []
 
 

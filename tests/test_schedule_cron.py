@@ -22,7 +22,6 @@ import pytest
 from clusterddp import schedule as S
 from clusterddp.store import RunStore
 from helpers import cddp, eventually, record
-from test_schedule import _legacy as legacy_lines
 
 pytestmark = [
     pytest.mark.integration,
@@ -179,7 +178,7 @@ def test_ssh_inventory_without_key_warns_that_cron_has_no_agent(crontab, work):
 
 @pytest.mark.parametrize("args, words", [
     (["n", "--cron", "* * * * * *", "local", "t.py"], "expected 5 fields"),
-    (["n", "--cron", "61 * * * *", "local", "t.py"], "not a valid cron expression"),
+    (["n", "--cron", "61 * * * *", "local", "t.py"], "minute field: '61' is out of range"),
     (["n", "--cron", "0 0 31 2 *", "local", "t.py"], "never fires"),
     (["n", "--cron", "@reboot", "local", "t.py"], "unsupported keyword"),
     (["n", "--cron", "0 0 L * *", "local", "t.py"], "not valid for cron"),
@@ -265,42 +264,6 @@ def test_an_env_secret_is_in_no_crontab_line_only_in_the_0600_spec_file(crontab,
     assert spec_file.stat().st_mode & 0o777 == 0o600 and spec_file.parent.stat().st_mode & 0o777 == 0o700
     spec = S.load_spec(str(spec_file))  # carried, not dropped
     assert ("HF_TOKEN", secret) in spec.run.env and spec.run.script_args == ("--token", secret)
-
-
-def test_list_and_add_migrate_lines_written_before_spec_files(crontab, tmp_path_factory):
-    """Lines exactly as the version before spec files wrote them (tests/fixtures/): `schedule list`
-    and `schedule add` rewrite them to today's form beside their specs, and the rewritten line
-    runs the script with every word as before."""
-    root, bin_dir = tmp_path_factory.mktemp("legacy"), Path(sys.executable).parent
-    assert re.fullmatch(r"[\w@%+=:,./-]+", f"{root}:{bin_dir}"), "the fixture's placeholders need shell-safe paths"
-    (a, spec_a), (b, spec_b) = legacy_lines(str(root), str(bin_dir))
-    (root / "p 50%").mkdir()
-    (root / "p 50%" / "seen.py").write_text(SEEN)
-    subprocess.run(["crontab", "-"], input=FOREIGN + a + "\n" + b + "\n", text=True, check=True)
-
-    r = cddp("schedule", "list", check_rc=0, timeout=60)
-    assert r.stderr == "".join(
-        f"migrated schedule {s.name}: its options, -e values and script arguments moved from the crontab line to "
-        f"{s.spec_path} (mode 0600); the line now runs `clusterddp schedule fire` on that file\n"
-        for s in (spec_a, spec_b))
-    assert [x.split()[0] for x in r.stdout.splitlines()] == ["NAME", "ev.1_a-b", "weekly"]
-    assert crontab_l() == FOREIGN + S.render_line(spec_a) + "\n" + S.render_line(spec_b) + "\n"
-    assert [S.load_spec(s.spec_path) for s in (spec_a, spec_b)] == [spec_a, spec_b]
-    assert all(Path(s.spec_path).stat().st_mode & 0o777 == 0o600 for s in (spec_a, spec_b))
-    assert cddp("schedule", "list", check_rc=0, timeout=60).stderr == ""  # once is enough
-
-    r = cddp("schedule", "run", "ev.1_a-b", check_rc=0)
-    argv, env = seen(root / "p 50%")
-    assert argv == [w.encode() for w in spec_a.run.script_args] and b"two" not in b"".join(argv)
-    assert env == {**{k: v.encode() for k, v in spec_a.run.env if k != "OMP_NUM_THREADS"},
-                   "SSH_AUTH_SOCK": spec_a.agent_socket.encode()}
-    assert RunStore(spec_a.runs_dir).last_run("ev.1_a-b")["status"] == "succeeded"
-
-    subprocess.run(["crontab", "-"], input=FOREIGN + b + "\n", text=True, check=True)
-    Path(spec_b.spec_path).unlink()
-    r = add(root / "p 50%", "other", "local", "seen.py", "--runs-dir", str(root / "r2"))
-    assert r.stderr.startswith("migrated schedule weekly: ") and S.load_spec(spec_b.spec_path) == spec_b
-    assert crontab_l().startswith(FOREIGN + S.render_line(spec_b) + "\n") and "# clusterddp:other" in crontab_l()
 
 
 # Words that must reach the script unchanged from `schedule add` through the spec file, cron's

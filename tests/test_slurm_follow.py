@@ -13,8 +13,10 @@ from dataclasses import replace
 
 import pytest
 
-from clusterddp import inventory, slurm, slurm_control
+from clusterddp import inventory
 from clusterddp import store as store_mod
+from clusterddp.backends.slurm import control as slurm_control
+from clusterddp.backends.slurm import job as slurm
 from clusterddp.errors import HostError, HostErrorKind, SlurmError
 from clusterddp.plan import RunSpec
 from clusterddp.store import RunStore
@@ -108,7 +110,7 @@ class _Running:
     def small_files(self, paths):
         self.other.update(self.run_id, lambda r: replace(r, name="renamed meanwhile"))
         self.updated_meanwhile = True
-        return {p: ("0\n", 1.0) for p in paths if p.endswith("/n1.exit_code")}
+        return {p: ("0\n", 1.0) for p in paths if p.endswith("/n1/exit_code")}
 
     def close(self) -> None:
         pass

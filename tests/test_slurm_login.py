@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import plan as P
+from clusterddp.backends.slurm import commands as P
+from clusterddp.backends.slurm.login import LocalLogin, SSHLogin, open_login
 from clusterddp.errors import SlurmError, UsageError
 from clusterddp.inventory import Host, SlurmSettings
-from clusterddp.jobs import SourceFolder
-from clusterddp.slurm_login import LocalLogin, SSHLogin, open_login
 from clusterddp.transport.local import LocalTransport
+from clusterddp.upload import SourceFolder
 from test_plan import golden
 
 
@@ -44,7 +44,7 @@ def test_the_login_commands_render_as_their_golden_file():
         "== home_command ==", P.home_command(),
         "== file_read_command ==", P.file_read_command("/shared/runs/r'1/.clusterddp/nodes/node-1.log", 4096, 1 << 20),
         "== small_files_command ==", P.small_files_command(["/s/a.exit_code", "/s/b c.exit_code"]),
-        "== slurm_stage_command ==", P.slurm_stage_command("/shared/runs/r 1", "/shared/runs/r 1/.clusterddp"),
+        "== slurm_stage_command ==", P.stage_command("/shared/runs/r 1", "/shared/runs/r 1/.clusterddp"),
         "== remove_tree_command ==", P.remove_tree_command("/shared/.clusterddp-check/ab cd"),
     ]) + "\n"
     golden("slurm_login_commands.txt", text)
@@ -107,6 +107,9 @@ def test_staging_reading_and_small_files_over_the_login_shell(tmp_path):
     for name in ("node.sh", "job.sbatch"):
         assert stat.S_IMODE((Path(ctl) / name).stat().st_mode) == 0o600
     assert (Path(ctl) / "node.sh").read_text() == "export SECRET='s'\n"
+    # the upload builder's tarball, as for SSH runs: clusterddp.train for nodes whose python lacks it
+    shipped = Path(ctl) / "lib" / "clusterddp" / "train.py"
+    assert shipped.read_bytes() == (Path(__file__).parent.parent / "clusterddp" / "train.py").read_bytes()
     with pytest.raises(UsageError, match="already holds a run"):  # a run folder is never reused
         login.stage(run_dir, ctl, None, {})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from clusterddp import inventory
-from clusterddp import slurm_plan as SP
+from clusterddp.backends.slurm import plan as SP
 from clusterddp.plan import RunSpec
 from helpers import cddp, job_script
 from test_plan import HOSTILE, RUN_ID, golden

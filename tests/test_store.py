@@ -213,6 +213,8 @@ def test_a_runs_db_from_the_first_release_is_read_and_brought_up_to_date(tmp_pat
                 "'2026-10-01T10:00:00+00:00', '2026-10-01T10:05:00+00:00', NULL)")
     con.commit()
     con.close()
+    (tmp_path / "20261001-100000-0000").mkdir()  # its run folder (a row whose folder is gone is not listed)
+    (tmp_path / "20261001-100000-0000" / "run.json").write_text(json.dumps(rec("20261001-100000-0000").to_json()))
     s = RunStore(tmp_path)
     assert [(r["run_id"], r["schedule"]) for r in s.list()] == [("20261001-100000-0000", None)]
     s.create(rec("20261129-100000-aaaa", schedule="nightly"))

@@ -41,10 +41,9 @@ COMMANDS = {
     "collect": ["collect", RID],
     "up local": ["up", "local", "{script}", "--gpus", "1"],
     "schedule list": ["schedule", "list"],
-    "schedule skip": ["schedule", "_skipped", "nightly"],  # what a long-form cron line runs when skipping
 }
 LISTERS = {"runs", "runs --json", "schedule list"}      # read runs.db
-WRITERS = {"status", "stop", "up local", "schedule skip"}  # write runs.db
+WRITERS = {"status", "stop", "up local"}  # write runs.db
 RECORD_READERS = {"status", "logs", "stop", "collect"}   # read run.json
 
 # damage -> (commands that must refuse, what the message must name besides the path, the path)

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from clusterddp import inventory, nodeops, plan
+from clusterddp.backends.ssh.supervisor import NodeState, Supervisor
 from clusterddp.errors import HostError
 from clusterddp.nodeops import parse_status
 from clusterddp.store import new_run_id
-from clusterddp.supervisor import NodeState, Supervisor
 from clusterddp.transport import CommandResult, connect
 
 FAKE_PY = """#!/bin/bash

@@ -106,7 +106,9 @@ def test_one_rank_crashing_fails_the_run_naming_the_host_and_the_job_is_gone(slu
     rec = record(runs, run_id)
     # the last rank (3) lives on node-2: its node fails first; Slurm ends node-1's part (--kill-on-bad-exit)
     assert rec["status"] == "failed" and rec["failed_host"] == "node-2", rec
-    assert "node-2 failed first" in r.stderr and "node-2 (node 1): exit 1" in r.stderr
+    assert "node-2 failed first" in r.stderr, r.stderr
+    # the root cause, as for SSH runs: torchrun's table in node-2's log names rank 3 and its exit code
+    assert "root cause: node-2, rank 3 (local rank 1): exited with code 13" in r.stderr, r.stderr
     assert {n["host"]: n["state"] for n in rec["nodes"]} == {"node-1": "stopped", "node-2": "failed"}
     assert took < 120, f"a crash took {took:.0f}s to end the job"
     gone(slurm, run_id, rec["slurm"]["job_id"])
@@ -248,3 +250,68 @@ def test_sigterm_right_after_sbatch_answered_still_cancels_and_records_the_job(s
     state = slurm.client("scontrol", "-o", "show", "job", job_id, check=False).stdout
     assert "JobState=CANCELLED" in state or not state, state
     gone(slurm, run_id, job_id)
+
+
+# A plain torch script: no clusterddp.train, no @record, so torchrun writes no error file of its own.
+PLAIN_RAISE = r'''
+import torch, torch.distributed as dist
+
+dist.init_process_group("gloo")
+
+
+def explode(step):
+    raise ValueError("plain boom at step %d \x1b[31mred" % step)
+
+
+if dist.get_rank() == 3:
+    explode(5)
+dist.all_reduce(torch.ones(1))  # the others wait here until rank 3's end breaks the collective
+dist.barrier()
+'''
+
+
+def test_an_exception_on_one_rank_is_the_root_cause_in_up_and_run_json(slurm, tmp_path):
+    """The Slurm path diagnoses as the SSH path does: torchrun's --log-dir in node.sh, each node's own
+    control folder read through the login host by the node program diagnose."""
+    runs = tmp_path / "runs"
+    src = tmp_path / "plain"
+    src.mkdir()
+    (src / "fail.py").write_text(PLAIN_RAISE)
+    r = up(slurm, tmp_path, src / "fail.py", check_rc=1)
+    run_id = run_id_of(r.stdout)
+    assert "root cause: node-2, rank 3 (local rank 1): ValueError: plain boom at step 5 \\x1b[31mred" in r.stderr, \
+        r.stderr
+    assert "in explode: raise ValueError(" in r.stderr and "\x1b" not in r.stderr
+    rec = record(runs, run_id)
+    f = rec["failure"]
+    assert (f["host"], f["kind"], f["rank"], f["local_rank"]) == ("node-2", "exception", 3, 1), f
+    assert f["exc_type"] == "ValueError" and f["message"] == "plain boom at step 5 \x1b[31mred"
+    assert [o["host"] for o in f["others"]] == ["node-1"]
+    ctl = tmp_path / "shared" / "runs" / run_id / ".clusterddp" / "nodes"
+    errors = ctl / "node-2" / "errors"  # torchrun's --log-dir, private as on SSH nodes
+    assert list(errors.glob("*/attempt_0")) and errors.stat().st_mode & 0o777 == 0o700
+    st = cddp("status", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=0).stdout
+    assert "root cause: node-2, rank 3 (local rank 1): ValueError: plain boom" in st, st
+    gone(slurm, run_id, rec["slurm"]["job_id"])
+
+
+def test_a_node_python_without_clusterddp_gets_clusterddp_train_shipped(slurm, tmp_path):
+    from test_shared_workdir import WHICH_TRAIN, python_without_clusterddp
+    bare = python_without_clusterddp(tmp_path / "bare")
+    r = subprocess.run([str(bare), "-c", "import importlib.util as u; print(bool(u.find_spec('torch')), "
+                        "u.find_spec('clusterddp'))"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.stdout.strip() == "True None", r  # the honest premise: torch is there, clusterddp is not
+    src = tmp_path / "which"
+    src.mkdir()
+    (src / "which.py").write_text(WHICH_TRAIN)
+    runs = tmp_path / "runs"
+    r = cddp("up", str(slurm_inv(tmp_path, python=str(bare))), str(src / "which.py"), "--runs-dir", str(runs),
+             env=slurm.env(), check_rc=0, timeout=300)
+    run_id = run_id_of(r.stdout)
+    run_dir = tmp_path / "shared" / "runs" / run_id
+    shipped = run_dir / ".clusterddp" / "lib" / "clusterddp" / "train.py"
+    for rank, host in ((0, "node-1"), (3, "node-2")):
+        assert f"[{host}] TRAIN rank {rank} {shipped} own=False" in r.stdout, r.stdout
+    assert shipped.read_bytes() == (REPO / "clusterddp" / "train.py").read_bytes()
+    assert (run_dir / "checkpoints").is_dir()  # the shipped helpers work: rank 0 saved there
+    assert "[clusterddp] note" not in r.stdout

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import jobs
+from clusterddp import upload
+from clusterddp.backends.ssh import launch as jobs
 from clusterddp.errors import UsageError
 from helpers import REPO, cddp
 
@@ -25,7 +26,7 @@ def tree(root: Path, files: dict[str, str | bytes]) -> None:
 
 
 def sent(root: Path, runs: Path | None = None) -> list[str]:
-    return [rel for rel, _ in jobs.scan_source(root, runs or root.parent / "runs").entries]
+    return [rel for rel, _ in upload.scan_source(root, runs or root.parent / "runs").entries]
 
 
 def test_default_excludes_keep_secrets_caches_and_the_runs_folder_home(tmp_path):
@@ -81,15 +82,16 @@ def test_pack_streams_to_a_private_temp_file_holding_exactly_what_is_listed(tmp_
 def test_over_the_limit_is_bad_input_naming_the_biggest_items(tmp_path):
     src = tmp_path / "proj"
     tree(src, {"train.py": "x", "data/a.bin": b"\0" * 3000, "data/b.bin": b"\0" * 3000, "model.pt": b"\0" * 2000})
-    folder = jobs.scan_source(src, tmp_path / "runs")
-    jobs.check_upload_size(folder, 8001)
+    folder = upload.scan_source(src, tmp_path / "runs")
+    upload.check_upload_size(folder, 8001)
     with pytest.raises(UsageError, match=r"over the 7\.8 KiB limit; biggest: data/ \(5\.9 KiB\), "
                                          r"model\.pt \(2\.0 KiB\), train\.py \(1 B\)") as e:
-        jobs.check_upload_size(folder, 8000)
+        upload.check_upload_size(folder, 8000)
     assert ".clusterddpignore" in e.value.hint and "--max-upload" in e.value.hint
-    assert [jobs.parse_size(s) for s in ("100", "1K", "1.5G", "2GiB", "3mb")] == [100, 1024, 3 << 29, 2 << 30, 3 << 20]
+    sizes = [upload.parse_size(s) for s in ("100", "1K", "1.5G", "2GiB", "3mb")]
+    assert sizes == [100, 1024, 3 << 29, 2 << 30, 3 << 20]
     with pytest.raises(UsageError, match="--max-upload"):
-        jobs.parse_size("lots")
+        upload.parse_size("lots")
 
 
 def test_up_dry_run_says_what_is_sent_and_refuses_too_much(tmp_path):

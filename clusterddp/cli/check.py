@@ -9,23 +9,12 @@ import time
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_FAILED, RUNS_DIR, handle_errors, is_tty, visible
+from .common import EXIT_FAILED, RUNS_DIR, handle_errors, is_tty, load_inventory, visible
 
 HOSTS = typer.Option(None, "--hosts", help="Only these hosts: a,b,c.")
 EXCLUDE = typer.Option(None, "--exclude", help="Leave these hosts out: a,b (after --hosts).")
 FANOUT = typer.Option(None, "--fanout", min=1, max=1024,
                       help="Hosts contacted at once (default: the inventory's `fanout`, else 32).")
-
-
-def load_inventory(path: str, hosts: str | None, fanout: int | None, exclude: str | None = None):
-    """The inventory, narrowed to ``--hosts`` less ``--exclude``, with ``--fanout`` applied (the flag wins)."""
-    from dataclasses import replace
-
-    from .. import inventory as inv_mod
-    from .common import host_list
-
-    inv = inv_mod.load(path).narrow(host_list(hosts), host_list(exclude, "--exclude"))
-    return replace(inv, fanout=fanout) if fanout else inv
 
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
@@ -54,14 +43,16 @@ def check(
 
     Exit 0 when every host passes, 1 when anything fails; each failure names the host and the fix.
     """  # noqa: E501 - Typer's help keeps the docstring's line breaks, so a paragraph is one line
-    from ..check import run_checks
+    from .. import backends
 
     inv = load_inventory(inventory, hosts, fanout, exclude)
+    backend = backends.for_inventory(inv)
     started = time.monotonic()
     if collective and diff:
         raise UsageError("--collective and --diff are two different checks", "run them one at a time")
-    if inv.slurm is not None and (collective or diff):
-        raise UsageError(f"--{'collective' if collective else 'diff'}: not available for a `slurm:` inventory",
+    asked = "collective" if collective else "diff" if diff else None
+    if asked and asked not in backend.checks:
+        raise UsageError(f"--{asked}: not available for a `{backend.name}:` inventory",
                          "run it on an inventory that lists the hosts")
     if diff:
         from ..envdiff import run_diff
@@ -74,11 +65,7 @@ def check(
         ok = show(run_collective(inv, master_port=master_port, join_s=join_timeout), time.monotonic() - started,
                   as_json)
         raise typer.Exit(0 if ok else EXIT_FAILED)
-    if inv.slurm is not None:  # Slurm's commands, the partition, and a one-node probe job
-        from ..slurm_check import run_slurm_checks
-        report = run_slurm_checks(inv)
-    else:
-        report = run_checks(inv, full=True, master_port=master_port)
+    report = backend.check(inv, master_port=master_port)
     took = time.monotonic() - started
     if as_json:
         print(json.dumps({**report.to_dict(), "seconds": round(took, 2)}, indent=2))

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
 import sys
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import typer
 
+from .. import launch
 from ..errors import ClusterDDPError
 
 F = TypeVar("F", bound=Callable)
@@ -21,32 +23,63 @@ RUNS_DIR = typer.Option("./runs", "--runs-dir", envvar="CLUSTERDDP_RUNS_DIR",
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+def option(name: str) -> Any:
+    """The Typer option of the launch option ``name``, from its one declaration in :data:`clusterddp.launch.OPTIONS`."""
+    o = launch.BY_NAME[name]
+    low, high = ((int(v) if o.kind == "int" and v is not None else v) for v in (o.low, o.high))
+    return typer.Option([] if o.kind == "texts" else o.default, *o.flags, help=o.help or None, metavar=o.metavar,
+                        envvar=o.envvar, min=low, max=high)
+
+
+_ANNOTATION: dict[str, Any] = {"text": str | None, "int": int | None, "float": float, "bool": bool,
+                               "texts": list[str]}
+
+
+def with_recorded_options(fn: F) -> F:
+    """Give ``fn`` (`schedule add`) every launch option a spec records in its `up` object
+    (:data:`clusterddp.launch.RECORDED`) as a parameter, declared as `up` declares it; ``fn``
+    receives their values as one argument, ``up_options`` (name -> value)."""
+    sig = inspect.signature(fn)
+    own = [p for p in sig.parameters.values() if p.name != "up_options"]
+    extra = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=option(o.name),
+                               annotation=_ANNOTATION[o.kind] if o.default is None or o.kind != "text" else str)
+             for o in launch.RECORDED]
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        values = {o.name: kwargs.pop(o.name) for o in launch.RECORDED}
+        return fn(*args, up_options=values, **kwargs)
+    wrapper.__signature__ = sig.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
 # The options of a run, shared by `up` and `schedule add` (which records them for cron).
 INVENTORY = typer.Argument(..., help="Inventory YAML file, or `local` for this machine's GPUs.")
 SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.")
-RUN_NAME = typer.Option(None, "--name", help="A name for the run.")
-HOSTS = typer.Option(None, "--hosts", help="Run on these hosts only: a,b,c; host:0,1 also picks its GPUs.")
-EXCLUDE = typer.Option(None, "--exclude", help="Leave these hosts out: a,b (after --hosts).")
-MAX_GPUS = 1024  # processes per node; far above any machine, low enough to keep torchrun's numbers sane
-GPUS = typer.Option(None, "--gpus", min=1, max=MAX_GPUS, help="Processes per node (overrides the inventory).")
-MASTER_PORT = typer.Option(None, "--master-port", min=1, max=65535)
-ENV = typer.Option([], "-e", "--env", help="NAME=VALUE for the job (repeatable); NAME alone passes this shell's value, "
-                   "@FILE reads NAME=VALUE lines: values on the command line show in `ps`.")
-COLLECT = typer.Option([], "--collect", help="Glob to bring back, relative to the run folder.")
-MAX_RESTARTS = typer.Option(0, "--max-restarts", min=0, help="Passed to torchrun.")
-LOCAL_RANK_ARG = typer.Option(
-    None, "--local-rank-arg", metavar="--local_rank|--local-rank",
-    help="Give every worker --local_rank=<its LOCAL_RANK> (or --local-rank=...) before the script's arguments, "
-         "as torch.distributed.launch did; for scripts that parse it. E.g. --local-rank-arg=--local_rank")
-MAX_UPLOAD = typer.Option("1G", "--max-upload", metavar="SIZE", envvar="CLUSTERDDP_MAX_UPLOAD",
-                          help="Refuse to upload the script's folder above this size (e.g. 500M, 4G); "
-                               "see .clusterddpignore for leaving files out.")
+RUN_NAME = option("name")
+HOSTS = option("hosts")
+EXCLUDE = option("exclude")
+MAX_GPUS = launch.MAX_GPUS
+GPUS = option("gpus")
+MASTER_PORT = option("master_port")
+ENV = option("env")
+COLLECT = option("collect")
+MAX_RESTARTS = option("max_restarts")
+LOCAL_RANK_ARG = option("local_rank_arg")
+MAX_UPLOAD = option("max_upload")
 
 
 def run_spec(script: str, script_args: list[str] | None, name: str | None, gpus: int | None,
              master_port: int | None, env: list[str], collect: list[str], max_restarts: int):
-    """The RunSpec those options describe (``-e`` checked here)."""
+    """The RunSpec those options describe (``-e`` and ``--collect`` checked here)."""
+    from ..errors import UsageError
+    from ..inventory import glob_problem, show
     from ..plan import RunSpec
+    for g in collect:
+        problem = glob_problem(g)
+        if problem:
+            raise UsageError(f"--collect {show(g)}: {problem}", "give a glob relative to the run folder, "
+                             "e.g. --collect 'checkpoints/**'")
     return RunSpec(script=script, script_args=tuple(script_args or ()), name=name, gpus=gpus,
                    master_port=master_port, env=parse_env(env), collect=tuple(collect), max_restarts=max_restarts)
 
@@ -76,11 +109,19 @@ def host_list(hosts: str | None, flag: str = "--hosts") -> list[str] | None:
     return names
 
 
+def load_inventory(arg: str, hosts: str | None = None, fanout: int | None = None, exclude: str | None = None,
+                   gpus: int | None = None):
+    """The inventory a command names (a file, or `local`), narrowed to ``--hosts`` less ``--exclude``,
+    with ``--fanout`` applied (the flag wins): :func:`clusterddp.inventory.load_named`, from the flags' text."""
+    from ..inventory import load_named
+    return load_named(arg, gpus, host_list(hosts), host_list(exclude, "--exclude"), fanout)
+
+
 def host_slots(hosts: str | None) -> tuple[list[str] | None, dict[str, tuple[int, ...]]]:
     """``--hosts gpu-01:0,1,gpu-02`` as the host names and each fixed choice of GPUs: after
     ``host:N``, the bare numbers that follow are more of that host's GPUs."""
     from ..errors import UsageError
-    from ..inventory import show
+    from ..inventory import ascii_digits, show
     names = host_list(hosts)
     if names is None:
         return None, {}
@@ -94,11 +135,11 @@ def host_slots(hosts: str | None) -> tuple[list[str] | None, dict[str, tuple[int
             out.append(name)
             slots[name] = []
             word = first
-        elif last is None or not word.isdigit():
+        elif last is None or not ascii_digits(word):
             last = None
             out.append(word)
             continue
-        if not word.isdigit() or int(word) >= MAX_GPUS:
+        if not ascii_digits(word) or len(word) > 4 or int(word) >= MAX_GPUS:
             raise UsageError(f"--hosts {show(hosts or '')}: {show(word)} is not a GPU number for {last}",
                              "give GPUs as numbers after the host: --hosts gpu-01:0,1,gpu-02:2,3")
         assert last is not None
@@ -143,9 +184,7 @@ def tell_missing(lead: str, missing: tuple[tuple[str, str], ...]) -> None:
         err(f"{lead}... and {len(missing) - MAX_SHOWN} more files not brought back")
 
 
-QUIET = typer.Option(False, "--quiet", "-q", envvar="CLUSTERDDP_QUIET",
-                    help="Hide known torch noise on the terminal (the c10d 'hostname of the client socket' "
-                         "warning, torchrun's OMP_NUM_THREADS banner, the no-numpy warning); log files keep it.")
+QUIET = option("quiet")
 
 
 def quiet_filter(quiet: bool):
@@ -163,8 +202,7 @@ def tell_hidden(hide, where: str) -> None:
         err(said)
 
 
-RAW = typer.Option(False, "--raw", help="Print the job's output bytes as they are (colours, control "
-                   "characters); by default control characters are shown as escapes like \\x1b.")
+RAW = option("raw")
 
 
 def handle_errors(fn: F) -> F:
@@ -225,6 +263,32 @@ def crash_dir() -> str:
     return os.path.join(state, "clusterddp")
 
 
+def masked_argv(argv: list[str]) -> list[str]:
+    """``argv`` with every ``-e``/``--env`` value hidden (``NAME=***``): env values are secrets, and a
+    crash report is a file users attach to bug reports. Names, ``@FILE`` and ``NAME`` alone stay."""
+    def mask(flag_value: str) -> str:
+        k, sep, _ = flag_value.partition("=")
+        return f"{k}=***" if sep else flag_value
+    out: list[str] = []
+    after_env = False
+    for i, a in enumerate(argv):
+        if a == "--":  # the script's own arguments follow: not ours to read
+            return out + argv[i:]
+        if after_env:
+            out.append(mask(a))
+            after_env = False
+        elif a in ("-e", "--env"):
+            out.append(a)
+            after_env = True
+        elif a.startswith("--env="):
+            out.append("--env=" + mask(a[len("--env="):]))
+        elif a.startswith("-e") and not a.startswith("--") and len(a) > 2:
+            out.append("-e" + mask(a[2:]))
+        else:
+            out.append(a)
+    return out
+
+
 def crash_report(e: BaseException, command: str) -> str:
     """Write ``e``'s traceback to a private crash file; return the one line telling the user where.
 
@@ -235,7 +299,7 @@ def crash_report(e: BaseException, command: str) -> str:
     import traceback
     said = (str(e).strip().splitlines() or [""])[0][:200]
     what = f"internal error in `clusterddp {command.rstrip('_')}`: {type(e).__name__}" + (f": {said}" if said else "")
-    text = (f"clusterddp crash report\ncommand: {' '.join(sys.argv)}\npid: {os.getpid()}\n"
+    text = (f"clusterddp crash report\ncommand: {' '.join(masked_argv(sys.argv))}\npid: {os.getpid()}\n"
             f"time: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\npython: {sys.version.split()[0]}\n\n"
             + "".join(traceback.format_exception(e)))
     folder = crash_dir()

@@ -6,8 +6,8 @@ import json
 
 import typer
 
-from .check import FANOUT, HOSTS, load_inventory
-from .common import EXIT_FAILED, err, handle_errors, visible
+from .check import FANOUT, HOSTS
+from .common import EXIT_FAILED, err, handle_errors, load_inventory, visible
 
 
 @handle_errors

@@ -10,12 +10,11 @@ import typer
 from .common import RUNS_DIR, err, handle_errors, visible
 
 if TYPE_CHECKING:
-    from ..inventory import Inventory
     from ..prune import RunResult, Selection
 
 
 def _size(n: int | None) -> str:
-    from ..jobs import human_size
+    from ..sizes import human_size
     return "?" if n is None else human_size(n)
 
 
@@ -85,25 +84,3 @@ def prune(keep: int | None = typer.Option(None, "--keep", min=0, metavar="N", he
         store.check_writable()  # a record that cannot be deleted must not lose its node folders first
     if report(pr.prune(store, sel, dry_run), sel, dry_run):
         raise typer.Exit(1)
-
-
-def apply_keep_runs(inventory: Inventory, runs_dir: str) -> None:
-    """After `up`: prune the inventory's runs to its ``keep_runs`` newest. Best effort: what goes
-    wrong is said on stderr and never changes the run's exit code."""
-    if not inventory.keep_runs:
-        return
-    lead = f"keep_runs {inventory.keep_runs}: "
-    try:
-        from .. import prune as pr
-        from ..store import RunStore
-        store = RunStore(runs_dir)
-        sel = pr.select(store, pr.Policy(keep=inventory.keep_runs, inventory=str(Path(inventory.path).resolve())))
-        if sel.remove or sel.running or sel.damaged:
-            report(pr.prune(store, sel), sel, dry_run=False, lead=lead)
-    except KeyboardInterrupt:
-        err(f"{lead}interrupted; old runs were not all pruned (`clusterddp prune` finishes it)")
-    except Exception as e:  # noqa: BLE001 - never the run's outcome
-        from ..errors import ClusterDDPError
-        from .common import crash_report
-        said = str(e).replace("\n", "; ") if isinstance(e, ClusterDDPError) else crash_report(e, "up")
-        err(f"{lead}could not prune old runs: {said}")

@@ -79,18 +79,18 @@ def runs(runs_dir: str = RUNS_DIR, as_json: bool = typer.Option(False, "--json",
 @handle_errors
 def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     """Ask every node whether its part of RUN still runs; update the run record."""
-    from .. import control
+    from .. import backends
     from ..record import RunStatus
     store = _store(runs_dir)
     run_id = store.resolve(run)
-    store.load(run_id)
+    backend = backends.for_record(store.load(run_id))
     store.check_writable(run_id)  # what it sees is recorded: fail before any node is asked
-    rec = control.status(store, run_id)
+    rec = backend.status(store, run_id)
     print(f"run {run_id}: {rec.status}" + (f" (failed first: {rec.failed_host})"
                                           if rec.status is RunStatus.FAILED and rec.failed_host else ""))
-    if rec.slurm is not None:
-        from ..slurm_control import job_state
-        print(f"  slurm job {rec.slurm.job_id}: {job_state(rec) or 'ended'}, partition {rec.slurm.partition or '-'}")
+    said = backend.describe(rec)
+    if said:
+        print(f"  {visible(said)}")
     for n in rec.nodes:
         print(_node_line(n))
     if rec.status is RunStatus.FAILED and rec.failure:
@@ -109,7 +109,7 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
          tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines of each node."),
          raw: bool = RAW, quiet: bool = QUIET) -> None:
     """Print RUN's node logs with host prefixes: from the nodes when reachable, else the local copies."""
-    from .. import control
+    from .. import backends
     from ..record import RunStatus
     store = _store(runs_dir)
     run_id = store.resolve(run)
@@ -143,9 +143,10 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
                 last.append(line)
         printer(h, b"".join(last))
         from_lines[h] = n + 1
-    control.node_logs(store, run_id, host, show)
+    backend = backends.for_record(rec)
+    backend.logs(store, run_id, host, show)
     if follow and rec.status is RunStatus.RUNNING:
-        control.follow(store, run_id, printer, host, from_lines)
+        backend.follow(store, run_id, printer, host, from_lines)
         printer.flush()
     tell_hidden(hide, f"{store.run_dir(run_id) / 'logs'}/")
 
@@ -193,12 +194,12 @@ def _report(results) -> int:
 def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
          grace: float = typer.Option(10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")) -> None:
     """End RUN on every node (SIGTERM, then SIGKILL), mark it stopped, and collect its logs."""
-    from .. import control
+    from .. import backends
     store = _store(runs_dir)
     run_id = store.resolve(run)
-    store.load(run_id)
+    rec = store.load(run_id)
     store.check_writable(run_id)  # never end a job whose ending cannot be recorded: it would stay "running"
-    done = control.stop(store, run_id, grace)
+    done = backends.for_record(rec).stop(store, run_id, grace)
     print(f"run {run_id}: {done.record.status}")
     for n in done.record.nodes:
         print(_node_line(n) + (f"; {visible(done.how[n.host])}" if n.host in done.how else ""))
@@ -210,13 +211,13 @@ def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
 @handle_errors
 def collect(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     """Bring back RUN's logs and collect globs from every node, verifying each file by sha256."""
-    from .. import control
+    from .. import backends
     store = _store(runs_dir)
     run_id = store.resolve(run)
-    store.load(run_id)
+    rec = store.load(run_id)
     store.check_writable(run_id, index=False)  # collect writes the run folder only, not runs.db
     with _progress() as progress:
-        results = control.collect(store, run_id, progress=progress)
+        results = backends.for_record(rec).collect(store, run_id, progress=progress)
     print(f"run {run_id}: collected into {store.run_dir(run_id) / 'artifacts'}")
     if _report(results):
         raise typer.Exit(1)

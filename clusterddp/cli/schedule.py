@@ -9,6 +9,7 @@ import time
 
 import typer
 
+from .. import launch
 from .common import (
     COLLECT,
     ENV,
@@ -26,8 +27,11 @@ from .common import (
     err,
     handle_errors,
     host_list,
+    load_inventory,
     local_rank_flag,
+    option,
     run_spec,
+    with_recorded_options,
 )
 from .script_args import ScriptCommand
 
@@ -37,6 +41,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 
 @app.command("add", cls=ScriptCommand)
+@with_recorded_options
 @handle_errors
 def add(
     name: str = typer.Argument(..., help="Schedule name: letters, digits, '.', '_', '-'."),
@@ -57,15 +62,16 @@ def add(
     collect: list[str] = COLLECT,
     max_restarts: int = MAX_RESTARTS,
     local_rank_arg: str | None = LOCAL_RANK_ARG,
-    wait: bool = typer.Option(False, "--wait", help="When the GPU slots are taken, wait in the queue for them "
-                              "instead of giving up (exit 75)."),
+    wait: bool = option("wait"),
+    up_options: dict | None = None,
 ) -> None:
     """Add a crontab entry that runs `clusterddp up INVENTORY SCRIPT` at the --cron times, from here.
 
     The options, -e values and script arguments go to a 0600 spec file in <runs-dir>/schedules/,
     not into the crontab."""
-    from .. import jobs
+    from .. import backends
     from .. import schedule as S
+    from ..backends.base import LaunchRequest
     from ..inventory import LOCAL
 
     S.check_name(name)
@@ -74,24 +80,21 @@ def add(
     run = dataclasses.replace(run, local_rank_arg=local_rank_flag(local_rank_arg))
     hosts_ = host_list(hosts)
     excluded = host_list(exclude, "--exclude")
-    loaded = jobs.load_inventory(inventory, gpus)
-    if loaded.slurm is not None:  # the same checks as `up` with a `slurm:` inventory; no network
-        from .up_slurm import prepare_slurm
-        prep = prepare_slurm(loaded, run, runs_dir, hosts_, excluded)
-    else:
-        # the same checks as `up`; no network
-        prep = jobs.prepare(inventory, run, runs_dir, hosts_, exclude=excluded, loaded=loaded)
-        if excluded:  # the spec records the hosts that are left, as --hosts
-            hosts_ = [h.name for h in prep.plan.inventory.hosts]
+    loaded = load_inventory(inventory, gpus=gpus)
+    # the same checks as `up`, through the inventory's backend; no network
+    request = LaunchRequest(inventory, loaded, run, runs_dir, hosts_, exclude=excluded)
+    prep = backends.for_inventory(loaded).prepare(request)
+    if excluded:  # the spec records the hosts that are left, as --hosts
+        hosts_ = [h.name for h in prep.plan.inventory.hosts]
     run = dataclasses.replace(run, script=os.path.abspath(script))
     executable, bin_dir = S.current_executable()
     spec = S.ScheduleSpec(
         name=name, cron=expr, launch_dir=os.getcwd(), runs_dir=str(prep.store.root), executable=executable,
         bin_dir=bin_dir, inventory=inventory if inventory == LOCAL else os.path.abspath(inventory), run=run,
         hosts=tuple(hosts_ or ()),
-        agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None, wait=wait)
+        agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None, wait=wait,
+        up=tuple((k, v) for k, v in (up_options or {}).items() if v != launch.BY_NAME[k].default))
     edit = S.add(spec, replace)
-    _tell_migrated(edit)
 
     print(f"{'replaced' if edit.replaced else 'added'} schedule {name}: {expr}")
     print("  next:  " + ", ".join(t.strftime("%Y-%m-%d %H:%M %Z") for t in S.next_runs(expr, 3)))
@@ -110,28 +113,30 @@ def add(
             "or the schedule never fires")
 
 
-def _migrated_crontab() -> str:
-    """The crontab, its long-form lines rewritten first; if that fails, as it is (those lines still run)."""
+SCHEDULES_RUNS_DIR = typer.Option(None, "--runs-dir", envvar="CLUSTERDDP_RUNS_DIR",
+                                  help="Only the schedules whose runs go to this folder (default: every schedule "
+                                       "in your crontab; each line names its own runs folder).")
+
+
+def _in_runs_dir(entry, runs_dir: str | None) -> bool:
+    """Whether ``entry`` keeps its runs in ``runs_dir`` (always, when no --runs-dir was given)."""
+    from ..store import RunStore
+    return runs_dir is None or (entry.runs_dir is not None
+                                and os.path.normpath(entry.runs_dir) == str(RunStore(runs_dir).root))
+
+
+def _entry(text: str, name: str, runs_dir: str | None):
+    """Schedule ``name``'s crontab entry; UnknownSchedule if none, UsageError if --runs-dir names another folder."""
     from .. import schedule as S
-    from ..errors import ClusterDDPError
+    from ..errors import UnknownSchedule, UsageError
 
-    try:
-        edit = S.migrate()
-    except ClusterDDPError as e:
-        err(f"warning: could not move the options of older crontab lines to spec files: {e}")
-        return S.read_crontab()
-    _tell_migrated(edit)
-    return edit.text
-
-
-def _tell_migrated(edit) -> None:
-    """Say on stderr which long-form crontab lines an edit rewrote, and which it could not."""
-    for spec in edit.migrated:
-        err(f"migrated schedule {spec.name}: its options, -e values and script arguments moved from the crontab "
-            f"line to {spec.spec_path} (mode 0600); the line now runs `clusterddp schedule fire` on that file")
-    for name in edit.left:
-        err(f"note: schedule {name}: its crontab line is not one clusterddp writes (edited by hand?); left as it is. "
-            f"`clusterddp schedule add {name} ... --replace` writes a new one")
+    entry = S.find(text, S.check_name(name))
+    if entry is None:
+        raise UnknownSchedule(name, S.current_user().pw_name)
+    if not _in_runs_dir(entry, runs_dir):
+        raise UsageError(f"schedule {name!r} keeps its runs in {entry.runs_dir or '(a folder its line does not say)'}"
+                         f", not in {runs_dir}", "leave --runs-dir out, or give the schedule's own runs folder")
+    return entry
 
 
 def _is_socket(path: str) -> bool:
@@ -144,16 +149,18 @@ def _is_socket(path: str) -> bool:
 
 @app.command("list")
 @handle_errors
-def list_() -> None:
+def list_(runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     """Every schedule in your crontab: expression, next three runs, last run and its status."""
     from datetime import datetime
 
     from .. import schedule as S
     from ..store import RunStore
 
-    found = S.entries(_migrated_crontab())
+    found = [e for e in S.entries(S.read_crontab()) if _in_runs_dir(e, runs_dir)]
     if not found:
-        print(f"no schedules in the crontab of {S.current_user().pw_name}; add one with `clusterddp schedule add`")
+        print(f"no schedules in the crontab of {S.current_user().pw_name}"
+              + (f" with runs in {RunStore(runs_dir).root}" if runs_dir else "")
+              + "; add one with `clusterddp schedule add`")
         return
     now = datetime.now().astimezone()
     rows = [("NAME", "CRON", f"NEXT RUNS ({now.tzname()})", "LAST RUN", "STATUS", "SKIPS")]
@@ -174,26 +181,26 @@ def list_() -> None:
 
 @app.command("remove")
 @handle_errors
-def remove(name: str = typer.Argument(..., help="The schedule to remove.")) -> None:
+def remove(name: str = typer.Argument(..., help="The schedule to remove."),
+           runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     """Remove a schedule's crontab entry and its spec file (its runs, log and lock file stay)."""
     from .. import schedule as S
 
+    if runs_dir is not None:
+        _entry(S.read_crontab(), name, runs_dir)
     S.remove(S.check_name(name))
     print(f"removed schedule {name}")
 
 
 @app.command("run")
 @handle_errors
-def run(name: str = typer.Argument(..., help="The schedule to run now.")) -> None:
+def run(name: str = typer.Argument(..., help="The schedule to run now."),
+        runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     """Run a schedule's entry now, exactly as cron would (same command and environment), and wait."""
     from .. import schedule as S
-    from ..errors import UnknownSchedule
 
-    S.check_name(name)
-    text = _migrated_crontab()  # so that the run goes through `schedule fire`, as cron's next one will
-    entry = S.find(text, name)
-    if entry is None:
-        raise UnknownSchedule(name, S.current_user().pw_name)
+    text = S.read_crontab()
+    entry = _entry(text, name, runs_dir)
     log = entry.log_path
     pos = os.path.getsize(log) if log and os.path.exists(log) else 0
     print(f"running schedule {name} as cron would" + (f"; its log: {log}" if log else ""), flush=True)
@@ -268,13 +275,3 @@ def _record_skip(name: str, runs_dir: str) -> None:
               f"{S.lock_path(str(store.root), name)}")
     rec = store.record_skip(name, reason, holder)
     print(f"[clusterddp] {rec['at']} schedule {name}: skipped; {reason}", flush=True)
-
-
-@app.command("_skipped", hidden=True)
-@handle_errors
-def skipped(name: str = typer.Argument(...), runs_dir: str = RUNS_DIR) -> None:
-    """Called by a long-form line (written before spec files, until `schedule list` or `add`
-    migrates it) when the previous run still holds the lock: record the skip."""
-    from .. import schedule as S
-
-    _record_skip(S.check_name(name), runs_dir)

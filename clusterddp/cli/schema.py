@@ -10,7 +10,7 @@ from .common import handle_errors
 @handle_errors
 def schema() -> None:
     """Print the inventory's JSON Schema (save it and point your YAML editor at it: see the README)."""
-    from ..inventory_json_schema import SCHEMA_FILE, render
+    from ..inventory.inventory_json_schema import SCHEMA_FILE, render
     try:
         text = SCHEMA_FILE.read_text(encoding="utf-8")
     except FileNotFoundError:  # an install without its data file: the model still knows

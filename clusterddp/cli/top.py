@@ -15,13 +15,8 @@ if TYPE_CHECKING:
 
 
 def _size(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "K", "M", "G", "T"):
-        if n < 1024 or unit == "T":
-            return f"{n:.0f}{unit}" if unit in ("B", "K") else f"{n:.1f}{unit}"
-        n /= 1024
-    raise AssertionError
+    from ..sizes import human_size
+    return "-" if n is None else human_size(n, short=True)
 
 
 def _pct(p: float | None) -> str:
@@ -106,7 +101,7 @@ def top(
     recs = records(store, run)
     lab = ()
     if inventory is not None:
-        from .check import load_inventory
+        from .common import load_inventory
         lab = load_inventory(inventory, None, None).hosts
     with Watch(recs, regex, lab=lab) as watch:
         if once:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shlex
-import time
 
 import typer
 
@@ -24,16 +22,19 @@ from .common import (
     RUN_NAME,
     RUNS_DIR,
     SCRIPT_ARGS,
+    PrefixPrinter,
     err,
     handle_errors,
     host_list,
     host_slots,
     local_rank_flag,
+    option,
     quiet_filter,
     run_spec,
     sigterm_as_interrupt,
     tell_hidden,
     tell_missing,
+    visible,
 )
 
 
@@ -53,118 +54,86 @@ def up(
     max_restarts: int = MAX_RESTARTS,
     max_upload: str = MAX_UPLOAD,
     local_rank_arg: str | None = LOCAL_RANK_ARG,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print every node's command; contact no host."),
-    detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return; it runs on without us."),
-    skip_check: bool = typer.Option(False, "--skip-check", help="Start without the preflight check (hosts answer, "
-                                    "versions agree, master port free)."),
+    dry_run: bool = option("dry_run"),
+    detach: bool = option("detach"),
+    skip_check: bool = option("skip_check"),
     raw: bool = RAW,
     quiet: bool = QUIET,
-    join_timeout: float = typer.Option(120.0, "--join-timeout", min=0, metavar="S",
-                                       help="Name and end a run whose nodes have not all joined the rendezvous "
-                                            "S seconds after it started (0: wait as long as torch does)."),
-    wait: bool = typer.Option(False, "--wait", help="When the GPU slots are taken, wait in the queue for them "
-                              "instead of refusing (exit 75)."),
+    join_timeout: float = option("join_timeout"),
+    wait: bool = option("wait"),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
     """Start a DDP job on every host of INVENTORY (or `local`) and follow it to the end."""
-    from .. import jobs, plan
+    from .. import backends
+    from ..backends.base import LaunchRequest, local_rank_warning
+    from ..upload import parse_size
 
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
     spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg))
-    limit = jobs.parse_size(max_upload)
-    loaded = jobs.load_inventory(inventory, gpus)
-    if loaded.slurm is not None:  # Slurm allocates, starts and kills: a path of its own
-        from .up_slurm import up_slurm
-        return up_slurm(loaded, inventory, spec, runs_dir, host_list(hosts), limit, dry_run, detach, raw, schedule,
-                        host_list(exclude, "--exclude"))
+    limit = parse_size(max_upload)
+    loaded = backends.load_inventory(inventory, gpus)
     names, slots = host_slots(hosts)
-    prep = jobs.prepare(inventory, spec, runs_dir, names, exclude=host_list(exclude, "--exclude"),
-                        loaded=loaded, slots=slots)
-    warning = jobs.local_rank_warning(spec)
+    req = LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=spec, runs_dir=runs_dir, hosts=names,
+                        slots=slots, exclude=host_list(exclude, "--exclude"), max_upload=limit, detach=detach,
+                        skip_check=skip_check, join_timeout=join_timeout, wait=wait, schedule=schedule)
+    backend = backends.for_inventory(loaded)
+    prep = backend.prepare(req, contact=not dry_run)
+    warning = local_rank_warning(spec)
     if warning:
         err(warning)
     if dry_run:
-        print(f"run {prep.plan.run_id}", flush=True)
-        print(plan.render(prep.plan))
-        sent = jobs.describe_upload(prep, limit)
-        if sent:
-            print(sent, flush=True)
+        print(backend.render(prep, req), flush=True)
         return
-    upload = jobs.pack(prep, limit)
+    events = Printed(raw=raw, hide=quiet_filter(quiet))
+    sigterm_as_interrupt()  # SIGTERM ends an attached run as Ctrl-C does (a waiting one leaves the queue)
     try:
-        _up(prep, upload, inventory, runs_dir, detach, skip_check, raw, schedule, quiet, join_timeout, wait)
+        backend.launch(prep, req, events)
     finally:
-        if upload is not None:
-            upload.discard()
+        events.printer.flush()
+        tell_hidden(events.hide, f"{prep.store.run_dir(prep.plan.run_id) / 'logs'}/")
 
 
-def _up(prep, upload, inventory: str, runs_dir: str, detach: bool, skip_check: bool, raw: bool,
-        schedule: str | None, quiet: bool = False, join_timeout: float = 0.0, wait: bool = False) -> None:
-    from .. import jobs
-    fleet = None if skip_check else jobs.preflight(prep.plan)
-    sigterm_as_interrupt()  # a waiting run leaves the queue on SIGTERM too
-    lease, leased = None, None
-    try:
-        if not prep.plan.local:
-            from ..fleet import Fleet
-            fleet = fleet or Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
-            run_id = prep.plan.run_id  # a waiting run is not recorded yet: its queue lines name it
-            prep, lease = jobs.take_lease(prep, fleet, wait=wait,
-                                          on_wait=lambda s: print(f"[clusterddp] run {run_id} {s}", flush=True))
-            if lease is not None:  # said once the run id is (below)
-                leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
-                          + f"; master port {prep.plan.master_port}")
-        prep.store.create(jobs.new_record(prep, inventory, schedule=schedule))
-    except BaseException:
-        if lease is not None:
-            lease.release()
-        if fleet is not None:
-            fleet.close()
-        raise
-    # The id is printed once it is recorded: a run refused before (bad input, the preflight, slots
-    # taken) has no record, so it shows no id that `clusterddp logs` could not find. From here the
-    # supervisor's fleet is the lease's: a node whose job was never told to start frees its slots
-    # when the fleet's connections close (its holder sees its channel go).
-    print(f"run {prep.plan.run_id}", flush=True)
-    if leased:
-        print(leased, flush=True)
-    if upload is not None:
-        print(f"upload: {upload.folder.summary()}", flush=True)
-    from .common import PrefixPrinter
-    hide = quiet_filter(quiet)
-    printer = PrefixPrinter([n.host.name for n in prep.plan.nodes], raw=raw, hide=hide)
-    started = time.monotonic()
+class Printed:
+    """What a launch tells (:class:`clusterddp.backends.base.Events`), printed: lines, node output
+    with ``[host]`` prefixes, what was collected, what keep_runs did."""
 
-    def on_collect(r) -> None:
+    def __init__(self, raw: bool, hide) -> None:
+        self.hide = hide
+        self.printer = PrefixPrinter([], raw=raw, hide=hide)
+
+    def say(self, line: str) -> None:
+        print(visible(line), flush=True)  # lines quote Slurm's words (a job's Reason) and hosts' names
+
+    def warn(self, line: str) -> None:
+        err(line)
+
+    def hosts(self, names) -> None:
+        self.printer.width = max((len(h) for h in names), default=0)
+
+    def output(self, host: str, data: bytes) -> None:
+        self.printer(host, data)
+
+    def collected(self, r, source: str | None = None) -> None:
+        lead = f"collect {r.host}: " if source is None else "collect: "
         if r.error:
-            err(f"collect {r.host}: {r.error}")
+            err(f"{lead}{r.error}")
         elif r.fetched or r.skipped:
-            print(f"collected {len(r.fetched)} file(s) from {r.host}"
+            print(f"collected {len(r.fetched)} file(s) from {source or r.host}"
                   + (f", skipped {len(r.skipped)} still being written" if r.skipped else ""), flush=True)
-        tell_missing(f"collect {r.host}: ", r.missing)
-    run_id = prep.plan.run_id
-    from ..errors import RunFailed
-    from .prune import apply_keep_runs
-    try:
-        jobs.execute(prep, printer, on_collect=on_collect, detach=detach, fleet=fleet,
-                     source_tar=upload.path if upload else None, join_timeout=join_timeout)
-    except RunFailed:
-        printer.flush()
-        apply_keep_runs(prep.plan.inventory, runs_dir)  # a failed run is a run: it counts among the kept
-        raise
-    finally:
-        printer.flush()
-        tell_hidden(hide, f"{prep.store.run_dir(run_id) / 'logs'}/")
-    if detach:
-        rd = f" --runs-dir {shlex.quote(runs_dir)}" if runs_dir != "./runs" else ""
-        print(f"detached; the job runs on without this command.\n"
-              f"  follow: clusterddp logs {run_id} --follow{rd}\n"
-              f"  status: clusterddp status {run_id}{rd}\n"
-              f"  stop:   clusterddp stop {run_id}{rd}", flush=True)
-        apply_keep_runs(prep.plan.inventory, runs_dir)
-        return
-    took = time.monotonic() - started
-    print(f"run {prep.plan.run_id} succeeded in {took:.1f}s; run folder: {prep.store.run_dir(prep.plan.run_id)}",
-          flush=True)
-    apply_keep_runs(prep.plan.inventory, runs_dir)
+        tell_missing(lead, r.missing)
+
+    def kept(self, kept) -> None:
+        from ..errors import ClusterDDPError
+        from .common import crash_report
+        from .prune import report
+        self.printer.flush()
+        lead = kept.lead
+        if kept.interrupted:
+            err(f"{lead}interrupted; old runs were not all pruned (`clusterddp prune` finishes it)")
+        elif kept.error is not None:
+            e = kept.error
+            said = str(e).replace("\n", "; ") if isinstance(e, ClusterDDPError) else crash_report(e, "up")
+            err(f"{lead}could not prune old runs: {said}")
+        elif kept.results is not None and kept.selection is not None:
+            report(kept.results, kept.selection, dry_run=False, lead=lead)

@@ -34,8 +34,9 @@ import paramiko
 from fabric.config import Config
 from fabric.connection import Connection
 
-from ..errors import HostError
+from ..errors import FileRefused, HostError
 from ..errors import HostErrorKind as Kind
+from ..files import read_bounded
 from ..inventory import Host
 from .base import CommandResult
 
@@ -198,11 +199,14 @@ class _KnownHosts:
         self.path = path
         self.entries: list[paramiko.hostkeys.HostKeyEntry] = []
         self.revoked: list[tuple[list[str], paramiko.PKey, int]] = []  # (patterns, key, line number)
-        try:
-            with builtins.open(path, encoding="utf-8", errors="replace") as f:
-                lines = list(f)
-        except FileNotFoundError:
-            return
+        try:  # non-blocking, regular files only, bounded: a FIFO or /dev/zero named as known_hosts is refused
+            text = read_bounded(path, 64 << 20)[0].decode("utf-8", "replace")
+            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as open()'s text mode split it
+        except FileRefused as e:
+            if e.reason == "missing":
+                return
+            raise FileRefused(path, e.reason, f"(known_hosts) {e.problem}", "name a known_hosts file in the inventory "
+                              "(known_hosts:), or leave it out for ~/.ssh/known_hosts") from None
         for lineno, raw in enumerate(lines, 1):
             line = raw.strip()
             if not line or line.startswith("#"):

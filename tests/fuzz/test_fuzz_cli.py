@@ -19,7 +19,7 @@ from fuzzing import NUMBERS, UNICODE_DIGITS, ascii_int, case, fuzz, hostile_text
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from clusterddp import jobs, prune, schedule
+from clusterddp import prune, schedule, upload
 from clusterddp.cli import common
 from clusterddp.errors import RunNotFound, UsageError
 from clusterddp.store import RunStore
@@ -27,7 +27,7 @@ from clusterddp.store import RunStore
 # A known bug (issue 23), fixed by engineer A in parallel: Unicode digits in `--hosts node-1:²` (and, found
 # here, 5,000 ASCII digits: int()'s digit limit, a ValueError). After the merge set this to False: the xfail
 # below goes, and the general test takes those inputs too.
-DIGITS_BUG = True
+DIGITS_BUG = False
 
 HOST = st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True)
 
@@ -77,8 +77,11 @@ def test_a_gpu_number_in_hosts_is_read_only_from_ascii_digits(digits, more):
     got = None
     with case("--hosts", UsageError, usage):
         got = common.host_slots(f"gpu-01:{digits}" if not more else f"gpu-01:0,{digits}")
-    if got is not None:
-        assert digits.isascii() and digits.isdigit() and ascii_int(digits) in got[1]["gpu-01"], (digits, got)
+    word = digits.strip()  # --hosts words are stripped
+    if got is not None and more and not (word.isascii() and word.isdigit()):
+        assert got == (["gpu-01", word], {"gpu-01": (0,)}), (digits, got)  # not a number: the next host's name
+    elif got is not None:
+        assert word.isascii() and word.isdigit() and ascii_int(word) in got[1]["gpu-01"], (digits, got)
 
 
 @fuzz(30, share=0.25)
@@ -88,7 +91,7 @@ def test_a_size_parses_to_its_bytes(n, unit, suffix, space):
     if not unit and suffix == "iB":
         suffix = "B"
     with case("--max-upload", UsageError, usage):
-        got = jobs.parse_size(f"{n}{space}{unit}{suffix}")
+        got = upload.parse_size(f"{n}{space}{unit}{suffix}")
     assert got == n * 1024 ** " KMGT".index(unit.upper() or " ")
 
 
@@ -98,7 +101,7 @@ def test_a_size_parses_to_its_bytes(n, unit, suffix, space):
 def test_any_size_is_ascii_bytes_or_a_usage_error(text):
     got = None
     with case("--max-upload", UsageError, usage):
-        got = jobs.parse_size(text)
+        got = upload.parse_size(text)
     if got is not None:
         m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?", text.strip(), re.ASCII | re.I)
         assert m, text  # taken: only ASCII digits, a unit and B/iB
@@ -191,7 +194,7 @@ def test_a_schedule_name_is_a_file_name_or_a_usage_error(name):
 
 
 # Known (issue 23, "accepted but should be refused"), fixed by engineer A in parallel: set to False after the merge.
-DOT_NAMES_BUG = True
+DOT_NAMES_BUG = False
 
 
 @pytest.mark.xfail(DOT_NAMES_BUG, strict=False, reason="fixed by engineer A: schedule names . and ..")

@@ -20,7 +20,7 @@ from clusterddp.errors import InventoryError
 
 # A known bug (issue 23), fixed by engineer A in parallel: slots=/port= with Unicode digits. After the
 # merge set this to False: the xfail below goes, and the general test takes those inputs too.
-DIGITS_BUG = True
+DIGITS_BUG = False
 NUMBER_WORD = re.compile(r"(?:slots|port)=[^\s#]*[^\x00-\x7f]")
 
 NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True).filter(lambda s: s != "local")

@@ -24,9 +24,10 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from clusterddp import _inventory_yaml, inventory, plan
+from clusterddp import inventory, plan
 from clusterddp.cli.app import app
 from clusterddp.errors import InventoryError
+from clusterddp.inventory import _inventory_yaml
 
 CASE_SECONDS = 3.0      # CPU of one parse: ~5 ms here; the alias bomb took 8 s before the strict reader
 # Address space allowed on top of what the process has (the bomb needed 1.2 GB), and the peak resident memory

@@ -26,7 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from clusterddp import control
+from clusterddp.backends.ssh import control
 from clusterddp.cli.app import app
 from clusterddp.errors import HostError
 from clusterddp.inventory import Host

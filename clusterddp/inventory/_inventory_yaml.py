@@ -29,7 +29,7 @@ from yaml.events import AliasEvent, Event
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.resolver import BaseResolver
 
-from .inventory import show
+from .model import show
 
 MAX_BYTES = 1 << 20      # an inventory of 1,024 hosts is ~100 KiB
 MAX_DEPTH = 20           # an inventory needs 5: hosts[0].env.NAME

@@ -1,9 +1,8 @@
-"""Read and validate a YAML host inventory into frozen data.
+"""Read and validate a YAML host inventory (or a DeepSpeed/MPI hostfile) into :mod:`.model`'s frozen data.
 
-With its private modules ``_inventory_yaml`` (a strict, bounded YAML 1.2 reader) and
-``_inventory_schema`` (the shape), the only place that knows the YAML shape. Any text gives an
-inventory or an InventoryError naming file, line and field; the environment names a job may not
-set (:func:`reserved_env`) are kept here too, for the inventory and ``-e`` alike.
+With its private modules ``_inventory_yaml`` (a strict, bounded YAML 1.2 reader), ``_inventory_schema``
+(the shape) and ``_hostfile``, the only place that knows the file formats. Any text gives an
+inventory or an InventoryError naming file, line and field.
 Precedence for each host setting: CLI flag (applied later, in the plan) > host entry > inventory ``defaults`` >
 ``~/.ssh/config`` (for user, port, identity, address: left unset here, transport/ssh.py reads it) > built-in.
 ``env`` merges key by key (host wins); every other field is replaced whole.
@@ -11,170 +10,29 @@ Precedence for each host setting: CLI flag (applied later, in the plan) > host e
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InventoryError
+from ..errors import FileRefused, InventoryError
+from ..files import read_bounded
+from .model import (
+    BUILTIN,
+    DEFAULT_FANOUT,
+    DEFAULT_MASTER_PORT,
+    LOCAL,
+    Host,
+    Inventory,
+    Master,
+    SlurmSettings,
+    reserved_env,
+    show,
+    some,
+)
 
 if TYPE_CHECKING:  # yaml is imported when a file is parsed: commands that only read run.json skip it
     import yaml
-
-LOCAL = "local"
-# Validate with .fullmatch() only: `$` would also accept a trailing newline ("local\n").
-HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # it names <host>.log: short enough for any file system
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-# Environment names a job may not set (inventory env, `-e`): clusterddp, launch.sh or torchrun set
-# them on the node, so a value there would hide the job from stop/teardown, move where the exit code
-# goes, or be silently overwritten. Each with what to do instead.
-_RESERVED_HINT = {
-    "clusterddp": "clusterddp sets CLUSTERDDP_* on every node (CLUSTERDDP_JOB is how stop and teardown find the "
-                  "job's processes); use another name",
-    "launch.sh": "launch.sh uses it for itself (CTL is the control folder the exit code goes to; NPROC, IFACE and "
-                 "LOCAL_ADDR are probed on the node); use another name",
-    "torchrun": "torchrun sets it for every worker, so this value would be ignored; the master is `master:` or "
-                "--master-port, processes per node `gpus` or --gpus",
-    "torchrun option": "torchrun reads it as the option clusterddp passes or decides (node rank, master, "
-                       "rendezvous); set `master:`, `gpus`, --master-port or --max-restarts instead",
-}
-RESERVED_ENV = {
-    **dict.fromkeys(("CTL", "NPROC", "IFACE", "LOCAL_ADDR"), "launch.sh"),
-    **dict.fromkeys(("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
-                     "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-                     "TORCHELASTIC_USE_AGENT_STORE"), "torchrun"),
-    **dict.fromkeys((f"PET_{o}" for o in ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT",
-                                          "MAX_RESTARTS", "RDZV_BACKEND", "RDZV_ENDPOINT", "RDZV_ID", "RDZV_CONF",
-                                          "STANDALONE", "LOCAL_ADDR")), "torchrun option"),
-}
-
-
-def reserved_env(name: str) -> str | None:
-    """Why a job may not set ``name`` and what to do instead, or None when it may."""
-    if name.startswith("CLUSTERDDP_"):
-        return _RESERVED_HINT["clusterddp"]
-    owner = RESERVED_ENV.get(name)
-    return _RESERVED_HINT[owner] if owner else None
-
-
-def show(text: str, limit: int = 40) -> str:
-    """User text for a message: quoted, control characters escaped, cut at ``limit`` characters."""
-    return repr(text[:limit]) + ("..." if len(text) > limit else "")
-
-
-def _some(names: list[str], limit: int = 8) -> str:
-    shown = ", ".join(show(n)[1:-1] if n.isprintable() and len(n) <= 40 else show(n) for n in names[:limit])
-    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
-
-
-BUILTIN: dict[str, Any] = dict(host_key_policy="strict", gpus="auto", python="python3", workdir="~/clusterddp",
-                               known_hosts="~/.ssh/known_hosts", connect_timeout=10.0, keepalive=5.0)
-DEFAULT_MASTER_PORT = 29500  # the first port tried when the master port is chosen
-DEFAULT_FANOUT = 32  # hosts contacted at once by fleet commands, like pdsh's default
-
-
-@dataclass(frozen=True)
-class Host:
-    """One node, with defaults merged in. ``None`` means: let ssh_config or the SSH library decide."""
-
-    name: str
-    address: str
-    user: str | None
-    port: int | None
-    identity_file: str | None
-    known_hosts: str
-    host_key_policy: str
-    gpus: int | str  # a count, or "auto"
-    python: str
-    workdir: str
-    env: tuple[tuple[str, str], ...]
-    setup: tuple[str, ...]
-    connect_timeout: float
-    transport: str = "ssh"  # "ssh" or "local"
-    keepalive: float = BUILTIN["keepalive"]  # seconds between SSH keepalives; 0: none
-    slots: tuple[int, ...] | None = None  # a fixed choice of GPU slots (`gpus: [0, 1]`); gpus is then their count
-    lease_dir: str | None = None  # the node's lease folder; None: <workdir>/leases/%h (%h: the node's hostname)
-
-
-@dataclass(frozen=True)
-class Master:
-    host: str
-    addr: str
-    port: int
-    port_fixed: bool = False  # master.port was written in the inventory; otherwise a free one is chosen from it
-
-
-@dataclass(frozen=True)
-class SlurmSettings:
-    """A `slurm:` inventory's cluster: Slurm allocates the hosts; clusterddp submits and follows."""
-
-    login: str | Host               # where sbatch/squeue/scancel run: "local", or a host reached over SSH
-    partition: str | None
-    nodes: tuple[int, int]          # (min, max) nodes; equal unless an elastic range "MIN:MAX"
-    gpus_per_node: int              # processes per node
-    request_gpus: bool              # also ask Slurm for that many GPUs per node (--gpus-per-node)
-    time: str | None
-    account: str | None
-    qos: str | None
-    constraint: str | None
-    sbatch: tuple[str, ...]         # extra #SBATCH options, verbatim
-    shared_dir: str                 # seen by this machine and every compute node
-    python: str
-    setup: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """A validated inventory: hosts in inventory order (none for a `slurm:` inventory)."""
-
-    path: str
-    name: str
-    hosts: tuple[Host, ...]
-    master: Master
-    collect: tuple[str, ...] = field(default=())
-    fanout: int = DEFAULT_FANOUT  # at most this many hosts are contacted at once
-    keep_runs: int | None = None  # `up` prunes this inventory's runs to the newest N after each run
-    slurm: SlurmSettings | None = None
-
-    def ranked(self) -> list[Host]:
-        """The hosts in node-rank order: the master first (node rank 0 serves torchrun's static
-        rendezvous store at the master's address), then the others in inventory order."""
-        return sorted(self.hosts, key=lambda h: h.name != self.master.host)
-
-    def select(self, names: list[str]) -> Inventory:
-        """The same inventory restricted to ``names`` (kept in inventory order)."""
-        known = {h.name for h in self.hosts}
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise InventoryError(self.path, f"--hosts names {_some(unknown)}, not in the inventory",
-                                 hint=f"choose from: {_some(sorted(known))}")
-        hosts = tuple(h for h in self.hosts if h.name in names)
-        master = self.master
-        if master.host not in names:  # the master left the subset: the first chosen host leads
-            master = Master(hosts[0].name, hosts[0].address, master.port, master.port_fixed)
-        return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs)
-
-    def narrow(self, hosts: list[str] | None = None, exclude: list[str] | None = None) -> Inventory:
-        """``--hosts`` then ``--exclude``: the chosen hosts (all when None) less the excluded ones,
-        in inventory order. Every name given must be one of the inventory's hosts."""
-        inv = self if hosts is None else self.select(hosts)
-        if not exclude:
-            return inv
-        known = {h.name for h in self.hosts}
-        unknown = [n for n in exclude if n not in known]
-        if unknown:
-            raise InventoryError(self.path, f"--exclude names {_some(unknown)}, not in the inventory",
-                                 hint=f"choose from: {_some(sorted(known))}")
-        left = [h.name for h in inv.hosts if h.name not in exclude]
-        if not left:
-            raise InventoryError(self.path, "--exclude leaves no host to run on",
-                                 hint="exclude fewer hosts" + (" or choose others with --hosts" if hosts else ""))
-        return inv.select(left)
-
 
 def _path_str(loc: tuple) -> str:
     out = ""
@@ -340,38 +198,68 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:
     master_name = m.host or hosts[0].name
     if master_name not in seen:
         raise InventoryError(path, f"{show(master_name)} is not one of the hosts", field="master.host",
-                             line=_line_of(root, ("master", "host")), hint=f"use one of: {_some(list(seen))}")
+                             line=_line_of(root, ("master", "host")), hint=f"use one of: {some(list(seen))}")
     master_host = hosts[seen[master_name]]
     master = Master(master_name, m.addr or master_host.address, m.port or DEFAULT_MASTER_PORT, m.port is not None)
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
                      inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs)
 
 
+def parse_hostfile(text: str, path: str) -> Inventory:
+    """Read hostfile ``text`` (from ``path``) into an :class:`Inventory`; hosts in file order, the first
+    one the master. Raises :class:`InventoryError` naming the file, line and field."""
+    from pydantic import ValidationError
+
+    from ._hostfile import host_entries
+    from ._inventory_schema import InventoryFile
+
+    entries, lines = host_entries(text, path)
+    try:
+        inv = InventoryFile.model_validate({"hosts": entries})
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [p for p in err["loc"] if isinstance(p, int) or not str(p).startswith(("function-", "literal["))]
+        line = lines[loc[1]] if len(loc) > 1 and isinstance(loc[1], int) else None
+        at = str(loc[2]) if len(loc) > 2 else None
+        raise InventoryError(path, _message(err), field="slots" if at == "gpus" else at, line=line) from None
+    return _resolve(inv, path, None)
+
+
 def load(path: str | Path) -> Inventory:
     """Read and validate the inventory file at ``path`` (at most 1 MiB is read): YAML, or a
     DeepSpeed/MPI hostfile (see ``_hostfile``)."""
+    from ._hostfile import is_hostfile
     from ._inventory_yaml import MAX_BYTES
     p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise InventoryError(str(p), "no such file", hint="pass the path of a YAML inventory, or `local`") from None
-    except OSError as e:
-        raise InventoryError(str(p), f"cannot be read: {e.strerror or e}") from None
-    if len(raw) > MAX_BYTES:
-        raise InventoryError(str(p), f"larger than {MAX_BYTES:,} bytes (1 MiB), the most an inventory may be",
-                             hint="is this the right file?")
+    try:  # non-blocking, regular files only, bounded: a FIFO or /dev/zero named as the inventory is refused
+        raw, _ = read_bounded(p, MAX_BYTES)
+    except FileRefused as e:
+        if e.reason == "missing":
+            raise InventoryError(str(p), "no such file", hint="pass the path of a YAML inventory, or `local`") from None
+        if e.reason == "too_large":
+            raise InventoryError(str(p), f"larger than {MAX_BYTES:,} bytes (1 MiB), the most an inventory may be",
+                                 hint="is this the right file?") from None
+        raise InventoryError(str(p), e.problem, hint="pass the path of a YAML inventory file, or `local`") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         raise InventoryError(str(p), f"not UTF-8 text (byte 0x{raw[e.start]:02x})", line=line,
                              hint="save the file as UTF-8") from None
-    from . import _hostfile
-    if _hostfile.is_hostfile(text):  # a DeepSpeed/MPI hostfile: `host slots=N` lines
-        return _hostfile.parse(text, str(p))
+    if is_hostfile(text):  # a DeepSpeed/MPI hostfile: `host slots=N` lines
+        return parse_hostfile(text, str(p))
     return parse(text, str(p))
+
+
+def load_named(arg: str, gpus: int | None = None, hosts: list[str] | None = None,
+               exclude: list[str] | None = None, fanout: int | None = None) -> Inventory:
+    """The inventory a command line names, read the one way every command reads it: ``local`` (this
+    machine, this Python, ``gpus`` processes or one per GPU) or a file (:func:`load`); narrowed to
+    ``hosts`` less ``exclude`` (:meth:`Inventory.narrow`), with ``fanout`` over the inventory's (the flag wins)."""
+    import sys
+    inv = local(gpus=gpus or "auto", python=sys.executable) if arg == LOCAL else load(arg)
+    inv = inv.narrow(hosts, exclude)
+    return replace(inv, fanout=fanout) if fanout else inv
 
 
 def local(gpus: int | str = "auto", python: str = "python3") -> Inventory:

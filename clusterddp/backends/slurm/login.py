@@ -2,8 +2,8 @@
 
 ``login: local`` is this machine (:class:`LocalLogin`: subprocess and local files); a host entry is
 a login host reached over SSH (:class:`SSHLogin`: the commands :mod:`clusterddp.plan` renders, run
-through :mod:`clusterddp.transport`). :mod:`clusterddp.slurm`, ``slurm_control`` and
-``slurm_check`` talk to Slurm and the shared folder only through a :class:`Login`.
+through :mod:`clusterddp.transport`). :mod:`.job`, :mod:`.control` and
+:mod:`.check` talk to Slurm and the shared folder only through a :class:`Login`.
 
 The SSH connection opens on first use (``--dry-run`` contacts nothing) and is kept for the run.
 An unreachable login host, or a refused host key, is the transport's HostError naming it.
@@ -11,27 +11,26 @@ An unreachable login host, or a refused host key, is the transport's HostError n
 
 from __future__ import annotations
 
-import io
 import os
 import posixpath
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol, cast
 
-from . import plan as P
-from .errors import SlurmError, UsageError
-from .inventory import LOCAL, Host, SlurmSettings
-from .transport.base import CommandResult, Tail, Transport
+from ... import upload
+from ...errors import SlurmError, UsageError
+from ...inventory import LOCAL, Host, SlurmSettings
+from ...transport.base import CommandResult, Tail, Transport
+from . import commands as SC
 
 if TYPE_CHECKING:
-    from .jobs import SourceFolder
+    from ...upload import SourceFolder
 
 COMMAND_TIMEOUT = 60.0
 READ_TIMEOUT = 60.0
@@ -83,6 +82,28 @@ def _not_found(where: str, args: Sequence[str]) -> SlurmError:
                       "run clusterddp on a Slurm login host (slurm-client installed), or set slurm.login")
 
 
+def _stage(run: Callable[[str, Path], CommandResult], where: str, run_dir: str, control_dir: str,
+           folder: SourceFolder | None, private: dict[str, str]) -> None:
+    """Stage a run the same way wherever the login host is: one stream, the upload builder's tarball
+    (:func:`clusterddp.upload.pack`: the script's folder, the shipped clusterddp.train and the 0600
+    job.sbatch and node.sh), unpacked by one command (``run(command, tarball)``) into a run folder
+    it creates; the env values in node.sh never touch a command line."""
+    up = upload.pack(folder or upload.SourceFolder(Path("."), ()), private, posixpath.relpath(control_dir, run_dir))
+    try:
+        r = run(SC.stage_command(run_dir, control_dir), up.path)
+    except OSError as e:
+        raise UsageError(f"cannot stage the run in {run_dir} on {where}: {e}",
+                         "slurm.shared_dir must be a folder the login user can write") from None
+    finally:
+        up.discard()
+    if r.exit_code == SC.NO_FILE:
+        raise UsageError(f"{run_dir} on {where} already holds a run", "use another run id")
+    if r.exit_code != 0:
+        said = r.stderr.decode(errors="replace").strip()[-300:]
+        raise UsageError(f"cannot stage the run in {run_dir} on {where}: {said or f'exit {r.exit_code}'}",
+                         "slurm.shared_dir must be a folder the login user can write")
+
+
 class LocalLogin:
     """This machine is the login host: Slurm's commands run here, the shared folder is a local path."""
 
@@ -105,29 +126,11 @@ class LocalLogin:
         return os.path.abspath(os.path.expanduser(s.shared_dir))
 
     def stage(self, run_dir: str, control_dir: str, folder: SourceFolder | None, private: dict[str, str]) -> None:
-        ctl = Path(control_dir)
-        try:
-            if ctl.exists():
-                raise UsageError(f"{run_dir} already holds a run", "use another run id")
-            ctl.mkdir(parents=True, mode=0o700)
-            ctl.chmod(0o700)
-            (ctl / "nodes").mkdir(mode=0o700)
-            for rel, _ in folder.entries if folder else ():
-                assert folder is not None
-                src, dst = folder.root / rel.rstrip("/"), Path(run_dir) / rel.rstrip("/")
-                if rel.endswith("/"):
-                    dst.mkdir(exist_ok=True)
-                elif src.is_symlink():  # sent as a link, never followed, as the SSH upload does
-                    dst.symlink_to(os.readlink(src))
-                else:
-                    shutil.copy2(src, dst)
-            for name, text in private.items():
-                fd = os.open(ctl / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-        except OSError as e:
-            raise UsageError(f"cannot stage the run in {run_dir}: {e}",
-                             "slurm.shared_dir must be a folder this machine can write") from None
+        def run(command: str, tarball: Path) -> CommandResult:
+            with open(tarball, "rb") as f:
+                r = subprocess.run(["bash", "-c", command], stdin=f, capture_output=True, timeout=600)
+            return CommandResult(r.returncode, r.stdout, r.stderr)
+        _stage(run, "this machine", run_dir, control_dir, folder, private)
 
     def read(self, path: str, offset: int, limit: int) -> bytes | None:
         try:
@@ -156,7 +159,7 @@ class LocalLogin:
         shutil.rmtree(path, ignore_errors=True)
 
     def collect_host(self, run_dir: str) -> tuple[Transport, Host]:
-        from .transport.local import LocalTransport
+        from ...transport.local import LocalTransport
         host = Host(name="shared", address="shared", user=None, port=None, identity_file=None, known_hosts="",
                     host_key_policy="strict", gpus=1, python=sys.executable, workdir=run_dir, env=(), setup=(),
                     connect_timeout=10.0, transport="local")
@@ -178,16 +181,16 @@ class SSHLogin:
 
     def _transport(self) -> Transport:
         if self._t is None:
-            from .transport import connect
+            from ...transport import connect
             self._t = connect(self._host)
         return self._t
 
     def run(self, args: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> CommandResult:
-        cmd = P.login_command(self._host, args)
+        cmd = SC.login_command(self._host, args)
         r = self._transport().run(cmd.text, stdin=cmd.stdin, timeout=timeout)
         if r.exit_code == 127 and b"not found" in r.stderr:
             raise _not_found(f"the login host {self.name}", args)
-        if r.exit_code == P.LOGIN_SETUP_FAILED and b"[clusterddp] setup failed" in r.stderr:
+        if r.exit_code == SC.LOGIN_SETUP_FAILED and b"[clusterddp] setup failed" in r.stderr:
             raise SlurmError(f"{self.name}: {r.stderr.decode(errors='replace').strip()[-300:]}",
                              "fix slurm.login.setup")
         return r
@@ -195,7 +198,7 @@ class SSHLogin:
     def shared_dir(self, s: SlurmSettings) -> str:
         # asked even for an absolute path: a login host that cannot be reached is found before a run is recorded
         path = s.shared_dir
-        r = self._transport().run(P.home_command(), timeout=READ_TIMEOUT)
+        r = self._transport().run(SC.home_command(), timeout=READ_TIMEOUT)
         home = r.text.strip()
         if path.startswith("/"):
             return posixpath.normpath(path)
@@ -206,42 +209,17 @@ class SSHLogin:
                                                  "" if path == "~" else path))
 
     def stage(self, run_dir: str, control_dir: str, folder: SourceFolder | None, private: dict[str, str]) -> None:
-        # One stream: a gzip tar (in a 0600 temporary file, sent in chunks) of the script's folder and the
-        # private files, unpacked by one command; the env values in node.sh never touch a command line.
-        fd, name = tempfile.mkstemp(prefix="clusterddp-stage-", suffix=".tar.gz")
-        try:
-            with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz", compresslevel=1) as tar:
-                for rel, _ in folder.entries if folder else ():
-                    assert folder is not None
-                    tar.add(folder.root / rel.rstrip("/"), arcname=rel.rstrip("/"), recursive=False)
-                ctl = posixpath.relpath(control_dir, run_dir)
-                for fname, text in private.items():
-                    data = text.encode()
-                    info = tarfile.TarInfo(f"{ctl}/{fname}")
-                    info.size, info.mode = len(data), 0o600
-                    tar.addfile(info, io.BytesIO(data))
-            r = self._transport().run(P.slurm_stage_command(run_dir, control_dir), stdin=Path(name),
-                                      timeout=600)
-        except OSError as e:
-            raise UsageError(f"cannot pack the script's folder: {e}",
-                             "make every file there readable, or move the script to a folder of its own") from None
-        finally:
-            os.unlink(name)
-        if r.exit_code == P.NO_FILE:
-            raise UsageError(f"{run_dir} on {self.name} already holds a run", "use another run id")
-        if r.exit_code != 0:
-            said = r.stderr.decode(errors="replace").strip()[-300:]
-            raise UsageError(f"cannot stage the run in {run_dir} on {self.name}: {said or f'exit {r.exit_code}'}",
-                             "slurm.shared_dir must be a folder the login user can write")
+        _stage(lambda command, tarball: self._transport().run(command, stdin=tarball, timeout=600), self.name,
+               run_dir, control_dir, folder, private)
 
     def read(self, path: str, offset: int, limit: int) -> bytes | None:
-        r = self._transport().run(P.file_read_command(path, offset, limit), timeout=READ_TIMEOUT)
-        return None if r.exit_code == P.NO_FILE else r.stdout
+        r = self._transport().run(SC.file_read_command(path, offset, limit), timeout=READ_TIMEOUT)
+        return None if r.exit_code == SC.NO_FILE else r.stdout
 
     def small_files(self, paths: Sequence[str]) -> dict[str, tuple[str, float]]:
         if not paths:
             return {}
-        r = self._transport().run(P.small_files_command(paths), timeout=READ_TIMEOUT)
+        r = self._transport().run(SC.small_files_command(paths), timeout=READ_TIMEOUT)
         out = {}
         for line in r.text.splitlines():
             i, _, rest = line.partition(" ")
@@ -258,15 +236,15 @@ class SSHLogin:
         with tempfile.TemporaryFile() as tmp:
             def write(chunk: bytes) -> None:
                 tmp.write(chunk)
-            code = self._transport().stream(P.file_read_command(path, 0, 1 << 62), write, timeout=READ_TIMEOUT,
+            code = self._transport().stream(SC.file_read_command(path, 0, 1 << 62), write, timeout=READ_TIMEOUT,
                                             stderr_to=Tail())
-            if code == P.NO_FILE:
+            if code == SC.NO_FILE:
                 raise FileNotFoundError(path)
             tmp.seek(0)
             yield cast(BinaryIO, tmp)
 
     def remove_tree(self, path: str) -> None:
-        self._transport().run(P.remove_tree_command(path), timeout=READ_TIMEOUT)
+        self._transport().run(SC.remove_tree_command(path), timeout=READ_TIMEOUT)
 
     def collect_host(self, run_dir: str) -> tuple[Transport, Host]:
         return self._transport(), replace(self._host, name="shared", workdir=run_dir, gpus=1)

@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from . import nodeops
-from . import plan as P
-from .errors import HostError, NodeOutcome
-from .fleet import Fleet, GroupResult, as_host_error
-from .inventory import Host
-from .record import NodeState, RunStatus
-from .transport import Transport
-from .transport import connect as default_connect
+from ... import nodeops
+from ... import plan as P
+from ...errors import HostError, NodeOutcome
+from ...fleet import Fleet, GroupResult, as_host_error
+from ...inventory import Host
+from ...record import NodeState, RunStatus
+from ...transport import Transport
+from ...transport import connect as default_connect
+from ..base import RunOutcome
 
 R = TypeVar("R")
 
@@ -67,21 +68,6 @@ class Node:
     @property
     def name(self) -> str:
         return self.launch.host.name
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How a run ended (a terminal :class:`RunStatus`), with every node's outcome."""
-
-    status: RunStatus
-    nodes: tuple[NodeOutcome, ...]
-    first_failed: str | None = None
-
-    @property
-    def exit_code(self) -> int:
-        code = self.status.exit_code
-        assert code is not None, "a run outcome is never `running`"
-        return code
 
 
 @dataclass(frozen=True)
@@ -298,7 +284,7 @@ class Supervisor:
         Those that cannot reach the master are named; when every one of them can, all are."""
         if self._done.wait(self.join_timeout_s):
             return
-        from .postmortem import report
+        from ...postmortem import report
         master = (self.plan.master_addr, self.plan.master_port)
         running = [n for n in self.nodes if n.state is NodeState.RUNNING]
         res = self._each(running, lambda node, t: report(t, node.launch, "joined", master))

@@ -1,11 +1,12 @@
-"""DeepSpeed/MPI hostfiles (``worker-1 slots=4``) as inventories, private to :mod:`clusterddp.inventory`.
+"""DeepSpeed/MPI hostfiles (``worker-1 slots=4``) read into host entries, private to :mod:`clusterddp.inventory`.
 
 A hostfile line is a host name, then ``key=value`` words: ``slots=N`` (processes on that host:
 the inventory's ``gpus``), MPI's ``max_slots=N`` (accepted and ignored: clusterddp never
 oversubscribes), and any one-value host field of the inventory (``address``, ``user``, ``port``,
 ``workdir``, ...). A bare host name takes every default (``gpus: auto``). ``#`` starts a comment.
-Each host is validated by the inventory's own schema, so the rules and messages are the same,
-located at the hostfile's line (``hosts:3: port: ...``).
+This module only reads the lines: :func:`clusterddp.inventory.loader.parse_hostfile` validates each
+host with the inventory's own schema, so the rules and messages are the same, located at the
+hostfile's line (``hosts:3: port: ...``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import InventoryError
-from .inventory import HOST_NAME_RE, Inventory, show
+from ..errors import InventoryError
+from .model import HOST_NAME_RE, LOCAL, ascii_digits, show
 
 # The inventory fields a hostfile line may set (lists and mappings, env and setup, have no
 # one-word form), and how a value is read: YAML would read `port=22` as a number, so do we.
@@ -42,20 +43,16 @@ def is_hostfile(text: str) -> bool:
 
 def _value(key: str, text: str) -> Any:
     if key == "slots" or FIELDS.get(key) is int:
-        return int(text) if text.isdigit() and len(text) <= 9 else text
+        return int(text) if ascii_digits(text) and len(text) <= 9 else text
     if FIELDS.get(key) is float:
         return float(text) if _NUMBER.fullmatch(text) and len(text) <= 20 else text
     return text
 
 
-def parse(text: str, path: str) -> Inventory:
-    """Read hostfile ``text`` (from ``path``) into an :class:`Inventory`; hosts in file order, the first
-    one the master. Raises :class:`InventoryError` naming the file, line and field."""
-    from pydantic import ValidationError
-
-    from . import inventory as inv_mod
-    from ._inventory_schema import InventoryFile
-
+def host_entries(text: str, path: str) -> tuple[list[dict[str, Any]], list[int]]:
+    """The host entries of hostfile ``text`` (from ``path``), in file order, as the inventory's
+    ``hosts:`` list would hold them, and the line of each. Raises :class:`InventoryError` naming the
+    file and line for what is not a hostfile line; the entries' values are checked by the caller."""
     entries: list[dict[str, Any]] = []
     lines: list[int] = []
     seen: dict[str, int] = {}
@@ -66,7 +63,7 @@ def parse(text: str, path: str) -> Inventory:
         if len(entries) >= MAX_HOSTS:
             raise InventoryError(path, f"more than {MAX_HOSTS:,} hosts", line=n, hint="is this the right file?")
         name, *pairs = words
-        if not HOST_NAME_RE.fullmatch(name) or name == inv_mod.LOCAL:
+        if not HOST_NAME_RE.fullmatch(name) or name == LOCAL:
             raise InventoryError(path, f"{show(name)} is not a host name: 1 to 128 letters, digits, '.', '_' or '-' "
                                  "(it names a log file), and not 'local'", line=n,
                                  hint="a hostfile line is `host slots=N`")
@@ -90,12 +87,4 @@ def parse(text: str, path: str) -> Inventory:
                 entry[field] = _value(key, value)
         entries.append(entry)
         lines.append(n)
-    try:
-        inv = InventoryFile.model_validate({"hosts": entries})
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = [p for p in err["loc"] if isinstance(p, int) or not str(p).startswith(("function-", "literal["))]
-        line = lines[loc[1]] if len(loc) > 1 and isinstance(loc[1], int) else None
-        at = str(loc[2]) if len(loc) > 2 else None
-        raise InventoryError(path, inv_mod._message(err), field="slots" if at == "gpus" else at, line=line) from None
-    return inv_mod._resolve(inv, path, None)
+    return entries, lines

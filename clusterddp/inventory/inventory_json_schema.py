@@ -1,6 +1,6 @@
 """The inventory's JSON Schema, for YAML editors (completion, hover help, checks as you type).
 
-Generated from the pydantic model that validates inventories (:mod:`clusterddp._inventory_schema`),
+Generated from the pydantic model that validates inventories (:mod:`clusterddp.inventory._inventory_schema`),
 then made editor-friendly: each field gets its README description, pydantic's union constraints
 (``gt``, ``ge``) become JSON Schema keywords, and ``gpus``, ``env`` and host names get the shape the
 validators enforce. The result is shipped as ``inventory.schema.json`` beside this module and
@@ -8,7 +8,7 @@ printed by ``clusterddp schema``; ``tests/test_inventory_json_schema.py`` keeps 
 
 Regenerate after changing the model (a new field, a new block)::
 
-    python -m clusterddp.inventory_json_schema --write
+    python -m clusterddp.inventory.inventory_json_schema --write
 
 A field not in :data:`DESCRIPTIONS` still appears (with pydantic's title); add a line there for its help text.
 """
@@ -83,10 +83,11 @@ def _fix(node: Any) -> Any:
 
 def _shape(props: dict[str, Any], host_entry: bool) -> None:
     """What the model's validators enforce beyond their types, for the editor to check too."""
-    from .inventory import ENV_NAME_RE, HOST_NAME_RE
+    from .model import ENV_NAME_RE, HOST_NAME_RE, MAX_GPUS
     if "gpus" in props:
-        props["gpus"]["anyOf"] = [{"type": "integer", "minimum": 1}, {"const": "auto"},
-                                  {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1,
+        props["gpus"]["anyOf"] = [{"type": "integer", "minimum": 1, "maximum": MAX_GPUS}, {"const": "auto"},
+                                  {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_GPUS - 1},
+                                   "minItems": 1,
                                    "uniqueItems": True}, {"type": "null"}]
     if "env" in props:
         props["env"]["anyOf"] = [{"type": "object", "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"},
@@ -134,7 +135,7 @@ def main(argv: list[str]) -> int:
         print(f"wrote {SCHEMA_FILE}")
         return 0
     if argv:
-        print("usage: python -m clusterddp.inventory_json_schema [--write]", file=sys.stderr)
+        print("usage: python -m clusterddp.inventory.inventory_json_schema [--write]", file=sys.stderr)
         return 2
     sys.stdout.write(render())
     return 0

@@ -2,8 +2,8 @@
 
 Slurm allocates, starts and kills: clusterddp never signals a job's processes itself, it asks
 ``scancel``. Slurm's client commands run on the login host and the shared folder is read there,
-through a :class:`clusterddp.slurm_login.Login` (this machine, or a host reached over SSH): the
-code is staged there, and each node's log and exit code (:mod:`clusterddp.slurm_plan`) are read
+through a :class:`.login.Login` (this machine, or a host reached over SSH): the
+code is staged there, and each node's log and exit code (:mod:`.plan`) are read
 from there while the job runs. The run record keeps the job id, its partition and the allocated
 hosts once Slurm reports them, and the login host.
 """
@@ -11,7 +11,7 @@ hosts once Slurm reports them, and the login host.
 from __future__ import annotations
 
 import functools
-import os
+import posixpath
 import re
 import shutil
 import signal
@@ -22,16 +22,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import plan as P
-from . import slurm_plan as SP
-from .artifacts import CollectResult
-from .errors import HostError, NodeOutcome, RunFailed, SlurmError, UsageError
-from .inventory import Inventory
-from .jobs import SourceFolder
-from .record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
-from .slurm_login import Login, open_login
-from .store import RunStore, new_run_id, utcnow
-from .supervisor import RunOutcome
+from ... import nodescript as NS
+from ... import plan as P
+from ... import postmortem, upload
+from ...artifacts import CollectResult
+from ...errors import HostError, NodeOutcome, RunFailed, SlurmAnswerError, SlurmError, UsageError
+from ...failure import Failure
+from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
+from ...record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
+from ...store import RunStore, new_run_id, utcnow
+from ...upload import SourceFolder
+from .. import base
+from ..base import RunOutcome
+from . import answers
+from . import plan as SP
+from .login import Login, open_login
 
 POLL = 0.5  # seconds between looks at the job; node logs are read as often
 # How long the login host (or Slurm's controller) may stay out of reach while `up` follows a job
@@ -94,11 +99,9 @@ def prepare(inventory: Inventory, spec: P.RunSpec, runs_dir: str, script: Path, 
 
 def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> RunRecord:
     plan = prep.plan
-    return RunRecord(
-        run_id=plan.run_id, name=plan.spec.name, inventory=str(Path(inventory_arg).resolve()),
-        script=plan.spec.script, args=tuple(plan.spec.script_args), status=RunStatus.RUNNING, failed_host=None,
-        schedule=schedule, local=False, started_at=utcnow(), ended_at=None, launch_dir=os.getcwd(),
-        master_addr="", master_port=plan.spec.master_port or 29500, collect=plan.collect, nodes=(),
+    return base.new_record(
+        inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=False, master_addr="",
+        master_port=plan.spec.master_port or 29500, collect=plan.collect,
         slurm=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
                        nproc=plan.spec.gpus or plan.settings.gpus_per_node, login=prep.login.host))
 
@@ -123,7 +126,7 @@ def submit(prep: Prepared) -> str:
 def _hostnames(login: Login, nodelist: str) -> tuple[str, ...]:
     if not nodelist or nodelist == "(null)":
         return ()
-    return tuple(checked(login, ["scontrol", "show", "hostnames", nodelist]).split())
+    return answers.hostnames(checked(login, ["scontrol", "show", "hostnames", nodelist]), nodelist)
 
 
 def job_info(login: Login, job_id: str) -> JobInfo | None:
@@ -134,10 +137,9 @@ def job_info(login: Login, job_id: str) -> JobInfo | None:
         if "Invalid job id" in said:
             return None
         raise SlurmError(f"scontrol show job {job_id} failed (exit {r.exit_code}): {said.strip()}")
-    fields = dict(re.findall(r"\b(\w+)=(\S*)", r.text))  # \b: linear in a long word (a hostile login host)
-    return JobInfo(job_id, fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None"),
-                   fields.get("Partition") or None, _hostnames(login, fields.get("NodeList", "")),
-                   int(fields.get("Restarts", "0") or 0))
+    fields = answers.job_fields(r.text, job_id)
+    return JobInfo(job_id, fields["JobState"], fields.get("Reason", "None"), fields.get("Partition") or None,
+                   _hostnames(login, fields.get("NodeList", "")), int(fields["Restarts"]))
 
 
 def cancel(login: Login, job_id: str, timeout: float = 120) -> JobInfo | None:
@@ -229,39 +231,78 @@ def node_states(out: RunOutcome) -> dict[str, tuple[NodeState, int | None, str |
     return states
 
 
-def with_hosts(rec: RunRecord, plan: SP.SlurmPlan, info: JobInfo) -> RunRecord:
-    """The record once Slurm allocated the job: its hosts as nodes, the job's partition."""
+def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | None = None) -> RunRecord:
+    """The record with what a look at the job says of its allocation: its hosts as nodes (once, with
+    ``settings``' python and setup lines when the inventory is at hand, else neutral ones: a detached
+    run learns its hosts from `status`), the job's partition."""
+    if info is None:
+        return rec
     assert rec.slurm is not None
     nodes = rec.nodes
     if info.hosts and not nodes:
-        nproc = plan.spec.gpus or plan.settings.gpus_per_node
-        nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=nproc, run_dir=plan.run_dir,
-                                 control_dir=plan.control_dir, marker=f"{plan.run_id}/{h}",
-                                 settings=SP.node_host(plan.settings, h), state=NodeState.RUNNING)
+        run_dir = rec.slurm.run_dir
+        nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=rec.slurm.nproc, run_dir=run_dir,
+                                 control_dir=posixpath.join(run_dir, NS.CONTROL), marker=f"{rec.run_id}/{h}",
+                                 settings=SP.node_host(settings, h) if settings else _neutral(run_dir, h),
+                                 state=NodeState.RUNNING)
                       for i, h in enumerate(info.hosts))
-    return replace(rec, nodes=nodes, slurm=replace(rec.slurm, job_id=info.job_id,
-                                                   partition=info.partition or rec.slurm.partition,
+    return replace(rec, nodes=nodes, slurm=replace(rec.slurm, partition=info.partition or rec.slurm.partition,
                                                    hosts=info.hosts or rec.slurm.hosts))
 
 
+def _neutral(run_dir: str, host: str) -> Host:
+    return Host(name=host, address=host, user=None, port=None, identity_file=None, known_hosts=BUILTIN["known_hosts"],
+                host_key_policy="strict", gpus=1, python="python3", workdir=run_dir, env=(), setup=(),
+                connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
+
+
 def finish(store: RunStore, run_id: str, out: RunOutcome) -> RunStatus:
-    def ended(rec: RunRecord) -> RunRecord:
-        rec = rec.seen(node_states(out))
-        if rec.status is RunStatus.STOPPED:  # `clusterddp stop` from another terminal
-            return replace(rec, ended_at=rec.ended_at or utcnow())
-        return replace(rec, status=out.status, failed_host=out.first_failed, ended_at=utcnow())
-    return store.update(run_id, ended).status
+    return base.finish(store, run_id, node_states(out), out)
+
+
+def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
+    """Why a Slurm run failed, as for an SSH run (:mod:`clusterddp.postmortem`): the node program
+    ``diagnose`` reads each node's own control folder in the shared folder (its ranks' error files,
+    the end of its log) where that folder is, on the login host. The kernel log and nvidia-smi there
+    are the login host's, not the node's: they are left out."""
+    assert rec.slurm is not None
+    t, where = login.collect_host(rec.slurm.run_dir)
+    ctl = posixpath.join(rec.slurm.run_dir, NS.CONTROL)
+    reports: dict[str, dict] = {}
+    failed: dict[str, BaseException] = {}
+    for n in rec.nodes:
+        node = P.NodeLaunch(where, n.node_rank, n.nproc, rec.slurm.run_dir, SP.node_control(ctl, n.host), "",
+                            (), (), "")
+        try:
+            rep = postmortem.report(t, node)
+        except Exception as e:  # noqa: BLE001 - a node that cannot be asked is named in the summary
+            failed[n.host] = e
+            continue
+        reports[n.host] = {**rep, "kernel_lines": [], "nvidia_smi": None,
+                           "kernel_error": "not read: a Slurm node's kernel log is not reachable from the login host"}
+    return postmortem.explain_reports(rec, store, reports, failed)
+
+
+def explain(login: Login, store: RunStore, run_id: str) -> tuple[str, ...]:
+    """:func:`diagnose`, recorded in run.json's ``failure``, as the summary's lines; when it cannot be
+    worked out, a line saying why (the exit codes still say what they say)."""
+    try:
+        failure = diagnose(login, store, store.load(run_id))
+        store.update(run_id, lambda rec: replace(rec, failure=failure))
+    except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not hide the run's own failure
+        return (f"(the root cause could not be worked out: {type(e).__name__}: {e})",)
+    return tuple(failure.lines())
 
 
 def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_dir: str, hosts: tuple[str, ...],
             globs: tuple[str, ...]) -> CollectResult:
     """Every node's log, and the batch step's output and the collect globs from the shared run folder
     (through the same node program as SSH runs, run where the folder is) into ``artifacts/shared/``."""
-    from .artifacts import collect_node
+    from ...artifacts import collect_node
     for h in hosts:
         copy_log(login, store, run_id, h, SP.node_log(control_dir, h))
     t, host = login.collect_host(run_dir)
-    # collect_command reads <control_dir>/node.log: the batch step's output (slurm_plan.BATCH_LOG)
+    # collect_command reads <control_dir>/node.log: the batch step's output (plan.BATCH_LOG)
     node = P.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
     return collect_node(t, node, store, run_id, globs)
 
@@ -297,6 +338,21 @@ def _interrupts_held() -> Iterator[None]:
             signal.signal(sig, handler)
     if got:
         raise KeyboardInterrupt
+
+
+def refused(login: Login, store: RunStore, run_id: str, job_id: str, e: SlurmAnswerError,
+            runs_dir_flag: str = "") -> SlurmError:
+    """After Slurm gave an answer that is refused: the job is cancelled (scancel, not waited for: the
+    next look could be refused too) and the run recorded failed, never left `running` for a job
+    clusterddp can no longer follow. The error to raise: the refusal, and what became of the job."""
+    try:
+        checked(login, ["scancel", job_id])
+        fate = f"Slurm job {job_id} was cancelled"
+    except (HostError, SlurmError) as c:
+        fate = f"Slurm job {job_id} could not be cancelled ({c.message}): cancel it with `scancel {job_id}`"
+    base.failed_run(store, run_id)
+    return SlurmAnswerError(e.message, f"{fate} and run {run_id} recorded failed; {e.hint}" if e.hint
+                            else f"{fate} and run {run_id} recorded failed")
 
 
 def _still_running(e: HostError | SlurmError, run_id: str, job_id: str, runs_dir_flag: str, *,
@@ -345,7 +401,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             raise
         interrupted = True  # while sbatch answered: the job is recorded, and cancelled below
     except BaseException:  # nothing was submitted: the run ends here, not `running` forever
-        store.update(run_id, lambda rec: replace(rec, status=RunStatus.FAILED, ended_at=utcnow()))
+        base.failed_run(store, run_id)
         raise
     if detach and not interrupted:
         return None
@@ -369,8 +425,10 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
                     info = job_info(login, job_id)
                     if info is not None and info.hosts and not hosts:
                         hosts = info.hosts
-                        store.update(run_id, functools.partial(with_hosts, plan=plan, info=info))
+                        store.update(run_id, functools.partial(allocated, info=info, settings=plan.settings))
                     tail.poll(hosts)
+                except SlurmAnswerError as e:
+                    raise refused(login, store, run_id, job_id, e, runs_dir_flag) from None
                 except (HostError, SlurmError) as e:
                     login.close()  # the next look opens a new connection
                     if lost_since is None:
@@ -407,7 +465,80 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         if stopped:
             raise KeyboardInterrupt
         if status is not RunStatus.SUCCEEDED:
-            raise RunFailed(run_id, list(result.nodes), result.first_failed, status)
+            said = {n.host: n.describe() for n in store.load(run_id).nodes}  # the words `status` will print
+            cause = explain(login, store, run_id) if status is RunStatus.FAILED else ()
+            raise RunFailed(run_id, list(result.nodes), result.first_failed, status, said, cause=cause)
         return result
     finally:
         store.close_logs()
+
+
+def prepare_request(req: base.LaunchRequest, *, contact: bool = False) -> Prepared:
+    """:func:`prepare` from `up`'s request: Slurm picks the hosts, so --hosts and --exclude are refused."""
+    if req.hosts is not None:
+        raise UsageError("--hosts does not apply to a `slurm:` inventory: Slurm chooses the hosts",
+                         "set slurm.nodes (and slurm.constraint, or `sbatch` options) in the inventory")
+    if req.exclude:
+        raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
+                         "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
+    return prepare(req.inventory, req.spec, req.runs_dir, base.check_script(req.spec.script), contact=contact)
+
+
+def scan(prep: Prepared, req: base.LaunchRequest) -> SourceFolder:
+    folder = upload.scan(prep.source_dir, prep.store.root)
+    upload.check_upload_size(folder, req.max_upload)
+    return folder
+
+
+def render(prep: Prepared, req: base.LaunchRequest) -> str:
+    """The dry-run text: the plan (:func:`plan.render`), where it would be submitted, what it uploads."""
+    out = [f"run {prep.plan.run_id}", SP.render(prep.plan)]
+    if prep.login.host is not None:
+        out.append(f"login host: {prep.login.name} over SSH (not contacted by --dry-run; ~ is the home there)")
+    return "\n".join([*out, f"upload: {scan(prep, req).summary()}"])
+
+
+def job_line(info: JobInfo) -> str:
+    """How `up` says what Slurm says of the job (its state, why it pends, where it runs)."""
+    where = f" on {','.join(info.hosts)}" if info.hosts else ""
+    why = f" ({info.reason})" if info.reason not in ("None", "") else ""
+    return f"slurm job {info.job_id} {info.state.lower()}{why}{where}"
+
+
+def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutcome | None:
+    """The whole `up` of a Slurm run: record, stage, submit, follow (or detach), collect."""
+    try:
+        return _up(prep, req, events)
+    finally:
+        prep.login.close()
+
+
+def _up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutcome | None:
+    run_id = prep.plan.run_id
+    folder = scan(prep, req)
+    prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule))
+    events.say(f"run {run_id}")  # once recorded, so `logs`/`status` find it (as for SSH runs)
+    events.say(f"upload: {folder.summary()}")
+    started = time.monotonic()
+
+    def on_state(info: JobInfo) -> None:
+        events.say(job_line(info))
+        if info.hosts:
+            events.hosts(info.hosts)
+    rd = req.runs_dir_flag
+    # keep_runs is not applied to Slurm runs: prune reaches a run's nodes over SSH, which a Slurm
+    # run's nodes are not (its folder is in the shared dir, under the login host).
+    result = execute(prep, events.output, detach=req.detach, on_state=on_state, folder=folder,
+                     on_collect=lambda r: events.collected(r, "the run folder"), on_note=events.warn,
+                     runs_dir_flag=rd)
+    if req.detach:
+        rec = prep.store.load(run_id)
+        job = rec.slurm.job_id if rec.slurm else "?"
+        events.say(f"detached; slurm job {job} runs on without this command.\n"
+                   f"  follow: clusterddp logs {run_id} --follow{rd}\n"
+                   f"  status: clusterddp status {run_id}{rd}\n"
+                   f"  stop:   clusterddp stop {run_id}{rd}")
+    else:
+        events.say(f"run {run_id} succeeded in {time.monotonic() - started:.1f}s; "
+                   f"run folder: {prep.store.run_dir(run_id)}")
+    return result

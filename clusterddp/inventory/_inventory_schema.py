@@ -12,22 +12,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from .inventory import ENV_NAME_RE, HOST_NAME_RE, LOCAL, show
-
-# C0 controls, DEL and C1 controls: a newline or an escape sequence in a host address, a path or a
-# glob is a mistake (or an attempt to forge terminal output); setup lines and env values may hold them.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+from .model import ENV_NAME_RE, HOST_NAME_RE, LOCAL, MAX_GPUS, control_problem, glob_problem, show
 
 
 def _one_line(v: str) -> str:
-    bad = _CONTROL.search(v)
-    if bad:
-        raise ValueError(f"holds the control character U+{ord(bad.group()):04X} at position {bad.start() + 1}; "
-                         "remove it")
+    """One-line text (setup lines and env values may hold control characters; the rest may not)."""
+    problem = control_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
+def _glob(v: str) -> str:
+    problem = glob_problem(v)
+    if problem:
+        raise ValueError(problem)
     return v
 
 
 Line = Annotated[str, AfterValidator(_one_line)]
+Glob = Annotated[str, AfterValidator(_glob)]
 
 
 def _seconds(v: Any, most: float) -> Any:
@@ -72,7 +76,7 @@ class _Settings(BaseModel):
         if v is None or v == "auto":
             return v
         if isinstance(v, list):  # a fixed choice of GPUs (slots), e.g. [0, 1]
-            if not v or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1024 for i in v):
+            if not v or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_GPUS for i in v):
                 raise ValueError("a list of GPUs must hold GPU indices 0..1023, e.g. [0, 1]")
             if len(set(v)) != len(v):
                 raise ValueError("lists a GPU twice")
@@ -81,6 +85,8 @@ class _Settings(BaseModel):
             raise ValueError("must be a whole number of processes (>= 1) or 'auto'")
         if v < 1:
             raise ValueError("must be >= 1 (processes per node) or 'auto'")
+        if v > MAX_GPUS:
+            raise ValueError(f"must be at most {MAX_GPUS} (processes per node), as --gpus, or 'auto'")
         return v
 
     @field_validator("env")
@@ -131,7 +137,7 @@ class InventoryFile(BaseModel):
     name: Line | None = None
     defaults: _Settings = _Settings()
     master: _MasterEntry = _MasterEntry()
-    collect: list[Line] = []
+    collect: list[Glob] = []
     fanout: int | None = Field(default=None, ge=1, le=1024)
     keep_runs: int | None = Field(default=None, ge=1)
     hosts: list[_HostEntry] = Field(min_length=1)
@@ -253,5 +259,5 @@ class _SlurmEntry(BaseModel):
 class SlurmInventoryFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     name: Line | None = None
-    collect: list[Line] = []
+    collect: list[Glob] = []
     slurm: _SlurmEntry

@@ -13,12 +13,13 @@ import posixpath
 import re
 import secrets
 
-from . import slurm
-from . import slurm_plan as SP
-from .check import FAIL, OK, Finding, HostReport, Report
-from .errors import HostError, UsageError
-from .inventory import Inventory, SlurmSettings
-from .slurm_login import Login, open_login
+from ...check import FAIL, OK, Finding, HostReport, Report
+from ...errors import HostError, SlurmAnswerError, UsageError
+from ...inventory import Inventory, SlurmSettings
+from . import answers
+from . import job as slurm
+from . import plan as SP
+from .login import Login, open_login
 
 CHECKS = ("slurm", "partition", "nodes", "gpus", "shared_dir", "python", "torch")
 PROBE_WAIT_S = 60  # srun --immediate: a probe that cannot start within this is reported, not waited for
@@ -39,13 +40,15 @@ def _partition(login: Login, s: SlurmSettings) -> tuple[str | None, list[list[st
 
 def _gpus(gres: str) -> int:
     m = re.search(r"gpu(?::[^:(,]+)?:(\d+)", gres)
-    return int(m.group(1)) if m else 0
+    return answers.count(m.group(1), f"sinfo: GPUs in gres {answers.shown(gres, 40)}") if m else 0
 
 
 def _login_findings(login: Login, s: SlurmSettings) -> tuple[list[Finding], str | None]:
     try:
         version = slurm.checked(login, ["sinfo", "--version"]).strip()
         name, rows = _partition(login, s)
+    except SlurmAnswerError as e:
+        return [Finding("slurm", FAIL, "bad answer", e.message, e.hint)], None
     except slurm.SlurmError as e:
         return [Finding("slurm", FAIL, "unreachable", str(e),
                         "run check on a Slurm login host; is slurmctld up?")], None
@@ -58,7 +61,12 @@ def _login_findings(login: Login, s: SlurmSettings) -> tuple[list[Finding], str 
     found.append(Finding("partition", OK, f"{name} up") if avail == {"up"} else
                  Finding("partition", FAIL, f"{name} {'/'.join(sorted(avail))}", f"partition {name} is not up",
                          "ask the cluster's admins, or choose another partition"))
-    usable = sum(int(r[1]) for r in rows if r[2].rstrip("*~#!%$@^-") in _UP_STATES)
+    try:
+        usable = sum(answers.count(r[1], "sinfo: node count") for r in rows
+                     if r[2].rstrip("*~#!%$@^-") in _UP_STATES)
+        have = max((_gpus(r[3]) for r in rows), default=0) if s.request_gpus else 0
+    except SlurmAnswerError as e:
+        return [*found, Finding("nodes", FAIL, "bad answer", e.message, e.hint)], None
     want = s.nodes[0]
     found.append(Finding("nodes", OK, f"{usable} usable") if usable >= want else
                  Finding("nodes", FAIL, f"{usable} usable", f"the job needs {want} node(s); {name} has {usable} up",
@@ -66,7 +74,6 @@ def _login_findings(login: Login, s: SlurmSettings) -> tuple[list[Finding], str 
     if not s.request_gpus:
         found.append(Finding("gpus", OK, "not requested"))
     else:
-        have = max((_gpus(r[3]) for r in rows), default=0)
         found.append(Finding("gpus", OK, f"{have} per node") if have >= s.gpus_per_node else
                      Finding("gpus", FAIL, f"{have} per node", f"gpus_per_node is {s.gpus_per_node}; nodes of {name} "
                              f"offer {have}", "lower slurm.gpus_per_node, or set request_gpus: false on CPU nodes"))

@@ -4,13 +4,14 @@ Slurm allocates, starts and kills; clusterddp renders, submits and follows. The 
 ``<shared_dir>/runs/<run_id>/`` (the script's folder is staged there, and every node runs in it)
 with a control folder ``.clusterddp/`` holding ``job.sbatch`` (given to ``sbatch``), ``node.sh``
 (what each node runs: it holds the env values, so both are 0600 in a 0700 folder), ``node.log``
-(the batch step's own output) and, per node, ``nodes/<host>.log`` and ``nodes/<host>.exit_code``.
+(the batch step's own output) and, per node, ``nodes/<host>/`` with its ``node.log``, ``exit_code``
+and ``errors/`` (torchrun's ``--log-dir``), as an SSH node's control folder has them.
 
 Inside the job one ``srun`` step with one task per node runs node.sh, which starts torchrun with
 c10d rendezvous (id = the job id) hosted on the allocation's first host; the master's address is
 Slurm's ``NodeAddr`` for it, resolved on the node, and each node finds the interface that routes
-there as in SSH mode (:data:`clusterddp.plan._IFACE_FN`). Quoting goes through :func:`plan.q`, and
-setup lines and exports through :func:`plan._preamble`, the same as launch.sh.
+there as in SSH mode. Quoting, setup lines and exports, the interface choice, the exit-code function and
+the shipped clusterddp.train come from :mod:`clusterddp.nodescript`, the same as launch.sh.
 Nothing here touches the network, the clock or the filesystem.
 """
 
@@ -19,12 +20,13 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from . import plan as P
-from .inventory import BUILTIN, Host, Inventory, SlurmSettings
+from ... import nodescript as NS
+from ... import plan as P
+from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
 
 BATCH = "job.sbatch"
 NODE_SCRIPT = "node.sh"
-NODES = "nodes"  # <control>/nodes/<host>.log and <host>.exit_code: apart from node.log whatever a host is called
+NODES = "nodes"  # <control>/nodes/<host>/: each node's own folder, apart from node.log whatever a host is called
 BATCH_LOG = "node.log"  # the name collect reads as the log of the pseudo-host `shared`
 # Without --master-port, each job's rendezvous port comes from its id: two jobs sharing a node
 # (Slurm may pack them) do not collide.
@@ -52,14 +54,20 @@ class SlurmPlan:
         return posixpath.join(self.control_dir, NODE_SCRIPT)
 
 
+def node_control(control_dir: str, host: str) -> str:
+    """``host``'s own control folder in a run's shared control folder: its log, exit code and torchrun's
+    error files, named as in an SSH node's control folder (``node.log``, ``exit_code``, ``errors/``)."""
+    return posixpath.join(control_dir, NODES, host)
+
+
 def node_log(control_dir: str, host: str) -> str:
     """Where node.sh writes ``host``'s output, in a run's control folder in the shared dir."""
-    return posixpath.join(control_dir, NODES, f"{host}.log")
+    return posixpath.join(node_control(control_dir, host), "node.log")
 
 
 def exit_code_file(control_dir: str, host: str) -> str:
     """Where node.sh writes ``host``'s exit code, beside its log."""
-    return posixpath.join(control_dir, NODES, f"{host}.exit_code")
+    return posixpath.join(node_control(control_dir, host), "exit_code")
 
 
 def node_host(s: SlurmSettings, name: str = "slurm") -> Host:
@@ -75,7 +83,7 @@ def build(inventory: Inventory, spec: P.RunSpec, run_id: str, shared_dir: str) -
     s = inventory.slurm
     assert s is not None, "build() takes a `slurm:` inventory"
     run_dir = posixpath.join(shared_dir, "runs", run_id)
-    ctl = posixpath.join(run_dir, P.CONTROL)
+    ctl = posixpath.join(run_dir, NS.CONTROL)
     collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
     node = _node_script(s, spec, run_id, run_dir, ctl)
     batch = _batch_script(s, spec, run_id, ctl)
@@ -96,7 +104,7 @@ def _batch_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, ctl: str) -> s
     # the control folder's path is also checked by the caller; here each option is one line.
     lines = ["#!/usr/bin/env bash"] + [f"#SBATCH {o}" for o in opts] + [
         f"# clusterddp run {run_id}: one srun step, one task (node.sh) per node",
-        f"CTL={P.q(ctl)}",
+        f"CTL={NS.q(ctl)}",
         "# The allocation's first host hosts the rendezvous; node.sh finds its address.",
         'cddp_master=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "# --kill-on-bad-exit: one node failing ends the step on every node.",
@@ -119,58 +127,52 @@ def _batch_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, ctl: str) -> s
 def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
     host = node_host(s)
     env = tuple({**dict(s.env), **dict(spec.env)}.items())
-    env_keys = {k for k, _ in env}
     port = str(spec.master_port) if spec.master_port else _PORT_FROM_JOB
     lines = [
         "#!/usr/bin/env bash",
         f"# clusterddp run {run_id}: one node's part, started by srun on every node of the allocation",
-        "trap 'echo \"[clusterddp] stop signal received\" >&2' TERM INT HUP",
-        f"CTL={P.q(ctl + '/' + NODES)}",
+        NS.STOP_TRAP,
         "cddp_h=${SLURMD_NODENAME:-$(hostname)}",
-        "# Each node's own log and exit code (0600), in the shared control folder.",
-        '(umask 077 && : >> "$CTL/$cddp_h.log")',
-        'exec >> "$CTL/$cddp_h.log" 2>&1',
-        'rm -f "$CTL/$cddp_h.exit_code"',
-        ('cddp_exit() { (umask 077 && echo "$1" > "$CTL/$cddp_h.exit_code.tmp") && mv "$CTL/$cddp_h.exit_code.tmp" '
-         '"$CTL/$cddp_h.exit_code"; exit "$1"; }'),
-        f"cd {P.q(run_dir)} || cddp_exit 97",
-        f"export {P.MARKER}={P.q(run_id + '/')}\"$cddp_h\" CLUSTERDDP_RUN_ID={P.q(run_id)} CLUSTERDDP_HOST=\"$cddp_h\" "
-        "CLUSTERDDP_NODE_RANK=\"$SLURM_NODEID\"",
+        "# Each node's own control folder (0700) in the shared one: its log, exit code and torchrun's",
+        "# error files (--log-dir), as an SSH node's control folder holds them.",
+        f"CTL={NS.q(posixpath.join(ctl, NODES))}/\"$cddp_h\"",
+        '(umask 077 && mkdir -p "$CTL/errors" && : >> "$CTL/node.log") || exit 97',
+        'exec >> "$CTL/node.log" 2>&1',
+        'rm -f "$CTL/exit_code"',
+        NS.exit_function(),
+        f"cd {NS.q(run_dir)} || cddp_exit 97",
+        f"export {NS.MARKER}={NS.q(run_id + '/')}\"$cddp_h\" CLUSTERDDP_RUN_ID={NS.q(run_id)} "
+        "CLUSTERDDP_HOST=\"$cddp_h\" CLUSTERDDP_NODE_RANK=\"$SLURM_NODEID\"",
     ]
-    lines += P._preamble(host, env, stdout_to="",
-                         on_fail=lambda line: f"echo {P.q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit 98")
+    lines += NS.preamble(host, env, stdout_to="", on_fail=NS.setup_failed())
     lines += [
         "cddp_master=$1",
         "# Slurm's NodeAddr for the master, resolved here: compute nodes' names need not resolve.",
         'MASTER_ADDR=$(scontrol show node "$cddp_master" 2>/dev/null | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
         'cddp_a=$(getent ahostsv4 "${MASTER_ADDR:-$cddp_master}" 2>/dev/null | awk \'NR==1{print $1}\')',
         'MASTER_ADDR=${cddp_a:-${MASTER_ADDR:-$cddp_master}}',
-        P._IFACE_FN,
-        'IFACE=$(cddp_iface "$MASTER_ADDR")',
-        'if [ -n "$IFACE" ]; then',
     ]
-    lines += [f'  export {k}="$IFACE"' for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if k not in env_keys]
+    lines += NS.iface_lines({k for k, _ in env}, None, local_addr=True)
+    lines += NS.ship_train_lines(s.python, run_dir)
     lines += [
-        "  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" | awk 'NR==1{split($4, a, \"/\"); print a[1]}')",
-        "else",
-        '  echo "[clusterddp] warning: no interface routes to $MASTER_ADDR; set NCCL_SOCKET_IFNAME and '
-        'GLOO_SOCKET_IFNAME in the inventory env" >&2',
-        "fi",
         'cddp_is_host=0; [ "$cddp_h" = "$cddp_master" ] && cddp_is_host=1',
         'echo "[clusterddp] node $SLURM_NODEID/$SLURM_JOB_NUM_NODES on $cddp_h iface=${IFACE:-?} job $SLURM_JOB_ID"',
     ]
     lo, hi = s.nodes
     nproc = spec.gpus or s.gpus_per_node
-    argv = [P.q(w) for w in (s.python, "-m", "torch.distributed.run", "--nnodes",
-                             str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
-                             "--rdzv-backend", "c10d")]
+    argv = [NS.q(w) for w in (s.python, "-m", "torch.distributed.run", "--nnodes",
+                              str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
+                              "--rdzv-backend", "c10d")]
     argv += ["--rdzv-endpoint", f'"$MASTER_ADDR:{port}"', "--rdzv-id", '"$SLURM_JOB_ID"',
              "--rdzv-conf", '"is_host=$cddp_is_host"']
     argv += ['${LOCAL_ADDR:+--local-addr "$LOCAL_ADDR"}']
     # Restarts are Slurm's (the batch script requeues the job), not torchrun's: one mechanism, so a
-    # restart always starts every node afresh in a new allocation.
-    argv += [P.q(w) for w in ("--max-restarts", "0", *P.torchrun_entry(
-        s.python, posixpath.basename(spec.script), spec.script_args, spec.local_rank_arg))]
+    # restart always starts every node afresh in a new allocation. --log-dir: each rank's error file
+    # (TORCHELASTIC_ERROR_FILE), which the diagnosis reads as for SSH runs.
+    argv += [NS.q(w) for w in ("--max-restarts", "0")]
+    argv += ["--log-dir", '"$CTL/errors"']
+    argv += [NS.q(w) for w in P.torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
+                                               spec.local_rank_arg)]
     lines += [" ".join(argv), "cddp_exit $?", ""]
     return "\n".join(lines)
 
@@ -201,8 +203,8 @@ def probe_script(s: SlurmSettings, token: str) -> str:
     and the python and torch versions. Prints ``key value`` lines."""
     host = node_host(s)
     lines = ["#!/usr/bin/env bash", 'echo "node ${SLURMD_NODENAME:-$(hostname)}"']
-    lines += P._preamble(host, s.env, stdout_to=">&2",
-                         on_fail=lambda line: f"echo {P.q('setup failed: ' + line)}; exit 0")
-    lines += [f"if [ -r {P.q(token)} ]; then echo 'shared ok'; else echo 'shared missing'; fi",
-              f"{P.q(s.python)} -c {P.q(_PROBE_PY)} 2>&1 || echo 'python failed'", ""]
+    lines += NS.preamble(host, s.env, stdout_to=">&2",
+                         on_fail=lambda line: f"echo {NS.q('setup failed: ' + line)}; exit 0")
+    lines += [f"if [ -r {NS.q(token)} ]; then echo 'shared ok'; else echo 'shared missing'; fi",
+              f"{NS.q(s.python)} -c {NS.q(_PROBE_PY)} 2>&1 || echo 'python failed'", ""]
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Look at, follow, stop and harvest runs after `up` returned (or died): no daemon, just SSH.
+"""Look at, follow, stop and harvest SSH (and `local`) runs after `up` returned (or died): no daemon, just SSH.
 
 Everything here starts from the run record (``run.json``), which holds each node's connection
 settings and folders, so a run can be reached even if the inventory changed since.
@@ -9,27 +9,22 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
-from . import nodeops
-from . import plan as P
-from .artifacts import CollectResult, Progress, collect_nodes
-from .errors import HostError
-from .fleet import Fleet, as_host_error
-from .inventory import Host
-from .record import NodeState, RunRecord, RunStatus
-from .store import RunStore, replacing, utcnow
-from .transport import Transport
-from .transport import connect as default_connect
-
-
-def nodes_of(rec: RunRecord, hosts: list[str] | None = None) -> list[P.NodeLaunch]:
-    """The NodeLaunch of each node (or only of ``hosts``), rebuilt from a run record (no launch
-    script: it already ran)."""
-    return [P.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
-            for n in rec.nodes if not hosts or n.host in hosts]
+from ... import nodeops
+from ... import plan as P
+from ...artifacts import CollectResult, Progress, collect_nodes
+from ...errors import HostError
+from ...fleet import Fleet, as_host_error
+from ...inventory import Host
+from ...nodeops import nodes_of
+from ...record import NodeState, RunRecord, RunStatus
+from ...store import RunStore, replacing, utcnow
+from ...transport import Transport
+from ...transport import connect as default_connect
+from ..base import Stopped
 
 
 @contextmanager
@@ -55,9 +50,6 @@ def overall(rec: RunRecord) -> tuple[RunStatus, str | None]:
 def status(store: RunStore, run_id: str, connect: Callable = default_connect) -> RunRecord:
     """Ask every node (in parallel, bounded by its connect timeout) how its part is doing; record it."""
     rec = store.load(run_id)
-    if rec.slurm is not None:  # Slurm knows where the job stands
-        from . import slurm_control
-        return slurm_control.status(store, run_id)
     with _reach(rec, connect) as (nodes, fleet):
         res = nodeops.each(fleet, nodes, lambda n, t: nodeops.status(t, n, n.host.connect_timeout))
     seen: dict[str, tuple[NodeState, int | None, str | None]] = {
@@ -72,7 +64,7 @@ def status(store: RunStore, run_id: str, connect: Callable = default_connect) ->
         return replace(rec, status=st, failed_host=failed, ended_at=utcnow() if st.is_terminal() else rec.ended_at)
     rec = store.update(run_id, looked)
     if rec.status is RunStatus.FAILED and rec.failure is None:  # e.g. a detached run: say why, once
-        from .postmortem import explain
+        from ...postmortem import explain
         with _reach(rec, connect) as (nodes, fleet):
             failure = explain(fleet, nodes, rec, store)
         # status saw the nodes ended, not in which order: the root cause's host failed first
@@ -85,16 +77,6 @@ _TEARDOWN = {"terminated": "ended by SIGTERM", "killed": "ended by SIGKILL after
              "clean": "nothing left to stop"}
 
 
-@dataclass(frozen=True)
-class Stopped:
-    """What `stop` did: the record after it, how each reachable node's job ended, what was collected."""
-
-    record: RunRecord
-    how: dict[str, str]
-    not_stopped: tuple[str, ...]   # hosts that may still run something of the run
-    collected: list[CollectResult]
-
-
 def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: Callable = default_connect,
          progress: Progress | None = None) -> Stopped:
     """End the run's processes on every node (TERM, then KILL), mark it stopped, collect its logs.
@@ -103,10 +85,6 @@ def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: 
     signal left) is recorded in the words `status` uses.
     """
     rec = store.load(run_id)
-    if rec.slurm is not None:  # Slurm ends the job: scancel
-        from . import slurm_control
-        cancelled, logs = slurm_control.stop(store, run_id)
-        return Stopped(cancelled, {n.host: "cancelled by scancel" for n in cancelled.nodes}, (), [logs])
     with _reach(rec, connect) as (nodes, fleet):
         res = nodeops.each(fleet, nodes, lambda n, t: nodeops.teardown(t, n, grace))
         collected = collect_nodes(fleet, nodes, store, run_id, (), progress)
@@ -144,9 +122,6 @@ def collect(store: RunStore, run_id: str, connect: Callable = default_connect,
             progress: Progress | None = None) -> list[CollectResult]:
     """Bring back logs and the run's collect globs from every node, verified."""
     rec = store.load(run_id)
-    if rec.slurm is not None:  # the run folder is shared with this machine
-        from . import slurm_control
-        return slurm_control.collect(store, run_id)
     with _reach(rec, connect) as (nodes, fleet):
         return collect_nodes(fleet, nodes, store, run_id, rec.collect, progress)
 
@@ -161,9 +136,6 @@ def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
     nodes' logs then go to a private temp folder for as long as they are shown.
     """
     rec = store.load(run_id)
-    if rec.slurm is not None:
-        from . import slurm_control
-        return slurm_control.node_logs(store, run_id, hosts, show)
     with _reach(rec, connect, hosts) as (nodes, fleet), \
             tempfile.TemporaryDirectory(prefix="clusterddp-logs-") as scratch:
         def fetch(n: P.NodeLaunch, t: Transport) -> Path:
@@ -200,9 +172,6 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
     or else the first whose stream broke off.
     """
     rec = store.load(run_id)
-    if rec.slurm is not None:
-        from . import slurm_control
-        return slurm_control.follow(store, run_id, on_output, hosts, from_lines)
     with _reach(rec, connect, hosts) as (nodes, fleet):
         down = fleet.open().first_failure()
         if down is not None:

@@ -1,8 +1,8 @@
 """status, logs, stop and collect of a run handed to Slurm, from its run record.
 
 Slurm says where the job stands (``scontrol``) and ends it (``scancel``); each node's log and exit
-code are read from the run's folder in the shared dir (:mod:`clusterddp.slurm_plan`). Both happen on
-the login host the run record names (this machine, or one reached over SSH: :mod:`clusterddp.slurm_login`).
+code are read from the run's folder in the shared dir (:mod:`.plan`). Both happen on
+the login host the run record names (this machine, or one reached over SSH: :mod:`.login`).
 """
 
 from __future__ import annotations
@@ -14,16 +14,15 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import BinaryIO
 
-from . import plan as P
-from . import slurm
-from . import slurm_plan as SP
-from .artifacts import CollectResult
-from .errors import UsageError
-from .inventory import BUILTIN, Host
-from .record import NodeRecord, NodeState, RunRecord, RunStatus
-from .slurm_login import Login, open_login
-from .store import RunStore, utcnow
-from .supervisor import RunOutcome
+from ... import nodescript as NS
+from ...artifacts import CollectResult
+from ...errors import SlurmAnswerError, UsageError
+from ...record import NodeState, RunRecord, RunStatus
+from ...store import RunStore, utcnow
+from ..base import RunOutcome, Stopped
+from . import job as slurm
+from . import plan as SP
+from .login import Login, open_login
 
 
 @contextmanager
@@ -43,35 +42,7 @@ def _job(rec: RunRecord) -> tuple[str, str]:
     if rec.slurm.job_id is None:
         raise UsageError(f"run {rec.run_id} was never accepted by Slurm (no job id recorded)",
                          "start it again with `clusterddp up`")
-    return rec.slurm.job_id, posixpath.join(rec.slurm.run_dir, P.CONTROL)
-
-
-def _nodes(rec: RunRecord, info: slurm.JobInfo) -> tuple[NodeRecord, ...]:
-    """The run's nodes: once Slurm allocated the job (a detached run learns its hosts here)."""
-    if rec.nodes or not info.hosts:
-        return rec.nodes
-    assert rec.slurm is not None
-    run_dir = rec.slurm.run_dir
-    return tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=rec.slurm.nproc, run_dir=run_dir,
-                            control_dir=posixpath.join(run_dir, P.CONTROL), marker=f"{rec.run_id}/{h}",
-                            settings=_settings(run_dir, h), state=NodeState.RUNNING)
-                 for i, h in enumerate(info.hosts))
-
-
-def _settings(run_dir: str, host: str) -> Host:
-    return Host(name=host, address=host, user=None, port=None, identity_file=None, known_hosts=BUILTIN["known_hosts"],
-                host_key_policy="strict", gpus=1, python="python3", workdir=run_dir, env=(), setup=(),
-                connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
-
-
-def _allocated(rec: RunRecord, info: slurm.JobInfo | None) -> RunRecord:
-    """The record with what a look at the job says of its allocation: hosts and partition."""
-    if info is None:
-        return rec
-    assert rec.slurm is not None
-    return replace(rec, nodes=_nodes(rec, info),
-                   slurm=replace(rec.slurm, partition=info.partition or rec.slurm.partition,
-                                 hosts=info.hosts or rec.slurm.hosts))
+    return rec.slurm.job_id, posixpath.join(rec.slurm.run_dir, NS.CONTROL)
 
 
 NodeStates = dict[str, tuple[NodeState, int | None, str | None]]
@@ -82,7 +53,7 @@ def _read(rec: RunRecord, login: Login, info: slurm.JobInfo | None, stopped: boo
     codes written so far; once Slurm says it ended, the outcome. Read before the record is locked
     (:func:`_seen` applies it), so no other launcher waits on this host's answers."""
     _, ctl = _job(rec)
-    hosts = tuple(_allocated(rec, info).hosts)
+    hosts = tuple(slurm.allocated(rec, info).hosts)
     if not (info is None or info.ended) and not stopped:
         codes = slurm.exit_codes(login, ctl, hosts)
         return {h: (NodeState.of_exit_code(c) if c is not None else NodeState.RUNNING, c, None)
@@ -93,7 +64,7 @@ def _read(rec: RunRecord, login: Login, info: slurm.JobInfo | None, stopped: boo
 def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOutcome) -> RunRecord:
     """The record after a look at the job (:func:`_read`): its hosts once allocated, each node's
     state, and the run's status once Slurm says the job has ended."""
-    rec = _allocated(rec, info)
+    rec = slurm.allocated(rec, info)
     if not isinstance(found, RunOutcome):
         return rec.seen(found)
     hosts = set(rec.hosts)
@@ -106,14 +77,28 @@ def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOut
 def _status(store: RunStore, run_id: str, login: Login) -> RunRecord:
     rec = store.load(run_id)
     job_id, _ = _job(rec)
-    info = slurm.job_info(login, job_id)
+    info = _info(store, rec, login, job_id)
     found = _read(rec, login, info)
     return store.update(run_id, lambda r: _seen(r, info, found))
 
 
+def _info(store: RunStore, rec: RunRecord, login: Login, job_id: str) -> slurm.JobInfo | None:
+    """:func:`job.job_info`; an answer refused cancels the job and fails a running run (:func:`job.refused`)."""
+    try:
+        return slurm.job_info(login, job_id)
+    except SlurmAnswerError as e:
+        if rec.status is not RunStatus.RUNNING:  # an ended run keeps its outcome; its job is not ours to end
+            raise
+        raise slurm.refused(login, store, rec.run_id, job_id, e) from None
+
+
 def status(store: RunStore, run_id: str) -> RunRecord:
     with _login(store.load(run_id)) as login:
-        return _status(store, run_id, login)
+        rec = _status(store, run_id, login)
+        if rec.status is RunStatus.FAILED and rec.failure is None:  # e.g. a detached run: say why, once
+            failure = slurm.diagnose(login, store, rec)
+            rec = store.update(run_id, lambda r: r if r.failure else replace(r, failure=failure))
+        return rec
 
 
 def job_state(rec: RunRecord) -> str | None:
@@ -126,7 +111,7 @@ def job_state(rec: RunRecord) -> str | None:
     return info.state.lower() + (f" ({info.reason})" if info.reason not in ("None", "") else "")
 
 
-def stop(store: RunStore, run_id: str) -> tuple[RunRecord, CollectResult]:
+def stop(store: RunStore, run_id: str) -> Stopped:
     """scancel the job, wait until Slurm says it ended, mark the run stopped, collect its logs."""
     rec = store.load(run_id)
     job_id, ctl = _job(rec)
@@ -135,7 +120,8 @@ def stop(store: RunStore, run_id: str) -> tuple[RunRecord, CollectResult]:
         found = _read(rec, login, info, stopped=rec.status is RunStatus.RUNNING)
         rec = store.update(run_id, lambda r: _seen(r, info, found))
         assert rec.slurm is not None
-        return rec, slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), ())
+        logs = slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), ())
+    return Stopped(rec, {n.host: "cancelled by scancel" for n in rec.nodes}, (), [logs])
 
 
 def collect(store: RunStore, run_id: str) -> list[CollectResult]:
@@ -148,7 +134,7 @@ def collect(store: RunStore, run_id: str) -> list[CollectResult]:
 
 def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
               show: Callable[[str, str, BinaryIO | None], None]) -> None:
-    """:func:`clusterddp.control.node_logs` for a Slurm run: each node's log from the shared folder
+    """:func:`clusterddp.backends.ssh.control.node_logs` for a Slurm run: each node's log from the shared folder
     (copied to the local copy in chunks, never held whole), else the local copy."""
     with _login(store.load(run_id)) as login:
         rec = _status(store, run_id, login)  # the hosts may have been allocated since the last look
@@ -179,7 +165,7 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
     with _login(rec) as login:
         tail = slurm.LogTail(login, ctl, on_output, skip={h: n - 1 for h, n in from_lines.items()})
         while True:
-            info = slurm.job_info(login, job_id)
+            info = _info(store, rec, login, job_id)
             names = [h for h in (info.hosts if info and info.hosts else tuple(rec.hosts)) if not hosts or h in hosts]
             tail.poll(names)
             if info is None or info.ended:

@@ -1,0 +1,280 @@
+"""The seam every backend implements: what `up` asks of it (plan, render, launch), what the commands
+that start from a run record ask (follow, status, stop, logs, collect), and `check`; the types they
+share (the launch request, the events a launch reports, the run outcome) and the steps every backend
+takes alike (the run record's first and last write, keep_runs).
+
+A backend is a folder under ``clusterddp/backends/`` named once in the registry
+(:mod:`clusterddp.backends`); the CLI talks to it only through :class:`Backend`, so it never says
+which one it is. Nothing here prints: a launch tells :class:`Events`, which the CLI implements.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+
+from ..errors import NodeOutcome, UsageError
+from ..inventory import LOCAL, Inventory
+from ..plan import RunSpec
+from ..record import NodeRecord, NodeState, RunRecord, RunStatus
+from ..store import RunStore, utcnow
+from ..upload import DEFAULT_MAX_UPLOAD
+
+if TYPE_CHECKING:
+    from ..artifacts import CollectResult, Progress
+    from ..check import Report
+    from ..prune import RunResult, Selection
+
+NodeStates = Mapping[str, tuple[NodeState, int | None, str | None]]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended (a terminal :class:`RunStatus`), with every node's outcome."""
+
+    status: RunStatus
+    nodes: tuple[NodeOutcome, ...]
+    first_failed: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        code = self.status.exit_code
+        assert code is not None, "a run outcome is never `running`"
+        return code
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What `stop` did: the record after it, how each reachable node's job ended, what was collected."""
+
+    record: RunRecord
+    how: dict[str, str]
+    not_stopped: tuple[str, ...]   # hosts that may still run something of the run
+    collected: list[CollectResult]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything `up` (and `schedule add`, which checks the same) asks of a backend, parsed."""
+
+    inventory_arg: str                           # as given: a path, or `local`
+    inventory: Inventory                         # loaded
+    spec: RunSpec
+    runs_dir: str
+    hosts: list[str] | None = None               # --hosts (names; their GPU choice in ``slots``)
+    slots: dict[str, tuple[int, ...]] | None = None
+    exclude: list[str] | None = None
+    max_upload: int = DEFAULT_MAX_UPLOAD
+    detach: bool = False
+    skip_check: bool = False
+    join_timeout: float = 0.0
+    wait: bool = False
+    schedule: str | None = None                  # set by a cron entry: the schedule that started the run
+
+    @property
+    def runs_dir_flag(self) -> str:
+        """The ``--runs-dir`` that `status`/`logs`/`stop` need to find this run ('' for the default)."""
+        from ..nodescript import q
+        return f" --runs-dir {q(self.runs_dir)}" if self.runs_dir != "./runs" else ""
+
+
+@dataclass(frozen=True)
+class KeptRuns:
+    """What keep_runs did after a run: the runs pruned, or why it could not."""
+
+    lead: str                                    # "keep_runs N: ", the start of every line said of it
+    results: list[RunResult] | None = None
+    selection: Selection | None = None
+    error: BaseException | None = None
+    interrupted: bool = False
+
+
+class Events(Protocol):
+    """What a launch tells as it goes (the CLI prints it)."""
+
+    def say(self, line: str) -> None:
+        """A line for standard output."""
+
+    def warn(self, line: str) -> None:
+        """A line for standard error."""
+
+    def hosts(self, names: Sequence[str]) -> None:
+        """The run's hosts, once known (Slurm: once allocated)."""
+
+    def output(self, host: str, data: bytes) -> None:
+        """Bytes a node's job wrote."""
+
+    def collected(self, result: CollectResult, source: str | None = None) -> None:
+        """What was brought back from one host (``source``: where from, when not the host itself)."""
+
+    def kept(self, kept: KeptRuns) -> None:
+        """What keep_runs did."""
+
+
+class Prepared(Protocol):
+    """A planned run: the backend's own plan (``plan.run_id``, ``plan.inventory``) and its run store."""
+
+    @property
+    def plan(self) -> Any: ...
+
+    @property
+    def store(self) -> RunStore: ...
+
+
+class Backend(Protocol):
+    """One way of running jobs (SSH and `local`; Slurm). Every method raises the errors of
+    :mod:`clusterddp.errors` (UsageError for bad input, RunFailed for a failed run, HostError...)."""
+
+    name: str
+    checks: frozenset[str]  # the checks besides the default one it runs: "collective", "diff"
+
+    def prepare(self, req: LaunchRequest, *, contact: bool = False) -> Prepared:
+        """Validate the request and plan the run; no network unless ``contact`` (then only what the
+        plan needs: a Slurm login host's home)."""
+        ...
+
+    def render(self, prep: Prepared, req: LaunchRequest) -> str:
+        """What ``up --dry-run`` prints: the plan exactly as a real run executes it, and what it uploads."""
+        ...
+
+    def launch(self, prep: Prepared, req: LaunchRequest, events: Events) -> RunOutcome | None:
+        """The whole `up`: preflight, lease, record, execute, keep_runs; None when detached."""
+        ...
+
+    def follow(self, store: RunStore, run_id: str, on_output: Callable[[str, bytes], None],
+               hosts: list[str] | None, from_lines: dict[str, int]) -> dict[str, int | None]:
+        """Stream each node's log from ``from_lines[host]`` until the job ends; the exit codes."""
+        ...
+
+    def status(self, store: RunStore, run_id: str) -> RunRecord:
+        """Ask where the run stands; record it."""
+        ...
+
+    def describe(self, rec: RunRecord) -> str | None:
+        """A line `status` adds about the run as a whole (Slurm: its job), or None."""
+        ...
+
+    def stop(self, store: RunStore, run_id: str, grace: float) -> Stopped:
+        """End the run, mark it stopped, collect its logs."""
+        ...
+
+    def logs(self, store: RunStore, run_id: str, hosts: list[str] | None,
+             show: Callable[[str, str, BinaryIO | None], None]) -> None:
+        """Each node's full log: ``show(host, source, file)`` in the run's host order."""
+        ...
+
+    def collect(self, store: RunStore, run_id: str, progress: Progress | None = None) -> list[CollectResult]:
+        """Bring back the logs and the collect globs, verified."""
+        ...
+
+    def check(self, inventory: Inventory, master_port: int | None = None) -> Report:
+        """`clusterddp check`: will this inventory run a job?"""
+        ...
+
+
+# ---- what every backend does alike ----
+
+def new_record(inventory_arg: str, spec: RunSpec, run_id: str, *, schedule: str | None, local: bool,
+               master_addr: str, master_port: int, collect: Sequence[str], nodes: Sequence[NodeRecord] = (),
+               **extra: Any) -> RunRecord:
+    """The run's record as `up` first writes it, running: what was asked (``inventory_arg`` as given,
+    ``spec``, the schedule that started it), and what the backend planned (its nodes, or none yet;
+    ``extra``: the backend's own fields, such as ``fanout`` or ``slurm``)."""
+    inventory = inventory_arg if inventory_arg == LOCAL else str(Path(inventory_arg).resolve())
+    return RunRecord(
+        run_id=run_id, name=spec.name, inventory=inventory, script=spec.script, args=tuple(spec.script_args),
+        status=RunStatus.RUNNING, failed_host=None, schedule=schedule, local=local, started_at=utcnow(),
+        ended_at=None, launch_dir=os.getcwd(), master_addr=master_addr, master_port=master_port,
+        collect=tuple(collect), nodes=tuple(nodes), **extra)
+
+
+def finish(store: RunStore, run_id: str, states: NodeStates, outcome: RunOutcome) -> RunStatus:
+    """Record how the run ended (each node's state as the backend saw it); return the status recorded.
+    A run `clusterddp stop` ended from another terminal stays stopped: a stop, not a failure."""
+    def ended(rec: RunRecord) -> RunRecord:
+        rec = rec.seen(dict(states))
+        if rec.status is RunStatus.STOPPED:
+            return replace(rec, ended_at=rec.ended_at or utcnow())
+        return replace(rec, status=outcome.status, failed_host=outcome.first_failed, ended_at=utcnow())
+    return store.update(run_id, ended).status
+
+
+def load_inventory(arg: str, gpus: int | None) -> Inventory:
+    """The inventory of ``up``/``schedule add``: a file, or ``local`` (this machine, with ``--gpus``
+    processes or one per GPU, run by this python)."""
+    from .. import inventory as inv_mod
+    return inv_mod.load_named(arg, gpus)
+
+
+def check_script(path: str) -> Path:
+    """The training script as a Path; a UsageError (exit 2) naming it when it is a folder or missing."""
+    script = Path(path)
+    if script.is_dir():
+        raise UsageError(f"script {path}: is a directory, not a script", _script_in(script))
+    if not script.is_file():
+        raise UsageError(f"script {path}: no such file", "pass the path of your training script")
+    return script
+
+
+def _script_in(folder: Path) -> str:
+    """What to pass instead of a folder: its Python files (the folder itself is uploaded with the script)."""
+    try:
+        found = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_file())
+    except OSError:
+        found = []
+    shown = ", ".join(str(folder / name) for name in found[:5]) + (", ..." if len(found) > 5 else "")
+    return ("pass the training script inside it" + (f" (one of: {shown})" if found else "")
+            + "; the script's whole folder is uploaded with it")
+
+
+# How a script written for torch.distributed.launch asks for its local rank: argparse's
+# add_argument("--local_rank", ...) or "--local-rank", in either quotes.
+_LOCAL_RANK_ARG = re.compile(r"""(["'])--local[_-]rank\1""")
+
+
+def local_rank_warning(spec: RunSpec) -> str | None:
+    """A warning when the script parses ``--local_rank`` but ``--local-rank-arg`` is off: torchrun
+    does not pass it, so every rank would get the argument's default (on GPUs, all the same device)."""
+    if spec.local_rank_arg is not None:
+        return None
+    try:
+        text = Path(spec.script).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    m = _LOCAL_RANK_ARG.search(text)
+    if m is None:
+        return None
+    line = text.count("\n", 0, m.start()) + 1
+    flag = m.group()[1:-1]
+    return (f"warning: {spec.script}:{line} parses {flag}, which torchrun does not pass: every rank gets its "
+            f"default. Add --local-rank-arg={flag} (or read os.environ['LOCAL_RANK'] in the script).")
+
+
+def failed_run(store: RunStore, run_id: str) -> None:
+    """Record a run that ended before its job could start (nothing submitted or started): failed, not
+    `running` forever."""
+    store.update(run_id, lambda rec: replace(rec, status=RunStatus.FAILED, ended_at=rec.ended_at or utcnow())
+                 if rec.status is RunStatus.RUNNING else rec)
+
+
+def keep_runs(inventory: Inventory, runs_dir: str) -> KeptRuns | None:
+    """After `up`: prune the inventory's runs to its ``keep_runs`` newest. Best effort: what goes wrong
+    is in the answer, never the run's outcome. None when the inventory keeps every run."""
+    if not inventory.keep_runs:
+        return None
+    lead = f"keep_runs {inventory.keep_runs}: "
+    try:
+        from .. import prune as pr
+        store = RunStore(runs_dir)
+        sel = pr.select(store, pr.Policy(keep=inventory.keep_runs, inventory=str(Path(inventory.path).resolve())))
+        if not (sel.remove or sel.running or sel.damaged):
+            return KeptRuns(lead)
+        return KeptRuns(lead, pr.prune(store, sel), sel)
+    except KeyboardInterrupt:
+        return KeptRuns(lead, interrupted=True)
+    except Exception as e:  # noqa: BLE001 - never the run's outcome
+        return KeptRuns(lead, error=e)

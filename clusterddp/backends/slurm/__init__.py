@@ -1,0 +1,75 @@
+"""The Slurm backend: a `slurm:` inventory. Slurm allocates, starts and kills; clusterddp renders the
+batch and node scripts (:mod:`.plan`), stages and submits them and follows the job (:mod:`.job`), reaches
+it again from the run record (:mod:`.control`) and checks the cluster (:mod:`.check`), all through the
+login host (:mod:`.login`: this machine, or one reached over SSH)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, BinaryIO
+
+from .. import base
+
+if TYPE_CHECKING:
+    from ...artifacts import CollectResult, Progress
+    from ...check import Report
+    from ...inventory import Inventory
+    from ...record import RunRecord
+    from ...store import RunStore
+
+
+class SlurmBackend:
+    name = "slurm"
+    checks: frozenset[str] = frozenset()  # check --collective and --diff need an inventory that lists the hosts
+
+    def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
+        from . import job
+        return job.prepare_request(req, contact=contact)
+
+    def render(self, prep: base.Prepared, req: base.LaunchRequest) -> str:
+        from . import job
+        assert isinstance(prep, job.Prepared)
+        try:
+            return job.render(prep, req)
+        finally:
+            prep.login.close()
+
+    def launch(self, prep: base.Prepared, req: base.LaunchRequest, events: base.Events) -> base.RunOutcome | None:
+        from . import job
+        assert isinstance(prep, job.Prepared)
+        return job.up(prep, req, events)
+
+    def follow(self, store: RunStore, run_id: str, on_output: Callable[[str, bytes], None],
+               hosts: list[str] | None, from_lines: dict[str, int]) -> dict[str, int | None]:
+        from . import control
+        return control.follow(store, run_id, on_output, hosts, from_lines)
+
+    def status(self, store: RunStore, run_id: str) -> RunRecord:
+        from . import control
+        return control.status(store, run_id)
+
+    def describe(self, rec: RunRecord) -> str | None:
+        from . import control
+        assert rec.slurm is not None
+        state = control.job_state(rec) or "ended"
+        return f"slurm job {rec.slurm.job_id}: {state}, partition {rec.slurm.partition or '-'}"
+
+    def stop(self, store: RunStore, run_id: str, grace: float) -> base.Stopped:
+        from . import control
+        return control.stop(store, run_id)
+
+    def logs(self, store: RunStore, run_id: str, hosts: list[str] | None,
+             show: Callable[[str, str, BinaryIO | None], None]) -> None:
+        from . import control
+        control.node_logs(store, run_id, hosts, show)
+
+    def collect(self, store: RunStore, run_id: str, progress: Progress | None = None) -> list[CollectResult]:
+        from . import control
+        return control.collect(store, run_id)
+
+    def check(self, inventory: Inventory, master_port: int | None = None) -> Report:
+        from .check import run_slurm_checks
+        return run_slurm_checks(inventory)
+
+
+BACKEND: base.Backend = SlurmBackend()

@@ -1,0 +1,71 @@
+"""The SSH backend: hosts reached over SSH (Fabric), and ``local``, its one-host form on this
+machine. clusterddp starts each node's job itself (:mod:`.launch`), watches it (:mod:`.supervisor`)
+and reaches it again from the run record (:mod:`.control`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, BinaryIO
+
+from .. import base
+
+if TYPE_CHECKING:
+    from ...artifacts import CollectResult, Progress
+    from ...check import Report
+    from ...inventory import Inventory
+    from ...record import RunRecord
+    from ...store import RunStore
+
+
+class SSHBackend:
+    name = "ssh"
+    checks: frozenset[str] = frozenset({"collective", "diff"})  # check --collective and --diff run on its hosts
+
+    def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
+        from . import launch
+        return launch.prepare(req.inventory_arg, req.spec, req.runs_dir, req.hosts, exclude=req.exclude,
+                              loaded=req.inventory, slots=req.slots)
+
+    def render(self, prep: base.Prepared, req: base.LaunchRequest) -> str:
+        from ... import plan
+        from . import launch
+        assert isinstance(prep, launch.Prepared)
+        sent = launch.describe_upload(prep, req.max_upload)
+        return "\n".join([f"run {prep.plan.run_id}", plan.render(prep.plan), *([sent] if sent else [])])
+
+    def launch(self, prep: base.Prepared, req: base.LaunchRequest, events: base.Events) -> base.RunOutcome | None:
+        from . import launch
+        assert isinstance(prep, launch.Prepared)
+        return launch.up(prep, req, events)
+
+    def follow(self, store: RunStore, run_id: str, on_output: Callable[[str, bytes], None],
+               hosts: list[str] | None, from_lines: dict[str, int]) -> dict[str, int | None]:
+        from . import control
+        return control.follow(store, run_id, on_output, hosts, from_lines)
+
+    def status(self, store: RunStore, run_id: str) -> RunRecord:
+        from . import control
+        return control.status(store, run_id)
+
+    def describe(self, rec: RunRecord) -> str | None:
+        return None
+
+    def stop(self, store: RunStore, run_id: str, grace: float) -> base.Stopped:
+        from . import control
+        return control.stop(store, run_id, grace)
+
+    def logs(self, store: RunStore, run_id: str, hosts: list[str] | None,
+             show: Callable[[str, str, BinaryIO | None], None]) -> None:
+        from . import control
+        control.node_logs(store, run_id, hosts, show)
+
+    def collect(self, store: RunStore, run_id: str, progress: Progress | None = None) -> list[CollectResult]:
+        from . import control
+        return control.collect(store, run_id, progress=progress)
+
+    def check(self, inventory: Inventory, master_port: int | None = None) -> Report:
+        from ...check import run_checks
+        return run_checks(inventory, full=True, master_port=master_port)
+
+
+BACKEND: base.Backend = SSHBackend()

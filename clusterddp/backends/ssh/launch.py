@@ -1,0 +1,320 @@
+"""One SSH (or `local`) run, from plan to record: the steps behind `clusterddp up`, free of any printing.
+
+:func:`prepare` plans (no network); :func:`up` is the whole sequence (preflight, lease, record,
+:func:`execute`: start, watch, collect, record the outcome; keep_runs), telling a
+:class:`clusterddp.backends.base.Events` what happens.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ... import inventory as inv_mod
+from ... import plan as P
+from ... import upload
+from ...artifacts import CollectResult, collect_nodes
+from ...errors import HostError, RunFailed, UsageError
+from ...failure import Failure
+from ...fleet import Fleet
+from ...record import NodeRecord, NodeState, RunRecord, RunStatus
+from ...store import RunStore, new_run_id
+from ...upload import DEFAULT_MAX_UPLOAD
+from .. import base
+from ..base import RunOutcome
+from .supervisor import Supervisor
+
+if TYPE_CHECKING:  # leases are not needed by `up local`
+    from ...leases import Lease
+
+
+@dataclass(frozen=True)
+class Prepared:
+    plan: P.LaunchPlan
+    store: RunStore
+    source_dir: Path
+
+
+def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
+            run_id: str | None = None, exclude: list[str] | None = None,
+            loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None) -> Prepared:
+    """Validate input and plan the run (no network). Raises UsageError for bad input.
+    ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
+    GPUs by host (``--hosts gpu-01:0,1``), over the inventory's."""
+    script = base.check_script(spec.script)
+    inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
+    if not inventory.hosts:
+        raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
+                         "give it an inventory with `hosts:`")
+    inventory = inventory.narrow(hosts, exclude)
+    if slots:
+        inventory = replace(inventory, hosts=tuple(replace(h, slots=slots[h.name], gpus=len(slots[h.name]))
+                                                   if h.name in slots else h for h in inventory.hosts))
+    store = RunStore(runs_dir)
+    run_id = run_id or new_run_id()
+    local: dict = {}
+    if inventory_arg == inv_mod.LOCAL:
+        local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
+        if P.static_local(spec):  # its rendezvous needs a port, free now
+            spec = replace(spec, master_port=local_port(spec.master_port))
+    plan = P.build_plan(inventory, spec, run_id, **local)
+    return Prepared(plan, store, script.resolve().parent)
+
+
+def local_port(fixed: int | None) -> int:
+    """The master port of an ``up local`` run: ``fixed`` (--master-port) when nothing listens on
+    it, else a UsageError naming it; without one, a port the kernel finds free. Between this and
+    torchrun's bind (0.3-0.5 s) another program could take it, but the kernel hands each bind(0) a
+    random port of its ~28000 ephemeral ones and prefers the other parity for outgoing connections."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a finished run's TIME_WAIT is no listener
+        try:
+            s.bind(("", fixed or 0))
+        except OSError as e:
+            raise UsageError(f"--master-port {fixed}: cannot listen on it on this machine ({e.strerror})",
+                             "choose another port, or leave --master-port out and `up local` takes a free one"
+                             ) from None
+        return s.getsockname()[1]
+
+
+def describe_upload(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> str | None:
+    """For --dry-run: what the upload would send (None in local mode); over the limit is bad input."""
+    if not prep.plan.upload:
+        return None
+    folder = upload.scan(prep.source_dir, prep.store.root)
+    upload.check_upload_size(folder, max_upload)
+    return f"upload: {folder.summary()}"
+
+
+def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> upload.Upload | None:
+    """The script's folder to upload (:func:`clusterddp.upload.pack`), None in local mode; over
+    ``max_upload`` bytes, or an unreadable file, is bad input."""
+    if not prep.plan.upload:
+        return None
+    folder = upload.scan(prep.source_dir, prep.store.root)
+    upload.check_upload_size(folder, max_upload)
+    return upload.pack(folder)
+
+
+def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> RunRecord:
+    plan = prep.plan
+    return base.new_record(
+        inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=plan.local, master_addr=plan.master_addr,
+        master_port=plan.master_port, collect=plan.collect, fanout=plan.inventory.fanout,
+        nodes=[NodeRecord(host=n.host.name, address=n.host.address, node_rank=n.node_rank, nproc=n.nproc,
+                          run_dir=n.run_dir, control_dir=n.control_dir, marker=n.marker, settings=n.host,
+                          state=NodeState.PENDING) for n in plan.nodes])
+
+
+def node_states(sup: Supervisor) -> dict[str, tuple[NodeState, int | None, str | None]]:
+    """What the supervisor saw of each node, for :meth:`RunRecord.seen`."""
+    return {n.name: (n.state, n.exit_code, n.error) for n in sup.nodes}
+
+
+def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | None:
+    """Before starting a job, the cheap checks that catch a job that would hang or fail at once.
+
+    One short SSH command per host, in parallel: every host answers, python/torch/CUDA agree,
+    an interface routes to the master, the master port is free. Raises
+    :class:`~clusterddp.errors.PreflightFailed` (exit 1) naming each problem; otherwise returns
+    the open connections, for :func:`execute` to reuse. Local runs need none of it: None.
+    """
+    if plan.local:
+        return None
+    from ...check import preflight_failed, run_checks
+    fleet = Fleet(plan.inventory.hosts, fanout=plan.inventory.fanout, **({"connect": connect} if connect else {}))
+    try:
+        report = run_checks(plan.inventory, full=False, master_port=plan.master_port, fleet=fleet,
+                            env={n.host.name: n.env for n in plan.nodes}, check_port=port_fixed(plan))
+    except BaseException:
+        fleet.close()
+        raise
+    if not report.ok:
+        fleet.close()
+        raise preflight_failed(report, plan.inventory.path)
+    return fleet
+
+
+def port_fixed(plan: P.LaunchPlan) -> bool:
+    """The master port was given (--master-port, or master.port in the inventory); otherwise the
+    lease chooses a free one, from the inventory's (29500 by default)."""
+    return plan.spec.master_port is not None or plan.inventory.master.port_fixed
+
+
+def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
+               on_wait: Callable[[str], None] = lambda s: None) -> tuple[Prepared, Lease | None]:
+    """Lease the run's GPU slots (and master port) on every node, waiting in the queue with ``wait``;
+    return the run planned on them (one process per slot, ``CUDA_VISIBLE_DEVICES``, the port chosen)
+    and the lease, whose :meth:`~clusterddp.leases.Lease.release` gives back what no job took. Local
+    runs take none."""
+    plan = prep.plan
+    if plan.local:
+        return prep, None
+    from ...leases import acquire
+    lease = acquire(plan, fleet, port_fixed=port_fixed(plan), wait=wait, on_wait=on_wait)
+    try:
+        spec = replace(plan.spec, master_port=lease.port or plan.master_port)
+        new = P.build_plan(plan.inventory, spec, plan.run_id, grants=lease.grants)
+    except BaseException:
+        lease.release()
+        raise
+    return replace(prep, plan=new), lease
+
+
+def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
+            on_collect: Callable[[CollectResult], None] = lambda r: None,
+            connect: Callable | None = None, fleet: Fleet | None = None,
+            source_tar: Path | None = None, join_timeout: float = 0.0) -> RunOutcome | None:
+    """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
+
+    ``fleet`` (from :func:`preflight`) is the run's connections, already open; ``source_tar``
+    (:attr:`Upload.path` from :func:`pack`) is the tarball of the script's folder, streamed to each node.
+    Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C teardown.
+    """
+    plan, store = prep.plan, prep.store
+    run_id = plan.run_id
+
+    def output(host: str, data: bytes) -> None:
+        store.append_log(run_id, host, data)
+        on_output(host, data)
+    fleet = fleet or Fleet([n.host for n in plan.nodes], fanout=plan.inventory.fanout,
+                           **({"connect": connect} if connect else {}))
+    sup = Supervisor(plan, on_output=output, source_tar=source_tar, fleet=fleet, join_timeout_s=join_timeout)
+    try:
+        try:
+            sup.start()
+        except HostError as e:
+            finish(store, run_id, sup, RunOutcome(RunStatus.FAILED, sup.outcomes(), e.host))
+            raise
+        except KeyboardInterrupt:  # Ctrl-C while nodes start: end what started, record the stop
+            sup.teardown()
+            finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
+            raise
+        store.update(run_id, lambda rec: rec.seen(node_states(sup)))
+        if detach:
+            return None
+        try:
+            outcome = sup.follow()
+        except KeyboardInterrupt:
+            store.close_logs()
+            collect(fleet, plan, store, on_collect, sup)
+            finish(store, run_id, sup, sup.outcome)
+            raise
+        store.close_logs()
+        collect(fleet, plan, store, on_collect, sup)
+        status = finish(store, run_id, sup, outcome)
+        if status is not RunStatus.SUCCEEDED:
+            said = {n.host: n.describe() for n in store.load(run_id).nodes}  # the words `status` will print
+            cause = explain(fleet, plan, store) if status is RunStatus.FAILED else ()
+            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said, cause=cause)
+        return outcome
+    finally:
+        store.close_logs()
+        sup.close()
+
+
+def explain(fleet: Fleet, plan: P.LaunchPlan, store: RunStore) -> tuple[str, ...]:
+    """Why the run failed (:mod:`clusterddp.postmortem`), recorded in run.json's ``failure``, as the
+    summary's lines; when it cannot be worked out, a line saying why (the exit codes still say what
+    they say)."""
+    from ...postmortem import explain as postmortem
+    try:
+        failure: Failure = postmortem(fleet, plan.nodes, store.load(plan.run_id), store)
+        store.update(plan.run_id, lambda rec: replace(rec, failure=failure))
+    except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not hide the run's own failure
+        return (f"(the root cause could not be worked out: {type(e).__name__}: {e})",)
+    return tuple(failure.lines())
+
+
+def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Callable[[CollectResult], None],
+            sup: Supervisor | None = None) -> list[CollectResult]:
+    """Bring back every node's log and files, except from nodes ``sup`` saw lost: they are not
+    tried (their link is gone), and the result says how to fetch them once they answer again."""
+    lost = {n.name for n in sup.nodes if n.state is NodeState.LOST} if sup is not None else set()
+    got = {r.host: r for r in collect_nodes(fleet, [n for n in plan.nodes if n.host.name not in lost], store,
+                                             plan.run_id, plan.collect)}
+    results = [got.get(n.host.name) or CollectResult(
+        n.host.name, error=f"{n.host.name}: not collected: it was lost during the run; "
+                           f"`clusterddp collect {plan.run_id}` fetches its log and files once it answers again")
+        for n in plan.nodes]
+    for r in results:
+        on_collect(r)
+    return results
+
+
+def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> RunStatus:
+    """Record how the run ended; return the status recorded."""
+    return base.finish(store, run_id, node_states(sup), outcome)
+
+
+def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutcome | None:
+    """The whole `up` of an SSH (or `local`) run: pack, preflight, lease, record, execute, keep_runs.
+
+    The run id is said once it is recorded: a run refused before (bad input, the preflight, slots
+    taken) has no record, so it shows no id that `clusterddp logs` could not find."""
+    packed = pack(prep, req.max_upload)
+    try:
+        return _up(prep, packed, req, events)
+    finally:
+        if packed is not None:
+            packed.discard()
+
+
+def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, events: base.Events
+        ) -> RunOutcome | None:
+    fleet = None if req.skip_check else preflight(prep.plan)
+    lease, leased = None, None
+    try:
+        if not prep.plan.local:
+            fleet = fleet or Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
+            run_id = prep.plan.run_id  # a waiting run is not recorded yet: its queue lines name it
+            prep, lease = take_lease(prep, fleet, wait=req.wait,
+                                     on_wait=lambda s: events.say(f"[clusterddp] run {run_id} {s}"))
+            if lease is not None:  # said once the run id is (below)
+                leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
+                          + f"; master port {prep.plan.master_port}")
+        prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule))
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        if fleet is not None:
+            fleet.close()
+        raise
+    # From here the supervisor's fleet is the lease's: a node whose job was never told to start frees
+    # its slots when the fleet's connections close (its holder sees its channel go).
+    plan = prep.plan
+    events.say(f"run {plan.run_id}")
+    if leased:
+        events.say(leased)
+    if packed is not None:
+        events.say(f"upload: {packed.folder.summary()}")
+    events.hosts([n.host.name for n in plan.nodes])
+    started = time.monotonic()
+    try:
+        outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
+                          source_tar=packed.path if packed else None, join_timeout=req.join_timeout)
+    except RunFailed:
+        _keep_runs(plan.inventory, req, events)  # a failed run is a run: it counts among the kept
+        raise
+    if req.detach:
+        rd = req.runs_dir_flag
+        events.say(f"detached; the job runs on without this command.\n"
+                   f"  follow: clusterddp logs {plan.run_id} --follow{rd}\n"
+                   f"  status: clusterddp status {plan.run_id}{rd}\n"
+                   f"  stop:   clusterddp stop {plan.run_id}{rd}")
+    else:
+        events.say(f"run {plan.run_id} succeeded in {time.monotonic() - started:.1f}s; "
+                   f"run folder: {prep.store.run_dir(plan.run_id)}")
+    _keep_runs(plan.inventory, req, events)
+    return outcome
+
+
+def _keep_runs(inventory: inv_mod.Inventory, req: base.LaunchRequest, events: base.Events) -> None:
+    kept = base.keep_runs(inventory, req.runs_dir)
+    if kept is not None:
+        events.kept(kept)

@@ -1,0 +1,32 @@
+"""The host inventory: frozen data (:mod:`.model`) and the reader of inventory files (:mod:`.loader`).
+
+:mod:`.model` imports nothing of the parsers; :mod:`.loader` reads YAML through the strict reader
+(``_inventory_yaml``) and the pydantic schema (``_inventory_schema``), or a DeepSpeed/MPI hostfile
+(``_hostfile``); ``inventory_json_schema`` renders the schema for YAML editors. Importers use the
+names re-exported here: ``from clusterddp.inventory import Host, Inventory, load, LOCAL``.
+"""
+
+from .loader import load, load_named, local, parse, parse_hostfile
+from .model import (
+    BUILTIN,
+    DEFAULT_FANOUT,
+    DEFAULT_MASTER_PORT,
+    ENV_NAME_RE,
+    HOST_NAME_RE,
+    LOCAL,
+    MAX_GPUS,
+    RESERVED_ENV,
+    Host,
+    Inventory,
+    Master,
+    SlurmSettings,
+    ascii_digits,
+    glob_problem,
+    reserved_env,
+    show,
+    some,
+)
+
+__all__ = ["BUILTIN", "DEFAULT_FANOUT", "DEFAULT_MASTER_PORT", "ENV_NAME_RE", "HOST_NAME_RE", "LOCAL", "MAX_GPUS",
+           "RESERVED_ENV", "Host", "Inventory", "Master", "SlurmSettings", "ascii_digits", "glob_problem", "load",
+           "load_named", "local", "parse", "parse_hostfile", "reserved_env", "show", "some"]

@@ -1,0 +1,197 @@
+"""The inventory as frozen data: hosts, master, a `slurm:` cluster, and the names and defaults they obey.
+
+Nothing here reads a file or knows the YAML shape (that is :mod:`.loader` and its parsers), so a
+run record, `up local` or ``--help`` import this without yaml or pydantic. The environment names
+a job may not set (:func:`reserved_env`) are kept here too, for the inventory and ``-e`` alike.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InventoryError
+
+LOCAL = "local"
+# Validate with .fullmatch() only: `$` would also accept a trailing newline ("local\n").
+HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # it names <host>.log: short enough for any file system
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Environment names a job may not set (inventory env, `-e`): clusterddp, launch.sh or torchrun set
+# them on the node, so a value there would hide the job from stop/teardown, move where the exit code
+# goes, or be silently overwritten. Each with what to do instead.
+_RESERVED_HINT = {
+    "clusterddp": "clusterddp sets CLUSTERDDP_* on every node (CLUSTERDDP_JOB is how stop and teardown find the "
+                  "job's processes); use another name",
+    "launch.sh": "launch.sh uses it for itself (CTL is the control folder the exit code goes to; NPROC, IFACE and "
+                 "LOCAL_ADDR are probed on the node); use another name",
+    "torchrun": "torchrun sets it for every worker, so this value would be ignored; the master is `master:` or "
+                "--master-port, processes per node `gpus` or --gpus",
+    "torchrun option": "torchrun reads it as the option clusterddp passes or decides (node rank, master, "
+                       "rendezvous); set `master:`, `gpus`, --master-port or --max-restarts instead",
+}
+RESERVED_ENV = {
+    **dict.fromkeys(("CTL", "NPROC", "IFACE", "LOCAL_ADDR"), "launch.sh"),
+    **dict.fromkeys(("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
+                     "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+                     "TORCHELASTIC_USE_AGENT_STORE"), "torchrun"),
+    **dict.fromkeys((f"PET_{o}" for o in ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT",
+                                          "MAX_RESTARTS", "RDZV_BACKEND", "RDZV_ENDPOINT", "RDZV_ID", "RDZV_CONF",
+                                          "STANDALONE", "LOCAL_ADDR")), "torchrun option"),
+}
+
+
+def reserved_env(name: str) -> str | None:
+    """Why a job may not set ``name`` and what to do instead, or None when it may."""
+    if name.startswith("CLUSTERDDP_"):
+        return _RESERVED_HINT["clusterddp"]
+    owner = RESERVED_ENV.get(name)
+    return _RESERVED_HINT[owner] if owner else None
+
+
+def ascii_digits(text: str) -> bool:
+    """Whether ``text`` is one or more ASCII digits: ``str.isdigit`` also takes ``²``, which ``int()``
+    refuses, and Arabic-Indic digits, which ``int()`` silently reads; a count or a port is 0-9 only."""
+    return text.isascii() and text.isdigit()
+
+
+# C0 controls, DEL and C1 controls: a newline or an escape sequence in an address, a path or a glob
+# is a mistake (or an attempt to forge terminal output).
+CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def control_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as one-line text (a control character, named and placed), or None."""
+    bad = CONTROL_RE.search(text)
+    return None if bad is None else (f"holds the control character U+{ord(bad.group()):04X} at position "
+                                     f"{bad.start() + 1}; remove it")
+
+
+def glob_problem(glob: str) -> str | None:
+    """What is wrong with a ``collect`` glob (the inventory's or --collect's), or None: the node's own
+    rule (relative to the run folder, no ``..``), and one line of text."""
+    from ..node.collect import glob_parts  # the node program's rule, so both ends refuse the same globs
+    problem = control_problem(glob)
+    if problem is None and glob_parts(glob) is None:
+        problem = "must be relative to the run folder, without .. (e.g. checkpoints/**)"
+    return problem
+
+
+def show(text: str, limit: int = 40) -> str:
+    """User text for a message: quoted, control characters escaped, cut at ``limit`` characters."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def some(names: list[str], limit: int = 8) -> str:
+    """The first ``limit`` of ``names`` for a message, comma-separated, each shown safely; the rest counted."""
+    shown = ", ".join(show(n)[1:-1] if n.isprintable() and len(n) <= 40 else show(n) for n in names[:limit])
+    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+BUILTIN: dict[str, Any] = dict(host_key_policy="strict", gpus="auto", python="python3", workdir="~/clusterddp",
+                               known_hosts="~/.ssh/known_hosts", connect_timeout=10.0, keepalive=5.0)
+DEFAULT_MASTER_PORT = 29500  # the first port tried when the master port is chosen
+DEFAULT_FANOUT = 32  # hosts contacted at once by fleet commands, like pdsh's default
+MAX_GPUS = 1024  # processes per node (`gpus`, --gpus): far above any machine, low enough for torchrun's numbers
+
+
+@dataclass(frozen=True)
+class Host:
+    """One node, with defaults merged in. ``None`` means: let ssh_config or the SSH library decide."""
+
+    name: str
+    address: str
+    user: str | None
+    port: int | None
+    identity_file: str | None
+    known_hosts: str
+    host_key_policy: str
+    gpus: int | str  # a count, or "auto"
+    python: str
+    workdir: str
+    env: tuple[tuple[str, str], ...]
+    setup: tuple[str, ...]
+    connect_timeout: float
+    transport: str = "ssh"  # "ssh" or "local"
+    keepalive: float = BUILTIN["keepalive"]  # seconds between SSH keepalives; 0: none
+    slots: tuple[int, ...] | None = None  # a fixed choice of GPU slots (`gpus: [0, 1]`); gpus is then their count
+    lease_dir: str | None = None  # the node's lease folder; None: <workdir>/leases/%h (%h: the node's hostname)
+
+
+@dataclass(frozen=True)
+class Master:
+    host: str
+    addr: str
+    port: int
+    port_fixed: bool = False  # master.port was written in the inventory; otherwise a free one is chosen from it
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """A `slurm:` inventory's cluster: Slurm allocates the hosts; clusterddp submits and follows."""
+
+    login: str | Host               # where sbatch/squeue/scancel run: "local", or a host reached over SSH
+    partition: str | None
+    nodes: tuple[int, int]          # (min, max) nodes; equal unless an elastic range "MIN:MAX"
+    gpus_per_node: int              # processes per node
+    request_gpus: bool              # also ask Slurm for that many GPUs per node (--gpus-per-node)
+    time: str | None
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    sbatch: tuple[str, ...]         # extra #SBATCH options, verbatim
+    shared_dir: str                 # seen by this machine and every compute node
+    python: str
+    setup: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A validated inventory: hosts in inventory order (none for a `slurm:` inventory)."""
+
+    path: str
+    name: str
+    hosts: tuple[Host, ...]
+    master: Master
+    collect: tuple[str, ...] = field(default=())
+    fanout: int = DEFAULT_FANOUT  # at most this many hosts are contacted at once
+    keep_runs: int | None = None  # `up` prunes this inventory's runs to the newest N after each run
+    slurm: SlurmSettings | None = None
+
+    def ranked(self) -> list[Host]:
+        """The hosts in node-rank order: the master first (node rank 0 serves torchrun's static
+        rendezvous store at the master's address), then the others in inventory order."""
+        return sorted(self.hosts, key=lambda h: h.name != self.master.host)
+
+    def select(self, names: list[str]) -> Inventory:
+        """The same inventory restricted to ``names`` (kept in inventory order)."""
+        known = {h.name for h in self.hosts}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise InventoryError(self.path, f"--hosts names {some(unknown)}, not in the inventory",
+                                 hint=f"choose from: {some(sorted(known))}")
+        hosts = tuple(h for h in self.hosts if h.name in names)
+        master = self.master
+        if master.host not in names:  # the master left the subset: the first chosen host leads
+            master = Master(hosts[0].name, hosts[0].address, master.port, master.port_fixed)
+        return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs)
+
+    def narrow(self, hosts: list[str] | None = None, exclude: list[str] | None = None) -> Inventory:
+        """``--hosts`` then ``--exclude``: the chosen hosts (all when None) less the excluded ones,
+        in inventory order. Every name given must be one of the inventory's hosts."""
+        inv = self if hosts is None else self.select(hosts)
+        if not exclude:
+            return inv
+        known = {h.name for h in self.hosts}
+        unknown = [n for n in exclude if n not in known]
+        if unknown:
+            raise InventoryError(self.path, f"--exclude names {some(unknown)}, not in the inventory",
+                                 hint=f"choose from: {some(sorted(known))}")
+        left = [h.name for h in inv.hosts if h.name not in exclude]
+        if not left:
+            raise InventoryError(self.path, "--exclude leaves no host to run on",
+                                 hint="exclude fewer hosts" + (" or choose others with --hosts" if hosts else ""))
+        return inv.select(left)

@@ -1,0 +1,115 @@
+"""The options of a launch (`clusterddp up`), each declared once: its flag, type, bounds and help.
+
+The CLI makes its Typer options from :data:`OPTIONS` (``cli.common.option``), so `up` and
+`schedule add` declare the same thing; a schedule's spec records each one and gives it back to
+`up` when it fires (:mod:`clusterddp.schedule.spec`). Where the spec keeps an option is
+``recorded``: a field of the spec (the options older specs already held, under their own keys),
+``UP`` (the spec's ``up`` object, by name: every option added since; nothing to write for a new
+one), or ``None`` for the few a schedule does not record (and why, in ``help``).
+
+Adding an option to `up`: one entry here, and its use in `up` (a parameter ``= option("name")``).
+``tests/test_launch_options.py`` checks that every `up` option is here and round-trips through a spec.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .inventory.model import MAX_GPUS
+
+UP = "up"  # recorded in the spec's generic `up` object
+
+
+@dataclass(frozen=True)
+class Option:
+    """One launch option. ``kind``: ``text`` (a value or None), ``int``/``float`` (within ``low``..``high``),
+    ``bool`` (a flag), ``texts`` (repeatable)."""
+
+    name: str                       # the `up` parameter's name, and the key in the spec's `up` object
+    flags: tuple[str, ...]
+    kind: str
+    default: Any
+    help: str
+    recorded: str | None = UP       # where a schedule's spec keeps it (see the module docstring)
+    low: float | None = None
+    high: float | None = None
+    metavar: str | None = None
+    envvar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return self.flags[-1] if self.flags[-1].startswith("--") else self.flags[0]
+
+    def check(self, v: Any) -> str | None:
+        """What is wrong with ``v`` as this option's value (from a spec file), or None."""
+        if self.kind == "bool":
+            return None if type(v) is bool else "expected true or false"
+        if self.kind == "texts":
+            ok = isinstance(v, list) and all(isinstance(x, str) and "\0" not in x for x in v)
+            return None if ok else "expected a list of strings"
+        if v is None:
+            return None if self.default is None else "expected a value"
+        if self.kind == "text":
+            return None if isinstance(v, str) and "\0" not in v else "expected a string without NUL"
+        if self.kind == "int" and type(v) is not int:  # isinstance would let true and false through
+            return "expected a whole number"
+        if self.kind == "float" and (type(v) not in (int, float) or not math.isfinite(v)):
+            return "expected a number"
+        if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
+            return f"{v} is out of range ({self.low:g}..{'' if self.high is None else f'{self.high:g}'})"
+        return None
+
+    def argv(self, v: Any) -> list[str]:
+        """The words that give `up` the value ``v`` (none for the default)."""
+        if v == self.default or (self.kind == "texts" and not v):
+            return []
+        if self.kind == "bool":
+            return [self.flag] if v else []
+        if self.kind == "texts":
+            return [w for x in v for w in (f"{self.flag}={x}",)]
+        text = repr(v) if self.kind == "float" else str(v)
+        return [f"{self.flag}={text}"]
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("name", ("--name",), "text", None, "A name for the run.", recorded="run_name"),
+    Option("hosts", ("--hosts",), "text", None, "Run on these hosts only: a,b,c; host:0,1 also picks its GPUs.",
+           recorded="hosts"),
+    Option("exclude", ("--exclude",), "text", None, "Leave these hosts out: a,b (after --hosts).",
+           recorded="hosts"),  # `schedule add` records the hosts left, as --hosts
+    Option("gpus", ("--gpus",), "int", None, "Processes per node (overrides the inventory).", recorded="gpus",
+           low=1, high=MAX_GPUS),
+    Option("master_port", ("--master-port",), "int", None, "", recorded="master_port", low=1, high=65535),
+    Option("env", ("-e", "--env"), "texts", [], "NAME=VALUE for the job (repeatable); NAME alone passes this "
+           "shell's value, @FILE reads NAME=VALUE lines: values on the command line show in `ps`.", recorded="env"),
+    Option("collect", ("--collect",), "texts", [], "Glob to bring back, relative to the run folder.",
+           recorded="collect"),
+    Option("max_restarts", ("--max-restarts",), "int", 0, "Passed to torchrun.", recorded="max_restarts", low=0),
+    Option("local_rank_arg", ("--local-rank-arg",), "text", None,
+           "Give every worker --local_rank=<its LOCAL_RANK> (or --local-rank=...) before the script's arguments, "
+           "as torch.distributed.launch did; for scripts that parse it. E.g. --local-rank-arg=--local_rank",
+           recorded="local_rank_arg", metavar="--local_rank|--local-rank"),
+    Option("wait", ("--wait",), "bool", False, "When the GPU slots are taken, wait in the queue for them "
+           "instead of refusing (exit 75).", recorded="wait"),
+    Option("max_upload", ("--max-upload",), "text", "1G", "Refuse to upload the script's folder above this size "
+           "(e.g. 500M, 4G); see .clusterddpignore for leaving files out.", metavar="SIZE",
+           envvar="CLUSTERDDP_MAX_UPLOAD"),
+    Option("skip_check", ("--skip-check",), "bool", False, "Start without the preflight check (hosts answer, "
+           "versions agree, master port free)."),
+    Option("raw", ("--raw",), "bool", False, "Print the job's output bytes as they are (colours, control "
+           "characters); by default control characters are shown as escapes like \\x1b."),
+    Option("quiet", ("--quiet", "-q"), "bool", False, "Hide known torch noise on the terminal (the c10d 'hostname "
+           "of the client socket' warning, torchrun's OMP_NUM_THREADS banner, the no-numpy warning); log files "
+           "keep it.", envvar="CLUSTERDDP_QUIET"),
+    Option("join_timeout", ("--join-timeout",), "float", 120.0, "Name and end a run whose nodes have not all "
+           "joined the rendezvous S seconds after it started (0: wait as long as torch does).", low=0,
+           metavar="S"),
+    Option("dry_run", ("--dry-run",), "bool", False, "Print every node's command; contact no host.",
+           recorded=None),  # a schedule that contacts no host runs nothing
+    Option("detach", ("--detach", "-d"), "bool", False, "Start the job and return; it runs on without us.",
+           recorded=None),  # `schedule fire` waits for its run: it holds the schedule's lock for it
+)
+BY_NAME = {o.name: o for o in OPTIONS}
+RECORDED = tuple(o for o in OPTIONS if o.recorded == UP)  # the ones the spec's `up` object holds

@@ -1,0 +1,191 @@
+"""The pieces every node script and node command is made of, for every backend: quoting, the setup
+lines and exports a command starts with, the interface choice, the exit-code function, the marker
+scan and the shipped ``clusterddp.train`` lookup. One copy each, used by :mod:`clusterddp.plan`
+(SSH and local runs) and by the Slurm backend's node script, so the two never drift apart.
+
+Pure text: nothing here touches the network, the clock or the filesystem (beyond reading the node
+programs' source from :mod:`clusterddp.node`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, Protocol
+
+from .node import source as node_source
+
+CONTROL = ".clusterddp"      # a run folder's private control folder
+MARKER = "CLUSTERDDP_JOB"    # the environment marker every process of a node's job carries
+ERRORS = "errors"            # in a node's control folder: torchrun's --log-dir (per-rank error files)
+# clusterddp.train travels with every run (clusterddp.upload puts it in the tarball) for nodes
+# whose python lacks clusterddp; it is unpacked here, below the run folder.
+SHIPPED_LIB = CONTROL + "/lib"
+
+
+class HostLike(Protocol):
+    """What the preamble needs of a host (an inventory Host, or a Slurm inventory's node settings)."""
+
+    @property
+    def setup(self) -> tuple[str, ...]: ...
+
+    @property
+    def python(self) -> str: ...
+
+
+def q(s: str) -> str:
+    """Quote one word for a POSIX shell."""
+    return shlex.quote(s)
+
+
+def qpath(path: str) -> str:
+    """Quote a path, letting a leading ``~/`` expand to the remote user's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + q(path[2:])
+    return q(path)
+
+
+class NodeCommand(NamedTuple):
+    """A command and the bytes to feed its standard input (a transport's ``run(text, stdin=...)``)."""
+
+    text: str
+    stdin: bytes
+
+
+# The shell variable that holds the exports read from stdin, until they are evaluated.
+_ENV_VAR = "cddp_env"
+
+
+def exports(env: Iterable[tuple[str, str]]) -> list[str]:
+    return [f"export {k}={q(v)}" for k, v in env]
+
+
+def preamble(host: HostLike, env: Iterable[tuple[str, str]], *, stdout_to: str,
+             on_fail: Callable[[str], str], env_on_stdin: bool = False) -> list[str]:
+    """The lines a node command starts with: the host's setup lines, output redirected by
+    ``stdout_to`` (may be empty), each followed by ``on_fail(line)`` if it fails; then an
+    ``export`` of each of ``env``. launch.sh, node.sh, the probe, exec and the node helpers all start here.
+
+    ``env_on_stdin``: the exports are not in the text but read from standard input first (before a
+    setup line could read it) and evaluated in their place; send :func:`env_stdin` there. They are
+    the very lines that would be inline, each value quoted once by :func:`q`, so ``eval`` of them
+    runs exactly what the inline lines would, and the values stay off every command line."""
+    env = tuple(env)
+    redirect = f" {stdout_to}" if stdout_to else ""
+    lines = [f"{{ {line}\n}}{redirect} || {{ {on_fail(line)}; }}" for line in host.setup]
+    if not env_on_stdin:
+        return lines + exports(env)
+    if not env:
+        return lines
+    return [f"{_ENV_VAR}=$(cat)", *lines, f'eval "${_ENV_VAR}"; unset {_ENV_VAR}']
+
+
+def env_stdin(env: Iterable[tuple[str, str]]) -> bytes:
+    """What a command rendered with ``env_on_stdin`` reads from its standard input."""
+    return "".join(line + "\n" for line in exports(env)).encode()
+
+
+def python_command(python: str, program: str, args: Iterable[str], *, site: bool = False) -> str:
+    """Run node program ``program`` (a module of ``clusterddp/node``) with ``python``.
+
+    Nothing is installed on nodes: the module's whole source travels as ``-c``. ``-S`` unless
+    ``site``: no site-packages to scan (.pth files and all); the helpers need only the standard
+    library, and a collect starts measurably sooner.
+    """
+    return " ".join([q(python), *([] if site else ["-S"]), "-c", q(node_source(program)), *args])
+
+
+# ---- the job's own lines ----
+
+def exit_function() -> str:
+    """``cddp_exit N``: write N to ``$CTL/exit_code`` (0600 whatever umask the job runs with: the node's
+    own, or a setup line's; written whole, then renamed) and exit N."""
+    return ('cddp_exit() { (umask 077 && echo "$1" > "$CTL/exit_code.tmp") && '
+            'mv "$CTL/exit_code.tmp" "$CTL/exit_code"; '
+            'exit "$1"; }')
+
+
+STOP_TRAP = "trap 'echo \"[clusterddp] stop signal received\" >&2' TERM INT HUP"
+
+
+def setup_failed(exit_code: int = 98) -> Callable[[str], str]:
+    """A job's ``on_fail`` for :func:`preamble`: say which setup line failed, record ``exit_code``."""
+    return lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; cddp_exit {exit_code}"
+
+
+IFACE_FN = r"""cddp_iface() {  # the interface on this node that routes to $1 (the master)
+  local a; a=$(getent ahostsv4 "$1" 2>/dev/null | awk 'NR==1{print $1}'); a=${a:-$1}
+  ip -o -4 addr show to "$a" 2>/dev/null | awk 'NR==1{print $2; f=1} END{exit !f}' && return 0
+  ip -o route get "$a" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -n 1
+}"""
+
+_IFACE_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def iface_lines(env_keys: set[str], master_addr: str | None, local_addr: bool = False) -> list[str]:
+    """Export NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (those ``env`` does not set) as the
+    interface that routes to the master, probed on the node; ``local_addr``: also its address in
+    ``LOCAL_ADDR``. ``master_addr`` None: the master is ``$MASTER_ADDR``, found on the node (Slurm).
+    The one interface choice, shared by launch.sh, node.sh and ``check --collective``."""
+    if not (local_addr or not set(_IFACE_VARS) <= env_keys):
+        return []
+    word = '"$MASTER_ADDR"' if master_addr is None else q(master_addr)
+    lines = [IFACE_FN, f"IFACE=$(cddp_iface {word})", 'if [ -n "$IFACE" ]; then']
+    lines += [f"  export {k}=\"$IFACE\"" for k in _IFACE_VARS if k not in env_keys]
+    fix = "; set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME in the inventory env"
+    if master_addr is None:
+        warn = f'  echo "[clusterddp] warning: no interface routes to $MASTER_ADDR{fix}" >&2'
+    else:
+        warn = f"  echo {q(f'[clusterddp] warning: no interface routes to {master_addr}{fix}')} >&2"
+    if local_addr:
+        lines.append("  LOCAL_ADDR=$(ip -o -4 addr show dev \"$IFACE\" "
+                     "| awk 'NR==1{split($4, a, \"/\"); print a[1]}')")
+    return lines + ["else", warn, "fi"]
+
+
+# Which clusterddp.train a job's script would import, asked of the job's python in the run folder
+# (the node program ``probe`` asks the same for `check`).
+FIND_TRAIN = """import importlib.util as u
+try:
+    p = u.find_spec("clusterddp")
+    if p is None or p.origin in (None, "namespace"):  # a bare folder named clusterddp is no install
+        print("none")
+    else:
+        s = u.find_spec("clusterddp.train")
+        print(s.origin if s else "it has no clusterddp.train (%s)" % p.origin)
+except Exception as e:
+    print("%s: %s" % (type(e).__name__, e))"""
+
+
+def ship_train_lines(python: str, run_dir: str) -> list[str]:
+    """Put the shipped clusterddp.train (``<run_dir>/.clusterddp/lib``) on PYTHONPATH only when the
+    job's python has no clusterddp: an installed one (or one on the job's own PYTHONPATH) always
+    wins, and the job's log says so when it differs from the copy shipped."""
+    lib = qpath(posixpath.join(run_dir, SHIPPED_LIB))
+    differs = ("[clusterddp] note: this node's own clusterddp.train ($cddp_train) is used; it differs from the "
+               "launcher's copy shipped with the run, which never shadows an installed clusterddp")
+    other = "[clusterddp] note: clusterddp.train is not shipped to this node, whose python has a clusterddp: "
+    return [
+        f"CDDP_LIB={lib}",
+        f"cddp_train=$({q(python)} -c {q(FIND_TRAIN)} 2>&1 | tail -n 1)",
+        'case "$cddp_train" in',
+        '  none) export PYTHONPATH="$CDDP_LIB${PYTHONPATH:+:$PYTHONPATH}" ;;',
+        f'  /*) cmp -s "$cddp_train" "$CDDP_LIB/clusterddp/train.py" || echo "{differs}" >&2 ;;',
+        f'  *) echo {q(other)}"$cddp_train" >&2 ;;',
+        "esac",
+    ]
+
+
+# ---- finding a job's processes ----
+
+# ``cddp_marked WORD``: the pids of every process whose environment holds the line WORD
+# (``CLUSTERDDP_JOB=<run>/<host>``); status, teardown and prune all find a job's processes by it.
+MARKED_FN = 'cddp_marked() { grep -lzxF "$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }'
+
+
+def marker_word(marker: str) -> str:
+    """The ``CLUSTERDDP_JOB=marker`` line of a job's environment, as one quoted word."""
+    return q(f"{MARKER}={marker}")
