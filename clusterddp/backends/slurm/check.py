@@ -39,7 +39,7 @@ def _partition(login: Login, s: SlurmSettings) -> tuple[str | None, list[list[st
 
 
 def _gpus(gres: str) -> int:
-    m = re.search(r"gpu(?::[^:(,]+)?:(\d+)", gres)
+    m = re.search(r"gpu(?::[^:(,]+)?:(\d+)(?=[(,]|$)", gres)  # the whole count: not the 5 of "gpu:5." or "gpu:5e3"
     return answers.count(m.group(1), f"sinfo: GPUs in gres {answers.shown(gres, 40)}") if m else 0
 
 
