@@ -594,28 +594,42 @@ def prune_target_problem(run_id: str, workdir: str, run_dir: str, control_dir: s
     return None
 
 
-_PRUNE_FN = r"""cddp_prune() {  # $1 index, $2 run folder, $3 the job's marker, $4 "dry": look only
+_PRUNE_FN = r"""cddp_prune() {  # $1 index, $2 run folder, $3 the job's marker, $4 "dry": look only (else "go"),
+  # $5 this host's control folder name in $2/.clusterddp (or ""), then the run's other hosts' names
   if grep -qszxF "$3" /proc/[0-9]*/environ; then echo "$1 running"; return; fi
   if [ ! -e "$2" ] && [ ! -L "$2" ]; then echo "$1 missing"; return; fi
   if [ -L "$2" ] || [ ! -d "$2" ] || [ -L "$2/.clusterddp" ] || [ ! -d "$2/.clusterddp" ]; then
     echo "$1 refused"; return
   fi
-  local kb; kb=$(du -sk -- "$2" 2>/dev/null | cut -f1)
-  if [ "$4" = dry ]; then echo "$1 would ${kb:--}"; return; fi
-  rm -rf -- "$2" 2>/dev/null
-  if [ -e "$2" ]; then echo "$1 failed ${kb:--}"; else echo "$1 removed ${kb:--}"; fi
+  local i=$1 d=$2 dry=$4 own=$5 o kb; shift 5
+  kb=$(du -sk -- "$d" 2>/dev/null | cut -f1)
+  for o in "$@"; do  # another host of the run shares this folder (one NFS workdir) and has not let go of it
+    if [ -e "$d/.clusterddp/$o" ] || [ -L "$d/.clusterddp/$o" ]; then
+      if [ "$dry" != dry ] && [ -n "$own" ]; then rm -rf -- "$d/.clusterddp/$own" 2>/dev/null; fi
+      echo "$i shared ${kb:--} $o"; return
+    fi
+  done
+  if [ "$dry" = dry ]; then echo "$i would ${kb:--}"; return; fi
+  rm -rf -- "$d" 2>/dev/null
+  if [ -e "$d" ]; then echo "$i failed ${kb:--}"; else echo "$i removed ${kb:--}"; fi
 }"""
 
 
-def prune_command(targets: Sequence[tuple[str, str]], dry_run: bool = False) -> str:
-    """Remove run folders on one node: ``targets`` are (run folder, marker) pairs, each already
-    accepted by :func:`prune_target_problem`. One line per target, ``<index> <word> [KiB]``:
-    ``removed`` (or ``would`` with ``dry_run``: nothing is touched), ``missing`` (nothing there),
-    ``running`` (a process still carries the run's marker: left alone, whatever the record says),
+def prune_command(targets: Sequence[tuple[str, str] | tuple[str, str, str, Sequence[str]]],
+                  dry_run: bool = False) -> str:
+    """Remove run folders on one node: ``targets`` are (run folder, marker[, this host's control
+    folder name, the run's other hosts' control folder names]), each already accepted by
+    :func:`prune_target_problem`. One line per target, ``<index> <word> [KiB]``: ``removed`` (or
+    ``would`` with ``dry_run``: nothing is touched), ``missing`` (nothing there), ``running`` (a
+    process still carries the run's marker: left alone, whatever the record says), ``shared
+    <KiB> <host>`` (another host's control folder is in it: the folder is one shared workdir's and
+    that host may still use it; this host's own control folder is let go of, the rest is left),
     ``refused`` (a symlink, or not a folder holding ``.clusterddp``) or ``failed``."""
     lines = [_PRUNE_FN]
-    for i, (run_dir, marker) in enumerate(targets):
-        lines.append(f"cddp_prune {i} {qpath(run_dir)} {q(MARKER + '=' + marker)}" + (" dry" if dry_run else ""))
+    for i, (run_dir, marker, *shared) in enumerate(targets):
+        own, others = (shared[0], shared[1]) if shared else ("", ())
+        lines.append(" ".join([f"cddp_prune {i} {qpath(run_dir)} {q(MARKER + '=' + marker)}",
+                               "dry" if dry_run else "go", q(own), *map(q, others)]))
     return "\n".join(lines)
 
 
