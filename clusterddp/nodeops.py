@@ -8,13 +8,13 @@ state reads the same whoever asks. :func:`each` applies one of them to several n
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
 from . import plan as P
 from .fleet import Fleet, GroupResult
+from .node import reply as node_reply
 from .record import NodeState, from_report
 from .transport import Tail, Transport
 
@@ -43,29 +43,8 @@ class Status:
     why: str | None = None    # why the state, when no exit code says it
 
 
-STATUS_MAX_CHARS = 64  # the longest honest reply is "exit 255"; anything longer is not one
-
-
-def parse_status(text: str) -> tuple[str, int | None]:
-    """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``|``garbled``,
-    exit code).
-
-    The node is not trusted: the exit code must be 1 to 3 ASCII digits, 0..255 (what bash's ``$?``
-    can be; a signal shows as 128+N, never negative), else it is unreadable (``exited``, None); a
-    reply that is none of the words, or too long, is ``garbled``. Never raises.
-    :func:`clusterddp.record.from_report` says which :class:`NodeState` that is.
-    """
-    if len(text) > STATUS_MAX_CHARS:
-        return "garbled", None
-    line = text.strip(" \t\r\n")
-    if line in ("running", "lost", "missing"):
-        return line, None
-    word, sep, rest = line.partition(" ")
-    if word == "exit" and sep:
-        if re.fullmatch(r"[0-9]{1,3}", rest, re.ASCII) and int(rest) <= 255:
-            return "exited", int(rest)
-        return "exited", None
-    return "garbled", None
+STATUS_MAX_CHARS = node_reply.STATUS_MAX_CHARS
+parse_status = node_reply.parse_status  # the reader beside the node-reply helpers it uses
 
 
 def status(t: Transport, node: P.NodeLaunch, timeout: float) -> Status:
@@ -73,7 +52,7 @@ def status(t: Transport, node: P.NodeLaunch, timeout: float) -> Status:
     text = t.run(P.status_command(node), timeout=timeout).text
     kind, code = parse_status(text)
     if kind == "garbled":
-        shown = text[:STATUS_MAX_CHARS].encode("ascii", "backslashreplace").decode("ascii")
+        shown = text[-STATUS_MAX_CHARS:].encode("ascii", "backslashreplace").decode("ascii")
         return Status(NodeState.LOST, None, f"unreadable status reply from the node: {shown!r}")
     state, why = from_report(kind, code)
     return Status(state, code, why)

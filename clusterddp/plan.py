@@ -34,6 +34,7 @@ from typing import NamedTuple
 from .inventory import Host, Inventory
 from .node import envinfo as node_envinfo
 from .node import probe as node_probe
+from .node import reply as node_reply
 from .node import source as node_source
 
 CONTROL = ".clusterddp"
@@ -452,11 +453,13 @@ def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.1) -> s
 
 
 def status_command(node: NodeLaunch) -> str:
-    """Print one line: ``running``, ``exit N``, ``lost`` (no process, no exit code) or ``missing``."""
-    return (f"cd {qpath(node.control_dir)} 2>/dev/null || {{ echo missing; exit 0; }}; "
-            "if [ -s exit_code ]; then echo \"exit $(cat exit_code)\"; "
+    """Print one line, marked (:data:`node_reply.STATUS_MARK`: a login banner may come first):
+    ``running``, ``exit N``, ``lost`` (no process, no exit code) or ``missing``."""
+    m = node_reply.STATUS_MARK
+    return (f"cd {qpath(node.control_dir)} 2>/dev/null || {{ echo '{m}missing'; exit 0; }}; "
+            f"if [ -s exit_code ]; then echo \"{m}exit $(cat exit_code)\"; "
             f"elif [ -n \"$(grep -lzxF {q(MARKER + '=' + node.marker)} /proc/[0-9]*/environ 2>/dev/null)\" ]; "
-            "then echo running; else echo lost; fi")
+            f"then echo '{m}running'; else echo '{m}lost'; fi")
 
 
 def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE) -> str:
@@ -626,8 +629,9 @@ def prune_command(targets: Sequence[tuple[str, str] | tuple[str, str, str, Seque
     that host may still use it; this host's own control folder is let go of, the rest is left),
     ``refused`` (a symlink, or not a folder holding ``.clusterddp``) or ``failed``."""
     lines = [_PRUNE_FN]
-    for i, (run_dir, marker, *shared) in enumerate(targets):
-        own, others = (shared[0], shared[1]) if shared else ("", ())
+    for i, t in enumerate(targets):
+        run_dir, marker = t[0], t[1]
+        own, others = (t[2], t[3]) if len(t) == 4 else ("", ())
         lines.append(" ".join([f"cddp_prune {i} {qpath(run_dir)} {q(MARKER + '=' + marker)}",
                                "dry" if dry_run else "go", q(own), *map(q, others)]))
     return "\n".join(lines)

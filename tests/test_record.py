@@ -172,7 +172,8 @@ def test_one_exit_code_mapping():
     ("garbage", NodeState.LOST, None, "unexpected status report 'garbled'"),
 ])
 def test_a_status_report_maps_onto_the_one_vocabulary(report, state, code, why):
-    kind, exit_code = parse_status(report)
+    from clusterddp.node.reply import STATUS_MARK
+    kind, exit_code = parse_status(STATUS_MARK + report)
     assert exit_code == code and from_report(kind, exit_code) == (state, why)
 
 
