@@ -158,6 +158,7 @@ class _Channel:
     its reply lines come through :meth:`reply`."""
 
     MAX_LINES = 4  # a holder says two lines (its reply, then "started"); whatever else it sends is dropped
+    MAX_NOISE = 1000  # lines that are no reply (a login banner) before the node is not believed
 
     def __init__(self, host: str, t: Transport, command: str, stdin: bytes) -> None:
         self.host = host
@@ -166,6 +167,7 @@ class _Channel:
         self._partial: list[bytes] = []   # the line being received, in pieces (at most MAX_REPLY bytes)
         self._held = 0
         self._broken = False  # a line over MAX_REPLY was refused: nothing after it is read
+        self._noise = 0
         self.thread = threading.Thread(target=self._run, args=(t, command, stdin), daemon=True,
                                        name=f"lease-{host}")
         self.thread.start()
@@ -183,17 +185,22 @@ class _Channel:
         if self._queued >= self.MAX_LINES:
             return  # every line a reader asks for is here: the rest is dropped unread
         start = 0
-        while not self._broken and (end := chunk.find(b"\n", start)) >= 0:
+        while not self._broken and self._queued < self.MAX_LINES and (end := chunk.find(b"\n", start)) >= 0:
             self._add(chunk, start, end)
             if not self._broken:
                 line = b"".join(self._partial)
                 self._partial, self._held = [], 0
-                if self._queued >= self.MAX_LINES:
-                    return
-                self._queued += 1
-                self._lines.put(line.decode("utf-8", "replace"))
+                if not line.startswith(node_lease.MARK.encode()):
+                    self._noise += 1
+                    if self._noise > self.MAX_NOISE:
+                        self._broken = True
+                        self._lines.put(ValueError(f"over {self.MAX_NOISE} lines that are no reply"))
+                        return
+                else:
+                    self._queued += 1
+                    self._lines.put(line.decode("utf-8", "replace"))
             start = end + 1
-        if not self._broken:
+        if not self._broken and self._queued < self.MAX_LINES:
             self._add(chunk, start, len(chunk))
 
     def _add(self, chunk: bytes, start: int, end: int) -> None:

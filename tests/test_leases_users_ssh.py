@@ -33,7 +33,8 @@ def second_user(bed) -> Iterator[tuple[str, Path]]:
         pytest.skip("needs root and useradd")
     name = f"cddplease{session_slot()}"
     _run("userdel", "-r", "-f", name)  # a leftover of a killed session of this slot
-    r = _run("useradd", "-m", "-s", "/bin/bash", "-p", "*", name)  # "*": no password, not locked (sshd refuses locked accounts)
+    # "-p *": no password, but not locked either (sshd refuses a locked account's key)
+    r = _run("useradd", "-m", "-s", "/bin/bash", "-p", "*", name)
     assert r.returncode == 0, r.stderr
     keys = Path(tempfile.mkdtemp(prefix="cddp-key-"))
     key = keys / "id_ed25519"

@@ -167,11 +167,18 @@ def test_garbage_in_the_lease_folder_is_counted_not_trusted(base):
 ])
 def test_the_reply_parser_refuses_what_no_node_program_says(text, why):
     with pytest.raises(ValueError, match=why):
-        L.parse_reply(text)
+        L.parse_reply(L.MARK + text if len(text) <= L.MAX_REPLY else text)
+
+
+def test_the_reply_is_the_marked_line_whatever_a_login_shell_printed_first():
+    """A node whose ~/.bashrc prints a banner: its lines came first and every hold failed."""
+    assert L.parse_reply("Welcome to gpu-01\n\n" + L.MARK + '{"capacity": 2}\r\n')["capacity"] == 2
+    with pytest.raises(ValueError, match="no reply line: 'Welcome"):
+        L.parse_reply('Welcome\n{"capacity": 2}\n')
 
 
 def test_the_reply_parser_cleans_each_entry():
-    r = L.parse_reply(json.dumps({"capacity": 4, "holders": [
+    r = L.parse_reply(L.MARK + json.dumps({"capacity": 4, "holders": [
         {"run": "r1", "user": "eve\x1b]0;pwn\x07", "since": 5, "slots": [1, 0], "port": "x", "state": "odd"},
         {"run": "../etc", "slots": [0]}, "nope", {"run": "r2", "slots": [99999]}],
         "waiting": [{"ticket": "1", "run": "w"}, {"ticket": ticket(3), "run": "w3", "need": True}]}))
@@ -237,15 +244,15 @@ def test_lock_files_planted_as_fifos_make_a_slot_unavailable_never_a_hang(base):
 
 def test_a_deeply_nested_reply_is_refused_not_a_recursion_error():
     with pytest.raises(ValueError, match="nested too deep"):
-        L.parse_reply("[" * 50_000 + "]" * 50_000)
+        L.parse_reply(L.MARK + "[" * 50_000 + "]" * 50_000)
 
 
 def test_the_hold_channel_keeps_only_the_reply_lines_whatever_the_node_sends():
     """40 MB of short lines were all queued (759 MiB in the launcher), the buffer split once per line."""
     class Node:
         def stream(self, command, on_data, stdin=None, stderr_to=None):
-            on_data(b'{"ok": false, "capacity": 2, "why": "busy"}\n')
-            line = b"x\n" * 500_000
+            on_data(b"Welcome to n1\n" + L.MARK.encode() + b'{"ok": false, "capacity": 2, "why": "busy"}\n')
+            line = (L.MARK + "x\n").encode() * 200_000
             for _ in range(40):
                 on_data(line)
             on_data(b"y" * 1000)
@@ -270,3 +277,16 @@ def test_the_hold_channel_refuses_a_line_over_the_reply_limit_once():
     with pytest.raises(HostError, match="over"):
         ch.reply()
     assert ch._partial == [] and ch._lines.qsize() == 1  # then only the end
+
+
+def test_the_hold_channel_stops_believing_a_node_that_prints_endless_lines_that_are_no_reply():
+    class Node:
+        def stream(self, command, on_data, stdin=None, stderr_to=None):
+            for _ in range(40):
+                on_data(b"x\n" * 500_000)
+            return 0
+    ch = leases._Channel("n1", Node(), "hold", b"{}")
+    ch.thread.join(60)
+    from clusterddp.errors import HostError
+    with pytest.raises(HostError, match="no reply"):
+        ch.reply()

@@ -183,7 +183,6 @@ def test_the_node_command_matches_its_golden_file():
 def _shared_record(tmp_path, run_id: str, hosts=("a", "b"), **fields):
     """A finished run of ``hosts`` whose workdirs are one folder: one run folder, a control folder
     each (as build_plan lays them out), each host reached with bash on this machine."""
-    from clusterddp.record import NodeRecord
     work = str(tmp_path / "home")
     base = rec(run_id, hosts=hosts, status=RunStatus.FAILED, ended_at="2026-11-29T10:05:00+00:00", **fields)
     nodes = []
@@ -203,7 +202,8 @@ def _local_connect(host):
 
 
 def _marked_job(marker: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={**os.environ, P.MARKER: marker})
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                            env={**os.environ, P.MARKER: marker})
 
 
 def test_the_node_command_lets_go_of_a_shared_folder_another_host_of_the_run_still_holds(tmp_path):

@@ -64,8 +64,11 @@ MUTEX_WAIT = 30.0
 
 # ---------------------------------------------------------------- node side
 
+MARK = "CLUSTERDDP_LEASE "  # starts every reply line: a node's login shell may print a banner first
+
+
 def _emit(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.write(MARK + json.dumps(obj) + "\n")
     sys.stdout.flush()
 
 
@@ -109,11 +112,10 @@ def _open_lock(path: str) -> int:
     fd = os.open(tmp, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
     try:
         os.fchmod(fd, LOCK_MODE)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            os.close(fd)
-            fd = _open_regular(path, os.O_RDONLY)
+        os.link(tmp, path)
+    except FileExistsError:  # another took it meanwhile: theirs is the one
+        os.close(fd)
+        fd = -1
     except BaseException:
         os.close(fd)
         raise
@@ -122,7 +124,7 @@ def _open_lock(path: str) -> int:
             os.unlink(tmp)
         except OSError:
             pass
-    return fd
+    return fd if fd >= 0 else _open_regular(path, os.O_RDONLY)
 
 
 def _try_lock(path: str) -> int | None:
@@ -423,12 +425,17 @@ def clean_waiter(d: Any) -> dict:
 
 
 def parse_reply(text: str) -> dict:
-    """The first reply line of ``hold``, ``queue`` or ``list``, checked. Raises ValueError naming
-    what is wrong; lists of holders and waiters are cleaned entry by entry (a garbled entry is kept
-    as ``{"garbled": True}``, so it is counted, not trusted)."""
+    """The first reply line (:data:`MARK`, whatever a login shell printed before it) of ``hold``,
+    ``queue`` or ``list``, checked. Raises ValueError naming what is wrong; lists of holders and
+    waiters are cleaned entry by entry (a garbled entry is kept as ``{"garbled": True}``, so it is
+    counted, not trusted)."""
     if len(text) > MAX_REPLY:
         raise ValueError("a reply of over %d bytes" % MAX_REPLY)
-    line = text.strip().split("\n", 1)[0] if text.strip() else ""
+    lines = text.split("\n")
+    line = next((x[len(MARK):].rstrip("\r") for x in lines if x.startswith(MARK)), None)
+    if line is None:
+        said = next((x.strip() for x in lines if x.strip()), "")
+        raise ValueError("no reply line: %r" % said[:80] if said else "no reply")
     try:
         d = json.loads(line)
     except RecursionError:  # 50,000 nested lists: no reply is nested more than three deep
