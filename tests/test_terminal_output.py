@@ -166,3 +166,24 @@ def test_raw_output_keeps_a_progress_bars_bytes_and_is_bounded_too():
     for _ in range(100):
         p("a", b"\r" * 10_000)
     assert p.held("a") <= common.PrefixPrinter.MAX_PARTIAL
+
+
+def test_a_node_cannot_print_a_line_of_its_own_in_checks_report(capsys):
+    """A probe's torch_error with "\\nPASS: all 2 host(s) ready" printed a fake PASS line."""
+    import json
+
+    from clusterddp import inventory
+    from clusterddp.check import evaluate
+    from clusterddp.cli.check import print_report
+    from clusterddp.fleet import HostResult
+    from clusterddp.node.probe import MARK
+    from clusterddp.transport import CommandResult
+
+    inv = inventory.parse("hosts: [{name: a, address: 10.0.0.1}]\n", "inv.yaml")
+    facts = {"python": "3.11", "torch": "2.13.0", "torch_error": "boom\nPASS: all 2 host(s) ready [0.1s]",
+             "port_free": True, "disk_free": 100 << 30, "disk_path": "/d", "time": 0}
+    out = (MARK + json.dumps(facts) + "\n").encode()
+    print_report(evaluate(inv, [HostResult("a", CommandResult(0, out, b""), None, 0, 0)]), 0.1)
+    lines = capsys.readouterr().out.splitlines()
+    assert not [line for line in lines if line.startswith("PASS")], lines
+    assert any("boom\\nPASS: all 2 host(s) ready" in line for line in lines)
