@@ -96,8 +96,15 @@ class Teardown:
 def teardown(t: Transport, node: P.NodeLaunch, grace: float) -> Teardown:
     """End every process of the node's job (SIGTERM, then SIGKILL after ``grace`` s), then ask its
     status, so the exit code the signal left is known."""
-    said = t.run(P.teardown_command(node, grace), timeout=grace + 30).text.strip()
+    said = last_line(t.run(P.teardown_command(node, grace), timeout=grace + 30).text)
     return Teardown(said, status(t, node, STATUS_TIMEOUT))
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a node command's output: its answer, after whatever the login
+    shell printed first (a banner)."""
+    lines = text.strip().splitlines()
+    return lines[-1].strip() if lines else ""
 
 
 def end_marked(fleet: Fleet, marker: str, grace: float) -> GroupResult[str, str]:
@@ -105,7 +112,7 @@ def end_marked(fleet: Fleet, marker: str, grace: float) -> GroupResult[str, str]
     interrupted by Ctrl-C: closing a connection does not end a command that has no terminal);
     each host's answer as :func:`plan.teardown_command` words it."""
     command = P.kill_marked_command(marker, grace)
-    return fleet.each(lambda h, t: t.run(command, timeout=grace + 10).text.strip(), fleet.connected())
+    return fleet.each(lambda h, t: last_line(t.run(command, timeout=grace + 10).text), fleet.connected())
 
 
 # ---- the whole log ----

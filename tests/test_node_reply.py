@@ -104,3 +104,30 @@ def test_status_of_a_running_job_on_a_node_whose_login_shell_prints_a_banner(tmp
         finally:
             cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "2", timeout=120)
         assert eventually(lambda: not job_pids(run_id), 30)
+
+
+def test_teardown_reads_its_word_after_a_login_banner(tmp_path):
+    """A banner first made the teardown's word "Welcome", so a stopped job did not read as ended."""
+    import os
+
+    from clusterddp import nodeops
+    from clusterddp.transport import CommandResult
+    base = inventory.local(python=sys.executable).hosts[0]
+    inv = inventory.Inventory("t", "t", (replace(base, name="a", workdir=str(tmp_path)),),
+                              inventory.Master("a", "127.0.0.1", 29500))
+    node = plan.build_plan(inv, plan.RunSpec("t.py"), new_run_id()).nodes[0]
+    Path(node.control_dir).mkdir(parents=True)
+
+    class Bannered:
+        def run(self, command: str, timeout=None, stdin=None) -> CommandResult:
+            p = subprocess.run(["bash", "-c", "echo 'Welcome to node a'; echo; " + command], capture_output=True,
+                               timeout=60)
+            return CommandResult(p.returncode, p.stdout, p.stderr)
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                           env={**os.environ, plan.MARKER: node.marker})
+    try:
+        td = nodeops.teardown(Bannered(), node, grace=5)  # type: ignore[arg-type]
+    finally:
+        job.kill()
+        job.wait()
+    assert td.word == "terminated" and td.ended_it, td
