@@ -24,6 +24,7 @@ from . import plan as P
 from .errors import HostError, HostErrorKind, PreflightFailed
 from .fleet import Fleet, HostResult
 from .inventory import Host, Inventory
+from .node import reply as node_reply
 from .node.probe import ProbeError, parse_reply
 from .sizes import human_size
 
@@ -338,7 +339,8 @@ def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool 
         per_host[r.host].append(Finding("ssh", OK, "ok"))
         assert r.result is not None
         try:
-            f = parse_reply(r.result.stdout, r.result.stderr, r.result.exit_code)
+            f = node_reply.one_line_each(parse_reply(r.result.stdout, r.result.stderr, r.result.exit_code))
+            assert isinstance(f, dict)
         except ProbeError as e:
             missing = r.exit_code == 127
             if e.field is not None:  # it answered, but not as the probe does: nothing of it is used

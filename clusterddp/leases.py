@@ -157,10 +157,17 @@ class _Channel:
     """A node program on one host, running in a thread of its own for as long as it holds something:
     its reply lines come through :meth:`reply`."""
 
+    MAX_LINES = 4  # a holder says two lines (its reply, then "started"); whatever else it sends is dropped
+    MAX_NOISE = 1000  # lines that are no reply (a login banner) before the node is not believed
+
     def __init__(self, host: str, t: Transport, command: str, stdin: bytes) -> None:
         self.host = host
         self._lines: queue.Queue[str | Exception | None] = queue.Queue()
-        self._buf = b""
+        self._queued = 0      # lines put for the reader (at most MAX_LINES)
+        self._partial: list[bytes] = []   # the line being received, in pieces (at most MAX_REPLY bytes)
+        self._held = 0
+        self._broken = False  # a line over MAX_REPLY was refused: nothing after it is read
+        self._noise = 0
         self.thread = threading.Thread(target=self._run, args=(t, command, stdin), daemon=True,
                                        name=f"lease-{host}")
         self.thread.start()
@@ -174,13 +181,38 @@ class _Channel:
             self._lines.put(None)
 
     def _data(self, chunk: bytes) -> None:
-        self._buf += chunk
-        while b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-            self._lines.put(line.decode("utf-8", "replace"))
-        if len(self._buf) > node_lease.MAX_REPLY:
-            self._lines.put(ValueError("a reply line of over 1 MiB"))
-            self._buf = b""
+        """Reply lines from ``chunk`` (each byte looked at once); bounded however much the node sends."""
+        if self._queued >= self.MAX_LINES:
+            return  # every line a reader asks for is here: the rest is dropped unread
+        start = 0
+        while not self._broken and self._queued < self.MAX_LINES and (end := chunk.find(b"\n", start)) >= 0:
+            self._add(chunk, start, end)
+            if not self._broken:
+                line = b"".join(self._partial)
+                self._partial, self._held = [], 0
+                if not line.startswith(node_lease.MARK.encode()):
+                    self._noise += 1
+                    if self._noise > self.MAX_NOISE:
+                        self._broken = True
+                        self._lines.put(ValueError(f"over {self.MAX_NOISE} lines that are no reply"))
+                        return
+                else:
+                    self._queued += 1
+                    self._lines.put(line.decode("utf-8", "replace"))
+            start = end + 1
+        if not self._broken and self._queued < self.MAX_LINES:
+            self._add(chunk, start, len(chunk))
+
+    def _add(self, chunk: bytes, start: int, end: int) -> None:
+        if self._queued >= self.MAX_LINES or start == end:
+            return
+        self._held += end - start
+        if self._held > node_lease.MAX_REPLY:
+            self._broken = True
+            self._partial = []
+            self._lines.put(ValueError(f"a reply line of over {node_lease.MAX_REPLY} bytes"))
+            return
+        self._partial.append(chunk[start:end])
 
     def reply(self, timeout: float = REPLY_TIMEOUT_S) -> dict:
         """The program's next reply, checked; HostError when there is none or it is unreadable."""

@@ -8,13 +8,13 @@ state reads the same whoever asks. :func:`each` applies one of them to several n
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
 from . import plan as P
 from .fleet import Fleet, GroupResult
+from .node import reply as node_reply
 from .record import NodeState, RunRecord, from_report
 from .transport import Tail, Transport
 
@@ -50,29 +50,8 @@ class Status:
     why: str | None = None    # why the state, when no exit code says it
 
 
-STATUS_MAX_CHARS = 64  # the longest honest reply is "exit 255"; anything longer is not one
-
-
-def parse_status(text: str) -> tuple[str, int | None]:
-    """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``|``garbled``,
-    exit code).
-
-    The node is not trusted: the exit code must be 1 to 3 ASCII digits, 0..255 (what bash's ``$?``
-    can be; a signal shows as 128+N, never negative), else it is unreadable (``exited``, None); a
-    reply that is none of the words, or too long, is ``garbled``. Never raises.
-    :func:`clusterddp.record.from_report` says which :class:`NodeState` that is.
-    """
-    if len(text) > STATUS_MAX_CHARS:
-        return "garbled", None
-    line = text.strip(" \t\r\n")
-    if line in ("running", "lost", "missing"):
-        return line, None
-    word, sep, rest = line.partition(" ")
-    if word == "exit" and sep:
-        if re.fullmatch(r"[0-9]{1,3}", rest, re.ASCII) and int(rest) <= 255:
-            return "exited", int(rest)
-        return "exited", None
-    return "garbled", None
+STATUS_MAX_CHARS = node_reply.STATUS_MAX_CHARS
+parse_status = node_reply.parse_status  # the reader beside the node-reply helpers it uses
 
 
 def status(t: Transport, node: P.NodeLaunch, timeout: float) -> Status:
@@ -80,7 +59,7 @@ def status(t: Transport, node: P.NodeLaunch, timeout: float) -> Status:
     text = t.run(P.status_command(node), timeout=timeout).text
     kind, code = parse_status(text)
     if kind == "garbled":
-        shown = text[:STATUS_MAX_CHARS].encode("ascii", "backslashreplace").decode("ascii")
+        shown = text[-STATUS_MAX_CHARS:].encode("ascii", "backslashreplace").decode("ascii")
         return Status(NodeState.LOST, None, f"unreadable status reply from the node: {shown!r}")
     state, why = from_report(kind, code)
     return Status(state, code, why)
@@ -124,8 +103,15 @@ class Teardown:
 def teardown(t: Transport, node: P.NodeLaunch, grace: float) -> Teardown:
     """End every process of the node's job (SIGTERM, then SIGKILL after ``grace`` s), then ask its
     status, so the exit code the signal left is known."""
-    said = t.run(P.teardown_command(node, grace), timeout=grace + 30).text.strip()
+    said = last_line(t.run(P.teardown_command(node, grace), timeout=grace + 30).text)
     return Teardown(said, status(t, node, STATUS_TIMEOUT))
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a node command's output: its answer, after whatever the login
+    shell printed first (a banner)."""
+    lines = text.strip().splitlines()
+    return lines[-1].strip() if lines else ""
 
 
 def end_marked(fleet: Fleet, marker: str, grace: float) -> GroupResult[str, str]:
@@ -133,7 +119,7 @@ def end_marked(fleet: Fleet, marker: str, grace: float) -> GroupResult[str, str]
     interrupted by Ctrl-C: closing a connection does not end a command that has no terminal);
     each host's answer as :func:`plan.teardown_command` words it."""
     command = P.kill_marked_command(marker, grace)
-    return fleet.each(lambda h, t: t.run(command, timeout=grace + 10).text.strip(), fleet.connected())
+    return fleet.each(lambda h, t: last_line(t.run(command, timeout=grace + 10).text), fleet.connected())
 
 
 # ---- the whole log ----

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from .inventory import Host, Inventory
 from .node import envinfo as node_envinfo
 from .node import probe as node_probe
+from .node import reply as node_reply
 from .node import source as node_source
 from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER: plan's callers quote through them
     CONTROL,
@@ -343,11 +344,13 @@ def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.1) -> s
 
 
 def status_command(node: NodeLaunch) -> str:
-    """Print one line: ``running``, ``exit N``, ``lost`` (no process, no exit code) or ``missing``."""
-    return (f"{MARKED_FN}; cd {qpath(node.control_dir)} 2>/dev/null || {{ echo missing; exit 0; }}; "
-            "if [ -s exit_code ]; then echo \"exit $(cat exit_code)\"; "
+    """Print one line, marked (:data:`node_reply.STATUS_MARK`: a login banner may come first):
+    ``running``, ``exit N``, ``lost`` (no process, no exit code) or ``missing``."""
+    m = node_reply.STATUS_MARK
+    return (f"{MARKED_FN}; cd {qpath(node.control_dir)} 2>/dev/null || {{ echo '{m}missing'; exit 0; }}; "
+            f"if [ -s exit_code ]; then echo \"{m}exit $(cat exit_code)\"; "
             f"elif [ -n \"$(cddp_marked {marker_word(node.marker)})\" ]; "
-            "then echo running; else echo lost; fi")
+            f"then echo '{m}running'; else echo '{m}lost'; fi")
 
 
 def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE) -> str:
@@ -484,28 +487,43 @@ def prune_target_problem(run_id: str, workdir: str, run_dir: str, control_dir: s
     return None
 
 
-_PRUNE_FN = r"""cddp_prune() {  # $1 index, $2 run folder, $3 the job's marker, $4 "dry": look only
+_PRUNE_FN = r"""cddp_prune() {  # $1 index, $2 run folder, $3 the job's marker, $4 "dry": look only (else "go"),
+  # $5 this host's control folder name in $2/.clusterddp (or ""), then the run's other hosts' names
   if [ -n "$(cddp_marked "$3")" ]; then echo "$1 running"; return; fi
   if [ ! -e "$2" ] && [ ! -L "$2" ]; then echo "$1 missing"; return; fi
   if [ -L "$2" ] || [ ! -d "$2" ] || [ -L "$2/.clusterddp" ] || [ ! -d "$2/.clusterddp" ]; then
     echo "$1 refused"; return
   fi
-  local kb; kb=$(du -sk -- "$2" 2>/dev/null | cut -f1)
-  if [ "$4" = dry ]; then echo "$1 would ${kb:--}"; return; fi
-  rm -rf -- "$2" 2>/dev/null
-  if [ -e "$2" ]; then echo "$1 failed ${kb:--}"; else echo "$1 removed ${kb:--}"; fi
+  local i=$1 d=$2 dry=$4 own=$5 o kb; shift 5
+  kb=$(du -sk -- "$d" 2>/dev/null | cut -f1)
+  for o in "$@"; do  # another host of the run shares this folder (one NFS workdir) and has not let go of it
+    if [ -e "$d/.clusterddp/$o" ] || [ -L "$d/.clusterddp/$o" ]; then
+      if [ "$dry" != dry ] && [ -n "$own" ]; then rm -rf -- "$d/.clusterddp/$own" 2>/dev/null; fi
+      echo "$i shared ${kb:--} $o"; return
+    fi
+  done
+  if [ "$dry" = dry ]; then echo "$i would ${kb:--}"; return; fi
+  rm -rf -- "$d" 2>/dev/null
+  if [ -e "$d" ]; then echo "$i failed ${kb:--}"; else echo "$i removed ${kb:--}"; fi
 }"""
 
 
-def prune_command(targets: Sequence[tuple[str, str]], dry_run: bool = False) -> str:
-    """Remove run folders on one node: ``targets`` are (run folder, marker) pairs, each already
-    accepted by :func:`prune_target_problem`. One line per target, ``<index> <word> [KiB]``:
-    ``removed`` (or ``would`` with ``dry_run``: nothing is touched), ``missing`` (nothing there),
-    ``running`` (a process still carries the run's marker: left alone, whatever the record says),
+def prune_command(targets: Sequence[tuple[str, str] | tuple[str, str, str, Sequence[str]]],
+                  dry_run: bool = False) -> str:
+    """Remove run folders on one node: ``targets`` are (run folder, marker[, this host's control
+    folder name, the run's other hosts' control folder names]), each already accepted by
+    :func:`prune_target_problem`. One line per target, ``<index> <word> [KiB]``: ``removed`` (or
+    ``would`` with ``dry_run``: nothing is touched), ``missing`` (nothing there), ``running`` (a
+    process still carries the run's marker: left alone, whatever the record says), ``shared
+    <KiB> <host>`` (another host's control folder is in it: the folder is one shared workdir's and
+    that host may still use it; this host's own control folder is let go of, the rest is left),
     ``refused`` (a symlink, or not a folder holding ``.clusterddp``) or ``failed``."""
     lines = [MARKED_FN, _PRUNE_FN]
-    for i, (run_dir, marker) in enumerate(targets):
-        lines.append(f"cddp_prune {i} {qpath(run_dir)} {marker_word(marker)}" + (" dry" if dry_run else ""))
+    for i, t in enumerate(targets):
+        run_dir, marker = t[0], t[1]
+        own, others = (t[2], t[3]) if len(t) == 4 else ("", ())
+        lines.append(" ".join([f"cddp_prune {i} {qpath(run_dir)} {marker_word(marker)}",
+                               "dry" if dry_run else "go", q(own), *map(q, others)]))
     return "\n".join(lines)
 
 

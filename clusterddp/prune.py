@@ -105,7 +105,7 @@ class NodeResult:
 
 
 GONE = frozenset({"removed", "missing"})
-WOULD_GO = frozenset({"would", "missing"})
+WOULD_GO = frozenset({"would", "missing", "shared"})  # shared: every host of the run would let go of it
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,14 @@ class RunResult:
     @property
     def bytes(self) -> int:
         return (self.local_bytes or 0) + sum((n.kib or 0) * 1024 for n in self.nodes)
+
+    @property
+    def freed(self) -> int:
+        """Bytes this prune removed (dry run: would remove): the whole run's when it went, else
+        those of the node folders that went while others stayed (prune never reports less)."""
+        if self.removed:
+            return self.bytes
+        return sum((n.kib or 0) * 1024 for n in self.nodes if n.word == "removed")
 
 
 def disk_usage(path: Path) -> int | None:
@@ -159,16 +167,49 @@ def parse_reply(text: str, count: int) -> dict[int, tuple[str, int | None]]:
     """:func:`plan.prune_command`'s lines as ``{index: (word, KiB)}``; lines that are not one are skipped."""
     out: dict[int, tuple[str, int | None]] = {}
     for line in text.splitlines():
-        # ASCII digits, of a length int() reads: the node is not trusted (Arabic-Indic digits, 5,000 of them)
-        m = re.fullmatch(r"([0-9]{1,18}) (removed|would|missing|running|refused|failed)(?: ([0-9]{1,30}|-))?",
-                         line.strip())
+        m = re.fullmatch(r"([0-9]{1,9}) (removed|would|missing|running|refused|failed|shared)(?: ([0-9]{1,15}|-))?"
+                         r"(?: \S+)?", line.strip(), re.ASCII)
         if m and int(m.group(1)) < count:
             kib = m.group(3)
             out[int(m.group(1))] = (m.group(2), int(kib) if kib and kib != "-" else None)
     return out
 
 
-def _rounds(targets: dict[Host, list[tuple[str, P.NodeLaunch]]]) -> Iterator[list[Host]]:
+PRUNE_COMMAND_MAX = 64 * 1024  # bytes of one node command: the kernel takes at most 128 KiB in one argument
+
+
+def batches(targets: list[tuple[str, str, str, tuple[str, ...]]]) -> Iterator[list[int]]:
+    """Indexes of ``targets`` in groups whose :func:`plan.prune_command` stays under PRUNE_COMMAND_MAX
+    (``bash -c`` gets it as one argument; 1,100 runs on one host were over the limit)."""
+    base = len(P.prune_command([]))
+    group: list[int] = []
+    size = base
+    for i, t in enumerate(targets):
+        n = len(P.prune_command([t])) - base + 1
+        if group and size + n > PRUNE_COMMAND_MAX:
+            yield group
+            group, size = [], base
+        group.append(i)
+        size += n
+    if group:
+        yield group
+
+
+_CONTROL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _control_name(run_dir: str, control_dir: str) -> str:
+    """The name of a host's control folder in ``<run folder>/.clusterddp``, or "" when the record
+    holds another layout (then nothing of it is treated as shared)."""
+    name = control_dir.rpartition("/")[2]
+    ok = _CONTROL_NAME.fullmatch(name) and control_dir == f"{run_dir}/{P.CONTROL}/{name}"
+    return name if ok else ""
+
+
+_Target = tuple[str, str, str, tuple[str, ...]]
+
+
+def _rounds(targets: dict[Host, list[tuple[str, _Target]]]) -> Iterator[list[Host]]:
     """Hosts in groups with distinct names (a Fleet keys its connections by name; two records may hold
     different settings under one name)."""
     left = list(targets)
@@ -180,33 +221,19 @@ def _rounds(targets: dict[Host, list[tuple[str, P.NodeLaunch]]]) -> Iterator[lis
         yield list(this.values())
 
 
-def _node_folders(records: tuple[RunRecord, ...], dry_run: bool, connect: Callable,
-                  ) -> dict[tuple[str, str], NodeResult]:
-    """Every node folder of ``records`` removed (or looked at), one command per host: {(run id, host): result}."""
-    results: dict[tuple[str, str], NodeResult] = {}
-    targets: dict[Host, list[tuple[str, P.NodeLaunch]]] = {}
-    for rec in records:
-        if rec.local:  # its control folder is inside the local run folder; the run folder is the launch directory
-            marker = rec.nodes[0].marker if rec.nodes else ""
-            if marker and _local_job_running(marker):
-                results[(rec.run_id, rec.nodes[0].host)] = NodeResult(rec.nodes[0].host, "running")
-            continue
-        for n in rec.nodes:
-            problem = P.prune_target_problem(rec.run_id, n.settings.workdir, n.run_dir, n.control_dir)
-            if problem:
-                results[(rec.run_id, n.host)] = NodeResult(n.host, "damaged", detail=problem)
-                continue
-            node = P.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
-            targets.setdefault(n.settings, []).append((rec.run_id, node))
-    fanout = min((r.fanout for r in records), default=1)
+def _run_on_nodes(targets: dict[Host, list[tuple[str, _Target]]], dry_run: bool, fanout: int, connect: Callable,
+                  results: dict[tuple[str, str], NodeResult]) -> None:
+    """:func:`plan.prune_command` for each host's targets (in :func:`batches`), answers into ``results``."""
     for hosts in _rounds(targets):
         by_name = {h.name: h for h in hosts}
 
-        def one(h: Host, t, by_name: dict[str, Host] = by_name) -> tuple[str, str]:
-            todo = targets[by_name[h.name]]
-            r = t.run(P.prune_command([(node.run_dir, node.marker) for _, node in todo], dry_run),
-                      timeout=PRUNE_TIMEOUT)
-            return r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
+        def one(h: Host, t, by_name: dict[str, Host] = by_name) -> list[tuple[str, str]]:
+            todo = [target for _, target in targets[by_name[h.name]]]
+            out = []
+            for group in batches(todo):
+                r = t.run(P.prune_command([todo[i] for i in group], dry_run), timeout=PRUNE_TIMEOUT)
+                out.append((r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")))
+            return out
         with Fleet(hosts, fanout=fanout, connect=connect) as fleet:
             done = fleet.each(one, hosts)
         for name, res in done.items():
@@ -215,11 +242,68 @@ def _node_folders(records: tuple[RunRecord, ...], dry_run: bool, connect: Callab
                 for run_id, _ in todo:
                     results[(run_id, name)] = NodeResult(name, "unreachable", detail=str(res).partition("\n")[0])
                 continue
-            said = parse_reply(res[0], len(todo))
-            for i, (run_id, _) in enumerate(todo):
-                word, kib = said.get(i, ("failed", None))
-                detail = None if i in said else (res[1].strip().splitlines() or ["no answer"])[-1][:200]
-                results[(run_id, name)] = NodeResult(name, word, kib, detail)
+            groups = list(batches([target for _, target in todo]))
+            for group, (stdout, stderr) in zip(groups, res, strict=True):
+                said = parse_reply(stdout, len(group))
+                for j, i in enumerate(group):
+                    run_id = todo[i][0]
+                    word, kib = said.get(j, ("failed", None))
+                    detail = None if j in said else (stderr.strip().splitlines() or ["no answer"])[-1][:200]
+                    if word == "shared":
+                        detail = "one folder of a shared workdir, which another host of the run may still use"
+                    results[(run_id, name)] = NodeResult(name, word, kib, detail)
+
+
+def _node_folders(records: tuple[RunRecord, ...], dry_run: bool, connect: Callable,
+                  ) -> dict[tuple[str, str], NodeResult]:
+    """Every node folder of ``records`` removed (or looked at), one command per host (or per
+    :func:`batches` of its folders): {(run id, host): result}.
+
+    Hosts whose workdirs are one shared folder (an NFS home) share the run folder, each with its
+    control folder inside. A host whose job has ended lets go of its control folder, and removes
+    the run folder only when no other host of the run holds one there (``shared`` otherwise): a
+    host whose link died may still run its job in it, and only that host can see its processes.
+    When every host has let go (the hosts ran at once, each saw the others), one of them is asked
+    again, and removes it."""
+    results: dict[tuple[str, str], NodeResult] = {}
+    targets: dict[Host, list[tuple[str, _Target]]] = {}
+    for rec in records:
+        if rec.local:  # its control folder is inside the local run folder; the run folder is the launch directory
+            marker = rec.nodes[0].marker if rec.nodes else ""
+            if marker and _local_job_running(marker):
+                results[(rec.run_id, rec.nodes[0].host)] = NodeResult(rec.nodes[0].host, "running")
+            continue
+        names = {n.host: _control_name(n.run_dir, n.control_dir) for n in rec.nodes}
+        for n in rec.nodes:
+            problem = P.prune_target_problem(rec.run_id, n.settings.workdir, n.run_dir, n.control_dir)
+            if problem:
+                results[(rec.run_id, n.host)] = NodeResult(n.host, "damaged", detail=problem)
+                continue
+            others = tuple(v for h, v in names.items() if h != n.host and v and v != names[n.host])
+            targets.setdefault(n.settings, []).append((rec.run_id, (n.run_dir, n.marker, names[n.host], others)))
+    fanout = min((r.fanout for r in records), default=1)
+    _run_on_nodes(targets, dry_run, fanout, connect, results)
+    shared = {}  # run id -> the host asked again (dry run: the one whose size counts)
+    for rec in records:
+        words = [results.get((rec.run_id, n.host)) for n in rec.nodes]
+        if all(w is not None and w.word in GONE | {"shared"} for w in words) and any(
+                w is not None and w.word == "shared" for w in words):
+            shared[rec.run_id] = next(n for n, w in zip(rec.nodes, words, strict=True)
+                                      if w is not None and w.word == "shared")
+    if not dry_run and shared:
+        again: dict[Host, list[tuple[str, _Target]]] = {}
+        for run_id, n in shared.items():
+            again.setdefault(n.settings, []).append(next(x for x in targets[n.settings] if x[0] == run_id))
+        _run_on_nodes(again, dry_run, fanout, connect, results)
+    for rec in records:
+        if rec.run_id not in shared:
+            continue
+        first = shared[rec.run_id].host
+        gone = results[(rec.run_id, first)].word in GONE
+        for n in rec.nodes:
+            r = results[(rec.run_id, n.host)]
+            if n.host != first and r.word == "shared":  # one size for the one folder
+                results[(rec.run_id, n.host)] = NodeResult(n.host, "missing" if gone else "shared", None, r.detail)
     return results
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import hashlib
 import inspect
 import io
 import os
@@ -333,6 +334,25 @@ def _broadcast_int(ctx: Context, value: int) -> int:
     return int(box.item())
 
 
+def _sha256(path: Path) -> bytes | None:
+    """The sha256 of the file at ``path``, read in pieces; None when it cannot be read."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.digest()
+
+
+def _broadcast_digest(ctx: Context, digest: bytes | None) -> bytes:
+    """Rank 0's 32-byte ``digest`` on every rank (zeros when rank 0 has none)."""
+    box = torch.tensor(list(digest or bytes(32)), dtype=torch.uint8, device=_wire_device(ctx))
+    dist.broadcast(box, src=0)
+    return bytes(box.cpu().tolist())
+
+
 def _read_bytearray(path: Path) -> bytearray:
     # readinto, not bytearray(read_bytes()): no second copy of a multi-GB checkpoint.
     with open(path, "rb") as f:
@@ -468,11 +488,13 @@ def load_latest(dir: str | os.PathLike[str] = "checkpoints", map_location: Any =
                 **load_kwargs: Any) -> tuple[Any, int] | None:
     """Load the newest complete checkpoint in ``dir``: ``(obj, step)``, or None if there is none.
 
-    Collective: every rank must call it and every rank gets the same step. Rank 0 lists
-    ``step-<int>.pt`` files (temp files never count), tries them newest first, skips files
-    that fail to load, and broadcasts its choice; each rank then loads that step from its own
-    ``dir``. A rank that lacks the file or cannot read it (no shared filesystem, stale copy)
-    receives rank 0's bytes over the process group instead, so ``dir`` need not be shared.
+    Collective: every rank must call it and every rank gets the same checkpoint, rank 0's.
+    Rank 0 lists ``step-<int>.pt`` files (temp files never count), tries them newest first,
+    skips files that fail to load, and broadcasts its choice and the file's sha256; each rank
+    then loads that step from its own ``dir`` when its copy has those very bytes. A rank that
+    lacks the file, cannot read it, or holds another one of that name (no shared filesystem; a
+    stale copy from another training) receives rank 0's bytes over the process group instead,
+    so ``dir`` need not be shared.
 
     A file counts as damaged, and is skipped, when it fails to load and its zip CRCs do not
     check out (truncated, empty, garbage, flipped bytes). An intact file that fails to load
@@ -514,9 +536,14 @@ def _load_latest(directory: Path, map_location: Any, load_kwargs: dict[str, Any]
     if not ctx.distributed:
         return obj, chosen
 
+    # Only a copy of rank 0's very bytes counts: a node-local folder may hold a stale step-N.pt of
+    # another training (same step, other weights), and DDP, wrapped before the load, would never
+    # bring that rank back in line.
+    path = directory / f"step-{chosen}.pt"
+    want = _broadcast_digest(ctx, _sha256(path) if ctx.is_main else None)
     ok = ctx.is_main
-    if not ctx.is_main:
-        ok, obj = _try_load(directory / f"step-{chosen}.pt", map_location, load_kwargs)
+    if not ctx.is_main and _sha256(path) == want:
+        ok, obj = _try_load(path, map_location, load_kwargs)
     # One all_reduce tells everyone whether rank 0 must ship the file's bytes.
     missing = torch.tensor([0 if ok else 1], device=_wire_device(ctx))
     dist.all_reduce(missing)

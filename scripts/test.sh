@@ -5,7 +5,7 @@
 #      this machine happens to have installed can hide a missing dependency;
 #   3. the README's main-job command, read from README.md and run exactly as written there
 #      (it installs torch and the project), checked for success and a collected checkpoint;
-#   4. `pip check`, the test extras, ruff and mypy, and the whole test suite in that same virtualenv.
+#   4. `pip check`, the test extras, ruff, mypy and the import contracts (lint-imports), and the whole test suite in that same virtualenv.
 # Arguments go to pytest (e.g. `bash scripts/test.sh tests/test_plan.py -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,8 +51,9 @@ echo "== pip check"
 pip check
 pip install -q -e "$repo[test]"
 pip check
-echo "== ruff and mypy (configured in pyproject.toml)"
+echo "== ruff, mypy and lint-imports (configured in pyproject.toml)"
 ruff check .
 mypy
+lint-imports --no-logo --no-cache
 echo "== pytest in $venv"
 python -m pytest -q -ra "$@"

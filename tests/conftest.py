@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-# pytest's default import mode puts this folder on sys.path; do it anyway so
-# `from testbed import ...` also works under --import-mode=importlib.
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
+# The tests mirror the package's tree (tests/backends/slurm/, tests/node/, ...). Every test folder is
+# on sys.path, whatever the collection order or import mode, so `from testbed import ...` and a test
+# module's helpers (`from test_plan import golden`) are found from any folder.
+_TESTS = Path(__file__).resolve().parent
+for _dir in sorted({_TESTS, *(p.parent for p in _TESTS.rglob("test_*.py"))}, reverse=True):
+    if str(_dir) not in sys.path:
+        sys.path.insert(0, str(_dir))
 
 from ci_skips import in_ci  # noqa: E402
 from slurmbed import SlurmBed, missing_slurm  # noqa: E402

@@ -14,6 +14,7 @@ PACKAGE = Path(clusterddp.__file__).resolve().parent
 ALLOWED = {("node/probe.py", "ProbeError"), ("node/collect.py", "StreamError"), ("node/collect.py", "_TooMany"),
            ("node/diagnose.py", "AnswerError"), ("node/top.py", "TopError"), ("node/envinfo.py", "EnvInfoError"),
            ("node/collective.py", "CollectiveReplyError"), ("node/collective.py", "_Stop"),
+           ("node/reply.py", "ReplyError"),  # beside the node programs, which import nothing of clusterddp
            ("artifacts.py", "_KeepOldLog"), ("backends/ssh/control.py", "_NoLog"), ("transport/ssh.py", "_TooMuch"),
            ("transport/ssh.py", "_NoGreeting"),
            ("transport/ssh.py", "_LocalError"), ("transport/ssh.py", "_UnknownHostKey"),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -173,5 +174,134 @@ def test_the_command_says_what_to_give_and_a_dry_run_removes_nothing(tmp_path):
 
 def test_the_node_command_matches_its_golden_file():
     from test_plan import golden
-    golden("prune_command.txt", P.prune_command([("~/clusterddp/runs/r1", "r1/gpu-01"),
+    golden("prune_command.txt", P.prune_command([("~/clusterddp/runs/r1", "r1/gpu-01", "gpu-01", ("gpu-02",)),
                                                  ("/scratch/it's here/runs/r2", "r2/gpu-01")], dry_run=True))
+
+
+# ---- one shared workdir (an NFS home): a host never removes the folder another host may still use ----
+
+def _shared_record(tmp_path, run_id: str, hosts=("a", "b"), **fields):
+    """A finished run of ``hosts`` whose workdirs are one folder: one run folder, a control folder
+    each (as build_plan lays them out), each host reached with bash on this machine."""
+    work = str(tmp_path / "home")
+    base = rec(run_id, hosts=hosts, status=RunStatus.FAILED, ended_at="2026-11-29T10:05:00+00:00", **fields)
+    nodes = []
+    for n in base.nodes:
+        run_dir = f"{work}/runs/{run_id}"
+        nodes.append(replace(n, run_dir=run_dir, control_dir=f"{run_dir}/.clusterddp/{n.host}",
+                             settings=replace(n.settings, workdir=work, transport="local")))
+    for n in nodes:
+        os.makedirs(os.path.join(n.control_dir, "errors"), exist_ok=True)
+    (Path(nodes[0].run_dir) / "ckpt.pt").write_bytes(b"c" * 200_000)
+    return replace(base, nodes=tuple(nodes))
+
+
+def _local_connect(host):
+    from clusterddp.transport.local import LocalTransport
+    return LocalTransport(host.name)
+
+
+def _marked_job(marker: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                            env={**os.environ, P.MARKER: marker})
+
+
+def test_the_node_command_lets_go_of_a_shared_folder_another_host_of_the_run_still_holds(tmp_path):
+    r = _shared_record(tmp_path, "r1")
+    a, b = r.nodes
+    run = Path(a.run_dir)
+    # a's job has ended; b's control folder is there: b (whose processes a cannot see) may still use it
+    said = _bash(P.prune_command([(a.run_dir, a.marker, "a", ("b",))], dry_run=True))
+    assert pr.parse_reply(said, 1)[0][0] == "shared" and (run / ".clusterddp" / "a").is_dir()
+    said = _bash(P.prune_command([(a.run_dir, a.marker, "a", ("b",))]))
+    assert pr.parse_reply(said, 1)[0][0] == "shared", said
+    assert (run / "ckpt.pt").is_file() and (run / ".clusterddp" / "b").is_dir()
+    assert not (run / ".clusterddp" / "a").exists()  # a let go of its own part
+    # b, once its job has ended, is the last: it removes the folder
+    said = _bash(P.prune_command([(b.run_dir, b.marker, "b", ("a",))]))
+    assert pr.parse_reply(said, 1)[0][0] == "removed" and not run.exists()
+
+
+def test_prune_never_removes_a_shared_run_folder_while_another_host_runs_its_job_there(tmp_path, capsys):
+    """Node b's link died, so its record says lost, its job goes on: pruning must keep the folder
+    (today node a, which cannot see b's processes, removed it and prune said "removed 0 run(s)")."""
+    store = RunStore(tmp_path / "runs")
+    r = _shared_record(tmp_path, "r1")
+    store.create(r)
+    run = Path(r.nodes[0].run_dir)
+    job = _marked_job(r.nodes[1].marker)  # b's job, still running
+    try:
+        sel = pr.select(store, pr.Policy(keep=0), NOW)
+        [res] = pr.prune(store, sel, connect=_local_connect)
+        assert not res.removed
+        assert {n.host: n.word for n in res.nodes} == {"a": "shared", "b": "running"}
+        assert (run / "ckpt.pt").read_bytes() == b"c" * 200_000 and (run / ".clusterddp" / "b").is_dir()
+        assert store.load("r1")  # the record, the only pointer to the folder, stays
+        from clusterddp.cli.prune import report
+        assert report([res], sel, dry_run=False) == 1
+        out = capsys.readouterr()
+        assert "not removed r1" in out.err and "b running" in out.err and "removed 0 run(s)" in out.out
+    finally:
+        job.kill()
+        job.wait()
+    # once b's job has ended, the next prune takes all of it (both hosts let go at once: one removes it)
+    [res] = pr.prune(store, pr.select(store, pr.Policy(keep=0), NOW), connect=_local_connect)
+    assert res.removed, res.why_kept
+    assert "removed" in {n.word for n in res.nodes} <= {"missing", "removed"} and not run.exists()
+    assert res.freed >= 200_000
+
+
+def test_a_dry_run_of_a_shared_folder_says_it_would_go_and_counts_its_size_once(tmp_path):
+    store = RunStore(tmp_path / "runs")
+    store.create(_shared_record(tmp_path, "r1"))
+    [res] = pr.prune(store, pr.select(store, pr.Policy(keep=0), NOW), dry_run=True, connect=_local_connect)
+    assert res.removed and [n.word for n in res.nodes] == ["shared", "shared"]
+    assert 200_000 <= sum((n.kib or 0) * 1024 for n in res.nodes) < 400_000
+    assert (Path(res.record.nodes[0].run_dir) / ".clusterddp" / "a").is_dir()  # nothing touched
+
+
+def test_prune_reports_a_node_folder_it_removed_of_a_run_it_kept(tmp_path, capsys):
+    """Two hosts with their own workdirs: a's folder goes, b's job still runs; the summary counts a's bytes."""
+    store = RunStore(tmp_path / "runs")
+    r = _shared_record(tmp_path, "r1")
+    b = r.nodes[1]
+    b_run = f"{tmp_path}/home-b/runs/r1"
+    os.makedirs(f"{b_run}/.clusterddp/b")
+    r = replace(r, nodes=(r.nodes[0], replace(b, run_dir=b_run, control_dir=f"{b_run}/.clusterddp/b",
+                                             settings=replace(b.settings, workdir=f"{tmp_path}/home-b"))))
+    import shutil
+    shutil.rmtree(f"{tmp_path}/home/runs/r1/.clusterddp/b")
+    store.create(r)
+    job = _marked_job(b.marker)
+    try:
+        sel = pr.select(store, pr.Policy(keep=0), NOW)
+        results = pr.prune(store, sel, connect=_local_connect)
+    finally:
+        job.kill()
+        job.wait()
+    assert [n.word for n in results[0].nodes] == ["removed", "running"] and results[0].freed >= 200_000
+    from clusterddp.cli.prune import report
+    report(results, sel, dry_run=False)
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("removed 0 run(s) and node folders of 1 more, ") and " 0 B" not in summary, summary
+
+
+def test_prune_of_more_runs_than_one_node_command_holds_is_sent_in_batches(tmp_path):
+    """One command per host for all its folders: 1,100 runs were over the 128 KiB a single argument
+    may have (long run ids here, so that fewer runs make as long a command)."""
+    store = RunStore(tmp_path / "runs")
+    work = tmp_path / "w"
+    count = 300
+    for i in range(count):
+        run_id = f"20261101-000000-{i:05d}-" + "n" * 180
+        r = rec(run_id, hosts=("a",), status=RunStatus.SUCCEEDED, ended_at="2026-11-29T10:05:00+00:00")
+        run_dir = f"{work}/runs/{run_id}"
+        n = r.nodes[0]
+        store.create(replace(r, nodes=(replace(n, run_dir=run_dir, control_dir=f"{run_dir}/.clusterddp/a",
+                                               settings=replace(n.settings, workdir=str(work), transport="local")),)))
+        os.makedirs(f"{run_dir}/.clusterddp/a")
+    sel = pr.select(store, pr.Policy(keep=0), NOW)
+    assert len(P.prune_command([(n.run_dir, n.marker, "a", ()) for r in sel.remove for n in r.nodes])) > 128 * 1024
+    results = pr.prune(store, sel, connect=_local_connect)
+    assert sum(r.removed for r in results) == count, {r.why_kept for r in results if not r.removed}
+    assert os.listdir(work / "runs") == []

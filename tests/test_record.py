@@ -16,6 +16,7 @@ from clusterddp.backends.ssh import control
 from clusterddp.backends.ssh import launch as jobs
 from clusterddp.errors import NodeOutcome, UsageError
 from clusterddp.inventory import Host
+from clusterddp.node.reply import STATUS_MARK
 from clusterddp.nodeops import parse_status
 from clusterddp.record import NodeState, RecordError, RunRecord, RunStatus, from_report
 from clusterddp.store import RunStore
@@ -173,7 +174,7 @@ def test_one_exit_code_mapping():
     ("garbage", NodeState.LOST, None, "unexpected status report 'garbled'"),
 ])
 def test_a_status_report_maps_onto_the_one_vocabulary(report, state, code, why):
-    kind, exit_code = parse_status(report)
+    kind, exit_code = parse_status(STATUS_MARK + report)
     assert exit_code == code and from_report(kind, exit_code) == (state, why)
 
 
@@ -220,7 +221,7 @@ def test_the_inventorys_fanout_is_recorded_and_bounds_every_control_command(tmp_
             self.name = host.name
 
         def run(self, command: str, **kw) -> CommandResult:
-            return CommandResult(0, b"running\n", b"")
+            return CommandResult(0, STATUS_MARK.encode() + b"running\n", b"")
 
         def stream(self, command, on_data, **kw) -> int:
             return 1

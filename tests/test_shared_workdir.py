@@ -269,3 +269,47 @@ def test_a_node_without_clusterddp_gets_it_shipped_and_an_installed_one_is_never
     assert "[clusterddp] note" not in log1
     assert "[clusterddp] note: this node's own clusterddp.train (" in log2 and "differs from the launcher's" in log2
     assert (run_dir["node1"] / "checkpoints").is_dir()  # the shipped helpers work: rank 0 saved there
+
+
+@pytest.mark.integration
+def test_prune_keeps_a_shared_run_folder_while_a_host_whose_link_died_still_runs_its_job_there(bed, tmp_path):
+    """node2's link died mid-run: `up` recorded it lost while its job goes on (as documented). node1,
+    whose job ended, cannot see node2's processes: it must not remove the folder they share."""
+    from clusterddp.record import NodeState, RunStatus
+    from clusterddp.store import RunStore
+    home = tmp_path / "nfs-home" / "clusterddp"
+    runs = tmp_path / "runs"
+    inv = write_inventory(bed, tmp_path / "inv.yaml", {n.name: {"workdir": str(home)} for n in bed.nodes})
+    hold = job_script(tmp_path, "hold.py", HOLD)
+    run_id = run_id_of(cddp("up", str(inv), str(hold), "--runs-dir", str(runs), "--gpus", "1", "--detach",
+                            check_rc=0, timeout=120).stdout)
+    run_dir = home / "runs" / run_id
+    logs = [run_dir / ".clusterddp" / n.name / "node.log" for n in bed.nodes]
+    assert eventually(lambda: all(f"rank {i} ready" in log.read_text() for i, log in enumerate(logs)), 90)
+    def carrying(host: str) -> list[int]:
+        marker = f"CLUSTERDDP_JOB={run_id}/{host}".encode()
+        out = []
+        for pid in job_pids(run_id):
+            try:
+                if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    out.append(pid)
+            except OSError:
+                pass
+        return out
+    for pid in carrying("node1"):  # node1's job ends; node2's goes on
+        os.kill(pid, 9)
+    assert eventually(lambda: not carrying("node1"), 30) and carrying("node2")
+    RunStore(runs).update(run_id, lambda r: replace(
+        r, status=RunStatus.FAILED, ended_at="2026-01-01T00:00:00+00:00",
+        nodes=(r.nodes[0].seen(NodeState.FAILED, 137), r.nodes[1].seen(NodeState.LOST, None, "connection lost"))))
+    r = cddp("prune", "--keep", "0", "--runs-dir", str(runs), check_rc=1, timeout=120)
+    assert f"not removed {run_id} " in r.stderr and "node2 running" in r.stderr, r.stdout + r.stderr
+    assert (run_dir / "hold.py").is_file() and (run_dir / ".clusterddp" / "node2" / "pid").is_file()
+    assert carrying("node2"), "node2's job died with its folder"
+    assert (runs / run_id / "run.json").is_file()
+    # once node2's job has ended, prune takes all of it
+    cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "2", check_rc=None, timeout=120)
+    assert eventually(lambda: not job_pids(run_id), 30)
+    r = cddp("prune", "--keep", "0", "--runs-dir", str(runs), check_rc=0, timeout=120)
+    assert f"removed {run_id} " in r.stdout, r.stdout + r.stderr
+    assert not run_dir.exists() and not (runs / run_id).exists()

@@ -103,3 +103,87 @@ def test_raw_passes_the_jobs_bytes_through(hostile_run):
     r = cddp("up", "local", "t.py", "--gpus", "1", "--runs-dir", "runs", "--raw", cwd=d, check_rc=0)
     assert f"[local] {HOSTILE}\n" in r.stdout
     assert SHOWN not in r.stdout  # nothing escaped with --raw
+
+
+# ---- lines that never end ----
+
+def test_a_line_that_never_ends_is_printed_in_bounded_pieces_and_nothing_is_lost():
+    """48 MiB without a newline: the printer held all of it and joined it again for every chunk
+    (71 s of CPU); now it never holds more than MAX_PARTIAL and prints as it goes."""
+    out = io.StringIO()
+    p = common.PrefixPrinter(["a"], stream=out)
+    limit = common.PrefixPrinter.MAX_PARTIAL
+    chunk = b"x" * 32768
+    most = 0
+    for _ in range(48 * 1024 * 1024 // len(chunk)):
+        p("a", chunk)
+        most = max(most, p.held("a"))
+    assert most <= limit
+    assert out.getvalue().count("\n") >= 48 * 1024 * 1024 // limit - 1  # printed while it came
+    p.flush()
+    lines = out.getvalue().splitlines()
+    assert all(line.startswith("[a] ") and len(line) <= limit + 4 for line in lines)
+    assert sum(len(line) - 4 for line in lines) == 48 * 1024 * 1024  # every byte, once
+
+
+def test_a_long_line_is_cut_between_utf8_characters_and_complete_lines_are_unchanged():
+    out = io.StringIO()
+    p = common.PrefixPrinter(["a"], stream=out)
+    text = "é" * common.PrefixPrinter.MAX_PARTIAL  # 2 bytes each
+    data = text.encode()
+    for i in range(0, len(data), 1000):
+        p("a", data[i:i + 1000])
+    p("a", b"\nnext line\n")
+    lines = out.getvalue().splitlines()
+    assert "".join(line[4:] for line in lines[:-1]) == text and "\\x" not in out.getvalue()
+    assert lines[-1] == "[a] next line"
+
+
+def test_progress_bars_redrawn_with_cr_are_shown_as_a_terminal_leaves_them():
+    out = io.StringIO()
+    now = [0.0]
+    p = common.PrefixPrinter(["a", "b"], stream=out, clock=lambda: now[0], redraw_every=10)
+    for i in range(100_000):  # a progress bar of one line, redrawn 100,000 times
+        p("a", f"\rstep {i:6d}/100000".encode())
+        assert p.held("a") <= 32
+    assert out.getvalue() == ""
+    now[0] = 11.0  # a redraw after a while shows where it is, once
+    p("a", b"\rstep 100000/100000")
+    p("a", b"\rdone")
+    p("b", b"b's own line\r\n")  # a CRLF is a line end, not a redraw
+    p("a", b"\r\n")
+    assert out.getvalue() == "[a] step 100000/100000\n[b] b's own line\n[a] done\n"
+
+
+def test_raw_output_keeps_a_progress_bars_bytes_and_is_bounded_too():
+    class Terminal(io.StringIO):
+        buffer = io.BytesIO()
+    raw = Terminal()
+    p = common.PrefixPrinter(["a"], stream=raw, raw=True)
+    p("a", b"10%\r20%\r")
+    p("a", b"30%\r\n")
+    assert raw.buffer.getvalue() == b"[a] 10%\r20%\r30%\r\n"
+    for _ in range(100):
+        p("a", b"\r" * 10_000)
+    assert p.held("a") <= common.PrefixPrinter.MAX_PARTIAL
+
+
+def test_a_node_cannot_print_a_line_of_its_own_in_checks_report(capsys):
+    """A probe's torch_error with "\\nPASS: all 2 host(s) ready" printed a fake PASS line."""
+    import json
+
+    from clusterddp import inventory
+    from clusterddp.check import evaluate
+    from clusterddp.cli.check import print_report
+    from clusterddp.fleet import HostResult
+    from clusterddp.node.probe import MARK
+    from clusterddp.transport import CommandResult
+
+    inv = inventory.parse("hosts: [{name: a, address: 10.0.0.1}]\n", "inv.yaml")
+    facts = {"python": "3.11", "torch": "2.13.0", "torch_error": "boom\nPASS: all 2 host(s) ready [0.1s]",
+             "port_free": True, "disk_free": 100 << 30, "disk_path": "/d", "time": 0}
+    out = (MARK + json.dumps(facts) + "\n").encode()
+    print_report(evaluate(inv, [HostResult("a", CommandResult(0, out, b""), None, 0, 0)]), 0.1)
+    lines = capsys.readouterr().out.splitlines()
+    assert not [line for line in lines if line.startswith("PASS")], lines
+    assert any("boom\\nPASS: all 2 host(s) ready" in line for line in lines)

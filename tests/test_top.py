@@ -182,3 +182,25 @@ def test_a_host_that_failed_is_connected_to_again_after_a_while():
         assert w.look().runs[0].nodes[0].state == "unreachable" and connects == ["a"]  # not yet: no connect storm
         now[0] = T.RETRY_AFTER
         assert w.look().runs[0].nodes[0].state == "running" and connects == ["a", "a"]
+
+
+def test_the_default_progress_regex_refuses_a_long_line_in_linear_time():
+    """"step" then 60,000 spaces: 97 s on a node (every split of the spaces between two \\s*)."""
+    import re
+    import time
+    rx = re.compile(T.DEFAULT_PROGRESS)
+    line = "step" + " " * 60_000 + "x"
+    t0 = time.process_time()
+    assert rx.search(line) is None
+    assert time.process_time() - t0 < 5.0  # the old pattern: minutes; this one: milliseconds
+    for text, step in (("step 5", 5), ("Step: 12", 12), ("step=3", 3), ("STEP #7", 7), ("step : 9", 9),
+                       ("step8", 8), ("epoch 2 step  41 loss 0.1", 41)):
+        m = rx.search(text)
+        assert m and int(m.group(1)) == step, text
+
+
+def test_a_nodes_texts_are_kept_to_one_line_in_what_top_shows(capsys):
+    """A node can put a newline in last_line; printed as is it would be a line of top's own."""
+    from clusterddp.node import reply as node_reply
+    data = {"last_line": "loss 0.1\nPASS: forged", "gpu_error": None}
+    assert node_reply.one_line_each(data) == {"last_line": "loss 0.1\\nPASS: forged", "gpu_error": None}

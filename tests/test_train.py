@@ -314,7 +314,7 @@ out = {"numpy_refused": refused, "numpy_hidden_by_test": hidden_by_test,
 def load(case):
     found = ct.load_latest(base / case / f"rank{ctx.rank}")
     return None if found is None else [found[0]["who"], found[1]]
-for case in ("agree", "missing", "corrupt", "empty"):
+for case in ("agree", "missing", "corrupt", "empty", "stale"):
     out[case] = load(case)
 
 shared = base / "shared"
@@ -370,6 +370,10 @@ def torchrun_results(tmp_path_factory) -> dict[int, dict]:
     put("corrupt", 1, 3, "r1")
     put("corrupt", 0, 2, "r0")
     put("corrupt", 1, 2, "r1")
+    # stale: node-local folders; rank 1's step-10.pt is another training's (other weights): it
+    # must end with rank 0's, not its own (DDP, wrapped before the load, never re-syncs them).
+    put("stale", 0, 10, "r0")
+    put("stale", 1, 10, "r1-other-training")
     # empty: rank 0 has no checkpoint, rank 1 has one; rank 0 decides "none".
     (base / "empty" / "rank0").mkdir(parents=True)
     put("empty", 1, 5, "r1")
@@ -397,9 +401,11 @@ def test_init_under_torchrun(torchrun_results) -> None:
 
 def test_load_latest_agrees_across_ranks(torchrun_results) -> None:
     r0, r1 = torchrun_results[0], torchrun_results[1]
-    assert r0["agree"] == ["r0", 2] and r1["agree"] == ["r1", 2]  # own copy of step 2, not stray 3
+    # every rank ends with rank 0's checkpoint: its step (not rank 1's stray 3), its bytes
+    assert r0["agree"] == ["r0", 2] and r1["agree"] == ["r0", 2]
     assert r0["missing"] == ["r0", 2] and r1["missing"] == ["r0", 2]  # shipped from rank 0
-    assert r0["corrupt"] == ["r0", 2] and r1["corrupt"] == ["r1", 2]
+    assert r0["corrupt"] == ["r0", 2] and r1["corrupt"] == ["r0", 2]
+    assert r0["stale"] == ["r0", 10] and r1["stale"] == ["r0", 10]
     assert r0["empty"] is None and r1["empty"] is None
 
 

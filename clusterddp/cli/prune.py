@@ -53,9 +53,11 @@ def report(results: list[RunResult], sel: Selection, dry_run: bool, lead: str = 
     for problem in sel.damaged:
         err(f"{lead}skipped {visible(problem)}")
     gone = [r for r in results if r.removed]
-    total = sum(r.bytes for r in gone)
+    part = [r for r in results if not r.removed and r.freed]  # some node folders went, the run stays
+    total = sum(r.freed for r in results)
     verb = "would remove" if dry_run else "removed"
-    print(f"{lead}{verb} {len(gone)} run(s), {_size(total)}; kept {sel.kept} by the rules"
+    print(f"{lead}{verb} {len(gone)} run(s)" + (f" and node folders of {len(part)} more" if part else "")
+          + f", {_size(total)}; kept {sel.kept} by the rules"
           + (f", {len(sel.running)} running" if sel.running else "")
           + ("; dry run: nothing was removed" if dry_run else ""), flush=True)
     return stayed

@@ -23,6 +23,7 @@ import functools
 from importlib import resources
 
 PROGRAMS = ("probe", "collect", "follow", "worker", "top", "diagnose", "lease", "collective", "envinfo")
+LAUNCHER_SIDE = ("reply",)  # modules here that are no program: the readers of node answers, never sent
 
 
 @functools.cache

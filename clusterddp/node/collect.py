@@ -393,7 +393,7 @@ class Receiver:
     """Takes one node's answer to :func:`main` chunk by chunk (:meth:`feed`), as it arrives, then
     :meth:`finish` once the answer has ended.
 
-    A sent file is hashed into ``<dest(path)>.part`` and renamed to ``dest(path)`` only when its
+    A sent file is hashed into ``<dest(path)>.<random>.part`` and renamed to ``dest(path)`` only when its
     size and hash agree with the node's; a file sent only as a hash is compared with the local
     copy at ``dest(path)``. ``on_total(bytes)`` is called once the node has listed its files,
     ``on_bytes(n)`` as they are received or compared.
@@ -588,8 +588,10 @@ class Receiver:
             try:
                 dest = self.dest(path)
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                tmp = dest.with_name(dest.name + ".part")
-                f = open(tmp, "wb")
+                # a name of its own (two collects of one run at once wrote one <file>.part: half of
+                # each, reported verified), created, never reused: "x" is O_EXCL
+                tmp = dest.with_name("%s.%s.part" % (dest.name, os.urandom(6).hex()))
+                f = open(tmp, "xb")
             except (OSError, ValueError) as e:
                 self._lose(path, "cannot write it here: %s" % e)
                 tmp = None

@@ -38,6 +38,7 @@ import os
 import re
 import select
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -63,8 +64,11 @@ MUTEX_WAIT = 30.0
 
 # ---------------------------------------------------------------- node side
 
+MARK = "CLUSTERDDP_LEASE "  # starts every reply line: a node's login shell may print a banner first
+
+
 def _emit(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.write(MARK + json.dumps(obj) + "\n")
     sys.stdout.flush()
 
 
@@ -79,15 +83,57 @@ def capacity(fallback: int) -> int:
     return n if n > 0 else max(1, fallback)
 
 
-def _open_lock(path: str) -> int:
-    # Read-only is enough for flock, so another user of a shared (1777) lease folder can take a slot
-    # file someone else created; O_NOFOLLOW: a link planted there must not point us elsewhere.
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+LOCK_MODE = 0o644  # every user of a shared (1777) lease folder can open (read-only) and flock it
+
+
+def _open_regular(path: str, flags: int) -> int:
+    """``path`` opened without blocking (a FIFO planted there would hang the open, and a reader
+    holding the mutex with it) and without following a link; OSError unless it is a regular file."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("%s is not a regular file (remove it)" % path)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
+def _open_lock(path: str) -> int:
+    # Read-only is enough for flock, so another user of a shared (1777) lease folder can take a slot
+    # file someone else created. A new one gets LOCK_MODE whatever the creator's umask (with umask
+    # 077 every other user's hold failed for good): made aside with its mode set, then linked into
+    # place, which never replaces a file another user made meanwhile.
+    try:
+        return _open_regular(path, os.O_RDONLY)
+    except FileNotFoundError:
+        pass
+    tmp = "%s.%d.%s.new" % (path, os.getpid(), os.urandom(4).hex())
+    fd = os.open(tmp, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
+    try:
+        os.fchmod(fd, LOCK_MODE)
+        os.link(tmp, path)
+    except FileExistsError:  # another took it meanwhile: theirs is the one
+        os.close(fd)
+        fd = -1
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    return fd if fd >= 0 else _open_regular(path, os.O_RDONLY)
+
+
 def _try_lock(path: str) -> int | None:
-    fd = _open_lock(path)
+    try:
+        fd = _open_lock(path)
+    except OSError as e:
+        if os.path.lexists(path) and not isinstance(e, PermissionError):
+            return None  # a FIFO, folder or link planted as a slot file: that slot is not to be had
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -113,10 +159,12 @@ def _mutex(folder: str) -> int:
 
 def _write_locked(folder: str, name: str, doc: dict) -> int:
     """Write ``doc`` as ``folder/name``, locked before it appears: no reader ever sees it unheld."""
-    tmp = os.path.join(folder, ".%s.%d.tmp" % (name, os.getpid()))
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    # a new name of its own (O_EXCL): a file another user planted under a guessable name could be
+    # one whose lock they hold, and a blocking lock here would wait with the mutex held
+    tmp = os.path.join(folder, ".%s.%d.%s.tmp" % (name, os.getpid(), os.urandom(4).hex()))
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, json.dumps(doc).encode())
         os.fchmod(fd, 0o644)
         os.rename(tmp, os.path.join(folder, name))
@@ -143,8 +191,10 @@ def read_live(folder: str, prefix: str) -> list:
             continue
         path = os.path.join(folder, name)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = _open_regular(path, os.O_RDONLY)
         except OSError:
+            if os.path.lexists(path):  # a FIFO, a folder, a link: never read, but counted
+                out.append({"garbled": name})
             continue
         try:
             try:
@@ -153,7 +203,7 @@ def read_live(folder: str, prefix: str) -> list:
                 data = os.read(fd, MAX_RECORD + 1)
                 try:
                     doc = json.loads(data.decode("utf-8")) if len(data) <= MAX_RECORD else None
-                except ValueError:
+                except (ValueError, RecursionError):
                     doc = None
                 out.append(doc if isinstance(doc, dict) else {"garbled": name})
                 continue
@@ -375,14 +425,21 @@ def clean_waiter(d: Any) -> dict:
 
 
 def parse_reply(text: str) -> dict:
-    """The first reply line of ``hold``, ``queue`` or ``list``, checked. Raises ValueError naming
-    what is wrong; lists of holders and waiters are cleaned entry by entry (a garbled entry is kept
-    as ``{"garbled": True}``, so it is counted, not trusted)."""
+    """The first reply line (:data:`MARK`, whatever a login shell printed before it) of ``hold``,
+    ``queue`` or ``list``, checked. Raises ValueError naming what is wrong; lists of holders and
+    waiters are cleaned entry by entry (a garbled entry is kept as ``{"garbled": True}``, so it is
+    counted, not trusted)."""
     if len(text) > MAX_REPLY:
         raise ValueError("a reply of over %d bytes" % MAX_REPLY)
-    line = text.strip().split("\n", 1)[0] if text.strip() else ""
+    lines = text.split("\n")
+    line = next((x[len(MARK):].rstrip("\r") for x in lines if x.startswith(MARK)), None)
+    if line is None:
+        said = next((x.strip() for x in lines if x.strip()), "")
+        raise ValueError("no reply line: %r" % said[:80] if said else "no reply")
     try:
         d = json.loads(line)
+    except RecursionError:  # 50,000 nested lists: no reply is nested more than three deep
+        raise ValueError("JSON nested too deep: %r" % line[:80]) from None
     except ValueError:
         raise ValueError("not JSON: %r" % line[:80]) from None
     if not isinstance(d, dict):

@@ -9,6 +9,7 @@ import json
 import os
 
 import pytest
+
 from fuzzing import CAMPAIGN, KNOWN_BUG, OUTCOMES, TALLY
 
 

@@ -15,7 +15,6 @@ import re
 from datetime import datetime, timezone
 
 import pytest
-from fuzzing import NUMBERS, UNICODE_DIGITS, ascii_int, case, fuzz, hostile_text
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -23,6 +22,7 @@ from clusterddp import prune, schedule, upload
 from clusterddp.cli import common
 from clusterddp.errors import RunNotFound, UsageError
 from clusterddp.store import RunStore
+from fuzzing import NUMBERS, UNICODE_DIGITS, ascii_int, case, fuzz, hostile_text
 
 # A known bug (issue 23), fixed by engineer A in parallel: Unicode digits in `--hosts node-1:²` (and, found
 # here, 5,000 ASCII digits: int()'s digit limit, a ValueError). After the merge set this to False: the xfail

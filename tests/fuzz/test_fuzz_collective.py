@@ -12,11 +12,11 @@ import json
 import re
 
 import pytest
-from fuzzing import ANY_TEXT, DEEP_JSON, UNICODE_DIGITS, case, fuzz, hostile_bytes, json_edited, spliced_bytes
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from clusterddp.node import collective as C
+from fuzzing import ANY_TEXT, DEEP_JSON, UNICODE_DIGITS, case, fuzz, hostile_bytes, json_edited, spliced_bytes
 
 # A known bug (issue 23), fixed by engineer C in parallel: Unicode digits as the rank keys of hellos and
 # pairs (isdigit() accepts what int() refuses, or reads Arabic-Indic digits as a rank). After the merge set

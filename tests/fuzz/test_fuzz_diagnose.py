@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clusterddp import failure
+from clusterddp.node import diagnose
 from fuzzing import (
     ANY_TEXT,
     DEEP_JSON,
@@ -24,11 +29,6 @@ from fuzzing import (
     spliced,
     spliced_bytes,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-from clusterddp import failure
-from clusterddp.node import diagnose
 
 TYPES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.]{0,30}", fullmatch=True)
 MESSAGES = st.from_regex(r"[ -~]{0,60}", fullmatch=True).map(str.strip)

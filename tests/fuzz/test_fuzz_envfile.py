@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import re
 
-from fuzzing import ANY_TEXT, case, fuzz, hostile_bytes, hostile_text, spliced_bytes
 from hypothesis import given
 from hypothesis import strategies as st
 
 from clusterddp import envfile
 from clusterddp.errors import UsageError
 from clusterddp.inventory import ENV_NAME_RE, reserved_env
+from fuzzing import ANY_TEXT, case, fuzz, hostile_bytes, hostile_text, spliced_bytes
 
 NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True).filter(lambda k: reserved_env(k) is None)
 VALUES = st.one_of(ANY_TEXT.filter(lambda v: "\0" not in v), hostile_text(4, big=False).filter(

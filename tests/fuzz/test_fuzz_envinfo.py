@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 
-from fuzzing import ANY_TEXT, DEEP_JSON, case, fuzz, hostile_bytes, hostile_text, json_edited, spliced_bytes
 from hypothesis import given
 from hypothesis import strategies as st
 
 from clusterddp.node import envinfo as E
+from fuzzing import ANY_TEXT, DEEP_JSON, case, fuzz, hostile_bytes, hostile_text, json_edited, spliced_bytes
 
 TEXTS = ("python", "torch", "cuda", "nccl", "driver", "torch_error", "packages_error")
 TEXT = st.one_of(ANY_TEXT, st.just("v" * 300))

@@ -11,12 +11,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from fuzzing import UNICODE_DIGITS, ascii_int, case, fuzz, hostile_bytes, hostile_text, spliced, spliced_bytes
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from clusterddp import inventory
 from clusterddp.errors import InventoryError
+from fuzzing import UNICODE_DIGITS, ascii_int, case, fuzz, hostile_bytes, hostile_text, spliced, spliced_bytes
 
 # A known bug (issue 23), fixed by engineer A in parallel: slots=/port= with Unicode digits. After the
 # merge set this to False: the xfail below goes, and the general test takes those inputs too.

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fuzzing import CAMPAIGN, DEEP, S_PER_MIB, UNICODE_DIGITS, case, fuzz, hostile_bytes, hostile_text
 from hypothesis import event, given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -28,6 +27,7 @@ from clusterddp import inventory, plan
 from clusterddp.cli.app import app
 from clusterddp.errors import InventoryError
 from clusterddp.inventory import _inventory_yaml
+from fuzzing import CAMPAIGN, DEEP, S_PER_MIB, UNICODE_DIGITS, case, fuzz, hostile_bytes, hostile_text
 
 CASE_SECONDS = 3.0      # CPU of one parse: ~5 ms here; the alias bomb took 8 s before the strict reader
 # Address space allowed on top of what the process has (the bomb needed 1.2 GB), and the peak resident memory

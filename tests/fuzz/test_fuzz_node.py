@@ -22,12 +22,12 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from fuzzing import DEEP_JSON, INVALID_UTF8, case, fuzz
 from hypothesis import event, given
 from hypothesis import strategies as st
 
 from clusterddp.node import collect, probe
 from clusterddp.node.collect import Receiver, StreamError
+from fuzzing import DEEP_JSON, INVALID_UTF8, case, fuzz
 
 MEMORY = 16 << 20     # bytes allocated at the peak of one case; the streams are a few KiB
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import typer.main
 import typer.testing
-from fuzzing import CAMPAIGN, case, fuzz, json_edited
 from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -32,6 +31,7 @@ from clusterddp.errors import HostError
 from clusterddp.inventory import Host
 from clusterddp.record import SCHEMA, NodeRecord, NodeState, RecordError, RunRecord, RunStatus
 from clusterddp.store import RunStore
+from fuzzing import CAMPAIGN, case, fuzz, json_edited
 
 RID = "20261129-181500-f0zz"
 EXAMPLES = 500  # in CI (fewer miss a kind of case below); scripts/fuzz.sh runs FUZZ_EXAMPLES

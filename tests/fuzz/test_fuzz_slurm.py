@@ -17,7 +17,6 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from fuzzing import NUMBERS, UNICODE_DIGITS, ascii_int, case, fuzz, hostile_bytes, hostile_text, spliced
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -27,6 +26,7 @@ from clusterddp.check import FAIL, OK
 from clusterddp.errors import SlurmError
 from clusterddp.inventory import SlurmSettings
 from clusterddp.transport import CommandResult
+from fuzzing import NUMBERS, UNICODE_DIGITS, ascii_int, case, fuzz, hostile_bytes, hostile_text, spliced
 
 # Known bugs (issue 23), fixed by engineer B in parallel: `Restarts=abc` (or a huge or Unicode-digit
 # count) in scontrol's answer, and a non-numeric or 5,000-digit count from sinfo, are tracebacks. After the

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 
-from fuzzing import case, fuzz, hostile_text, spliced
 from hypothesis import given
 from hypothesis import strategies as st
 
 from clusterddp import nodeops, prune
+from clusterddp.node.reply import STATUS_MARK
+from fuzzing import case, fuzz, hostile_text, spliced
 
 WORDS = ("running", "exited", "lost", "missing", "garbled")
 
@@ -30,25 +31,27 @@ def status(text: str):
 @given(word=st.sampled_from(["running", "lost", "missing", "exit"]), code=st.integers(0, 255),
        pad=st.sampled_from(["", "\n", "\r\n", " ", "\t\n"]))
 def test_a_status_reply_parses_back(word, code, pad):
+    banner = "Welcome...\n"  # a login shell's banner before the marked line
     if word == "exit":
-        assert status(f"exit {code}{pad}") == ("exited", code)
+        assert status(f"{banner}{STATUS_MARK}exit {code}{pad}") == ("exited", code)
     else:
-        assert status(word + pad) == (word, None)
+        assert status(banner + STATUS_MARK + word + pad) == (word, None)
 
 
 @fuzz(60)
 @given(text=st.one_of(hostile_text(), st.builds("exit {}".format, hostile_text(3, big=False)),
-                      st.builds(lambda w, p: w + p, st.sampled_from(["running", "exit 0", "lost"]),
+                      st.builds(lambda w, p: STATUS_MARK + w + p, st.sampled_from(["running", "exit 0", "lost"]),
                                 hostile_text(2, big=False))))
 def test_any_status_reply_is_a_word_and_an_exit_code_its_ascii_digits_say(text):
     kind, code = status(text)
     assert kind in WORDS
     if code is not None:
-        digits = text.strip(" \t\r\n").partition(" ")[2]
+        line = next(x for x in reversed(text.split("\n")) if x.startswith(STATUS_MARK))[len(STATUS_MARK):]
+        digits = line.strip(" \t\r\n").partition(" ")[2]
         assert kind == "exited" and re.fullmatch(r"[0-9]{1,3}", digits, re.ASCII) and int(digits) == code <= 255
 
 
-LINE_WORDS = ("removed", "would", "missing", "running", "refused", "failed")
+LINE_WORDS = ("removed", "would", "missing", "running", "refused", "failed", "shared")
 
 
 def reply(text: str, count: int):
@@ -58,7 +61,7 @@ def reply(text: str, count: int):
 
 
 @fuzz(30, share=0.25)
-@given(lines=st.lists(st.tuples(st.sampled_from(LINE_WORDS), st.none() | st.integers(0, 2 ** 70)), max_size=8),
+@given(lines=st.lists(st.tuples(st.sampled_from(LINE_WORDS), st.none() | st.integers(0, 10 ** 15 - 1)), max_size=8),
        noise=st.sampled_from(["", "motd\n", "rm: cannot remove\n"]))
 def test_prune_lines_parse_back(lines, noise):
     text = noise + "".join(f"{i} {w}" + ("" if k is None else f" {k}") + "\n" for i, (w, k) in enumerate(lines))
@@ -74,9 +77,9 @@ def test_prune_lines_parse_back(lines, noise):
 def test_any_prune_reply_gives_only_the_numbers_its_ascii_digits_say(count, text):
     got = reply(text, count)
     ours = {}
-    for line in text.splitlines():  # the documented rule: "<index> <word>[ <KiB>|-]", in ASCII digits
-        m = re.fullmatch(r"([0-9]{1,18}) (removed|would|missing|running|refused|failed)(?: ([0-9]{1,30}|-))?",
-                         line.strip())
+    for line in text.splitlines():  # the documented rule: "<index> <word>[ <KiB>|-][ <host>]", in ASCII digits
+        m = re.fullmatch(r"([0-9]{1,9}) (removed|would|missing|running|refused|failed|shared)(?: ([0-9]{1,15}|-))?"
+                         r"(?: \S+)?", line.strip(), re.ASCII)
         if m and int(m.group(1)) < count:
             ours[int(m.group(1))] = (m.group(2), int(m.group(3)) if m.group(3) not in (None, "-") else None)
     assert got == ours

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import math
 
-from fuzzing import ANY_TEXT, DEEP_JSON, case, fuzz, hostile_bytes, hostile_text, json_edited, spliced_bytes
 from hypothesis import given
 from hypothesis import strategies as st
 
 from clusterddp.node import top
+from fuzzing import ANY_TEXT, DEEP_JSON, case, fuzz, hostile_bytes, hostile_text, json_edited, spliced_bytes
 
 WHOLE = {"exit_code": (0, 255), "step": (0, 10 ** 18), "rss": (0, 2 ** 62), "procs": (0, 10 ** 7)}
 TEXT = st.one_of(ANY_TEXT, hostile_text(3, big=False), st.just("s" * 900))

@@ -21,6 +21,7 @@ import pytest
 from clusterddp import inventory, nodeops, plan
 from clusterddp.backends.ssh.supervisor import NodeState, Supervisor
 from clusterddp.errors import HostError
+from clusterddp.node.reply import STATUS_MARK
 from clusterddp.nodeops import parse_status
 from clusterddp.store import new_run_id
 from clusterddp.transport import CommandResult, connect
@@ -216,7 +217,8 @@ class Scripted:
                 time.sleep(timeout)
                 raise HostError(self.name, f"no answer within {timeout:g}s")
             time.sleep(self.delay)
-            return CommandResult(0, f"exit {self.code}\n".encode() if self.ended.is_set() else b"running\n", b"")
+            said = f"exit {self.code}" if self.ended.is_set() else "running"
+            return CommandResult(0, f"{STATUS_MARK}{said}\n".encode(), b"")
         if command == plan.teardown_command(self.node, self.grace):
             self.torn_down_at = time.monotonic()
             self.hang.clear()  # it answers again
@@ -329,11 +331,11 @@ def test_a_slow_but_alive_node_is_not_lost(tmp_path):
     ("garbage", ("garbled", None)), ("", ("garbled", None)), ("exit", ("garbled", None)),
     ("exit 256", ("exited", None)), ("exit -1", ("exited", None)), ("exit +3", ("exited", None)),
     ("exit \u0663", ("exited", None)), ("exit 1_0", ("exited", None)), ("exit 0003", ("exited", None)),
-    ("exit " + "9" * 5000, ("garbled", None)), ("exit 3\nexit 4", ("exited", None)),
+    ("exit " + "9" * 5000, ("garbled", None)), ("exit 3\nexit 4", ("garbled", None)),
     ("running" + " " * 100, ("garbled", None)), ("\x1b]0;pwned\x07running", ("garbled", None)),
 ])
 def test_parse_status(text, parsed):
-    assert parse_status(text) == parsed
+    assert parse_status("".join(STATUS_MARK + line for line in text.splitlines(True)) or text) == parsed
 
 
 def test_an_unreadable_status_reply_is_a_lost_node_with_the_reply_escaped(tmp_path):

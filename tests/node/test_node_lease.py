@@ -167,11 +167,18 @@ def test_garbage_in_the_lease_folder_is_counted_not_trusted(base):
 ])
 def test_the_reply_parser_refuses_what_no_node_program_says(text, why):
     with pytest.raises(ValueError, match=why):
-        L.parse_reply(text)
+        L.parse_reply(L.MARK + text if len(text) <= L.MAX_REPLY else text)
+
+
+def test_the_reply_is_the_marked_line_whatever_a_login_shell_printed_first():
+    """A node whose ~/.bashrc prints a banner: its lines came first and every hold failed."""
+    assert L.parse_reply("Welcome to gpu-01\n\n" + L.MARK + '{"capacity": 2}\r\n')["capacity"] == 2
+    with pytest.raises(ValueError, match="no reply line: 'Welcome"):
+        L.parse_reply('Welcome\n{"capacity": 2}\n')
 
 
 def test_the_reply_parser_cleans_each_entry():
-    r = L.parse_reply(json.dumps({"capacity": 4, "holders": [
+    r = L.parse_reply(L.MARK + json.dumps({"capacity": 4, "holders": [
         {"run": "r1", "user": "eve\x1b]0;pwn\x07", "since": 5, "slots": [1, 0], "port": "x", "state": "odd"},
         {"run": "../etc", "slots": [0]}, "nope", {"run": "r2", "slots": [99999]}],
         "waiting": [{"ticket": "1", "run": "w"}, {"ticket": ticket(3), "run": "w3", "need": True}]}))
@@ -179,3 +186,107 @@ def test_the_reply_parser_cleans_each_entry():
                                "port": None, "state": "?"}
     assert [h["garbled"] for h in r["holders"]] == [False, True, True, True]
     assert [w["garbled"] for w in r["waiting"]] == [True, False] and r["waiting"][1]["need"] is None
+
+
+def test_a_fifo_or_a_folder_named_as_a_record_never_hangs_list_or_hold(base):
+    """A FIFO named lease-x.json hung `list`, and `hold` with the mutex held; a folder of that name
+    made every list and hold fail. Neither is read; each is counted."""
+    folder = Path(base["dir"])
+    folder.mkdir()
+    os.mkfifo(folder / "lease-fifo.json")
+    (folder / "lease-dir.json").mkdir()
+    os.mkfifo(folder / "queue-0000000000000000001-w.json")
+    r = subprocess.run([sys.executable, "-S", "-c", SRC, "list"], input=json.dumps(base), capture_output=True,
+                       text=True, timeout=30)
+    v = leases._view("n1", L.parse_reply(r.stdout))
+    assert v.garbled == 3 and v.holders == () and v.free == {0, 1}, r.stdout
+    p = run("hold", {**base, "run": "r1", "need": 2})
+    try:
+        assert reply(p)["ok"] is True  # within the test's timeout: nothing blocked under the mutex
+    finally:
+        release(p)
+
+
+def test_lock_files_get_fixed_modes_whatever_the_umask(base):
+    old = os.umask(0o077)
+    try:
+        p = run("hold", {**base, "run": "r1", "need": 1, "port": {"from": 29731, "span": 5}})
+        assert reply(p)["ok"] is True
+    finally:
+        os.umask(old)
+    try:
+        folder = Path(base["dir"])
+        modes = {f.name: f.stat().st_mode & 0o777 for f in folder.iterdir() if f.name.endswith(".lock") or
+                 f.name == ".mutex"}
+        assert modes and set(modes.values()) == {0o644}, modes
+        assert not [f for f in folder.iterdir() if f.name.endswith(".new")]  # nothing left aside
+    finally:
+        release(p)
+
+
+def test_lock_files_planted_as_fifos_make_a_slot_unavailable_never_a_hang(base):
+    folder = Path(base["dir"])
+    folder.mkdir()
+    os.mkfifo(folder / "slot-0.lock")
+    p = run("hold", {**base, "run": "r1", "need": 1})
+    try:
+        assert reply(p)["slots"] == [1]
+    finally:
+        release(p)
+    os.mkfifo(folder / ".mutex.x")
+    (folder / ".mutex").unlink()
+    os.mkfifo(folder / ".mutex")
+    r = subprocess.run([sys.executable, "-S", "-c", SRC, "hold"], input=json.dumps({**base, "run": "r2", "need": 1}),
+                       capture_output=True, text=True, timeout=30)
+    with pytest.raises(ValueError, match="not a regular file"):
+        L.parse_reply(r.stdout)
+
+
+def test_a_deeply_nested_reply_is_refused_not_a_recursion_error():
+    with pytest.raises(ValueError, match="nested too deep"):
+        L.parse_reply(L.MARK + "[" * 50_000 + "]" * 50_000)
+
+
+def test_the_hold_channel_keeps_only_the_reply_lines_whatever_the_node_sends():
+    """40 MB of short lines were all queued (759 MiB in the launcher), the buffer split once per line."""
+    class Node:
+        def stream(self, command, on_data, stdin=None, stderr_to=None):
+            on_data(b"Welcome to n1\n" + L.MARK.encode() + b'{"ok": false, "capacity": 2, "why": "busy"}\n')
+            line = (L.MARK + "x\n").encode() * 200_000
+            for _ in range(40):
+                on_data(line)
+            on_data(b"y" * 1000)
+            return 0
+    ch = leases._Channel("n1", Node(), "hold", b"{}")
+    ch.thread.join(60)
+    assert not ch.thread.is_alive()
+    assert ch._lines.qsize() <= leases._Channel.MAX_LINES + 1  # + the end-of-stream mark
+    assert ch.reply()["why"] == "busy"
+
+
+def test_the_hold_channel_refuses_a_line_over_the_reply_limit_once():
+    class Node:
+        def stream(self, command, on_data, stdin=None, stderr_to=None):
+            for _ in range(L.MAX_REPLY // 65536 + 2):
+                on_data(b"z" * 65536)
+            on_data(b"\n{}\n")
+            return 0
+    ch = leases._Channel("n1", Node(), "hold", b"{}")
+    ch.thread.join(60)
+    from clusterddp.errors import HostError
+    with pytest.raises(HostError, match="over"):
+        ch.reply()
+    assert ch._partial == [] and ch._lines.qsize() == 1  # then only the end
+
+
+def test_the_hold_channel_stops_believing_a_node_that_prints_endless_lines_that_are_no_reply():
+    class Node:
+        def stream(self, command, on_data, stdin=None, stderr_to=None):
+            for _ in range(40):
+                on_data(b"x\n" * 500_000)
+            return 0
+    ch = leases._Channel("n1", Node(), "hold", b"{}")
+    ch.thread.join(60)
+    from clusterddp.errors import HostError
+    with pytest.raises(HostError, match="no reply"):
+        ch.reply()

@@ -20,6 +20,7 @@ from clusterddp.errors import SlurmError, UsageError
 from clusterddp.inventory import Host, SlurmSettings
 from clusterddp.transport.local import LocalTransport
 from clusterddp.upload import SourceFolder
+from helpers import REPO
 from test_plan import golden
 
 
@@ -109,7 +110,7 @@ def test_staging_reading_and_small_files_over_the_login_shell(tmp_path):
     assert (Path(ctl) / "node.sh").read_text() == "export SECRET='s'\n"
     # the upload builder's tarball, as for SSH runs: clusterddp.train for nodes whose python lacks it
     shipped = Path(ctl) / "lib" / "clusterddp" / "train.py"
-    assert shipped.read_bytes() == (Path(__file__).parent.parent / "clusterddp" / "train.py").read_bytes()
+    assert shipped.read_bytes() == (REPO / "clusterddp" / "train.py").read_bytes()
     with pytest.raises(UsageError, match="already holds a run"):  # a run folder is never reused
         login.stage(run_dir, ctl, None, {})
 

@@ -379,3 +379,25 @@ def test_the_node_sends_at_most_max_files_and_says_so(run_dir, monkeypatch):
         "collect glob '/etc/*' refused: it must be relative to the run folder, without ..",
         "collect glob '../*' refused: it must be relative to the run folder, without ..",
         "more than 2 files match the collect globs; only 2 are sent: narrow the globs"]
+
+
+def test_two_collects_of_one_run_at_once_each_write_a_file_of_their_own(run_dir, tmp_path):
+    """Both wrote <file>.part: one truncated the other's, the result was half of each, reported
+    fetched and verified. Each collect's bytes now go to a file of its own until renamed whole."""
+    dest = tmp_path / "artifacts"
+    data = answer(run_dir, {"globs": ["ckpt/**"], "have": {}})
+    rxs = [Receiver(lambda rel: dest / rel) for _ in range(2)]
+    cut = data.index(b'"send"') + (1 << 19)  # the first receiver is in the middle of ckpt/a.bin
+    rxs[0].feed(data[:cut])
+    for i in range(0, len(data), 4096):  # the second, all of it meanwhile, in pieces
+        rxs[1].feed(data[i:i + 4096])
+        if i == 65536:
+            assert len(list(dest.rglob("a.bin.*.part"))) == 2  # each its own
+    rxs[1].finish()
+    rxs[0].feed(data[cut:])
+    rxs[0].finish()
+    for rx in rxs:
+        assert rx.fetched == ["ckpt/a.bin", "ckpt/deep/b.txt", "ckpt/empty"] and rx.errors == rx.missing == []
+    for p in ("ckpt/a.bin", "ckpt/deep/b.txt", "ckpt/empty"):
+        assert hashlib.sha256((dest / p).read_bytes()).digest() == hashlib.sha256((run_dir / p).read_bytes()).digest()
+    assert not list(dest.rglob("*.part"))

@@ -1,0 +1,123 @@
+"""Reading what a node command printed, launcher side (this module is never sent to a node).
+
+A node is not trusted, and its login shell may print around a command's answer (a banner, a
+motd, ``Welcome...``). So an answer is one *marked* line, found among whatever else came, and
+everything in it is checked: its length, its JSON (no NaN, bounded nesting), its texts. The node
+programs that carry their own readers (``probe``, ``envinfo``, ``collective``) cannot import this
+(a node program imports nothing of clusterddp); the shell commands' readers (``status``) and
+the lease reader use it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+
+class ReplyError(ValueError):
+    """An answer that is not one the node command gives; the message says why."""
+
+
+def marked(text: str, mark: str, most: int) -> str | None:
+    """The payload of the one line of ``text`` that starts with ``mark`` (its ``\\r`` dropped);
+    None when there is none. ReplyError when there are several, or it is over ``most`` characters."""
+    found = None
+    at = 0
+    while (i := text.find(mark, at)) >= 0:
+        at = i + len(mark)
+        if i and text[i - 1] != "\n":
+            continue  # the mark inside another line
+        end = text.find("\n", at)
+        line = text[at:] if end < 0 else text[at:end]
+        if found is not None:
+            raise ReplyError(f"more than one {mark.strip()} line")
+        if len(line) > most:
+            raise ReplyError(f"a {mark.strip()} line of over {most} characters")
+        found = line.rstrip("\r")
+    return found
+
+
+MAX_DEPTH = 32  # no node program's answer is nested more than a few levels
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+
+
+def depth(text: str) -> int:
+    """How deeply the JSON ``text`` nests its arrays and objects (linear time, strings skipped)."""
+    deepest = level = 0
+    for c in re.sub(r"[^\[\]{}]", "", _STRING.sub("", text)):
+        level += 1 if c in "[{" else -1
+        deepest = max(deepest, level)
+    return deepest
+
+
+def _constant(name: str) -> object:
+    raise ReplyError(f"{name} is not a number")
+
+
+def loads(text: str, max_depth: int = MAX_DEPTH) -> object:
+    """Strict JSON from a node: NaN and Infinity refused, nesting over ``max_depth`` refused before
+    parsing (50,000 levels raised RecursionError). ReplyError naming what is wrong."""
+    if depth(text) > max_depth:
+        raise ReplyError(f"JSON nested over {max_depth} levels deep")
+    try:
+        return json.loads(text, parse_constant=_constant)
+    except ReplyError:
+        raise
+    except (ValueError, RecursionError) as e:
+        raise ReplyError(f"not JSON ({e})") from None
+
+
+def one_line(text: str) -> str:
+    """A node's text as one line: line breaks shown as ``\\n``/``\\r`` (a node must not print a line
+    of its own, e.g. a fake ``PASS`` in `check`'s report). Other control characters are the
+    printer's to escape (``cli.common.visible``)."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r") if (
+        "\n" in text or "\r" in text) else text
+
+
+def one_line_each(value: object) -> object:
+    """``value`` (a parsed, checked answer: dicts, lists, texts, numbers) with every text in it
+    made :func:`one_line`; what a node sent is printed only so."""
+    if isinstance(value, str):
+        return one_line(value)
+    if isinstance(value, dict):
+        return {k: one_line_each(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [one_line_each(v) for v in value]
+    return value
+
+
+# ---- status (plan.status_command) ----
+
+STATUS_MARK = "CLUSTERDDP_STATUS "
+STATUS_MAX_CHARS = 64        # the longest honest reply is "exit 255"; anything longer is not one
+STATUS_MAX_REPLY = 1 << 16   # with a login banner around it
+
+
+def parse_status(text: str) -> tuple[str, int | None]:
+    """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``|``garbled``,
+    exit code).
+
+    The answer is the one :data:`STATUS_MARK` line, whatever the login shell printed around it. The
+    exit code must be 1 to 3 ASCII digits, 0..255 (what bash's ``$?`` can be; a signal shows as
+    128+N, never negative), else it is unreadable (``exited``, None); no marked line, several, one
+    that is none of the words or too long: ``garbled``. Never raises.
+    :func:`clusterddp.record.from_report` says which NodeState that is.
+    """
+    if len(text) > STATUS_MAX_REPLY:
+        return "garbled", None
+    try:
+        line = marked(text, STATUS_MARK, STATUS_MAX_CHARS)
+    except ReplyError:
+        return "garbled", None
+    if line is None:
+        return "garbled", None
+    line = line.strip(" \t")
+    if line in ("running", "lost", "missing"):
+        return line, None
+    word, sep, rest = line.partition(" ")
+    if word == "exit" and sep:
+        if re.fullmatch(r"[0-9]{1,3}", rest, re.ASCII) and int(rest) <= 255:
+            return "exited", int(rest)
+        return "exited", None
+    return "garbled", None
