@@ -14,11 +14,12 @@ import re
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import FileRefused, UsageError
+from .files import read_bounded
 from .nodescript import SHIPPED_LIB
 from .sizes import human_size
 
@@ -27,7 +28,11 @@ from .sizes import human_size
 # .netrc). Gitignore syntax, read before the user's own rules (the last matching rule wins).
 DEFAULT_EXCLUDES = (".git/", ".hg/", ".svn/", "__pycache__/", ".clusterddp/", ".pytest_cache/", ".mypy_cache/",
                     ".venv/", ".ssh/", ".env", ".env.*", "*.pem", "*.key", ".netrc", "id_rsa*", "id_dsa*",
-                    "id_ecdsa*", "id_ed25519*")
+                    "id_ecdsa*", "id_ed25519*",
+                    # the well-known credential stores of cloud, cluster, registry and package tools
+                    "**/.aws/credentials", "**/.kube/config", "**/.docker/config.json", ".git-credentials",
+                    ".pypirc", ".pgpass", ".npmrc")
+IGNORE_FILE_LIMIT = 1 << 20  # bytes of .clusterddpignore read at most
 IGNORE_FILE = ".clusterddpignore"
 DEFAULT_MAX_UPLOAD = 1 << 30
 
@@ -146,31 +151,50 @@ def scan_source(source_dir: Path, runs_dir: Path) -> SourceFolder:
     the runs folder is never sent. Folders that are excluded are not entered (as git: a file in
     them cannot be re-included). Links are sent as links, never followed."""
     rules = ignore_rules(DEFAULT_EXCLUDES)
-    try:
-        with open(source_dir / IGNORE_FILE, encoding="utf-8") as f:
-            rules += ignore_rules(f.read().splitlines())
-    except FileNotFoundError:
-        pass
-    except (OSError, UnicodeDecodeError) as e:
+    try:  # bounded and non-blocking: a FIFO or /dev/zero put there must not hang or fill memory
+        rules += ignore_rules(read_bounded(source_dir / IGNORE_FILE, IGNORE_FILE_LIMIT)[0].decode().splitlines())
+    except FileRefused as e:
+        if e.reason != "missing":
+            raise UsageError(f"cannot read {source_dir / IGNORE_FILE}: {e.problem}",
+                             "make it a readable UTF-8 text file (gitignore syntax)") from None
+    except UnicodeDecodeError as e:
         raise UsageError(f"cannot read {source_dir / IGNORE_FILE}: {e}", "make it readable UTF-8 text") from None
-    skip = runs_dir.resolve()
+    try:  # the runs folder, known by its inode: resolving every folder's path was quadratic in the depth
+        st = os.stat(runs_dir)
+        skip: tuple[int, int] | None = (st.st_dev, st.st_ino)
+    except OSError:
+        skip = None
     entries: list[tuple[str, int]] = []
 
-    def walk(folder: Path, prefix: str) -> None:
+    def listing(folder: str | Path, prefix: str) -> Iterator[tuple[os.DirEntry, str]]:
         with os.scandir(folder) as it:
             items = sorted(it, key=lambda e: e.name)
-        for e in items:
-            rel = prefix + e.name
-            is_dir = e.is_dir(follow_symlinks=False)
-            if ignored(rel, is_dir, rules) or (is_dir and Path(e.path).resolve() == skip):
-                continue
-            if is_dir:
-                entries.append((rel + "/", 0))
-                walk(Path(e.path), rel + "/")
-            else:
-                entries.append((rel, e.stat(follow_symlinks=False).st_size if e.is_file(follow_symlinks=False) else 0))
-    walk(source_dir, "")
+        return iter([(e, prefix + e.name) for e in items])
+
+    # Depth first, in name order, with a stack of listings rather than recursion: a folder nested
+    # deeper than Python's recursion limit is walked like any other.
+    stack = [listing(source_dir, "")]
+    while stack:
+        step = next(stack[-1], None)
+        if step is None:
+            stack.pop()
+            continue
+        entry, rel = step
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if ignored(rel, is_dir, rules) or (is_dir and skip is not None and _inode(entry) == skip):
+            continue
+        if is_dir:
+            entries.append((rel + "/", 0))
+            stack.append(listing(entry.path, rel + "/"))
+        else:
+            regular = entry.is_file(follow_symlinks=False)
+            entries.append((rel, entry.stat(follow_symlinks=False).st_size if regular else 0))
     return SourceFolder(source_dir, tuple(entries))
+
+
+def _inode(entry: os.DirEntry) -> tuple[int, int]:
+    st = entry.stat(follow_symlinks=False)
+    return st.st_dev, st.st_ino
 
 
 def check_upload_size(folder: SourceFolder, limit: int) -> None:

@@ -40,6 +40,45 @@ def test_default_excludes_keep_secrets_caches_and_the_runs_folder_home(tmp_path)
                                        "src/util.py", "train.py"]
 
 
+def test_well_known_credential_stores_stay_home_unless_re_included(tmp_path):
+    src = tmp_path / "proj"
+    stores = [".aws/credentials", ".kube/config", ".docker/config.json", ".git-credentials", ".pypirc", ".pgpass",
+              ".npmrc", "sub/.aws/credentials", "sub/.npmrc"]
+    tree(src, {"train.py": "x", ".aws/config": "region only", ".kube/cache/x": "c", **{s: "SECRET" for s in stores}})
+    shown = sent(src)
+    assert not [s for s in stores if s in shown], shown
+    assert ".aws/config" in shown and ".kube/cache/x" in shown  # only the credential files themselves stay
+    (src / ".clusterddpignore").write_text("!.npmrc\n!.aws/credentials\n")
+    shown = sent(src)
+    assert ".npmrc" in shown and ".aws/credentials" in shown and "sub/.aws/credentials" not in shown
+
+
+def test_a_folder_nested_deeper_than_pythons_recursion_limit_is_scanned_and_packed(tmp_path):
+    src = tmp_path / "proj"
+    levels = [str(src) + "/d" * i for i in range(1, 1101)]  # 1,100 levels: the recursive walk raised RecursionError
+    src.mkdir()
+    for folder in levels:  # made and removed a level at a time: mkdir(parents=True) and rmtree recurse too
+        os.mkdir(folder)
+    try:
+        Path(levels[-1], "leaf.txt").write_text("bottom")
+        (src / "train.py").write_text("x")
+        entries = sent(src)
+        assert entries[-1] == "train.py" and entries[-2] == "d/" * 1100 + "leaf.txt"
+        assert len(entries) == 1100 + 2
+    finally:
+        os.unlink(Path(levels[-1], "leaf.txt"))
+        for folder in reversed(levels):
+            os.rmdir(folder)
+
+
+def test_a_fifo_as_clusterddpignore_is_refused_naming_it_not_waited_on(tmp_path):
+    src = tmp_path / "proj"
+    tree(src, {"train.py": "x"})
+    os.mkfifo(src / ".clusterddpignore")
+    with pytest.raises(UsageError, match=r"\.clusterddpignore: is a FIFO|\.clusterddpignore.*not a regular file"):
+        sent(src)
+
+
 def test_clusterddpignore_in_gitignore_syntax(tmp_path):
     src = tmp_path / "proj"
     tree(src, {"train.py": "x", "top.txt": "t", "sub/top.txt": "t", "data/big.bin": "d", "sub/data/x": "x",

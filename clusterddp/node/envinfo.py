@@ -122,21 +122,15 @@ def _text(name: "str", v: "object") -> "object":
     return v if len(v) <= MAX_TEXT else v[:MAX_TEXT] + "..."
 
 
-def _no_constant(name: "str") -> "object":
-    raise ValueError("%s is not a number" % name)
-
-
 def parse_reply(stdout: bytes, stderr: bytes, exit_code: int) -> "dict":
     """The facts of the last marked line, each checked; :class:`EnvInfoError` when there is none
     (with the reason stderr gives) or it is malformed."""
-    text = stdout.decode("utf-8", "replace")
-    for line in reversed(text.split("\n")):
-        if not line.startswith(MARK):
-            continue
-        try:
-            facts = json.loads(line[len(MARK):].rstrip("\r"), parse_constant=_no_constant)
-        except (ValueError, RecursionError) as e:
-            raise EnvInfoError("unreadable envinfo reply: %s" % e) from None
+    from .reply import ReplyError, last_marked_json  # launcher side only: never runs on a node
+    try:
+        facts = last_marked_json(stdout, MARK)
+    except ReplyError as e:
+        raise EnvInfoError("unreadable envinfo reply: %s" % e) from None
+    if facts is not None:
         if not isinstance(facts, dict) or not isinstance(facts.get("python"), str):
             raise EnvInfoError("malformed envinfo reply: no python version")
         out = dict((k, _text(k, facts.get(k))) for k in ("python", "torch", "cuda", "nccl", "driver",

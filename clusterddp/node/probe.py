@@ -238,24 +238,19 @@ def _checked(facts: dict) -> dict:
     return dict((k, _fact(k, FACTS[k], v)) for k, v in facts.items() if k in FACTS)
 
 
-def _no_constant(name: str) -> object:
-    raise ValueError("%s is not a number" % name)
-
-
 def parse_reply(stdout: bytes, stderr: bytes, exit_code: int) -> dict:
     """The facts a probe printed (its last marked line, whatever else the login shell printed),
     each checked against :data:`FACTS`; raises :class:`ProbeError` when it printed none (with the
     reason if stderr gives one) or a malformed one (naming the fact)."""
-    text = stdout.decode("utf-8", "replace")
-    for line in reversed(text.split("\n")):
-        if line.startswith(MARK):
-            try:
-                facts = json.loads(line[len(MARK):].rstrip("\r"), parse_constant=_no_constant)
-            except (ValueError, RecursionError) as e:
-                raise ProbeError("unreadable probe output: %s" % e) from None
-            if not isinstance(facts, dict):
-                raise ProbeError("unreadable probe output: not a JSON object")
-            return _checked(facts)
+    from .reply import ReplyError, last_marked_json  # launcher side only: never runs on a node
+    try:
+        facts = last_marked_json(stdout, MARK)
+    except ReplyError as e:
+        raise ProbeError("unreadable probe output: %s" % e) from None
+    if facts is not None:
+        if not isinstance(facts, dict):
+            raise ProbeError("unreadable probe output: not a JSON object")
+        return _checked(facts)
     err = stderr.decode("utf-8", "replace").strip().splitlines()
     raise ProbeError(err[-1] if err else "no output, exit %d" % exit_code)
 

@@ -3,9 +3,9 @@
 A node is not trusted, and its login shell may print around a command's answer (a banner, a
 motd, ``Welcome...``). So an answer is one *marked* line, found among whatever else came, and
 everything in it is checked: its length, its JSON (no NaN, bounded nesting), its texts. The node
-programs that carry their own readers (``probe``, ``envinfo``, ``collective``) cannot import this
-(a node program imports nothing of clusterddp); the shell commands' readers (``status``) and
-the lease reader use it.
+programs' readers (``probe``, ``envinfo``, ``top``: :func:`last_marked_json`) import it inside the
+reader, which runs only here (a program's module-level code, which runs on the node, imports nothing
+of clusterddp); the shell commands' readers (``status``) and the lease reader use it too.
 """
 
 from __future__ import annotations
@@ -54,17 +54,29 @@ def _constant(name: str) -> object:
     raise ReplyError(f"{name} is not a number")
 
 
-def loads(text: str, max_depth: int = MAX_DEPTH) -> object:
+def loads(text: str, max_depth: int = MAX_DEPTH, constant=_constant) -> object:
     """Strict JSON from a node: NaN and Infinity refused, nesting over ``max_depth`` refused before
     parsing (50,000 levels raised RecursionError). ReplyError naming what is wrong."""
     if depth(text) > max_depth:
         raise ReplyError(f"JSON nested over {max_depth} levels deep")
     try:
-        return json.loads(text, parse_constant=_constant)
+        return json.loads(text, parse_constant=constant)
     except ReplyError:
         raise
     except (ValueError, RecursionError) as e:
         raise ReplyError(f"not JSON ({e})") from None
+
+
+def last_marked_json(stdout: bytes, mark: str, constant=_constant) -> object:
+    """The JSON of the last line of ``stdout`` that starts with ``mark`` (a login banner may come
+    first; its ``\r`` dropped), read by :func:`loads`; None when no line is marked. ReplyError when
+    the marked line is not strict JSON (``constant`` says what NaN and Infinity become: refused by
+default), or nests too deep."""
+    text = stdout.decode("utf-8", "replace")
+    for line in reversed(text.split("\n")):
+        if line.startswith(mark):
+            return loads(line[len(mark):].rstrip("\r"), constant=constant)
+    return None
 
 
 def one_line(text: str) -> str:

@@ -230,16 +230,13 @@ def _gpu(g: object) -> dict:
 def parse_reply(stdout: bytes, jobs: int) -> dict:
     """The node's last marked line, every value checked: it must report exactly ``jobs`` jobs.
     Raises :class:`TopError` saying what was wrong."""
-    text = stdout.decode("utf-8", "replace")
-    for line in reversed(text.split("\n")):
-        if line.startswith(MARK):
-            break
-    else:
-        raise TopError("no answer from the node's top program")
+    from .reply import ReplyError, last_marked_json  # launcher side only: never runs on a node
     try:
-        r = json.loads(line[len(MARK):].rstrip("\r"), parse_constant=lambda c: None)
-    except (ValueError, RecursionError) as e:
+        r = last_marked_json(stdout, MARK, constant=lambda c: None)  # a NaN rate is no rate
+    except ReplyError as e:
         raise TopError("unreadable top reply: %s" % e) from None
+    if r is None:
+        raise TopError("no answer from the node's top program")
     if not isinstance(r, dict) or not isinstance(r.get("jobs"), list) or len(r["jobs"]) != jobs:
         raise TopError("malformed top reply: expected %d job(s)" % jobs)
     out = {"time": _num(r.get("time"), 0, 1e11, "time"),
