@@ -299,6 +299,12 @@ def _text(name: str, v: object, null: bool = True) -> str | None:
     return v if len(v) <= MAX_TEXT else v[:MAX_TEXT] + "..."
 
 
+def _rank_key(k: object) -> bool:
+    """A rank as a JSON key: 1 to 9 ASCII digits (isdigit() alone takes ² and Arabic-Indic digits,
+    which int() refuses or reads as another number)."""
+    return isinstance(k, str) and 0 < len(k) <= 9 and k.isascii() and k.isdigit()
+
+
 def _int(name: str, v: object, lo: int, hi: int) -> int:
     if type(v) is not int or not lo <= v <= hi:  # noqa: E721 - a bool is no count
         raise _bad(name, "a whole number from %d to %d" % (lo, hi))
@@ -359,7 +365,7 @@ def _event(ev: object, world: int) -> dict:
             raise _bad("hellos", "an object of ranks")
         out["hellos"] = {}
         for r, h in hellos.items():
-            if not (isinstance(r, str) and r.isdigit() and int(r) < world) or not isinstance(h, dict):
+            if not (_rank_key(r) and int(r) < world) or not isinstance(h, dict):
                 raise _bad("hellos", "an object of ranks")
             out["hellos"][int(r)] = {"torch": _text("hellos.torch", h.get("torch"))}
     if kind == "result":
@@ -369,7 +375,7 @@ def _event(ev: object, world: int) -> dict:
             raise _bad("pairs", "an object of at most two peers")
         out["pairs"] = {}
         for peer, sweep in pairs.items():
-            if not (isinstance(peer, str) and peer.isdigit() and int(peer) < world):
+            if not (_rank_key(peer) and int(peer) < world):
                 raise _bad("pairs", "an object keyed by peer rank")
             out["pairs"][int(peer)] = _sweep_of("pairs[%s]" % peer, sweep)
     return out

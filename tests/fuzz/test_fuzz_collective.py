@@ -21,7 +21,7 @@ from fuzzing import ANY_TEXT, DEEP_JSON, UNICODE_DIGITS, case, fuzz, hostile_byt
 # A known bug (issue 23), fixed by engineer C in parallel: Unicode digits as the rank keys of hellos and
 # pairs (isdigit() accepts what int() refuses, or reads Arabic-Indic digits as a rank). After the merge set
 # this to False: the xfail below goes, and the general test takes those inputs too.
-DIGITS_BUG = True
+DIGITS_BUG = False
 RANK_KEY = re.compile(r'"[^"\x00-\x7f]*[^\x00-\x7f][^"]*"\s*:')  # a key with a non-ASCII character
 
 TEXT = ANY_TEXT
