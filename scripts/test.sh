@@ -56,4 +56,4 @@ ruff check .
 mypy
 lint-imports --no-logo --no-cache
 echo "== pytest in $venv"
-python -m pytest -q -ra "$@"
+python -m pytest -q -ra --durations=25 "$@"  # the slowest tests, for keeping CI under its budget
