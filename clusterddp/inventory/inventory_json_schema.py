@@ -4,7 +4,7 @@ Generated from the pydantic model that validates inventories (:mod:`clusterddp.i
 then made editor-friendly: each field gets its README description, pydantic's union constraints
 (``gt``, ``ge``) become JSON Schema keywords, and ``gpus``, ``env`` and host names get the shape the
 validators enforce. The result is shipped as ``inventory.schema.json`` beside this module and
-printed by ``clusterddp schema``; ``tests/test_inventory_json_schema.py`` keeps the file in sync.
+printed by ``clusterddp schema``; ``tests/inventory/test_inventory_json_schema.py`` keeps the file in sync.
 
 Regenerate after changing the model (a new field, a new block)::
 

@@ -12,7 +12,7 @@ where it runs alone, as ``__main__``, with the node's own Python. So every modul
   (no f-strings, no variable annotations), since they must report on a node whose Python is too
   old rather than fail to parse; ``collect``, ``follow``, ``worker``, ``top``, ``diagnose``,
   ``lease`` and ``collective`` (which alone imports torch too) Python 3.8, the oldest that torch 2
-  supports (they run only where a job can run). tests/test_node_programs.py parses each with that grammar;
+  supports (they run only where a job can run). tests/node/test_node_programs.py parses each with that grammar;
 - has ``main(argv)`` (argv without the program name), callable in-process by tests, and ends
   with ``if __name__ == "__main__":`` calling it.
 """
