@@ -18,7 +18,7 @@ for _dir in sorted({_TESTS, *(p.parent for p in _TESTS.rglob("test_*.py"))}, rev
 
 from ci_skips import in_ci  # noqa: E402
 from slurmbed import SlurmBed, missing_slurm  # noqa: E402
-from testbed import TestBed, missing_requirements, session_slot  # noqa: E402
+from testbed import TestBed, require_bed, session_slot  # noqa: E402
 
 # In CI a skipped integration test is a failure (see ci_skips.py).
 pytest_plugins = ["ci_skips"]
@@ -31,11 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _require_bed() -> None:
-    reason = missing_requirements()
-    if reason:
-        if in_ci():  # CI must run every real-host test: a skip there would hide a broken set-up
-            pytest.fail(f"test bed unavailable in CI: {reason}", pytrace=False)
-        pytest.skip(f"test bed unavailable: {reason}")
+    require_bed()
 
 
 @pytest.fixture(scope="session")

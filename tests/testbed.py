@@ -81,6 +81,19 @@ class Node:
     workdir: str  # per-node folder, since all nodes share one filesystem
 
 
+def require_bed() -> None:
+    """Skip the calling test when this machine cannot run a test bed (:func:`missing_requirements`);
+    in CI fail it instead, since a skip there would hide a broken set-up."""
+    import pytest
+
+    from ci_skips import in_ci
+    reason = missing_requirements()
+    if reason:
+        if in_ci():
+            pytest.fail(f"test bed unavailable in CI: {reason}", pytrace=False)
+        pytest.skip(f"test bed unavailable: {reason}")
+
+
 def missing_requirements() -> str | None:
     """Why a TestBed cannot run here, or None if it can."""
     if os.geteuid() != 0:

@@ -83,10 +83,9 @@ time.sleep(600)
 @pytest.mark.integration
 def test_status_of_a_running_job_on_a_node_whose_login_shell_prints_a_banner(tmp_path_factory, tmp_path):
     """"Welcome...\\nrunning" was read as garbled: the run recorded failed for good, the node lost."""
-    from conftest import _require_bed
     from helpers import cddp, eventually, job_pids, job_script, run_id_of
-    from testbed import TestBed, session_slot
-    _require_bed()
+    from testbed import TestBed, require_bed, session_slot
+    require_bed()
     slot = session_slot()
     banner = 'echo "Welcome to $(hostname), a node with a banner"\necho\n'
     with TestBed(1, tmp_path_factory.mktemp("bannerbed"), prefix=f"cd{slot}r", subnet=f"10.{100 + slot}.50",
