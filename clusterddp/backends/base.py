@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
-from ..errors import NodeOutcome, UsageError
+from ..errors import NodeOutcome, RunFailed, UsageError
 from ..inventory import LOCAL, Inventory
 from ..plan import RunSpec
 from ..record import NodeRecord, NodeState, RunRecord, RunStatus
@@ -190,6 +190,15 @@ def new_record(inventory_arg: str, spec: RunSpec, run_id: str, *, schedule: str 
         status=RunStatus.RUNNING, failed_host=None, schedule=schedule, local=local, started_at=utcnow(),
         ended_at=None, launch_dir=os.getcwd(), master_addr=master_addr, master_port=master_port,
         collect=tuple(collect), nodes=tuple(nodes), **extra)
+
+
+def run_failed(store: RunStore, run_id: str, outcome: RunOutcome, status: RunStatus,
+               explain: Callable[[], tuple[str, ...]]) -> RunFailed:
+    """The error of a run recorded ``status`` (not succeeded): each node in the words `status` will
+    print, and for a failed run the root cause (``explain``, the backend's diagnosis)."""
+    said = {n.host: n.describe() for n in store.load(run_id).nodes}
+    cause = explain() if status is RunStatus.FAILED else ()
+    return RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said, cause=cause)
 
 
 def finish(store: RunStore, run_id: str, states: NodeStates, outcome: RunOutcome) -> RunStatus:

@@ -26,7 +26,7 @@ from ... import nodescript as NS
 from ... import plan as P
 from ... import postmortem, upload
 from ...artifacts import CollectResult
-from ...errors import HostError, NodeOutcome, RunFailed, SlurmAnswerError, SlurmError, UsageError
+from ...errors import HostError, NodeOutcome, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
 from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
@@ -465,9 +465,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         if stopped:
             raise KeyboardInterrupt
         if status is not RunStatus.SUCCEEDED:
-            said = {n.host: n.describe() for n in store.load(run_id).nodes}  # the words `status` will print
-            cause = explain(login, store, run_id) if status is RunStatus.FAILED else ()
-            raise RunFailed(run_id, list(result.nodes), result.first_failed, status, said, cause=cause)
+            raise base.run_failed(store, run_id, result, status, lambda: explain(login, store, run_id))
         return result
     finally:
         store.close_logs()

@@ -209,9 +209,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         collect(fleet, plan, store, on_collect, sup)
         status = finish(store, run_id, sup, outcome)
         if status is not RunStatus.SUCCEEDED:
-            said = {n.host: n.describe() for n in store.load(run_id).nodes}  # the words `status` will print
-            cause = explain(fleet, plan, store) if status is RunStatus.FAILED else ()
-            raise RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said, cause=cause)
+            raise base.run_failed(store, run_id, outcome, status, lambda: explain(fleet, plan, store))
         return outcome
     finally:
         store.close_logs()
