@@ -143,31 +143,27 @@ def hostile_bytes(max_pieces: int = 6, big: bool = True) -> st.SearchStrategy[by
 
 
 @st.composite
-def spliced(draw: st.DrawFn, base: str, big: bool = True) -> str:
+def _edited(draw: st.DrawFn, base, piece: st.SearchStrategy):
+    """``base`` with up to three edits: a ``piece`` put in, a span replaced by one, or a cut."""
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(base)))
+        j = draw(st.integers(i, min(len(base), i + 40)))
+        how = draw(st.sampled_from(["insert", "replace", "cut"]))
+        if how == "cut":
+            base = base[:i]
+        else:
+            base = base[:i] + draw(piece) + base[j if how == "replace" else i:]
+    return base
+
+
+def spliced(base: str, big: bool = True) -> st.SearchStrategy[str]:
     """``base`` with up to three edits: a hostile piece put in, a span replaced by one, or a cut."""
-    for _ in range(draw(st.integers(1, 3))):
-        i = draw(st.integers(0, len(base)))
-        j = draw(st.integers(i, min(len(base), i + 40)))
-        how = draw(st.sampled_from(["insert", "replace", "cut"]))
-        if how == "cut":
-            base = base[:i]
-        else:
-            base = base[:i] + draw(hostile_text(2, big)) + base[j if how == "replace" else i:]
-    return base
+    return _edited(base, hostile_text(2, big))
 
 
-@st.composite
-def spliced_bytes(draw: st.DrawFn, base: bytes, big: bool = True) -> bytes:
+def spliced_bytes(base: bytes, big: bool = True) -> st.SearchStrategy[bytes]:
     """``base`` with up to three edits, as :func:`spliced`, in bytes (invalid UTF-8 among the pieces)."""
-    for _ in range(draw(st.integers(1, 3))):
-        i = draw(st.integers(0, len(base)))
-        j = draw(st.integers(i, min(len(base), i + 40)))
-        how = draw(st.sampled_from(["insert", "replace", "cut"]))
-        if how == "cut":
-            base = base[:i]
-        else:
-            base = base[:i] + draw(hostile_bytes(2, big)) + base[j if how == "replace" else i:]
-    return base
+    return _edited(base, hostile_bytes(2, big))
 
 
 def ascii_int(text: str) -> int | None:
