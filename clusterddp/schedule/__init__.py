@@ -20,13 +20,7 @@ JSON carries any value as it is. And the shell's lock logic (``flock -E 75 -n`` 
 ``|| schedule _skipped``) was code nothing could test but a golden string: ``schedule fire`` does
 it in Python (:func:`load_spec`, :func:`try_lock`, :func:`start_up`).
 
-What stays on the line, and why: absolute paths only, because cron starts in the home folder
-with ``PATH=/usr/bin:/bin``; ``cd`` to the launch folder and this environment's bin first on
-PATH, so ``fire`` starts exactly where and as the run will (``python -m clusterddp`` finds the
-same package; ``fire`` sets both again for `up` from the spec, so firing by hand is the same);
-and the redirection into ``NAME.log``, so that even an executable or launch folder that has
-gone is reported in the log, not in a cron mail nobody reads. ``%`` in those paths is still
-escaped for cron.
+What stays on the line, and why, is said in :mod:`.crontab`.
 
 The package, by job: :mod:`.cron` (cron's grammar: the time fields, when they fire, ``%``),
 :mod:`.spec` (the spec, its file, the `up` command it stands for), :mod:`.crontab` (rendering,
