@@ -598,7 +598,8 @@ class SSHTransport:
                              f"verify the host and add its key: `ssh-keyscan -H {hop.host} >> "
                              f"{self._known}`, or set host_key_policy: accept-new", kind=Kind.HOST_KEY_UNKNOWN)
         if isinstance(e, paramiko.AuthenticationException):
-            return HostError(self.name, f"authentication failed for {where}: {e}; {hop.offered()}",
+            said = "" if str(e) in ("", "Authentication failed.") else f" ({e})"  # paramiko's words, when they add any
+            return HostError(self.name, f"authentication failed for {where}{said}; {hop.offered()}",
                              f"check user and identity_file in the inventory, or your ssh-agent; the key's .pub "
                              f"must be in ~{hop.user}/.ssh/authorized_keys on {hop.host}", kind=Kind.AUTH_REFUSED)
         if isinstance(e, paramiko.SSHException):

@@ -134,7 +134,7 @@ def test_key_file_mistakes_name_the_file_and_where_it_was_set(bed, tmp_path, mon
         connect(h)
     assert e.value.kind is HostErrorKind.AUTH_REFUSED
     assert e.value.detail == (
-        f"authentication failed for root@{n1.address}:22: Authentication failed.; tried {wrong} (identity_file, "
+        f"authentication failed for root@{n1.address}:22; tried {wrong} (identity_file, "
         f"{inv}:{at_default}: defaults.identity_file), {default} (paramiko's default); not tried: "
         f"{tmp_path / 'id_gone'} (IdentityFile in ssh_config; does not exist, skipped)")
     # the skipped IdentityFile does not stop a key that works
@@ -143,3 +143,19 @@ def test_key_file_mistakes_name_the_file_and_where_it_was_set(bed, tmp_path, mon
         assert t.run("hostname").text == "node1\n"
     finally:
         t.close()
+
+
+def test_the_loader_records_where_each_hosts_identity_file_was_set(tmp_path):
+    """The field the transport's message names: the host's own entry, the defaults, a hostfile's line."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("defaults:\n  identity_file: ~/.ssh/lab\nhosts:\n  - {name: a}\n"
+                   "  - name: b\n    identity_file: ~/.ssh/b\n")
+    a, b = inventory.load(inv).hosts
+    assert a.identity_from == f"{inv}:2: defaults.identity_file"
+    assert b.identity_from == f"{inv}:6: hosts[1].identity_file"
+    inv.write_text("hosts:\n  - {name: a}\n")
+    assert inventory.load(inv).hosts[0].identity_from is None
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# lab\na slots=1\nb slots=1 identity_file=~/.ssh/b\n")
+    a, b = inventory.load(hostfile).hosts
+    assert (a.identity_from, b.identity_from) == (None, f"{hostfile}:3: identity_file")
