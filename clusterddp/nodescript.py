@@ -179,6 +179,22 @@ def ship_train_lines(python: str, run_dir: str) -> list[str]:
     ]
 
 
+STACKS = "stacks"  # in a node's control folder: the stack hook, and each python's dump file (`clusterddp stacks`)
+
+
+def stack_hook_lines() -> list[str]:
+    """Every python of the job hooked for ``clusterddp stacks``: the node program ``stackhook`` written
+    as ``$CTL/stacks/hook/sitecustomize.py`` and that folder put first on PYTHONPATH. A node where it
+    cannot be written runs the job anyway (``stacks`` then says the ranks are not hooked)."""
+    hook = f'"$CTL/{STACKS}/hook"'
+    return [
+        f"(umask 077 && mkdir -p {hook} && cat > {hook}/sitecustomize.py) <<'CDDP_STACKHOOK' 2>/dev/null || true",
+        node_source("stackhook").rstrip("\n"),
+        "CDDP_STACKHOOK",
+        f'export CLUSTERDDP_STACKS="$CTL/{STACKS}" PYTHONPATH={hook}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+    ]
+
+
 # ---- finding a job's processes ----
 
 # ``cddp_marked WORD``: the pids of every process whose environment holds the line WORD

@@ -52,6 +52,7 @@ from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER
     qpath,
     setup_failed,
     ship_train_lines,
+    stack_hook_lines,
 )
 
 DEFAULT_GRACE = 10.0
@@ -255,6 +256,7 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
         lines += iface_lines({k for k, _ in node.env}, master_addr, _probes(node.argv, LOCAL_ADDR))
     if not local:
         lines += ship_train_lines(h.python, node.run_dir)
+    lines += stack_hook_lines()
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
     argv = " ".join(f'"{a}"' if isinstance(a, _Probed) else q(a) for a in node.argv)

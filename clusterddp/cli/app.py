@@ -13,6 +13,7 @@ from .check import check as check_cmd
 from .exec_ import exec_ as exec_cmd
 from .leases import leases as leases_cmd
 from .script_args import ScriptCommand
+from .stacks import stacks as stacks_cmd
 from .top import top as top_cmd
 
 # add_completion: --install-completion/--show-completion; typer imports its completion code anyway, so
@@ -29,6 +30,7 @@ app.command("prune")(prune_cmd.prune)
 app.command("schema")(schema_cmd.schema)
 app.command("top")(top_cmd)
 app.command("leases")(leases_cmd)
+app.command("stacks")(stacks_cmd)
 
 
 @app.callback()

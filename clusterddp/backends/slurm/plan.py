@@ -154,6 +154,7 @@ def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, c
     ]
     lines += NS.iface_lines({k for k, _ in env}, None, local_addr=True)
     lines += NS.ship_train_lines(s.python, run_dir)
+    lines += NS.stack_hook_lines()
     lines += [
         'cddp_is_host=0; [ "$cddp_h" = "$cddp_master" ] && cddp_is_host=1',
         'echo "[clusterddp] node $SLURM_NODEID/$SLURM_JOB_NUM_NODES on $cddp_h iface=${IFACE:-?} job $SLURM_JOB_ID"',
