@@ -14,6 +14,7 @@ hooked) is told in ``clusterddp/node/stackhook.py``. Nothing here prints.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -154,11 +155,13 @@ def users(frame: Frame) -> bool:
 
 
 def place(frames: Sequence[Frame]) -> tuple:
-    """What ranks at the same place share: every frame, the innermost one's line aside (a rank that
-    loops in Python is at one place, whichever line of the loop the signal found it on)."""
+    """What ranks at the same place share: every frame's file name (not its folder: each host has
+    the script in its own run folder), line and function, the innermost one's line aside (a rank
+    that loops in Python is at one place, whichever line of the loop the signal found it on)."""
     if not frames:
         return ()
-    return ((frames[0][0], frames[0][2]), *frames[1:])
+    names = [(posixpath.basename(f), ln, fn) for f, ln, fn in frames]
+    return ((names[0][0], names[0][2]), *names[1:])
 
 
 def group(procs: Sequence[Proc]) -> list[Group]:

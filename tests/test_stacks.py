@@ -60,9 +60,10 @@ def fake(answers: dict):
 
 
 def two_by_two(rank3=STUCK):
+    # each host has the script in a run folder of its own
     return {"a": reply([proc(10, None, None, dump(("/v/bin/torchrun", 8, "<module>")), role="agent"),
                         proc(11, 0, 0, WAITING), proc(12, 1, 1, WAITING)]),
-            "b": reply([proc(21, 2, 0, WAITING), proc(22, 3, 1, rank3)])}
+            "b": reply([proc(21, 2, 0, WAITING.replace("/w/runs/", "/b/runs/")), proc(22, 3, 1, rank3)])}
 
 
 def test_the_rank_not_where_the_others_are_is_named_first_with_its_own_frames(tmp_path):
