@@ -48,14 +48,17 @@ def test_stacks_names_the_stuck_rank_and_the_run_still_succeeds_after_several_ca
     r = cddp("up", str(inventory), str(src / "hang.py"), "--runs-dir", str(runs), "-e", f"CDDP_RELEASE={release}",
              "--detach", check_rc=0)
     run_id = run_id_of(r.stdout)
-    calls = []
+    calls, took = [], []
 
     def odd_one_named() -> bool:  # the first calls may come while the ranks still meet
+        t0 = time.monotonic()
         calls.append(cddp("stacks", run_id, "--runs-dir", str(runs)))
+        took.append(time.monotonic() - t0)
         return "rank 3 (node2 local 1, pid " in calls[-1].stdout and "<- the odd one out" in calls[-1].stdout
     try:
         assert eventually(odd_one_named, 120, interval=0.5), (calls[-1].stdout, calls[-1].stderr)
         s = calls[-1]
+        print(s.stdout)
         assert s.returncode == 0, s.stderr
         lines = s.stdout.splitlines()
         assert lines[1].startswith("rank 3 (node2 local 1, pid ") and "stuck_in_my_function (hang.py:" in lines[1]
@@ -91,4 +94,5 @@ def test_stacks_names_the_stuck_rank_and_the_run_still_succeeds_after_several_ca
     # a run that has ended: said so, exit 2
     e = cddp("stacks", run_id, "--runs-dir", str(runs), check_rc=2)
     assert "has ended (succeeded" in e.stderr, e.stderr
-    print(f"wall time {time.monotonic() - started:.1f}s, {len(calls) + 2} stacks calls")
+    print(f"wall time {time.monotonic() - started:.1f}s, {len(calls) + 2} stacks calls, "
+          f"{' '.join(f'{t:.1f}' for t in took)} s each")
