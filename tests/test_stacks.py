@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from clusterddp import stacks as S
 from clusterddp.errors import HostError, HostErrorKind, UsageError
 from clusterddp.node import stacks as node_stacks
+from clusterddp.node.reply import ReplyError
 from clusterddp.record import RunStatus
 from clusterddp.store import RunStore
 from clusterddp.transport import CommandResult
@@ -146,3 +147,18 @@ def test_an_ended_or_unknown_run_is_refused_with_exit_2(tmp_path):
 
 def test_ranges():
     assert S.ranges([3, 0, 1, 2, 7, 9, 10]) == "0-3, 7, 9-10"
+
+
+@pytest.mark.parametrize("edit", [
+    {"time": 1e300}, {"time": -1}, {"time": 10 ** 400}, {"exit_code": 999}, {"state": "hung"},
+    {"procs": [proc(0, 0, 0, "")]}, {"procs": [proc(1, True, 0, "")]}, {"procs": [proc(1, 0, 0, "", role="daemon")]},
+    {"procs": [dict(proc(1, 0, 0, ""), main="zz")]}, {"procs": [proc(1, 0, 0, "x" * (node_stacks.MOST_DUMP + 1))]}])
+def test_a_reply_out_of_its_ranges_is_refused(edit):
+    r = {"time": 1.0, "host": "x", "state": "running", "exit_code": None, "procs": [], **edit}
+    with pytest.raises(ReplyError):
+        node_stacks.parse_reply((node_stacks.MARK + json.dumps(r) + "\n").encode())
+
+
+def test_a_note_from_the_node_is_one_line():
+    r = {"time": 1.0, "host": "x", "state": "running", "exit_code": None, "procs": [proc(1, 0, 0, "", note="a\nb")]}
+    assert node_stacks.parse_reply((node_stacks.MARK + json.dumps(r)).encode())["procs"][0]["note"] == "a\\nb"

@@ -21,15 +21,16 @@ from clusterddp.node.reply import ReplyError
 from fuzzing import ANY_TEXT, DEEP_JSON, case, fuzz, hostile_bytes, hostile_text, json_edited, spliced, spliced_bytes
 
 TEXT = st.one_of(ANY_TEXT, hostile_text(3, big=False))
-FRAME_LINE = st.builds(lambda f, ln, fn: f'  File "{f}", line {ln} in {fn}', TEXT, st.integers(0, 10 ** 6) | st.just("???"),
-                       TEXT)
+FRAME_LINE = st.builds(lambda f, ln, fn: f'  File "{f}", line {ln} in {fn}', TEXT,
+                       st.integers(0, 10 ** 6) | st.just("???"), TEXT)
 DUMP_TEXT = st.lists(st.one_of(FRAME_LINE, st.just("Thread 0x00007f0000000001 (most recent call first):"),
                                st.just("Current thread 0x00007f0000000002 (most recent call first):"), TEXT),
                      max_size=12).map("\n".join)
 PROC = st.fixed_dictionaries({
     "pid": st.integers(1, 2 ** 31 - 1), "role": st.sampled_from(["rank", "agent"]),
     "rank": st.none() | st.integers(0, 2 ** 24 - 1), "local_rank": st.none() | st.integers(0, 2 ** 24 - 1),
-    "how": st.sampled_from(["faulthandler", "py-spy", "none"]), "main": st.none() | st.sampled_from(["1", "7f0000000001"]),
+    "how": st.sampled_from(["faulthandler", "py-spy", "none"]),
+    "main": st.none() | st.sampled_from(["1", "7f0000000001"]),
     "dump": DUMP_TEXT, "note": st.sampled_from(["", "no dump within 3s"])})
 
 
