@@ -230,8 +230,8 @@ def save(store: RunStore, taken: Taken) -> Path:
     ``agent-<pid>.txt``), a header line first; the folder."""
     folder = stamp(taken.at)
     for p in taken.procs:
-        head = (f"# run {taken.run_id} {p.host} {p.role} rank {p.rank} local rank {p.local_rank} pid {p.pid}"
-                f" ({p.how}{': ' + p.note if p.note else ''})\n")
+        who = f"rank {p.rank} (local rank {p.local_rank})" if p.role == "rank" else "torchrun agent"
+        head = f"# run {taken.run_id}, {p.host}, {who}, pid {p.pid}: {p.how}{', ' + p.note if p.note else ''}\n"
         store.write_evidence(taken.run_id, "stacks", folder, f"{p.host}/{file_name(p)}",
                              (head + p.dump).encode("utf-8", "replace"))
     taken.saved = store.run_dir(taken.run_id) / "stacks" / folder
