@@ -1,7 +1,8 @@
 """`clusterddp stacks` for real: 2 sshd hosts x 2 torchrun processes (gloo, CPU), a plain torch script
 (no clusterddp.train, no @record), detached; rank 3 stuck in a function of its own while ranks 0-2
-wait in all_reduce. `stacks` names rank 3 on node2 and its function as the odd one out, saves every
-dump, and the run still succeeds after several calls once rank 3 is let go."""
+wait in all_reduce. `stacks` names rank 3 on node2 and its function as the odd one out and saves every
+dump; once rank 3 is let go, stacks are taken three times more while every rank runs all_reduce in a
+loop, and the run still succeeds, every rank through its last line."""
 
 from __future__ import annotations
 
@@ -31,9 +32,18 @@ def stuck_in_my_function(release):
 if rank == 3:
     stuck_in_my_function(os.environ["CDDP_RELEASE"])
 dist.all_reduce(torch.ones(1))  # ranks 0-2 wait here for rank 3
+# then a healthy job, collectives in a loop (stacks taken meanwhile), until told to stop
+steps, stop = 0, torch.zeros(1)
+while not stop.item():
+    t = torch.ones(4096)
+    dist.all_reduce(t)
+    assert t[0].item() == 4, t[0]
+    steps += 1
+    stop = torch.tensor([float(os.path.exists(os.environ["CDDP_RELEASE"] + ".stop"))])
+    dist.all_reduce(stop)  # every rank stops at the same step
 dist.barrier()
 dist.destroy_process_group()
-print("rank %d done" % rank, flush=True)
+print("rank %d done after %d steps" % (rank, steps), flush=True)
 '''
 
 
@@ -82,7 +92,15 @@ def test_stacks_names_the_stuck_rank_and_the_run_still_succeeds_after_several_ca
                                           "rank3.txt").read_text()
     finally:
         release.write_text("go")
-    # let go, the run ends as if nothing had asked: succeeded, every rank through its last line
+    # let go: a healthy job in its loop of all_reduces, asked three times more, then told to stop
+    try:
+        for _ in range(3):
+            h = json.loads(cddp("stacks", run_id, "--runs-dir", str(runs), "--json", check_rc=0).stdout)
+            assert sorted(r for g in h["groups"] for r in g["ranks"]) == [0, 1, 2, 3]
+            assert all(p["how"] == "faulthandler" for g in h["groups"] for p in g["procs"])
+    finally:
+        (tmp_path / "release.stop").write_text("stop")
+    # the run ends as if nothing had asked: succeeded, every rank through its last line
 
     def ended() -> bool:
         return "succeeded" in cddp("status", run_id, "--runs-dir", str(runs)).stdout or \
@@ -90,10 +108,9 @@ def test_stacks_names_the_stuck_rank_and_the_run_still_succeeds_after_several_ca
     assert eventually(ended, 120, interval=1)
     assert record(runs, run_id)["status"] == "succeeded", cddp("logs", run_id, "--runs-dir", str(runs)).stdout
     logs = cddp("logs", run_id, "--runs-dir", str(runs), check_rc=0).stdout
-    assert all(f"rank {k} done" in logs for k in range(4)), logs
-    assert len(calls) + 2 >= 3
+    assert all(f"rank {k} done after " in logs for k in range(4)), logs
     # a run that has ended: said so, exit 2
     e = cddp("stacks", run_id, "--runs-dir", str(runs), check_rc=2)
     assert "has ended (succeeded" in e.stderr, e.stderr
-    print(f"wall time {time.monotonic() - started:.1f}s, {len(calls) + 2} stacks calls, "
+    print(f"wall time {time.monotonic() - started:.1f}s, {len(calls) + 5} stacks calls, "
           f"{' '.join(f'{t:.1f}' for t in took)} s each")
