@@ -86,8 +86,9 @@ def test_a_rank_blocked_in_a_c_call_gives_its_stack_and_keeps_running_after_seve
 def test_a_process_not_hooked_is_never_signalled(tmp_path, capsys, procs, monkeypatch):
     ctl = hook_folder(tmp_path)
     marker = f"test-stacks-unhooked-{os.getpid()}/n1"
-    monkeypatch.setenv("PATH", str(tmp_path))  # no py-spy here
     procs.append(start(ctl, marker, hooked=False))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no py-spy here, nor beside the python
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python3"))
     # even with a stale dump file of its pid: the signal's default action would kill it
     (ctl / "stacks" / f"{procs[0].pid}.txt").write_text(f"CLUSTERDDP_STACKS pid={procs[0].pid} main=0x1\n")
     (p,) = ask(capsys, ctl, marker)["procs"]
@@ -140,3 +141,36 @@ def test_parse_dump_reads_faulthandlers_threads_innermost_first():
     # the thread-name form of newer Pythons
     assert node_stacks.parse_dump("Thread 0x00000000000000ff [MainThread] (most recent call first):\n"
                                   '  File "a.py", line 1 in f\n') == [(255, False, [("a.py", 1, "f")])]
+
+
+# What py-spy 0.4.3 `dump --json` printed for such a process (one thread, frames innermost first).
+PY_SPY = [{"pid": 0, "thread_id": 140057186683776, "thread_name": "MainThread", "os_thread_id": 0, "active": False,
+           "owns_gil": False, "process_info": None, "frames": [
+               {"name": "Condition.wait", "filename": "/usr/lib/python3.11/threading.py", "module": None,
+                "short_filename": "threading.py", "line": 327, "locals": None, "is_entry": False},
+               {"name": "stuck_in_my_function", "filename": "/w/job.py", "module": None, "short_filename": "job.py",
+                "line": 5, "locals": None, "is_entry": True}]}]
+
+
+def test_a_process_not_hooked_is_read_by_py_spy_where_the_node_has_it(tmp_path, capsys, procs, monkeypatch):
+    ctl = hook_folder(tmp_path)
+    marker = f"test-stacks-py-spy-{os.getpid()}/n1"
+    procs.append(start(ctl, marker, hooked=False))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    answer = json.dumps([dict(PY_SPY[0], pid=procs[0].pid, os_thread_id=procs[0].pid)])
+    (fake / "py-spy").write_text(f"#!/bin/sh\n[ \"$1 $2 $3 $4\" = 'dump --json --pid {procs[0].pid}' ] || exit 3\n"
+                                 f"echo '{answer}'\n")
+    (fake / "py-spy").chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python3"))
+    (p,) = ask(capsys, ctl, marker)["procs"]
+    assert (p["how"], p["main"], p["note"]) == ("py-spy", f"{PY_SPY[0]['thread_id']:x}", "")
+    ((tid, _, frames),) = node_stacks.parse_dump(p["dump"])
+    assert frames == [("/usr/lib/python3.11/threading.py", 327, "Condition.wait"),
+                      ("/w/job.py", 5, "stuck_in_my_function")]
+    # py-spy refused (no ptrace rights): its last line of error, no stack
+    (fake / "py-spy").write_text("#!/bin/sh\necho 'Error: Permission Denied' >&2\nexit 1\n")
+    (p,) = ask(capsys, ctl, marker)["procs"]
+    assert p["how"] == "none" and p["note"].endswith("py-spy failed (ptrace rights?): Error: Permission Denied")
+    assert procs[0].poll() is None
