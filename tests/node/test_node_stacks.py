@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,8 @@ from clusterddp.node import stacks as node_stacks
 
 JOB = """
 import os, sys, threading
+if os.environ.get("CDDP_FORK") and os.fork() == 0:  # a data loader's worker: its rank's environment
+    threading.Lock().acquire(); threading.Event().wait()
 def stuck_in_my_function():
     print("ready", flush=True)
     lock = threading.Lock(); lock.acquire(); lock.acquire()  # blocked in C, for ever
@@ -43,7 +46,8 @@ def start(ctl, marker, env_extra=None, hooked=True):
     env.update({"CLUSTERDDP_JOB": marker, "RANK": "3", "LOCAL_RANK": "1", **(env_extra or {})})
     if hooked:
         env.update({"CLUSTERDDP_STACKS": str(ctl / "stacks"), "PYTHONPATH": str(ctl / "stacks" / "hook")})
-    p = subprocess.Popen([sys.executable, "-c", JOB], env=env, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", JOB], env=env, stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
     assert p.stdout.readline() == "ready\n"
     return p
 
@@ -58,7 +62,7 @@ def procs():
     started: list[subprocess.Popen] = []
     yield started
     for p in started:
-        p.kill()
+        os.killpg(p.pid, signal.SIGKILL)  # with any child it forked
         p.wait()
 
 
@@ -81,6 +85,14 @@ def test_a_rank_blocked_in_a_c_call_gives_its_stack_and_keeps_running_after_seve
     # the dump file holds every dump after the hook's header
     text = (ctl / "stacks" / f"{procs[0].pid}.txt").read_text()
     assert text.startswith(f"CLUSTERDDP_STACKS pid={procs[0].pid} main=0x") and text.count("stuck_in_my_function") == 4
+
+
+def test_a_ranks_forked_child_is_not_a_rank_of_its_own(tmp_path, capsys, procs):
+    ctl = hook_folder(tmp_path)
+    marker = f"test-stacks-fork-{os.getpid()}/n1"
+    procs.append(start(ctl, marker, {"CDDP_FORK": "1"}))
+    r = ask(capsys, ctl, marker)
+    assert [(p["pid"], p["how"]) for p in r["procs"]] == [(procs[0].pid, "faulthandler")]
 
 
 def test_a_process_not_hooked_is_never_signalled(tmp_path, capsys, procs, monkeypatch):
