@@ -41,7 +41,7 @@ def test_the_completion_script_is_printed_and_completes_subcommands_and_options_
     assert r.returncode == 0, r.stderr
     assert "complete -o default -F _clusterddp_completion clusterddp" in r.stdout
     assert _bash_complete(r.stdout, ["clusterddp", "pr"]) == ["prune"]
-    assert sorted(_bash_complete(r.stdout, ["clusterddp", "s"])) == ["schedule", "schema", "status", "stop"]
+    assert sorted(_bash_complete(r.stdout, ["clusterddp", "s"])) == ["schedule", "schema", "stacks", "status", "stop"]
     assert _bash_complete(r.stdout, ["clusterddp", "prune", "--d"]) == ["--dry-run"]
     assert _bash_complete(r.stdout, ["clusterddp", "schedule", "ad"]) == ["add"]
     zsh = subprocess.run([str(EXE), "--show-completion", "zsh"], capture_output=True, text=True, env=_env(),
