@@ -162,3 +162,21 @@ def test_a_reply_out_of_its_ranges_is_refused(edit):
 def test_a_note_from_the_node_is_one_line():
     r = {"time": 1.0, "host": "x", "state": "running", "exit_code": None, "procs": [proc(1, 0, 0, "", note="a\nb")]}
     assert node_stacks.parse_reply((node_stacks.MARK + json.dumps(r)).encode())["procs"][0]["note"] == "a\\nb"
+
+
+def test_the_command_shows_the_others_when_a_node_does_not_answer_exit_1_and_a_failed_save_is_a_warning(
+        tmp_path, monkeypatch):
+    rec = make_record("20261201-000000-live", hosts=("a", "b", "c"))
+    store = RunStore(tmp_path / "runs")
+    store.create(rec)
+    answers = two_by_two()
+    answers["c"] = HostError("c", "timed out after 10s", kind=HostErrorKind.TIMEOUT)
+    real_take = S.take
+    monkeypatch.setattr(S, "take", lambda r, wait: real_take(r, connect=fake(answers)[1], wait=wait))
+    (store.run_dir(rec.run_id) / "stacks").write_text("in the way")  # the dumps cannot be saved
+    from clusterddp.cli.app import app
+    r = CliRunner().invoke(app, ["stacks", "20261201-000000", "--runs-dir", str(tmp_path / "runs")])
+    assert r.exit_code == 1, r.output
+    assert "rank 3 (b local 1, pid 22): stuck_in_my_function -> wait (train.py:7)  <- the odd one out" in r.output
+    assert "c: no stacks: " in r.output and "timed out after 10s" in r.output
+    assert "warning: the dumps are not saved" in r.output and "Traceback" not in r.output

@@ -26,7 +26,7 @@ def stacks(
     taken on every node at once, grouped by where the main threads stand, the rank(s) that differ
     from the others first. The job is not disturbed. Every dump is saved under the run folder, in
     stacks/<time>/<host>/rank<N>.txt. Exit 1 when a node did not answer (the others are shown)."""
-    from ..errors import UsageError
+    from ..errors import StoreError, UsageError
     from ..stacks import group, running_record, save, take, to_json
     from ..store import RunStore
 
@@ -39,7 +39,10 @@ def stacks(
         raise UsageError(f"run {rec.run_id} has ended on every node ({codes}): it has no stacks to take",
                          f"`clusterddp status {rec.run_id}` records how it ended")
     if taken.procs:
-        save(store, taken)
+        try:
+            save(store, taken)
+        except StoreError as e:  # the stacks are still shown; only the copy on disk is missing
+            err(f"warning: the dumps are not saved: {e}")
     groups = group(taken.procs)
     if as_json:
         print(json.dumps(to_json(taken, groups)), flush=True)
