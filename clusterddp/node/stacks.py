@@ -168,7 +168,7 @@ def _py_spy(p: dict) -> None:
     import shutil
     import subprocess
     exe = shutil.which("py-spy") or shutil.which(os.path.join(os.path.dirname(sys.executable), "py-spy"))
-    why = "not hooked (started by an older clusterddp, or by python -E/-I)"
+    why = "not hooked (started by an older clusterddp, by python -E/-I, or with PYTHONPATH replaced)"
     if exe is None:
         p["note"] = why + "; py-spy is not installed on this node"
         return
