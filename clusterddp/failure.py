@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .noise import without_noise
+
 # Bounds on what is kept: a record and a terminal summary stay small whatever a node sent.
 MAX_TYPE = 200
 MAX_MESSAGE = 2000
@@ -252,7 +254,7 @@ class Failure:
 
 def _tail(log: bytes) -> tuple[str, ...]:
     text = log[-(64 << 10):].decode("utf-8", "replace")
-    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    lines = [line.rstrip() for line in without_noise(text.splitlines()) if line.strip()]
     return tuple(clip(line, MAX_LOG_LINE) for line in lines[-MAX_LOG_LINES:])
 
 

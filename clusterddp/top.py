@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import cast
 
+from . import noise
 from . import plan as P
 from .errors import UsageError
 from .fleet import Fleet, as_host_error
@@ -157,7 +158,7 @@ class Watch:
 
         def one(host: Host, t: Transport) -> dict:
             jobs = [n for _, n in self._jobs[host.name]]
-            res = t.run(P.top_command(host, jobs, self.regex), timeout=host.connect_timeout)
+            res = t.run(P.top_command(host, jobs, self.regex, noise.LINE_PATTERNS), timeout=host.connect_timeout)
             return cast(dict, node_reply.one_line_each(node_top.parse_reply(res.stdout, len(jobs))))
         answers = self._fleet.each(one)
         if answers.failed and self._failed_at is None:
