@@ -189,9 +189,9 @@ class Watch:
             if isinstance(got, Exception) or got is None:
                 out.append({"host": h.name, "error": str(as_host_error(h.name, got)) if got else "not asked"})
                 continue
-            out += [{"host": h.name, "run": x.run, "user": x.user, "since": x.since, "slots": list(x.slots),
-                     "master_port": x.port, "state": x.state} for x in got.holders]
-            out += [{"host": h.name, "run": w.run, "user": w.user, "since": w.since, "state": "waiting",
+            out += [{"host": h.name, "run": x.run, "name": x.name, "user": x.user, "since": x.since,
+                     "slots": list(x.slots), "master_port": x.port, "state": x.state} for x in got.holders]
+            out += [{"host": h.name, "run": w.run, "name": w.name, "user": w.user, "since": w.since, "state": "waiting",
                      "needs": list(w.slots) if w.slots else w.need} for w in got.waiting]
         return out
 
