@@ -107,3 +107,24 @@ def test_a_waiter_is_never_told_that_nobody_holds_its_slots():
     free = leases._position([ask], {"b": view()}, "0000000000000000005-me")
     assert free == "waiting in the queue: position 1; the slots are free now; taking them"
     assert "nobody" not in kept + free
+
+
+def test_every_node_is_told_the_runs_name_with_its_request(monkeypatch):
+    import json
+    sent = []
+
+    class Channel:  # the node program's side of the channel: it answers "taken"
+        def __init__(self, host, t, command, stdin):
+            sent.append((host, json.loads(stdin)))
+
+        def reply(self):
+            return {"ok": True, "slots": [0], "port": 29500}
+
+    class Fleet:
+        def transport(self, host):
+            return None
+    monkeypatch.setattr(leases, "_Channel", Channel)
+    p = plan(name="bert-base")
+    leases.try_acquire(p, Fleet(), leases.asks(p, port_fixed=False), user="me@x")
+    assert [(h, r["run"], r["name"], r["user"]) for h, r in sent] == [
+        (h, "r1", "bert-base", "me@x") for h in ("c", "b", "a")]
