@@ -13,22 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cddp, eventually, record
+from helpers import cddp, cddp_closed, eventually, record
 
 ENV = {"OMP_NUM_THREADS": "1"}
-
-
-def closed_stdout(*args: str, cwd: Path, both: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``clusterddp ARGS`` with its stdout (and with ``both`` its stderr too: ``2>&1 | head``) a pipe
-    nobody reads any more."""
-    r, w = os.pipe()
-    os.close(r)
-    try:
-        return subprocess.run([sys.executable, "-m", "clusterddp", *args], cwd=cwd, stdout=w,
-                              stderr=w if both else subprocess.PIPE, text=True, timeout=timeout,
-                              env={**os.environ, **ENV, "XDG_STATE_HOME": str(cwd / "state")})
-    finally:
-        os.close(w)
 
 
 def quiet(r: subprocess.CompletedProcess, cwd: Path) -> None:
@@ -52,7 +39,7 @@ def work(tmp_path_factory) -> Path:
 def test_an_attached_run_into_a_closed_pipe_runs_to_its_end_and_is_recorded(work):
     """Stdout closed from the first line: the run is followed to its end and recorded as without the pipe."""
     before = set((work / "runs").glob("2*"))
-    r = closed_stdout("up", "local", "t.py", "--gpus", "1", "--skip-check", "--runs-dir", "runs", cwd=work,
+    r = cddp_closed("up", "local", "t.py", "--gpus", "1", "--skip-check", "--runs-dir", "runs", cwd=work,
                       timeout=240)
     quiet(r, work)
     [run] = set((work / "runs").glob("2*")) - before
@@ -76,7 +63,7 @@ def test_every_printing_command_into_a_closed_pipe_is_quiet_and_does_its_work(wo
     args = tuple(a.format(run=run_id(work)) for a in args)
     runs = () if args[0] in ("schema", "check", "exec", "leases", "schedule", "--help") or "--help" in args else (
         "--runs-dir", "runs")
-    quiet(closed_stdout(*args, *runs, cwd=work), work)
+    quiet(cddp_closed(*args, *runs, cwd=work), work)
     if args[0] == "collect":  # it did what it does: the log is brought back again, whole
         assert "hi from the job" in (work / "runs" / run_id(work) / "logs" / "local.log").read_text()
 
@@ -87,7 +74,7 @@ def test_a_detached_run_into_a_closed_pipe_starts_and_the_view_commands_end_at_t
     print for as long as someone reads, end; `stop` stops it; Ctrl-C on `top` prints no traceback."""
     flag = work / "flag"
     before = set((work / "runs").glob("2*"))
-    r = closed_stdout("up", "local", "long.py", "--gpus", "1", "--skip-check", "--detach", "--runs-dir", "runs",
+    r = cddp_closed("up", "local", "long.py", "--gpus", "1", "--skip-check", "--detach", "--runs-dir", "runs",
                       "--", str(flag), cwd=work, both=True, timeout=240)
     assert r.returncode == 0
     [run] = set((work / "runs").glob("2*")) - before
@@ -96,11 +83,11 @@ def test_a_detached_run_into_a_closed_pipe_starts_and_the_view_commands_end_at_t
     try:
         assert record(work / "runs", run.name)["status"] == "running"
         started = time.monotonic()
-        quiet(closed_stdout("logs", run.name, "--follow", "--runs-dir", "runs", cwd=work, timeout=120), work)
-        quiet(closed_stdout("top", "--interval", "0.2", "--runs-dir", "runs", cwd=work, timeout=120), work)
+        quiet(cddp_closed("logs", run.name, "--follow", "--runs-dir", "runs", cwd=work, timeout=120), work)
+        quiet(cddp_closed("top", "--interval", "0.2", "--runs-dir", "runs", cwd=work, timeout=120), work)
         assert time.monotonic() - started < 100  # neither waited for the run's end (it has none yet)
         _ctrl_c_on_top(work)
-        quiet(closed_stdout("stop", run.name, "--runs-dir", "runs", cwd=work, timeout=180), work)
+        quiet(cddp_closed("stop", run.name, "--runs-dir", "runs", cwd=work, timeout=180), work)
         assert record(work / "runs", run.name)["status"] == "stopped"
     finally:
         flag.write_text("")
@@ -110,10 +97,16 @@ def test_a_detached_run_into_a_closed_pipe_starts_and_the_view_commands_end_at_t
 
 def _ctrl_c_on_top(work: Path) -> None:
     """Ctrl-C ends `top`'s view quietly, even a second one while its connections close (that one
-    printed a traceback of threading's shutdown)."""
+    printed a traceback of threading's shutdown). A slow node (each look's shell starts half a second
+    late) keeps a look in flight whenever the first Ctrl-C comes, as on a real lab's SSH links."""
+    slow = work / "slow-node"
+    slow.mkdir(exist_ok=True)
+    (slow / "bash").write_text('#!/bin/sh\nsleep 0.5\nexec /bin/bash "$@"\n')
+    (slow / "bash").chmod(0o755)
     p = subprocess.Popen([sys.executable, "-m", "clusterddp", "top", "--interval", "0.2", "--runs-dir", "runs"],
                          cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, **ENV, "XDG_STATE_HOME": str(work / "state")})
+                         env={**os.environ, **ENV, "XDG_STATE_HOME": str(work / "state"),
+                              "PATH": f"{slow}{os.pathsep}{os.environ['PATH']}"})
     try:
         assert p.stdout is not None
         p.stdout.readline()  # the view is up, its looks running
