@@ -61,7 +61,8 @@ def _gone(fd: int) -> None:
 
 
 class _PipeSafe(io.RawIOBase):
-    """A file descriptor that a write to a reader-less pipe leaves on /dev/null instead of raising."""
+    """A file descriptor that a write to a reader-less pipe leaves on /dev/null instead of raising.
+    Closing it leaves the descriptor open (RawIOBase closes nothing): it is the process's."""
 
     def __init__(self, fd: int) -> None:
         super().__init__()
@@ -83,16 +84,13 @@ class _PipeSafe(io.RawIOBase):
             _gone(self._fd)
             return len(memoryview(b))  # dropped, as /dev/null drops it
 
-    def close(self) -> None:  # the descriptor is the process's: never closed here
-        super().close()
-
 
 def _guarded(stream, fd: int):
     """``stream`` (sys.stdout or sys.stderr on ``fd``) again, on a :class:`_PipeSafe` descriptor."""
     line_buffering = getattr(stream, "line_buffering", False)
     buffered = io.BufferedWriter(_PipeSafe(fd))
-    return io.TextIOWrapper(buffered, encoding=stream.encoding, errors=stream.errors, newline=None,
-                            line_buffering=line_buffering, write_through=fd == 2)
+    return io.TextIOWrapper(buffered, encoding=stream.encoding, errors=stream.errors, newline="\n",
+                            line_buffering=line_buffering, write_through=getattr(stream, "write_through", fd == 2))
 
 
 def guard() -> None:
