@@ -255,11 +255,15 @@ def rank_traceback(lines: Sequence[str], rank: int) -> tuple[str, str] | None:
     return found[-1][1:] if found else None
 
 
-def bare_traceback(lines: Sequence[str]) -> tuple[str, str] | None:
+def bare_traceback(lines: Sequence[str], nproc: int = 1) -> tuple[str, str] | None:
     """The last traceback no rank prefix claims (printed before the rank's process group existed),
-    torchrun's own excepted: the one printed last before the exit."""
-    found = [b for b in _blocks(_unprefixed(lines)) if not _torchruns(b[1])]
-    return found[-1][1:] if found else None
+    torchrun's own excepted: the one printed last before the exit. One that each of the node's ``nproc``
+    ranks printed (a caught one that every rank printed and carried on from, such as an optional import)
+    counts only when every traceback is such a one (every rank died of the same): a slower rank may
+    print it after the failing rank died."""
+    found = [b[1:] for b in _blocks(_unprefixed(lines)) if not _torchruns(b[1])]
+    own = [b for b in found if found.count(b) < nproc]
+    return (own or found)[-1] if found else None
 
 
 def usage_error(lines: Sequence[str]) -> str | None:
@@ -279,7 +283,7 @@ def rank_tail(lines: Sequence[str], rank: int | None) -> tuple[str, ...]:
     return tuple(clip(line, MAX_LOG_LINE) for line in mine[-MAX_LOG_LINES:])
 
 
-def with_output(failures: Sequence[RankError], log: bytes) -> list[RankError]:
+def with_output(failures: Sequence[RankError], log: bytes, nproc: int | None = None) -> list[RankError]:
     """torchrun's table entries (:func:`torchrun_failures`) with what the ranks printed: a rank that
     exited with code 1 becomes the exception its traceback shows (its own prefixed one; the last
     unprefixed one goes to one rank of the node only, torchrun's root cause where it is one of them),
@@ -292,7 +296,7 @@ def with_output(failures: Sequence[RankError], log: bytes) -> list[RankError]:
     bare = [rank for rank in ones if found[rank] is None]
     if bare:
         root = torchrun_root(log)
-        found[root if root in bare else min(bare)] = bare_traceback(lines)
+        found[root if root in bare else min(bare)] = bare_traceback(lines, nproc or len(failures))
     usage = usage_error(lines) if any(r.kind == "exit" and r.exit_code == 2 for r in failures) else None
     out = []
     for r in failures:
@@ -401,7 +405,7 @@ def rank_errors(node: NodeFacts) -> list[RankError]:
                 if r is not None:
                     out.append(r)
     have = {r.local_rank for r in out}
-    out += with_output([r for r in torchrun_failures(node.log) if r.local_rank not in have], node.log)
+    out += with_output([r for r in torchrun_failures(node.log) if r.local_rank not in have], node.log, node.nproc)
     return out
 
 
