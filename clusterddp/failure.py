@@ -20,7 +20,7 @@ import json
 import math
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -324,6 +324,27 @@ def oom_killed(kernel_lines: Sequence[str], pid: int | None) -> str | None:
             if int(m.group(1) or m.group(2)) == pid:
                 return line
     return None
+
+
+def not_joined(late: Mapping[str, str | None], master_host: str, master: tuple[str, int],
+               bound_s: float) -> list[tuple[str, str]]:
+    """Who to name, and why, when the nodes in ``late`` (host -> what its probe of the master's port
+    said: ``ok``, ``refused``, ``timed out``, an error; None if not asked) had not joined the
+    rendezvous within ``bound_s``. A node that cannot reach the master is named; the master itself
+    never is for that (a host is never "unreachable from itself": a probe of its own port that timed
+    out says the host is loaded), unless nothing listens there (``refused``: its torchrun has not
+    opened the port, which is why the others cannot reach it). When no node is named so, all are."""
+    head = f"never joined the rendezvous within {bound_s:g}s"
+    where = f"{master[0]}:{master[1]}"
+    named = [(h, f"{head}: nothing listens on the master port {where} there (its torchrun has not opened it)")
+             for h, got in late.items() if h == master_host and got == "refused"]
+    named += [(h, f"{head}: cannot reach the master {where} from it ({got})")
+              for h, got in late.items() if h != master_host and got != "ok"]
+    if named:
+        return named
+    return [(h, f"{head} (it is the master; its torchrun is still starting or waits for the others)"
+             if h == master_host else f"{head} (it reaches the master {where}; its torchrun is still starting "
+             "or waits for the others)") for h in late]
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def test_node_blocked_from_the_master_port_is_named_as_never_joined_within_the_b
     want = (f"root cause: node2: never joined the rendezvous within 15s: cannot reach the master "
             f"{bed.nodes[0].address}:{port} from it (timed out)")
     assert want in r.stderr, r.stderr
-    # 15 s + one connect attempt (3 s) + start and teardown; without it torch waits 600 s
+    # 15 s + two connect attempts (3 s each) + start and teardown; without it torch waits 600 s
     assert took < 75, took
     f = record(tmp_path / "runs", run_id_of(r.stdout))["failure"]
     assert (f["host"], f["kind"]) == ("node2", "never_joined") and f["log_tail"]
