@@ -17,7 +17,7 @@ from typing import BinaryIO
 from ... import nodescript as NS
 from ...artifacts import CollectResult
 from ...errors import SlurmAnswerError, UsageError
-from ...record import NodeState, RunRecord, RunStatus
+from ...record import NodeRecord, NodeState, RunRecord, RunStatus
 from ...store import RunStore, utcnow
 from ..base import RunOutcome, Stopped
 from . import job as slurm
@@ -92,9 +92,14 @@ def _info(store: RunStore, rec: RunRecord, login: Login, job_id: str) -> slurm.J
         raise slurm.refused(login, store, rec.run_id, job_id, e) from None
 
 
-def status(store: RunStore, run_id: str) -> RunRecord:
+def status(store: RunStore, run_id: str, on_node: Callable[[NodeRecord], None] | None = None) -> RunRecord:
+    """Where the job stands (one look at Slurm and the shared folder); ``on_node`` gets each node once
+    that look is recorded, before a failed run's diagnosis."""
     with _login(store.load(run_id)) as login:
         rec = _status(store, run_id, login)
+        if on_node is not None:
+            for n in rec.nodes:
+                on_node(n)
         if rec.status is RunStatus.FAILED and rec.failure is None:  # e.g. a detached run: say why, once
             failure = slurm.diagnose(login, store, rec)
             rec = store.update(run_id, lambda r: r if r.failure else replace(r, failure=failure))
@@ -124,12 +129,14 @@ def stop(store: RunStore, run_id: str) -> Stopped:
     return Stopped(rec, {n.host: "cancelled by scancel" for n in rec.nodes}, (), [logs])
 
 
-def collect(store: RunStore, run_id: str) -> list[CollectResult]:
+def collect(store: RunStore, run_id: str, globs: tuple[str, ...] | None = None) -> list[CollectResult]:
+    """The logs and the run's collect globs (or ``globs`` instead) from the shared run folder."""
     rec = store.load(run_id)
     _, ctl = _job(rec)
     assert rec.slurm is not None
     with _login(rec) as login:
-        return [slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), rec.collect)]
+        return [slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts),
+                              rec.collect if globs is None else globs)]
 
 
 def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
