@@ -1,12 +1,9 @@
-"""`clusterddp runs | status | logs | stop | collect`: history and control of runs, no daemon needed."""
+"""`clusterddp runs | status | logs | stop`: history and control of runs, no daemon needed (`collect`: collect.py)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -19,15 +16,12 @@ from .common import (
     PrefixPrinter,
     err,
     handle_errors,
-    is_tty,
     quiet_filter,
     tell_hidden,
-    tell_missing,
     visible,
 )
 
 if TYPE_CHECKING:
-    from ..artifacts import Progress
     from ..record import NodeRecord
 
 RUN = typer.Argument(..., help="A run id, or a unique prefix or suffix of one (its random end: 3f9a).")
@@ -174,45 +168,6 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
     tell_hidden(hide, f"{store.run_dir(run_id) / 'logs'}/")
 
 
-@contextmanager
-def _progress() -> Iterator[Progress | None]:
-    """A rich transfer bar per host on a terminal; silent otherwise."""
-    if not is_tty():
-        yield None
-        return
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), transient=True) as bar:
-        class P:
-            ids: dict = {}
-
-            def start(self, host: str, total: int) -> None:
-                if total > 8 << 20:  # small transfers need no bar
-                    self.ids[host] = bar.add_task(host, total=total)
-
-            def advance(self, host: str, n: int) -> None:
-                if host in self.ids:
-                    bar.advance(self.ids[host], n)
-        yield P()
-
-
-def _report(results) -> int:
-    """Each host's collect: counts, then (on stderr) its error and every file not brought back.
-    Returns how many hosts had a problem."""
-    failed = 0
-    for r in sorted(results, key=lambda r: r.host):
-        if r.fetched or r.whole or r.skipped or r.missing or not r.error:
-            extra = f", {len(r.skipped)} skipped (still being written)" if r.skipped else ""
-            extra += f", {len(r.missing)} not brought back" if r.missing else ""
-            print(f"  {r.host}: {len(r.fetched)} fetched ({r.bytes / 1e6:.1f} MB), {len(r.whole)} already whole"
-                  f"{extra}")
-        if r.error:
-            err(f"  {r.host}: error: {r.error}")
-        tell_missing(f"  {r.host}: ", r.missing)
-        failed += not r.ok
-    return failed
-
-
 @handle_errors
 def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
          grace: float = typer.Option(10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")) -> None:
@@ -229,19 +184,3 @@ def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
     if done.not_stopped:
         err("some nodes could not be stopped; run `clusterddp stop` again once they answer")
         raise typer.Exit(1)
-
-
-@handle_errors
-def collect(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
-    """Bring back RUN's logs and collect globs from every node, verifying each file by sha256."""
-    from .. import backends
-    store = _store(runs_dir)
-    run_id = store.resolve(run)
-    rec = store.load(run_id)
-    store.check_writable(run_id, index=False)  # collect writes the run folder only, not runs.db
-    with _progress() as progress:
-        results = backends.for_record(rec).collect(store, run_id, progress=progress)
-    print(f"run {run_id}: collected into {store.run_dir(run_id) / 'artifacts'}")
-    if _report(results):
-        raise typer.Exit(1)
-    sys.stdout.flush()
