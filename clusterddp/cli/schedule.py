@@ -53,17 +53,18 @@ class ScheduleAddCommand(ScriptCommand):
     option is what :class:`ScriptCommand` says (the script's argument, missing its ``--``)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        original = list(args)
-        try:
-            return super(ScriptCommand, self).parse_args(ctx, args)  # click's own parse: ours decides below
+        try:  # click's option parser alone, on a copy: no callbacks, nothing set on ctx
+            self.make_parser(ctx).parse_args(list(args))
         except NoSuchOption as e:
             flag = e.option_name
             up = next((o for o in launch.OPTIONS if o.recorded is None and flag in o.flags), None)
-            if up is None:
-                return super().parse_args(ctx, original)  # ScriptCommand says it, with the fixed command line
-            err(f"error: `{ctx.command_path}` does not take `up`'s {flag}: {NOT_SCHEDULED[up.name]}; "
-                f"if {flag} is meant for the script, it goes after `--`")
-            raise typer.Exit(EXIT_USAGE) from None
+            if up is not None:
+                err(f"error: `{ctx.command_path}` does not take `up`'s {flag}: {NOT_SCHEDULED[up.name]}; "
+                    f"if {flag} is meant for the script, it goes after `--`")
+                raise typer.Exit(EXIT_USAGE) from None
+        except Exception:  # noqa: BLE001, S110 - any other problem is for the parse below to say
+            pass
+        return super().parse_args(ctx, args)  # ScriptCommand's: every other unknown option, swapped arguments
 
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
