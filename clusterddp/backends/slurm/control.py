@@ -7,18 +7,20 @@ the login host the run record names (this machine, or one reached over SSH: :mod
 
 from __future__ import annotations
 
+import math
 import posixpath
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import datetime, timezone
 from typing import BinaryIO
 
 from ... import nodescript as NS
 from ...artifacts import CollectResult
 from ...errors import SlurmAnswerError, UsageError
-from ...record import NodeRecord, NodeState, RunRecord, RunStatus
-from ...store import RunStore, utcnow
+from ...record import NodeRecord, NodeState, RunRecord, RunStatus, ended_at
+from ...store import RunStore
 from ..base import RunOutcome, Stopped
 from . import job as slurm
 from . import plan as SP
@@ -61,9 +63,12 @@ def _read(rec: RunRecord, login: Login, info: slurm.JobInfo | None, stopped: boo
     return slurm.outcome(login, ctl, info, hosts, stopped)
 
 
-def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOutcome) -> RunRecord:
+def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOutcome,
+          ends: Iterable[float] = (), now: datetime | None = None) -> RunRecord:
     """The record after a look at the job (:func:`_read`): its hosts once allocated, each node's
-    state, and the run's status once Slurm says the job has ended."""
+    state, and the run's status once Slurm says the job has ended. Its end: when the last node's exit
+    code was written (``ends``, the files' times: a run looked at long after it ended records its own
+    end, :func:`~clusterddp.record.ended_at`), else ``now`` (a stop, or no node wrote one)."""
     rec = slurm.allocated(rec, info)
     if not isinstance(found, RunOutcome):
         return rec.seen(found)
@@ -71,15 +76,19 @@ def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOut
     rec = rec.seen({h: v for h, v in slurm.node_states(found).items() if h in hosts})
     if rec.status is RunStatus.RUNNING:
         rec = replace(rec, status=found.status, failed_host=found.first_failed)
-    return replace(rec, ended_at=rec.ended_at or utcnow())
+    known = [int(t) for t in ends if math.isfinite(t)]
+    return replace(rec, ended_at=rec.ended_at or ended_at(rec.started_at, known, now or datetime.now(timezone.utc)))
 
 
 def _status(store: RunStore, run_id: str, login: Login) -> RunRecord:
     rec = store.load(run_id)
-    job_id, _ = _job(rec)
+    job_id, ctl = _job(rec)
     info = _info(store, rec, login, job_id)
     found = _read(rec, login, info)
-    return store.update(run_id, lambda r: _seen(r, info, found))
+    ends: list[float] = []
+    if isinstance(found, RunOutcome) and rec.status is RunStatus.RUNNING:  # seen ending now: when did it?
+        ends = [t for _, t in slurm.exit_codes(login, ctl, tuple(slurm.allocated(rec, info).hosts)).values()]
+    return store.update(run_id, lambda r: _seen(r, info, found, ends))
 
 
 def _info(store: RunStore, rec: RunRecord, login: Login, job_id: str) -> slurm.JobInfo | None:
