@@ -6,6 +6,7 @@ import dataclasses
 
 import typer
 
+from .collect import tell_unmatched
 from .common import (
     COLLECT,
     ENV,
@@ -93,6 +94,7 @@ def up(
         backend.launch(prep, req, events)
     finally:
         events.printer.flush()
+        tell_unmatched(events.results, "collect: ")  # at the end of the run: a glob that brought nothing back
         tell_hidden(events.hide, f"{prep.store.run_dir(prep.plan.run_id) / 'logs'}/")
 
 
@@ -135,6 +137,7 @@ class Printed:
     def __init__(self, raw: bool, hide) -> None:
         self.hide = hide
         self.printer = PrefixPrinter([], raw=raw, hide=hide)
+        self.results: list = []  # every host's collect, for the end of the run (cli.collect.tell_unmatched)
 
     def say(self, line: str) -> None:
         print(visible(line), flush=True)  # lines quote Slurm's words (a job's Reason) and hosts' names
@@ -149,6 +152,7 @@ class Printed:
         self.printer(host, data)
 
     def collected(self, r, source: str | None = None) -> None:
+        self.results.append(r)
         lead = f"collect {r.host}: " if source is None else "collect: "
         if r.error:
             err(f"{lead}{r.error}")
