@@ -280,7 +280,7 @@ def usage_error(lines: Sequence[str]) -> str | None:
 
 def rank_tail(lines: Sequence[str], rank: int | None) -> tuple[str, ...]:
     """The last lines of ``lines`` that may be rank ``rank``'s: without the other ranks' prefixed ones."""
-    mine = [line.rstrip() for line in lines if line.strip() and
+    mine = [line.rstrip() for line in without_noise(lines) if line.strip() and
             ((m := _RANK_PREFIX.match(line)) is None or rank is None or int(m.group(1)) == rank)]
     return tuple(clip(line, MAX_LOG_LINE) for line in mine[-MAX_LOG_LINES:])
 

@@ -72,6 +72,9 @@ def test_a_failures_log_tail_leaves_out_the_socket_hostname_warning():
     tail = failure._tail(log)
     assert tail == ("step 1", "ValueError: boom on rank 4")
     assert without_noise(["a", SOCKET.decode(), "b"]) == ["a", "b"]
+    # the failing rank's own last lines too
+    rank = ["[rank4]: step 3", "[rank4]:" + SOCKET.decode(), "[rank4]: ValueError: boom on rank 4", SOCKET.decode()]
+    assert failure.rank_tail(rank, 4) == ("[rank4]: step 3", "[rank4]: ValueError: boom on rank 4")
 
 
 def test_tops_last_line_is_the_last_one_that_is_no_noise(tmp_path):
