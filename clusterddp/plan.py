@@ -347,10 +347,12 @@ def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.1) -> s
 
 def status_command(node: NodeLaunch) -> str:
     """Print one line, marked (:data:`node_reply.STATUS_MARK`: a login banner may come first):
-    ``running``, ``exit N``, ``lost`` (no process, no exit code) or ``missing``."""
+    ``running``, ``exit N T``, ``lost`` (no process, no exit code) or ``missing``. ``T``: when the job
+    ended, by the node's clock (the exit code file's mtime, in epoch seconds: ``cddp_exit`` writes it as
+    the job ends), so a run looked at long after it ended records its own end, not the look's."""
     m = node_reply.STATUS_MARK
     return (f"{MARKED_FN}; cd {qpath(node.control_dir)} 2>/dev/null || {{ echo '{m}missing'; exit 0; }}; "
-            f"if [ -s exit_code ]; then echo \"{m}exit $(cat exit_code)\"; "
+            f"if [ -s exit_code ]; then echo \"{m}exit $(cat exit_code) $(stat -c %Y exit_code 2>/dev/null)\"; "
             f"elif [ -n \"$(cddp_marked {marker_word(node.marker)})\" ]; "
             f"then echo '{m}running'; else echo '{m}lost'; fi")
 
@@ -534,10 +536,12 @@ def prune_command(targets: Sequence[tuple[str, str] | tuple[str, str, str, Seque
 TOP_TAIL = 65536  # bytes of each node.log read for its last line and last step
 
 
-def top_command(host: Host, nodes: Iterable[NodeLaunch], progress_regex: str) -> str:
+def top_command(host: Host, nodes: Iterable[NodeLaunch], progress_regex: str, skip: Sequence[str] = ()) -> str:
     """One look at ``host`` for ``clusterddp top``: every job of ``nodes`` (all on this host, of any
-    runs) in one command (the node program ``clusterddp/node/top.py``), after the host's setup lines."""
-    args = {"jobs": [[n.control_dir, n.marker] for n in nodes], "regex": progress_regex, "tail": TOP_TAIL}
+    runs) in one command (the node program ``clusterddp/node/top.py``), after the host's setup lines.
+    ``skip``: patterns of lines never shown as a job's last line (:data:`clusterddp.noise.LINE_PATTERNS`)."""
+    args = {"jobs": [[n.control_dir, n.marker] for n in nodes], "regex": progress_regex, "tail": TOP_TAIL,
+            **({"skip": list(skip)} if skip else {})}
     lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
     return "\n".join([*lines, python_command(host.python, "top", [q(json.dumps(args))])])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from . import collect as collect_cmd
 from . import prune as prune_cmd
 from . import runs as runs_cmd
 from . import schedule as schedule_cmd
@@ -21,8 +22,9 @@ from .top import top as top_cmd
 app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="Start PyTorch DDP training on several machines over SSH, from one command.")
 app.command("up", cls=ScriptCommand, context_settings={"help_option_names": ["-h", "--help"]})(up_cmd.up)
-for _verb in ("runs", "status", "logs", "stop", "collect"):
+for _verb in ("runs", "status", "logs", "stop"):
     app.command(_verb)(getattr(runs_cmd, _verb))
+app.command("collect")(collect_cmd.collect)
 app.add_typer(schedule_cmd.app, name="schedule")
 app.command("check")(check_cmd)
 app.command("exec")(exec_cmd)
@@ -39,9 +41,12 @@ def _root() -> None:
 
 
 def main() -> None:
+    from .pipes import guard
+    guard()  # a closed stdout (`| head -1`) ends no command halfway: see cli/pipes.py
     try:
         app()
     except SystemExit as e:
-        from .common import quick_exit
+        from .common import exit_at_interrupt, quick_exit
         quick_exit(e.code)
+        exit_at_interrupt(e.code if isinstance(e.code, int) else 1)
         raise
