@@ -22,7 +22,11 @@ and reports the launcher's own CPU time (user + system) per node-minute (goal < 
 rusage, against a 1-step run's, and the node-side helpers' CPU (followers, heartbeats) from the
 nodes' sshd sessions.
 
-    python bench/up_ssh.py [--rounds 7] [--trace] [--cpu 120]
+    python bench/up_ssh.py [--rounds 7] [--trace] [--cpu 120] [--before CHECKOUT]
+
+``--before`` times a second clusterddp (another checkout's, e.g. main's: ``git archive main
+clusterddp | tar -x -C /tmp/before``) in the same rounds, for a before/after under the same load;
+``--code`` runs another checkout than this one as the one under test.
 """
 
 from __future__ import annotations
@@ -92,8 +96,8 @@ class Bench:
     def cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "clusterddp", *args]
 
-    def up(self, *extra: str) -> list[str]:
-        return self.cli("up", str(self.inv), str(self.job / "t.py"), "--runs-dir", str(self.runs), *extra,
+    def up(self, *extra: str, runs: Path | None = None) -> list[str]:
+        return self.cli("up", str(self.inv), str(self.job / "t.py"), "--runs-dir", str(runs or self.runs), *extra,
                         "--", str(self.marks))
 
     def hand(self) -> list[list[str]]:
@@ -106,12 +110,14 @@ class Bench:
                             f"--nproc-per-node {NPROC} t.py {self.marks}"]
                 for r, n in enumerate(nodes)]
 
-    def timed(self, name: str, cmds: list[list[str]]) -> float:
-        """Run ``cmds`` together; their wall time; the split into before/job/after kept under ``name``."""
+    def timed(self, name: str, cmds: list[list[str]], code: Path | None = None) -> float:
+        """Run ``cmds`` together (clusterddp from the checkout ``code``, if given); their wall time; the
+        split into before/job/after kept under ``name``."""
         shutil.rmtree(self.marks, ignore_errors=True)
         self.marks.mkdir()
+        env = {**self.env, "PYTHONPATH": str(code)} if code else self.env
         t0 = time.time()
-        procs = [subprocess.Popen(c, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in cmds]
+        procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in cmds]
         errs = [p.communicate()[1] for p in procs]
         t1 = time.time()
         for c, p, e in zip(cmds, procs, errs, strict=True):
@@ -125,10 +131,15 @@ class Bench:
         return t1 - t0
 
 
-def interleaved(b: Bench, rounds: int) -> dict[str, float]:
+def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None) -> dict[str, float]:
     tools = {"hand-typed": lambda: b.timed("hand-typed", b.hand()),
-             "up": lambda: b.timed("up", [b.up()]),
-             "up --skip-check": lambda: b.timed("up --skip-check", [b.up("--skip-check")])}
+             "up": lambda: b.timed("up", [b.up()], code),
+             "up --skip-check": lambda: b.timed("up --skip-check", [b.up("--skip-check")], code)}
+    if before is not None:  # another clusterddp (e.g. main's), in the same rounds
+        old = b.root / "runs-before"
+        tools["up (before)"] = lambda: b.timed("up (before)", [b.up(runs=old)], before)
+        tools["up --skip-check (before)"] = lambda: b.timed("up --skip-check (before)",
+                                                            [b.up("--skip-check", runs=old)], before)
     for f in tools.values():  # warm up: page cache, sshd's first fork, bytecode
         f()
     b.phases.clear()
@@ -150,9 +161,10 @@ def interleaved(b: Bench, rounds: int) -> dict[str, float]:
         before, job, after = (statistics.median(p[i] for p in ph) for i in range(3))
         print(f"| {k} | {med[k]:.2f} s | **{med[k] / base:.3f}x** | {before:.2f} s | {job:.2f} s | {after:.2f} s | "
               f"{', '.join(f'{x:.1f}' for x in v)} |")
-    ratios = [[times[k][i] / times["hand-typed"][i] for i in range(rounds)] for k in ("up", "up --skip-check")]
-    print(f"per-round ratios, up: {', '.join(f'{r:.2f}' for r in ratios[0])}; "
-          f"--skip-check: {', '.join(f'{r:.2f}' for r in ratios[1])}")
+    for k in list(times)[1:]:
+        ratios = sorted(times[k][i] / times["hand-typed"][i] for i in range(rounds))
+        print(f"per-round ratio to hand-typed, {k}: median {statistics.median(ratios):.3f} "
+              f"({', '.join(f'{r:.2f}' for r in ratios)})")
     return med
 
 
@@ -246,22 +258,28 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="also time each SSH command of one `up`")
     ap.add_argument("--cpu", type=float, default=0, metavar="S",
                     help="also measure the launcher's CPU during an S-second job (0: not)")
+    ap.add_argument("--code", type=Path, help="run the clusterddp of this checkout (default: this one's)")
+    ap.add_argument("--before", type=Path, help="also time `up` of the clusterddp of this checkout, in the same rounds")
     ap.add_argument("--node-bashrc", choices=["stock", "machine"], default="stock",
                     help="the nodes' ~/.bashrc: a stock one (default) or this machine's own")
     args = ap.parse_args()
     # What an installed clusterddp runs: byte-compiled (an editable checkout under
     # PYTHONDONTWRITEBYTECODE=1 would compile its modules again at every start).
-    compileall.compile_dir(str(REPO / "clusterddp"), quiet=1)
+    for d in (REPO, args.code, args.before):
+        if d is not None:
+            compileall.compile_dir(str(d / "clusterddp"), quiet=1)
     slot = session_slot()
     root = Path(tempfile.mkdtemp(prefix="cddp-bench-up-"))
     try:
         with TestBed(2, root / "bed", prefix=f"cd{slot}u", subnet=f"10.{100 + slot}.248",
                      login_rc=STOCK_BASHRC if args.node_bashrc == "stock" else None) as bed:
             b = Bench(bed, root)
+            if args.code:
+                b.env["PYTHONPATH"] = str(args.code)
             print(f"2 nodes x {NPROC} processes, 1-step gloo job; nodes' ~/.bashrc: {args.node_bashrc}; "
                   f"load average before: {os.getloadavg()[0]:.1f}")
             if args.rounds:
-                interleaved(b, args.rounds)
+                interleaved(b, args.rounds, args.code, args.before)
             if args.trace:
                 trace(b)
                 trace(b, "--skip-check")
