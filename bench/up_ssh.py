@@ -150,6 +150,8 @@ def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None) -
         for k in order:
             times[k].append(tools[k]())
         loads.append(os.getloadavg()[0])
+        print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f}s" for k, v in times.items())
+              + f"; load {loads[-1]:.1f}", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     base = med["hand-typed"]
     print(f"\n{rounds} interleaved rounds; load average (1 min) during them: min {min(loads):.1f}, "
