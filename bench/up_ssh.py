@@ -92,6 +92,7 @@ class Bench:
                     "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
         self.port = 29600
         self.phases: dict[str, list[tuple[float, float, float]]] = {}
+        self.cpu: dict[str, list[tuple[float, float]]] = {}  # (this machine's side, the nodes' sshd sessions)
 
     def cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "clusterddp", *args]
@@ -110,16 +111,31 @@ class Bench:
                             f"--nproc-per-node {NPROC} t.py {self.marks}"]
                 for r, n in enumerate(nodes)]
 
+    def _settled_sshd_cpu(self) -> float:
+        """The nodes' sshd children's CPU once the sessions just closed are reaped (a moment later)."""
+        last, deadline = sshd_children_cpu(self.bed), time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            now = sshd_children_cpu(self.bed)
+            if now == last:
+                return now
+            last = now
+        return last
+
     def timed(self, name: str, cmds: list[list[str]], code: Path | None = None) -> float:
         """Run ``cmds`` together (clusterddp from the checkout ``code``, if given); their wall time; the
         split into before/job/after kept under ``name``."""
         shutil.rmtree(self.marks, ignore_errors=True)
         self.marks.mkdir()
         env = {**self.env, "PYTHONPATH": str(code)} if code else self.env
+        r0, n0 = resource.getrusage(resource.RUSAGE_CHILDREN), sshd_children_cpu(self.bed)
         t0 = time.time()
         procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in cmds]
         errs = [p.communicate()[1] for p in procs]
         t1 = time.time()
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.cpu.setdefault(name, []).append((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime,
+                                              self._settled_sshd_cpu() - n0))
         for c, p, e in zip(cmds, procs, errs, strict=True):
             if p.returncode != 0:
                 raise SystemExit(f"benchmark command failed (exit {p.returncode}): {c}\n{e.decode(errors='replace')}")
@@ -143,6 +159,7 @@ def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None) -
     for f in tools.values():  # warm up: page cache, sshd's first fork, bytecode
         f()
     b.phases.clear()
+    b.cpu.clear()
     times: dict[str, list[float]] = {k: [] for k in tools}
     loads = [os.getloadavg()[0]]
     for i in range(rounds):
@@ -163,6 +180,20 @@ def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None) -
         before, job, after = (statistics.median(p[i] for p in ph) for i in range(3))
         print(f"| {k} | {med[k]:.2f} s | **{med[k] / base:.3f}x** | {before:.2f} s | {job:.2f} s | {after:.2f} s | "
               f"{', '.join(f'{x:.1f}' for x in v)} |")
+    # CPU, which a loaded machine shares out and wall times only show through its noise. The hand-typed
+    # runs' node side is their job (torchrun and its workers, children of the SSH sessions) plus two
+    # sessions; `up`'s job is detached from its sessions, so its node side is clusterddp's own work
+    # (lease, start, follower, status, collect; launch.sh's own lines run in the job and are not in it).
+    job = statistics.median(c[1] for c in b.cpu["hand-typed"])
+    hand = statistics.median(c[0] for c in b.cpu["hand-typed"])
+    print(f"\nCPU seconds (medians): the job itself, hand-typed (its node side, two SSH sessions included): "
+          f"{job:.2f}; the two ssh clients: {hand:.2f}")
+    print("| command | this machine (launcher) | nodes (clusterddp's sessions) | CPU ratio to hand-typed |")
+    print("|---|---|---|---|")
+    for k in list(times)[1:]:
+        here = statistics.median(c[0] for c in b.cpu[k])
+        there = statistics.median(c[1] for c in b.cpu[k])
+        print(f"| {k} | {here:.2f} | {there:.2f} | **{(job + here + there) / (job + hand):.3f}x** |")
     for k in list(times)[1:]:
         ratios = sorted(times[k][i] / times["hand-typed"][i] for i in range(rounds))
         print(f"per-round ratio to hand-typed, {k}: median {statistics.median(ratios):.3f} "
