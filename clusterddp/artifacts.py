@@ -43,6 +43,7 @@ class CollectResult:
     error: str | None = None
     bytes: int = 0
     missing: tuple[tuple[str, str], ...] = ()
+    unmatched: tuple[str, ...] | None = None  # the globs no file of the host matched; None: not known
 
     @property
     def ok(self) -> bool:
@@ -136,8 +137,19 @@ def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str,
         settled = set(again.fetched) | set(again.skipped) | {p for p, _ in missing}
         missing += [(p, "the copy here differs from the node's, which did not send it again")
                     for p in rx.differ if p not in settled]
+    unmatched = rx.unmatched
     return CollectResult(name, tuple(fetched), tuple(whole), tuple(skipped), "; ".join(errors) or None, got,
-                         tuple(missing))
+                         tuple(missing), None if unmatched is None else tuple(unmatched))
+
+
+def matched_nowhere(results: Sequence[CollectResult]) -> tuple[tuple[str, ...], bool]:
+    """The collect globs that matched no file on any host whose file list came whole (in the order
+    asked), and whether every host's did (else "any host that answered" is all that can be said)."""
+    known = [r.unmatched for r in results if r.unmatched is not None]
+    if not known:
+        return (), False
+    nowhere = tuple(g for g in known[0] if all(g in u for u in known[1:]))
+    return nowhere, len(known) == len(results)
 
 
 class _KeepOldLog(Exception):

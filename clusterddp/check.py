@@ -148,6 +148,7 @@ _SSH_VALUE = {
     HostErrorKind.UNREACHABLE: "unreachable",
     HostErrorKind.CONNECTION_LOST: "connection lost",
     HostErrorKind.CONFIG: "ssh_config",
+    HostErrorKind.KEY_FILE: "key file",
     HostErrorKind.OTHER: "failed",
 }
 

@@ -61,6 +61,7 @@ class HostErrorKind(Enum):
     UNREACHABLE = "unreachable"
     CONNECTION_LOST = "connection_lost"
     CONFIG = "config"  # the host's ssh_config entry cannot be used
+    KEY_FILE = "key_file"  # the inventory's identity_file names no readable key file
     OTHER = "other"
 
 

@@ -20,8 +20,8 @@ import json
 import math
 import re
 import signal
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -79,6 +79,8 @@ class RankError:
             return f"{self.exc_type}: {self.message}" if self.message else str(self.exc_type)
         if self.kind == "signal":
             return f"killed by {self.signal}"
+        if self.message:  # what the rank said as it exited (argparse's usage error)
+            return f"exited with code {self.exit_code}: {self.message}"
         return f"exited with code {self.exit_code} without a Python exception"
 
 
@@ -103,6 +105,18 @@ def frames_of(callstack: str) -> tuple[str, ...]:
     return tuple(out[-MAX_FRAMES:])
 
 
+def _split_head(msg: str) -> tuple[str, str]:
+    """An exception's ``Type: message`` line(s) as (type, message)."""
+    head, sep, rest = msg.partition(": ")
+    if sep and _TYPE_RE.fullmatch(head):
+        exc_type, message = head, rest
+    elif _TYPE_RE.fullmatch(msg.strip()):
+        exc_type, message = msg.strip(), ""
+    else:
+        exc_type, message = "Error", msg
+    return exc_type, "\n".join(message.splitlines()[:MAX_MESSAGE_LINES])
+
+
 def parse_error_file(text: str, local_rank: int) -> RankError | None:
     """An error file's content as a :class:`RankError`, or None when it is not one. Never raises."""
     if len(text) > MAX_ERROR_FILE:
@@ -124,14 +138,7 @@ def parse_error_file(text: str, local_rank: int) -> RankError | None:
         stamp = data.get("timestamp")
     if not isinstance(msg, str):
         return None
-    head, sep, rest = msg.partition(": ")
-    if sep and _TYPE_RE.fullmatch(head):
-        exc_type, message = head, rest
-    elif _TYPE_RE.fullmatch(msg.strip()):
-        exc_type, message = msg.strip(), ""
-    else:
-        exc_type, message = "Error", msg
-    message = "\n".join(message.splitlines()[:MAX_MESSAGE_LINES])
+    exc_type, message = _split_head(msg)
     callstack = extra.get("py_callstack")
     frames = frames_of(callstack[-(256 << 10):]) if isinstance(callstack, str) else ()
     time, precise, rank = math.inf, False, None
@@ -182,6 +189,129 @@ def torchrun_failures(log: bytes) -> list[RankError]:
     return list(out.values())
 
 
+def torchrun_root(log: bytes) -> int | None:
+    """The global rank torchrun's table names as the root cause (its first observed failure), or None."""
+    text = log[-MAX_TABLE_SCAN:].decode("utf-8", "replace").replace("\r\n", "\n")
+    at = text.rfind("Root Cause (first observed failure):")
+    m = _ENTRY_RE.search(text, at) if at >= 0 else None
+    return int(m.group(2)) if m else None
+
+
+# ---- what a rank printed, from its node's log ----
+# A script without torch's @record or clusterddp.train leaves no error file: what it raised is only in
+# the log its node's torchrun shares among all its ranks. Once a rank's process group exists, torch's
+# excepthook prefixes each line of its uncaught exception with ``[rank<N>]: `` (in one write, so the
+# lines stay together); before that (argparse, imports, setup), nothing tells the ranks apart.
+
+LOG_SCAN = 256 << 10  # bytes at the end of a node's log searched for what its ranks printed
+ATTEMPT_START = "[clusterddp] node "  # the line launch.sh and node.sh print before torchrun starts
+_TRACEBACK = "Traceback (most recent call last):"
+_RANK_PREFIX = re.compile(r"\[rank(\d{1,7})\]: ", re.ASCII)
+# torch elastic's agent logs ("W1201 23:37:02.011000 8610 torch/distributed/elastic/...:1028] Sending
+# process 8775 closing signal SIGTERM"): torchrun's words, not a rank's
+_AGENT_LINE = re.compile(r"[IWEF]\d{4} [\d:.]{8,20} +\d{1,10} \S{0,400}torch/distributed/\S{0,400}\] ", re.ASCII)
+_USAGE_ERROR = re.compile(r"(\S{1,400}): error: (.{1,2000})")  # argparse's last line (then exit 2)
+
+
+def _blocks(lines: Sequence[str]) -> list[tuple[int, str, str]]:
+    """Every Python traceback in ``lines``: (where it starts, its exception line, its text)."""
+    out = []
+    for i, line in enumerate(lines):
+        if line.rstrip() != _TRACEBACK:
+            continue
+        j = i + 1
+        while j < len(lines) and lines[j].startswith((" ", "\t")):
+            j += 1
+        if j < len(lines) and _TYPE_RE.fullmatch(lines[j].partition(":")[0]):
+            out.append((i, lines[j].rstrip(), "\n".join(lines[i:j + 1])))
+    return out
+
+
+def _torchruns(head: str) -> bool:
+    return head.startswith("torch.distributed.elastic.")  # its ChildFailedError, once a rank failed
+
+
+def attempt_lines(log: bytes) -> list[str]:
+    """What the ranks printed in the last attempt of a node's log: the lines after the last one launch.sh
+    printed before torchrun started, up to torchrun's own failure report (its ChildFailedError traceback
+    and table), without torch elastic's agent lines."""
+    text = log[-LOG_SCAN:].decode("utf-8", "replace").replace("\r\n", "\n")
+    lines = text.split("\n")
+    start = max((i for i, line in enumerate(lines) if line.startswith(ATTEMPT_START)), default=-1)
+    lines = lines[start + 1:]
+    end = next((i for i, head, _ in _blocks(lines) if _torchruns(head)), len(lines))
+    return [line for line in lines[:end] if not _AGENT_LINE.match(line)]
+
+
+def _unprefixed(lines: Sequence[str]) -> list[str]:
+    return [line for line in lines if not _RANK_PREFIX.match(line)]
+
+
+def rank_traceback(lines: Sequence[str], rank: int) -> tuple[str, str] | None:
+    """The exception global rank ``rank`` died of, as (its exception line, the traceback), from its
+    ``[rank<N>]: ``-prefixed lines: the last block (a chained exception's cause is printed first)."""
+    prefix = f"[rank{rank}]: "
+    found = _blocks([line[len(prefix):] for line in lines if line.startswith(prefix)])
+    return found[-1][1:] if found else None
+
+
+def bare_traceback(lines: Sequence[str], nproc: int = 1) -> tuple[str, str] | None:
+    """The last traceback no rank prefix claims (printed before the rank's process group existed),
+    torchrun's own excepted: the one printed last before the exit. One that each of the node's ``nproc``
+    ranks printed (a caught one that every rank printed and carried on from, such as an optional import)
+    counts only when every traceback is such a one (every rank died of the same): a slower rank may
+    print it after the failing rank died."""
+    found = [b[1:] for b in _blocks(_unprefixed(lines)) if not _torchruns(b[1])]
+    own = [b for b in found if found.count(b) < nproc]
+    return (own or found)[-1] if found else None
+
+
+def usage_error(lines: Sequence[str]) -> str | None:
+    """argparse's ``prog: error: ...`` line (it exits 2, with no traceback) after its usage, or None.
+    Ranks print theirs as they fail, so the first is the one torchrun saw first (its root cause)."""
+    bare = _unprefixed(lines)
+    usage = next((i for i, line in enumerate(bare) if line.startswith("usage: ")), None)
+    if usage is None:
+        return None
+    return next((line.rstrip() for line in bare[usage + 1:] if _USAGE_ERROR.fullmatch(line.rstrip())), None)
+
+
+def rank_tail(lines: Sequence[str], rank: int | None) -> tuple[str, ...]:
+    """The last lines of ``lines`` that may be rank ``rank``'s: without the other ranks' prefixed ones."""
+    mine = [line.rstrip() for line in lines if line.strip() and
+            ((m := _RANK_PREFIX.match(line)) is None or rank is None or int(m.group(1)) == rank)]
+    return tuple(clip(line, MAX_LOG_LINE) for line in mine[-MAX_LOG_LINES:])
+
+
+def with_output(failures: Sequence[RankError], log: bytes, nproc: int | None = None) -> list[RankError]:
+    """torchrun's table entries (:func:`torchrun_failures`) with what the ranks printed: a rank that
+    exited with code 1 becomes the exception its traceback shows (its own prefixed one; the last
+    unprefixed one goes to one rank of the node only, torchrun's root cause where it is one of them),
+    and one that exited with code 2 carries argparse's usage error."""
+    if not any(r.kind == "exit" for r in failures):
+        return list(failures)
+    lines = attempt_lines(log)
+    ones = [r.rank for r in failures if r.kind == "exit" and r.exit_code == 1 and r.rank is not None]
+    found = {rank: rank_traceback(lines, rank) for rank in ones}
+    bare = [rank for rank in ones if found[rank] is None]
+    if bare:
+        root = torchrun_root(log)
+        found[root if root in bare else min(bare)] = bare_traceback(lines, nproc or len(failures))
+    usage = usage_error(lines) if any(r.kind == "exit" and r.exit_code == 2 for r in failures) else None
+    out = []
+    for r in failures:
+        tb = found.get(r.rank) if r.kind == "exit" and r.exit_code == 1 and r.rank is not None else None
+        if tb is not None:
+            head, callstack = tb
+            exc_type, message = _split_head(head)
+            r = replace(r, kind="exception", exc_type=clip(exc_type, MAX_TYPE), message=clip(message, MAX_MESSAGE),
+                        frames=frames_of(callstack))
+        elif r.kind == "exit" and r.exit_code == 2 and usage:
+            r = replace(r, message=clip(usage, MAX_MESSAGE))
+        out.append(r)
+    return out
+
+
 _OOM_PID_RE = re.compile(r"Killed process (\d+)|oom-kill:.*?,pid=(\d+)")
 
 
@@ -194,6 +324,27 @@ def oom_killed(kernel_lines: Sequence[str], pid: int | None) -> str | None:
             if int(m.group(1) or m.group(2)) == pid:
                 return line
     return None
+
+
+def not_joined(late: Mapping[str, str | None], master_host: str, master: tuple[str, int],
+               bound_s: float) -> list[tuple[str, str]]:
+    """Who to name, and why, when the nodes in ``late`` (host -> what its probe of the master's port
+    said: ``ok``, ``refused``, ``timed out``, an error; None if not asked) had not joined the
+    rendezvous within ``bound_s``. A node that cannot reach the master is named; the master itself
+    never is for that (a host is never "unreachable from itself": a probe of its own port that timed
+    out says the host is loaded), unless nothing listens there (``refused``: its torchrun has not
+    opened the port, which is why the others cannot reach it). When no node is named so, all are."""
+    head = f"never joined the rendezvous within {bound_s:g}s"
+    where = f"{master[0]}:{master[1]}"
+    named = [(h, f"{head}: nothing listens on the master port {where} there (its torchrun has not opened it)")
+             for h, got in late.items() if h == master_host and got == "refused"]
+    named += [(h, f"{head}: cannot reach the master {where} from it ({got})")
+              for h, got in late.items() if h != master_host and got != "ok"]
+    if named:
+        return named
+    return [(h, f"{head} (it is the master; its torchrun is still starting or waits for the others)"
+             if h == master_host else f"{head} (it reaches the master {where}; its torchrun is still starting "
+             "or waits for the others)") for h in late]
 
 
 @dataclass(frozen=True)
@@ -256,6 +407,12 @@ def _tail(log: bytes) -> tuple[str, ...]:
     return tuple(clip(line, MAX_LOG_LINE) for line in lines[-MAX_LOG_LINES:])
 
 
+def _rank_tail(node: NodeFacts, r: RankError) -> tuple[str, ...]:
+    """The failing rank's own last lines (not torchrun's table, nor another rank's traceback); the end
+    of the node's log when the rank printed nothing there."""
+    return rank_tail(attempt_lines(node.log), r.rank) or _tail(node.log)
+
+
 def rank_errors(node: NodeFacts) -> list[RankError]:
     """Every rank failure a node left: its error files (newest attempt), and torchrun's table entries
     without a file. Global ranks are filled in from the node rank when every node has ``nproc`` ranks."""
@@ -269,13 +426,12 @@ def rank_errors(node: NodeFacts) -> list[RankError]:
                 if r is not None:
                     out.append(r)
     have = {r.local_rank for r in out}
-    out += [r for r in torchrun_failures(node.log) if r.local_rank not in have]
+    out += with_output([r for r in torchrun_failures(node.log) if r.local_rank not in have], node.log, node.nproc)
     return out
 
 
 def _with_rank(r: RankError, node: NodeFacts, uniform: int | None) -> RankError:
     if r.rank is None and uniform is not None:
-        from dataclasses import replace
         return replace(r, rank=node.node_rank * uniform + r.local_rank)
     return r
 
@@ -290,14 +446,15 @@ def _describe_rank(r: RankError, node: NodeFacts) -> Failure:
     kernel = _oom(r, node)
     if kernel:
         return Failure(node.host, "oom", "killed by the kernel: out of memory\n" + clip(kernel, MAX_LOG_LINE),
-                       rank=r.rank, local_rank=r.local_rank, signal=r.signal, log_tail=_tail(node.log))
+                       rank=r.rank, local_rank=r.local_rank, signal=r.signal, log_tail=_rank_tail(node, r))
     if r.kind == "exception":
         return Failure(node.host, "exception", r.text(), rank=r.rank, local_rank=r.local_rank, exc_type=r.exc_type,
                        message=r.message, frames=r.frames)
     if r.kind == "signal":
         return Failure(node.host, "signal", r.text(), rank=r.rank, local_rank=r.local_rank, signal=r.signal,
-                       log_tail=_tail(node.log))
-    return Failure(node.host, "exit", r.text(), rank=r.rank, local_rank=r.local_rank, log_tail=_tail(node.log))
+                       log_tail=_rank_tail(node, r))
+    return Failure(node.host, "exit", r.text(), rank=r.rank, local_rank=r.local_rank, message=r.message,
+                   log_tail=_rank_tail(node, r))
 
 
 def _never_joined(node: NodeFacts) -> bool:
@@ -377,5 +534,4 @@ def diagnose(nodes: Sequence[NodeFacts], first_failed: str | None) -> Failure:
         node = failed_first or (bad[0] if bad else nodes[0])
         failure = _node_only(node)
     others = tuple((n.host, _note(n, per_node[n.host], uniform)) for n in nodes if n.host != node.host)
-    from dataclasses import replace
     return replace(failure, others=others[:MAX_OTHERS])

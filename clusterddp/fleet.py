@@ -151,13 +151,25 @@ class Fleet:
             self._errors[host.name] = err
         raise err
 
-    def each(self, fn: Callable[[Host, Transport], R], hosts: Iterable[Host] | None = None) -> GroupResult[str, R]:
+    def each(self, fn: Callable[[Host, Transport], R], hosts: Iterable[Host] | None = None,
+             on_done: Callable[[str, R | Exception], None] | None = None) -> GroupResult[str, R]:
         """``fn(host, its connection)`` on every host (or only ``hosts``), in parallel; results by host name.
 
-        A host that cannot be reached fails with its connect HostError.
+        A host that cannot be reached fails with its connect HostError. ``on_done(host name, result or
+        exception)`` is called as each host's ends (from its worker thread), for a caller that reports
+        hosts as they answer rather than once the slowest has.
         """
-        return fan_out(self.hosts if hosts is None else hosts, lambda h: fn(h, self.transport(h)), self.fanout,
-                       key=lambda h: h.name)
+        def one(h: Host) -> R:
+            try:
+                r = fn(h, self.transport(h))
+            except Exception as e:
+                if on_done is not None:
+                    on_done(h.name, e)
+                raise
+            if on_done is not None:
+                on_done(h.name, r)
+            return r
+        return fan_out(self.hosts if hosts is None else hosts, one, self.fanout, key=lambda h: h.name)
 
     def open(self, hosts: Iterable[Host] | None = None) -> GroupResult[str, Transport]:
         """Connect to every host (or only ``hosts``) now, in parallel: for a step that must know

@@ -32,11 +32,12 @@ def nodes_of(rec: RunRecord, hosts: list[str] | None = None) -> list[P.NodeLaunc
             for n in rec.nodes if not hosts or n.host in hosts]
 
 
-def each(fleet: Fleet, nodes: Sequence[P.NodeLaunch],
-         fn: Callable[[P.NodeLaunch, Transport], R]) -> GroupResult[str, R]:
-    """``fn(node, its connection)`` on every node in parallel, through ``fleet``; results by host name."""
+def each(fleet: Fleet, nodes: Sequence[P.NodeLaunch], fn: Callable[[P.NodeLaunch, Transport], R],
+         on_done: Callable[[str, R | Exception], None] | None = None) -> GroupResult[str, R]:
+    """``fn(node, its connection)`` on every node in parallel, through ``fleet``; results by host name
+    (and to ``on_done`` as each node's ends: :meth:`Fleet.each`)."""
     by_name = {n.host.name: n for n in nodes}
-    return fleet.each(lambda h, t: fn(by_name[h.name], t), [n.host for n in nodes])
+    return fleet.each(lambda h, t: fn(by_name[h.name], t), [n.host for n in nodes], on_done)
 
 
 # ---- status ----
@@ -48,6 +49,7 @@ class Status:
     state: NodeState
     exit_code: int | None
     why: str | None = None    # why the state, when no exit code says it
+    ended: int | None = None  # when the job ended (epoch seconds, the node's clock), when it says
 
 
 STATUS_MAX_CHARS = node_reply.STATUS_MAX_CHARS
@@ -57,12 +59,12 @@ parse_status = node_reply.parse_status  # the reader beside the node-reply helpe
 def status(t: Transport, node: P.NodeLaunch, timeout: float) -> Status:
     """Ask the node how its job stands. Raises HostError when it does not answer within ``timeout``."""
     text = t.run(P.status_command(node), timeout=timeout).text
-    kind, code = parse_status(text)
+    kind, code, ended = node_reply.read_status(text)
     if kind == "garbled":
         shown = text[-STATUS_MAX_CHARS:].encode("ascii", "backslashreplace").decode("ascii")
         return Status(NodeState.LOST, None, f"unreadable status reply from the node: {shown!r}")
     state, why = from_report(kind, code)
-    return Status(state, code, why)
+    return Status(state, code, why, ended if kind == "exited" else None)
 
 
 # ---- follow ----

@@ -383,10 +383,12 @@ def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.1) -> s
 
 def status_command(node: NodeLaunch) -> str:
     """Print one line, marked (:data:`node_reply.STATUS_MARK`: a login banner may come first):
-    ``running``, ``exit N``, ``lost`` (no process, no exit code) or ``missing``."""
+    ``running``, ``exit N T``, ``lost`` (no process, no exit code) or ``missing``. ``T``: when the job
+    ended, by the node's clock (the exit code file's mtime, in epoch seconds: ``cddp_exit`` writes it as
+    the job ends), so a run looked at long after it ended records its own end, not the look's."""
     m = node_reply.STATUS_MARK
     return (f"{MARKED_FN}; cd {qpath(node.control_dir)} 2>/dev/null || {{ echo '{m}missing'; exit 0; }}; "
-            f"if [ -s exit_code ]; then echo \"{m}exit $(cat exit_code)\"; "
+            f"if [ -s exit_code ]; then echo \"{m}exit $(cat exit_code) $(stat -c %Y exit_code 2>/dev/null)\"; "
             f"elif [ -n \"$(cddp_marked {marker_word(node.marker)})\" ]; "
             f"then echo '{m}running'; else echo '{m}lost'; fi")
 

@@ -9,6 +9,7 @@ and ``unreachable`` written by ``clusterddp status``). Pure data: no files, no n
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
 import math
 import re
@@ -16,7 +17,7 @@ import reprlib
 import signal
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -101,6 +102,28 @@ def exit_text(code: int) -> str:
         except ValueError:
             pass
     return f"exit code {code}"
+
+
+def ended_at(started_at: str, node_ends: Iterable[int | None], now: dt.datetime) -> str:
+    """When a run whose nodes have all ended did end, as run.json's ``ended_at``: the last of its nodes'
+    own end times (epoch seconds by each node's clock, None where a node did not say), kept between
+    ``started_at`` and ``now`` (a node clock ahead of ours must not end the run in the future, one
+    behind before it started); ``now`` when no node said, as for a run that was just seen ending."""
+    known = [t for t in node_ends if t is not None]
+    end = now.astimezone(dt.timezone.utc)
+    if known:
+        try:
+            start = dt.datetime.fromisoformat(started_at)
+        except ValueError:
+            start = end
+        if start.tzinfo is None:
+            start = start.replace(tzinfo=dt.timezone.utc)
+        try:
+            node = dt.datetime.fromtimestamp(max(known), dt.timezone.utc)
+        except (OverflowError, OSError, ValueError):  # beyond what a datetime holds: a node's nonsense
+            node = end
+        end = min(max(node, start), end)
+    return end.isoformat(timespec="seconds")
 
 
 _TERMINAL = frozenset({NodeState.SUCCEEDED, NodeState.FAILED, NodeState.LOST, NodeState.STOPPED})
@@ -224,6 +247,9 @@ class RunRecord:
     schema: int = SCHEMA
     failure: Failure | None = None  # why it failed: the rank that failed first (clusterddp.failure)
     slurm: SlurmJob | None = None  # set for runs of a `slurm:` inventory; absent from older records
+    # When this record was last written (the store stamps every write): what it says of a running run is
+    # as of then, the last look at its nodes (`up`, `status`, `stop`). None in records written before it.
+    updated_at: str | None = None
 
     @property
     def exit_code(self) -> int | None:
@@ -247,7 +273,7 @@ class RunRecord:
                 "exit_code": self.exit_code, "failed_host": self.failed_host, "schedule": self.schedule,
                 "local": self.local, "started_at": self.started_at, "ended_at": self.ended_at,
                 "launch_dir": self.launch_dir, "master": {"addr": self.master_addr, "port": self.master_port},
-                "collect": list(self.collect), "fanout": self.fanout,
+                "collect": list(self.collect), "fanout": self.fanout, "updated_at": self.updated_at,
                 "nodes": [n.to_json() for n in self.nodes],
                 **({"failure": self.failure.to_json()} if self.failure else {}),
                 **({"slurm": self.slurm.to_json()} if self.slurm else {})}
@@ -285,6 +311,7 @@ class RunRecord:
                    master_addr=master.get("addr", str), master_port=_between(master.get("port", int), 1, 65535,
                                                                               master, "port"),
                    collect=r.get("collect", tuple[str, ...]), fanout=fanout, schema=SCHEMA, nodes=read,
+                   updated_at=r.get("updated_at", str | None, default=None),
                    failure=_failure(r.get("failure", dict | None, default=None), path),
                    slurm=SlurmJob.from_json(data["slurm"], path) if data.get("slurm") is not None else None)
 
@@ -460,7 +487,7 @@ _HOST_TYPES: dict[str, Any] = {}
 def _host_json(host: Host) -> dict[str, Any]:
     settings = dataclasses.asdict(host)
     settings["env"], settings["setup"] = dict(host.env), list(host.setup)
-    for key in ("slots", "lease_dir"):  # GPU lease settings: only where set, so older readers read the rest
+    for key in ("slots", "lease_dir", "identity_from"):  # only where set, so older readers read the rest
         if settings[key] is None:
             del settings[key]
     return settings

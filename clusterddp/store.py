@@ -27,6 +27,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -47,7 +48,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, name TEXT, inventory TEXT, script TEXT, hosts TEXT,
   status TEXT NOT NULL, exit_code INTEGER, started_at TEXT, ended_at TEXT,
-  failed_host TEXT, schedule TEXT
+  failed_host TEXT, schedule TEXT, updated_at TEXT
 )"""
 # A cron run that found its previous run still going (flock held) starts nothing; it leaves a row here.
 _SKIPS_SCHEMA = """
@@ -56,8 +57,9 @@ CREATE TABLE IF NOT EXISTS skips (
 )"""
 _SKIP_COLUMNS = ("schedule", "at", "holder", "reason")
 _COLUMNS = ("run_id", "name", "inventory", "script", "hosts", "status", "exit_code", "started_at",
-            "ended_at", "failed_host", "schedule")
-_ADDED_LATER = {"schedule": "TEXT"}  # columns the first release's runs.db lacks: added on the next write
+            "ended_at", "failed_host", "schedule", "updated_at")
+# columns an older runs.db lacks: added on the next write (read as NULL until then)
+_ADDED_LATER = {"schedule": "TEXT", "updated_at": "TEXT"}
 
 
 def new_run_id(now: datetime | None = None, token: str | None = None) -> str:
@@ -347,7 +349,7 @@ class RunStore:
                 os.chmod(d, DIR_MODE)
                 (d / "logs").mkdir(mode=DIR_MODE)
                 os.chmod(d / "logs", DIR_MODE)
-                self._commit(con, record)
+                record = self._commit(con, record)
             except BaseException as e:
                 shutil.rmtree(d, ignore_errors=True)
                 if isinstance(e, sqlite3.Error):
@@ -357,9 +359,11 @@ class RunStore:
                 raise
         return record
 
-    def _commit(self, con: sqlite3.Connection, record: RunRecord) -> None:
+    def _commit(self, con: sqlite3.Connection, record: RunRecord) -> RunRecord:
         """Index ``record`` and replace its run.json in one database transaction: when the index
-        cannot be written, run.json is left as it was."""
+        cannot be written, run.json is left as it was. Returns the record as written: stamped with
+        the time of this write (its ``updated_at``: what a running run's record says is as of then)."""
+        record = replace(record, updated_at=utcnow())
         rec = record.to_json()
         path = self.record_path(record.run_id)
         RunRecord.from_json(rec, str(path))  # never write a record that could not be read back
@@ -373,6 +377,7 @@ class RunStore:
             if con.in_transaction:
                 con.execute("ROLLBACK")
             raise
+        return record
 
     def _open_lock(self, run_id: str) -> tuple[Any, Path]:
         path = self.run_dir(run_id) / ".run.json.lock"
@@ -403,12 +408,11 @@ class RunStore:
                     if new.run_id != run_id:
                         raise ValueError(f"an update of run {run_id} returned run {new.run_id}")
                     try:
-                        self._commit(con, new)
+                        return self._commit(con, new)
                     except sqlite3.Error as e:
                         raise self._db_error(e, writing=True) from None
                     except OSError as e:
                         raise self._cannot_write(e) from None
-                    return new
                 finally:
                     self._lock.release()
 
@@ -484,24 +488,28 @@ class RunStore:
             raise RecordError(str(path), "run_id", f"{rec.run_id!r} is not the name of its folder {run_id!r}")
         return rec
 
-    def resolve(self, prefix: str) -> str:
-        """The run id that ``prefix`` names uniquely."""
+    def resolve(self, given: str) -> str:
+        """The run id that ``given`` names uniquely: the whole id, or a unique prefix or suffix of it. Every
+        id starts with its date, so the random part at its end (``3f9a`` of ``20261129-181500-3f9a``) is
+        the short way to name a run; an id that both starts and ends with ``given`` is one match."""
         # Only what a run id may be (record.RUN_ID_RE, a file name): a 64 KiB prefix took seconds to glob
-        if len(prefix) > 255 or not RUN_ID_RE.fullmatch(prefix) or prefix in (".", ".."):
-            raise RunNotFound(f"{prefix!r} is not a run id", "list runs with `clusterddp runs`")
+        if len(given) > 255 or not RUN_ID_RE.fullmatch(given) or given in (".", ".."):
+            raise RunNotFound(f"{given!r} is not a run id", "list runs with `clusterddp runs`")
         try:
             # any run.json, even one that is not a file: `load` then says what is wrong with it
-            if os.path.lexists(self.record_path(prefix)):
-                return prefix
-            ids = sorted(p.name for p in self.root.glob(f"{glob_escape(prefix)}*")
-                         if os.path.lexists(p / "run.json")) if self.root.is_dir() else []
+            if os.path.lexists(self.record_path(given)):
+                return given
+            word = glob_escape(given)
+            ids = sorted({p.name for pattern in (f"{word}*", f"*{word}") for p in self.root.glob(pattern)
+                          if not p.name.startswith(".") and os.path.lexists(p / "run.json")}
+                         ) if self.root.is_dir() else []
         except OSError as e:
             raise StoreError(f"cannot read {self.root}: {e.strerror or e}", f"make {self.root} readable") from None
         if not ids:
-            raise RunNotFound(f"no run matches {prefix!r} in {self.root}",
+            raise RunNotFound(f"no run matches {given!r} in {self.root} (as a run id, or its start or end)",
                               "list runs with `clusterddp runs`, or pass --runs-dir")
         if len(ids) > 1:
-            raise RunNotFound(f"{prefix!r} matches {len(ids)} runs: {', '.join(ids[:5])}"
+            raise RunNotFound(f"{given!r} matches {len(ids)} runs: {', '.join(ids[:5])}"
                               + (" ..." if len(ids) > 5 else ""), "give more of the run id")
         return ids[0]
 

@@ -33,6 +33,7 @@ import io
 import os
 import re
 import secrets
+import shlex
 import sys
 import warnings
 import weakref
@@ -485,7 +486,7 @@ def _try_load(source: Path | io.BytesIO, map_location: Any, load_kwargs: dict[st
 
 
 def load_latest(dir: str | os.PathLike[str] = "checkpoints", map_location: Any = None, announce: bool = True,
-                **load_kwargs: Any) -> tuple[Any, int] | None:
+                option: str | None = None, **load_kwargs: Any) -> tuple[Any, int] | None:
     """Load the newest complete checkpoint in ``dir``: ``(obj, step)``, or None if there is none.
 
     Collective: every rank must call it and every rank gets the same checkpoint, rank 0's.
@@ -508,13 +509,70 @@ def load_latest(dir: str | os.PathLike[str] = "checkpoints", map_location: Any =
     Unless ``announce`` is False, rank 0 says on stderr which file it resumed from: a relative
     ``dir`` is found in the folder the job runs in (for ``up local``, the current folder), so a
     second run resumes from the first one's checkpoints, and that must not go unnoticed.
+
+    A run of an inventory runs in a folder of its own on each node (``<workdir>/runs/<run_id>/``), new
+    each time, so there a relative ``dir`` is new each time and the same command starts over. When it
+    holds nothing and an earlier run of the same script on this host left checkpoints there, rank 0 says
+    so on stderr, with what to add to the command to carry on from them (``option``: the script's own
+    option that sets ``dir``, such as ``"--checkpoint-dir"``; see :func:`earlier_run_checkpoints`).
     """
     found = _load_latest(Path(dir), map_location, load_kwargs)
     if found is not None and announce:
         where = Path(dir).absolute()
         print0(f"resumed from step {found[1]}: {where / f'step-{found[1]}.pt'} (to start afresh instead, move "
                f"{where} away or pass another checkpoint folder)", file=sys.stderr)
+    elif found is None and announce and context().is_main:
+        earlier = earlier_run_checkpoints(Path(dir))
+        if earlier is not None:
+            print0(_starts_over(Path(dir), earlier, option), file=sys.stderr)
     return found
+
+
+def earlier_run_checkpoints(directory: Path, limit: int = 256) -> Path | None:
+    """``directory`` (relative) in the newest earlier run of this script on this host that holds a
+    complete checkpoint there, when this process runs in a clusterddp inventory run's folder
+    (``<workdir>/runs/<run_id>/``, the run id in ``CLUSTERDDP_RUN_ID``, its ``.clusterddp/`` inside);
+    else None (``up local`` runs in the launch folder, where a relative folder is the same each time).
+    An earlier run is a folder beside this one whose name sorts before this run's id (run ids start with
+    their start time), not a link, holding a file named as this script; at most ``limit`` are looked at."""
+    run_id = os.environ.get("CLUSTERDDP_RUN_ID")
+    if not run_id or directory.is_absolute() or ".." in directory.parts or not sys.argv or not sys.argv[0]:
+        return None
+    here = Path.cwd()
+    if here.name != run_id or here.parent.name != "runs" or not (here / ".clusterddp").is_dir():
+        return None
+    script = Path(sys.argv[0]).name
+    try:
+        names = sorted((n for n in os.listdir(here.parent) if n < run_id), reverse=True)[:limit]
+    except OSError:
+        return None
+    for name in names:
+        run = here.parent / name
+        if not run.is_symlink() and (run / script).is_file() and _checkpoints(run / directory):
+            return run / directory
+    return None
+
+
+_LOCAL_RANK_ARG = re.compile(r"--local[-_]rank=\d+")  # what `up --local-rank-arg` puts before the arguments
+
+
+def _starts_over(directory: Path, earlier: Path, option: str | None) -> str:
+    """What rank 0 says when this inventory run starts over where an earlier one left checkpoints."""
+    args = [a for a in sys.argv[1:] if not _LOCAL_RANK_ARG.fullmatch(a)]
+    given = str(directory)
+    if given in args or any(a == f"{option}={given}" for a in args):  # the folder was given: swap it
+        args = [str(earlier) if a == given else f"{option}={earlier}" if a == f"{option}={given}" else a
+                for a in args]
+        fix = "with the script's arguments (after `--`): " + shlex.join(args)
+    elif option:
+        fix = "with the script's arguments (after `--`): " + shlex.join([*args, option, str(earlier)])
+    else:
+        fix = f"with {earlier} as the script's checkpoint folder"
+    step = _checkpoints(earlier)[0][0]
+    return (f"no checkpoint in {given} ({directory.absolute()}): this run starts from scratch. Each run of an "
+            f"inventory has a folder of its own, and an earlier run of {Path(sys.argv[0]).name} on this host "
+            f"({earlier.parent.name}) left step-{step}.pt in {earlier}: to carry on from it, run the same "
+            f"`clusterddp up` command {fix}")
 
 
 def _load_latest(directory: Path, map_location: Any, load_kwargs: dict[str, Any]) -> tuple[Any, int] | None:

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     loss_fn = nn.MSELoss()
 
     start_epoch, step = 0, 0
-    found = ct.load_latest(args.checkpoint_dir)
+    found = ct.load_latest(args.checkpoint_dir, option="--checkpoint-dir")  # option: for the hint to resume
     if found is not None:
         state, step = found
         ct.unwrap(model).load_state_dict(state["model"])

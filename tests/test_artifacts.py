@@ -17,7 +17,7 @@ import pytest
 
 from clusterddp import inventory
 from clusterddp import plan as P
-from clusterddp.artifacts import collect_node
+from clusterddp.artifacts import CollectResult, collect_node, matched_nowhere
 from clusterddp.store import RunStore
 from clusterddp.transport.local import LocalTransport
 from helpers import cddp, make_record
@@ -299,3 +299,36 @@ def test_the_collect_command_reports_the_host_and_each_lost_file_escaped_and_end
         "  local: not brought back: b\\x1b[2J.txt: cannot read it on the node: denied \\x1b]0;pwned\\x07",
         "  local: not brought back: c.txt: not received: local: its collect answer was refused: send: -1 is not "
         "a size (0 to 1125899906842624)"]
+
+
+def test_the_globs_that_matched_nothing_are_known_per_host_and_across_hosts(setup, node_dir):
+    node, store = setup
+    # ckpt/link is a symlink: never collected, so that glob brings nothing back either
+    r = collect_node(LocalTransport("local"), node, store, RUN_ID, ("ckpt/**", "nothing/*.pt", "ckpt/link"))
+    assert r.error is None and r.unmatched == ("nothing/*.pt", "ckpt/link")
+    other = CollectResult("b", unmatched=("ckpt/link",))
+    down = CollectResult("c", error="c: cannot connect")  # its file list never came: nothing known of it
+    assert matched_nowhere([r, other]) == (("ckpt/link",), True)
+    assert matched_nowhere([r, other, down]) == (("ckpt/link",), False)
+    assert matched_nowhere([down]) == ((), False)
+    again = collect_node(LocalTransport("local"), node, store, RUN_ID, ("ckpt/**",))  # every file already whole
+    assert again.unmatched == ()
+
+
+def test_collect_glob_brings_back_other_files_after_the_fact_and_says_what_matched_nothing(setup, node_dir):
+    from dataclasses import replace
+
+    node, store = setup
+    rec = make_record(RUN_ID, ("local",))
+    n = replace(rec.nodes[0], settings=node.host, run_dir=node.run_dir, control_dir=node.control_dir)
+    store.update(RUN_ID, lambda _: replace(rec, nodes=(n,), collect=("ckpt/a.bin",)))
+    r = cddp("collect", RUN_ID[-4:], "--runs-dir", str(store.root), "--glob", "ckpt/deep/*", "--glob", "nothing/*",
+             timeout=60)
+    assert r.returncode == 0 and "local: 1 fetched" in r.stdout, r.stdout + r.stderr
+    assert sorted(p.relative_to(artifacts(store)).as_posix() for p in artifacts(store).rglob("*")
+                  if p.is_file()) == ["ckpt/deep/b.txt"]  # --glob instead of the run's own globs
+    assert r.stderr.splitlines() == ["warning: collect glob 'nothing/*' matched no file on any node; collect globs "
+                                     "are relative to each node's run folder, where the script runs "
+                                     "(e.g. 'checkpoints/**')"]
+    r = cddp("collect", RUN_ID, "--runs-dir", str(store.root), "--glob", "../up", timeout=60)
+    assert r.returncode == 2 and "--glob '../up': must be relative to the run folder" in r.stderr, r.stderr

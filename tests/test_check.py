@@ -142,7 +142,7 @@ def test_unreachable_and_changed_key_hosts_fail_without_hiding_the_others():
     (HostErrorKind.HOST_KEY_UNKNOWN, "host key unknown"), (HostErrorKind.HOST_KEY_CHANGED, "host key CHANGED"),
     (HostErrorKind.AUTH_REFUSED, "auth failed"), (HostErrorKind.TIMEOUT, "timeout"),
     (HostErrorKind.UNREACHABLE, "unreachable"), (HostErrorKind.CONNECTION_LOST, "connection lost"),
-    (HostErrorKind.CONFIG, "ssh_config"), (HostErrorKind.OTHER, "failed"),
+    (HostErrorKind.CONFIG, "ssh_config"), (HostErrorKind.KEY_FILE, "key file"), (HostErrorKind.OTHER, "failed"),
 ])
 def test_the_ssh_verdict_comes_from_the_errors_kind_not_its_wording(kind, value):
     results = healthy()

@@ -275,3 +275,17 @@ def test_up_local_names_the_failing_rank_and_its_exception(tmp_path):
     assert "bad.py:4 in <module>: raise OSError('disk full')" in r.stderr
     f = record(tmp_path / "runs", run_id_of(r.stdout))["failure"]
     assert (f["host"], f["kind"], f["rank"], f["others"]) == ("local", "exception", 1, [])
+
+
+def test_up_local_an_argparse_error_is_the_root_cause_with_the_ranks_own_lines(tmp_path):
+    # argparse prints its usage and `prog: error: ...` and exits 2, without a traceback (issue 24)
+    (tmp_path / "args.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                      "p.add_argument('--steps', type=int)\np.parse_args()\n")
+    r = cddp("up", "local", "args.py", "--gpus", "2", "--runs-dir", "runs", "--", "--bogus", cwd=tmp_path,
+             check_rc=1)
+    assert re.search(r"root cause: local, rank [01] \(local rank [01]\): exited with code 2: args\.py: error: "
+                     r"unrecognized arguments: --bogus\n", r.stderr), r.stderr
+    f = record(tmp_path / "runs", run_id_of(r.stdout))["failure"]
+    assert f["kind"] == "exit" and f["message"] == "args.py: error: unrecognized arguments: --bogus", f
+    assert "usage: args.py [-h] [--steps STEPS]" in f["log_tail"], f
+    assert not [line for line in f["log_tail"] if "exitcode" in line or "=====" in line or "elastic" in line], f

@@ -91,6 +91,43 @@ def test_python_exception_on_rank_3_is_the_root_cause_in_up_status_run_json_and_
     assert rows[0]["failure"]["exc_type"] == "ValueError" and rows[0]["failure"]["rank"] == 3
 
 
+# A plain script (no clusterddp.train, no @record: no error file), as most third-party code is: rank 3
+# fails before its process group exists, so its traceback carries no [rank3]: prefix either, and every
+# rank printed a traceback of its own before it.
+PLAIN = r'''
+import os
+import traceback
+import torch.distributed as dist
+
+try:  # an optional dependency, its traceback printed and carried on from, as scripts do
+    import apex_is_not_installed  # noqa: F401
+except ImportError:
+    traceback.print_exc()
+
+
+def step(n):
+    raise ValueError(f"boom on rank 3 at step {n}")
+
+
+if os.environ["RANK"] == "3":
+    print("rank 3 starts", flush=True)
+    step(3)
+dist.init_process_group("gloo")  # the others wait here until torchrun ends them
+'''
+
+
+def test_a_plain_scripts_unprefixed_exception_is_the_root_cause_not_torchruns_table(bed, tmp_path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "plain.py").write_text(PLAIN)
+    inventory = bed.write_inventory(tmp_path / "inv.yaml")
+    runs = tmp_path / "runs"
+    r = cddp("up", str(inventory), str(tmp_path / "job" / "plain.py"), "--runs-dir", str(runs), check_rc=1)
+    assert "root cause: node2, rank 3 (local rank 1): ValueError: boom on rank 3 at step 3" in r.stderr, r.stderr
+    assert "in step: raise ValueError(" in r.stderr and "without a Python exception" not in r.stderr, r.stderr
+    f = record(runs, run_id_of(r.stdout))["failure"]
+    assert (f["host"], f["kind"], f["rank"], f["exc_type"]) == ("node2", "exception", 3, "ValueError"), f
+
+
 def test_sigkilled_rank_is_reported_as_a_signal_by_status_of_a_detached_run(bed, tmp_path):
     inventory = bed.write_inventory(tmp_path / "inv.yaml")
     runs = tmp_path / "runs"
@@ -129,7 +166,7 @@ def test_node_blocked_from_the_master_port_is_named_as_never_joined_within_the_b
     want = (f"root cause: node2: never joined the rendezvous within 15s: cannot reach the master "
             f"{bed.nodes[0].address}:{port} from it (timed out)")
     assert want in r.stderr, r.stderr
-    # 15 s + one connect attempt (3 s) + start and teardown; without it torch waits 600 s
+    # 15 s + two connect attempts (3 s each) + start and teardown; without it torch waits 600 s
     assert took < 75, took
     f = record(tmp_path / "runs", run_id_of(r.stdout))["failure"]
     assert (f["host"], f["kind"]) == ("node2", "never_joined") and f["log_tail"]

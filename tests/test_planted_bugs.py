@@ -52,7 +52,8 @@ def test_the_failure_summary_shows_only_the_last_15_lines_of_a_long_log():
 
 
 def test_up_local_a_failing_job_with_a_long_log_shows_its_last_15_lines_and_records_them(tmp_path):
-    """The same bound end to end: a real torchrun whose rank prints 300 lines, then exits 3."""
+    """The same bound end to end: a real torchrun whose rank prints 300 lines, then exits 3: the tail is
+    the rank's own last 15 lines, not torchrun's report after them (issue 24)."""
     (tmp_path / "chatty.py").write_text("import os, sys\nfor i in range(300):\n"
                                         "    os.write(1, f'chatty line {i}\\n'.encode())\nsys.exit(3)\n")
     r = cddp("up", "local", "chatty.py", "--runs-dir", "runs", cwd=tmp_path, check_rc=1)
@@ -61,9 +62,10 @@ def test_up_local_a_failing_job_with_a_long_log_shows_its_last_15_lines_and_reco
     assert f["kind"] == "exit" and len(f["log_tail"]) == 15, f
     log = [line.rstrip() for line in (tmp_path / "runs" / run_id / "logs" / "local.log").read_text().splitlines()
            if line.strip()]
-    assert len(log) > 300 and f["log_tail"] == log[-15:], (f["log_tail"], log[-20:])
+    own = [f"chatty line {i}" for i in range(285, 300)]
+    assert len(log) > 300 and f["log_tail"] == own, (f["log_tail"], log[-20:])
     shown = [line.strip()[2:] for line in r.stderr.splitlines() if line.strip().startswith("| ")]
-    assert [s.strip() for s in shown] == [s.strip() for s in log[-15:]], r.stderr
+    assert [s.strip() for s in shown] == own, r.stderr
 
 
 # ---- the node's diagnosis sends the newest attempt first under its cap (mutation: oldest first) ----

@@ -52,7 +52,7 @@ def test_a_full_record_round_trips_through_json_and_keeps_run_json_keys():
     # The keys people and scripts read (tests/helpers.record, jq on run.json) are today's plus schema and fanout.
     old = json.loads(V0_SSH.read_text())
     new = rec.to_json()
-    assert set(new) == set(old) | {"schema", "fanout"} and new["schema"] == 1 and new["fanout"] == 7
+    assert set(new) == set(old) | {"schema", "fanout", "updated_at"} and new["schema"] == 1 and new["fanout"] == 7
     assert set(new["nodes"][0]) == set(old["nodes"][0])
     assert set(new["nodes"][0]["settings"]) == set(old["nodes"][0]["settings"])
     assert list(new["nodes"][1]["settings"]["slots"]) == [0, 3]
@@ -84,8 +84,8 @@ def test_a_record_written_by_the_previous_version_still_reads(tmp_path):
     store.update(rec.run_id, lambda r: r)
     on_disk = json.loads((tmp_path / rec.run_id / "run.json").read_text())
     old = json.loads(V0_SSH.read_text())
-    assert on_disk["schema"] == 1 and on_disk["fanout"] == 32
-    assert {k: v for k, v in on_disk.items() if k not in ("schema", "fanout", "nodes")} == \
+    assert on_disk["schema"] == 1 and on_disk["fanout"] == 32 and on_disk["updated_at"]  # stamped by the write
+    assert {k: v for k, v in on_disk.items() if k not in ("schema", "fanout", "updated_at", "nodes")} == \
         {k: v for k, v in old.items() if k != "nodes"}
     assert [n["state"] for n in on_disk["nodes"]] == ["failed", "lost", "unreachable"]
     assert [n["settings"] for n in on_disk["nodes"]] == [n["settings"] for n in old["nodes"]]

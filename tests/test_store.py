@@ -41,6 +41,27 @@ def test_create_update_list_and_resolve(tmp_path):
         s.resolve("2025")
 
 
+def test_a_run_is_named_by_a_unique_suffix_too(tmp_path):
+    # every id starts with its date: the random part at its end is the short way to name a run
+    s = RunStore(tmp_path)
+    for rid in ("20261129-100000-3f9a", "20261129-110000-bbbb", "20261130-090000-0bbb"):
+        s.create(rec(rid))
+    assert s.resolve("3f9a") == s.resolve("f9a") == s.resolve("0-3f9a") == "20261129-100000-3f9a"
+    assert s.resolve("20261130") == "20261130-090000-0bbb"  # prefixes as before
+    with pytest.raises(RunNotFound) as e:  # a suffix of two runs: both named, exit 2
+        s.resolve("bbb")
+    assert "'bbb' matches 2 runs: 20261129-110000-bbbb, 20261130-090000-0bbb" in str(e.value)
+    assert e.value.exit_code == 2
+    with pytest.raises(RunNotFound, match="matches 4 runs"):  # prefixes of some, the suffix of one: all count
+        s.create(rec("20261201-120000-2026"))
+        s.resolve("2026")
+    (tmp_path / ".20261129-100000-3f9a.removing-c0de").mkdir()  # a run being removed is never named
+    (tmp_path / ".20261129-100000-3f9a.removing-c0de" / "run.json").write_text("{}")
+    assert s.resolve("3f9a") == "20261129-100000-3f9a"
+    with pytest.raises(RunNotFound, match="no run matches 'c0de'"):
+        s.resolve("c0de")
+
+
 def test_artifact_paths_cannot_escape_the_run_folder(tmp_path):
     s = RunStore(tmp_path)
     with pytest.raises(ValueError):

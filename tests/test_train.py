@@ -193,6 +193,52 @@ def test_save_and_load_round_trip(solo, tmp_path) -> None:
     assert (tmp_path / "step-2.pt").stat().st_mode & 0o777 != 0o600  # not mkstemp's private mode
 
 
+def test_an_inventory_run_that_starts_over_where_an_earlier_one_left_checkpoints_says_so(solo, tmp_path, monkeypatch,
+                                                                                         capsys) -> None:
+    """Issue 24: each inventory run has a folder of its own, so a relative checkpoint folder is new each
+    time and the same command starts over, where `up local` carries on: rank 0 says so, with the
+    newest earlier run's folder that holds some and what to add to the command to carry on."""
+    runs = tmp_path / "work" / "runs"
+
+    def run(run_id: str, script: str = "train.py", step: int | None = None) -> Path:
+        (runs / run_id / ".clusterddp").mkdir(parents=True)
+        (runs / run_id / script).write_text("# the script\n")
+        if step is not None:
+            ct.save_checkpoint({"step": step}, step, runs / run_id / "checkpoints")
+        return runs / run_id
+    run("20261201-090000-aaaa", step=1)
+    run("20261201-100000-bbbb", step=3)                     # the newest earlier run of train.py that saved
+    run("20261201-103000-cccc", script="other.py", step=9)  # another script's
+    run("20261201-104000-dddd")                             # an earlier run of train.py that saved nothing
+    here = run("20261201-110000-eeee")                      # this run
+    run("20261201-120000-ffff", step=99)                    # a later run (started after this one)
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("CLUSTERDDP_RUN_ID", here.name)
+    monkeypatch.setattr(sys, "argv", [str(here / "train.py"), "--local_rank=0", "--epochs", "3"])
+    earlier = runs / "20261201-100000-bbbb" / "checkpoints"
+    assert ct.load_latest("checkpoints", option="--checkpoint-dir") is None  # it starts from scratch, as before
+    assert capsys.readouterr().err == (
+        f"no checkpoint in checkpoints ({here / 'checkpoints'}): this run starts from scratch. Each run of an "
+        "inventory has a folder of its own, and an earlier run of train.py on this host (20261201-100000-bbbb) "
+        f"left step-3.pt in {earlier}: to carry on from it, run the same `clusterddp up` command with the "
+        f"script's arguments (after `--`): --epochs 3 --checkpoint-dir {earlier}\n")
+    # the folder given among the arguments is swapped for the earlier one; without an option name, said so
+    monkeypatch.setattr(sys, "argv", ["train.py", "--ckpt=checkpoints"])
+    ct.load_latest("checkpoints", option="--ckpt")
+    assert capsys.readouterr().err.endswith(f"(after `--`): --ckpt={earlier}\n")
+    ct.load_latest("checkpoints")
+    assert capsys.readouterr().err.endswith(f"command with {earlier} as the script's checkpoint folder\n")
+    # once this run has its own, nothing more is said but where it resumed from
+    ct.save_checkpoint({"step": 4}, 4, "checkpoints")
+    assert ct.load_latest("checkpoints") == ({"step": 4}, 4)
+    assert "earlier run" not in capsys.readouterr().err
+    # an absolute folder, a folder no run used, `up local` (not in a run folder): nothing said
+    assert ct.load_latest(here / "nothing") is None and ct.load_latest("fresh") is None
+    monkeypatch.chdir(tmp_path)
+    assert ct.load_latest("checkpoints") is None
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("fail_in", ["torch.save", "os.replace"])
 def test_failed_save_keeps_previous_checkpoint(solo, tmp_path, monkeypatch, fail_in) -> None:
     ct.save_checkpoint({"v": 1}, 1, tmp_path)

@@ -150,8 +150,10 @@ class Backend(Protocol):
         """Stream each node's log from ``from_lines[host]`` until the job ends; the exit codes."""
         ...
 
-    def status(self, store: RunStore, run_id: str) -> RunRecord:
-        """Ask where the run stands; record it."""
+    def status(self, store: RunStore, run_id: str,
+               on_node: Callable[[NodeRecord], None] | None = None) -> RunRecord:
+        """Ask where the run stands; record it. ``on_node(node)``: each node as it is seen (as the record
+        will hold it), one call at a time, as soon as it answers."""
         ...
 
     def describe(self, rec: RunRecord) -> str | None:
@@ -167,8 +169,9 @@ class Backend(Protocol):
         """Each node's full log: ``show(host, source, file)`` in the run's host order."""
         ...
 
-    def collect(self, store: RunStore, run_id: str, progress: Progress | None = None) -> list[CollectResult]:
-        """Bring back the logs and the collect globs, verified."""
+    def collect(self, store: RunStore, run_id: str, progress: Progress | None = None,
+                globs: tuple[str, ...] | None = None) -> list[CollectResult]:
+        """Bring back the logs and the collect globs (the run's, or ``globs`` instead), verified."""
         ...
 
     def check(self, inventory: Inventory, master_port: int | None = None) -> Report:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from . import collect as collect_cmd
 from . import prune as prune_cmd
 from . import runs as runs_cmd
 from . import schedule as schedule_cmd
@@ -20,8 +21,9 @@ from .top import top as top_cmd
 app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="Start PyTorch DDP training on several machines over SSH, from one command.")
 app.command("up", cls=ScriptCommand, context_settings={"help_option_names": ["-h", "--help"]})(up_cmd.up)
-for _verb in ("runs", "status", "logs", "stop", "collect"):
+for _verb in ("runs", "status", "logs", "stop"):
     app.command(_verb)(getattr(runs_cmd, _verb))
+app.command("collect")(collect_cmd.collect)
 app.add_typer(schedule_cmd.app, name="schedule")
 app.command("check")(check_cmd)
 app.command("exec")(exec_cmd)

@@ -1,12 +1,9 @@
-"""`clusterddp runs | status | logs | stop | collect`: history and control of runs, no daemon needed."""
+"""`clusterddp runs | status | logs | stop`: history and control of runs, no daemon needed (`collect`: collect.py)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -19,18 +16,15 @@ from .common import (
     PrefixPrinter,
     err,
     handle_errors,
-    is_tty,
     quiet_filter,
     tell_hidden,
-    tell_missing,
     visible,
 )
 
 if TYPE_CHECKING:
-    from ..artifacts import Progress
     from ..record import NodeRecord
 
-RUN = typer.Argument(..., help="A run id, or a unique prefix of one.")
+RUN = typer.Argument(..., help="A run id, or a unique prefix or suffix of one (its random end: 3f9a).")
 
 
 def _store(runs_dir: str, read_only: bool = False):
@@ -53,9 +47,22 @@ def _duration(row: dict) -> str:
     return f"{secs // 3600}h{secs % 3600 // 60:02d}m" if secs >= 3600 else f"{secs // 60}m{secs % 60:02d}s"
 
 
+def _as_of(row: dict) -> str:
+    """A running run's status as the listing shows it: as of the last write of its record, which is the
+    last look at its nodes (`up` as it started or followed them, `status`, `stop`). `runs` asks no node:
+    it lists from this machine alone, at once, also offline or on a read-only runs folder; a detached
+    run that ended since shows as running until `status` looks."""
+    at = row.get("updated_at") or row.get("started_at") or ""
+    shown = at[:19].replace("T", " ")
+    if shown[:10] == (row.get("started_at") or "")[:10]:
+        shown = shown[11:]  # the day the run started: the time says it
+    return f"{row['status']} (as of {shown})" if shown else row["status"]
+
+
 @handle_errors
 def runs(runs_dir: str = RUNS_DIR, as_json: bool = typer.Option(False, "--json", help="Print a JSON list.")) -> None:
-    """List runs, newest first."""
+    """List runs, newest first. A running run's status is as of the last look at its nodes (by `up`,
+    `status` or `stop`): `clusterddp status RUN` looks now."""
     rows = _store(runs_dir).list()
     if as_json:
         store = _store(runs_dir, read_only=True)
@@ -67,13 +74,18 @@ def runs(runs_dir: str = RUNS_DIR, as_json: bool = typer.Option(False, "--json",
         print(f"no runs in {_store(runs_dir).root}")
         return
     head = ("RUN", "NAME", "STATUS", "HOSTS", "STARTED", "DURATION", "SCHEDULE")
-    table = [head] + [(r["run_id"], r["name"] or "-", r["status"] + (f" ({r['failed_host']})" if r["failed_host"]
-                                                                       else ""),
+    table = [head] + [(r["run_id"], r["name"] or "-",
+                       (_as_of(r) if r["status"] == "running" else r["status"])
+                       + (f" ({r['failed_host']})" if r["failed_host"] else ""),
                        r["hosts"] or "-", (r["started_at"] or "-")[:19].replace("T", " "), _duration(r),
                        r.get("schedule") or "-") for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     for row in table:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    running = [r["run_id"] for r in rows if r["status"] == "running"]
+    if running:
+        err(f"note: a running run's status is as of the last look at its nodes; "
+            f"`clusterddp status {running[0]}` looks now")
 
 
 @handle_errors
@@ -83,16 +95,17 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     from ..record import RunStatus
     store = _store(runs_dir)
     run_id = store.resolve(run)
-    backend = backends.for_record(store.load(run_id))
+    rec = store.load(run_id)
+    backend = backends.for_record(rec)
     store.check_writable(run_id)  # what it sees is recorded: fail before any node is asked
-    rec = backend.status(store, run_id)
+    # each node as it answers: one that is down must not hold back the others' lines for its connect timeout
+    print(f"run {run_id}: looking at {_nodes(len(rec.nodes))}", flush=True)
+    rec = backend.status(store, run_id, on_node=lambda n: print(_node_line(n), flush=True))
     print(f"run {run_id}: {rec.status}" + (f" (failed first: {rec.failed_host})"
                                           if rec.status is RunStatus.FAILED and rec.failed_host else ""))
     said = backend.describe(rec)
     if said:
         print(f"  {visible(said)}")
-    for n in rec.nodes:
-        print(_node_line(n))
     if rec.status is RunStatus.FAILED and rec.failure:
         for line in rec.failure.lines(others=False):  # the other nodes are the lines above
             print(visible(f"  {line}"))
@@ -100,6 +113,10 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     if rec.status is RunStatus.RUNNING and bad:
         print(f"warning: {', '.join(bad)} ended badly while other nodes still run; "
               f"stop the run with `clusterddp stop {run_id}`")
+
+
+def _nodes(n: int) -> str:
+    return "its job" if n == 0 else f"its {n} node{'s' if n != 1 else ''}"
 
 
 @handle_errors
@@ -151,45 +168,6 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
     tell_hidden(hide, f"{store.run_dir(run_id) / 'logs'}/")
 
 
-@contextmanager
-def _progress() -> Iterator[Progress | None]:
-    """A rich transfer bar per host on a terminal; silent otherwise."""
-    if not is_tty():
-        yield None
-        return
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), transient=True) as bar:
-        class P:
-            ids: dict = {}
-
-            def start(self, host: str, total: int) -> None:
-                if total > 8 << 20:  # small transfers need no bar
-                    self.ids[host] = bar.add_task(host, total=total)
-
-            def advance(self, host: str, n: int) -> None:
-                if host in self.ids:
-                    bar.advance(self.ids[host], n)
-        yield P()
-
-
-def _report(results) -> int:
-    """Each host's collect: counts, then (on stderr) its error and every file not brought back.
-    Returns how many hosts had a problem."""
-    failed = 0
-    for r in sorted(results, key=lambda r: r.host):
-        if r.fetched or r.whole or r.skipped or r.missing or not r.error:
-            extra = f", {len(r.skipped)} skipped (still being written)" if r.skipped else ""
-            extra += f", {len(r.missing)} not brought back" if r.missing else ""
-            print(f"  {r.host}: {len(r.fetched)} fetched ({r.bytes / 1e6:.1f} MB), {len(r.whole)} already whole"
-                  f"{extra}")
-        if r.error:
-            err(f"  {r.host}: error: {r.error}")
-        tell_missing(f"  {r.host}: ", r.missing)
-        failed += not r.ok
-    return failed
-
-
 @handle_errors
 def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
          grace: float = typer.Option(10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL.")) -> None:
@@ -206,19 +184,3 @@ def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
     if done.not_stopped:
         err("some nodes could not be stopped; run `clusterddp stop` again once they answer")
         raise typer.Exit(1)
-
-
-@handle_errors
-def collect(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
-    """Bring back RUN's logs and collect globs from every node, verifying each file by sha256."""
-    from .. import backends
-    store = _store(runs_dir)
-    run_id = store.resolve(run)
-    rec = store.load(run_id)
-    store.check_writable(run_id, index=False)  # collect writes the run folder only, not runs.db
-    with _progress() as progress:
-        results = backends.for_record(rec).collect(store, run_id, progress=progress)
-    print(f"run {run_id}: collected into {store.run_dir(run_id) / 'artifacts'}")
-    if _report(results):
-        raise typer.Exit(1)
-    sys.stdout.flush()

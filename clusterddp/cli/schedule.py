@@ -6,6 +6,7 @@ import dataclasses
 import os
 import sys
 import time
+from typing import Any
 
 import typer
 
@@ -15,6 +16,7 @@ from .common import (
     ENV,
     EXCLUDE,
     EXIT_INTERRUPTED,
+    EXIT_USAGE,
     GPUS,
     HOSTS,
     INVENTORY,
@@ -33,14 +35,44 @@ from .common import (
     run_spec,
     with_recorded_options,
 )
-from .script_args import ScriptCommand
+from .script_args import NoSuchOption, ScriptCommand
+
+# The `up` options a schedule does not record (launch.Option.recorded is None), and why: `schedule add`
+# says so, instead of calling them the script's arguments (they are `up`'s). Every one has a reason here
+# (tests/schedule/test_schedule.py checks it).
+NOT_SCHEDULED = {
+    "detach": "a scheduled run is never detached: `schedule fire` waits for its run, holding the schedule's "
+              "lock, so that the next firing cannot start a second run beside it",
+    "dry_run": "a schedule runs its job when it fires; to see the commands it would run, give `clusterddp up` "
+               "the same options and --dry-run",
+}
+
+
+class ScheduleAddCommand(ScriptCommand):
+    """`schedule add`: an `up` option it does not take is named as such, with why; any other unknown
+    option is what :class:`ScriptCommand` says (the script's argument, missing its ``--``)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:  # click's option parser alone, on a copy: no callbacks, nothing set on ctx
+            self.make_parser(ctx).parse_args(list(args))
+        except NoSuchOption as e:
+            flag = e.option_name
+            up = next((o for o in launch.OPTIONS if o.recorded is None and flag in o.flags), None)
+            if up is not None:
+                err(f"error: `{ctx.command_path}` does not take `up`'s {flag}: {NOT_SCHEDULED[up.name]}; "
+                    f"if {flag} is meant for the script, it goes after `--`")
+                raise typer.Exit(EXIT_USAGE) from None
+        except Exception:  # noqa: BLE001, S110 - any other problem is for the parse below to say
+            pass
+        return super().parse_args(ctx, args)  # ScriptCommand's: every other unknown option, swapped arguments
+
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Run `clusterddp up` on a timetable, from your crontab.")
 
 
-@app.command("add", cls=ScriptCommand)
+@app.command("add", cls=ScheduleAddCommand)
 @with_recorded_options
 @handle_errors
 def add(

@@ -3,6 +3,10 @@
 ``clusterddp up inv.yaml train.py --epochs 1`` is the most common slip: click would answer
 "No such option: --epochs (Possible options: --detach)", which points at the wrong fix. These
 commands say that the script's arguments go after ``--`` and print the command as it should be.
+The two other slips of the same line are caught here too, before anything starts: the script and
+the inventory given the other way round (``up train.py inv.yaml``: an error, with the command as
+it should be), and one of the command's own options typed after ``--`` (``-- --steps 3 --detach``:
+a warning only, since a script may have an option of the same name).
 """
 
 from __future__ import annotations
@@ -28,11 +32,21 @@ class ScriptCommand(TyperCommand):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         original = list(args)  # click consumes the list it parses
         try:
-            return super().parse_args(ctx, args)
+            rest = super().parse_args(ctx, args)
         except NoSuchOption as e:
             # Printed here, not raised as click's UsageError: its box would wrap the command to copy.
             err(f"error: {explain(self, ctx.command_path, e.option_name, original)}")
             raise typer.Exit(EXIT_USAGE) from None
+        if ctx.resilient_parsing:  # shell completion: nothing is run, nothing to say
+            return rest
+        problem = swapped(self, ctx.command_path, ctx.params, original)
+        if problem:
+            err(f"error: {problem}")
+            raise typer.Exit(EXIT_USAGE)
+        warning = ours_after_dashes(self, ctx.command_path, original)
+        if warning:
+            err(f"warning: {warning}")
+        return rest
 
 
 def explain(cmd: Any, command_path: str, option: str, args: list[str]) -> str:
@@ -50,6 +64,94 @@ def explain(cmd: Any, command_path: str, option: str, args: list[str]) -> str:
     return msg + ":\n  " + shlex.join([*command_path.split(), *fixed])
 
 
+def looks_like_script(path: str) -> bool:
+    """A Python script's name (never an inventory's: those are YAML files, hostfiles or `local`)."""
+    return path.lower().endswith((".py", ".pyw"))
+
+
+def swapped(cmd: Any, command_path: str, params: dict[str, Any], args: list[str]) -> str | None:
+    """What to say when INVENTORY names a Python script and SCRIPT does not: the two were given the
+    other way round (``up train.py inv.yaml``). Without this the script was read as YAML, and the
+    error was a YAML syntax error about a line of Python."""
+    inventory, script = params.get("inventory"), params.get("script")
+    if not (isinstance(inventory, str) and isinstance(script, str)):
+        return None
+    if not looks_like_script(inventory) or looks_like_script(script):
+        return None
+    fixed = list(args)
+    at = _positionals(cmd, args)
+    names = _fixed_names(cmd)
+    i, j = names.index("inventory"), names.index("script")
+    if len(at) > max(i, j):
+        fixed[at[i]], fixed[at[j]] = fixed[at[j]], fixed[at[i]]
+    return (f"INVENTORY and SCRIPT are swapped: {inventory} is a Python script, {script} is not; "
+            f"the inventory comes first:\n  " + shlex.join([*command_path.split(), *fixed]))
+
+
+def ours_after_dashes(cmd: Any, command_path: str, args: list[str]) -> str | None:
+    """A warning when a script argument (after ``--``) is exactly one of ``cmd``'s own options
+    (``--detach``, ``--gpus=2``): it goes to the script, which most likely fails on it on every
+    rank once the job has started. Not an error: a script may take an option of the same name.
+    Names the options and prints the command with them (and their values) moved before ``--``."""
+    head, sep, tail = _split(args)
+    if not sep:
+        return None
+    takes_value = _takes_value(cmd)
+    moved: list[str] = []
+    kept: list[str] = []
+    named: list[str] = []
+    i = 0
+    while i < len(tail):
+        tok = tail[i]
+        name = tok.split("=", 1)[0] if tok.startswith("--") else tok
+        if name not in takes_value:
+            kept.append(tok)
+            i += 1
+            continue
+        named.append(name)
+        moved.append(tok)
+        if takes_value[name] and "=" not in tok and i + 1 < len(tail):
+            moved.append(tail[i + 1])
+            i += 1
+        i += 1
+    if not named:
+        return None
+    unique = list(dict.fromkeys(named))
+    one = len(unique) == 1
+    return (f"{', '.join(unique)} after `--` {'is' if one else 'are'} passed to the script, though "
+            f"{'it is also an option' if one else 'they are also options'} of `{command_path}`; if meant for "
+            f"`{command_path}`, put {'it' if one else 'them'} before `--`:\n  "
+            + shlex.join([*command_path.split(), *head, *moved, "--", *kept]))
+
+
+def _takes_value(cmd: Any) -> dict[str, bool]:
+    """Each option name of ``cmd`` (long and short), and whether it takes a value."""
+    out: dict[str, bool] = {}
+    for p in cmd.params:
+        if p.param_type_name == "option":
+            for name in (*p.opts, *p.secondary_opts):
+                out[name] = not (p.is_flag or p.count)
+    return out
+
+
+def _positionals(cmd: Any, args: list[str]) -> list[int]:
+    """The indices in ``args`` (before ``--``) of the tokens click reads as positional arguments."""
+    takes_value = _takes_value(cmd)
+    head, _, _ = _split(args)
+    out: list[int] = []
+    i = 0
+    while i < len(head):
+        tok = head[i]
+        name = tok.split("=", 1)[0]
+        if name in takes_value:
+            if takes_value[name] and "=" not in tok:
+                i += 1  # its value
+        elif not tok.startswith("-") or tok == "-":
+            out.append(i)
+        i += 1
+    return out
+
+
 def _fixed_names(cmd: Any) -> list[str]:
     return [p.name or "" for p in cmd.params if p.param_type_name == "argument" and p.nargs == 1]
 
@@ -58,11 +160,7 @@ def corrected(cmd: Any, args: list[str]) -> list[str] | None:
     """``args`` with every token that is not one of ``cmd``'s options or fixed arguments moved after
     ``--`` (ahead of what already followed it), or None when the fixed arguments (``INVENTORY
     SCRIPT``) were not all given before the first unknown option, so the intent is unclear."""
-    takes_value: dict[str, bool] = {}
-    for p in cmd.params:
-        if p.param_type_name == "option":
-            for name in (*p.opts, *p.secondary_opts):
-                takes_value[name] = not (p.is_flag or p.count)
+    takes_value = _takes_value(cmd)
     fixed = len(_fixed_names(cmd))
     head, sep, tail = _split(args)
     ours: list[str] = []

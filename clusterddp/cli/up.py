@@ -6,6 +6,7 @@ import dataclasses
 
 import typer
 
+from .collect import tell_unmatched
 from .common import (
     COLLECT,
     ENV,
@@ -91,6 +92,7 @@ def up(
         backend.launch(prep, req, events)
     finally:
         events.printer.flush()
+        tell_unmatched(events.results, "collect: ")  # at the end of the run: a glob that brought nothing back
         tell_hidden(events.hide, f"{prep.store.run_dir(prep.plan.run_id) / 'logs'}/")
 
 
@@ -101,6 +103,7 @@ class Printed:
     def __init__(self, raw: bool, hide) -> None:
         self.hide = hide
         self.printer = PrefixPrinter([], raw=raw, hide=hide)
+        self.results: list = []  # every host's collect, for the end of the run (cli.collect.tell_unmatched)
 
     def say(self, line: str) -> None:
         print(visible(line), flush=True)  # lines quote Slurm's words (a job's Reason) and hosts' names
@@ -115,6 +118,7 @@ class Printed:
         self.printer(host, data)
 
     def collected(self, r, source: str | None = None) -> None:
+        self.results.append(r)
         lead = f"collect {r.host}: " if source is None else "collect: "
         if r.error:
             err(f"{lead}{r.error}")

@@ -10,6 +10,7 @@ Precedence for each host setting: CLI flag (applied later, in the plan) > host e
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +65,12 @@ def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
         else:
             break
     return line
+
+
+def _where(path: str, root: yaml.Node | None, loc: tuple, line: int | None = None) -> str:
+    """``lab.yaml:7: hosts[1].identity_file``: a field of the file, for messages given after loading."""
+    line = line if line is not None or root is None else _line_of(root, loc)
+    return f"{path}:{line}: {_path_str(loc)}" if line is not None else f"{path}: {_path_str(loc)}"
 
 
 def _message(err: Mapping[str, Any]) -> str:
@@ -152,6 +159,7 @@ def _login_host(data: dict, path: str, root: yaml.Node | None) -> Host:
     from ._inventory_schema import SlurmLoginFile
     h = _validate(SlurmLoginFile, data, path, root).slurm.login
     return Host(name=h.name, address=h.address or h.name, user=h.user, port=h.port, identity_file=h.identity_file,
+                identity_from=_where(path, root, ("slurm", "login", "identity_file")) if h.identity_file else None,
                 known_hosts=h.known_hosts or BUILTIN["known_hosts"],
                 host_key_policy=h.host_key_policy or BUILTIN["host_key_policy"], gpus=1,
                 python=h.python or BUILTIN["python"], workdir=BUILTIN["workdir"], env=tuple((h.env or {}).items()),
@@ -159,7 +167,8 @@ def _login_host(data: dict, path: str, root: yaml.Node | None) -> Host:
                 keepalive=float(BUILTIN["keepalive"] if h.keepalive is None else h.keepalive))
 
 
-def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:
+def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | None = None) -> Inventory:
+    """The validated file ``inv`` as an Inventory; ``lines``: a hostfile's line of each host."""
     envs = [(("defaults", "env"), inv.defaults.env)] + [(("hosts", i, "env"), h.env) for i, h in enumerate(inv.hosts)]
     for loc, env in envs:
         for k in env or ():
@@ -176,7 +185,7 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:
         seen[h.name] = i
     d = inv.defaults
     hosts = []
-    for h in inv.hosts:
+    for i, h in enumerate(inv.hosts):
         def pick(key: str, h: Any = h) -> Any:  # h bound now, not looked up at call time
             v = getattr(h, key)
             return v if v is not None else getattr(d, key)
@@ -185,7 +194,7 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:
         slots = tuple(sorted(gpus)) if isinstance(gpus, list) else None
         hosts.append(Host(
             name=h.name, address=h.address or h.name, user=pick("user"), port=pick("port"),
-            identity_file=pick("identity_file"),
+            identity_file=pick("identity_file"), identity_from=_identity_from(path, root, lines, i, h, d),
             known_hosts=pick("known_hosts") or BUILTIN["known_hosts"],
             host_key_policy=pick("host_key_policy") or BUILTIN["host_key_policy"],
             gpus=len(slots) if slots else gpus, slots=slots, lease_dir=pick("lease_dir"),
@@ -205,6 +214,17 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None) -> Inventory:
                      inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs)
 
 
+def _identity_from(path: str, root: yaml.Node | None, lines: list[int] | None, i: int, h: Any, d: Any) -> str | None:
+    """Where host ``i``'s identity_file was set: its own entry, or the defaults (see :func:`_where`)."""
+    if lines is not None:  # a hostfile: one line per host, no defaults
+        return f"{path}:{lines[i]}: identity_file" if h.identity_file is not None else None
+    if h.identity_file is not None:
+        return _where(path, root, ("hosts", i, "identity_file"))
+    if d.identity_file is not None:
+        return _where(path, root, ("defaults", "identity_file"))
+    return None
+
+
 def parse_hostfile(text: str, path: str) -> Inventory:
     """Read hostfile ``text`` (from ``path``) into an :class:`Inventory`; hosts in file order, the first
     one the master. Raises :class:`InventoryError` naming the file, line and field."""
@@ -222,7 +242,7 @@ def parse_hostfile(text: str, path: str) -> Inventory:
         line = lines[loc[1]] if len(loc) > 1 and isinstance(loc[1], int) else None
         at = str(loc[2]) if len(loc) > 2 else None
         raise InventoryError(path, _message(err), field="slots" if at == "gpus" else at, line=line) from None
-    return _resolve(inv, path, None)
+    return _resolve(inv, path, None, lines)
 
 
 def load(path: str | Path) -> Inventory:
@@ -246,9 +266,34 @@ def load(path: str | Path) -> Inventory:
         line = raw.count(b"\n", 0, e.start) + 1
         raise InventoryError(str(p), f"not UTF-8 text (byte 0x{raw[e.start]:02x})", line=line,
                              hint="save the file as UTF-8") from None
-    if is_hostfile(text):  # a DeepSpeed/MPI hostfile: `host slots=N` lines
-        return parse_hostfile(text, str(p))
-    return parse(text, str(p))
+    if is_python(p, text):
+        raise _python_script(str(p))
+    try:
+        if is_hostfile(text):  # a DeepSpeed/MPI hostfile: `host slots=N` lines
+            return parse_hostfile(text, str(p))
+        return parse(text, str(p))
+    except InventoryError:
+        if _PYTHON_LINE.search(text):  # a script without .py or #!: it fails on some line of Python
+            raise _python_script(str(p)) from None
+        raise
+
+
+_PYTHON_LINE = re.compile(r"^(import [A-Za-z_][\w.]*|from [A-Za-z_.][\w.]* import |def [A-Za-z_]\w*\(|"
+                          r"if __name__ == )", re.M)
+
+
+def is_python(path: Path, text: str) -> bool:
+    """A Python script (named .py, or a `#!` line naming python), never an inventory."""
+    first = text.split("\n", 1)[0]
+    return path.suffix.lower() in (".py", ".pyw") or (first.startswith("#!") and "python" in first)
+
+
+def _python_script(path: str) -> InventoryError:
+    """A Python script named where the inventory goes: most often `up train.py inv.yaml`, the two swapped."""
+    return InventoryError(path, "is a Python script, not an inventory",
+                          hint="the inventory comes first, then the script: `clusterddp up INVENTORY SCRIPT "
+                               "[-- ARGS...]`; an inventory is a YAML file (see inventory/lab.yaml), a hostfile, "
+                               "or `local`")
 
 
 def load_named(arg: str, gpus: int | None = None, hosts: list[str] | None = None,

@@ -118,6 +118,9 @@ class Host:
     keepalive: float = BUILTIN["keepalive"]  # seconds between SSH keepalives; 0: none
     slots: tuple[int, ...] | None = None  # a fixed choice of GPU slots (`gpus: [0, 1]`); gpus is then their count
     lease_dir: str | None = None  # the node's lease folder; None: <workdir>/leases/%h (%h: the node's hostname)
+    # where identity_file was set (`lab.yaml:7: hosts[1].identity_file`), for the message when that
+    # file cannot be read; None where it was not set or is not from a file
+    identity_from: str | None = None
 
 
 @dataclass(frozen=True)

@@ -419,10 +419,13 @@ class Receiver:
         self.broken: str | None = None
         self._globs: list[list[str]] | None = None
         self._paths: set | None = None
+        self._named = []  # type: list  # (glob as asked, its parts) of each glob the node walks
+        self._matched = set()  # type: set  # those of them that some listed file matched
         if request is not None and request.get("paths"):
             self._paths = set(request["paths"])
         elif request is not None:
-            self._globs = [g for g in (glob_parts(p) for p in request.get("globs", [])) if g]
+            self._named = [(p, g) for p, g in ((p, glob_parts(p)) for p in request.get("globs", [])) if g]
+            self._globs = [g for _, g in self._named]
         self._started = clock()
         self._ticks = 0
         self._line = bytearray()
@@ -562,8 +565,19 @@ class Receiver:
             return path in self._paths
         if self._globs is not None:
             names = path.split("/")
-            return any(matches(g, names) for g in self._globs)
+            hit = [glob for glob, g in self._named if matches(g, names)]
+            self._matched.update(hit)
+            return bool(hit)
         return True
+
+    @property
+    def unmatched(self) -> list | None:
+        """The request's globs (as asked) that no file the node listed matches; None when that is not
+        known: the node's file list did not come whole, or the request named paths, not globs. A glob
+        the node refused is not among them (its refusal is in ``errors``)."""
+        if self._globs is None or self._stage != "files":
+            return None
+        return [glob for glob, _ in self._named if glob not in self._matched]
 
     def _pending(self, path: object) -> str:
         """``path`` if it is listed and nothing final was said about it yet."""

@@ -16,9 +16,11 @@ It answers with one JSON line. Everything is bounded on this side (the limits be
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import select
 import socket
 import stat
 import subprocess
@@ -37,6 +39,7 @@ MAX_SMI_BYTES = 64 << 10
 MAX_LOG = 128 << 10             # bytes at the end of node.log sent (torchrun's failure table is there)
 MAX_ANSWER = 8 << 20             # bytes of the whole answer, which the reader refuses beyond
 CONNECT_S = 3.0
+CONNECT_TRIES = 2
 COMMAND_S = 20.0
 # The kernel's words for the OOM killer at work, and for an NVIDIA GPU error (an "Xid").
 _KERNEL = re.compile(r"Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid")
@@ -58,15 +61,45 @@ def joined(ctl: str) -> bool:
 
 
 def reach(addr: str, port: int) -> str:
+    """Whether a TCP connection to ``addr:port`` opens: ``ok``, ``refused``, ``timed out`` (after
+    :data:`CONNECT_TRIES` tries of :data:`CONNECT_S` each: a master too busy to accept, its accept queue
+    full, drops a connection and takes the next) or the error."""
+    got = "timed out"
+    for _ in range(CONNECT_TRIES):
+        got = connect_once(addr, port)
+        if got != "timed out":
+            break
+    return got
+
+
+def connect_once(addr: str, port: int) -> str:
+    """One try. The wait is the kernel's (select) and the verdict the socket's own error after it:
+    socket.create_connection checks its deadline before it looks, so on a loaded node (a process not
+    run for seconds) it called a port that had answered at once "timed out"."""
     try:
-        socket.create_connection((addr, port), timeout=CONNECT_S).close()
-        return "ok"
-    except ConnectionRefusedError:
-        return "refused"
-    except socket.timeout:
-        return "timed out"
+        family, kind, proto, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, IndexError) as e:
+        return (getattr(e, "strerror", None) or str(e))[:MAX_LINE_CHARS]
+    s = socket.socket(family, kind, proto)
+    try:
+        s.setblocking(False)
+        err = s.connect_ex(where)
+        if err in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+            _, ready, _ = select.select([], [s], [], CONNECT_S)
+            if not ready:
+                _, ready, _ = select.select([], [s], [], 0)  # it may have answered as the wait ended
+            err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if ready else errno.ETIMEDOUT
     except OSError as e:
-        return (e.strerror or str(e))[:MAX_LINE_CHARS]
+        err = e.errno or errno.EIO
+    finally:
+        s.close()
+    if err == 0:
+        return "ok"
+    if err == errno.ECONNREFUSED:
+        return "refused"
+    if err == errno.ETIMEDOUT:
+        return "timed out"
+    return os.strerror(err)[:MAX_LINE_CHARS]
 
 
 def _read_bounded(path: str, limit: int) -> "tuple[bytes, bool] | None":

@@ -102,34 +102,49 @@ def one_line_each(value: object) -> object:
 # ---- status (plan.status_command) ----
 
 STATUS_MARK = "CLUSTERDDP_STATUS "
-STATUS_MAX_CHARS = 64        # the longest honest reply is "exit 255"; anything longer is not one
+STATUS_MAX_CHARS = 64        # the longest honest reply is "exit 255 <12 digits>"; anything longer is not one
 STATUS_MAX_REPLY = 1 << 16   # with a login banner around it
 
 
 def parse_status(text: str) -> tuple[str, int | None]:
     """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``|``garbled``,
-    exit code).
+    exit code); :func:`read_status` also gives when the job ended."""
+    kind, code, _ = read_status(text)
+    return kind, code
+
+
+MAX_EPOCH_DIGITS = 12  # seconds since 1970, for the next 30,000 years
+
+
+def read_status(text: str) -> tuple[str, int | None, int | None]:
+    """Parse :func:`plan.status_command` output: (``running``|``exited``|``lost``|``missing``|``garbled``,
+    exit code, when the job ended in epoch seconds by the node's clock).
 
     The answer is the one :data:`STATUS_MARK` line, whatever the login shell printed around it. The
     exit code must be 1 to 3 ASCII digits, 0..255 (what bash's ``$?`` can be; a signal shows as
-    128+N, never negative), else it is unreadable (``exited``, None); no marked line, several, one
-    that is none of the words or too long: ``garbled``. Never raises.
+    128+N, never negative), else it is unreadable (``exited``, None); the end time 1 to
+    :data:`MAX_EPOCH_DIGITS` ASCII digits, else unknown (None: an exit code without it, as a node
+    with no ``stat`` answers, is still read). No marked line, several, one that is none of the
+    words or too long: ``garbled``. Never raises.
     :func:`clusterddp.record.from_report` says which NodeState that is.
     """
     if len(text) > STATUS_MAX_REPLY:
-        return "garbled", None
+        return "garbled", None, None
     try:
         line = marked(text, STATUS_MARK, STATUS_MAX_CHARS)
     except ReplyError:
-        return "garbled", None
+        return "garbled", None, None
     if line is None:
-        return "garbled", None
+        return "garbled", None, None
     line = line.strip(" \t")
     if line in ("running", "lost", "missing"):
-        return line, None
+        return line, None, None
     word, sep, rest = line.partition(" ")
     if word == "exit" and sep:
-        if re.fullmatch(r"[0-9]{1,3}", rest, re.ASCII) and int(rest) <= 255:
-            return "exited", int(rest)
-        return "exited", None
-    return "garbled", None
+        code, _, at = rest.strip(" ").partition(" ")
+        at = at.strip(" ")
+        ended = int(at) if re.fullmatch(r"[0-9]{1,%d}" % MAX_EPOCH_DIGITS, at, re.ASCII) else None
+        if re.fullmatch(r"[0-9]{1,3}", code, re.ASCII) and int(code) <= 255:
+            return "exited", int(code), ended
+        return "exited", None, ended
+    return "garbled", None, None

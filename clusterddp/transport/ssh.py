@@ -26,6 +26,7 @@ import logging
 import os
 import select
 import socket
+import stat
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -378,6 +379,7 @@ class _Hop(Connection):
     # Declared on the class: invoke's DataProxy (a Connection's base) stores an attribute it does
     # not know as a config value instead.
     _owner: SSHTransport = None  # type: ignore[assignment]  # a class attribute (see above); set in __init__
+    keys: _KeyFiles = None  # type: ignore[assignment]  # likewise
 
     def __init__(self, host: str, owner: SSHTransport, *, config: Config, **kwargs) -> None:
         self._owner = owner  # before Fabric's __init__, which builds the gateways (get_gateway)
@@ -393,6 +395,11 @@ class _Hop(Connection):
         self.connect_timeout = h.connect_timeout  # Fabric's own is whole seconds; 0.5 would mean none
         self.client.set_missing_host_key_policy(owner._policy)  # replaces Fabric's AutoAddPolicy
         _known_hosts(owner._known).install(self.client)
+        self.keys = _KeyFiles(self.connect_kwargs.get("key_filename") or [], h)
+        if self.keys.files:
+            self.connect_kwargs["key_filename"] = [path for path, _ in self.keys.files]
+        else:
+            self.connect_kwargs.pop("key_filename", None)
 
     @property
     def where(self) -> str:
@@ -425,12 +432,98 @@ class _Hop(Connection):
                             kind=Kind.UNREACHABLE) from None
 
     def open(self) -> None:
+        if self.keys.unusable:  # before any connection: paramiko would fail with "No such file" after the handshake
+            raise self.keys.unusable
         try:
             super().open()
         except BaseException as e:
             e = _no_greeting(self.client.get_transport(), e)
-            self.client.close()  # paramiko leaves the socket and its thread up after a refused key or login
-            raise e if isinstance(e, HostError) else self._owner._located(e, self) from None
+            try:  # before close(): it forgets the agent paramiko asked for keys
+                located = e if isinstance(e, HostError) else self._owner._located(e, self)
+            finally:
+                self.client.close()  # paramiko leaves the socket and its thread up after a refused key or login
+            raise located from None
+
+    def offered(self) -> str:
+        """The keys offered to this hop, in paramiko's order, for an authentication failure's message."""
+        agent = getattr(self.client, "_agent", None)  # paramiko's own: the agent it asked (no new connection)
+        try:
+            agent_keys = len(agent.get_keys()) if agent is not None else 0
+        except Exception:  # noqa: BLE001 - only a count for a message
+            agent_keys = 0
+        return self.keys.offered(agent_keys)
+
+
+def _key_problem(path: str) -> str | None:
+    """Why the key file at ``path`` cannot be offered, or None. paramiko opens each named file as it
+    comes to it: a missing one stops the whole login with "No such file or directory" (read as a
+    host that is down), and a FIFO would block it for ever."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder, not a key file"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied)"
+    return None
+
+
+# The key files paramiko reads by itself (SSHClient's look_for_keys, on by default), in its order.
+_DEFAULT_KEYS = tuple(f"~/{d}/id_{t}" for t in ("rsa", "ecdsa", "ed25519") for d in (".ssh", "ssh"))
+
+
+class _KeyFiles:
+    """The key files a hop names, each with where it was named: the inventory's identity_file first
+    (its field, ``lab.yaml:7: hosts[1].identity_file``), then ssh_config's IdentityFile lines.
+
+    An inventory key that cannot be read is an error naming the file and that field (``unusable``,
+    raised before connecting); an ssh_config IdentityFile that does not exist is skipped, as OpenSSH
+    skips it, and named only if the login then fails.
+    """
+
+    def __init__(self, named: list[str] | str, host: Host) -> None:
+        self.files: list[tuple[str, str]] = []  # (path, where it was named)
+        self.skipped: list[tuple[str, str]] = []  # (path, why)
+        self.unusable: HostError | None = None
+        named = [named] if isinstance(named, str) else list(named)
+        inventory = os.path.expanduser(host.identity_file) if host.identity_file else None
+        for i, raw in enumerate(named):
+            path = os.path.expanduser(raw)
+            if i == 0 and path == inventory:
+                field = host.identity_from or "the inventory's identity_file"
+                problem = _key_problem(path)
+                if problem:
+                    self.unusable = HostError(
+                        host.name, f"identity_file {path} {problem} (set in {field})",
+                        "correct the path in the inventory (`ls ~/.ssh` lists your keys), or remove identity_file "
+                        "to log in with ssh-agent or ~/.ssh/config's IdentityFile", kind=Kind.KEY_FILE)
+                self.files.append((path, f"identity_file, {field}"))
+            elif any(path == p for p, _ in self.files):
+                continue
+            else:
+                problem = _key_problem(path)
+                if problem:
+                    self.skipped.append((path, f"IdentityFile in ssh_config; {problem}, skipped"))
+                else:
+                    self.files.append((path, "IdentityFile in ssh_config"))
+
+    def offered(self, agent_keys: int) -> str:
+        """``tried a (identity_file, lab.yaml:7: defaults.identity_file), 2 keys from ssh-agent, ...``"""
+        tried = [f"{path} ({where})" for path, where in self.files]
+        if agent_keys:
+            tried.append(f"{agent_keys} key{'s' if agent_keys > 1 else ''} from ssh-agent")
+        named = {p for p, _ in self.files}
+        tried += [f"{p} (paramiko's default)" for p in map(os.path.expanduser, _DEFAULT_KEYS)
+                  if p not in named and os.path.isfile(p)]
+        said = "tried " + ", ".join(tried) if tried else "no key was offered"
+        if self.skipped:
+            said += "; not tried: " + ", ".join(f"{p} ({why})" for p, why in self.skipped)
+        return said
 
 
 def _not_ssh(name: str, where: str, e: _NoGreeting, timeout: float) -> HostError:
@@ -505,13 +598,15 @@ class SSHTransport:
                              f"verify the host and add its key: `ssh-keyscan -H {hop.host} >> "
                              f"{self._known}`, or set host_key_policy: accept-new", kind=Kind.HOST_KEY_UNKNOWN)
         if isinstance(e, paramiko.AuthenticationException):
-            return HostError(self.name, f"authentication failed for {where}: {e}",
-                             "check user and identity_file in the inventory, or your ssh-agent",
-                             kind=Kind.AUTH_REFUSED)
+            said = "" if str(e) in ("", "Authentication failed.") else f" ({e})"  # paramiko's words, when they add any
+            return HostError(self.name, f"authentication failed for {where}{said}; {hop.offered()}",
+                             f"check user and identity_file in the inventory, or your ssh-agent; the key's .pub "
+                             f"must be in ~{hop.user}/.ssh/authorized_keys on {hop.host}", kind=Kind.AUTH_REFUSED)
         if isinstance(e, paramiko.SSHException):
             # paramiko raises these two as plain SSHExceptions; its wording is all that tells them apart
             if "No authentication methods available" in str(e):
-                return HostError(self.name, f"no SSH key to log in to {where}",
+                skipped = "" if not hop.keys.skipped else f" ({hop.offered()})"
+                return HostError(self.name, f"no SSH key to log in to {where}{skipped}",
                                  "set identity_file in the inventory, add IdentityFile to ~/.ssh/config, "
                                  "or load a key into ssh-agent", kind=Kind.AUTH_REFUSED)
             if isinstance(e, _NoGreeting):

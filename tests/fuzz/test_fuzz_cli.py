@@ -142,13 +142,14 @@ def store(tmp_path_factory) -> RunStore:
 
 @fuzz(60)
 @given(prefix=st.one_of(hostile_text(), st.sampled_from(["2026", "20261201-101010-aaa", "20261130", ".", "..", "*",
-                                                         "[", "?", "2026*", "../runs", "20261201-101010-aaaa/"])))
-def test_a_run_id_or_prefix_names_one_run_or_is_refused(store, prefix):
+                                                         "[", "?", "2026*", "../runs",
+                                                         "20261201-101010-aaaa/", "cccc", "aab", "aa"])))
+def test_a_run_id_prefix_or_suffix_names_one_run_or_is_refused(store, prefix):
     got = None
     with case("run ids", (RunNotFound, UsageError), usage):
         got = store.resolve(prefix)
     if got is not None:
-        assert got.startswith(prefix) and (store.root / got / "run.json").exists()
+        assert (got.startswith(prefix) or got.endswith(prefix)) and (store.root / got / "run.json").exists()
         assert got in ("20261201-101010-aaaa", "20261201-101010-aaab", "20261130-090000-cccc")
 
 

@@ -110,7 +110,7 @@ def unreachable(host: Host):
 
 
 def test_any_run_record_is_read_or_refused_cleanly(tmp_path, monkeypatch):
-    monkeypatch.setattr(control.status, "__defaults__", (unreachable,))  # status asks no real host
+    monkeypatch.setattr(control.status, "__defaults__", (unreachable, *control.status.__defaults__[1:]))  # no real host
     command = typer.main.get_command(app)  # built once, not for every invoke: the cases stay fast
     monkeypatch.setattr(typer.testing, "_get_command", lambda _: command)
     runner = CliRunner()

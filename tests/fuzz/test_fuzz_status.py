@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clusterddp import nodeops, prune
-from clusterddp.node.reply import STATUS_MARK
+from clusterddp.node.reply import STATUS_MARK, read_status
 from fuzzing import case, fuzz, hostile_text, spliced
 
 WORDS = ("running", "exited", "lost", "missing", "garbled")
@@ -38,17 +38,32 @@ def test_a_status_reply_parses_back(word, code, pad):
         assert status(banner + STATUS_MARK + word + pad) == (word, None)
 
 
+@fuzz(30, share=0.25)
+@given(code=st.integers(0, 255), ended=st.integers(0, 10 ** 12 - 1), pad=st.sampled_from(["", "\n", "\r\n", " "]))
+def test_an_exit_reply_with_its_end_time_parses_back(code, ended, pad):
+    with case("status reply"):
+        assert read_status(f"motd\n{STATUS_MARK}exit {code} {ended}{pad}") == ("exited", code, ended)
+        assert read_status(f"{STATUS_MARK}exit {code} {pad}") == ("exited", code, None)  # a node without stat
+
+
 @fuzz(60)
 @given(text=st.one_of(hostile_text(), st.builds("exit {}".format, hostile_text(3, big=False)),
+                      st.builds("exit 0 {}".format, hostile_text(2, big=False)),
                       st.builds(lambda w, p: STATUS_MARK + w + p, st.sampled_from(["running", "exit 0", "lost"]),
                                 hostile_text(2, big=False))))
 def test_any_status_reply_is_a_word_and_an_exit_code_its_ascii_digits_say(text):
-    kind, code = status(text)
-    assert kind in WORDS
-    if code is not None:
+    with case("status reply"):
+        kind, code, ended = read_status(text)
+    assert (kind, code) == status(text) and kind in WORDS
+    if code is not None or ended is not None:
         line = next(x for x in reversed(text.split("\n")) if x.startswith(STATUS_MARK))[len(STATUS_MARK):]
-        digits = line.strip(" \t\r\n").partition(" ")[2]
-        assert kind == "exited" and re.fullmatch(r"[0-9]{1,3}", digits, re.ASCII) and int(digits) == code <= 255
+        words = line.strip(" \t\r\n").split(" ")
+        words = [w for w in words if w]
+        assert kind == "exited" and words[0] == "exit" and len(words) in (2, 3)
+        if code is not None:
+            assert re.fullmatch(r"[0-9]{1,3}", words[1], re.ASCII) and int(words[1]) == code <= 255
+        if ended is not None:  # the node's clock, in epoch seconds: only ASCII digits, at most 12
+            assert re.fullmatch(r"[0-9]{1,12}", words[2], re.ASCII) and int(words[2]) == ended
 
 
 LINE_WORDS = ("removed", "would", "missing", "running", "refused", "failed", "shared")

@@ -6,6 +6,7 @@ import pytest
 
 from clusterddp import inventory
 from clusterddp.errors import InventoryError
+from helpers import REPO
 
 GOOD = """
 name: lab
@@ -111,6 +112,12 @@ def test_select_keeps_order_and_moves_master(tmp_path):
 def test_example_inventory_is_valid():
     inv = inventory.load("inventory/lab.yaml")
     assert [h.name for h in inv.hosts] == ["gpu-01", "gpu-02"]
+    # a copied example must not pin the master port (the default is a free one, chosen per run), and
+    # what its comment says of the default is what the loader does (it once said "default: 29500")
+    assert not inv.master.port_fixed
+    block = (REPO / "inventory" / "lab.yaml").read_text().split("\nmaster:", 1)[1].split("\n\n", 1)[0]
+    port = [line for line in block.splitlines() if "port:" in line]
+    assert len(port) == 1 and "default: the master's first free port from 29500 up" in port[0], block
 
 
 # ---- hostile or careless YAML: the strict reader (clusterddp/_inventory_yaml.py) ----

@@ -547,3 +547,37 @@ def test_cli_import_loads_no_cron_library():
             "print(sorted(m for m in ('croniter', 'crontab', 'pydantic', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_schedule_add_takes_quiet_and_names_the_up_options_it_does_not_take(tmp_path, monkeypatch):
+    """`-q/--quiet` is an `up` option like the others (the README says `schedule add` takes them); --detach and
+    --dry-run are `up`'s too, and refused as such with why, not called the script's arguments."""
+    from typer.testing import CliRunner
+
+    from clusterddp import launch
+    from clusterddp.cli.app import app
+    from clusterddp.cli.schedule import NOT_SCHEDULED
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    crontab = {"text": FOREIGN}
+    monkeypatch.setattr(crontab_mod, "read_crontab", lambda: crontab["text"])
+    monkeypatch.setattr(crontab_mod, "write_crontab", lambda text: crontab.update(text=text))
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    add = ["schedule", "add", "nightly", "local", "t.py", "--cron", "@daily", "--runs-dir", "runs"]
+    for quiet in ("-q", "--quiet"):
+        r = CliRunner().invoke(app, [*add, quiet, "--replace", "--", "--epochs", "1"])
+        assert r.exit_code == 0, r.output
+        saved = S.load_spec(str(tmp_path / "runs" / "schedules" / "nightly.json"))
+        assert dict(saved.up)["quiet"] is True and saved.run.script_args == ("--epochs", "1")
+    assert sorted(NOT_SCHEDULED) == sorted(o.name for o in launch.OPTIONS if o.recorded is None)  # each has a why
+    before = crontab["text"]
+    for given, flag, why in (("--detach", "--detach", "never detached"), ("-d", "-d", "never detached"),
+                             ("-qd", "-d", "never detached"),
+                             ("--dry-run", "--dry-run", "give `clusterddp up` the same options and --dry-run")):
+        r = CliRunner().invoke(app, [*add, given, "--replace"])
+        said = r.output
+        assert r.exit_code == 2 and f"does not take `up`'s {flag}: " in said, said
+        assert why in said and "the script's own arguments go after" not in said, said
+    assert crontab["text"] == before  # refused before anything was written
+    r = CliRunner().invoke(app, [*add, "--epochs", "1"])  # the script's own option: the usual hint, still
+    assert r.exit_code == 2 and "the script's own arguments go after `--`" in r.output, r.output

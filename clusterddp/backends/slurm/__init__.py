@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ...artifacts import CollectResult, Progress
     from ...check import Report
     from ...inventory import Inventory
-    from ...record import RunRecord
+    from ...record import NodeRecord, RunRecord
     from ...store import RunStore
 
 
@@ -44,9 +44,10 @@ class SlurmBackend:
         from . import control
         return control.follow(store, run_id, on_output, hosts, from_lines)
 
-    def status(self, store: RunStore, run_id: str) -> RunRecord:
+    def status(self, store: RunStore, run_id: str,
+               on_node: Callable[[NodeRecord], None] | None = None) -> RunRecord:
         from . import control
-        return control.status(store, run_id)
+        return control.status(store, run_id, on_node=on_node)
 
     def describe(self, rec: RunRecord) -> str | None:
         from . import control
@@ -63,9 +64,10 @@ class SlurmBackend:
         from . import control
         control.node_logs(store, run_id, hosts, show)
 
-    def collect(self, store: RunStore, run_id: str, progress: Progress | None = None) -> list[CollectResult]:
+    def collect(self, store: RunStore, run_id: str, progress: Progress | None = None,
+                globs: tuple[str, ...] | None = None) -> list[CollectResult]:
         from . import control
-        return control.collect(store, run_id)
+        return control.collect(store, run_id, globs)
 
     def check(self, inventory: Inventory, master_port: int | None = None) -> Report:
         from .check import run_slurm_checks

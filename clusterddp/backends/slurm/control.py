@@ -7,18 +7,20 @@ the login host the run record names (this machine, or one reached over SSH: :mod
 
 from __future__ import annotations
 
+import math
 import posixpath
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import datetime, timezone
 from typing import BinaryIO
 
 from ... import nodescript as NS
 from ...artifacts import CollectResult
 from ...errors import SlurmAnswerError, UsageError
-from ...record import NodeState, RunRecord, RunStatus
-from ...store import RunStore, utcnow
+from ...record import NodeRecord, NodeState, RunRecord, RunStatus, ended_at
+from ...store import RunStore
 from ..base import RunOutcome, Stopped
 from . import job as slurm
 from . import plan as SP
@@ -61,9 +63,12 @@ def _read(rec: RunRecord, login: Login, info: slurm.JobInfo | None, stopped: boo
     return slurm.outcome(login, ctl, info, hosts, stopped)
 
 
-def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOutcome) -> RunRecord:
+def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOutcome,
+          ends: Iterable[float] = (), now: datetime | None = None) -> RunRecord:
     """The record after a look at the job (:func:`_read`): its hosts once allocated, each node's
-    state, and the run's status once Slurm says the job has ended."""
+    state, and the run's status once Slurm says the job has ended. Its end: when the last node's exit
+    code was written (``ends``, the files' times: a run looked at long after it ended records its own
+    end, :func:`~clusterddp.record.ended_at`), else ``now`` (a stop, or no node wrote one)."""
     rec = slurm.allocated(rec, info)
     if not isinstance(found, RunOutcome):
         return rec.seen(found)
@@ -71,15 +76,19 @@ def _seen(rec: RunRecord, info: slurm.JobInfo | None, found: NodeStates | RunOut
     rec = rec.seen({h: v for h, v in slurm.node_states(found).items() if h in hosts})
     if rec.status is RunStatus.RUNNING:
         rec = replace(rec, status=found.status, failed_host=found.first_failed)
-    return replace(rec, ended_at=rec.ended_at or utcnow())
+    known = [int(t) for t in ends if math.isfinite(t)]
+    return replace(rec, ended_at=rec.ended_at or ended_at(rec.started_at, known, now or datetime.now(timezone.utc)))
 
 
 def _status(store: RunStore, run_id: str, login: Login) -> RunRecord:
     rec = store.load(run_id)
-    job_id, _ = _job(rec)
+    job_id, ctl = _job(rec)
     info = _info(store, rec, login, job_id)
     found = _read(rec, login, info)
-    return store.update(run_id, lambda r: _seen(r, info, found))
+    ends: list[float] = []
+    if isinstance(found, RunOutcome) and rec.status is RunStatus.RUNNING:  # seen ending now: when did it?
+        ends = [t for _, t in slurm.exit_codes(login, ctl, tuple(slurm.allocated(rec, info).hosts)).values()]
+    return store.update(run_id, lambda r: _seen(r, info, found, ends))
 
 
 def _info(store: RunStore, rec: RunRecord, login: Login, job_id: str) -> slurm.JobInfo | None:
@@ -92,9 +101,14 @@ def _info(store: RunStore, rec: RunRecord, login: Login, job_id: str) -> slurm.J
         raise slurm.refused(login, store, rec.run_id, job_id, e) from None
 
 
-def status(store: RunStore, run_id: str) -> RunRecord:
+def status(store: RunStore, run_id: str, on_node: Callable[[NodeRecord], None] | None = None) -> RunRecord:
+    """Where the job stands (one look at Slurm and the shared folder); ``on_node`` gets each node once
+    that look is recorded, before a failed run's diagnosis."""
     with _login(store.load(run_id)) as login:
         rec = _status(store, run_id, login)
+        if on_node is not None:
+            for n in rec.nodes:
+                on_node(n)
         if rec.status is RunStatus.FAILED and rec.failure is None:  # e.g. a detached run: say why, once
             failure = slurm.diagnose(login, store, rec)
             rec = store.update(run_id, lambda r: r if r.failure else replace(r, failure=failure))
@@ -124,12 +138,14 @@ def stop(store: RunStore, run_id: str) -> Stopped:
     return Stopped(rec, {n.host: "cancelled by scancel" for n in rec.nodes}, (), [logs])
 
 
-def collect(store: RunStore, run_id: str) -> list[CollectResult]:
+def collect(store: RunStore, run_id: str, globs: tuple[str, ...] | None = None) -> list[CollectResult]:
+    """The logs and the run's collect globs (or ``globs`` instead) from the shared run folder."""
     rec = store.load(run_id)
     _, ctl = _job(rec)
     assert rec.slurm is not None
     with _login(rec) as login:
-        return [slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), rec.collect)]
+        return [slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts),
+                              rec.collect if globs is None else globs)]
 
 
 def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,

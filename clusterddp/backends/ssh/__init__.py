@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from ...artifacts import CollectResult, Progress
     from ...check import Report
     from ...inventory import Inventory
-    from ...record import RunRecord
+    from ...record import NodeRecord, RunRecord
     from ...store import RunStore
 
 
@@ -43,9 +43,10 @@ class SSHBackend:
         from . import control
         return control.follow(store, run_id, on_output, hosts, from_lines)
 
-    def status(self, store: RunStore, run_id: str) -> RunRecord:
+    def status(self, store: RunStore, run_id: str,
+               on_node: Callable[[NodeRecord], None] | None = None) -> RunRecord:
         from . import control
-        return control.status(store, run_id)
+        return control.status(store, run_id, on_node=on_node)
 
     def describe(self, rec: RunRecord) -> str | None:
         return None
@@ -59,9 +60,10 @@ class SSHBackend:
         from . import control
         control.node_logs(store, run_id, hosts, show)
 
-    def collect(self, store: RunStore, run_id: str, progress: Progress | None = None) -> list[CollectResult]:
+    def collect(self, store: RunStore, run_id: str, progress: Progress | None = None,
+                globs: tuple[str, ...] | None = None) -> list[CollectResult]:
         from . import control
-        return control.collect(store, run_id, progress=progress)
+        return control.collect(store, run_id, progress=progress, globs=globs)
 
     def check(self, inventory: Inventory, master_port: int | None = None) -> Report:
         from ...check import run_checks

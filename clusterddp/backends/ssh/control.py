@@ -7,9 +7,11 @@ settings and folders, so a run can be reached even if the inventory changed sinc
 from __future__ import annotations
 
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
@@ -20,7 +22,7 @@ from ...errors import HostError
 from ...fleet import Fleet, as_host_error
 from ...inventory import Host
 from ...nodeops import nodes_of
-from ...record import NodeState, RunRecord, RunStatus
+from ...record import NodeRecord, NodeState, RunRecord, RunStatus, ended_at
 from ...store import RunStore, replacing, utcnow
 from ...transport import Transport
 from ...transport import connect as default_connect
@@ -47,21 +49,38 @@ def overall(rec: RunRecord) -> tuple[RunStatus, str | None]:
     return RunStatus.SUCCEEDED, None
 
 
-def status(store: RunStore, run_id: str, connect: Callable = default_connect) -> RunRecord:
-    """Ask every node (in parallel, bounded by its connect timeout) how its part is doing; record it."""
+def status(store: RunStore, run_id: str, connect: Callable = default_connect,
+           on_node: Callable[[NodeRecord], None] | None = None) -> RunRecord:
+    """Ask every node (in parallel, bounded by its connect timeout) how its part is doing; record it.
+
+    ``on_node(node)`` is called as each node answers (or is found unreachable), one call at a time,
+    with the node as the record will hold it, so one unreachable node does not hold back the others'
+    lines for its whole connect timeout. A run seen ending now records when its last node ended, by
+    the nodes' own clocks (:func:`~clusterddp.record.ended_at`), not when it was looked at."""
     rec = store.load(run_id)
+    said = threading.Lock()
+
+    def seen_as(h: str, got: nodeops.Status | Exception) -> tuple[NodeState, int | None, str | None]:
+        if isinstance(got, Exception):
+            return NodeState.UNREACHABLE, None, str(as_host_error(h, got))
+        return got.state, got.exit_code, got.why
+
+    def answered(h: str, got: nodeops.Status | Exception) -> None:
+        if on_node is not None:
+            with said:
+                on_node(rec.node(h).seen(*seen_as(h, got)))
     with _reach(rec, connect) as (nodes, fleet):
-        res = nodeops.each(fleet, nodes, lambda n, t: nodeops.status(t, n, n.host.connect_timeout))
-    seen: dict[str, tuple[NodeState, int | None, str | None]] = {
-        h: (s.state, s.exit_code, s.why) for h, s in res.succeeded.items()}
-    seen.update({h: (NodeState.UNREACHABLE, None, str(e)) for h, e in res.failed.items()})
+        res = nodeops.each(fleet, nodes, lambda n, t: nodeops.status(t, n, n.host.connect_timeout), answered)
+    seen = {h: seen_as(h, got) for h, got in res.items()}
+    ends = [got.ended for got in res.succeeded.values()]
 
     def looked(rec: RunRecord) -> RunRecord:
         rec = rec.seen(seen)
         if rec.status is not RunStatus.RUNNING:  # an ended run keeps its outcome
             return rec
         st, failed = overall(rec)
-        return replace(rec, status=st, failed_host=failed, ended_at=utcnow() if st.is_terminal() else rec.ended_at)
+        end = ended_at(rec.started_at, ends, datetime.now(timezone.utc)) if st.is_terminal() else rec.ended_at
+        return replace(rec, status=st, failed_host=failed, ended_at=end)
     rec = store.update(run_id, looked)
     if rec.status is RunStatus.FAILED and rec.failure is None:  # e.g. a detached run: say why, once
         from ...postmortem import explain
@@ -119,11 +138,11 @@ def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: 
 
 
 def collect(store: RunStore, run_id: str, connect: Callable = default_connect,
-            progress: Progress | None = None) -> list[CollectResult]:
-    """Bring back logs and the run's collect globs from every node, verified."""
+            progress: Progress | None = None, globs: tuple[str, ...] | None = None) -> list[CollectResult]:
+    """Bring back logs and the run's collect globs (or ``globs`` instead) from every node, verified."""
     rec = store.load(run_id)
     with _reach(rec, connect) as (nodes, fleet):
-        return collect_nodes(fleet, nodes, store, run_id, rec.collect, progress)
+        return collect_nodes(fleet, nodes, store, run_id, rec.collect if globs is None else globs, progress)
 
 
 def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,

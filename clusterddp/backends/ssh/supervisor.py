@@ -279,9 +279,10 @@ class Supervisor:
     def _join_deadline(self) -> None:
         """After ``join_timeout_s``, ask every running node whether its torchrun joined the
         rendezvous and whether it reaches the master's port; post the ones that did not join.
-        Those that cannot reach the master are named; when every one of them can, all are."""
+        Who is named, and why: :func:`clusterddp.failure.not_joined`."""
         if self._done.wait(self.join_timeout_s):
             return
+        from ...failure import not_joined
         from ...postmortem import report
         master = (self.plan.master_addr, self.plan.master_port)
         running = [n for n in self.nodes if n.state is NodeState.RUNNING]
@@ -289,14 +290,8 @@ class Supervisor:
         late = {h: a for h, a in res.succeeded.items() if not a["joined"]}
         if not late or self._done.is_set():
             return
-        head = f"never joined the rendezvous within {self.join_timeout_s:g}s"
-        cut = {h: a for h, a in late.items() if a["reach"] != "ok"}
-        if cut:
-            named = [(h, f"{head}: cannot reach the master {master[0]}:{master[1]} from it ({a['reach']})")
-                     for h, a in cut.items()]
-        else:
-            named = [(h, f"{head} (it reaches the master {master[0]}:{master[1]}; its torchrun is still starting "
-                         "or waits for the others)") for h in late]
+        named = not_joined({h: a["reach"] for h, a in late.items()}, self.plan.inventory.master.host, master,
+                           self.join_timeout_s)
         order = {n.name: i for i, n in enumerate(self.nodes)}
         named.sort(key=lambda hw: order[hw[0]])
         self._events.put(_NotJoined(named[0][0], tuple(named)))

@@ -156,3 +156,25 @@ def test_slurms_words_are_escaped_before_they_reach_the_terminal(capsys):
     Printed(raw=False, hide=None).say(slurm.job_line(info))
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\\x1b]0;owned\\x07Priority" in out
+
+
+def test_a_slurm_run_seen_ended_long_after_records_when_its_nodes_exit_codes_were_written():
+    """As for SSH runs (issue 24 s5): a detached run looked at 10 min after it ended records its own end,
+    the last exit code file's time, not the look's; a stop (no node times) is recorded at the stop."""
+    from datetime import datetime, timedelta, timezone
+
+    from clusterddp.backends.base import RunOutcome
+    from clusterddp.errors import NodeOutcome
+    from clusterddp.record import SlurmJob
+    from helpers import make_record
+
+    start = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+    now = start + timedelta(minutes=10, seconds=37)
+    rec = make_record("20261201-120000-5a5a", (), started_at=start.isoformat(),
+                      slurm=SlurmJob(run_dir="/shared/runs/r", job_id="7", nproc=1))
+    info = slurm.JobInfo("7", "COMPLETED", "None", "main", ("n1", "n2"))
+    done = RunOutcome(RunStatus.SUCCEEDED, (NodeOutcome("n1", 0, 0), NodeOutcome("n2", 1, 0)))
+    ends = [(start + timedelta(seconds=s)).timestamp() for s in (58, 61)] + [float("inf")]  # inf: none written
+    seen = slurm_control._seen(rec, info, done, ends, now)
+    assert seen.status is RunStatus.SUCCEEDED and seen.ended_at == "2026-12-01T12:01:01+00:00"
+    assert slurm_control._seen(rec, info, done, (), now).ended_at == now.isoformat(timespec="seconds")

@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
 
 from clusterddp.backends.ssh import launch as jobs
 from clusterddp.record import NodeState, RunStatus
@@ -29,13 +35,46 @@ def test_stop_and_status_say_the_same_words(tmp_path):
     stop = cddp("stop", run_id, "--runs-dir", str(store.root), "--grace", "2", check_rc=0, timeout=60).stdout
     assert eventually(lambda: not job_pids(p), 10)
     status = cddp("status", run_id, "--runs-dir", str(store.root), check_rc=0, timeout=60).stdout
-    assert stop.splitlines()[0] == status.splitlines()[0] == f"run {run_id}: stopped"
+    # status prints each node as it answers (in the order they do), then the run's status, which needs them all
+    assert status.splitlines()[0] == f"run {run_id}: looking at its 2 nodes"
+    assert stop.splitlines()[0] == status.splitlines()[-1] == f"run {run_id}: stopped"
     # stop adds how it ended each job, after a `;`; the words before it are the ones status prints
     assert node_lines(stop) == ["  a: stopped (exit code 143: SIGTERM); ended by SIGTERM",
                                 "  b: succeeded (exit code 0); nothing left to stop"]
-    assert [re.sub(r"; .*$", "", line) for line in node_lines(stop)] == node_lines(status)
+    assert [re.sub(r"; .*$", "", line) for line in node_lines(stop)] == sorted(node_lines(status))
 
     rec = store.load(run_id)
     assert rec.status is RunStatus.STOPPED and rec.exit_code == 130
     assert [(n.state, n.exit_code) for n in rec.nodes] == [(NodeState.STOPPED, 143), (NodeState.SUCCEEDED, 0)]
     assert "hello from b rank 1" in (store.run_dir(run_id) / "logs" / "b.log").read_text()  # stop collected it
+
+
+def test_a_detached_run_looked_at_later_records_its_nodes_own_end_and_runs_says_as_of_when(tmp_path):
+    p = make_plan(tmp_path, {"a": "ok", "b": "ok"})
+    store = RunStore(tmp_path / "runs")
+    prep = jobs.Prepared(p, store, tmp_path)
+    store.create(jobs.new_record(prep, str(tmp_path / "inv.yaml")))
+    jobs.execute(prep, lambda h, b: None, detach=True)
+    run_id = p.run_id
+    done = {n.host.name: Path(n.control_dir) / "exit_code" for n in p.nodes}
+    assert eventually(lambda: all(f.is_file() for f in done.values()), 30)
+    # As the issue met it: started 10 min ago, its nodes' clocks say they ended 60 s and 65 s after the start
+    start = int(time.time()) - 600
+    store.update(run_id, lambda r: replace(r, started_at=datetime.fromtimestamp(start, timezone.utc).isoformat()))
+    for f, after in ((done["a"], 60), (done["b"], 65)):
+        os.utime(f, (start + after, start + after))
+
+    # runs asks no node: a run that ended since its last look is running "as of" that look, and says so
+    table = cddp("runs", "--runs-dir", str(store.root), check_rc=0)
+    as_of = store.load(run_id).updated_at
+    assert as_of and f"running (as of {as_of[11:19]})" in table.stdout, table.stdout
+    assert f"`clusterddp status {run_id}` looks now" in table.stderr
+
+    st = cddp("status", run_id[-4:], "--runs-dir", str(store.root), check_rc=0, timeout=60).stdout  # its random end
+    assert st.splitlines()[-1] == f"run {run_id}: succeeded", st
+    rec = store.load(run_id)
+    assert rec.ended_at == datetime.fromtimestamp(start + 65, timezone.utc).isoformat(timespec="seconds")
+    row = json.loads(cddp("runs", "--json", "--runs-dir", str(store.root), check_rc=0).stdout)[0]
+    assert row["status"] == "succeeded" and row["ended_at"] == rec.ended_at
+    table = cddp("runs", "--runs-dir", str(store.root), check_rc=0)
+    assert "succeeded" in table.stdout and "1m05s" in table.stdout and "as of" not in table.stdout + table.stderr

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
+import threading
 import time
+from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import yaml
 
+from clusterddp.store import RunStore
 from helpers import cddp, cddp_popen, eventually, job_pids, job_script, record, run_id_of, wait_for_line
 
 pytestmark = pytest.mark.integration
@@ -107,17 +113,33 @@ def test_logs_follow_streams_until_the_run_ends_and_status_records_success(bed, 
     r = cddp("logs", run_id, "--follow", "--runs-dir", str(runs), check_rc=0, timeout=120)
     assert "[node1] rank 0 finished" in r.stdout and "[node2] rank 1 finished" in r.stdout
     assert r.stdout.count("[node2] rank 1 tick 11") == 1  # no line twice across the catch-up and the follow
-    assert "run " + run_id + ": succeeded" in cddp("status", run_id, "--runs-dir", str(runs), check_rc=0).stdout
+    # `runs` asks no node: the run that ended is "running" as of the last look, and it says so
+    table = cddp("runs", "--runs-dir", str(runs), check_rc=0)
+    assert "running (as of " in table.stdout and f"clusterddp status {run_id}` looks now" in table.stderr, table
+    # As the issue met it: started 10 min ago, and each node's own clock says when its job ended
+    start = int(time.time()) - 600
+    RunStore(runs).update(run_id, lambda r: replace(r, started_at=datetime.fromtimestamp(start, timezone.utc)
+                                                    .isoformat()))
+    for node, after in zip(bed.nodes, (60, 65), strict=True):
+        os.utime(Path(node.workdir) / "runs" / run_id / ".clusterddp" / node.name / "exit_code",
+                 (start + after, start + after))
+    st = cddp("status", run_id[-4:], "--runs-dir", str(runs), check_rc=0).stdout  # the id's random end names it
+    assert st.splitlines()[-1] == "run " + run_id + ": succeeded", st
     rec = record(runs, run_id)
-    assert rec["status"] == "succeeded" and rec["ended_at"] and [n["exit_code"] for n in rec["nodes"]] == [0, 0]
+    assert rec["status"] == "succeeded" and [n["exit_code"] for n in rec["nodes"]] == [0, 0]
+    assert rec["ended_at"] == datetime.fromtimestamp(start + 65, timezone.utc).isoformat(timespec="seconds"), rec
 
 
 def test_collect_repairs_a_truncated_copy_and_skips_whole_files(bed, tmp_path, ticker):
     runs = tmp_path / "runs"
     inv = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"env": {"CDDP_TEST_TICKS": "1"}},
                               extra={"collect": ["checkpoints/**"]})
-    r = cddp("up", str(inv), str(ticker), "--runs-dir", str(runs), "--gpus", "1", check_rc=0)
+    r = cddp("up", str(inv), str(ticker), "--runs-dir", str(runs), "--gpus", "1", "--collect", "nothing/*.pt",
+             check_rc=0)
     run_id = run_id_of(r.stdout)
+    # said at the end of the run: a glob that matched nothing on every node (not one that matched on node1 only)
+    assert r.stderr.count("matched no file") == 1 and "collect: warning: collect glob 'nothing/*.pt' matched no " \
+        "file on any node" in r.stderr, r.stderr
     local = runs / run_id / "artifacts" / "node1" / "checkpoints" / "weights.bin"
     remote = Path(bed.nodes[0].workdir) / "runs" / run_id / "checkpoints" / "weights.bin"
     assert local.read_bytes() == remote.read_bytes()
@@ -136,6 +158,12 @@ def test_collect_repairs_a_truncated_copy_and_skips_whole_files(bed, tmp_path, t
     t0 = time.monotonic()
     out = cddp("collect", run_id, "--runs-dir", str(runs), check_rc=0).stdout
     assert "node1: 0 fetched (0.0 MB), 1 already whole" in out and time.monotonic() - t0 < 10
+    # after the fact: files the run was not started to collect, from every node (its globs are left out)
+    r = cddp("collect", run_id, "--runs-dir", str(runs), "--glob", "*.py", "--glob", "no/such/*", check_rc=0)
+    assert "node1: 1 fetched" in r.stdout and "node2: 1 fetched" in r.stdout, r.stdout
+    for node in ("node1", "node2"):
+        assert (runs / run_id / "artifacts" / node / "ticker.py").read_text() == ticker.read_text()
+    assert "collect glob 'no/such/*' matched no file on any node" in r.stderr and "'*.py'" not in r.stderr, r.stderr
 
 
 LIVE_WRITER = r'''
@@ -184,14 +212,27 @@ def test_an_unreachable_node_is_reported_in_bounded_time(make_bed, tmp_path, tic
     bed = make_bed(2)
     runs = tmp_path / "runs"
     inv = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"connect_timeout": 3})
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"][1]["connect_timeout"] = 8  # node2 is waited for longer than node1 takes to answer
+    inv.write_text(yaml.safe_dump(doc))
     run_id = up_detached(inv, ticker, runs)
     subprocess.run(["ip", "link", "set", bed.nodes[1].veth, "down"], check=True)
     try:
         t0 = time.monotonic()
-        out = cddp("status", run_id, "--runs-dir", str(runs), check_rc=0, timeout=60).stdout
+        p = cddp_popen("status", run_id, "--runs-dir", str(runs))
+        killer = threading.Timer(60, p.kill)
+        killer.start()
+        assert p.stdout is not None
+        came = [(time.monotonic() - t0, line) for line in p.stdout]  # each line as it is printed
+        killer.cancel()
         took = time.monotonic() - t0
+        assert p.wait() == 0, came
+        at = {line.split(":")[0].strip(): t for t, line in came if line.startswith("  ")}
+        out = "".join(line for _, line in came)
         assert "node1: running" in out and "node2: unreachable" in out, out
-        assert took < 15, f"status took {took:.1f}s with a node down"
+        assert took < 20, f"status took {took:.1f}s with a node down"
+        # node1's line is printed as it answers, not once node2's 8 s connect timeout is over
+        assert at["node1"] <= at["node2"] - 1, came
     finally:
         subprocess.run(["ip", "link", "set", bed.nodes[1].veth, "up"], check=True)
     cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "2", check_rc=0, timeout=60)
