@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from .noise import without_noise
+
 # Bounds on what is kept: a record and a terminal summary stay small whatever a node sent.
 MAX_TYPE = 200
 MAX_MESSAGE = 2000
@@ -278,7 +280,7 @@ def usage_error(lines: Sequence[str]) -> str | None:
 
 def rank_tail(lines: Sequence[str], rank: int | None) -> tuple[str, ...]:
     """The last lines of ``lines`` that may be rank ``rank``'s: without the other ranks' prefixed ones."""
-    mine = [line.rstrip() for line in lines if line.strip() and
+    mine = [line.rstrip() for line in without_noise(lines) if line.strip() and
             ((m := _RANK_PREFIX.match(line)) is None or rank is None or int(m.group(1)) == rank)]
     return tuple(clip(line, MAX_LOG_LINE) for line in mine[-MAX_LOG_LINES:])
 
@@ -403,7 +405,7 @@ class Failure:
 
 def _tail(log: bytes) -> tuple[str, ...]:
     text = log[-(64 << 10):].decode("utf-8", "replace")
-    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    lines = [line.rstrip() for line in without_noise(text.splitlines()) if line.strip()]
     return tuple(clip(line, MAX_LOG_LINE) for line in lines[-MAX_LOG_LINES:])
 
 

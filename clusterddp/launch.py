@@ -106,8 +106,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("join_timeout", ("--join-timeout",), "float", 120.0, "Name and end a run whose nodes have not all "
            "joined the rendezvous S seconds after it started (0: wait as long as torch does).", low=0,
            metavar="S"),
-    Option("dry_run", ("--dry-run",), "bool", False, "Print every node's command; contact no host.",
+    Option("dry_run", ("--dry-run",), "bool", False, "Print every node's command; contact no host. Env values "
+           "(-e, the inventory's env) are shown as ***.",
            recorded=None),  # a schedule that contacts no host runs nothing
+    Option("show_secrets", ("--show-secrets",), "bool", False, "With --dry-run: show env values as they are.",
+           recorded=None),  # only --dry-run prints them
     Option("detach", ("--detach", "-d"), "bool", False, "Start the job and return; it runs on without us.",
            recorded=None),  # `schedule fire` waits for its run: it holds the schedule's lock for it
 )

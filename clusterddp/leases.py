@@ -48,6 +48,11 @@ class Holding:
     slots: tuple[int, ...]
     port: int | None
     state: str          # starting (taken, job not yet started) or running
+    name: str | None = None  # the run's --name
+
+    @property
+    def who(self) -> str:
+        return who(self.run, self.name, self.user)
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,16 @@ class Waiting:
     since: str
     need: int | None
     slots: tuple[int, ...] | None
+    name: str | None = None  # the run's --name
+
+    @property
+    def who(self) -> str:
+        return who(self.run, self.name, self.user)
+
+
+def who(run: str, name: str | None, user: str) -> str:
+    """A run as lease and queue messages name it: ``run ID (its --name) of user@machine``."""
+    return f"run {run}" + (f" ({name})" if name else "") + f" of {user}"
 
 
 @dataclass(frozen=True)
@@ -82,10 +97,10 @@ def _view(host: str, reply: dict) -> NodeView:
     ws = [w for w in reply.get("waiting", []) if not w["garbled"]]
     garbled = len(reply.get("holders", [])) + len(reply.get("waiting", [])) - len(hs) - len(ws)
     return NodeView(host, reply.get("capacity", 0),
-                    tuple(Holding(h["run"], h["user"], h["since"], h["host"], tuple(h["slots"]), h["port"], h["state"])
-                          for h in hs),
+                    tuple(Holding(h["run"], h["user"], h["since"], h["host"], tuple(h["slots"]), h["port"], h["state"],
+                                  h.get("name")) for h in hs),
                     tuple(sorted((Waiting(w["ticket"], w["run"], w["user"], w["since"], w["need"],
-                                          tuple(w["slots"]) if w["slots"] else None) for w in ws),
+                                          tuple(w["slots"]) if w["slots"] else None, w.get("name")) for w in ws),
                                  key=lambda w: w.ticket)),
                     garbled)
 
@@ -145,8 +160,8 @@ def asks(plan: P.LaunchPlan, port_fixed: bool) -> list[Ask]:
     return sorted(out, key=lambda a: (a.host.address, a.host.port or 22, a.host.name))
 
 
-def _request(a: Ask, run_id: str, user: str, since: str, **extra: object) -> bytes:
-    return json.dumps({"dir": P.lease_dir(a.host), "run": run_id, "user": user, "host": a.host.name,
+def _request(a: Ask, run_id: str, user: str, since: str, name: str | None = None, **extra: object) -> bytes:
+    return json.dumps({"dir": P.lease_dir(a.host), "run": run_id, "name": name, "user": user, "host": a.host.name,
                        "since": since, "need": a.need, "slots": list(a.slots) if a.slots else None,
                        "fallback": a.host.gpus if isinstance(a.host.gpus, int) else 1, **extra}).encode()
 
@@ -261,10 +276,10 @@ def _busy(run_id: str, a: Ask, view: NodeView, why: str | None, never: bool) -> 
     lines = [f"the run does not fit: it needs {a.wants} on {h}, which has {view.capacity}"
              + (" (the master port is taken)" if why == "port" else "")]
     for x in view.holders:
-        lines.append(f"  {h}: slots {','.join(map(str, x.slots))} held by run {x.run} of {x.user} since {x.since}"
+        lines.append(f"  {h}: slots {','.join(map(str, x.slots))} held by {x.who} since {x.since}"
                      + (f", master port {x.port}" if x.port else "") + f" ({x.state})")
     for w in view.waiting:
-        lines.append(f"  {h}: run {w.run} of {w.user} waits since {w.since} for "
+        lines.append(f"  {h}: {w.who} waits since {w.since} for "
                      + (f"slots {','.join(map(str, w.slots))}" if w.slots else f"{w.need or 'every'} slot(s)"))
     if view.garbled:
         lines.append(f"  {h}: {view.garbled} unreadable lease file(s) in {P.lease_dir(a.host)}")
@@ -282,7 +297,7 @@ def try_acquire(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], *, us
     try:
         for a in ask_list:
             t = fleet.transport(a.host)
-            req = _request(a, plan.run_id, user, since, ticket=ticket, port=a.port,
+            req = _request(a, plan.run_id, user, since, plan.spec.name, ticket=ticket, port=a.port,
                            go=posixpath.join(a.control_dir, P.GO_FILE), start=P.start_command(
                                next(n for n in plan.nodes if n.host.name == a.host.name)))
             ch = _Channel(a.host.name, t, P.lease_command(a.host, "hold"), req)
@@ -331,7 +346,7 @@ def _wait(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], user: str, 
     try:
         for a in ask_list:
             ch = _Channel(a.host.name, fleet.transport(a.host), P.lease_command(a.host, "queue"),
-                          _request(a, plan.run_id, user, since, ticket=ticket))
+                          _request(a, plan.run_id, user, since, plan.spec.name, ticket=ticket))
             if not ch.reply().get("queued"):
                 raise HostError(a.host.name, "the lease program did not queue the run")
             entries.append(a.host)
@@ -353,14 +368,22 @@ def _wait(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], user: str, 
 
 
 def _position(ask_list: Sequence[Ask], views: dict[str, NodeView], ticket: str) -> str:
+    """What a waiting run is told: its place in the queue, and who holds the slots it waits for, or,
+    when nobody holds them (just given back, or kept for the runs ahead), who comes first."""
     ahead = {w.ticket: w for v in views.values() for w in v.waiting if w.ticket < ticket}
     holders: dict[str, tuple[Holding, list[str]]] = {}
     for a in ask_list:
         v = views[a.host.name]
         for h in v.holders:
             holders.setdefault(h.run, (h, []))[1].append(f"{a.host.name}:{','.join(map(str, h.slots))}")
-    waits = "; ".join(f"run {h.run} of {h.user} ({' '.join(where)})" for h, where in holders.values()) or "nobody"
-    return f"waiting in the queue: position {len(ahead) + 1}; the slots are held by {waits}"
+    where = f"waiting in the queue: position {len(ahead) + 1}; "
+    if holders:
+        return where + "the slots are held by " + "; ".join(f"{h.who} ({' '.join(at)})" for h, at in holders.values())
+    if ahead:
+        first = [ahead[t] for t in sorted(ahead)]
+        return where + "the slots are free, kept for the run(s) ahead: " + "; ".join(w.who for w in first[:3]) + (
+            f" and {len(first) - 3} more" if len(first) > 3 else "")
+    return where + "the slots are free now; taking them"
 
 
 def _may_fit(ask_list: Sequence[Ask], views: dict[str, NodeView], ticket: str) -> bool:

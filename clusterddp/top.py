@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import cast
 
+from . import noise
 from . import plan as P
 from .errors import UsageError
 from .fleet import Fleet, as_host_error
@@ -157,7 +158,7 @@ class Watch:
 
         def one(host: Host, t: Transport) -> dict:
             jobs = [n for _, n in self._jobs[host.name]]
-            res = t.run(P.top_command(host, jobs, self.regex), timeout=host.connect_timeout)
+            res = t.run(P.top_command(host, jobs, self.regex, noise.LINE_PATTERNS), timeout=host.connect_timeout)
             return cast(dict, node_reply.one_line_each(node_top.parse_reply(res.stdout, len(jobs))))
         answers = self._fleet.each(one)
         if answers.failed and self._failed_at is None:
@@ -188,9 +189,9 @@ class Watch:
             if isinstance(got, Exception) or got is None:
                 out.append({"host": h.name, "error": str(as_host_error(h.name, got)) if got else "not asked"})
                 continue
-            out += [{"host": h.name, "run": x.run, "user": x.user, "since": x.since, "slots": list(x.slots),
-                     "master_port": x.port, "state": x.state} for x in got.holders]
-            out += [{"host": h.name, "run": w.run, "user": w.user, "since": w.since, "state": "waiting",
+            out += [{"host": h.name, "run": x.run, "name": x.name, "user": x.user, "since": x.since,
+                     "slots": list(x.slots), "master_port": x.port, "state": x.state} for x in got.holders]
+            out += [{"host": h.name, "run": w.run, "name": w.name, "user": w.user, "since": w.since, "state": "waiting",
                      "needs": list(w.slots) if w.slots else w.need} for w in got.waiting]
         return out
 

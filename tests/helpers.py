@@ -39,6 +39,22 @@ def cddp(*args: str, cwd: Path | None = None, timeout: float = 240, env: dict | 
     return r
 
 
+def cddp_closed(*args: str, cwd: Path, both: bool = False, timeout: float = 120,
+                env: dict | None = None) -> subprocess.CompletedProcess:
+    """``clusterddp ARGS`` with its stdout (with ``both`` its stderr too: ``2>&1 | head -1``) a pipe whose
+    reader has already gone: every write finds it so (the strictest `head`). Crash reports go to
+    ``cwd/state``."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run([sys.executable, "-m", "clusterddp", *args], cwd=cwd, stdout=w,
+                              stderr=w if both else subprocess.PIPE, text=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "XDG_STATE_HOME": str(cwd / "state"),
+                                   **(env or {})})
+    finally:
+        os.close(w)
+
+
 def _default_sigint() -> None:
     # A test run started in the background (`cmd &` in a script) inherits SIGINT ignored, and
     # Python keeps it ignored; the Ctrl-C tests need the launcher to see it as a terminal would.

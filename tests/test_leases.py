@@ -77,3 +77,54 @@ def test_a_waiter_is_told_its_place_and_whose_runs_hold_its_slots():
     said = leases._position([ask], {"b": view(holders=[HOLDER], waiting=ahead)}, "0000000000000000005-me")
     assert said == ("waiting in the queue: position 3; the slots are held by run 20261130-140211-ab12 of "
                     "alice@laptop (b:0,1)")
+
+
+def test_a_run_is_named_by_its_name_as_well_as_by_who_launched_it():
+    a = {x.host.name: x for x in leases.asks(plan(), port_fixed=False)}["b"]
+    named = leases.Holding("20261130-140211-ab12", "alice@laptop", "2026-11-30 14:02:11+0000", "b", (0, 1), 29500,
+                           "running", "bert-base")
+    w = leases.Waiting("0000000000000000009-r0", "r0", "bob@desk", "2026-11-30 14:05:00+0000", 2, None, "sweep-3")
+    lines = str(leases._busy("r1", a, view(holders=[named], waiting=[w]), "busy", False)).splitlines()
+    assert "held by run 20261130-140211-ab12 (bert-base) of alice@laptop since" in lines[1]
+    assert lines[2] == "  b: run r0 (sweep-3) of bob@desk waits since 2026-11-30 14:05:00+0000 for 2 slot(s)"
+    ask = leases.Ask(inventory.parse("hosts: [{name: b, gpus: 2}]", "i.yaml").hosts[0], "/c", 2, None, None)
+    said = leases._position([ask], {"b": view(holders=[named])}, "0000000000000000005-me")
+    assert said.endswith("held by run 20261130-140211-ab12 (bert-base) of alice@laptop (b:0,1)")
+    # the request a node records it from carries it
+    import json
+    assert json.loads(leases._request(ask, "r1", "me@x", "now", "bert-base"))["name"] == "bert-base"
+
+
+def test_a_waiter_is_never_told_that_nobody_holds_its_slots():
+    """Between a holder giving its slots back and the next take, or while they are kept for the runs
+    ahead, a waiting run was told "the slots are held by nobody"."""
+    ask = leases.Ask(inventory.parse("hosts: [{name: b, gpus: 2}]", "i.yaml").hosts[0], "/c", 2, None, None)
+    ahead = [leases.Waiting(f"000000000000000000{i}-w{i}", f"w{i}", "u@h", "s", 1, None, "job" if i == 1 else None)
+             for i in (1, 2, 8)]
+    kept = leases._position([ask], {"b": view(waiting=ahead)}, "0000000000000000005-me")
+    assert kept == ("waiting in the queue: position 3; the slots are free, kept for the run(s) ahead: "
+                    "run w1 (job) of u@h; run w2 of u@h")
+    free = leases._position([ask], {"b": view()}, "0000000000000000005-me")
+    assert free == "waiting in the queue: position 1; the slots are free now; taking them"
+    assert "nobody" not in kept + free
+
+
+def test_every_node_is_told_the_runs_name_with_its_request(monkeypatch):
+    import json
+    sent = []
+
+    class Channel:  # the node program's side of the channel: it answers "taken"
+        def __init__(self, host, t, command, stdin):
+            sent.append((host, json.loads(stdin)))
+
+        def reply(self):
+            return {"ok": True, "slots": [0], "port": 29500}
+
+    class Fleet:
+        def transport(self, host):
+            return None
+    monkeypatch.setattr(leases, "_Channel", Channel)
+    p = plan(name="bert-base")
+    leases.try_acquire(p, Fleet(), leases.asks(p, port_fixed=False), user="me@x")
+    assert [(h, r["run"], r["name"], r["user"]) for h, r in sent] == [
+        (h, "r1", "bert-base", "me@x") for h in ("c", "b", "a")]

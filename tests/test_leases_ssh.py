@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cddp, cddp_popen, eventually, job_pids, job_script, run_id_of, wait_for_line
+from helpers import cddp, cddp_closed, cddp_popen, eventually, job_pids, job_script, run_id_of, wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -79,11 +79,16 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_star
     """The first run holds every slot and never ends by itself: only its SIGKILL can free them."""
     inv = bed.write_inventory(tmp_path / "inv.yaml")
     runs, hold = tmp_path / "runs", tmp_path / "never"
-    first = start(inv, job, runs, hold=hold)  # 2 processes per node: every slot of both nodes
+    # 2 processes per node: every slot of both nodes. Started as `up --detach 2>&1 | head -1` would: its
+    # stdout closed before the lease and upload lines, which once left a recorded run never started
+    r = cddp_closed("up", str(inv), str(job), "--runs-dir", str(runs), "--detach", "--name", "bert-base",
+                    "-e", f"HOLD_UNTIL={hold}", cwd=tmp_path, both=True, timeout=240)
+    assert r.returncode == 0
+    [first] = [d.name for d in runs.iterdir() if d.is_dir()]
     seen(bed, first, 4)
 
     r = cddp("up", str(inv), str(job), "--runs-dir", str(runs), check_rc=75)
-    assert f"held by run {first} of {user()}" in r.stderr and "slots 0,1" in r.stderr, r.stderr
+    assert f"held by run {first} (bert-base) of {user()}" in r.stderr and "slots 0,1" in r.stderr, r.stderr
     assert "node1" in r.stderr and "Traceback" not in r.stderr
     assert not re.search(r"^run ", r.stdout, re.M), r.stdout  # a refused run has no id: nothing to look up
     assert [d.name for d in runs.iterdir() if d.is_dir()] == [first], "a refused run starts nothing, not a record"
@@ -94,7 +99,8 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_star
     hosts = {h["host"]: h for h in json.loads(listed.stdout)["hosts"]}
     for node in bed.nodes:
         (lease,) = hosts[node.name]["leases"]
-        assert (lease["run"], lease["user"], lease["slots"], lease["state"]) == (first, user(), [0, 1], "running")
+        assert (lease["run"], lease["name"], lease["user"], lease["slots"], lease["state"]) == (
+            first, "bert-base", user(), [0, 1], "running")
         assert hosts[node.name]["free"] == []
     # `top --inventory` shows the same leases beside the running run
     snap = json.loads(cddp("top", "--once", "--json", "--inventory", str(inv), "--runs-dir", str(runs),
@@ -106,7 +112,7 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_holder_and_with_wait_star
     p = cddp_popen("up", str(inv), str(job), "--runs-dir", str(runs), "--wait")
     try:
         lines = wait_for_line(p, "waiting in the queue: position 1")
-        assert first in lines[-1], lines[-1]
+        assert f"{first} (bert-base) of" in lines[-1], lines[-1]
         second = id_in(lines[-1])  # not recorded until it starts, so no `run ID` line yet: the queue line names it
         third = cddp_popen("up", str(inv), str(job), "--runs-dir", str(runs), "--wait")
         try:

@@ -39,9 +39,12 @@ def _root() -> None:
 
 
 def main() -> None:
+    from .pipes import guard
+    guard()  # a closed stdout (`| head -1`) ends no command halfway: see cli/pipes.py
     try:
         app()
     except SystemExit as e:
-        from .common import quick_exit
+        from .common import exit_at_interrupt, quick_exit
         quick_exit(e.code)
+        exit_at_interrupt(e.code if isinstance(e.code, int) else 1)
         raise

@@ -15,6 +15,7 @@ import typer
 
 from .. import launch
 from ..errors import ClusterDDPError
+from .pipes import StdoutClosed, stop_if_closed
 
 F = TypeVar("F", bound=Callable)
 
@@ -217,6 +218,8 @@ def handle_errors(fn: F) -> F:
         except KeyboardInterrupt:
             err("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except StdoutClosed:  # nobody reads what the command prints any more: it ends quietly
+            raise typer.Exit(EXIT_OK) from None
         except Exception as e:  # a bug: one line and a crash report, not a traceback on the terminal
             if type(e).__module__.partition(".")[0] in ("typer", "click"):
                 raise  # typer's/click's own ways out (Exit, Abort, BadParameter: RuntimeErrors some): it handles them
@@ -255,6 +258,26 @@ def quick_exit(code: object) -> None:
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
     os._exit(code or 0)
+
+
+def exit_at_interrupt(code: int) -> None:
+    """From now on, Ctrl-C ends the process at once with ``code``, without a word: for when the
+    command's work is over and only teardown is left (Python joining the threads a command left, such
+    as `top`'s SSH looks; a Ctrl-C there printed a traceback of ``threading``'s shutdown). Only in the
+    command's own process (:func:`~clusterddp.cli.pipes.guarded`): never in a test's."""
+    import signal
+
+    from .pipes import guarded
+
+    def now(signum, frame) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    if guarded() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, now)
 
 
 def crash_dir() -> str:
@@ -358,6 +381,12 @@ class PrefixPrinter:
             if start < len(data):
                 self._hold(host, data[start:] if start else data)
             self.stream.flush()
+
+    def until_closed(self, host: str, data: bytes) -> None:
+        """As a call, for output that goes on for as long as someone reads it (`logs --follow`):
+        once nobody reads standard output, the command ends there (:class:`~clusterddp.cli.pipes.StdoutClosed`)."""
+        self(host, data)
+        stop_if_closed()
 
     def _end_line(self, host: str, piece: bytes) -> None:
         parts = self._parts.pop(host, None)

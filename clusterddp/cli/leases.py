@@ -26,10 +26,11 @@ def leases(
     if as_json:
         doc = {"hosts": [{"host": h, "error": str(v)} if isinstance(v, Exception) else {
             "host": h, "capacity": v.capacity, "free": sorted(v.free), "unreadable": v.garbled,
-            "leases": [{"run": x.run, "user": x.user, "since": x.since, "slots": list(x.slots), "port": x.port,
-                        "state": x.state} for x in v.holders],
-            "queue": [{"ticket": w.ticket, "run": w.run, "user": w.user, "since": w.since, "need": w.need,
-                       "slots": list(w.slots) if w.slots else None} for w in v.waiting]} for h, v in res.items()]}
+            "leases": [{"run": x.run, "name": x.name, "user": x.user, "since": x.since, "slots": list(x.slots),
+                        "port": x.port, "state": x.state} for x in v.holders],
+            "queue": [{"ticket": w.ticket, "run": w.run, "name": w.name, "user": w.user, "since": w.since,
+                       "need": w.need, "slots": list(w.slots) if w.slots else None} for w in v.waiting]}
+            for h, v in res.items()]}
         print(json.dumps(doc, indent=2))
     else:
         rows = [("HOST", "GPUS", "FREE", "RUN", "USER", "SINCE", "SLOTS", "PORT", "STATE")]
@@ -41,13 +42,14 @@ def leases(
             if not v.holders:
                 rows.append((h, str(v.capacity), free, "-", "", "", "", "", ""))
             for x in v.holders:
-                rows.append((h, str(v.capacity), free, x.run, x.user, x.since, ",".join(map(str, x.slots)),
+                run = x.run + (f" ({x.name})" if x.name else "")
+                rows.append((h, str(v.capacity), free, run, x.user, x.since, ",".join(map(str, x.slots)),
                              str(x.port or ""), x.state))
             if v.garbled:
                 waits.append(f"{h}: {v.garbled} unreadable lease file(s)")
             for i, w in enumerate(v.waiting, 1):
                 wants = f"slots {','.join(map(str, w.slots))}" if w.slots else f"{w.need or 'every'} slot(s)"
-                waits.append(f"{h}: {i}. run {w.run} of {w.user} waits since {w.since} for {wants}")
+                waits.append(f"{h}: {i}. {w.who} waits since {w.since} for {wants}")
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             print(visible("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()))

@@ -163,7 +163,7 @@ def logs(run: str = RUN, runs_dir: str = RUNS_DIR,
     backend = backends.for_record(rec)
     backend.logs(store, run_id, host, show)
     if follow and rec.status is RunStatus.RUNNING:
-        backend.follow(store, run_id, printer, host, from_lines)
+        backend.follow(store, run_id, printer.until_closed, host, from_lines)
         printer.flush()
     tell_hidden(hide, f"{store.run_dir(run_id) / 'logs'}/")
 

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from .common import RUNS_DIR, handle_errors, is_tty, visible
+from .common import RUNS_DIR, exit_at_interrupt, exit_quickly_when_done, handle_errors, is_tty, visible
+from .pipes import stop_if_closed
 
 if TYPE_CHECKING:
     from ..top import NodeView, Snapshot
@@ -134,6 +135,9 @@ def _loop(watch, interval: float, show) -> None:
         while True:
             started = time.monotonic()
             show(watch.look())
+            stop_if_closed()  # `top | head`: nobody reads the view any more
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
     except KeyboardInterrupt:
+        exit_at_interrupt(0)  # the view is over: another Ctrl-C while its connections close ends it at once
+        exit_quickly_when_done()  # and nothing waits for the threads of its last look at exit
         return

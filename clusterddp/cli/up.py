@@ -56,6 +56,7 @@ def up(
     max_upload: str = MAX_UPLOAD,
     local_rank_arg: str | None = LOCAL_RANK_ARG,
     dry_run: bool = option("dry_run"),
+    show_secrets: bool = option("show_secrets"),
     detach: bool = option("detach"),
     skip_check: bool = option("skip_check"),
     raw: bool = RAW,
@@ -84,7 +85,8 @@ def up(
     if warning:
         err(warning)
     if dry_run:
-        print(backend.render(prep, req), flush=True)
+        text = backend.render(prep, req)
+        print(dry_run_text(text, prep.plan.run_id, () if show_secrets else secrets(req)), flush=True)
         return
     events = Printed(raw=raw, hide=quiet_filter(quiet))
     sigterm_as_interrupt()  # SIGTERM ends an attached run as Ctrl-C does (a waiting one leaves the queue)
@@ -94,6 +96,38 @@ def up(
         events.printer.flush()
         tell_unmatched(events.results, "collect: ")  # at the end of the run: a glob that brought nothing back
         tell_hidden(events.hide, f"{prep.store.run_dir(prep.plan.run_id) / 'logs'}/")
+
+
+DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run, so it has none
+MASK = "***"
+
+
+def secrets(req) -> tuple[tuple[str, str], ...]:
+    """The env values a dry run hides: ``-e``'s and the inventory's (every host's, a Slurm cluster's)."""
+    inv = req.inventory
+    slurm = getattr(inv, "slurm", None)
+    return (*req.spec.env, *(kv for h in inv.hosts for kv in h.env), *(slurm.env if slurm is not None else ()))
+
+
+def dry_run_text(text: str, run_id: str, hidden: tuple[tuple[str, str], ...]) -> str:
+    """What ``up --dry-run`` prints of the backend's rendering: the run id it planned with (never
+    recorded) as :data:`DRY_RUN_ID`, and each ``export NAME=VALUE`` of ``hidden`` as ``NAME=***``
+    (``--show-secrets`` hides none). The plan is the one a real run executes; only its words change."""
+    import re
+
+    from ..nodescript import q
+    text = text.replace(run_id, DRY_RUN_ID)
+    if text.startswith(f"run {DRY_RUN_ID}\n"):  # the backend's first line names the run
+        text = (f"run {DRY_RUN_ID} (a dry run: nothing is started or recorded; a real run gets an id of its own)"
+                + text[len(f"run {DRY_RUN_ID}"):])
+    masked = 0
+    for name, value in hidden:
+        text, n = re.subn(re.escape(f"export {name}={q(value)}") + r"(?=\s|$)", f"export {name}={MASK}", text,
+                          flags=re.MULTILINE)
+        masked += n
+    if masked:
+        text += f"\n(env values are shown as {MASK}; --show-secrets shows them)"
+    return text
 
 
 class Printed:

@@ -296,7 +296,8 @@ def _hold(req: dict) -> int:
             reply["why"] = "port"
             _emit(reply)
             return 0
-        doc = {"v": 1, "run": run, "user": req.get("user"), "host": req.get("host"), "since": req.get("since"),
+        doc = {"v": 1, "run": run, "name": req.get("name"), "user": req.get("user"), "host": req.get("host"),
+               "since": req.get("since"),
                "slots": [i for i, _ in got], "port": port, "state": "starting", "pid": os.getpid()}
         name = "lease-%s.json" % run
         rec = _write_locked(folder, name, doc)
@@ -363,7 +364,8 @@ def _queue(req: dict) -> int:
     if not TICKET_RE.match(ticket):
         raise ValueError("bad ticket")
     os.makedirs(folder, exist_ok=True)
-    doc = {"v": 1, "ticket": ticket, "run": req.get("run"), "user": req.get("user"), "host": req.get("host"),
+    doc = {"v": 1, "ticket": ticket, "run": req.get("run"), "name": req.get("name"), "user": req.get("user"),
+           "host": req.get("host"),
            "since": req.get("since"), "need": req.get("need"), "slots": req.get("slots")}
     fd = _write_locked(folder, "queue-%s.json" % ticket, doc)
     _emit({"queued": True})
@@ -403,13 +405,19 @@ def _slots(v: Any) -> list | None:
     return None if None in out else sorted({x for x in out if x is not None})
 
 
+def _name(v: Any) -> "str | None":
+    """A run's ``--name`` from a node (None when the run has none: records written before names were)."""
+    return None if v is None else _text(v)
+
+
 def clean_holder(d: Any) -> dict:
     """A lease record from a node, every field checked (``garbled`` True when it is not one)."""
     if not isinstance(d, dict) or "garbled" in d or not isinstance(d.get("run"), str) \
             or not RUN_RE.match(d["run"]) or _slots(d.get("slots")) is None:
         return {"garbled": True}
     state = d.get("state") if d.get("state") in ("starting", "running") else "?"
-    return {"garbled": False, "run": d["run"], "user": _text(d.get("user")), "since": _text(d.get("since")),
+    return {"garbled": False, "run": d["run"], "name": _name(d.get("name")), "user": _text(d.get("user")),
+            "since": _text(d.get("since")),
             "host": _text(d.get("host")), "slots": _slots(d.get("slots")), "port": _count(d.get("port"), 1, 65535),
             "state": state}
 
@@ -419,7 +427,8 @@ def clean_waiter(d: Any) -> dict:
     if not isinstance(d, dict) or "garbled" in d or not isinstance(d.get("ticket"), str) \
             or not TICKET_RE.match(d["ticket"]):
         return {"garbled": True}
-    return {"garbled": False, "ticket": d["ticket"], "run": _text(d.get("run")), "user": _text(d.get("user")),
+    return {"garbled": False, "ticket": d["ticket"], "run": _text(d.get("run")), "name": _name(d.get("name")),
+            "user": _text(d.get("user")),
             "since": _text(d.get("since")), "host": _text(d.get("host")),
             "need": _count(d.get("need"), 1, MAX_SLOTS), "slots": _slots(d.get("slots")) or None}
 

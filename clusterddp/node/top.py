@@ -60,9 +60,10 @@ def _usage(pids: list[int]) -> tuple:
     return cpu, rss
 
 
-def _tail(path: str, size: int, regex: re.Pattern) -> tuple:
+def _tail(path: str, size: int, regex: re.Pattern, skip: tuple = ()) -> tuple:
     """The last non-empty line of the log (after a carriage return, as a terminal shows a progress
-    bar) and the last step the regex finds in its last ``size`` bytes."""
+    bar) that no ``skip`` pattern matches (known torch noise), and the last step the regex finds in
+    its last ``size`` bytes."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
@@ -75,7 +76,7 @@ def _tail(path: str, size: int, regex: re.Pattern) -> tuple:
     last = None
     for line in reversed(lines):
         shown = line.rstrip("\r").rsplit("\r", 1)[-1]
-        if shown.strip():
+        if shown.strip() and not any(p.search(shown) for p in skip):
             last = shown[-MAX_LINE:]
             break
     step = None
@@ -155,19 +156,26 @@ def _node() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """argv: a JSON object {"jobs": [[control folder, marker], ...], "regex": text, "tail": bytes}."""
+    """argv: a JSON object {"jobs": [[control folder, marker], ...], "regex": text, "tail": bytes,
+    "skip": [regex text, ...] (optional: lines never shown as the last line)}."""
     import time
     a = json.loads(argv[0])
     try:
         regex = re.compile(a["regex"])
     except re.error:
         regex = re.compile(r"(?!)")
+    skip = []
+    for text in a.get("skip", []):
+        try:
+            skip.append(re.compile(text))
+        except re.error:
+            pass
     jobs = [(os.path.expanduser(c), m) for c, m in a["jobs"]]
     pids = _job_pids([m for _, m in jobs])
     out = {"time": time.time(), "jobs": []}  # type: dict
     for ctl, marker in jobs:
         state, code = _state(ctl, pids[marker])
-        last, step = _tail(os.path.join(ctl, "node.log"), int(a["tail"]), regex)
+        last, step = _tail(os.path.join(ctl, "node.log"), int(a["tail"]), regex, tuple(skip))
         cpu, rss = _usage(pids[marker])
         out["jobs"].append({"state": state, "exit_code": code, "last_line": last, "step": step,
                             "cpu_seconds": cpu, "rss": rss, "procs": len(pids[marker])})

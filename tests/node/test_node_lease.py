@@ -181,11 +181,13 @@ def test_the_reply_parser_cleans_each_entry():
     r = L.parse_reply(L.MARK + json.dumps({"capacity": 4, "holders": [
         {"run": "r1", "user": "eve\x1b]0;pwn\x07", "since": 5, "slots": [1, 0], "port": "x", "state": "odd"},
         {"run": "../etc", "slots": [0]}, "nope", {"run": "r2", "slots": [99999]}],
-        "waiting": [{"ticket": "1", "run": "w"}, {"ticket": ticket(3), "run": "w3", "need": True}]}))
-    assert r["holders"][0] == {"garbled": False, "run": "r1", "user": "?", "since": "?", "host": "?", "slots": [0, 1],
-                               "port": None, "state": "?"}
+        "waiting": [{"ticket": "1", "run": "w"}, {"ticket": ticket(3), "run": "w3", "need": True,
+                                                 "name": "bert\x1b[2J"}]}))
+    assert r["holders"][0] == {"garbled": False, "run": "r1", "name": None, "user": "?", "since": "?", "host": "?",
+                               "slots": [0, 1], "port": None, "state": "?"}
     assert [h["garbled"] for h in r["holders"]] == [False, True, True, True]
     assert [w["garbled"] for w in r["waiting"]] == [True, False] and r["waiting"][1]["need"] is None
+    assert r["waiting"][1]["name"] == "?"  # a run's --name is node text too: printable or not shown
 
 
 def test_a_fifo_or_a_folder_named_as_a_record_never_hangs_list_or_hold(base):
@@ -290,3 +292,17 @@ def test_the_hold_channel_stops_believing_a_node_that_prints_endless_lines_that_
     from clusterddp.errors import HostError
     with pytest.raises(HostError, match="no reply"):
         ch.reply()
+
+
+def test_a_holder_and_a_waiter_are_listed_with_their_runs_name(base):
+    """Lease and queue messages name the run's --name beside user@machine: the node keeps it."""
+    held = run("hold", {**base, "run": "r1", "name": "bert-base", "need": 1})
+    assert reply(held)["slots"] == [0]
+    waiter = run("queue", {**base, "run": "r2", "name": "sweep 3", "need": 2, "ticket": ticket(5)})
+    assert reply(waiter)["queued"]
+    v = listing(base)
+    assert [(h.run, h.name, h.who) for h in v.holders] == [("r1", "bert-base", "run r1 (bert-base) of me@laptop")]
+    assert [(w.run, w.who) for w in v.waiting] == [("r2", "run r2 (sweep 3) of me@laptop")]
+    release(held)
+    waiter.kill()
+    waiter.wait(timeout=10)
