@@ -339,6 +339,44 @@ def start_command(node: NodeLaunch) -> str:
             "> node.log 2>&1 < /dev/null & (umask 077 && echo $! > pid); cat pid")
 
 
+# What each step of :func:`stage_command` and :func:`launch_command` does, for the error when it
+# fails: such a command exits STEP_EXIT + the index of its first step that failed.
+STEP_EXIT = 64
+STAGE_STEPS = ("cannot create the run folder", "cannot upload the script folder", "cannot unpack the script folder")
+LAUNCH_STEPS = ("cannot write launch.sh", "cannot start the job")
+
+
+def _steps(commands: Iterable[str]) -> str:
+    """``commands`` one after another, each in a subshell (its ``cd`` and ``exit`` stay its own); the
+    first that fails ends the whole with exit STEP_EXIT + its index."""
+    return "; ".join(f"( {c} ) || exit {STEP_EXIT + i}" for i, c in enumerate(commands))
+
+
+def failed_step(steps: Sequence[str], exit_code: int) -> str:
+    """Which of ``steps`` (STAGE_STEPS, LAUNCH_STEPS) a command that exited ``exit_code`` failed at."""
+    i = exit_code - STEP_EXIT
+    return steps[i] if 0 <= i < len(steps) else steps[0]
+
+
+def stage_command(node: NodeLaunch, upload: bool) -> str:
+    """The run folder made (:func:`prepare_command`) and, with ``upload``, the script folder's tarball
+    read from standard input into the control folder and unpacked (:func:`upload_command`,
+    :func:`unpack_command`): one command, where each was one, so a node's start costs one round
+    trip and one login shell for all three. Exits as :func:`_steps` says (STAGE_STEPS)."""
+    steps = [prepare_command(node)]
+    if upload:
+        steps += [upload_command(node.control_dir + "/source.tar.gz"), unpack_command(node)]
+    return _steps(steps)
+
+
+def launch_command(node: NodeLaunch, leased: bool) -> str:
+    """launch.sh read from standard input (:func:`upload_command`), then the job started: by the node's
+    lease holder when ``leased`` (:func:`go_command`, so that it holds the slots' locks), else
+    :func:`start_command`; prints the job's pid. Exits as :func:`_steps` says (LAUNCH_STEPS)."""
+    start = go_command(node) if leased else start_command(node)
+    return _steps([upload_command(node.control_dir + "/launch.sh"), start])
+
+
 def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.1) -> str:
     """Stream node.log from ``from_line`` until the job has ended and its log is drained
     (the node program ``clusterddp/node/follow.py``)."""

@@ -243,13 +243,12 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
     p = build_plan(inv, RunSpec("train/t.py", HOSTILE, env=(("RUN_ONLY", "-e's $value"),)), RUN_ID)
     out = []
     for n in p.nodes:
-        h, tar, launch = n.host.name, n.control_dir + "/source.tar.gz", n.control_dir + "/launch.sh"
+        h = n.host.name
         out += [
-            (f"prepare_command({h})", plan.prepare_command(n)),
-            (f"upload_command({tar!r})", plan.upload_command(tar)),
-            (f"unpack_command({h})", plan.unpack_command(n)),
-            (f"upload_command({launch!r})", plan.upload_command(launch)),
-            (f"start_command({h})", plan.start_command(n)),
+            (f"stage_command({h}, upload=True)", plan.stage_command(n, True)),
+            (f"stage_command({h}, upload=False)  # up local", plan.stage_command(n, False)),
+            (f"launch_command({h}, leased=False)", plan.launch_command(n, False)),
+            (f"launch_command({h}, leased=True)  # a leased run's start", plan.launch_command(n, True)),
             (f"follow_command({h})", plan.follow_command(n)),
             (f"follow_command({h}, from_line=42, poll=0.5)", plan.follow_command(n, 42, 0.5)),
             (f"status_command({h})", plan.status_command(n)),
@@ -257,7 +256,6 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
             (f"teardown_command({h}, grace=0.05)", plan.teardown_command(n, 0.05)),
             (f"collect_command({h})", plan.collect_command(n)),
             (f"node_log_command({h})", plan.node_log_command(n)),
-            (f"go_command({h})  # a leased run's start", plan.go_command(n)),
             (f"lease_release_command({h}, {RUN_ID!r}, <control dir>)",
              plan.lease_release_command(n.host, RUN_ID, n.control_dir)),
         ]

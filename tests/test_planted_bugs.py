@@ -241,7 +241,7 @@ NOTICE_BOUND_S = LOST_AFTER_S + 4.0  # the main loop's 1 s tick, and a loaded ma
 
 class _Node:
     """One node at the transport seam: start commands succeed, the log stream lasts until ``ended``;
-    once ``cut`` is set every status fails at once (a reset connection: misses come fast, so a
+    once ``cut`` is set every heartbeat and status fails at once (a reset connection: misses come fast, so a
     miss counted as an answer would keep the node 'alive' forever) while the stream hangs on."""
 
     def __init__(self, node: P.NodeLaunch) -> None:
@@ -265,6 +265,11 @@ class _Node:
             pass
         return 0
 
+    def ping(self):  # a heartbeat
+        if self.cut.is_set():
+            self.misses += 1
+            raise HostError(self.node.host.name, "connection reset by peer")
+
     def close(self):
         self.closed.set()
 
@@ -277,7 +282,7 @@ def _plan(tmp_path: Path) -> P.LaunchPlan:
 
 def test_a_node_whose_heartbeats_fail_at_once_is_lost_within_the_tests_own_deadline(tmp_path):
     """Mutations: ``node.answered_at = self.clock()`` for every _Beat (a miss too), or the heartbeat
-    thread posting ``_Beat(name, None)`` for a failed status: the node is never lost, and the run
+    thread posting ``_Beat(name, None)`` for a failed ping: the node is never lost, and the run
     would hang until the jobs end. The test measures from the cut and fails at its own deadline."""
     p = _plan(tmp_path)
     fakes = {n.host.name: _Node(n) for n in p.nodes}

@@ -61,6 +61,13 @@ class Transport(Protocol):
         """
         ...
 
+    def ping(self) -> None:
+        """Return once the host has answered a request that runs nothing there (over SSH, a global
+        request the server must reply to): proof that the link and the node's sshd are alive, at
+        no cost to the node. Raises HostError when the connection ends first; no bound of its own,
+        so a caller that must not wait counts the time since the last answer (the heartbeats)."""
+        ...
+
     def close(self) -> None:
         """Close the connection; pending streams end with a HostError."""
         ...

@@ -54,6 +54,9 @@ class LocalTransport:
             with self._lock:
                 self._procs.discard(p)
 
+    def ping(self) -> None:
+        """This machine is always there: no link to lose."""
+
     def close(self) -> None:
         with self._lock:
             for p in self._procs:

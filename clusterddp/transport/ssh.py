@@ -731,6 +731,20 @@ class SSHTransport:
         finally:
             chan.close()
 
+    def ping(self) -> None:
+        # keepalive@openssh.com with a reply asked for, as OpenSSH's ServerAliveInterval sends it:
+        # sshd answers it (with a refusal) from the connection's own process; nothing starts on the
+        # node, where a command per heartbeat (a shell, its start-up files) took CPU from the job.
+        t = self._transport
+        try:
+            if t is None:
+                raise paramiko.SSHException("not connected")
+            t.global_request("keepalive@openssh.com", wait=True)  # returns early, unanswered, once t closes
+            if not t.is_active():
+                raise EOFError("the connection closed")
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise self._lost(e) from None
+
     def close(self) -> None:
         hop = self._conn
         while isinstance(hop, _Hop):  # the node first, then each jump host it went through

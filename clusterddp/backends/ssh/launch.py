@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -116,28 +117,56 @@ def node_states(sup: Supervisor) -> dict[str, tuple[NodeState, int | None, str |
     return {n.name: (n.state, n.exit_code, n.error) for n in sup.nodes}
 
 
-def preflight(plan: P.LaunchPlan, connect: Callable | None = None) -> Fleet | None:
+def preflight(plan: P.LaunchPlan, connect: Callable | None = None, fleet: Fleet | None = None) -> Fleet | None:
     """Before starting a job, the cheap checks that catch a job that would hang or fail at once.
 
     One short SSH command per host, in parallel: every host answers, python/torch/CUDA agree,
     an interface routes to the master, the master port is free. Raises
     :class:`~clusterddp.errors.PreflightFailed` (exit 1) naming each problem; otherwise returns
-    the open connections, for :func:`execute` to reuse. Local runs need none of it: None.
+    the open connections, for :func:`execute` to reuse. ``fleet``: connections to use (the caller
+    keeps them, open, whatever happens); else a fleet of its own, closed when it raises. Local runs
+    need none of it: None.
     """
     if plan.local:
         return None
     from ...check import preflight_failed, run_checks
-    fleet = Fleet(plan.inventory.hosts, fanout=plan.inventory.fanout, **({"connect": connect} if connect else {}))
+    own = fleet is None
+    fleet = fleet or Fleet(plan.inventory.hosts, fanout=plan.inventory.fanout,
+                           **({"connect": connect} if connect else {}))
     try:
         report = run_checks(plan.inventory, full=False, master_port=plan.master_port, fleet=fleet,
                             env={n.host.name: n.env for n in plan.nodes}, check_port=port_fixed(plan))
+        if not report.ok:
+            raise preflight_failed(report, plan.inventory.path)
     except BaseException:
-        fleet.close()
+        if own:
+            fleet.close()
         raise
-    if not report.ok:
-        fleet.close()
-        raise preflight_failed(report, plan.inventory.path)
     return fleet
+
+
+class _Beside:
+    """``fn()`` run in a thread of its own, beside what the caller does meanwhile; :meth:`result`
+    waits for it and returns its value or raises what it raised."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self._fn = fn
+        self._value: object = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="preflight", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller by result()
+            self._error = e
+
+    def result(self) -> object:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def port_fixed(plan: P.LaunchPlan) -> bool:
@@ -265,14 +294,30 @@ def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutco
 
 def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, events: base.Events
         ) -> RunOutcome | None:
-    fleet = None if req.skip_check else preflight(prep.plan)
-    lease, leased = None, None
+    fleet, lease, leased = None, None, None
     try:
         if not prep.plan.local:
-            fleet = fleet or Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
+            # Every connection at once (the lease takes nodes one after another), then the preflight
+            # beside the lease: each is a command per node, and a run that passes (most) need not wait
+            # for one before the other. A lease taken for a run that then fails its preflight is given
+            # back (below); a run that may wait in the queue is checked first, so it never waits in vain.
+            fleet = Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
+            fleet.open()  # a host that cannot be reached is reported by the preflight (or the lease)
+            checked = None if req.skip_check else _Beside(lambda: preflight(prep.plan, fleet=fleet))
+            if checked is not None and req.wait:
+                checked.result()
             run_id = prep.plan.run_id  # a waiting run is not recorded yet: its queue lines name it
-            prep, lease = take_lease(prep, fleet, wait=req.wait,
-                                     on_wait=lambda s: events.say(f"[clusterddp] run {run_id} {s}"))
+            try:
+                prep, lease = take_lease(prep, fleet, wait=req.wait,
+                                         on_wait=lambda s: events.say(f"[clusterddp] run {run_id} {s}"))
+            except KeyboardInterrupt:
+                raise  # at once: closing the fleet (below) ends the probes
+            except BaseException:
+                if checked is not None:
+                    checked.result()  # its failure is the one to tell, when the lease failed too
+                raise
+            if checked is not None:
+                checked.result()
             if lease is not None:  # said once the run id is (below)
                 leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
                           + f"; master port {prep.plan.master_port}")

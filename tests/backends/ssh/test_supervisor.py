@@ -25,6 +25,7 @@ from clusterddp.node.reply import STATUS_MARK
 from clusterddp.nodeops import parse_status
 from clusterddp.store import new_run_id
 from clusterddp.transport import CommandResult, connect
+from helpers import eventually
 
 FAKE_PY = """#!/bin/bash
 # Stand-in for `python -m torch.distributed.run ...`: behaves as $MODE says.
@@ -123,12 +124,16 @@ class _Wrapped:
     def stream(self, command, on_data, **kw):
         return self.inner.stream(command, on_data, **kw)
 
+    def ping(self):
+        self.inner.ping()
+
     def close(self):
         self.inner.close()
 
 
 class _Flaky(_Wrapped):
-    """Wraps a transport; after ``fail_after`` commands every further `run` fails like a dead host."""
+    """Wraps a transport; after ``fail_after`` commands every further `run`, and every ping, fails
+    like a dead host."""
 
     def __init__(self, inner, fail_after: int) -> None:
         super().__init__(inner)
@@ -140,6 +145,10 @@ class _Flaky(_Wrapped):
             raise HostError(self.name, "timed out")
         return self.inner.run(command, **kw)
 
+    def ping(self):
+        if self.calls >= self.fail_after:
+            raise HostError(self.name, "timed out")
+
 
 def test_a_host_that_stops_answering_is_lost_and_the_run_fails(tmp_path):
     p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
@@ -148,7 +157,7 @@ def test_a_host_that_stops_answering_is_lost_and_the_run_fails(tmp_path):
     def conn(host):
         t = connect(host)
         if host.name == "b":
-            t = flaky.setdefault("b", _Flaky(t, fail_after=4))  # the 4 start commands succeed
+            t = flaky.setdefault("b", _Flaky(t, fail_after=2))  # the 2 start commands succeed
         return t
     sup, _ = run(p, connect=conn, heartbeat_s=0.2)
     out = sup.follow()
@@ -206,8 +215,10 @@ class Scripted:
         self.delay = 0.0  # how long every status takes (a slow but alive node)
         self.ended, self.hang, self.hanging, self.closed = (threading.Event() for _ in range(4))
         self.torn_down_at: float | None = None
+        self.pings, self.commands = 0, []
 
     def run(self, command, *, timeout=None, stdin=None):
+        self.commands.append(command)
         if command == plan.status_command(self.node):
             if self.hang.is_set():
                 self.hanging.set()
@@ -234,6 +245,14 @@ class Scripted:
         while not (self.ended.wait(0.01) or self.closed.is_set()):
             pass
         return 0
+
+    def ping(self):
+        self.pings += 1
+        if self.hang.is_set():
+            self.hanging.set()
+            self.closed.wait()
+            raise HostError(self.name, "connection lost")
+        time.sleep(self.delay)
 
     def close(self):
         self.closed.set()
@@ -268,6 +287,48 @@ def test_a_host_hanging_on_a_heartbeat_does_not_delay_another_nodes_failure(tmp_
     assert took < bound_s, f"a's teardown began {took:.1f}s after b failed; a's heartbeat hangs {hang_s:g}s"
     assert (out.status, out.first_failed) == ("failed", "b")
     assert [(n.state, n.exit_code) for n in sup.nodes] == [(NodeState.STOPPED, 143), (NodeState.FAILED, 3)]
+
+
+def test_heartbeats_ping_the_connection_and_run_no_command_on_the_node(tmp_path):
+    # A status command per beat started a shell and scanned /proc on the node every 2 s, beside the
+    # job it watches; a ping is answered by the node's sshd. What runs there: the two start commands
+    # and, once the log ended, the status that reads the exit code.
+    p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
+    fakes = {n.host.name: Scripted(n, grace=1.0) for n in p.nodes}
+    sup = Supervisor(p, on_output=lambda h, d: None, connect=lambda h: fakes[h.name], heartbeat_s=0.02, grace_s=1.0)
+    sup.start()
+
+    def end_after_some_beats() -> None:
+        eventually(lambda: min(f.pings for f in fakes.values()) >= 5, 30)
+        for f in fakes.values():
+            f.ended.set()
+    threading.Thread(target=end_after_some_beats, daemon=True).start()
+    try:
+        out = sup.follow()
+    finally:
+        for f in fakes.values():
+            f.close()
+    assert out.status == "succeeded", [(n.state, n.error) for n in sup.nodes]
+    for n in p.nodes:
+        f = fakes[n.host.name]
+        assert f.pings >= 5
+        assert f.commands == [plan.stage_command(n, False), plan.launch_command(n, False), plan.status_command(n)]
+
+
+def test_a_start_step_that_fails_is_named(tmp_path):
+    # the run folder, the upload and the unpack are one command: its exit code says which step failed
+    p = make_plan(tmp_path, {"a": "ok"})
+    tar = tmp_path / "source.tar.gz"
+    tar.write_bytes(b"not a tarball")
+
+    class Uploads(_Wrapped):  # the local transport is never given a file to send (`up local` uploads nothing)
+        def run(self, command, *, stdin=None, **kw):
+            return self.inner.run(command, stdin=Path(stdin).read_bytes() if isinstance(stdin, Path) else stdin, **kw)
+    sup = Supervisor(p, on_output=lambda h, b: None, grace_s=1, source_tar=tar, connect=lambda h: Uploads(connect(h)))
+    with pytest.raises(HostError) as e:
+        sup.start()
+    assert e.value.host == "a" and "cannot unpack the script folder" in str(e.value), e.value
+    assert job_pids(p) == []
 
 
 def test_start_failure_names_the_host_and_starts_nothing(tmp_path):

@@ -1,0 +1,326 @@
+"""`clusterddp up` of a 1-step job on 2 test-bed nodes x 2 processes, against typing it by hand.
+
+Starts a two-node network-namespace test bed (tests/testbed.py; root needed) whose nodes' login
+shell reads a stock ~/.bashrc (as bench/exec_fanout.py), and times, interleaved round by round:
+
+  hand-typed     two `ssh root@NODE 'cd JOB && GLOO_SOCKET_IFNAME=eth0 python -m torch.distributed.run
+                 --nnodes 2 --node-rank R --master-addr A --master-port P --nproc-per-node 2 t.py'`
+                 started together, waited for together: what a user types in two terminals
+                 (the script already on the nodes: the bed's nodes share this machine's disk)
+  up             clusterddp up inv.yaml job/t.py (preflight, lease, upload, start, follow, collect)
+  up --skip-check  the same without the preflight
+
+t.py initialises a gloo group, does one all_reduce (the step) and ends. Each worker writes when its
+script started and ended, so every run is also split into before the job (command start to the
+first worker's start), the job (first start to last end) and after it (last end to the command's
+exit): what the launcher adds before and after, and what the nodes' side adds to the job itself.
+Goal (issue 24): up <= 1.05x hand-typed, up --skip-check <= 1.0x.
+
+``--trace`` also runs one `up` in-process with every SSH command it sends timed (host, start,
+end, what), to see where the launcher's time goes. ``--cpu S`` runs a job of S seconds under `up`
+and reports the launcher's own CPU time (user + system) per node-minute (goal < 1), from its
+rusage, against a 1-step run's, and the node-side helpers' CPU (followers, heartbeats) from the
+nodes' sshd sessions.
+
+    python bench/up_ssh.py [--rounds 7] [--trace] [--cpu 120] [--before CHECKOUT]
+
+``--before`` times a second clusterddp (another checkout's, e.g. main's: ``git archive main
+clusterddp | tar -x -C /tmp/before``) in the same rounds, for a before/after under the same load;
+``--code`` runs another checkout than this one as the one under test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "tests"))
+from _common import STOCK_BASHRC  # noqa: E402
+from testbed import TestBed, session_slot  # noqa: E402
+
+SCRIPT = """import os, sys, time
+t0 = time.time()
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+dist.destroy_process_group()
+if len(sys.argv) > 1:
+    with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as f:
+        f.write("%r %r" % (t0, time.time()))
+"""
+
+# A job of argv[2] seconds: one all_reduce a second, as a long training run would step.
+LONG = """import sys, time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+end = time.time() + float(sys.argv[2])
+while time.time() < end:
+    dist.all_reduce(torch.ones(1))
+    time.sleep(1.0)
+dist.destroy_process_group()
+"""
+
+NPROC = 2
+
+
+class Bench:
+    def __init__(self, bed: TestBed, root: Path) -> None:
+        self.bed, self.root = bed, root
+        self.job = root / "job"
+        self.job.mkdir()
+        (self.job / "t.py").write_text(SCRIPT)
+        (self.job / "long.py").write_text(LONG)
+        self.inv = bed.write_inventory(root / "inv.yaml", defaults_extra={"gpus": NPROC})
+        self.runs = root / "runs"
+        self.marks = root / "marks"
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.ssh = ["ssh", "-i", str(bed.identity_file), "-o", f"UserKnownHostsFile={bed.known_hosts}",
+                    "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
+        self.port = 29600
+        self.phases: dict[str, list[tuple[float, float, float]]] = {}
+        self.cpu: dict[str, list[tuple[float, float]]] = {}  # (this machine's side, the nodes' sshd sessions)
+
+    def cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "clusterddp", *args]
+
+    def up(self, *extra: str, runs: Path | None = None) -> list[str]:
+        return self.cli("up", str(self.inv), str(self.job / "t.py"), "--runs-dir", str(runs or self.runs), *extra,
+                        "--", str(self.marks))
+
+    def hand(self) -> list[list[str]]:
+        self.port += 1  # a fresh port each round: no wait on the last round's TIME_WAIT
+        nodes = self.bed.nodes
+        master = nodes[0].address
+        return [self.ssh + [f"root@{n.address}",
+                            f"cd {self.job} && GLOO_SOCKET_IFNAME=eth0 {sys.executable} -m torch.distributed.run "
+                            f"--nnodes {len(nodes)} --node-rank {r} --master-addr {master} --master-port {self.port} "
+                            f"--nproc-per-node {NPROC} t.py {self.marks}"]
+                for r, n in enumerate(nodes)]
+
+    def _settled_sshd_cpu(self) -> float:
+        """The nodes' sshd children's CPU once the sessions just closed are reaped (a moment later)."""
+        last, deadline = sshd_children_cpu(self.bed), time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            now = sshd_children_cpu(self.bed)
+            if now == last:
+                return now
+            last = now
+        return last
+
+    def timed(self, name: str, cmds: list[list[str]], code: Path | None = None) -> float:
+        """Run ``cmds`` together (clusterddp from the checkout ``code``, if given); their wall time; the
+        split into before/job/after kept under ``name``."""
+        shutil.rmtree(self.marks, ignore_errors=True)
+        self.marks.mkdir()
+        env = {**self.env, "PYTHONPATH": str(code)} if code else self.env
+        r0, n0 = resource.getrusage(resource.RUSAGE_CHILDREN), sshd_children_cpu(self.bed)
+        t0 = time.time()
+        procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in cmds]
+        errs = [p.communicate()[1] for p in procs]
+        t1 = time.time()
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.cpu.setdefault(name, []).append((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime,
+                                              self._settled_sshd_cpu() - n0))
+        for c, p, e in zip(cmds, procs, errs, strict=True):
+            if p.returncode != 0:
+                raise SystemExit(f"benchmark command failed (exit {p.returncode}): {c}\n{e.decode(errors='replace')}")
+        ts = [tuple(map(float, f.read_text().split())) for f in self.marks.iterdir()]
+        if len(ts) != NPROC * len(self.bed.nodes):
+            raise SystemExit(f"{name}: {len(ts)} workers reported, expected {NPROC * len(self.bed.nodes)}")
+        first, last = min(a for a, _ in ts), max(b for _, b in ts)
+        self.phases.setdefault(name, []).append((first - t0, last - first, t1 - last))
+        return t1 - t0
+
+
+def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None) -> dict[str, float]:
+    tools = {"hand-typed": lambda: b.timed("hand-typed", b.hand()),
+             "up": lambda: b.timed("up", [b.up()], code),
+             "up --skip-check": lambda: b.timed("up --skip-check", [b.up("--skip-check")], code)}
+    if before is not None:  # another clusterddp (e.g. main's), in the same rounds
+        old = b.root / "runs-before"
+        tools["up (before)"] = lambda: b.timed("up (before)", [b.up(runs=old)], before)
+        tools["up --skip-check (before)"] = lambda: b.timed("up --skip-check (before)",
+                                                            [b.up("--skip-check", runs=old)], before)
+    for f in tools.values():  # warm up: page cache, sshd's first fork, bytecode
+        f()
+    b.phases.clear()
+    b.cpu.clear()
+    times: dict[str, list[float]] = {k: [] for k in tools}
+    loads = [os.getloadavg()[0]]
+    for i in range(rounds):
+        order = list(tools) if i % 2 == 0 else list(tools)[::-1]  # alternate who goes first
+        for k in order:
+            times[k].append(tools[k]())
+        loads.append(os.getloadavg()[0])
+        print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f}s" for k, v in times.items())
+              + f"; load {loads[-1]:.1f}", flush=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = med["hand-typed"]
+    print(f"\n{rounds} interleaved rounds; load average (1 min) during them: min {min(loads):.1f}, "
+          f"median {statistics.median(loads):.1f}, max {max(loads):.1f}; {os.cpu_count()} cores")
+    print("| command | median | ratio to hand-typed | before the job | the job | after it | runs |")
+    print("|---|---|---|---|---|---|---|")
+    for k, v in times.items():
+        ph = b.phases[k]
+        before, job, after = (statistics.median(p[i] for p in ph) for i in range(3))
+        print(f"| {k} | {med[k]:.2f} s | **{med[k] / base:.3f}x** | {before:.2f} s | {job:.2f} s | {after:.2f} s | "
+              f"{', '.join(f'{x:.1f}' for x in v)} |")
+    # CPU, which a loaded machine shares out and wall times only show through its noise. The hand-typed
+    # runs' node side is their job (torchrun and its workers, children of the SSH sessions) plus two
+    # sessions; `up`'s job is detached from its sessions, so its node side is clusterddp's own work
+    # (lease, start, follower, status, collect; launch.sh's own lines run in the job and are not in it).
+    job = statistics.median(c[1] for c in b.cpu["hand-typed"])
+    hand = statistics.median(c[0] for c in b.cpu["hand-typed"])
+    print(f"\nCPU seconds (medians): the job itself, hand-typed (its node side, two SSH sessions included): "
+          f"{job:.2f}; the two ssh clients: {hand:.2f}")
+    print("| command | this machine (launcher) | nodes (clusterddp's sessions) | CPU ratio to hand-typed |")
+    print("|---|---|---|---|")
+    for k in list(times)[1:]:
+        here = statistics.median(c[0] for c in b.cpu[k])
+        there = statistics.median(c[1] for c in b.cpu[k])
+        print(f"| {k} | {here:.2f} | {there:.2f} | **{(job + here + there) / (job + hand):.3f}x** |")
+    for k in list(times)[1:]:
+        ratios = sorted(times[k][i] / times["hand-typed"][i] for i in range(rounds))
+        print(f"per-round ratio to hand-typed, {k}: median {statistics.median(ratios):.3f} "
+              f"({', '.join(f'{r:.2f}' for r in ratios)})")
+    return med
+
+
+# ---- --trace: one `up` in-process, every SSH command timed ----
+
+TRACER = r"""
+import sys, threading, time
+T0 = time.monotonic()
+log = []
+import clusterddp.transport.ssh as S
+def wrap(name):
+    orig = getattr(S.SSHTransport, name)
+    def timed(self, command, *a, **kw):
+        t = time.monotonic()
+        try:
+            return orig(self, command, *a, **kw)
+        finally:
+            log.append((t - T0, time.monotonic() - T0, self.name, name, command))
+    setattr(S.SSHTransport, name, timed)
+wrap("run"); wrap("stream")
+orig_open = S.SSHTransport.open
+def opened(self):
+    t = time.monotonic()
+    try:
+        return orig_open(self)
+    finally:
+        log.append((t - T0, time.monotonic() - T0, self.name, "connect", ""))
+S.SSHTransport.open = opened
+import atexit
+def show():
+    for a, b, host, kind, cmd in sorted(log):
+        what = " ".join(l for l in cmd.splitlines() if l and not l.startswith("#"))
+        what = what.replace(sys.executable, "PY")
+        print(f"{a:7.3f} {b:7.3f} {b - a:6.3f}  {host:6} {kind:7} {what[:110]}", file=sys.stderr)
+    print(f"total {time.monotonic() - T0:.3f}s", file=sys.stderr)
+atexit.register(show)
+sys.argv = ["clusterddp"] + sys.argv[1:]
+from clusterddp.cli.app import main
+main()
+"""
+
+
+def trace(b: Bench, *extra: str) -> None:
+    shutil.rmtree(b.marks, ignore_errors=True)
+    b.marks.mkdir()
+    print(f"\n`up {' '.join(extra)}` in-process, each SSH command (start, end, took, host, kind, command):")
+    r = subprocess.run([sys.executable, "-c", TRACER, *b.up(*extra)[3:]], env=b.env, capture_output=True, text=True)
+    print(r.stderr)
+    if r.returncode != 0:
+        print(r.stdout)
+
+
+# ---- --cpu: the launcher's own CPU time during a long run ----
+
+def sshd_children_cpu(bed: TestBed) -> float:
+    """CPU seconds of every SSH session each node's sshd has reaped so far, all nodes together: the
+    node-side cost of what the launcher runs there (a job `up` starts is detached: not counted)."""
+    total = 0.0
+    for node in bed.nodes:
+        pid = int((bed.root / node.name / "sshd.pid").read_text())
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+    return total
+
+
+def cpu(b: Bench, seconds: float) -> None:
+    def one(script: str, *args: str) -> tuple[float, float, float]:
+        before, nodes_before = resource.getrusage(resource.RUSAGE_CHILDREN), sshd_children_cpu(b.bed)
+        t = time.monotonic()
+        subprocess.run(b.cli("up", str(b.inv), str(b.job / script), "--runs-dir", str(b.runs), "--skip-check",
+                             "--", *args), env=b.env, check=True, stdout=subprocess.DEVNULL)
+        wall = time.monotonic() - t
+        time.sleep(1.0)  # the nodes' sshd reap their sessions once the launcher has closed them
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+                sshd_children_cpu(b.bed) - nodes_before, wall)
+    short, short_nodes, short_wall = one("t.py", str(b.marks))
+    long, long_nodes, long_wall = one("long.py", "-", str(seconds))
+    node_minutes = (long_wall - short_wall) / 60 * len(b.bed.nodes)
+    print(f"\nlauncher CPU (user + system): 1-step run {short:.2f} s in {short_wall:.1f} s; {seconds:g} s job "
+          f"{long:.2f} s in {long_wall:.1f} s: **{(long - short) / node_minutes:.3f} CPU-s per node-minute** "
+          f"while the job runs (goal < 1)")
+    print(f"nodes' side of it (their sshd sessions: followers, heartbeats): 1-step run {short_nodes:.2f} s, "
+          f"long run {long_nodes:.2f} s: {(long_nodes - short_nodes) / node_minutes:.3f} CPU-s per node-minute; "
+          f"load {os.getloadavg()[0]:.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--trace", action="store_true", help="also time each SSH command of one `up`")
+    ap.add_argument("--cpu", type=float, default=0, metavar="S",
+                    help="also measure the launcher's CPU during an S-second job (0: not)")
+    ap.add_argument("--code", type=Path, help="run the clusterddp of this checkout (default: this one's)")
+    ap.add_argument("--before", type=Path, help="also time `up` of the clusterddp of this checkout, in the same rounds")
+    ap.add_argument("--node-bashrc", choices=["stock", "machine"], default="stock",
+                    help="the nodes' ~/.bashrc: a stock one (default) or this machine's own")
+    args = ap.parse_args()
+    # What an installed clusterddp runs: byte-compiled (an editable checkout under
+    # PYTHONDONTWRITEBYTECODE=1 would compile its modules again at every start).
+    for d in (REPO, args.code, args.before):
+        if d is not None:
+            compileall.compile_dir(str(d / "clusterddp"), quiet=1)
+    slot = session_slot()
+    root = Path(tempfile.mkdtemp(prefix="cddp-bench-up-"))
+    try:
+        with TestBed(2, root / "bed", prefix=f"cd{slot}u", subnet=f"10.{100 + slot}.248",
+                     login_rc=STOCK_BASHRC if args.node_bashrc == "stock" else None) as bed:
+            b = Bench(bed, root)
+            if args.code:
+                b.env["PYTHONPATH"] = str(args.code)
+            print(f"2 nodes x {NPROC} processes, 1-step gloo job; nodes' ~/.bashrc: {args.node_bashrc}; "
+                  f"load average before: {os.getloadavg()[0]:.1f}")
+            if args.rounds:
+                interleaved(b, args.rounds, args.code, args.before)
+            if args.trace:
+                trace(b)
+                trace(b, "--skip-check")
+            if args.cpu:
+                cpu(b, args.cpu)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
