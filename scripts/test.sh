@@ -56,4 +56,7 @@ ruff check .
 mypy
 lint-imports --no-logo --no-cache
 echo "== pytest in $venv"
-python -m pytest -q -ra --durations=25 "$@"  # the slowest tests, for keeping CI under its budget
+# Two workers (pytest-xdist): most of a test's wall time is spent waiting on sshd hosts, torchrun and
+# Slurm, not on a core, and every test bed takes a slot of its own per process (tests/testbed.py), so two
+# sessions share the 2 cores safely. PYTEST_WORKERS=0 runs everything in this one process.
+python -m pytest -q -ra -n "${PYTEST_WORKERS:-2}" --durations=25 "$@"  # the slowest tests, for keeping CI under its budget
