@@ -25,7 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from testbed import TestBed, _tail
+from testbed import SLOT_DIR, TestBed, _tail
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -43,6 +43,15 @@ def missing_slurm() -> str | None:
     if missing:
         return f"missing {', '.join(missing)}; run scripts/install-system-deps.sh"
     return None
+
+
+def _start_time(pid: int) -> str:
+    """A process's start time (``/proc/PID/stat`` field 22), "" once it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return ""
+    return "" if fields[0] in ("Z", "X") else fields[19]
 
 
 class SlurmBed:
@@ -69,6 +78,7 @@ class SlurmBed:
         reason = missing_slurm()
         if reason:
             raise RuntimeError(f"cannot start SlurmBed: {reason}")
+        self._end_leftovers()
         try:
             self._write_config()
             self._start_munged()
@@ -100,6 +110,7 @@ class SlurmBed:
                     pass
                 p.wait(timeout=5)
         self._procs.clear()
+        self._leftovers.unlink(missing_ok=True)
 
     def __enter__(self) -> SlurmBed:
         return self.start()
@@ -206,7 +217,34 @@ PartitionName={self.partition} Nodes={",".join(self.node_names)} Default=YES Max
             p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=f, stderr=f, start_new_session=True,
                                  env={**os.environ, **self.env()})
         self._procs.append(p)
+        self._leftovers.write_text("".join(f"{q.pid} {_start_time(q.pid)}\n" for q in self._procs))
         return p
+
+    @property
+    def _leftovers(self) -> Path:
+        """The daemons this slot's bed started, by pid and start time. A session killed before its
+        teardown leaves them running, holding the slot's ports: the next bed in the slot ends them
+        first, or its slurmctld would exit with "Address already in use"."""
+        return SLOT_DIR / f"clusterddp-slurmbed-{self.slot}.pids"
+
+    def _end_leftovers(self) -> None:
+        try:
+            lines = self._leftovers.read_text().splitlines()
+        except FileNotFoundError:
+            return
+        left = []
+        for line in lines:
+            pid, _, started = line.partition(" ")
+            if pid.isdigit() and started and _start_time(int(pid)) == started:  # the same process, not a reused pid
+                try:
+                    os.killpg(int(pid), signal.SIGKILL)
+                    left.append(int(pid))
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 30
+        while any(_start_time(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._leftovers.unlink(missing_ok=True)
 
     def _start_munged(self) -> None:
         key = self.root / "munge.key"
