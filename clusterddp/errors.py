@@ -185,3 +185,9 @@ class LeaseBusy(ClusterDDPError):
     def __init__(self, message: str, hint: str | None = None, *, holders: tuple = (), run_id: str = "") -> None:
         super().__init__(message, hint)
         self.holders, self.run_id = holders, run_id
+
+
+class StdoutClosed(BaseException):  # noqa: N818 - like KeyboardInterrupt: a way out, not an error
+    """Raised by a command that prints for as long as someone reads, once nobody does; the CLI's
+    single exit (``cli.common.handle_errors``) ends the command quietly, status 0. A BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` on the way counts it as a host's failure."""

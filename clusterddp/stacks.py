@@ -89,16 +89,13 @@ def stacks_command(host: Host, node: P.NodeLaunch, wait: float = WAIT_S) -> str:
 
 def running_record(store: RunStore, run: str) -> RunRecord:
     """The record of ``run`` (an id or a unique part of one); a UsageError (exit 2) when there is no
-    such run, when it has ended, or when it is a ``slurm:`` run (not reached yet)."""
+    such run, or when it has ended. (A ``slurm:`` run is refused by the CLI, through the backend registry.)"""
     rec = store.load(store.resolve(run))
     if rec.status is not RunStatus.RUNNING:
         ended = f" at {rec.ended_at}" if rec.ended_at else ""
         raise UsageError(f"run {rec.run_id} has ended ({rec.status.value}{ended}): it has no stacks to take",
                          f"`clusterddp status {rec.run_id}` says how it ended; `clusterddp logs {rec.run_id}` "
                          "shows its output")
-    if rec.slurm is not None:
-        raise UsageError(f"run {rec.run_id} is a slurm: run; `clusterddp stacks` reaches SSH and local runs only",
-                         "for now, run py-spy dump on its compute nodes")
     return rec
 
 

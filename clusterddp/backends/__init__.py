@@ -38,7 +38,11 @@ def for_inventory(inv: inv_mod.Inventory) -> Backend:
     return get(name_of_inventory(inv))
 
 
+def name_of_record(rec: RunRecord) -> str:
+    return "slurm" if rec.slurm is not None else "ssh"
+
+
 def for_record(rec: RunRecord) -> Backend:
     """The backend that ran the run ``rec`` records (a run is reached as recorded, whatever its
     inventory says now)."""
-    return get("slurm" if rec.slurm is not None else "ssh")
+    return get(name_of_record(rec))

@@ -20,6 +20,8 @@ import os
 import sys
 import threading
 
+from ..errors import StdoutClosed
+
 _closed: set[int] = set()  # the descriptors (1, 2) whose reader went away, now on /dev/null
 _lock = threading.Lock()
 _guarded_process = False  # guard() ran: this is the installed command's process, not a test's
@@ -28,12 +30,6 @@ _guarded_process = False  # guard() ran: this is the installed command's process
 def guarded() -> bool:
     """Whether :func:`guard` ran: the process is the command's own (``python -m clusterddp``)."""
     return _guarded_process
-
-
-class StdoutClosed(BaseException):  # noqa: N818 - like KeyboardInterrupt: a way out, not an error
-    """Raised by a command that prints for as long as someone reads, once nobody does; the CLI's
-    single exit (``handle_errors``) ends the command quietly, status 0. A BaseException, as
-    KeyboardInterrupt is, so that no ``except Exception`` on the way counts it as a host's failure."""
 
 
 def closed(fd: int = 1) -> bool:

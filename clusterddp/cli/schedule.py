@@ -45,6 +45,8 @@ NOT_SCHEDULED = {
               "lock, so that the next firing cannot start a second run beside it",
     "dry_run": "a schedule runs its job when it fires; to see the commands it would run, give `clusterddp up` "
                "the same options and --dry-run",
+    "show_secrets": "it only changes what --dry-run prints, and a schedule has no dry run: give `clusterddp up` "
+                    "the same options, --dry-run and --show-secrets",
 }
 
 

@@ -26,12 +26,16 @@ def stacks(
     taken on every node at once, grouped by where the main threads stand, the rank(s) that differ
     from the others first. The job is not disturbed. Every dump is saved under the run folder, in
     stacks/<time>/<host>/rank<N>.txt. Exit 1 when a node did not answer (the others are shown)."""
+    from .. import backends
     from ..errors import StoreError, UsageError
     from ..stacks import group, running_record, save, take, to_json
     from ..store import RunStore
 
     store = RunStore(runs_dir)
     rec = running_record(store, run)
+    if backends.name_of_record(rec) != "ssh":
+        raise UsageError(f"run {rec.run_id} is a {backends.name_of_record(rec)}: run; `clusterddp stacks` reaches "
+                         "SSH and local runs only", "for now, run py-spy dump on its compute nodes")
     taken = take(rec, wait=wait)
     if not taken.procs and not taken.unanswered:
         codes = ", ".join(f"{h}: {'exit ' + str(c) if c is not None else 'no exit code'}"

@@ -28,10 +28,10 @@ RUNS = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,30}", fullmatch=True)
 TEXTS = st.from_regex(r"[ -~]{1,40}", fullmatch=True)  # printable, as the node writes them
 SLOTS = st.lists(st.integers(0, lease.MAX_SLOTS - 1), max_size=8, unique=True).map(sorted)
 HOLDER = st.fixed_dictionaries({"run": RUNS, "slots": SLOTS}, optional={
-    "user": TEXTS, "since": TEXTS, "host": TEXTS, "port": st.integers(1, 65535),
+    "user": TEXTS, "since": TEXTS, "host": TEXTS, "name": TEXTS, "port": st.integers(1, 65535),
     "state": st.sampled_from(["starting", "running"])})
 WAITER = st.fixed_dictionaries({"ticket": st.builds(lambda n, r: f"{n:019d}-{r}", st.integers(0, 10 ** 19 - 1), RUNS)},
-                               optional={"run": RUNS, "user": TEXTS, "since": TEXTS, "host": TEXTS,
+                               optional={"run": RUNS, "user": TEXTS, "since": TEXTS, "host": TEXTS, "name": TEXTS,
                                          "need": st.integers(1, lease.MAX_SLOTS)})
 
 
@@ -54,10 +54,12 @@ def expected(r: dict) -> dict:
     out = {k: r[k] for k in ("ok", "capacity", "slots", "port") if k in r}
     if "queued" in r:
         out["queued"] = True
-    out["holders"] = [{"garbled": False, "run": h["run"], "user": h.get("user", "?"), "since": h.get("since", "?"),
+    out["holders"] = [{"garbled": False, "run": h["run"], "name": h.get("name"),
+                       "user": h.get("user", "?"), "since": h.get("since", "?"),
                        "host": h.get("host", "?"), "slots": h["slots"], "port": h.get("port"),
                        "state": h.get("state", "?")} for h in r["holders"]]
-    out["waiting"] = [{"garbled": False, "ticket": w["ticket"], "run": w.get("run", "?"), "user": w.get("user", "?"),
+    out["waiting"] = [{"garbled": False, "ticket": w["ticket"], "run": w.get("run", "?"), "name": w.get("name"),
+                       "user": w.get("user", "?"),
                        "since": w.get("since", "?"), "host": w.get("host", "?"), "need": w.get("need"),
                        "slots": None} for w in r["waiting"]]
     out["never"] = r.get("never") is True
@@ -87,6 +89,7 @@ def valid(got: dict) -> None:
             continue
         for k in ("user", "since", "host"):
             short(h[k])
+        assert h["name"] is None or short(h["name"]) is None
         assert all(type(s) is int and 0 <= s < lease.MAX_SLOTS for s in h["slots"] or [])
     assert len(got["holders"]) <= lease.MAX_ENTRIES and len(got["waiting"]) <= lease.MAX_ENTRIES
     if got["why"] is not None:
