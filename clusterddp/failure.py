@@ -404,9 +404,8 @@ class Failure:
 
 
 def _tail(log: bytes) -> tuple[str, ...]:
-    text = log[-(64 << 10):].decode("utf-8", "replace")
-    lines = [line.rstrip() for line in without_noise(text.splitlines()) if line.strip()]
-    return tuple(clip(line, MAX_LOG_LINE) for line in lines[-MAX_LOG_LINES:])
+    """The end of a node's whole log (every rank's lines and torchrun's): :func:`rank_tail` of no one rank."""
+    return rank_tail(log[-(64 << 10):].decode("utf-8", "replace").splitlines(), None)
 
 
 def _rank_tail(node: NodeFacts, r: RankError) -> tuple[str, ...]:

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import typer
 
 from .. import launch
-from ..errors import ClusterDDPError
-from .pipes import StdoutClosed, stop_if_closed
+from ..errors import ClusterDDPError, StdoutClosed
+from .pipes import stop_if_closed
 
 F = TypeVar("F", bound=Callable)
 
@@ -384,7 +384,7 @@ class PrefixPrinter:
 
     def until_closed(self, host: str, data: bytes) -> None:
         """As a call, for output that goes on for as long as someone reads it (`logs --follow`):
-        once nobody reads standard output, the command ends there (:class:`~clusterddp.cli.pipes.StdoutClosed`)."""
+        once nobody reads standard output, the command ends there (:class:`~clusterddp.errors.StdoutClosed`)."""
         self(host, data)
         stop_if_closed()
 
