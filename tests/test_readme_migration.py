@@ -1,4 +1,4 @@
-"""README's migration section (issue 24, section 6): what to change in an `mp.spawn` script
+"""The migration page's section (docs/migrating.md) (issue 24, section 6): what to change in an `mp.spawn` script
 (`init_method='tcp://127.0.0.1:...'`, `world_size=nprocs`). The section's converted script, as printed
 there, runs under `up local` as one job of 2 ranks."""
 
@@ -8,7 +8,7 @@ from helpers import REPO, cddp
 
 
 def mp_spawn_section() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "migrating.md").read_text()
     return text.split("\n**`mp.spawn` scripts.**", 1)[1].split("\n**`--local-rank-arg`.**", 1)[0]
 
 
