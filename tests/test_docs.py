@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 import typer.main
-from helpers import REPO
 from typer.testing import CliRunner
 
 from clusterddp.cli.app import app
 from clusterddp.cli.examples import EXAMPLES
+from helpers import REPO
 
 PAGES = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
 COMMANDS_PAGE = REPO / "docs" / "commands.md"

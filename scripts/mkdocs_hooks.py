@@ -1,4 +1,4 @@
-"""MkDocs hook: the site's home page is the README, so the two never drift.
+"""MkDocs hook (mkdocs.yml names it): the site's home page is the README, so the two never drift.
 
 ``docs/index.md`` holds one line; its text is replaced by README.md's, with the README's links into
 ``docs/`` made relative to the site (``docs/ssh.md`` -> ``ssh.md``)."""
