@@ -26,6 +26,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "schedule list": ("clusterddp schedule list",),
     "schedule remove": ("clusterddp schedule remove nightly",),
     "schedule run": ("clusterddp schedule run nightly",),
+    "quarantine list": ("clusterddp quarantine list", "clusterddp quarantine list --json"),
+    "quarantine add": ('clusterddp quarantine add inventory/lab.yaml gpu-02 --for 1d --why "ECC errors"',),
+    "quarantine release": ("clusterddp quarantine release gpu-02",),
 }
 
 
