@@ -11,8 +11,8 @@ The list is one JSON file, ``$XDG_STATE_HOME/clusterddp/quarantine.json`` (defau
 (the same machine under two inventory names is one machine). Every change is made under an
 ``flock`` of ``quarantine.lock`` beside it and written whole, then renamed (:func:`files.write_private`),
 so launchers at once never lose each other's entries. The file is read as untrusted: bounded,
-every entry checked; a damaged file is refused by name (nothing in it is dropped or overwritten),
-and ``up`` then runs as if nothing were quarantined, saying so.
+every entry checked; a damaged file is refused by name (exit 2, by ``up`` too: nothing in it is
+dropped or overwritten), except after a run, where it never changes the run's outcome.
 
 Pure logic (:func:`decide`) is separate from the file, for tests.
 """
