@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from .flight import Flight
 from .noise import without_noise
 
 # Bounds on what is kept: a record and a terminal summary stay small whatever a node sent.
@@ -379,12 +380,14 @@ class Failure:
     signal: str | None = None
     log_tail: tuple[str, ...] = ()
     others: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host, one line)
+    flight: Flight | None = None        # torch's flight recorder: the collective each rank last entered
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "kind": self.kind, "summary": self.summary, "rank": self.rank,
                 "local_rank": self.local_rank, "exc_type": self.exc_type, "message": self.message,
                 "frames": list(self.frames), "signal": self.signal, "log_tail": list(self.log_tail),
-                "others": [{"host": h, "note": n} for h, n in self.others]}
+                "others": [{"host": h, "note": n} for h, n in self.others],
+                **({"flight": self.flight.to_json()} if self.flight else {})}
 
     def lines(self, others: bool = True) -> list[str]:
         """The summary as text lines (unescaped: the CLI escapes what it prints): the root cause, then
@@ -399,6 +402,7 @@ class Failure:
         if self.log_tail:
             out.append(f"  last lines of {self.host}'s log:")
             out += [f"  | {line}" for line in self.log_tail]
+        out += self.flight.lines() if self.flight else []
         out += [f"{h}: {note}" for h, note in self.others] if others else []
         return out
 

@@ -26,6 +26,7 @@ from .failure import KINDS, Failure
 from .failure import MAX_FRAMES as _MAX_FRAMES
 from .failure import MAX_LOG_LINES as _MAX_LOG_LINES
 from .failure import MAX_OTHERS as _MAX_OTHERS
+from .flight import Flight
 from .inventory import DEFAULT_FANOUT, ENV_NAME_RE, HOST_NAME_RE, Host
 
 SCHEMA = 1  # 0: records written before the schema field (read as well)
@@ -563,10 +564,14 @@ def _failure(data: dict | None, path: str) -> Failure | None:
     for k, v in zip(("rank", "local_rank"), ranks, strict=True):
         if v is not None:
             _at_least(v, 0, r, k)
+    try:
+        flight = Flight.from_json(r.get("flight", dict)) if data.get("flight") is not None else None
+    except ValueError as e:
+        raise RecordError(path, "failure.flight", str(e)) from None
     return Failure(host=host, kind=kind, summary=text("summary"), rank=ranks[0], local_rank=ranks[1],
                    exc_type=text("exc_type", str | None), message=text("message", str | None),
                    frames=texts("frames", _MAX_FRAMES), signal=text("signal", str | None),
-                   log_tail=texts("log_tail", _MAX_LOG_LINES), others=tuple(pairs))
+                   log_tail=texts("log_tail", _MAX_LOG_LINES), others=tuple(pairs), flight=flight)
 
 
 # States written by `clusterddp status` before schema 1, and what they mean now.
