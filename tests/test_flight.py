@@ -94,15 +94,21 @@ class Boom:
 @pytest.mark.parametrize("data", [
     pickle.dumps(Boom(), protocol=2), pickle.dumps({"entries": [Boom()]}, protocol=4),
     b"cos\nsystem\n(S'touch BOOM'\ntR.", pickle.dumps(bytearray(b"x"), protocol=5),
-    b"\x80\x02}r\xff\xff\xff\x7f.",            # LONG_BINPUT 2**31 - 1: the C unpickler would size its memo so
+    b"\x80\x02}r\x00\x00\x00\x02.",            # LONG_BINPUT 2**25: the C unpickler would size its memo so (512 MiB)
     (FIXTURES / "rank0").read_bytes()[:700],   # cut short, as by a rank killed while writing
     b"", b"\x00" * 100, b"{not json", b'{"entries": 5}'])
 def test_what_is_not_a_dump_of_data_is_refused_and_nothing_in_it_runs(data, tmp_path, monkeypatch):
+    import tracemalloc
     monkeypatch.chdir(tmp_path)
     t0 = time.process_time()
-    got = flight.parse_dump(data)
+    tracemalloc.start()
+    try:
+        got = flight.parse_dump(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
     assert isinstance(got, str) and got, got
-    assert not (tmp_path / "BOOM").exists() and time.process_time() - t0 < 1.0
+    assert not (tmp_path / "BOOM").exists() and time.process_time() - t0 < 1.0 and peak < 16 << 20, peak
 
 
 def test_a_dump_over_the_bound_is_not_read():
@@ -201,11 +207,17 @@ def test_an_answer_that_is_not_the_programs_is_a_reply_error(line):
 
 def test_a_compressed_bomb_is_refused_without_inflating_it():
     import base64
+    import tracemalloc
     import zlib
-    bomb = base64.b64encode(zlib.compress(b"\0" * (flight.MOST_BYTES + 10))).decode()
-    with pytest.raises(ReplyError, match="over"):
-        flight.parse_reply(b'CLUSTERDDP_FLIGHT {"dumps": [{"rank": 0, "data": "' + bomb.encode()
-                           + b'", "note": ""}]}\n')
+    bomb = base64.b64encode(zlib.compress(b"\0" * (256 << 20), 1))  # 256 MiB in 1 MiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(ReplyError, match="over"):
+            flight.parse_reply(b'CLUSTERDDP_FLIGHT {"dumps": [{"rank": 0, "data": "' + bomb + b'", "note": ""}]}\n')
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * flight.MOST_BYTES, peak
 
 
 # ---- a real run ----
