@@ -322,9 +322,10 @@ def ranges(numbers: Iterable[int]) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def read(dumps: Sequence[tuple[str, int, bytes | None, str]]) -> Flight | None:
+def read(dumps: Sequence[tuple[str, int, bytes | None, str]], world: int | None = None) -> Flight | None:
     """Where each rank stands, from every node's dumps ``(host, rank, bytes or None, why none)``;
-    None when there is no dump at all. Never raises.
+    None when there is no dump at all. Never raises. ``world``: the run's number of ranks, the members of
+    the default group (``0``) where the dumps do not say (gloo names no group in its ``pg_config``).
 
     For each process group in which some rank's newest collective there has not completed, the front
     is the highest sequence number any rank entered in it: a member of the group whose own highest is
@@ -358,7 +359,8 @@ def read(dumps: Sequence[tuple[str, int, bytes | None, str]]) -> Flight | None:
         waiting = sorted(r for r, e in last_in.items() if e.seq == front and e.state != "completed")
         if not waiting:
             continue
-        group_ranks = members.get(g) or set(last_in)
+        default = set(range(min(world, MOST_RANKS))) if world and g.split(" ", 1)[0] == "0" else set()
+        group_ranks = members.get(g) or default or set(last_in)
         late = sorted(r for r in group_ranks if r in parsed and (r not in last_in or last_in[r].seq < front))
         op = last_in[waiting[0]].op
         if late:

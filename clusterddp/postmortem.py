@@ -81,7 +81,8 @@ def flights(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord, store: 
             if data is not None:
                 store.write_evidence(rec.run_id, "flight", host, f"rank{rank}", data)
             dumps.append((host, rank, data, why))
-    return flight.read(dumps)
+    sizes = [n.nproc for n in rec.nodes if isinstance(n.nproc, int)]
+    return flight.read(dumps, sum(sizes) if len(sizes) == len(rec.nodes) else None)
 
 
 def askable(nodes: Sequence[P.NodeLaunch], rec: RunRecord) -> list[P.NodeLaunch]:

@@ -155,6 +155,9 @@ def test_a_damaged_or_missing_dump_is_a_note_and_the_others_still_read():
     assert f.notes[0].startswith("rank 2 (node-2): its dump is not read: not a flight recorder dump")
     assert f.notes[1] == "rank 3 (node-2): its dump is not read: over 1 bytes: not sent"
     assert flight.read([]) is None
+    alone = flight.read([fixture_dumps()[0]], world=4)  # gloo names no group: the run's size says who is missing
+    assert alone is not None and alone.notes == ("group 0 (default_pg): no dump from ranks 1-3 (a node that did not "
+                                                 "answer, or a rank that did not write one)",)
 
 
 # ---- run.json ----
