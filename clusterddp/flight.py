@@ -8,11 +8,12 @@ store, to write theirs (``TORCH_NCCL_DUMP_ON_TIMEOUT``). :func:`env_lines` (in e
 user's env) points the file into the node's control folder, ``$CTL/flight/rank<N>`` (0700: a dump holds
 the script's frames; torch's default, ``/tmp/nccl_trace_rank_<N>``, is shared by every run and user of
 the machine) and turns the recording and the dump on for a torch older than 2.5, whose defaults were
-off. A value the user set (``-e``, the inventory's env, a setup line, the node's own environment) wins.
-torch 2.13 reads ``TORCH_FR_BUFFER_SIZE`` before ``TORCH_NCCL_TRACE_BUFFER_SIZE`` and
-``TORCH_FR_DUMP_TEMP_FILE`` before ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``: a user's value of the newer names
-wins too (dumps written elsewhere are then not fetched). The variables are inert where no NCCL process
-group exists (gloo records the same buffer in torch 2.13 by default, 2000 entries, but never dumps it).
+off. A value the user set (``-e``, the inventory's env, a setup line, the node's own environment) wins,
+and so does one of torch 2.13's newer names for the same settings, ``TORCH_FR_BUFFER_SIZE`` (read before
+``TORCH_NCCL_TRACE_BUFFER_SIZE``, FlightRecorder.hpp) and ``TORCH_FR_DUMP_TEMP_FILE``: the older name is
+then given the user's value, whichever of the two torch reads first (dumps written outside the control
+folder are not fetched). The variables are inert where no NCCL process group exists (gloo records the
+same buffer in torch 2.13 by default, 2000 entries, but never dumps it).
 
 After a failure the node program ``flight`` (``clusterddp/node/flight.py``) sends the dumps;
 :func:`parse_reply` checks its answer, :func:`parse_dump` reads one dump (a pickle, from a node: never
@@ -47,7 +48,8 @@ ENV_LINES = (
     'export TORCH_NCCL_TRACE_BUFFER_SIZE='
     f'"${{TORCH_NCCL_TRACE_BUFFER_SIZE-${{TORCH_FR_BUFFER_SIZE-{BUFFER_ENTRIES}}}}}" '
     'TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT-1}" '
-    f'TORCH_NCCL_DEBUG_INFO_TEMP_FILE="${{TORCH_NCCL_DEBUG_INFO_TEMP_FILE-$CTL/{FOLDER}/{node_flight.PREFIX}}}"',
+    'TORCH_NCCL_DEBUG_INFO_TEMP_FILE='
+    f'"${{TORCH_NCCL_DEBUG_INFO_TEMP_FILE-${{TORCH_FR_DUMP_TEMP_FILE-$CTL/{FOLDER}/{node_flight.PREFIX}}}}}"',
 )
 
 MOST_BYTES = node_flight.MOST_BYTES

@@ -57,6 +57,7 @@ def test_a_users_own_values_win_even_empty_and_the_newer_buffer_name(tmp_path):
                               "TORCH_FR_BUFFER_SIZE=50")
     assert got == {"size": "50", "dump": "0", "temp": ""}
     assert run_lines(tmp_path, "export TORCH_NCCL_TRACE_BUFFER_SIZE=7")["size"] == "7"
+    assert run_lines(tmp_path, "export TORCH_FR_DUMP_TEMP_FILE=/data/fr_")["temp"] == "/data/fr_"
 
 
 def test_launch_sh_has_the_lines_after_the_users_env(tmp_path):
