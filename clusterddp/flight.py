@@ -165,7 +165,7 @@ _NOT_USERS = re.compile(r"(/site-packages/|/dist-packages/|/lib/python\d[\d.]*/|
 
 
 def _text(v: Any) -> str:
-    return one_line(v[:MOST_TEXT]) if isinstance(v, str) else ""
+    return one_line(v[:MOST_TEXT])[:MOST_TEXT] if isinstance(v, str) else ""
 
 
 def _int(v: Any) -> int | None:
@@ -338,7 +338,7 @@ def read(dumps: Sequence[tuple[str, int, bytes | None, str]], world: int | None 
     parsed: dict[int, tuple[str, Dump]] = {}
     notes: list[str] = []
     for host, rank, data, why in sorted(dumps, key=lambda d: d[1])[:MOST_RANKS]:
-        got = parse_dump(data) if data is not None else why or "no data"
+        got = parse_dump(data) if data is not None else _text(why) or "no data"
         if isinstance(got, str):
             notes.append(f"rank {rank} ({host}): its dump is not read: {got}")
         elif rank not in parsed:
@@ -383,7 +383,9 @@ def read(dumps: Sequence[tuple[str, int, bytes | None, str]], world: int | None 
                    "no dump could be read")
     else:
         summary = verdicts[0] + (f" (and {len(verdicts) - 1} more group(s))" if len(verdicts) > 1 else "")
-    return Flight(summary, tuple(sorted(behind)), entered, tuple(dict.fromkeys(notes))[:MOST_NOTES])
+    most = 4 * MOST_TEXT  # what run.json's reader takes
+    return Flight(summary[:most], tuple(sorted(behind)), entered,
+                  tuple(n[:most] for n in dict.fromkeys(notes))[:MOST_NOTES])
 
 
 def _who(ranks: Sequence[int], hosts: Mapping[int, str]) -> str:

@@ -151,10 +151,13 @@ def test_all_completed_none_waits_and_all_waiting_in_one_none_behind_and_a_missi
 
 
 def test_a_damaged_or_missing_dump_is_a_note_and_the_others_still_read():
-    f = flight.read([*fixture_dumps(), ("node-2", 2, b"garbage", ""), ("node-2", 3, None, "over 1 bytes: not sent")])
+    f = flight.read([*fixture_dumps(), ("node-2", 2, b"garbage", ""), ("node-2", 3, None, "over 1 bytes: not sent"),
+                     ("node-2", 4, None, "a\nfake line" + "x" * 5000)])
     assert f is not None and f.behind == (1,)
     assert f.notes[0].startswith("rank 2 (node-2): its dump is not read: not a flight recorder dump")
     assert f.notes[1] == "rank 3 (node-2): its dump is not read: over 1 bytes: not sent"
+    assert f.notes[2].startswith("rank 4 (node-2): its dump is not read: a\\nfake linexxx") and len(f.notes[2]) < 600
+    assert flight.Flight.from_json(f.to_json()) == f
     assert flight.read([]) is None
     alone = flight.read([fixture_dumps()[0]], world=4)  # gloo names no group: the run's size says who is missing
     assert alone is not None and alone.notes == ("group 0 (default_pg): no dump from ranks 1-3 (a node that did not "
