@@ -208,11 +208,13 @@ class SlurmJob:
     hosts: tuple[str, ...] = ()    # the allocation, once Slurm made it
     nproc: int = 1                 # processes per node
     login: Host | None = None      # the login host Slurm's commands ran on over SSH; None: this machine
+    node: Host | None = None       # every node's settings (python, setup): its nodes, learnt later, get them
 
     def to_json(self) -> dict[str, Any]:
         login = {"login": _host_json(self.login)} if self.login is not None else {}
+        node = {"node": _host_json(self.node)} if self.node is not None else {}
         return {"run_dir": self.run_dir, "job_id": self.job_id, "partition": self.partition,
-                "hosts": list(self.hosts), "nproc": self.nproc, **login}
+                "hosts": list(self.hosts), "nproc": self.nproc, **login, **node}
 
     @classmethod
     def from_json(cls, data: Any, path: str) -> SlurmJob:
@@ -220,7 +222,8 @@ class SlurmJob:
         return cls(run_dir=r.get("run_dir", str), job_id=r.get("job_id", str | None),
                    partition=r.get("partition", str | None), hosts=r.get("hosts", tuple[str, ...], default=()),
                    nproc=_at_least(r.get("nproc", int, default=1), 1, r, "nproc"),
-                   login=_host(r.get("login", dict), path, "slurm.login") if data.get("login") is not None else None)
+                   login=_host(r.get("login", dict), path, "slurm.login") if data.get("login") is not None else None,
+                   node=_host(r.get("node", dict), path, "slurm.node") if data.get("node") is not None else None)
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,8 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
         inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=False, master_addr="",
         master_port=plan.spec.master_port or 29500, collect=plan.collect,
         slurm=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
-                       nproc=plan.spec.gpus or plan.settings.gpus_per_node, login=prep.login.host))
+                       nproc=plan.spec.gpus or plan.settings.gpus_per_node, login=prep.login.host,
+                       node=SP.node_host(plan.settings)))
 
 
 def stage(prep: Prepared, folder: SourceFolder | None) -> None:
@@ -233,8 +234,9 @@ def node_states(out: RunOutcome) -> dict[str, tuple[NodeState, int | None, str |
 
 def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | None = None) -> RunRecord:
     """The record with what a look at the job says of its allocation: its hosts as nodes (once, with
-    ``settings``' python and setup lines when the inventory is at hand, else neutral ones: a detached
-    run learns its hosts from `status`), the job's partition."""
+    ``settings``' python and setup lines when the inventory is at hand, else those the record keeps
+    for its nodes: a detached run learns its hosts from `status`; neutral ones for a record written
+    before it kept them), the job's partition."""
     if info is None:
         return rec
     assert rec.slurm is not None
@@ -243,7 +245,8 @@ def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | No
         run_dir = rec.slurm.run_dir
         nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=rec.slurm.nproc, run_dir=run_dir,
                                  control_dir=posixpath.join(run_dir, NS.CONTROL), marker=f"{rec.run_id}/{h}",
-                                 settings=SP.node_host(settings, h) if settings else _neutral(run_dir, h),
+                                 settings=SP.node_host(settings, h) if settings else
+                                 replace(rec.slurm.node, name=h, address=h) if rec.slurm.node else _neutral(run_dir, h),
                                  state=NodeState.RUNNING)
                       for i, h in enumerate(info.hosts))
     return replace(rec, nodes=nodes, slurm=replace(rec.slurm, partition=info.partition or rec.slurm.partition,
