@@ -241,10 +241,12 @@ _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
 
 
-def watch_args(spec: RunSpec, nnodes: int, master_addr: str, master_port: int) -> dict | None:
-    """The stall watchdog's argument (the node program ``watch``), or None when the run has no stall
-    timeout. Several nodes agree through the run's rendezvous store, at the master's address and port
-    (torchrun's static and c10d rendezvous both serve it there from the master's torchrun)."""
+def watch_args(spec: RunSpec, nnodes: int, master_addr: str | None, master_port: int | None) -> dict | None:
+    """The stall watchdog's argument (the node program ``watch``, started by
+    :func:`~clusterddp.nodescript.watch_lines`), or None when the run has no stall timeout. Several
+    nodes agree through the run's rendezvous store, at the master's address and port (torchrun's static
+    and c10d rendezvous both serve it there from the master's torchrun); None for either: the node's
+    ``$MASTER_ADDR``/``$MASTER_PORT`` (a node script that finds the master on the node)."""
     if not spec.stall_timeout:
         return None
     # not progress: known torch noise (the lines, and those whose indented next line is theirs too)

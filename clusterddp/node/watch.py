@@ -20,8 +20,9 @@ python, which has torch: each node adds its progress lines to ``clusterddp/progr
 back every :data:`TICK` seconds; a change anywhere is seen everywhere within a tick. A node decides
 only once every node's watcher has said it is there (``clusterddp/watchers``) and some node has seen
 a progress line (the clock starts there: a job still starting is never cut short), and counts S
-from the latest of: its own start, its own last progress line, the last change of the counter it
-saw (the first reading counts as one). The first node to decide writes its name to
+from the latest of: its own start, the moment every watcher was there, its own last progress line,
+the last change of the counter it saw (the first reading counts as one). A watcher joining adds its
+lines so far before it counts itself in, so none is missed. The first node to decide writes its name to
 ``clusterddp/hang_by`` (compare-and-set: the first writer wins); every node seeing the key acts at
 once, so all act together even when only rank 0 prints. A node whose python has no torch, or that
 cannot reach the store, never decides (and says so in the log); the store gone means the master's
@@ -129,6 +130,8 @@ class Decider:
             self.value = value
             self.last = max(self.last, now)
         self.seen = self.seen or value > 0
+        if watchers >= self.nnodes > self.watchers:
+            self.last = max(self.last, now)  # every watcher there from now: what some missed before is unknown
         self.watchers = max(self.watchers, watchers)
 
     @property
@@ -302,7 +305,8 @@ def on_hang(args: dict, d: Decider, store, now: float, by: object) -> None:
 
 def main(argv: list) -> int:
     """``watch CTL JSON``: the job's control folder, and {"timeout", "regex" (or null), "skip", "tails",
-    "nnodes", "store": [addr, port] or null}; the job's marker and host name from the environment
+    "nnodes", "store": [addr, port]} (either null: ``$MASTER_ADDR``/``$MASTER_PORT``, for a node script
+    that finds the master on the node); the job's marker and host name from the environment
     (CLUSTERDDP_JOB, CLUSTERDDP_HOST). Runs until the job ends, or has ended it."""
     ctl = argv[0]
     args = json.loads(argv[1])
@@ -328,9 +332,15 @@ def run(args: dict, parent: int) -> None:
     clock = time.monotonic
     lines = Lines(args.get("regex"), args.get("skip", ()), args.get("tails", ()))
     d = Decider(float(args["timeout"]), clock(), nnodes)
-    store = Store(args["store"][0], int(args["store"][1])) if nnodes > 1 and args.get("store") else None
-    if nnodes > 1 and store is None:
-        return
+    store = None
+    if nnodes > 1:
+        addr, port = args.get("store") or (None, None)  # null: the node script's MASTER_ADDR/MASTER_PORT (Slurm)
+        addr = addr or os.environ.get("MASTER_ADDR")
+        port = str(port or os.environ.get("MASTER_PORT", ""))
+        if not addr or not port.isdigit():
+            say("stall watchdog off on this node: no master address and port for the run's store")
+            return
+        store = Store(addr, int(port))
     try:
         log = open(args["log"], "rb")
     except OSError as e:
@@ -354,8 +364,9 @@ def run(args: dict, parent: int) -> None:
             except ImportError as e:
                 say("stall watchdog off on this node: its python cannot reach the run's store (%s)" % e)
                 return
-            if connected and not joined:
-                joined = store.add("watchers", 1) is not None
+            if connected and not joined:  # its lines so far first, then itself: none is missed by the others
+                joined = store.add("progress", pending) is not None and store.add("watchers", 1) is not None
+                pending = 0
             if joined:
                 value = store.add("progress", pending)
                 watchers = d.watchers if d.armed else store.add("watchers", 0)
