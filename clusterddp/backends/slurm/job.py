@@ -22,15 +22,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ... import hang, postmortem, upload
 from ... import nodescript as NS
 from ... import plan as P
-from ... import postmortem, upload
 from ...artifacts import CollectResult
 from ...errors import HostError, NodeOutcome, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
 from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
 from ...store import RunStore, new_run_id, utcnow
+from ...transport import Transport
 from ...upload import SourceFolder
 from .. import base
 from ..base import RunOutcome
@@ -271,11 +272,15 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
     assert rec.slurm is not None
     t, where = login.collect_host(rec.slurm.run_dir)
     ctl = posixpath.join(rec.slurm.run_dir, NS.CONTROL)
+    nodes = {n.host: P.NodeLaunch(where, n.node_rank, n.nproc, rec.slurm.run_dir, SP.node_control(ctl, n.host), "",
+                                  (), (), "") for n in rec.nodes}
+    hangs = _hangs(t, nodes)
+    if hangs:  # the stall watchdog ended it: a hang, with every rank's stacks its nodes took
+        return hang.hang_of(rec, store, hangs)
     reports: dict[str, dict] = {}
     failed: dict[str, BaseException] = {}
     for n in rec.nodes:
-        node = P.NodeLaunch(where, n.node_rank, n.nproc, rec.slurm.run_dir, SP.node_control(ctl, n.host), "",
-                            (), (), "")
+        node = nodes[n.host]
         try:
             rep = postmortem.report(t, node)
         except Exception as e:  # noqa: BLE001 - a node that cannot be asked is named in the summary
@@ -284,6 +289,20 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
         reports[n.host] = {**rep, "kernel_lines": [], "nvidia_smi": None,
                            "kernel_error": "not read: a Slurm node's kernel log is not reachable from the login host"}
     return postmortem.explain_reports(rec, store, reports, failed)
+
+
+def _hangs(t: Transport, nodes: dict[str, P.NodeLaunch]) -> dict[str, hang.NodeHang]:
+    """Each node's hang record (:mod:`clusterddp.hang`), read in its own control folder in the shared
+    folder; a node without one, or whose folder cannot be read, is left out."""
+    out = {}
+    for host, node in nodes.items():
+        try:
+            got = hang.parse_node(host, t.run(hang.read_command(node), timeout=hang.READ_TIMEOUT).stdout)
+        except Exception:  # noqa: BLE001 - no hang record read there: told as the others are
+            continue
+        if got is not None:
+            out[host] = got
+    return out
 
 
 def explain(login: Login, store: RunStore, run_id: str) -> tuple[str, ...]:
@@ -482,6 +501,11 @@ def prepare_request(req: base.LaunchRequest, *, contact: bool = False) -> Prepar
     if req.exclude:
         raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
                          "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
+    s = req.inventory.slurm
+    if req.spec.stall_timeout and s is not None and s.nodes[0] != s.nodes[1]:
+        raise UsageError(f"--stall-timeout: slurm.nodes is a range ({s.nodes[0]}-{s.nodes[1]}); the stall watchdog "
+                         "needs to know how many nodes watch", "give slurm.nodes one number, or leave the stall "
+                         "timeout off for this run (--stall-timeout 0)")
     return prepare(req.inventory, req.spec, req.runs_dir, base.check_script(req.spec.script), contact=contact)
 
 

@@ -4,6 +4,7 @@ real sbatch, slurmctld, slurmd and srun; real torchrun (gloo, CPU) on node-1 and
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -240,6 +241,64 @@ def test_detach_then_status_logs_stacks_and_stop_work_through_slurm(slurm, tmp_p
     gone(slurm, run_id, job_id)
     e = cddp("stacks", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=2)
     assert "has ended (stopped" in e.stderr, e.stderr
+
+
+# Rank 0 prints progress for a few steps; then rank 3 is stuck in a function of its own while ranks 0-2 wait.
+STALLS = r"""
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+
+def stuck_in_my_function():
+    while True:
+        time.sleep(0.05)
+
+
+for step in range(int(sys.argv[1])):
+    dist.all_reduce(torch.ones(1))
+    if rank == 0:
+        print("step %d at %.3f" % (step, time.time()), flush=True)
+    time.sleep(0.5)
+if rank == 3:
+    stuck_in_my_function()
+dist.all_reduce(torch.ones(1))  # ranks 0-2 wait here for rank 3
+"""
+
+
+def test_stall_timeout_ends_a_hung_slurm_job_naming_the_stuck_rank_node_and_function(slurm, tmp_path, job):
+    runs = tmp_path / "runs"
+    (job / "stalls.py").write_text(STALLS)
+    t0 = time.monotonic()
+    r = up(slurm, tmp_path, job / "stalls.py", "--stall-timeout", "20", "--", "4")
+    ended = time.time()
+    out = r.stdout + r.stderr
+    print(out)
+    assert r.returncode == 1, out
+    last = max(float(t) for t in re.findall(r"step \d+ at (\d+\.\d+)", r.stdout))
+    # the issue's bound: the stall timeout, and 30 s to take the stacks, end the job and say why
+    assert ended - last <= 20 + 30, (ended - last, out)
+    assert re.search(r"root cause: node-2, rank 3 \(local rank 1\): hang: no rank made progress for \d+s "
+                     r"\(stall timeout 20s\); rank 3 \(node-2 local 1\) not where the others are: "
+                     r"stuck_in_my_function \(stalls\.py:\d+\)", r.stderr), r.stderr
+    assert re.search(r"rank 3 \(node-2 local 1, pid \d+\): stuck_in_my_function \(stalls\.py:\d+\)  <- the odd one out",
+                     r.stderr), r.stderr
+    assert re.search(r"ranks 0-2 \(node-1, node-2\): <module> -> .*all_reduce.* \(stalls\.py:22\)", r.stderr), r.stderr
+    rec = record(runs, run_id_of(r.stdout))
+    f = rec["failure"]
+    assert (rec["status"], f["kind"], f["host"], f["rank"], f["local_rank"]) == ("failed", "hang", "node-2", 3, 1), rec
+    odd = f["hang"]["groups"][0]
+    assert odd["odd"] and [(x["host"], x["rank"], x["local_rank"]) for x in odd["ranks"]] == [("node-2", 3, 1)]
+    assert "stuck_in_my_function" in odd["where"] and f["hang"]["timeout"] == 20
+    saved = runs / rec["run_id"] / "stacks"
+    assert sorted(x.relative_to(saved).as_posix().split("/", 1)[1] for x in saved.glob("*/*/rank*.txt")) == [
+        "node-1/rank0.txt", "node-1/rank1.txt", "node-2/rank2.txt", "node-2/rank3.txt"]
+    assert "[clusterddp] stall: " in (runs / rec["run_id"] / "logs" / "node-2.log").read_text()
+    gone(slurm, rec["run_id"], rec["slurm"]["job_id"])  # nothing left running on either node
+    print(f"wall time {time.monotonic() - t0:.1f}s; ended {ended - last:.1f}s after the last progress line")
 
 
 def test_max_restarts_requeues_the_job_which_resumes_from_its_checkpoint(slurm, tmp_path):
