@@ -83,7 +83,7 @@ def status(store: RunStore, run_id: str, connect: Callable = default_connect,
         return replace(rec, status=st, failed_host=failed, ended_at=end)
     rec = store.update(run_id, looked)
     if rec.status is RunStatus.FAILED and rec.failure is None:  # e.g. a detached run: say why, once
-        from ...postmortem import explain
+        from ...hang import explain  # a hang when the stall watchdog ended it, else the rank that failed
         with _reach(rec, connect) as (nodes, fleet):
             failure = explain(fleet, nodes, rec, store)
         # status saw the nodes ended, not in which order: the root cause's host failed first
