@@ -85,9 +85,13 @@ def test_several_nodes_decide_only_once_every_watcher_is_there_from_the_shared_c
     assert not d.stalled(134.9) and d.stalled(135.0)
 
 
-def test_a_node_that_never_reads_the_store_never_decides():
+def test_a_node_that_never_reads_the_store_never_decides_nor_one_that_saw_no_line_anywhere():
     d = W.Decider(5.0, now=0.0, nnodes=2)
     d.local(3, now=1.0)  # its own lines are not enough: the other node may be the one printing
+    assert not d.stalled(1e6)
+    d = W.Decider(5.0, now=0.0, nnodes=2)
+    d.shared(0, watchers=2, now=1.0)  # every watcher there, but no rank has printed yet: still starting
+    d.shared(0, watchers=2, now=1000.0)
     assert not d.stalled(1e6)
 
 
