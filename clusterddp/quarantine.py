@@ -169,9 +169,10 @@ def decide(lost: dict[str, str], kept: Iterable[str], strikes: Sequence[Strike],
 
 def after_run(rec, seconds: float = DEFAULT_S, q: Quarantine | None = None, now: float | None = None) -> list[Entry]:
     """After an attached run ended (``rec``: its record, as it ended): update the strikes and set
-    aside each machine :func:`decide` says to. Returns the entries added (to be said)."""
+    aside each machine :func:`decide` says to (the SSH backend's runs: Slurm keeps its own nodes' health).
+    Returns the entries added (to be said)."""
     from .record import NodeState
-    if rec.local or rec.slurm is not None:
+    if rec.local:
         return []
     lost = {machine(n.settings.address, n.settings.port): n.host for n in rec.nodes if n.state is NodeState.LOST}
     kept = [machine(n.settings.address, n.settings.port) for n in rec.nodes if n.state is not NodeState.LOST]

@@ -258,7 +258,7 @@ def explain(fleet: Fleet, plan: P.LaunchPlan, store: RunStore) -> tuple[str, ...
     """Why the run failed (:mod:`clusterddp.postmortem`), recorded in run.json's ``failure``, as the
     summary's lines; when it cannot be worked out, a line saying why (the exit codes still say what
     they say)."""
-    from ...postmortem import explain as postmortem
+    from ...hang import explain as postmortem  # a hang when the stall watchdog ended it
     try:
         failure: Failure = postmortem(fleet, plan.nodes, store.load(plan.run_id), store)
         store.update(plan.run_id, lambda rec: replace(rec, failure=failure))
