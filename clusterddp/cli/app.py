@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import collect as collect_cmd
+from . import notify as notify_cmd
 from . import prune as prune_cmd
 from . import runs as runs_cmd
 from . import schedule as schedule_cmd
@@ -26,6 +27,7 @@ for _verb in ("runs", "status", "logs", "stop"):
     app.command(_verb)(getattr(runs_cmd, _verb))
 app.command("collect")(collect_cmd.collect)
 app.add_typer(schedule_cmd.app, name="schedule")
+app.add_typer(notify_cmd.app, name="notify")
 app.command("check")(check_cmd)
 app.command("exec")(exec_cmd)
 app.command("prune")(prune_cmd.prune)
