@@ -87,7 +87,9 @@ class NodeView:
     since_progress: float | None = None
     progress_from: str | None = None
     stall_timeout: float | None = None   # the run's, as the node's watcher has it
-    stalled: bool = False                # no progress for longer than stall_timeout
+    stalled: bool = False                # this node: no progress line for longer than stall_timeout
+    run_since_progress: float | None = None  # the whole run, as this node's watcher knows it
+    watch_state: str | None = None       # the watcher's: waiting (for the other nodes), watching, stalled
 
 
 @dataclass
@@ -252,8 +254,12 @@ def _since_progress(v: NodeView, now: float, job: dict) -> None:
         return
     watch = job["watch"]
     if watch is not None:
-        v.since_progress, v.progress_from = max(0.0, now - watch["last_progress"]), "watch"
-        v.stall_timeout = watch["stall_timeout"]
-        v.stalled = v.since_progress > watch["stall_timeout"]
+        v.progress_from, v.stall_timeout, v.watch_state = "watch", watch["timeout"], watch["state"]
+        if watch["last_progress"] is not None:  # None: no progress line on this node yet
+            v.since_progress = max(0.0, now - watch["last_progress"])
+        if watch["run_last_progress"] is not None:
+            v.run_since_progress = max(0.0, now - watch["run_last_progress"])
+        v.stalled = watch["state"] == "stalled" or (v.since_progress is not None
+                                                     and v.since_progress > watch["timeout"])
     elif job["log_mtime"] is not None:
         v.since_progress, v.progress_from = max(0.0, now - job["log_mtime"]), "log"

@@ -207,8 +207,9 @@ def test_a_nodes_texts_are_kept_to_one_line_in_what_top_shows(capsys):
 
 
 def test_the_node_program_sends_the_logs_last_write_and_the_watchers_file_checked(tmp_path, capsys):
-    """watch.json (the node's watcher, runs with a stall timeout) is read bounded, and only as two numbers:
-    a link, a huge file, a list or text in its place is no watch; the launcher checks the numbers again."""
+    """watch.json (the node's watcher, runs with a stall timeout: BRIEF's hang interface) is read bounded,
+    and only as its numbers and state: a link, a huge file, a list or text in its place is no watch; the
+    launcher checks the numbers again."""
     ctl = tmp_path / "ctl"
     ctl.mkdir()
     (ctl / "node.log").write_text("step 1\n")
@@ -216,27 +217,35 @@ def test_the_node_program_sends_the_logs_last_write_and_the_watchers_file_checke
     job = [[str(ctl), "m/n1"]]
     got = run_node(capsys, job)["jobs"][0]
     assert got["log_mtime"] == 1000.0 and got["watch"] is None
-    (ctl / "watch.json").write_text(json.dumps({"last_progress": 990.5, "stall_timeout": 60, "other": 1}))
-    assert run_node(capsys, job)["jobs"][0]["watch"] == {"last_progress": 990.5, "stall_timeout": 60}
-    big = json.dumps({"last_progress": 1, "stall_timeout": 1}) + " " * node_top.MAX_WATCH
-    for bad in ("[1, 2]", "{not json", big, json.dumps({"last_progress": "soon", "stall_timeout": 60}),
-                json.dumps({"last_progress": True, "stall_timeout": 60})):
+    view = {"time": 1001.0, "last_progress": 990.5, "run_last_progress": 995, "timeout": 60, "state": "watching"}
+    (ctl / "watch.json").write_text(json.dumps({**view, "other": 1}))
+    assert run_node(capsys, job)["jobs"][0]["watch"] == {"last_progress": 990.5, "run_last_progress": 995,
+                                                         "timeout": 60, "state": "watching"}
+    (ctl / "watch.json").write_text(json.dumps({**view, "last_progress": None, "state": "odd"}))
+    assert run_node(capsys, job)["jobs"][0]["watch"] == {"last_progress": None, "run_last_progress": 995,
+                                                         "timeout": 60, "state": None}  # no progress here yet
+    big = json.dumps(view) + " " * node_top.MAX_WATCH
+    for bad in ("[1, 2]", "{not json", big, json.dumps({**view, "last_progress": "soon"}),
+                json.dumps({**view, "timeout": True}), json.dumps({**view, "timeout": None})):
         (ctl / "watch.json").write_text(bad)
         assert run_node(capsys, job)["jobs"][0]["watch"] is None, bad
     (ctl / "watch.json").unlink()
-    (tmp_path / "elsewhere.json").write_text(json.dumps({"last_progress": 1, "stall_timeout": 1}))
+    (tmp_path / "elsewhere.json").write_text(json.dumps(view))
     (ctl / "watch.json").symlink_to(tmp_path / "elsewhere.json")
     assert run_node(capsys, job)["jobs"][0]["watch"] is None  # never followed through a link
     (ctl / "watch.json").unlink()
-    (ctl / "watch.json").write_text(json.dumps({"last_progress": -5, "stall_timeout": 60}))
+    (ctl / "watch.json").write_text(json.dumps({**view, "last_progress": -5}))
     with pytest.raises(node_top.TopError, match="watch.last_progress"):  # out of range: checked launcher side
         run_node(capsys, job)
 
 
+WATCH = {"last_progress": 1.0, "run_last_progress": 1.0, "timeout": 5, "state": "watching"}
+
+
 @pytest.mark.parametrize(("watch", "words"), [
-    ("yes", "jobs[0].watch"), ({"last_progress": -1, "stall_timeout": 5}, "watch.last_progress"),
-    ({"last_progress": 1.0, "stall_timeout": float("inf")}, "watch.stall_timeout"),
-    ({"last_progress": 1.0}, "watch.stall_timeout"),
+    ("yes", "jobs[0].watch"), ({**WATCH, "last_progress": -1}, "watch.last_progress"),
+    ({**WATCH, "timeout": float("inf")}, "watch.timeout"), ({**WATCH, "timeout": None}, "watch.timeout"),
+    ({**WATCH, "run_last_progress": "x"}, "watch.run_last_progress"), ({**WATCH, "state": "rm"}, "watch.state"),
 ])
 def test_a_malformed_watch_in_a_reply_is_refused_naming_the_value(watch, words):
     with pytest.raises(node_top.TopError, match="malformed") as e:
@@ -255,21 +264,26 @@ def watched_reply(t: float, state: str = "running", log_mtime: float | None = No
 
 
 def test_seconds_since_progress_on_the_nodes_clock_and_stalled_past_the_runs_timeout():
-    """a: its watcher's file (the run has a stall timeout), 61 s > 60 s on its own clock: stalled;
-    b: no watcher, its log's last write 30 s ago on a clock 10^6 s away from a's: 30 s, never stalled;
-    c: ended: no figure."""
-    r = make_record("run-1", hosts=("a", "b", "c"))
-    nodes = {"a": FakeNode("a", [watched_reply(5061.0, log_mtime=5060.0,
-                                               watch={"last_progress": 5000.0, "stall_timeout": 60})]),
+    """a: its watcher's file (the run has a stall timeout), its own last line 61 s > 60 s ago on its own
+    clock: stalled, though the run's last line (another node's) was 10 s ago; b: no watcher, its log's
+    last write 30 s ago on a clock 10^6 s away from a's: 30 s, never stalled; c: ended: no figure;
+    d: no progress line on it yet, the watcher says the run is stalled: marked."""
+    r = make_record("run-1", hosts=("a", "b", "c", "d"))
+    nodes = {"a": FakeNode("a", [watched_reply(5061.0, log_mtime=5060.0, watch={
+                 "last_progress": 5000.0, "run_last_progress": 5051.0, "timeout": 60, "state": "watching"})]),
              "b": FakeNode("b", [watched_reply(1_005_030.0, log_mtime=1_005_000.0)]),
-             "c": FakeNode("c", [watched_reply(10.0, "exited", log_mtime=1.0)])}
+             "c": FakeNode("c", [watched_reply(10.0, "exited", log_mtime=1.0)]),
+             "d": FakeNode("d", [watched_reply(100.0, log_mtime=99.0, watch={
+                 "last_progress": None, "run_last_progress": 30.0, "timeout": 60, "state": "stalled"})])}
     with T.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
-        a, b, c = w.look().runs[0].nodes
+        a, b, c, d = w.look().runs[0].nodes
     assert (a.since_progress, a.progress_from, a.stall_timeout, a.stalled) == (61.0, "watch", 60, True)
+    assert (a.run_since_progress, a.watch_state) == (10.0, "watching")
     assert (b.since_progress, b.progress_from, b.stall_timeout, b.stalled) == (30.0, "log", None, False)
     assert (c.since_progress, c.stalled) == (None, False)
+    assert (d.since_progress, d.run_since_progress, d.stalled) == (None, 70.0, True)
     from clusterddp.cli.top import _since
-    assert (_since(a), _since(b), _since(c)) == ("61s stalled (>60s)", "30s", "-")
+    assert (_since(a), _since(b), _since(c), _since(d)) == ("61s stalled (>60s)", "30s", "-", "none stalled (>60s)")
     b.since_progress = 185.0
     assert _since(b) == "3m05s"
     b.since_progress = 7300.0

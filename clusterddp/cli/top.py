@@ -33,11 +33,12 @@ def _gpus(v: NodeView) -> str:
 
 def _since(v: NodeView) -> str:
     """Seconds since the last progress line: ``42s``, ``3m05s``, ``2h07m``; `` stalled`` past the timeout."""
-    if v.since_progress is None:
-        return "-"
+    stalled = f" stalled (>{v.stall_timeout:g}s)" if v.stalled and v.stall_timeout is not None else ""
+    if v.since_progress is None:  # watched, but no progress line on this node yet
+        return ("none" + stalled) if v.progress_from == "watch" else "-"
     s = int(v.since_progress)
     text = f"{s}s" if s < 120 else f"{s // 60}m{s % 60:02d}s" if s < 7200 else f"{s // 3600}h{s // 60 % 60:02d}m"
-    return text + (f" stalled (>{v.stall_timeout:g}s)" if v.stalled else "")
+    return text + stalled
 
 
 def _state(v: NodeView) -> str:

@@ -7,7 +7,8 @@ its processes (found by the marker, as teardown finds them); for the node, the C
 counters and, where ``nvidia-smi`` answers, each GPU's utilisation and memory; and, for the
 time since the job's last progress line, ``node.log``'s modification time and, when the run has a
 stall timeout, what the node's watcher (``node/watch.py``) last wrote to ``$CTL/watch.json``
-(``last_progress``: epoch seconds on the node's clock; ``stall_timeout``: seconds). One line:
+(``last_progress``: this node's last progress line, ``run_last_progress``: the last anywhere as the
+node knows it, epoch seconds on the node's clock or null; ``timeout``: seconds; ``state``). One line:
 :data:`MARK` and a JSON object. Rates (steps/s, CPU %) are differences between two looks, so
 counters and the node's clock are sent, not rates. Python 3.8 grammar, standard library only.
 
@@ -28,7 +29,8 @@ MAX_LINE = 500         # characters of a log line sent and kept
 MAX_GPUS = 64
 MAX_JOBS = 1000
 WATCH_FILE = "watch.json"   # in the control folder, written by the node's watcher (node/watch.py)
-MAX_WATCH = 4096           # bytes of it read: it holds two numbers
+MAX_WATCH = 4096           # bytes of it read: it holds a few numbers
+WATCH_STATES = ("waiting", "watching", "stalled")
 
 
 def _job_pids(markers: list[str]) -> dict:
@@ -135,9 +137,16 @@ def _watch(ctl: str) -> object:
         return None
     if not isinstance(w, dict):
         return None
-    out = {"last_progress": w.get("last_progress"), "stall_timeout": w.get("stall_timeout")}
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in out.values()):
+    out = {"last_progress": w.get("last_progress"), "run_last_progress": w.get("run_last_progress"),
+           "timeout": w.get("timeout"), "state": w.get("state")}
+
+    def number(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not number(out["timeout"]) or not all(v is None or number(v) for v in
+                                             (out["last_progress"], out["run_last_progress"])):
         return None  # a file this program cannot read leaves the rest of the node's answer shown
+    if out["state"] not in WATCH_STATES:
+        out["state"] = None
     return out
 
 
@@ -256,8 +265,11 @@ def _watched(w: object, i: int) -> object:
         return None
     if not isinstance(w, dict):
         raise TopError("malformed top reply: jobs[%d].watch must be an object" % i)
-    return {"last_progress": _num(w.get("last_progress"), 0, 1e11, "watch.last_progress"),
-            "stall_timeout": _num(w.get("stall_timeout"), 0, 1e9, "watch.stall_timeout")}
+    if w.get("state") not in (None, *WATCH_STATES):
+        raise TopError("malformed top reply: jobs[%d].watch.state must be one of %s" % (i, ", ".join(WATCH_STATES)))
+    return {"last_progress": _num(w.get("last_progress"), 0, 1e11, "watch.last_progress", null=True),
+            "run_last_progress": _num(w.get("run_last_progress"), 0, 1e11, "watch.run_last_progress", null=True),
+            "timeout": _num(w.get("timeout"), 0, 1e9, "watch.timeout"), "state": w.get("state")}
 
 
 def _job(j: object, i: int) -> dict:
