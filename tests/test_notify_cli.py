@@ -35,32 +35,24 @@ def url_file(tmp_path, r: Receiver, name: str = "hook.url"):
 
 
 def test_up_tells_each_target_once_how_the_run_ended_and_a_500_changes_nothing(tmp_path, receivers):
+    """(The succeeded end, through a command target: test_cli's test_up_local_runs_real_torchrun.)"""
     ok, broken = receivers(), receivers(500)
     (tmp_path / "fails.py").write_text("import os\nif os.environ['RANK'] == '0':\n    1 / 0\n")
-    (tmp_path / "works.py").write_text("print('step 1')\n")
     got = tmp_path / "got.json"
-    hook = url_file(tmp_path, ok)
-    r = cddp("up", "local", "works.py", "--gpus", "1", "--runs-dir", "runs", "--notify", f"@{hook}",
-             "--notify", f"command:cat > {got}", cwd=tmp_path, check_rc=0)
-    (post,) = ok.posts
-    ev = post["body"]
-    assert ev == json.loads(got.read_text())  # the same event to both
-    assert (ev["event"], ev["status"], ev["exit_code"], ev["run_id"]) == ("succeeded", "succeeded", 0,
-                                                                          run_id_of(r.stdout))
-    assert ev["text"].startswith(f"clusterddp: run {ev['run_id']} succeeded in ") and ev["hosts"] == ["local"]
-    assert "notify" not in r.stderr
-
-    r = cddp("up", "local", "fails.py", "--gpus", "1", "--runs-dir", "runs", "--notify", f"@{hook}",
-             "--notify", f"@{url_file(tmp_path, broken, 'broken.url')}", cwd=tmp_path, check_rc=1)
-    assert len(ok.posts) == 2 and len(broken.posts) == 3  # one POST per event; the 500 tried three times
-    ev = ok.posts[1]["body"]
-    assert (ev["event"], ev["failed_host"], ev["exit_code"]) == ("failed", "local", 1)
-    assert "ZeroDivisionError" in ev["summary"] and "ZeroDivisionError" in ev["text"]
+    r = cddp("up", "local", "fails.py", "--gpus", "1", "--runs-dir", "runs", "--notify", f"@{url_file(tmp_path, ok)}",
+             "--notify", f"@{url_file(tmp_path, broken, 'broken.url')}", "--notify", f"command:cat > {got}",
+             cwd=tmp_path, check_rc=1)
+    assert len(ok.posts) == 1 and len(broken.posts) == 3  # one POST per event; the 500 tried three times
+    ev = ok.posts[0]["body"]
+    assert ev == json.loads(got.read_text())  # the same event to every target
+    assert (ev["event"], ev["status"], ev["failed_host"], ev["exit_code"]) == ("failed", "failed", "local", 1)
+    assert ev["run_id"] == run_id_of(r.stdout) and ev["hosts"] == ["local"]
+    assert "ZeroDivisionError" in ev["summary"] and ev["text"].startswith(f"clusterddp: run {ev['run_id']} failed")
+    assert "ZeroDivisionError" in ev["text"] and ev["failure"]["host"] == "local"
     (line,) = [x for x in r.stderr.splitlines() if x.startswith("notify:")]
     assert line.startswith("notify: webhook 127.0.0.1 (--notify) was not told of failed") and "HTTP 500" in line
     assert TOKEN not in r.stderr + r.stdout
-    run_id = ev["run_id"]
-    assert (tmp_path / "runs" / run_id / "notify.log").read_text().endswith(line + "\n")
+    assert (tmp_path / "runs" / ev["run_id"] / "notify.log").read_text().endswith(line + "\n")
 
 
 def test_a_url_is_never_printed_nor_taken_from_the_command_line(tmp_path, receivers):
