@@ -236,30 +236,28 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
                                      headers, fp)
 
 
-class _Retry(Exception):
-    """A failure that may pass: no answer, a 5xx, a 429."""
+OK, MAY_PASS, WONT_PASS = "ok", "may pass", "will not pass"  # how one try went
 
 
-def post(url: str, body: bytes, timeout: float) -> str:
-    """One POST of ``body`` (JSON) to ``url``: what the receiver said ("HTTP 200"); raises :class:`_Retry`
-    when trying again may help, :class:`ClusterDDPError` when it cannot. Never names the URL."""
+def post(url: str, body: bytes, timeout: float) -> tuple[str, str]:
+    """One POST of ``body`` (JSON) to ``url``: how it went (:data:`OK`; :data:`MAY_PASS`: no answer,
+    refused, a 5xx or 429, so another try may help; :data:`WONT_PASS`) and what the receiver said
+    ("HTTP 200"). Never raises for the receiver's sake; never names the URL."""
     from . import __version__
     req = urllib.request.Request(url, data=body, method="POST", headers={
         "Content-Type": "application/json", "User-Agent": f"clusterddp/{__version__}"})
     try:
         with urllib.request.build_opener(_NoRedirect).open(req, timeout=timeout) as r:
             r.read(MAX_ANSWER)
-            return f"HTTP {r.status}"
+            return OK, f"HTTP {r.status}"
     except urllib.error.HTTPError as e:
         said = f"HTTP {e.code} {_scrub(str(e.reason), url)[:MAX_SAID]}".rstrip()
-        if e.code >= 500 or e.code == 429:
-            raise _Retry(said) from None
-        raise ClusterDDPError(said) from None
+        return (MAY_PASS if e.code >= 500 or e.code == 429 else WONT_PASS), said
     except (urllib.error.URLError, OSError, ValueError) as e:  # refused, unreachable, timed out, bad answer
         reason = getattr(e, "reason", e)
         said = f"no answer within {timeout:g}s" if isinstance(reason, (socket.timeout, TimeoutError)) \
             else f"{type(reason).__name__}: {_scrub(str(reason), url)[:MAX_SAID]}"
-        raise _Retry(said) from None
+        return MAY_PASS, said
 
 
 def _scrub(text: str, url: str) -> str:
@@ -308,7 +306,7 @@ def _safe(v: object) -> str:
 
 
 def _tell(t: NotifyTarget, event: dict, body: bytes, sleep: Callable[[float], None],
-          send: Callable[[str, bytes, float], str]) -> Delivery:
+          send: Callable[[str, bytes, float], tuple[str, str]]) -> Delivery:
     if t.kind == "command":
         try:
             return Delivery(t, True, 1, run_command(t.value, body, t.timeout, event))
@@ -318,12 +316,9 @@ def _tell(t: NotifyTarget, event: dict, body: bytes, sleep: Callable[[float], No
     for i in range(ATTEMPTS):
         if i:
             sleep(BACKOFF[min(i - 1, len(BACKOFF) - 1)])
-        try:
-            return Delivery(t, True, i + 1, send(t.value, body, t.timeout))
-        except _Retry as e:
-            said = str(e)
-        except ClusterDDPError as e:
-            return Delivery(t, False, i + 1, str(e))
+        how, said = send(t.value, body, t.timeout)
+        if how != MAY_PASS:
+            return Delivery(t, how == OK, i + 1, said)
     return Delivery(t, False, ATTEMPTS, said)
 
 
@@ -334,7 +329,7 @@ def bound(targets: Sequence[NotifyTarget]) -> float:
 
 
 def deliver(targets: Sequence[NotifyTarget], event: dict, *, sleep: Callable[[float], None] = time.sleep,
-            send: Callable[[str, bytes, float], str] = post) -> list[Delivery]:
+            send: Callable[[str, bytes, float], tuple[str, str]] = post) -> list[Delivery]:
     """Tell every target of ``targets`` that wants ``event``, all at once; each one's delivery, in
     target order. Never raises; returns within :func:`bound` (a target still going then is reported
     as not told, and its thread left to end with the process)."""
