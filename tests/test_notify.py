@@ -166,7 +166,7 @@ def test_a_command_target_gets_the_event_on_stdin_and_its_fields_filled_in(tmp_p
     assert d.ok and json.loads(out.with_suffix(".json").read_text()) == ev
     assert out.with_suffix(".args").read_text() == "failed failed node-2 20261202-020000-ab12\n"
     # a value outside the fixed alphabet is left out, never pasted into the shell text
-    (d,) = N.deliver([cmd], {**ev, "failed_host": "x'; touch pwned; '"})
+    (d,) = N.deliver([cmd], {**ev, "failed_host": f"x'; touch {tmp_path}/pwned; '"})
     assert d.ok and out.with_suffix(".args").read_text() == "failed failed  20261202-020000-ab12\n"
     assert not (tmp_path / "pwned").exists()
 
