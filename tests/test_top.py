@@ -52,6 +52,21 @@ def test_the_node_program_reports_each_jobs_state_last_line_step_and_processes(t
     assert run_node(capsys, [[str(ended), marker]], r"(?<==)\d+")["jobs"][0]["step"] == 7
 
 
+def test_the_last_line_shown_is_never_torch_noise_nor_the_source_line_of_its_warning(tmp_path, capsys):
+    from clusterddp import noise
+    (tmp_path / "node.log").write_bytes(
+        b"epoch 0 step 4 loss 16.4\n"
+        b"/venv/torch/_subclasses/functional_tensor.py:368: UserWarning: Failed to initialize NumPy: No module "
+        b"named 'numpy' (Triggered internally at tensor_numpy.cpp:84.)\n"
+        b'  cpu = _conversion_method_template(device=torch.device("cpu"))\n'
+        b"[W1202 02:47:33.5 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n")
+    args = {"jobs": [[str(tmp_path), "m/n1"]], "regex": T.DEFAULT_PROGRESS, "tail": plan.TOP_TAIL,
+            "skip": list(noise.LINE_PATTERNS)}
+    assert node_top.main([json.dumps(args)]) == 0
+    job = node_top.parse_reply(capsys.readouterr().out.encode(), 1)["jobs"][0]
+    assert job["last_line"] == "epoch 0 step 4 loss 16.4"
+
+
 def reply(**over) -> bytes:
     job = {"state": "running", "exit_code": None, "last_line": "x", "step": 1, "cpu_seconds": 1.0, "rss": 1,
            "procs": 2, "log_mtime": None, "watch": None}

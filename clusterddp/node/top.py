@@ -69,8 +69,9 @@ def _usage(pids: list[int]) -> tuple:
 
 def _tail(path: str, size: int, regex: re.Pattern, skip: tuple = ()) -> tuple:
     """The last non-empty line of the log (after a carriage return, as a terminal shows a progress
-    bar) that no ``skip`` pattern matches (known torch noise), and the last step the regex finds in
-    its last ``size`` bytes."""
+    bar) that no ``skip`` pattern matches (known torch noise), nor is an indented line right below
+    one (the source line a Python warning prints), and the last step the regex finds in its last
+    ``size`` bytes."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
@@ -81,11 +82,17 @@ def _tail(path: str, size: int, regex: re.Pattern, skip: tuple = ()) -> tuple:
         return None, None
     lines = data.decode("utf-8", "replace").split("\n")
     last = None
-    for line in reversed(lines):
-        shown = line.rstrip("\r").rsplit("\r", 1)[-1]
-        if shown.strip() and not any(p.search(shown) for p in skip):
-            last = shown[-MAX_LINE:]
-            break
+
+    def noise(i: int) -> bool:
+        return any(p.search(lines[i]) for p in skip)
+    for i in range(len(lines) - 1, -1, -1):
+        shown = lines[i].rstrip("\r").rsplit("\r", 1)[-1]
+        if not shown.strip() or noise(i):
+            continue
+        if shown[:1].isspace() and i > 0 and noise(i - 1):  # a warning's source line, below the warning
+            continue
+        last = shown[-MAX_LINE:]
+        break
     step = None
     for line in reversed(lines):
         m = regex.search(line)
