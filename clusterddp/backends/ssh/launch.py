@@ -39,6 +39,7 @@ class Prepared:
     plan: P.LaunchPlan
     store: RunStore
     source_dir: Path
+    folder: upload.SourceFolder | None = None  # what the upload sends, as scanned when planning
 
 
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
@@ -53,6 +54,9 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
                          "give it an inventory with `hosts:`")
     inventory = inventory.narrow(hosts, exclude)
+    if inventory_arg != inv_mod.LOCAL:
+        from ... import quarantine
+        quarantine.refuse(inventory.hosts)  # a machine set aside: this run neither waits for it nor uses it
     if slots:
         inventory = replace(inventory, hosts=tuple(replace(h, slots=slots[h.name], gpus=len(slots[h.name]))
                                                    if h.name in slots else h for h in inventory.hosts))
@@ -63,8 +67,13 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
         if P.static_local(spec):  # its rendezvous needs a port, free now
             spec = replace(spec, master_port=local_port(spec.master_port))
-    plan = P.build_plan(inventory, spec, run_id, **local)
-    return Prepared(plan, store, script.resolve().parent)
+    source_dir = script.resolve().parent
+    # A script whose folder never names clusterddp cannot import clusterddp.train: its nodes need not
+    # look for one (a python start on each node before torchrun; issue 24, section 7).
+    folder = None if local else upload.scan(source_dir, store.root)
+    lookup = folder is None or upload.mentions_clusterddp(folder)
+    plan = P.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
+    return Prepared(plan, store, source_dir, folder)
 
 
 def local_port(fixed: int | None) -> int:
@@ -87,7 +96,7 @@ def describe_upload(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> str
     """For --dry-run: what the upload would send (None in local mode); over the limit is bad input."""
     if not prep.plan.upload:
         return None
-    folder = upload.scan(prep.source_dir, prep.store.root)
+    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root)
     upload.check_upload_size(folder, max_upload)
     return f"upload: {folder.summary()}"
 
@@ -97,7 +106,7 @@ def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> upload.Upload 
     ``max_upload`` bytes, or an unreadable file, is bad input."""
     if not prep.plan.upload:
         return None
-    folder = upload.scan(prep.source_dir, prep.store.root)
+    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root)
     upload.check_upload_size(folder, max_upload)
     return upload.pack(folder)
 
@@ -188,7 +197,7 @@ def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
     lease = acquire(plan, fleet, port_fixed=port_fixed(plan), wait=wait, on_wait=on_wait)
     try:
         spec = replace(plan.spec, master_port=lease.port or plan.master_port)
-        new = P.build_plan(plan.inventory, spec, plan.run_id, grants=lease.grants)
+        new = P.build_plan(plan.inventory, spec, plan.run_id, grants=lease.grants, train_lookup=plan.train_lookup)
     except BaseException:
         lease.release()
         raise
@@ -249,7 +258,7 @@ def explain(fleet: Fleet, plan: P.LaunchPlan, store: RunStore) -> tuple[str, ...
     """Why the run failed (:mod:`clusterddp.postmortem`), recorded in run.json's ``failure``, as the
     summary's lines; when it cannot be worked out, a line saying why (the exit codes still say what
     they say)."""
-    from ...postmortem import explain as postmortem
+    from ...hang import explain as postmortem  # a hang when the stall watchdog ended it
     try:
         failure: Failure = postmortem(fleet, plan.nodes, store.load(plan.run_id), store)
         store.update(plan.run_id, lambda rec: replace(rec, failure=failure))
@@ -297,7 +306,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     fleet, lease, leased = None, None, None
     try:
         if not prep.plan.local:
-            # Every connection at once (the lease takes nodes one after another), then the preflight
+            # Every connection at once (the lease asks every node at once too), then the preflight
             # beside the lease: each is a command per node, and a run that passes (most) need not wait
             # for one before the other. A lease taken for a run that then fails its preflight is given
             # back (below); a run that may wait in the queue is checked first, so it never waits in vain.
@@ -342,6 +351,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
         outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
                           source_tar=packed.path if packed else None, join_timeout=req.join_timeout)
     except RunFailed:
+        _set_aside(prep, events)
         _keep_runs(plan.inventory, req, events)  # a failed run is a run: it counts among the kept
         raise
     if req.detach:
@@ -355,6 +365,20 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
                    f"run folder: {prep.store.run_dir(plan.run_id)}")
     _keep_runs(plan.inventory, req, events)
     return outcome
+
+
+def _set_aside(prep: Prepared, events: base.Events) -> None:
+    """After a failed run: a machine lost twice in a row is quarantined (clusterddp.quarantine), said
+    in one line. Best effort: never the run's outcome."""
+    from ... import quarantine
+    try:
+        added = quarantine.after_run(prep.store.load(prep.plan.run_id))
+    except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not hide the run's failure
+        events.warn(f"quarantine: not updated: {problem}")
+        return
+    for e in added:
+        events.warn(f"quarantine: {e.host} ({e.machine}) is set aside until {quarantine.stamp(e.until)}: {e.why}; "
+                    f"runs refuse it until then (`clusterddp quarantine release {e.host}` lets it back)")
 
 
 def _keep_runs(inventory: inv_mod.Inventory, req: base.LaunchRequest, events: base.Events) -> None:
