@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from . import noise
+from . import flight, noise
 from .failure import AGENT_LINE
 from .inventory import Host, Inventory
 from .node import envinfo as node_envinfo
@@ -280,6 +280,7 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
         f"CLUSTERDDP_NODE_RANK={node.node_rank}",
     ]
     lines += preamble(h, node.env, stdout_to="", on_fail=setup_failed())
+    lines += flight.env_lines()  # after the user's env, whose values win
     if not local:
         lines += iface_lines({k for k, _ in node.env}, master_addr, _probes(node.argv, LOCAL_ADDR))
     if not local and (train_lookup or any(k == "PYTHONPATH" for k, _ in node.env)):
@@ -460,6 +461,11 @@ def diagnose_command(node: NodeLaunch, mode: str, master: tuple[str, int] | None
     log lines, an nvidia-smi snapshot). After the host's setup lines, which may put tools on PATH."""
     request = json.dumps({"mode": mode, "master": list(master) if master else None})
     return _helper(node, "diagnose", qpath(node.control_dir), q(request))
+
+
+def flight_command(node: NodeLaunch) -> str:
+    """The flight recorder dumps torch left in the node's control folder (``clusterddp/node/flight.py``)."""
+    return _helper(node, "flight", qpath(node.control_dir))
 
 
 def node_log_command(node: NodeLaunch) -> str:

@@ -635,7 +635,7 @@ class RunStore:
         """``<run>/<kind>/<host>/<rel>``, 0600 in 0700 folders: what a node left at failure (``errors``: its
         ranks' error files; ``forensics``: nvidia-smi, kernel lines; ``stacks``: each call's dumps, by time).
         ``rel`` is made here, never by a node."""
-        assert kind in ("errors", "forensics", "stacks") and ".." not in rel.split("/"), (kind, rel)
+        assert kind in ("errors", "forensics", "stacks", "flight") and ".." not in rel.split("/"), (kind, rel)
         base = self.run_dir(run_id)
         path = base / kind / host / rel
         try:
