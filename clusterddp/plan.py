@@ -29,6 +29,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from . import flight, noise
+from .failure import AGENT_LINE
 from .inventory import Host, Inventory
 from .node import envinfo as node_envinfo
 from .node import probe as node_probe
@@ -53,6 +55,7 @@ from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER
     setup_failed,
     ship_train_lines,
     stack_hook_lines,
+    watch_lines,
 )
 
 DEFAULT_GRACE = 10.0
@@ -71,6 +74,8 @@ class RunSpec:
     collect: tuple[str, ...] = ()                # --collect, added to the inventory's globs
     max_restarts: int = 0
     local_rank_arg: str | None = None            # --local-rank-arg: "--local_rank" or "--local-rank", or None
+    stall_timeout: float | None = None           # --stall-timeout / stall_timeout: (the flag wins); None: off
+    progress_regex: str | None = None            # --progress-regex / progress_regex:; None: any line of output
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,7 @@ class LaunchPlan:
     upload: bool                  # copy the script's folder to each node (not in local mode)
     local: bool = field(default=False)
     leased: bool = False          # each node's slots are leased: its lease holder starts the job (go_command)
+    train_lookup: bool = True     # launch.sh looks for the node's clusterddp.train (ship_train_lines)
 
     @property
     def nnodes(self) -> int:
@@ -140,10 +146,12 @@ def static_local(spec: RunSpec) -> bool:
 
 def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_dir: str | None = None,
                local_control_dir: str | None = None,
-               grants: Mapping[str, tuple[int, ...]] | None = None) -> LaunchPlan:
+               grants: Mapping[str, tuple[int, ...]] | None = None, train_lookup: bool = True) -> LaunchPlan:
     """Plan a run. Local mode (``up local``: run in place, one node on 127.0.0.1) is chosen by
     passing the absolute launch directory and the control folder. ``grants``: the slots each node's
-    lease holds (:mod:`clusterddp.leases`), one process per slot, ``CUDA_VISIBLE_DEVICES`` set to them."""
+    lease holds (:mod:`clusterddp.leases`), one process per slot, ``CUDA_VISIBLE_DEVICES`` set to them.
+    ``train_lookup`` False: no file of the script's folder names clusterddp, so launch.sh does not look
+    for the node's clusterddp.train (a python start before torchrun), unless the job's env sets PYTHONPATH."""
     local = local_run_dir is not None
     master_port = spec.master_port or inventory.master.port
     nodes = []
@@ -197,10 +205,13 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
                      *torchrun_entry(host.python, script, spec.script_args, spec.local_rank_arg)]
         marker = f"{run_id}/{host.name}"
         node = NodeLaunch(host, rank, nproc, run_dir, control_dir, marker, node_env, tuple(torchrun), "")
-        nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, local))
+        watch = watch_args(spec, len(inventory.hosts), inventory.master.addr, master_port)
+        nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, local, watch,
+                                  train_lookup))
     collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
-                      collect, upload=not local, local=local, leased=grants is not None)
+                      collect, upload=not local, local=local, leased=grants is not None,
+                      train_lookup=train_lookup)
 
 
 # ---- what each worker process runs ----
@@ -235,7 +246,24 @@ _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
 
 
-def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, local: bool) -> NodeLaunch:
+def watch_args(spec: RunSpec, nnodes: int, master_addr: str | None, master_port: int | None) -> dict | None:
+    """The stall watchdog's argument (the node program ``watch``, started by
+    :func:`~clusterddp.nodescript.watch_lines`), or None when the run has no stall timeout. Several
+    nodes agree through the run's rendezvous store, at the master's address and port (torchrun's static
+    and c10d rendezvous both serve it there from the master's torchrun); None for either: the node's
+    ``$MASTER_ADDR``/``$MASTER_PORT`` (a node script that finds the master on the node)."""
+    if not spec.stall_timeout:
+        return None
+    # not progress: known torch noise (the lines, and those whose indented next line is theirs too)
+    # and torch elastic's agent, whose log records say nothing of the ranks
+    skip = [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern]
+    return {"timeout": spec.stall_timeout, "regex": spec.progress_regex, "skip": skip,
+            "tails": [p for p, tail in noise.LINES if tail], "nnodes": nnodes,
+            "store": [master_addr, master_port] if nnodes > 1 else None}
+
+
+def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, local: bool,
+                 watch: dict | None = None, train_lookup: bool = True) -> NodeLaunch:
     h = node.host
     ctl = node.control_dir
     lines = [
@@ -252,19 +280,25 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
         f"CLUSTERDDP_NODE_RANK={node.node_rank}",
     ]
     lines += preamble(h, node.env, stdout_to="", on_fail=setup_failed())
+    lines += flight.env_lines()  # after the user's env, whose values win
     if not local:
         lines += iface_lines({k for k, _ in node.env}, master_addr, _probes(node.argv, LOCAL_ADDR))
-    if not local:
+    if not local and (train_lookup or any(k == "PYTHONPATH" for k, _ in node.env)):
         lines += ship_train_lines(h.python, node.run_dir)
+    elif not local:
+        lines.append("# no file of the script's folder names clusterddp: its clusterddp.train is not looked for")
     lines += stack_hook_lines()
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
     argv = " ".join(f'"{a}"' if isinstance(a, _Probed) else q(a) for a in node.argv)
+    watch_start, watch_end = watch_lines(h.python, watch) if watch is not None else ([], [])
     lines += [
         f"echo \"[clusterddp] node {node.node_rank}/{nnodes} on $(hostname)"
         + (" iface=${IFACE:-?}" if not local else "") + "\"",
+        *watch_start,
         argv,
-        "cddp_exit $?",
+        *watch_end,
+        "cddp_exit " + ("$cddp_rc" if watch is not None else "$?"),
         "",
     ]
     return NodeLaunch(**{**node.__dict__, "launch_script": "\n".join(lines)})
@@ -427,6 +461,11 @@ def diagnose_command(node: NodeLaunch, mode: str, master: tuple[str, int] | None
     log lines, an nvidia-smi snapshot). After the host's setup lines, which may put tools on PATH."""
     request = json.dumps({"mode": mode, "master": list(master) if master else None})
     return _helper(node, "diagnose", qpath(node.control_dir), q(request))
+
+
+def flight_command(node: NodeLaunch) -> str:
+    """The flight recorder dumps torch left in the node's control folder (``clusterddp/node/flight.py``)."""
+    return _helper(node, "flight", qpath(node.control_dir))
 
 
 def node_log_command(node: NodeLaunch) -> str:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import files
-from .errors import FileRefused, LeaseBusy, UsageError
+from .errors import FileRefused, Quarantined, QuarantineError
 
 DEFAULT_S = 2 * 3600.0
 MOST_BYTES = 1 << 20
@@ -37,15 +37,6 @@ MOST_ENTRIES = 10_000
 MOST_TEXT = 500
 LOCK_WAIT_S = 10.0
 FILE_NAME = "quarantine.json"
-
-
-class QuarantineError(UsageError):
-    """The quarantine file cannot be read or written (exit code 2: the file is named, with the fix)."""
-
-
-class Quarantined(LeaseBusy):
-    """A run asked for a host that is quarantined: nothing was started. Exit code 75 (EX_TEMPFAIL),
-    as for GPU slots taken: it can run later, or without that host."""
 
 
 def state_dir() -> Path:
@@ -169,9 +160,10 @@ def decide(lost: dict[str, str], kept: Iterable[str], strikes: Sequence[Strike],
 
 def after_run(rec, seconds: float = DEFAULT_S, q: Quarantine | None = None, now: float | None = None) -> list[Entry]:
     """After an attached run ended (``rec``: its record, as it ended): update the strikes and set
-    aside each machine :func:`decide` says to. Returns the entries added (to be said)."""
+    aside each machine :func:`decide` says to (the SSH backend's runs: Slurm keeps its own nodes' health).
+    Returns the entries added (to be said)."""
     from .record import NodeState
-    if rec.local or rec.slurm is not None:
+    if rec.local:
         return []
     lost = {machine(n.settings.address, n.settings.port): n.host for n in rec.nodes if n.state is NodeState.LOST}
     kept = [machine(n.settings.address, n.settings.port) for n in rec.nodes if n.state is not NodeState.LOST]

@@ -26,6 +26,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "schedule list": ("clusterddp schedule list",),
     "schedule remove": ("clusterddp schedule remove nightly",),
     "schedule run": ("clusterddp schedule run nightly",),
+    "notify test": ("clusterddp notify test inventory/lab.yaml",
+                    "clusterddp notify test inventory/lab.yaml --notify @~/.config/clusterddp/slack.url"),
     "quarantine list": ("clusterddp quarantine list", "clusterddp quarantine list --json"),
     "quarantine add": ('clusterddp quarantine add inventory/lab.yaml gpu-02 --for 1d --why "ECC errors"',),
     "quarantine release": ("clusterddp quarantine release gpu-02",),

@@ -62,7 +62,10 @@ def up(
     raw: bool = RAW,
     quiet: bool = QUIET,
     join_timeout: float = option("join_timeout"),
+    stall_timeout: float | None = option("stall_timeout"),
+    progress_regex: str | None = option("progress_regex"),
     wait: bool = option("wait"),
+    notify: list[str] = option("notify"),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -72,14 +75,17 @@ def up(
     from ..upload import parse_size
 
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
-    spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg))
     limit = parse_size(max_upload)
     loaded = backends.load_inventory(inventory, gpus)
+    spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg),
+                               **watchdog(stall_timeout, progress_regex, loaded))
     names, slots = host_slots(hosts)
     req = LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=spec, runs_dir=runs_dir, hosts=names,
                         slots=slots, exclude=host_list(exclude, "--exclude"), max_upload=limit, detach=detach,
                         skip_check=skip_check, join_timeout=join_timeout, wait=wait, schedule=schedule)
     backend = backends.for_inventory(loaded)
+    from .. import notify as N
+    targets = N.targets_for(loaded.notify, notify)
     prep = backend.prepare(req, contact=not dry_run)
     warning = local_rank_warning(spec)
     if warning:
@@ -88,14 +94,47 @@ def up(
         text = backend.render(prep, req)
         print(dry_run_text(text, prep.plan.run_id, () if show_secrets else secrets(req)), flush=True)
         return
+    if detach and targets:
+        err("warning: notify: a detached run is not told of its end (no launcher is attached to see it); "
+            "leave --detach out to be told, e.g. under nohup or tmux")
     events = Printed(raw=raw, hide=quiet_filter(quiet))
     sigterm_as_interrupt()  # SIGTERM ends an attached run as Ctrl-C does (a waiting one leaves the queue)
+    told = {"run_id": prep.plan.run_id, "name": spec.name, "schedule": schedule, "inventory": inventory}
     try:
         backend.launch(prep, req, events)
+    except KeyboardInterrupt:
+        _said(N.tell_run_end(targets, prep.store, interrupted=True, **told))
+        raise
+    except Exception as e:
+        _said(N.tell_run_end(targets, prep.store, error=e, **told))
+        raise
+    else:
+        if not detach:
+            _said(N.tell_run_end(targets, prep.store, **told))
     finally:
         events.printer.flush()
         tell_unmatched(events.results, "collect: ")  # at the end of the run: a glob that brought nothing back
         tell_hidden(events.hide, f"{prep.store.run_dir(prep.plan.run_id) / 'logs'}/")
+
+
+def _said(lines: list[str]) -> None:
+    for line in lines:  # a receiver's words: escaped
+        err(visible(line))
+
+
+def watchdog(stall_timeout: float | None, progress_regex: str | None, inv) -> dict:
+    """The run's stall timeout and progress regex: the flags over the inventory's (``--stall-timeout 0``:
+    off for this run); bad values are bad input (exit 2)."""
+    from ..errors import UsageError
+    from ..top import check_progress_regex
+    s = stall_timeout if stall_timeout is not None else inv.stall_timeout
+    if s is not None and 0 < s < 1:
+        raise UsageError(f"--stall-timeout {s:g}: under a second, any pause of the job would end it",
+                         "give it in seconds, at least 1 (see the README's \"When a run hangs\"), or 0 for off")
+    regex = progress_regex if progress_regex is not None else inv.progress_regex
+    if progress_regex is not None:
+        check_progress_regex(progress_regex)
+    return {"stall_timeout": s or None, "progress_regex": regex}
 
 
 DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run, so it has none
