@@ -7,13 +7,14 @@ write the buffer to ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>`` and tell the other
 store, to write theirs (``TORCH_NCCL_DUMP_ON_TIMEOUT``). :func:`env_lines` (in every launch.sh, after the
 user's env) points the file into the node's control folder, ``$CTL/flight/rank<N>`` (0700: a dump holds
 the script's frames; torch's default, ``/tmp/nccl_trace_rank_<N>``, is shared by every run and user of
-the machine) and turns the recording and the dump on for a torch older than 2.5, whose defaults were
-off. A value the user set (``-e``, the inventory's env, a setup line, the node's own environment) wins,
-and so does one of torch 2.13's newer names for the same settings, ``TORCH_FR_BUFFER_SIZE`` (read before
-``TORCH_NCCL_TRACE_BUFFER_SIZE``, FlightRecorder.hpp) and ``TORCH_FR_DUMP_TEMP_FILE``: the older name is
-then given the user's value, whichever of the two torch reads first (dumps written outside the control
-folder are not fetched). The variables are inert where no NCCL process group exists (gloo records the
-same buffer in torch 2.13 by default, 2000 entries, but never dumps it).
+the machine). It sets torch's newer names, ``TORCH_FR_BUFFER_SIZE`` and ``TORCH_FR_DUMP_TEMP_FILE``
+(read before ``TORCH_NCCL_TRACE_BUFFER_SIZE`` and ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, which torch 2.13
+warns are deprecated on every rank when they are set): a torch that knows only the older names
+records nothing unless the user sets them. A value the user set (``-e``, the inventory's env, a setup
+line, the node's own environment) wins, under either name (an older name's value is copied to the
+newer one; dumps written outside the control folder are not fetched). The variables are inert where
+no NCCL process group exists (gloo records the same buffer in torch 2.13 by default, 2000 entries,
+but never dumps it).
 
 After a failure the node program ``flight`` (``clusterddp/node/flight.py``) sends the dumps;
 :func:`parse_reply` checks its answer, :func:`parse_dump` reads one dump (a pickle, from a node: never
@@ -45,16 +46,16 @@ BUFFER_ENTRIES = 2000    # torch 2.13's own default (FlightRecorder.hpp); older 
 # an empty one included.
 ENV_LINES = (
     f'(umask 077 && mkdir -p "$CTL/{FOLDER}") 2>/dev/null || true',
-    'export TORCH_NCCL_TRACE_BUFFER_SIZE='
-    f'"${{TORCH_NCCL_TRACE_BUFFER_SIZE-${{TORCH_FR_BUFFER_SIZE-{BUFFER_ENTRIES}}}}}" '
+    'export TORCH_FR_BUFFER_SIZE='
+    f'"${{TORCH_FR_BUFFER_SIZE-${{TORCH_NCCL_TRACE_BUFFER_SIZE-{BUFFER_ENTRIES}}}}}" '
     'TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT-1}" '
-    'TORCH_NCCL_DEBUG_INFO_TEMP_FILE='
-    f'"${{TORCH_NCCL_DEBUG_INFO_TEMP_FILE-${{TORCH_FR_DUMP_TEMP_FILE-$CTL/{FOLDER}/{node_flight.PREFIX}}}}}"',
+    'TORCH_FR_DUMP_TEMP_FILE='
+    f'"${{TORCH_FR_DUMP_TEMP_FILE-${{TORCH_NCCL_DEBUG_INFO_TEMP_FILE-$CTL/{FOLDER}/{node_flight.PREFIX}}}}}"',
 )
 
 MOST_BYTES = node_flight.MOST_BYTES
 MOST_REPLY = node_flight.MOST_REPLY
-MOST_ENTRIES = 100_000   # entries of one dump read (torch keeps TORCH_NCCL_TRACE_BUFFER_SIZE of them)
+MOST_ENTRIES = 100_000   # entries of one dump read (torch keeps TORCH_FR_BUFFER_SIZE of them)
 MOST_RANKS = 4096        # ranks a Flight names
 MOST_TEXT = 500          # characters of any one text kept from a dump
 MOST_NOTES = 16

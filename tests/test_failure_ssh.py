@@ -32,7 +32,7 @@ if ctx.rank == 3:
     if os.environ["CDDP_FAIL"] == "raise":
         # torch's own flight recorder dump, where launch.sh points NCCL's (gloo never writes it itself)
         from torch._C._distributed_c10d import _dump_fr_trace
-        with open(os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] + "3", "wb") as f:
+        with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + "3", "wb") as f:
             f.write(_dump_fr_trace())
         explode(7)
     os.kill(os.getpid(), signal.SIGKILL)

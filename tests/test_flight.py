@@ -38,24 +38,26 @@ def run_lines(tmp_path: Path, exports: str = "") -> dict[str, str]:
     ctl = tmp_path / "ctl"
     ctl.mkdir(exist_ok=True)
     script = "\n".join([f"CTL={ctl}", exports, *flight.env_lines(),
-                        'printf "%s\\n" "$TORCH_NCCL_TRACE_BUFFER_SIZE" "$TORCH_NCCL_DUMP_ON_TIMEOUT" '
-                        '"$TORCH_NCCL_DEBUG_INFO_TEMP_FILE"'])
+                        'printf "%s\\n" "$TORCH_FR_BUFFER_SIZE" "$TORCH_NCCL_DUMP_ON_TIMEOUT" '
+                        '"$TORCH_FR_DUMP_TEMP_FILE" "${TORCH_NCCL_TRACE_BUFFER_SIZE-unset}" '
+                        '"${TORCH_NCCL_DEBUG_INFO_TEMP_FILE-unset}"'])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_NCCL_", "TORCH_FR_"))}
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60, check=True)
-    size, dump, temp = out.stdout.split("\n")[:3]
-    return {"size": size, "dump": dump, "temp": temp}
+    size, dump, temp, old_size, old_temp = out.stdout.split("\n")[:5]
+    return {"size": size, "dump": dump, "temp": temp, "old": old_size + " " + old_temp}
 
 
 def test_launch_lines_turn_the_dump_on_into_the_private_control_folder(tmp_path):
     got = run_lines(tmp_path)
-    assert got == {"size": "2000", "dump": "1", "temp": f"{tmp_path}/ctl/flight/rank"}
+    # torch's newer names only: torch 2.13 warns on every rank that the older ones are deprecated
+    assert got == {"size": "2000", "dump": "1", "temp": f"{tmp_path}/ctl/flight/rank", "old": "unset unset"}
     assert stat.S_IMODE((tmp_path / "ctl" / "flight").stat().st_mode) == 0o700
 
 
 def test_a_users_own_values_win_even_empty_and_the_newer_buffer_name(tmp_path):
     got = run_lines(tmp_path, "export TORCH_NCCL_DUMP_ON_TIMEOUT=0 TORCH_NCCL_DEBUG_INFO_TEMP_FILE= "
                               "TORCH_FR_BUFFER_SIZE=50")
-    assert got == {"size": "50", "dump": "0", "temp": ""}
+    assert got == {"size": "50", "dump": "0", "temp": "", "old": "unset "}
     assert run_lines(tmp_path, "export TORCH_NCCL_TRACE_BUFFER_SIZE=7")["size"] == "7"
     assert run_lines(tmp_path, "export TORCH_FR_DUMP_TEMP_FILE=/data/fr_")["temp"] == "/data/fr_"
 
@@ -234,8 +236,8 @@ import torch, torch.distributed as dist
 from torch._C._distributed_c10d import _dump_fr_trace
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
 r, x = dist.get_rank(), torch.ones(4)
-prefix = os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
-print("env", os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"], os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"], flush=True)
+prefix = os.environ["TORCH_FR_DUMP_TEMP_FILE"]
+print("env", os.environ["TORCH_FR_BUFFER_SIZE"], os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"], flush=True)
 def dump():  # what NCCL's watchdog writes on a timeout, by torch's own writer
     with open(prefix + str(r), "wb") as f:
         f.write(_dump_fr_trace())

@@ -1,10 +1,11 @@
 """``flight``: the flight recorder dumps torch left in a node's control folder, for the failure summary.
 
-launch.sh points ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` at ``$CTL/flight/rank`` (``clusterddp.flight.env_lines``),
-so a NCCL rank whose collective times out writes its flight recorder there as ``rank<global rank>`` (a
-pickle), and the other ranks, told through the store, write theirs. After a failure this program sends
-each such file, as it is: the bytes are read here, bounded, and never unpickled on the node or trusted on
-the launcher (``clusterddp.flight.parse_dump`` reads them with an unpickler that refuses every global).
+launch.sh points ``TORCH_FR_DUMP_TEMP_FILE`` (torch's newer name for ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``)
+at ``$CTL/flight/rank`` (``clusterddp.flight.env_lines``), so a NCCL rank whose collective times out
+writes its flight recorder there as ``rank<global rank>`` (a pickle), and the other ranks, told through
+the store, write theirs. After a failure this program sends each such file, as it is: the bytes are read
+here, bounded, and never unpickled on the node or trusted on the launcher
+(``clusterddp.flight.parse_dump`` reads them with an unpickler that refuses every global).
 
 ``flight CTL`` prints one line: :data:`MARK` and a JSON object ``{"dumps": [{"rank": N, "size": bytes,
 "data": base64 of zlib of the bytes, or null, "note": why null}]}``. Regular files only (a link is not
@@ -24,7 +25,7 @@ import zlib
 
 MARK = "CLUSTERDDP_FLIGHT "
 FOLDER = "flight"                # in the control folder
-PREFIX = "rank"                  # torch appends the global rank to TORCH_NCCL_DEBUG_INFO_TEMP_FILE
+PREFIX = "rank"                  # torch appends the global rank to TORCH_FR_DUMP_TEMP_FILE
 MOST_FILES = 64                  # a node runs at most a few dozen ranks
 MOST_BYTES = 16 << 20            # of one dump: 2000 entries with their Python frames are a few MiB
 MOST_REPLY = 96 << 20            # of the whole answer (compressed dumps, base64), which the reader refuses beyond
