@@ -5,7 +5,8 @@
 #      this machine happens to have installed can hide a missing dependency;
 #   3. the README's main-job command, read from README.md and run exactly as written there
 #      (it installs torch and the project), checked for success and a collected checkpoint;
-#   4. `pip check`, the test extras, ruff, mypy and the import contracts (lint-imports), and the whole test suite in that same virtualenv.
+#   4. `pip check`, the test extras, ruff, mypy, the import contracts (lint-imports), the docs site
+#      (mkdocs build --strict), and the whole test suite in that same virtualenv.
 # Arguments go to pytest (e.g. `bash scripts/test.sh tests/test_plan.py -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +56,8 @@ echo "== ruff, mypy and lint-imports (configured in pyproject.toml)"
 ruff check .
 mypy
 lint-imports --no-logo --no-cache
+echo "== the docs site: mkdocs build --strict (a broken link or a page missing from mkdocs.yml fails it)"
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$work/site"
 echo "== pytest in $venv"
 # Two workers (pytest-xdist): most of a test's wall time is spent waiting on sshd hosts, torchrun and
 # Slurm, not on a core, and every test bed takes a slot of its own per process (tests/testbed.py), so two

@@ -13,6 +13,7 @@ from . import schedule as schedule_cmd
 from . import schema as schema_cmd
 from . import up as up_cmd
 from .check import check as check_cmd
+from .examples import epilog
 from .exec_ import exec_ as exec_cmd
 from .leases import leases as leases_cmd
 from .script_args import ScriptCommand
@@ -23,20 +24,21 @@ from .top import top as top_cmd
 # --help is no slower with them (measured, see the README).
 app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="Start PyTorch DDP training on several machines over SSH, from one command.")
-app.command("up", cls=ScriptCommand, context_settings={"help_option_names": ["-h", "--help"]})(up_cmd.up)
+app.command("up", cls=ScriptCommand, context_settings={"help_option_names": ["-h", "--help"]},
+            epilog=epilog("up"))(up_cmd.up)
 for _verb in ("runs", "status", "logs", "stop"):
-    app.command(_verb)(getattr(runs_cmd, _verb))
-app.command("collect")(collect_cmd.collect)
+    app.command(_verb, epilog=epilog(_verb))(getattr(runs_cmd, _verb))
+app.command("collect", epilog=epilog("collect"))(collect_cmd.collect)
 app.add_typer(schedule_cmd.app, name="schedule")
 app.add_typer(notify_cmd.app, name="notify")
 app.add_typer(quarantine_cmd.app, name="quarantine")
-app.command("check")(check_cmd)
-app.command("exec")(exec_cmd)
-app.command("prune")(prune_cmd.prune)
-app.command("schema")(schema_cmd.schema)
-app.command("top")(top_cmd)
-app.command("leases")(leases_cmd)
-app.command("stacks")(stacks_cmd)
+app.command("check", epilog=epilog("check"))(check_cmd)
+app.command("exec", epilog=epilog("exec"))(exec_cmd)
+app.command("prune", epilog=epilog("prune"))(prune_cmd.prune)
+app.command("schema", epilog=epilog("schema"))(schema_cmd.schema)
+app.command("top", epilog=epilog("top"))(top_cmd)
+app.command("leases", epilog=epilog("leases"))(leases_cmd)
+app.command("stacks", epilog=epilog("stacks"))(stacks_cmd)
 
 
 @app.callback()

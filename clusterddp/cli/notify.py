@@ -5,13 +5,14 @@ from __future__ import annotations
 import typer
 
 from .common import EXIT_USAGE, INVENTORY, err, handle_errors, option, visible
+from .examples import epilog
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Notifications: where a run's end is told (the inventory's notify:, --notify).")
 
 
-@app.command("test")
+@app.command("test", epilog=epilog("notify test"))
 @handle_errors
 def test(inventory: str = INVENTORY, notify: list[str] = option("notify")) -> None:
     """Send a test event to every target of INVENTORY's notify: (and each --notify), whatever its `on`;

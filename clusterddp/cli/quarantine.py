@@ -7,12 +7,13 @@ import json
 import typer
 
 from .common import handle_errors, load_inventory, visible
+from .examples import epilog
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="The hosts set aside after machine-side failures (lost twice in a row), or by hand.")
 
 
-@app.command("list")
+@app.command("list", epilog=epilog("quarantine list"))
 @handle_errors
 def list_(as_json: bool = typer.Option(False, "--json", help="Print a JSON list.")) -> None:
     """Every host quarantined now: until when, why, and the run that set it aside."""
@@ -29,7 +30,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print a JSON list.
         print(visible(f"{e.host} ({e.machine}) until {stamp(e.until)}: {e.why}"))
 
 
-@app.command("add")
+@app.command("add", epilog=epilog("quarantine add"))
 @handle_errors
 def add(
     inventory: str = typer.Argument(..., help="Inventory YAML file that lists the host."),
@@ -56,7 +57,7 @@ def add(
     print(visible(f"{h.name} ({e.machine}) is quarantined until {stamp(e.until)}"))
 
 
-@app.command("release")
+@app.command("release", epilog=epilog("quarantine release"))
 @handle_errors
 def release(host: str = typer.Argument(..., help="The host: its inventory name, address, or address:port.")) -> None:
     """Let HOST back before its time is up."""

@@ -36,6 +36,7 @@ from .common import (
     visible,
     with_recorded_options,
 )
+from .examples import epilog
 from .script_args import NoSuchOption, ScriptCommand
 
 # The `up` options a schedule does not record (launch.Option.recorded is None), and why: `schedule add`
@@ -75,7 +76,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="Run `clusterddp up` on a timetable, from your crontab.")
 
 
-@app.command("add", cls=ScheduleAddCommand)
+@app.command("add", cls=ScheduleAddCommand, epilog=epilog("schedule add"))
 @with_recorded_options
 @handle_errors
 def add(
@@ -184,7 +185,7 @@ def _is_socket(path: str) -> bool:
         return False
 
 
-@app.command("list")
+@app.command("list", epilog=epilog("schedule list"))
 @handle_errors
 def list_(runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     """Every schedule in your crontab: expression, next three runs, last run and its status."""
@@ -216,7 +217,7 @@ def list_(runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])  # last column unpadded
 
 
-@app.command("remove")
+@app.command("remove", epilog=epilog("schedule remove"))
 @handle_errors
 def remove(name: str = typer.Argument(..., help="The schedule to remove."),
            runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
@@ -229,7 +230,7 @@ def remove(name: str = typer.Argument(..., help="The schedule to remove."),
     print(f"removed schedule {name}")
 
 
-@app.command("run")
+@app.command("run", epilog=epilog("schedule run"))
 @handle_errors
 def run(name: str = typer.Argument(..., help="The schedule to run now."),
         runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:

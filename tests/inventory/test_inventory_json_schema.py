@@ -109,8 +109,8 @@ def test_the_example_inventory_is_valid_and_every_field_has_help():
 def test_clusterddp_schema_prints_the_shipped_file_and_the_wheel_carries_it(tmp_path):
     r = cddp("schema", check_rc=0)
     assert r.stdout == S.SCHEMA_FILE.read_text(encoding="utf-8")
-    assert "`clusterddp schema`" in (REPO / "README.md").read_text() and \
-        "# yaml-language-server: $schema=" in (REPO / "README.md").read_text()
+    page = (REPO / "docs" / "inventory.md").read_text()
+    assert "`clusterddp schema`" in page and "# yaml-language-server: $schema=" in page
     src = tmp_path / "src"  # a clean copy: a build/ folder left in the checkout would carry stale files
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", ".*", "__pycache__",
                                                            "tests", "bench", "runs"))

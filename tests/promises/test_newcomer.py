@@ -184,9 +184,10 @@ def test_quiet_hides_known_torch_noise_on_the_terminal_and_the_log_keeps_it(tmp_
     assert "[local] epoch 0 loss 1.0" in quiet.stdout and f"hid {hid.group(1)} line(s)" in quiet.stderr
 
 
-def test_readme_commands_table_is_one_table_and_its_python_is_pyprojects():
+def test_the_commands_table_is_one_table_and_the_readmes_python_is_pyprojects():
     text = (REPO / "README.md").read_text()
-    section = text.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+    page = (REPO / "docs" / "commands.md").read_text()
+    section = page.split("\n## The commands at a glance\n", 1)[1].split("\n## ", 1)[0]
     rows = [i for i, line in enumerate(section.splitlines()) if line.startswith("| `clusterddp ")]
     assert len(rows) >= 9 and rows == list(range(rows[0], rows[0] + len(rows))), "a blank line splits the table"
     need = re.search(r'requires-python = ">=(3\.\d+)"', (REPO / "pyproject.toml").read_text())
