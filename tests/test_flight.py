@@ -245,9 +245,10 @@ def step():
     dist.all_reduce(x)
 for _ in range(3):
     step()
-if r == 1:  # takes another branch: skips the 4th all_reduce
+if r == 1:  # takes another branch: skips the 4th all_reduce, and waits to be stopped
     dump()
-    time.sleep(600)
+    while True:
+        time.sleep(1)
 deadline = time.time() + 120
 while not os.path.exists(prefix + "1") and time.time() < deadline:
     time.sleep(0.05)

@@ -59,6 +59,7 @@ for step in range(int(sys.argv[1])):
         print("step %d" % step, flush=True)
     time.sleep(0.5)
 dist.barrier()
+dist.destroy_process_group()
 print("rank %d done" % rank, flush=True)
 '''
 
