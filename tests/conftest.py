@@ -20,8 +20,9 @@ from ci_skips import in_ci  # noqa: E402
 from slurmbed import SlurmBed, missing_slurm  # noqa: E402
 from testbed import TestBed, require_bed, session_slot  # noqa: E402
 
-# In CI a skipped integration test is a failure (see ci_skips.py).
-pytest_plugins = ["ci_skips"]
+# In CI a skipped integration test is a failure (see ci_skips.py); PYTEST_TIMINGS=FILE streams
+# every test phase's time to FILE (see timings.py).
+pytest_plugins = ["ci_skips", "timings"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

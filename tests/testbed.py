@@ -106,6 +106,14 @@ def missing_requirements() -> str | None:
     return None
 
 
+# What the nodes' login shells read as ~/.bashrc unless a test says otherwise (TestBed's login_rc): nothing.
+# sshd runs every command through the user's shell, and Debian's bash reads ~/.bashrc for it; this machine's
+# (pyenv init, virtualenv-init, cargo) costs 0.2 CPU-s and a dozen forks per SSH command, about 14 of them
+# per `up` of 2 nodes, and ties the bed to whatever the machine's user keeps there. The nodes need none of
+# it: inventories name the interpreter by absolute path (write_inventory), and sshd's default PATH has the
+# system tools. A test about login shells passes its own (tests/node/test_node_reply.py: a banner).
+LOGIN_RC = ""
+
 PYENV_LOCK_STALE_S = 20.0  # a rehash takes well under a second, even on a loaded machine
 
 
@@ -166,7 +174,7 @@ class TestBed:
 
     SSHD_START_TIMEOUT = 20.0  # seconds for all sshds to accept TCP connections
 
-    def __init__(self, n: int, root: Path, prefix: str, subnet: str, login_rc: str | None = None) -> None:
+    def __init__(self, n: int, root: Path, prefix: str, subnet: str, login_rc: str | None = LOGIN_RC) -> None:
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, got {n}")
         # Interface names are limited to 15 characters: "<prefix>-v<n>".
@@ -196,6 +204,7 @@ class TestBed:
         self._sshd_extra: dict[str, str] = {}  # node name -> extra sshd_config lines
         # What the login user's ~/.bashrc reads on the nodes (bind-mounted over it in each sshd's own
         # mount namespace; this machine's file is untouched); None: this machine's own ~/.bashrc.
+        # By default the nodes read LOGIN_RC (nothing), whatever this machine's user keeps there.
         self.login_rc = login_rc
 
     # ------------------------------------------------------------------ lifecycle
