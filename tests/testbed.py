@@ -301,6 +301,31 @@ class TestBed:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
+    def control_file(self, node: Node, run_id: str, name: str = "node.log") -> Path:
+        """A file of ``node``'s control folder for an SSH run (``<workdir>/runs/<id>/.clusterddp/<node>/``):
+        its log, ``exit_code``, ``pid``. The nodes share this machine's filesystem, so a test reads it here."""
+        return Path(node.workdir) / "runs" / run_id / ".clusterddp" / node.name / name
+
+    def wait_until_written(self, run_id: str, text: str = "", name: str = "node.log",
+                           nodes: list[Node] | None = None, timeout: float = 120) -> bool:
+        """Wait (bounded) until every node's control file ``name`` exists and holds ``text``; True if so.
+
+        For a test about to ask the CLI (``logs``, ``status``) whether a job got somewhere: waiting here
+        costs a file read every 0.2 s, where asking the CLI in a loop costs a Python start and an SSH
+        session per node each time, CPU the other tests' jobs want. The test's own assertion follows
+        (this returns False rather than failing, so the CLI's answer is what the test reports)."""
+        def there(node: Node) -> bool:
+            try:
+                return text in self.control_file(node, run_id, name).read_text(errors="replace")
+            except OSError:
+                return False
+        deadline = time.monotonic() + timeout
+        while not all(there(n) for n in (self.nodes if nodes is None else nodes)):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
     def restart_sshd(self, node: Node, extra_config: str = "") -> None:
         """Restart `node`'s sshd with `extra_config` lines appended to its sshd_config."""
         self._stop_sshd(node)
