@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from . import plan as P
 from .errors import ClusterDDPError
 from .fleet import Fleet, HostResult
 from .inventory import Inventory
+from .node import reply as node_reply
 from .node.envinfo import EnvInfoError, parse_reply
 from .record import RunRecord
 from .store import RunStore
@@ -128,21 +130,25 @@ def run_diff(inventory: Inventory, runs_dir: str) -> DiffReport:
         return P.envinfo_command(h, run_dirs.get(h.name), files)
     with Fleet(inventory.hosts, fanout=inventory.fanout) as fleet:
         results = fleet.run(command, timeout=TIMEOUT_S)
-    facts, errors = _facts(results)
+    facts, errors = facts_of(results)
     return compare(inventory.master.host, facts, errors, run_hosts=tuple(run_dirs),
                    run_id=rec.run_id if rec else None, note=note)
 
 
-def _facts(results: list[HostResult]) -> tuple[dict[str, dict], dict[str, str]]:
-    facts, errors = {}, {}
+def facts_of(results: list[HostResult]) -> tuple[dict[str, dict], dict[str, str]]:
+    """Each host's checked reply, every text in it one line (a version or package name a node sent
+    must not print a table row of its own), or why there is none."""
+    facts: dict[str, dict] = {}
+    errors: dict[str, str] = {}
     for r in results:
         if r.error is not None:
             e = r.error
-            errors[r.host] = e.detail
+            errors[r.host] = node_reply.one_line(e.detail)
             continue
         assert r.result is not None
         try:
-            facts[r.host] = parse_reply(r.result.stdout, r.result.stderr, r.result.exit_code)
+            facts[r.host] = cast(dict, node_reply.one_line_each(
+                parse_reply(r.result.stdout, r.result.stderr, r.result.exit_code)))
         except EnvInfoError as e:
-            errors[r.host] = str(e)
+            errors[r.host] = node_reply.one_line(str(e))
     return facts, errors

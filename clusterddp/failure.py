@@ -40,7 +40,9 @@ MAX_OTHERS = 1024
 MAX_ERROR_FILE = 1 << 20        # bytes of an error file parsed; longer is refused
 MAX_TABLE_SCAN = 256 << 10      # bytes at the end of a node log searched for torchrun's failure table
 
-KINDS = ("exception", "signal", "oom", "exit", "never_joined", "lost", "unknown")
+KINDS = ("exception", "signal", "oom", "exit", "never_joined", "lost", "unknown", "hang")
+MAX_HANG_GROUPS = 64            # groups of ranks a hang keeps (the odd ones out first)
+MAX_HANG_RANKS = 1024           # ranks named in one group
 
 
 _UNWRITABLE = re.compile("[\x00\ud800-\udfff]")  # NUL and lone surrogates: run.json refuses them (record.py)
@@ -211,7 +213,7 @@ _TRACEBACK = "Traceback (most recent call last):"
 _RANK_PREFIX = re.compile(r"\[rank(\d{1,7})\]: ", re.ASCII)
 # torch elastic's agent logs ("W1201 23:37:02.011000 8610 torch/distributed/elastic/...:1028] Sending
 # process 8775 closing signal SIGTERM"): torchrun's words, not a rank's
-_AGENT_LINE = re.compile(r"[IWEF]\d{4} [\d:.]{8,20} +\d{1,10} \S{0,400}torch/distributed/\S{0,400}\] ", re.ASCII)
+AGENT_LINE = re.compile(r"[IWEF]\d{4} [\d:.]{8,20} +\d{1,10} \S{0,400}torch/distributed/\S{0,400}\] ", re.ASCII)
 _USAGE_ERROR = re.compile(r"(\S{1,400}): error: (.{1,2000})")  # argparse's last line (then exit 2)
 
 
@@ -242,7 +244,7 @@ def attempt_lines(log: bytes) -> list[str]:
     start = max((i for i, line in enumerate(lines) if line.startswith(ATTEMPT_START)), default=-1)
     lines = lines[start + 1:]
     end = next((i for i, head, _ in _blocks(lines) if _torchruns(head)), len(lines))
-    return [line for line in lines[:end] if not _AGENT_LINE.match(line)]
+    return [line for line in lines[:end] if not AGENT_LINE.match(line)]
 
 
 def _unprefixed(lines: Sequence[str]) -> list[str]:
@@ -365,6 +367,87 @@ class NodeFacts:
 
 
 @dataclass(frozen=True)
+class HangRank:
+    """One rank of a hung run where its stacks found it (:mod:`clusterddp.hang` makes these)."""
+
+    host: str
+    rank: int | None
+    local_rank: int | None
+    pid: int
+    frames: tuple[str, ...] = ()        # the innermost frames of the user's code: ``function (file:line)``
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "rank": self.rank, "local_rank": self.local_rank, "pid": self.pid,
+                "frames": list(self.frames)}
+
+
+@dataclass(frozen=True)
+class HangGroup:
+    """Ranks whose main threads stand at the same place (``where``: ``stacks.summary``'s line)."""
+
+    odd: bool                           # not where the most ranks are
+    where: str
+    ranks: tuple[HangRank, ...]
+
+    def who(self) -> str:
+        """``rank 3 (node2 local 1, pid 812)`` or ``ranks 0-2 (node1, node2)``."""
+        if len(self.ranks) == 1:
+            r = self.ranks[0]
+            return f"rank {r.rank} ({r.host} local {r.local_rank}, pid {r.pid})"
+        numbers = sorted(r.rank for r in self.ranks if r.rank is not None)
+        hosts = ", ".join(dict.fromkeys(r.host for r in self.ranks))
+        return f"ranks {ranges(numbers)} ({hosts})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"odd": self.odd, "where": self.where, "ranks": [r.to_json() for r in self.ranks]}
+
+
+def ranges(numbers: Sequence[int]) -> str:
+    """``0-2, 5``: sorted numbers, runs written as ranges."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+@dataclass(frozen=True)
+class Hang:
+    """What the stall watchdog found (``failure.kind: hang``): how long no rank made progress, and
+    every rank's stacks grouped by where they stand, the odd ones out first."""
+
+    timeout: float                      # the run's stall timeout, seconds
+    silent_s: float                     # seconds without progress when it was declared
+    decided_by: str | None              # the node that saw it first
+    groups: tuple[HangGroup, ...] = ()
+    stacks_dir: str | None = None       # where every thread of every rank was saved (the run folder's stacks/)
+    missing: tuple[tuple[str, str], ...] = ()  # (host, why it gave no stacks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"timeout": self.timeout, "silent_s": self.silent_s, "decided_by": self.decided_by,
+                "groups": [g.to_json() for g in self.groups], "stacks_dir": self.stacks_dir,
+                "missing": [{"host": h, "why": w} for h, w in self.missing]}
+
+    def lines(self) -> list[str]:
+        """The grouped stacks, as `stacks` shows them: each group in a line, an odd one out with the
+        innermost frames of the user's code of each of its ranks."""
+        out = []
+        for g in self.groups:
+            out.append(f"{g.who()}: {g.where}" + ("  <- the odd one out" if g.odd else ""))
+            if g.odd:
+                for r in g.ranks:
+                    if len(g.ranks) > 1:
+                        out.append(f"  rank {r.rank} ({r.host} local {r.local_rank}, pid {r.pid}):")
+                    out += [f"    {f}" for f in r.frames]
+        out += [f"{h}: no stacks: {why}" for h, why in self.missing]
+        if self.stacks_dir:
+            out.append(f"every thread of every rank: {self.stacks_dir}/")
+        return out
+
+
+@dataclass(frozen=True)
 class Failure:
     """The root cause of a failed run, as recorded in run.json's ``failure`` and printed."""
 
@@ -379,12 +462,14 @@ class Failure:
     signal: str | None = None
     log_tail: tuple[str, ...] = ()
     others: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host, one line)
+    hang: Hang | None = None            # kind "hang": what the stall watchdog found
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "kind": self.kind, "summary": self.summary, "rank": self.rank,
                 "local_rank": self.local_rank, "exc_type": self.exc_type, "message": self.message,
                 "frames": list(self.frames), "signal": self.signal, "log_tail": list(self.log_tail),
-                "others": [{"host": h, "note": n} for h, n in self.others]}
+                "others": [{"host": h, "note": n} for h, n in self.others],
+                **({"hang": self.hang.to_json()} if self.hang is not None else {})}
 
     def lines(self, others: bool = True) -> list[str]:
         """The summary as text lines (unescaped: the CLI escapes what it prints): the root cause, then
@@ -395,7 +480,10 @@ class Failure:
             where += f" (local rank {self.local_rank})" if self.local_rank is not None else ""
         head, *more = self.summary.splitlines() or [""]
         out = [f"root cause: {where}: {head}"] + [f"  {m}" for m in more]
-        out += [f"  at {f}" for f in self.frames]
+        if self.hang is not None:
+            out += [f"  {line}" for line in self.hang.lines()]
+        else:
+            out += [f"  at {f}" for f in self.frames]
         if self.log_tail:
             out.append(f"  last lines of {self.host}'s log:")
             out += [f"  | {line}" for line in self.log_tail]

@@ -106,6 +106,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("join_timeout", ("--join-timeout",), "float", 120.0, "Name and end a run whose nodes have not all "
            "joined the rendezvous S seconds after it started (0: wait as long as torch does).", low=0,
            metavar="S"),
+    Option("stall_timeout", ("--stall-timeout",), "float", None, "End the run as a hang, with every rank's stacks, "
+           "when no rank has printed a progress line for S seconds (nodes watch themselves: detached runs too). "
+           "Off by default; over the inventory's stall_timeout (0: off for this run). See the README's \"When a "
+           "run hangs\" for choosing S.", low=0, metavar="S"),
+    Option("progress_regex", ("--progress-regex",), "text", None, "With a stall timeout: only a line matching "
+           "REGEX counts as progress (default: any line of the ranks' output but clusterddp's own and known "
+           "torch noise); over the inventory's progress_regex.", metavar="REGEX"),
     Option("dry_run", ("--dry-run",), "bool", False, "Print every node's command; contact no host. Env values "
            "(-e, the inventory's env) are shown as ***.",
            recorded=None),  # a schedule that contacts no host runs nothing

@@ -9,6 +9,7 @@ programs' source from :mod:`clusterddp.node`).
 
 from __future__ import annotations
 
+import json
 import posixpath
 import shlex
 from collections.abc import Callable, Iterable
@@ -193,6 +194,37 @@ def stack_hook_lines() -> list[str]:
         "CDDP_STACKHOOK",
         f'export CLUSTERDDP_STACKS="$CTL/{STACKS}" PYTHONPATH={hook}"${{PYTHONPATH:+:$PYTHONPATH}}"',
     ]
+
+
+WATCH = "watch"  # in a node's control folder: the stall watchdog's programs (node programs watch and stacks)
+HANG = "hang.json"  # in a node's control folder: written by the watchdog when it found the run stalled
+
+
+def watch_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
+    """The stall watchdog (``up --stall-timeout``): the lines that start the node program ``watch``
+    beside the job, in the background (``args``: its JSON argument), and the lines after the job that
+    give its exit code (``cddp_rc``) to ``cddp_exit``: 1 when the watchdog ended it (hang.json), after
+    waiting for the watchdog to finish; otherwise the job's, the watchdog ended. The watchdog runs the
+    node program ``stacks`` (written beside it) for its ranks' stacks. Its stderr (torch's warnings
+    about the store) goes to ``$CTL/watch.log``, its own lines to the job's log."""
+    w = f'"$CTL/{WATCH}"'
+    start = [
+        f"(umask 077 && mkdir -p {w} && : >> \"$CTL/watch.log\" && cat > {w}/watch.py) <<'CDDP_WATCH'",
+        node_source("watch").rstrip("\n"),
+        "CDDP_WATCH",
+        f"(umask 077 && cat > {w}/stacks.py) <<'CDDP_STACKS'",
+        node_source("stacks").rstrip("\n"),
+        "CDDP_STACKS",
+        f'{q(python)} {w}/watch.py "$CTL" {q(json.dumps(args, sort_keys=True))} 2>>"$CTL/watch.log" </dev/null &',
+        "CDDP_WATCH_PID=$!",
+    ]
+    end = [
+        "cddp_rc=$?",
+        f'if [ -e "$CTL/{HANG}" ]; then  # the watchdog found the run stalled and ends the job: exit 1 once it has',
+        '  wait "$CDDP_WATCH_PID"; cddp_rc=1',
+        'else kill "$CDDP_WATCH_PID" 2>/dev/null; fi',
+    ]
+    return start, end
 
 
 # ---- finding a job's processes ----

@@ -29,6 +29,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from . import noise
+from .failure import AGENT_LINE
 from .inventory import Host, Inventory
 from .node import envinfo as node_envinfo
 from .node import probe as node_probe
@@ -53,6 +55,7 @@ from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER
     setup_failed,
     ship_train_lines,
     stack_hook_lines,
+    watch_lines,
 )
 
 DEFAULT_GRACE = 10.0
@@ -71,6 +74,8 @@ class RunSpec:
     collect: tuple[str, ...] = ()                # --collect, added to the inventory's globs
     max_restarts: int = 0
     local_rank_arg: str | None = None            # --local-rank-arg: "--local_rank" or "--local-rank", or None
+    stall_timeout: float | None = None           # --stall-timeout / stall_timeout: (the flag wins); None: off
+    progress_regex: str | None = None            # --progress-regex / progress_regex:; None: any line of output
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,8 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
                      *torchrun_entry(host.python, script, spec.script_args, spec.local_rank_arg)]
         marker = f"{run_id}/{host.name}"
         node = NodeLaunch(host, rank, nproc, run_dir, control_dir, marker, node_env, tuple(torchrun), "")
-        nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, local))
+        watch = watch_args(spec, len(inventory.hosts), inventory.master.addr, master_port)
+        nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, local, watch))
     collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
                       collect, upload=not local, local=local, leased=grants is not None)
@@ -235,7 +241,24 @@ _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
 
 
-def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, local: bool) -> NodeLaunch:
+def watch_args(spec: RunSpec, nnodes: int, master_addr: str | None, master_port: int | None) -> dict | None:
+    """The stall watchdog's argument (the node program ``watch``, started by
+    :func:`~clusterddp.nodescript.watch_lines`), or None when the run has no stall timeout. Several
+    nodes agree through the run's rendezvous store, at the master's address and port (torchrun's static
+    and c10d rendezvous both serve it there from the master's torchrun); None for either: the node's
+    ``$MASTER_ADDR``/``$MASTER_PORT`` (a node script that finds the master on the node)."""
+    if not spec.stall_timeout:
+        return None
+    # not progress: known torch noise (the lines, and those whose indented next line is theirs too)
+    # and torch elastic's agent, whose log records say nothing of the ranks
+    skip = [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern]
+    return {"timeout": spec.stall_timeout, "regex": spec.progress_regex, "skip": skip,
+            "tails": [p for p, tail in noise.LINES if tail], "nnodes": nnodes,
+            "store": [master_addr, master_port] if nnodes > 1 else None}
+
+
+def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, local: bool,
+                 watch: dict | None = None) -> NodeLaunch:
     h = node.host
     ctl = node.control_dir
     lines = [
@@ -260,11 +283,14 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
     argv = " ".join(f'"{a}"' if isinstance(a, _Probed) else q(a) for a in node.argv)
+    watch_start, watch_end = watch_lines(h.python, watch) if watch is not None else ([], [])
     lines += [
         f"echo \"[clusterddp] node {node.node_rank}/{nnodes} on $(hostname)"
         + (" iface=${IFACE:-?}" if not local else "") + "\"",
+        *watch_start,
         argv,
-        "cddp_exit $?",
+        *watch_end,
+        "cddp_exit " + ("$cddp_rc" if watch is not None else "$?"),
         "",
     ]
     return NodeLaunch(**{**node.__dict__, "launch_script": "\n".join(lines)})

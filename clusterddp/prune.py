@@ -33,11 +33,11 @@ _AGES_RE = re.compile(r"(?:\s*[0-9]{1,30}(?:\.[0-9]{1,30})?\s*[smhdw])+\s*", re.
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def parse_age(text: str) -> float:
-    """``30m``, ``12h``, ``7d``, ``2w`` (or ``1d12h``) as seconds; bad input is a UsageError."""
+def parse_age(text: str, flag: str = "--older-than") -> float:
+    """``30m``, ``12h``, ``7d``, ``2w`` (or ``1d12h``) as seconds; bad input is a UsageError naming ``flag``."""
     # The whole text first: findall alone tries every position, quadratic in a long number (64 KiB: a minute)
     if not _AGES_RE.fullmatch(text):
-        raise UsageError(f"--older-than {text!r}: not an age", "e.g. --older-than 7d, 12h, 30m or 2w")
+        raise UsageError(f"{flag} {text!r}: not an age", f"e.g. {flag} 7d, 12h, 30m or 2w")
     return sum(float(n) * _UNIT[u.lower()] for n, u in _AGE_RE.findall(text))
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import RecordError
-from .failure import KINDS, Failure
+from .failure import KINDS, MAX_HANG_GROUPS, MAX_HANG_RANKS, Failure, Hang, HangGroup, HangRank
 from .failure import MAX_FRAMES as _MAX_FRAMES
 from .failure import MAX_LOG_LINES as _MAX_LOG_LINES
 from .failure import MAX_OTHERS as _MAX_OTHERS
@@ -208,11 +208,13 @@ class SlurmJob:
     hosts: tuple[str, ...] = ()    # the allocation, once Slurm made it
     nproc: int = 1                 # processes per node
     login: Host | None = None      # the login host Slurm's commands ran on over SSH; None: this machine
+    node: Host | None = None       # every node's settings (python, setup): its nodes, learnt later, get them
 
     def to_json(self) -> dict[str, Any]:
         login = {"login": _host_json(self.login)} if self.login is not None else {}
+        node = {"node": _host_json(self.node)} if self.node is not None else {}
         return {"run_dir": self.run_dir, "job_id": self.job_id, "partition": self.partition,
-                "hosts": list(self.hosts), "nproc": self.nproc, **login}
+                "hosts": list(self.hosts), "nproc": self.nproc, **login, **node}
 
     @classmethod
     def from_json(cls, data: Any, path: str) -> SlurmJob:
@@ -220,7 +222,8 @@ class SlurmJob:
         return cls(run_dir=r.get("run_dir", str), job_id=r.get("job_id", str | None),
                    partition=r.get("partition", str | None), hosts=r.get("hosts", tuple[str, ...], default=()),
                    nproc=_at_least(r.get("nproc", int, default=1), 1, r, "nproc"),
-                   login=_host(r.get("login", dict), path, "slurm.login") if data.get("login") is not None else None)
+                   login=_host(r.get("login", dict), path, "slurm.login") if data.get("login") is not None else None,
+                   node=_host(r.get("node", dict), path, "slurm.node") if data.get("node") is not None else None)
 
 
 @dataclass(frozen=True)
@@ -563,10 +566,55 @@ def _failure(data: dict | None, path: str) -> Failure | None:
     for k, v in zip(("rank", "local_rank"), ranks, strict=True):
         if v is not None:
             _at_least(v, 0, r, k)
+    hang = r.get("hang", dict | None, default=None)
     return Failure(host=host, kind=kind, summary=text("summary"), rank=ranks[0], local_rank=ranks[1],
                    exc_type=text("exc_type", str | None), message=text("message", str | None),
                    frames=texts("frames", _MAX_FRAMES), signal=text("signal", str | None),
-                   log_tail=texts("log_tail", _MAX_LOG_LINES), others=tuple(pairs))
+                   log_tail=texts("log_tail", _MAX_LOG_LINES), others=tuple(pairs),
+                   hang=_hang(hang, path) if hang is not None else None)
+
+
+def _hang(data: dict, path: str) -> Hang:
+    """``failure.hang``: what the stall watchdog found, checked like the rest of the failure."""
+    r = _Reader(data, path, "failure.hang")
+
+    def short(reader: _Reader, key: str, tp: Any = str) -> Any:
+        v = reader.get(key, tp)
+        if isinstance(v, str) and len(v) > _MAX_TEXT:
+            raise RecordError(path, reader.field(key), f"longer than {_MAX_TEXT} characters")
+        return v
+
+    def listed(reader: _Reader, key: str, limit: int) -> list:
+        v = reader.get(key, list, default=[])
+        if len(v) > limit:
+            raise RecordError(path, reader.field(key), f"more than {limit} entries")
+        return v
+    groups = []
+    for i, g in enumerate(listed(r, "groups", MAX_HANG_GROUPS)):
+        gr = _Reader(g, path, f"failure.hang.groups[{i}]")
+        ranks = []
+        for j, one in enumerate(listed(gr, "ranks", MAX_HANG_RANKS)):
+            rr = _Reader(one, path, f"{gr.field('ranks')}[{j}]")
+            host = _name(rr.get("host", str), HOST_NAME_RE, path, rr.field("host"), "a host name")
+            frames = rr.get("frames", tuple[str, ...], default=())
+            if len(frames) > _MAX_FRAMES or any(len(f) > _MAX_TEXT for f in frames):
+                raise RecordError(path, rr.field("frames"), f"more than {_MAX_FRAMES} entries, or one too long")
+            numbers = [rr.get(k, int | None) for k in ("rank", "local_rank")]
+            for k, v in zip(("rank", "local_rank"), numbers, strict=True):
+                if v is not None:
+                    _at_least(v, 0, rr, k)
+            ranks.append(HangRank(host, numbers[0], numbers[1], _at_least(rr.get("pid", int), 0, rr, "pid"), frames))
+        groups.append(HangGroup(gr.get("odd", bool), short(gr, "where"), tuple(ranks)))
+    missing = []
+    for i, m in enumerate(listed(r, "missing", _MAX_OTHERS)):
+        mr = _Reader(m, path, f"failure.hang.missing[{i}]")
+        missing.append((_name(mr.get("host", str), HOST_NAME_RE, path, mr.field("host"), "a host name"),
+                        short(mr, "why")))
+    by = r.get("decided_by", str | None)
+    return Hang(timeout=_at_least(r.get("timeout", float), 0, r, "timeout"),
+                silent_s=_at_least(r.get("silent_s", float), 0, r, "silent_s"),
+                decided_by=by[:255] if by is not None else None, groups=tuple(groups),
+                stacks_dir=short(r, "stacks_dir", str | None), missing=tuple(missing))
 
 
 # States written by `clusterddp status` before schema 1, and what they mean now.

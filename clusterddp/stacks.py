@@ -1,14 +1,17 @@
 """`clusterddp stacks RUN`: the current Python stack of every thread of every rank of a running run,
 from every node at once, grouped so that the rank that is not where the others are stands out.
 
-:func:`take` sends each node one command (:func:`stacks_command`, the node program
-``clusterddp/node/stacks.py``) through one :class:`~clusterddp.fleet.Fleet`, in parallel, each bounded
-by the host's connect timeout plus :data:`ANSWER_S`; a node that does not answer in time, or answers
-something that is not the program's reply, is named in :attr:`Taken.unanswered` and the others are
-still shown. :func:`group` puts ranks whose main threads stand at the same place together, the
-smaller groups (the odd ones out) first; :func:`save` writes every dump under the run folder. How
-a node takes the stacks (faulthandler through the job's ``sitecustomize``; py-spy for a process not
-hooked) is told in ``clusterddp/node/stackhook.py``. Nothing here prints.
+Every node runs the same node program (``clusterddp/node/stacks.py``, the command
+:func:`node_command`); how it is reached is the run's backend's (``Backend.stacks``): an SSH or
+local run's by :func:`take`, which sends each node the command through one
+:class:`~clusterddp.fleet.Fleet`, in parallel, each bounded by the host's connect timeout plus
+:data:`ANSWER_S`; a Slurm run's by one job step per node. Each backend hands the checked answers
+to :func:`taken_from`: a node that does not answer in time, or answers something that is not the
+program's reply, is named in :attr:`Taken.unanswered` and the others are still shown.
+:func:`group` puts ranks whose main threads stand at the same place together, the smaller groups
+(the odd ones out) first; :func:`save` writes every dump under the run folder. How a node takes
+the stacks (faulthandler through the job's ``sitecustomize``; py-spy for a process not hooked) is
+told in ``clusterddp/node/stackhook.py``. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import posixpath
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +31,7 @@ from .fleet import Fleet, as_host_error
 from .inventory import Host
 from .node import stacks as node_stacks
 from .nodeops import nodes_of
+from .nodescript import HostLike
 from .record import RunRecord, RunStatus
 from .store import RunStore
 from .transport import Transport
@@ -80,31 +84,43 @@ class Taken:
     saved: Path | None = None
 
 
-def stacks_command(host: Host, node: P.NodeLaunch, wait: float = WAIT_S) -> str:
-    """The command that asks ``node`` for its job's stacks, after the host's setup lines."""
-    args = {"ctl": node.control_dir, "marker": node.marker, "wait": wait}
+def node_command(host: HostLike, control_dir: str, marker: str, wait: float = WAIT_S) -> str:
+    """The command that asks one node for its job's stacks (the job whose processes carry ``marker``,
+    whose control folder is ``control_dir``), after the host's setup lines. Every backend runs this
+    on each node, however it reaches the node."""
+    args = {"ctl": control_dir, "marker": marker, "wait": wait}
     lines = P.preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
     return "\n".join([*lines, P.python_command(host.python, "stacks", [P.q(json.dumps(args))])])
 
 
+def stacks_command(host: Host, node: P.NodeLaunch, wait: float = WAIT_S) -> str:
+    """:func:`node_command` for an SSH or local run's node."""
+    return node_command(host, node.control_dir, node.marker, wait)
+
+
 def running_record(store: RunStore, run: str) -> RunRecord:
     """The record of ``run`` (an id or a unique part of one); a UsageError (exit 2) when there is no
-    such run, or when it has ended. (A ``slurm:`` run is refused by the CLI, through the backend registry.)"""
+    such run, or when it has ended."""
     rec = store.load(store.resolve(run))
     if rec.status is not RunStatus.RUNNING:
-        ended = f" at {rec.ended_at}" if rec.ended_at else ""
-        raise UsageError(f"run {rec.run_id} has ended ({rec.status.value}{ended}): it has no stacks to take",
-                         f"`clusterddp status {rec.run_id}` says how it ended; `clusterddp logs {rec.run_id}` "
-                         "shows its output")
+        raise ended_error(rec)
     return rec
+
+
+def ended_error(rec: RunRecord) -> UsageError:
+    """What ``stacks`` says of a run that is not running (exit 2)."""
+    ended = f" at {rec.ended_at}" if rec.ended_at else ""
+    return UsageError(f"run {rec.run_id} has ended ({rec.status.value}{ended}): it has no stacks to take",
+                      f"`clusterddp status {rec.run_id}` says how it ended; `clusterddp logs {rec.run_id}` "
+                      "shows its output")
 
 
 def take(rec: RunRecord, connect: Callable[[Host], Transport] = default_connect,
          wait: float = WAIT_S) -> Taken:
-    """Every node of ``rec`` asked at once for its job's stacks; each node's answer checked."""
+    """Every node of an SSH or local run asked at once for its job's stacks; each node's answer checked."""
     nodes = nodes_of(rec)
     by_name = {n.host.name: n for n in nodes}
-    taken = Taken(rec.run_id, time.time())
+    at = time.time()
 
     def one(host: Host, t: Transport) -> dict:
         res = t.run(stacks_command(host, by_name[host.name], wait), timeout=ANSWER_S + wait)
@@ -112,17 +128,24 @@ def take(rec: RunRecord, connect: Callable[[Host], Transport] = default_connect,
 
     with Fleet([n.host for n in nodes], fanout=rec.fanout, connect=connect) as fleet:
         answers = fleet.each(one)
-    for n in nodes:
-        got = answers.get(n.host.name)
+    return taken_from(rec.run_id, at, [n.host.name for n in nodes], answers)
+
+
+def taken_from(run_id: str, at: float, hosts: Sequence[str], answers: Mapping[str, dict | Exception | None]) -> Taken:
+    """One ``stacks`` call from each host's answer: the node program's reply as :func:`parse_reply
+    <clusterddp.node.stacks.parse_reply>` checked it, or why there is none (an exception: its host
+    error's words; missing or None: not asked). ``hosts``: the run's hosts, in its order."""
+    taken = Taken(run_id, at)
+    for host in hosts:
+        got = answers.get(host)
         if got is None or isinstance(got, Exception):
-            taken.unanswered[n.host.name] = (str(as_host_error(n.host.name, got)) if isinstance(got, Exception)
-                                             else "not asked")
+            taken.unanswered[host] = str(as_host_error(host, got)) if isinstance(got, Exception) else "not asked"
             continue
         if got["state"] != "running" or not got["procs"]:
-            taken.ended[n.host.name] = got["exit_code"]
+            taken.ended[host] = got["exit_code"]
         for p in got["procs"]:
             threads = tuple((tid, cur, tuple(fr)) for tid, cur, fr in node_stacks.parse_dump(p["dump"]))
-            taken.procs.append(Proc(n.host.name, p["pid"], p["role"], p["rank"], p["local_rank"], p["how"],
+            taken.procs.append(Proc(host, p["pid"], p["role"], p["rank"], p["local_rank"], p["how"],
                                     p["note"], p["dump"], threads, _main(threads, p["main"])))
     taken.procs.sort(key=lambda p: (p.role != "rank", p.rank if p.rank is not None else 0, p.host, p.pid))
     return taken

@@ -39,6 +39,14 @@ from testbed import TestBed, require_bed, session_slot  # noqa: E402
 pytest_plugins = ["ci_skips", "timings"]
 
 
+@pytest.fixture(autouse=True)
+def _own_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own $XDG_STATE_HOME (inherited by every CLI it runs): the launching machine's state,
+    such as the quarantine of machines lost twice in a row, never leaks from one test to the next (test
+    beds reuse their addresses)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Markers live here, not in pyproject.toml, so this file is self-contained.
     config.addinivalue_line("markers", "integration: needs root and the namespace SSH test bed")

@@ -94,3 +94,16 @@ def test_parser_and_compare_take_anything_a_node_sends(changes, junk):
         return
     rep = compare("a", {"a": BASE, "b": f}, {})
     assert json.dumps(rep.to_dict())
+
+
+def test_what_a_node_sends_is_one_line_in_every_row():
+    from clusterddp.envdiff import facts_of
+    from clusterddp.fleet import HostResult
+    from clusterddp.transport.base import CommandResult
+    forged = {**BASE, "torch": "2.13.0\nSAME: all 9 host(s) agree", "packages": {"a\nb": "1\r2"}}
+    ok = HostResult("b", CommandResult(0, (MARK + json.dumps(forged)).encode(), b""))
+    bad = HostResult("c", CommandResult(127, b"", b"bash: /opt/py: No such file\nFAIL forged\n"))
+    facts, errors = facts_of([ok, bad])
+    assert facts["b"]["torch"] == "2.13.0\\nSAME: all 9 host(s) agree"
+    assert facts["b"]["packages"] == {"a\\nb": "1\\r2"}
+    assert "\n" not in errors["c"] and "FAIL forged" in errors["c"]

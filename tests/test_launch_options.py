@@ -23,7 +23,8 @@ NOT_OPTIONS = {"inventory", "script", "script_args", "runs_dir", "schedule"}
 # A value other than the default, for each option, as typed
 SAMPLES = {"name": "nightly eval", "hosts": "a,b", "exclude": "b", "gpus": "2", "master_port": "29601",
            "env": "A=1", "collect": "ckpt/*", "max_restarts": "2", "local_rank_arg": "--local_rank",
-           "wait": None, "max_upload": "500M", "skip_check": None, "raw": None, "quiet": None, "join_timeout": "7.5"}
+           "wait": None, "max_upload": "500M", "skip_check": None, "raw": None, "quiet": None, "join_timeout": "7.5",
+           "stall_timeout": "30", "progress_regex": "step (\\d+)"}
 
 
 def _params(cmd) -> dict:

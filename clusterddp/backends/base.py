@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..artifacts import CollectResult, Progress
     from ..check import Report
     from ..prune import RunResult, Selection
+    from ..stacks import Taken
 
 NodeStates = Mapping[str, tuple[NodeState, int | None, str | None]]
 
@@ -176,6 +177,13 @@ class Backend(Protocol):
 
     def check(self, inventory: Inventory, master_port: int | None = None) -> Report:
         """`clusterddp check`: will this inventory run a job?"""
+        ...
+
+    def stacks(self, store: RunStore, rec: RunRecord, wait: float) -> Taken:
+        """`clusterddp stacks`: every node of the running run ``rec`` runs the node program
+        ``stacks`` (:func:`clusterddp.stacks.node_command`), all at once, each bounded in time; the
+        answers as :func:`clusterddp.stacks.taken_from` reads them (a node that did not answer named).
+        A UsageError when the run turns out to have ended (:func:`clusterddp.stacks.ended_error`)."""
         ...
 
 

@@ -67,10 +67,17 @@ def check(
         raise typer.Exit(0 if ok else EXIT_FAILED)
     report = backend.check(inv, master_port=master_port)
     took = time.monotonic() - started
+    from ..quarantine import quarantined, stamp
+    aside = quarantined(inv.hosts)  # set aside on this machine: `up` refuses them, whatever the nodes say
     if as_json:
-        print(json.dumps({**report.to_dict(), "seconds": round(took, 2)}, indent=2))
-        raise typer.Exit(0 if report.ok else EXIT_FAILED)
-    if not print_report(report, took):
+        print(json.dumps({**report.to_dict(), "seconds": round(took, 2),
+                          "quarantined": {h: e.to_json() for h, e in aside.items()}}, indent=2))
+        raise typer.Exit(0 if report.ok and not aside else EXIT_FAILED)
+    ok = print_report(report, took)
+    for h, e in aside.items():
+        print(visible(f"FAIL {h} quarantined: set aside until {stamp(e.until)}: {e.why}"))
+        print(visible(f"     fix: `clusterddp quarantine release {h}` once the machine is mended, or --exclude {h}"))
+    if not ok or aside:
         raise typer.Exit(EXIT_FAILED)
 
 

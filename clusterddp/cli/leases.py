@@ -21,6 +21,8 @@ def leases(
     from ..fleet import Fleet
     from ..leases import read_views
     inv = load_inventory(inventory, hosts, fanout)
+    from ..quarantine import quarantined, stamp
+    aside = quarantined(inv.hosts)  # set aside on this machine: no run of ours takes their slots
     with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
         res = read_views(fleet, inv.hosts)
     if as_json:
@@ -30,7 +32,7 @@ def leases(
                         "port": x.port, "state": x.state} for x in v.holders],
             "queue": [{"ticket": w.ticket, "run": w.run, "name": w.name, "user": w.user, "since": w.since,
                        "need": w.need, "slots": list(w.slots) if w.slots else None} for w in v.waiting]}
-            for h, v in res.items()]}
+            for h, v in res.items()], "quarantined": {h: e.to_json() for h, e in aside.items()}}
         print(json.dumps(doc, indent=2))
     else:
         rows = [("HOST", "GPUS", "FREE", "RUN", "USER", "SINCE", "SLOTS", "PORT", "STATE")]
@@ -57,6 +59,8 @@ def leases(
             print("queue:")
             for line in waits:
                 print(visible("  " + line))
+        for h, entry in aside.items():
+            print(visible(f"{h}: quarantined until {stamp(entry.until)}: {entry.why}"))
     for h, e in res.failed.items():
         err(f"{h}: cannot read its leases: {e}")
     if res.failed:

@@ -28,15 +28,12 @@ def stacks(
     stacks/<time>/<host>/rank<N>.txt. Exit 1 when a node did not answer (the others are shown)."""
     from .. import backends
     from ..errors import StoreError, UsageError
-    from ..stacks import group, running_record, save, take, to_json
+    from ..stacks import group, running_record, save, to_json
     from ..store import RunStore
 
     store = RunStore(runs_dir)
     rec = running_record(store, run)
-    if backends.name_of_record(rec) != "ssh":
-        raise UsageError(f"run {rec.run_id} is a {backends.name_of_record(rec)}: run; `clusterddp stacks` reaches "
-                         "SSH and local runs only", "for now, run py-spy dump on its compute nodes")
-    taken = take(rec, wait=wait)
+    taken = backends.for_record(rec).stacks(store, rec, wait)
     if not taken.procs and not taken.unanswered:
         codes = ", ".join(f"{h}: {'exit ' + str(c) if c is not None else 'no exit code'}"
                           for h, c in taken.ended.items())

@@ -62,6 +62,8 @@ def up(
     raw: bool = RAW,
     quiet: bool = QUIET,
     join_timeout: float = option("join_timeout"),
+    stall_timeout: float | None = option("stall_timeout"),
+    progress_regex: str | None = option("progress_regex"),
     wait: bool = option("wait"),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
@@ -72,9 +74,10 @@ def up(
     from ..upload import parse_size
 
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
-    spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg))
     limit = parse_size(max_upload)
     loaded = backends.load_inventory(inventory, gpus)
+    spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg),
+                               **watchdog(stall_timeout, progress_regex, loaded))
     names, slots = host_slots(hosts)
     req = LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=spec, runs_dir=runs_dir, hosts=names,
                         slots=slots, exclude=host_list(exclude, "--exclude"), max_upload=limit, detach=detach,
@@ -96,6 +99,21 @@ def up(
         events.printer.flush()
         tell_unmatched(events.results, "collect: ")  # at the end of the run: a glob that brought nothing back
         tell_hidden(events.hide, f"{prep.store.run_dir(prep.plan.run_id) / 'logs'}/")
+
+
+def watchdog(stall_timeout: float | None, progress_regex: str | None, inv) -> dict:
+    """The run's stall timeout and progress regex: the flags over the inventory's (``--stall-timeout 0``:
+    off for this run); bad values are bad input (exit 2)."""
+    from ..errors import UsageError
+    from ..top import check_progress_regex
+    s = stall_timeout if stall_timeout is not None else inv.stall_timeout
+    if s is not None and 0 < s < 1:
+        raise UsageError(f"--stall-timeout {s:g}: under a second, any pause of the job would end it",
+                         "give it in seconds, at least 1 (see the README's \"When a run hangs\"), or 0 for off")
+    regex = progress_regex if progress_regex is not None else inv.progress_regex
+    if progress_regex is not None:
+        check_progress_regex(progress_regex)
+    return {"stall_timeout": s or None, "progress_regex": regex}
 
 
 DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run, so it has none

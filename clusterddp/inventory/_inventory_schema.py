@@ -34,6 +34,27 @@ Line = Annotated[str, AfterValidator(_one_line)]
 Glob = Annotated[str, AfterValidator(_glob)]
 
 
+def _progress_regex(v: str) -> str:
+    """`progress_regex:` as `--progress-regex` takes it: a regular expression, at most one group."""
+    try:
+        rx = re.compile(v)
+    except re.error as e:
+        raise ValueError(f"not a regular expression ({e}); e.g. 'step (\\d+)'") from None
+    if rx.groups > 1:
+        raise ValueError(f"{rx.groups} groups; give at most one, around the step number (use (?:...) for the others)")
+    return v
+
+
+def _stall_timeout(v: Any) -> Any:
+    if v is not None and not isinstance(v, bool) and v < 1:
+        raise ValueError("must be at least 1 second (leave it out for no stall watchdog)")
+    return _seconds(v, 7 * 86400)
+
+
+ProgressRegex = Annotated[str, AfterValidator(_one_line), AfterValidator(_progress_regex)]
+StallTimeout = Annotated[float | int | None, AfterValidator(_stall_timeout)]
+
+
 def _seconds(v: Any, most: float) -> Any:
     if v is None or isinstance(v, bool):
         return v
@@ -140,6 +161,8 @@ class InventoryFile(BaseModel):
     collect: list[Glob] = []
     fanout: int | None = Field(default=None, ge=1, le=1024)
     keep_runs: int | None = Field(default=None, ge=1)
+    stall_timeout: StallTimeout = None
+    progress_regex: ProgressRegex | None = None
     hosts: list[_HostEntry] = Field(min_length=1)
 
 
@@ -260,4 +283,6 @@ class SlurmInventoryFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     name: Line | None = None
     collect: list[Glob] = []
+    stall_timeout: StallTimeout = None
+    progress_regex: ProgressRegex | None = None
     slurm: _SlurmEntry

@@ -32,6 +32,10 @@ DESCRIPTIONS = {
     "fanout": "Hosts contacted at once by check, exec, up, status, logs, stop and collect (default 32)",
     "keep_runs": "After each run, `up` removes this inventory's older runs (on the nodes and locally), "
                  "keeping the newest N; a running run is never removed",
+    "stall_timeout": "End a run as a hang, with every rank's stacks, when no rank printed a progress line for this "
+                     "many seconds (default: off; `up --stall-timeout` wins)",
+    "progress_regex": "What counts as a progress line for stall_timeout (default: any line of the ranks' output); "
+                      "`up --progress-regex` wins",
     "hosts": "The machines, in node-rank order",
     "user": "SSH user (default: ~/.ssh/config, then your local user)",
     "port": "SSH port (default: ~/.ssh/config, then 22)",

@@ -151,7 +151,7 @@ def _parse_slurm(data: dict, path: str, root: yaml.Node | None) -> Inventory:
         sbatch=tuple(s.sbatch), shared_dir=s.shared_dir, python=s.python, setup=tuple(s.setup),
         env=tuple(s.env.items()))
     return Inventory(path, inv.name or Path(path).stem, (), Master("", "", 29500), tuple(inv.collect),
-                     slurm=settings)
+                     slurm=settings, **_watchdog(inv))
 
 
 def _login_host(data: dict, path: str, root: yaml.Node | None) -> Host:
@@ -211,7 +211,13 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | Non
     master_host = hosts[seen[master_name]]
     master = Master(master_name, m.addr or master_host.address, m.port or DEFAULT_MASTER_PORT, m.port is not None)
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
-                     inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs)
+                     inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs, **_watchdog(inv))
+
+
+def _watchdog(inv: Any) -> dict:
+    """`stall_timeout:` and `progress_regex:` as the Inventory holds them."""
+    s = inv.stall_timeout
+    return {"stall_timeout": float(s) if s is not None else None, "progress_regex": inv.progress_regex}
 
 
 def _identity_from(path: str, root: yaml.Node | None, lines: list[int] | None, i: int, h: Any, d: Any) -> str | None:

@@ -163,6 +163,8 @@ class Inventory:
     fanout: int = DEFAULT_FANOUT  # at most this many hosts are contacted at once
     keep_runs: int | None = None  # `up` prunes this inventory's runs to the newest N after each run
     slurm: SlurmSettings | None = None
+    stall_timeout: float | None = None   # `up`'s stall watchdog, seconds (--stall-timeout wins); None: off
+    progress_regex: str | None = None    # what a progress line is for it (--progress-regex wins); None: any line
 
     def ranked(self) -> list[Host]:
         """The hosts in node-rank order: the master first (node rank 0 serves torchrun's static
@@ -180,7 +182,8 @@ class Inventory:
         master = self.master
         if master.host not in names:  # the master left the subset: the first chosen host leads
             master = Master(hosts[0].name, hosts[0].address, master.port, master.port_fixed)
-        return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs)
+        return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs,
+                         stall_timeout=self.stall_timeout, progress_regex=self.progress_regex)
 
     def narrow(self, hosts: list[str] | None = None, exclude: list[str] | None = None) -> Inventory:
         """``--hosts`` then ``--exclude``: the chosen hosts (all when None) less the excluded ones,

@@ -89,11 +89,11 @@ def one_line(text: str) -> str:
 
 def one_line_each(value: object) -> object:
     """``value`` (a parsed, checked answer: dicts, lists, texts, numbers) with every text in it
-    made :func:`one_line`; what a node sent is printed only so."""
+    made :func:`one_line`, keys too (a package name is a key); what a node sent is printed only so."""
     if isinstance(value, str):
         return one_line(value)
     if isinstance(value, dict):
-        return {k: one_line_each(v) for k, v in value.items()}
+        return {one_line(k) if isinstance(k, str) else k: one_line_each(v) for k, v in value.items()}
     if isinstance(value, list):
         return [one_line_each(v) for v in value]
     return value

@@ -248,7 +248,7 @@ EXIT_BOUND = 25.0     # and `up` does not wait on the lost node (it waited ~40 s
 
 
 @pytest.mark.integration
-def test_a_node_cut_off_mid_run_ends_the_run_within_15s_logs_fall_back_and_stop_ends_it_once_back(
+def test_a_node_cut_off_mid_run_ends_the_run_within_15s_logs_fall_back_stop_ends_it_and_twice_sets_it_aside(
         make_bed, tmp_path, waiter):
     bed = make_bed(2)
     node1, node2 = bed.nodes
@@ -295,6 +295,27 @@ def test_a_node_cut_off_mid_run_ends_the_run_within_15s_logs_fall_back_and_stop_
         assert r.returncode == 0, r.stdout + r.stderr
         assert eventually(lambda: not host_pids(run_id, "node2"), 10, 0.1), r.stdout + r.stderr
         assert record(runs, run_id)["nodes"][1]["state"] == "stopped", record(runs, run_id)["nodes"]
+
+        # Lost again in its next run, the machine is set aside (said in one line; one loss alone was only
+        # a strike); the next `up` refuses it, naming it and until when; `quarantine release` lets it back.
+        assert "quarantine" not in rest, rest
+        p = cddp_popen("up", str(inv), str(waiter), "--runs-dir", str(runs), "--gpus", "1")
+        lines = wait_for_line(p, "[node2] rank 1 ready")
+        run2 = run_id_of(lines[0])
+        wait_ready(bed.nodes, run2)
+        subprocess.run(["ip", "link", "set", node2.veth, "down"], check=True)
+        rest, _ = p.communicate(timeout=180)
+        assert p.returncode == 1, "".join(lines) + rest
+        machine = f"node2 ({node2.address}:22)"
+        assert f"quarantine: {machine} is set aside until " in rest, rest
+        assert f"lost in runs {run_id} and {run2}, one after the other" in rest, rest
+        subprocess.run(["ip", "link", "set", node2.veth, "up"], check=True)
+        assert cddp("stop", run2, "--runs-dir", str(runs), "--grace", "2", timeout=120).returncode == 0
+        r = cddp("up", str(inv), str(waiter), "--runs-dir", str(runs), "--gpus", "1", check_rc=75)
+        assert f"{machine} is quarantined until " in r.stderr and "--exclude node2" in r.stderr, r.stderr
+        assert "node2: quarantined until" in cddp("leases", str(inv), check_rc=0).stdout
+        assert "released node2" in cddp("quarantine", "release", "node2", check_rc=0).stdout
+        cddp("up", str(inv), str(waiter), "--runs-dir", str(runs), "--gpus", "1", "--dry-run", check_rc=0)
     finally:
         p.kill()
         subprocess.run(["ip", "link", "set", node2.veth, "up"], check=True)

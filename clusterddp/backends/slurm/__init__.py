@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ...check import Report
     from ...inventory import Inventory
     from ...record import NodeRecord, RunRecord
+    from ...stacks import Taken
     from ...store import RunStore
 
 
@@ -72,6 +73,10 @@ class SlurmBackend:
     def check(self, inventory: Inventory, master_port: int | None = None) -> Report:
         from .check import run_slurm_checks
         return run_slurm_checks(inventory)
+
+    def stacks(self, store: RunStore, rec: RunRecord, wait: float) -> Taken:
+        from . import control
+        return control.stacks(store, rec.run_id, wait)
 
 
 BACKEND: base.Backend = SlurmBackend()

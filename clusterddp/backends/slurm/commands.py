@@ -58,3 +58,19 @@ def stage_command(run_dir: str, control_dir: str) -> str:
 def remove_tree_command(path: str) -> str:
     """Remove a folder clusterddp made on the login host (check's probe folder)."""
     return f"rm -rf -- {q(path)}"
+
+
+STEP_KILL_AFTER = 5  # seconds between the TERM and the KILL of a node step that outlived its bound
+
+
+def node_step_command(job_id: str, host: str, command: str, limit: float, most: int) -> list[str]:
+    """The words (for :meth:`Login.run <.login.Login.run>`) that run ``command`` on node ``host`` of
+    the running job ``job_id``: one job step of one task there, beside the job's own step
+    (``--overlap``: it takes no resources from it, and waits for none), its standard input none. Ended
+    after ``limit`` seconds (coreutils' timeout: exit 124; srun passes the TERM on to the step's task);
+    its standard output cut at ``most`` bytes (a node's answer is untrusted)."""
+    srun = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+            "--job-name=clusterddp-node", "--input=none", "--quiet", "bash", "-c", command]
+    line = (f"set -o pipefail; timeout -k {STEP_KILL_AFTER} {limit:g} {' '.join(q(w) for w in srun)} "
+            f"| head -c {int(most)}")
+    return ["bash", "-c", line]

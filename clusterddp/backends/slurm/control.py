@@ -14,17 +14,22 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ... import nodescript as NS
 from ...artifacts import CollectResult
-from ...errors import SlurmAnswerError, UsageError
+from ...errors import HostError, SlurmAnswerError, UsageError
+from ...fleet import fan_out
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus, ended_at
 from ...store import RunStore
 from ..base import RunOutcome, Stopped
+from . import commands as SC
 from . import job as slurm
 from . import plan as SP
 from .login import Login, open_login
+
+if TYPE_CHECKING:
+    from ...stacks import Taken
 
 
 @contextmanager
@@ -189,3 +194,50 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
                 codes = slurm.exit_codes(login, ctl, names)
                 return {h: c for h, (c, _) in codes.items()}
             time.sleep(slurm.POLL)
+
+
+# A job step's start (slurmctld, then the node's slurmd and slurmstepd) on a loaded cluster, on top of
+# the node program's own bound: what a connect is to an SSH node.
+STEP_START_S = 30.0
+
+
+def stacks(store: RunStore, run_id: str, wait: float) -> Taken:
+    """`clusterddp stacks` of a Slurm run: the job looked at first (its hosts may have been allocated
+    since the last look; an ended job is said so, exit 2), then on every node at once one job step
+    (:func:`.commands.node_step_command`, beside the job's own) that runs the node program ``stacks``
+    with the node's own control folder and marker, as node.sh set them. Each step is bounded; a node
+    whose step did not answer, or answered something that is not the program's reply, is named."""
+    from ... import stacks as S
+    from ...node import stacks as node_stacks
+    from ...node.reply import ReplyError
+    with _login(store.load(run_id)) as login:
+        rec = _status(store, run_id, login)
+        if rec.status is not RunStatus.RUNNING:
+            raise S.ended_error(rec)
+        job_id, ctl = _job(rec)
+        if not rec.nodes:
+            raise UsageError(f"run {run_id}: slurm job {job_id} has not started yet: no rank runs",
+                             f"`clusterddp status {run_id}` says when it starts")
+        limit = STEP_START_S + S.ANSWER_S + wait
+        at = time.time()
+
+        def one(n: NodeRecord) -> dict:
+            command = S.node_command(n.settings, SP.node_control(ctl, n.host), n.marker, wait)
+            r = login.run(SC.node_step_command(job_id, n.host, command, limit, node_stacks.MOST_REPLY + 1),
+                          timeout=limit + 2 * SC.STEP_KILL_AFTER)
+            try:
+                return node_stacks.parse_reply(r.stdout)
+            except ReplyError as e:
+                raise HostError(n.host, _step_failed(r.exit_code, r.stderr, limit, e)) from None
+        answers = fan_out(rec.nodes, one, key=lambda n: n.host)
+    return S.taken_from(run_id, at, rec.hosts, answers)
+
+
+def _step_failed(code: int, stderr: bytes, limit: float, e: Exception) -> str:
+    """Why a node's step gave no reply: its bound, srun's own words (the last line), or the reply's fault."""
+    if code == 124:
+        return f"its job step did not answer within {limit:g}s"
+    said = [ln for ln in stderr.decode("utf-8", "replace").strip().splitlines() if ln.strip()]
+    if code != 0 and said:
+        return f"its job step failed (exit {code}): {said[-1][:300]}"
+    return f"no stacks reply from its job step (exit {code}): {e}"

@@ -22,15 +22,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ... import hang, postmortem, upload
 from ... import nodescript as NS
 from ... import plan as P
-from ... import postmortem, upload
 from ...artifacts import CollectResult
 from ...errors import HostError, NodeOutcome, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
 from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
 from ...store import RunStore, new_run_id, utcnow
+from ...transport import Transport
 from ...upload import SourceFolder
 from .. import base
 from ..base import RunOutcome
@@ -103,7 +104,8 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
         inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=False, master_addr="",
         master_port=plan.spec.master_port or 29500, collect=plan.collect,
         slurm=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
-                       nproc=plan.spec.gpus or plan.settings.gpus_per_node, login=prep.login.host))
+                       nproc=plan.spec.gpus or plan.settings.gpus_per_node, login=prep.login.host,
+                       node=SP.node_host(plan.settings)))
 
 
 def stage(prep: Prepared, folder: SourceFolder | None) -> None:
@@ -233,8 +235,9 @@ def node_states(out: RunOutcome) -> dict[str, tuple[NodeState, int | None, str |
 
 def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | None = None) -> RunRecord:
     """The record with what a look at the job says of its allocation: its hosts as nodes (once, with
-    ``settings``' python and setup lines when the inventory is at hand, else neutral ones: a detached
-    run learns its hosts from `status`), the job's partition."""
+    ``settings``' python and setup lines when the inventory is at hand, else those the record keeps
+    for its nodes: a detached run learns its hosts from `status`; neutral ones for a record written
+    before it kept them), the job's partition."""
     if info is None:
         return rec
     assert rec.slurm is not None
@@ -243,7 +246,8 @@ def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | No
         run_dir = rec.slurm.run_dir
         nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=rec.slurm.nproc, run_dir=run_dir,
                                  control_dir=posixpath.join(run_dir, NS.CONTROL), marker=f"{rec.run_id}/{h}",
-                                 settings=SP.node_host(settings, h) if settings else _neutral(run_dir, h),
+                                 settings=SP.node_host(settings, h) if settings else
+                                 replace(rec.slurm.node, name=h, address=h) if rec.slurm.node else _neutral(run_dir, h),
                                  state=NodeState.RUNNING)
                       for i, h in enumerate(info.hosts))
     return replace(rec, nodes=nodes, slurm=replace(rec.slurm, partition=info.partition or rec.slurm.partition,
@@ -268,11 +272,15 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
     assert rec.slurm is not None
     t, where = login.collect_host(rec.slurm.run_dir)
     ctl = posixpath.join(rec.slurm.run_dir, NS.CONTROL)
+    nodes = {n.host: P.NodeLaunch(where, n.node_rank, n.nproc, rec.slurm.run_dir, SP.node_control(ctl, n.host), "",
+                                  (), (), "") for n in rec.nodes}
+    hangs = _hangs(t, nodes)
+    if hangs:  # the stall watchdog ended it: a hang, with every rank's stacks its nodes took
+        return hang.hang_of(rec, store, hangs)
     reports: dict[str, dict] = {}
     failed: dict[str, BaseException] = {}
     for n in rec.nodes:
-        node = P.NodeLaunch(where, n.node_rank, n.nproc, rec.slurm.run_dir, SP.node_control(ctl, n.host), "",
-                            (), (), "")
+        node = nodes[n.host]
         try:
             rep = postmortem.report(t, node)
         except Exception as e:  # noqa: BLE001 - a node that cannot be asked is named in the summary
@@ -281,6 +289,20 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
         reports[n.host] = {**rep, "kernel_lines": [], "nvidia_smi": None,
                            "kernel_error": "not read: a Slurm node's kernel log is not reachable from the login host"}
     return postmortem.explain_reports(rec, store, reports, failed)
+
+
+def _hangs(t: Transport, nodes: dict[str, P.NodeLaunch]) -> dict[str, hang.NodeHang]:
+    """Each node's hang record (:mod:`clusterddp.hang`), read in its own control folder in the shared
+    folder; a node without one, or whose folder cannot be read, is left out."""
+    out = {}
+    for host, node in nodes.items():
+        try:
+            got = hang.parse_node(host, t.run(hang.read_command(node), timeout=hang.READ_TIMEOUT).stdout)
+        except Exception:  # noqa: BLE001 - no hang record read there: told as the others are
+            continue
+        if got is not None:
+            out[host] = got
+    return out
 
 
 def explain(login: Login, store: RunStore, run_id: str) -> tuple[str, ...]:
@@ -479,6 +501,11 @@ def prepare_request(req: base.LaunchRequest, *, contact: bool = False) -> Prepar
     if req.exclude:
         raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
                          "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
+    s = req.inventory.slurm
+    if req.spec.stall_timeout and s is not None and s.nodes[0] != s.nodes[1]:
+        raise UsageError(f"--stall-timeout: slurm.nodes is a range ({s.nodes[0]}-{s.nodes[1]}); the stall watchdog "
+                         "needs to know how many nodes watch", "give slurm.nodes one number, or leave the stall "
+                         "timeout off for this run (--stall-timeout 0)")
     return prepare(req.inventory, req.spec, req.runs_dir, base.check_script(req.spec.script), contact=contact)
 
 

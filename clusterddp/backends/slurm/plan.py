@@ -160,6 +160,13 @@ def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, c
         'echo "[clusterddp] node $SLURM_NODEID/$SLURM_JOB_NUM_NODES on $cddp_h iface=${IFACE:-?} job $SLURM_JOB_ID"',
     ]
     lo, hi = s.nodes
+    watch = watch_args(s, spec)
+    watch_start, watch_end = NS.watch_lines(s.python, watch) if watch is not None else ([], [])
+    if watch is not None:
+        # The stall watchdog reaches the run's store where torchrun's c10d rendezvous serves it, found
+        # here on the node: given to it alone (exported for it, then not), torchrun's env unchanged.
+        lines += ["# the stall watchdog (--stall-timeout): the run's rendezvous store, for it alone",
+                  f"export MASTER_ADDR MASTER_PORT={port}", *watch_start, "export -n MASTER_ADDR MASTER_PORT"]
     nproc = spec.gpus or s.gpus_per_node
     argv = [NS.q(w) for w in (s.python, "-m", "torch.distributed.run", "--nnodes",
                               str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
@@ -174,8 +181,17 @@ def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, c
     argv += ["--log-dir", '"$CTL/errors"']
     argv += [NS.q(w) for w in P.torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
                                                spec.local_rank_arg)]
-    lines += [" ".join(argv), "cddp_exit $?", ""]
+    lines += [" ".join(argv), *watch_end, "cddp_exit $cddp_rc" if watch is not None else "cddp_exit $?", ""]
     return "\n".join(lines)
+
+
+def watch_args(s: SlurmSettings, spec: P.RunSpec) -> dict | None:
+    """The stall watchdog's argument in node.sh (None: the run has none): as an SSH run's
+    (:func:`clusterddp.plan.watch_args`), but the store is the one the node script finds
+    (``$MASTER_ADDR``/``$MASTER_PORT``: the allocation's first host, the job's port). The node count
+    must be fixed (the caller refuses a range): the nodes wait for each other's watchdogs."""
+    args = P.watch_args(spec, s.nodes[0], "", 0)
+    return None if args is None else {**args, "store": None}
 
 
 def render(p: SlurmPlan) -> str:

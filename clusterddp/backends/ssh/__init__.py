@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ...check import Report
     from ...inventory import Inventory
     from ...record import NodeRecord, RunRecord
+    from ...stacks import Taken
     from ...store import RunStore
 
 
@@ -68,6 +69,10 @@ class SSHBackend:
     def check(self, inventory: Inventory, master_port: int | None = None) -> Report:
         from ...check import run_checks
         return run_checks(inventory, full=True, master_port=master_port)
+
+    def stacks(self, store: RunStore, rec: RunRecord, wait: float) -> Taken:
+        from ... import stacks
+        return stacks.take(rec, wait=wait)
 
 
 BACKEND: base.Backend = SSHBackend()

@@ -18,7 +18,7 @@ from typing import BinaryIO
 from ... import nodeops
 from ... import plan as P
 from ...artifacts import CollectResult, Progress, collect_nodes
-from ...errors import HostError
+from ...errors import HostError, StdoutClosed
 from ...fleet import Fleet, as_host_error
 from ...inventory import Host
 from ...nodeops import nodes_of
@@ -83,7 +83,7 @@ def status(store: RunStore, run_id: str, connect: Callable = default_connect,
         return replace(rec, status=st, failed_host=failed, ended_at=end)
     rec = store.update(run_id, looked)
     if rec.status is RunStatus.FAILED and rec.failure is None:  # e.g. a detached run: say why, once
-        from ...postmortem import explain
+        from ...hang import explain  # a hang when the stall watchdog ended it, else the rank that failed
         with _reach(rec, connect) as (nodes, fleet):
             failure = explain(fleet, nodes, rec, store)
         # status saw the nodes ended, not in which order: the root cause's host failed first
@@ -196,10 +196,23 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
         if down is not None:
             raise HostError(down[0], f"cannot follow the log: {down[1]}")
 
+        closed = threading.Event()
+
         def one(n: P.NodeLaunch, t: Transport) -> int | None:
             name = n.host.name
-            return nodeops.follow(t, n, lambda b: on_output(name, b), from_lines.get(name, 1)).exit_code
+
+            def out(data: bytes) -> None:
+                try:
+                    on_output(name, data)
+                except StdoutClosed:  # nobody reads any more: every node's stream ends now, not at its job's end
+                    closed.set()
+                    for other in nodes:
+                        fleet.close_host(other.host)
+                    raise
+            return nodeops.follow(t, n, out, from_lines.get(name, 1)).exit_code
         res = nodeops.each(fleet, nodes, one)
+        if closed.is_set():
+            raise StdoutClosed
     broken = res.first_failure()
     if broken is not None:
         raise as_host_error(*broken)

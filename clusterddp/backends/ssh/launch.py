@@ -53,6 +53,9 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
                          "give it an inventory with `hosts:`")
     inventory = inventory.narrow(hosts, exclude)
+    if inventory_arg != inv_mod.LOCAL:
+        from ... import quarantine
+        quarantine.refuse(inventory.hosts)  # a machine set aside: this run neither waits for it nor uses it
     if slots:
         inventory = replace(inventory, hosts=tuple(replace(h, slots=slots[h.name], gpus=len(slots[h.name]))
                                                    if h.name in slots else h for h in inventory.hosts))
@@ -249,7 +252,7 @@ def explain(fleet: Fleet, plan: P.LaunchPlan, store: RunStore) -> tuple[str, ...
     """Why the run failed (:mod:`clusterddp.postmortem`), recorded in run.json's ``failure``, as the
     summary's lines; when it cannot be worked out, a line saying why (the exit codes still say what
     they say)."""
-    from ...postmortem import explain as postmortem
+    from ...hang import explain as postmortem  # a hang when the stall watchdog ended it
     try:
         failure: Failure = postmortem(fleet, plan.nodes, store.load(plan.run_id), store)
         store.update(plan.run_id, lambda rec: replace(rec, failure=failure))
@@ -342,6 +345,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
         outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
                           source_tar=packed.path if packed else None, join_timeout=req.join_timeout)
     except RunFailed:
+        _set_aside(prep, events)
         _keep_runs(plan.inventory, req, events)  # a failed run is a run: it counts among the kept
         raise
     if req.detach:
@@ -355,6 +359,20 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
                    f"run folder: {prep.store.run_dir(plan.run_id)}")
     _keep_runs(plan.inventory, req, events)
     return outcome
+
+
+def _set_aside(prep: Prepared, events: base.Events) -> None:
+    """After a failed run: a machine lost twice in a row is quarantined (clusterddp.quarantine), said
+    in one line. Best effort: never the run's outcome."""
+    from ... import quarantine
+    try:
+        added = quarantine.after_run(prep.store.load(prep.plan.run_id))
+    except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not hide the run's failure
+        events.warn(f"quarantine: not updated: {problem}")
+        return
+    for e in added:
+        events.warn(f"quarantine: {e.host} ({e.machine}) is set aside until {quarantine.stamp(e.until)}: {e.why}; "
+                    f"runs refuse it until then (`clusterddp quarantine release {e.host}` lets it back)")
 
 
 def _keep_runs(inventory: inv_mod.Inventory, req: base.LaunchRequest, events: base.Events) -> None:

@@ -47,6 +47,7 @@ def test_the_login_commands_render_as_their_golden_file():
         "== small_files_command ==", P.small_files_command(["/s/a.exit_code", "/s/b c.exit_code"]),
         "== slurm_stage_command ==", P.stage_command("/shared/runs/r 1", "/shared/runs/r 1/.clusterddp"),
         "== remove_tree_command ==", P.remove_tree_command("/shared/.clusterddp-check/ab cd"),
+        "== node_step_command ==", " ".join(P.node_step_command("4242", "node-1", "echo 'it''s' $HOME", 62.5, 1000)),
     ]) + "\n"
     golden("slurm_login_commands.txt", text)
     # the env values never appear in the command text: they travel on stdin

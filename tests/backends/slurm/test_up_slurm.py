@@ -4,6 +4,7 @@ real sbatch, slurmctld, slurmd and srun; real torchrun (gloo, CPU) on node-1 and
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -171,9 +172,32 @@ def test_a_pending_job_shows_its_reason_and_ctrl_c_cancels_it(slurm, tmp_path, j
     assert rec["status"] == "stopped" and rec["nodes"] == [] and rec["slurm"]["hosts"] == []
 
 
-def test_detach_then_status_logs_and_stop_work_through_slurm(slurm, tmp_path, job):
+# Rank 3 stuck in a function of its own while ranks 0-2 wait for it in all_reduce, until the job is stopped.
+STUCK = r"""
+import os, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+os.write(1, f"rank {rank} ready\n".encode())
+
+
+def stuck_in_my_function():
+    while True:
+        time.sleep(0.05)
+
+
+if rank == 3:
+    stuck_in_my_function()
+dist.all_reduce(torch.ones(1))  # ranks 0-2 wait here for rank 3
+"""
+
+
+def test_detach_then_status_logs_stacks_and_stop_work_through_slurm(slurm, tmp_path, job):
     runs = tmp_path / "runs"
-    r = up(slurm, tmp_path, job / "probe.py", "--detach", "-e", "CDDP_TEST_MODE=hang", check_rc=0)
+    (job / "stuck.py").write_text(STUCK)
+    r = up(slurm, tmp_path, job / "stuck.py", "--detach", check_rc=0)
     run_id = run_id_of(r.stdout)
     job_id = record(runs, run_id)["slurm"]["job_id"]
     assert f"slurm job {job_id} runs on" in r.stdout and job_id in slurm.jobs()
@@ -187,6 +211,30 @@ def test_detach_then_status_logs_and_stop_work_through_slurm(slurm, tmp_path, jo
     rec = record(runs, run_id)
     assert rec["slurm"]["hosts"] == ["node-1", "node-2"]  # learnt by status: up had returned before allocation
     assert job_pids(run_id)
+    # `stacks` reaches the Slurm job's nodes (one job step on each, beside the job's own): rank 3 on
+    # node-2 and its function named as the odd one out, where the other three wait shown
+    calls, took = [], []
+
+    def odd_one_named() -> bool:  # the first calls may come while ranks 0-2 are still on their way
+        t0 = time.monotonic()
+        calls.append(cddp("stacks", run_id, "--runs-dir", str(runs), env=slurm.env(), timeout=180))
+        took.append(time.monotonic() - t0)
+        return "rank 3 (node-2 local 1, pid " in calls[-1].stdout and "all_reduce" in calls[-1].stdout
+    assert eventually(odd_one_named, 120, interval=0.5), (calls[-1].stdout, calls[-1].stderr)
+    s = calls[-1]
+    print(s.stdout, f"stacks took {' '.join(f'{t:.1f}' for t in took)} s")
+    assert s.returncode == 0, s.stderr
+    lines = s.stdout.splitlines()
+    assert lines[0].startswith(f"run {run_id}: 4 rank(s) on 2 node(s)"), s.stdout
+    assert lines[1].startswith("rank 3 (node-2 local 1, pid ") and "stuck_in_my_function (stuck.py:" in lines[1]
+    assert lines[1].endswith("<- the odd one out"), lines[1]
+    assert any(ln.startswith("ranks 0-2 (node-1, node-2): <module> -> ") and "all_reduce" in ln
+               and "(stuck.py:18)" in ln for ln in lines), s.stdout
+    assert sum("torchrun agent (" in ln for ln in lines) == 2
+    saved = runs / run_id / "stacks" / lines[-1].rsplit("/stacks/", 1)[1].rstrip("/")
+    assert sorted(p.relative_to(saved).as_posix() for p in saved.glob("*/rank*.txt")) == [
+        "node-1/rank0.txt", "node-1/rank1.txt", "node-2/rank2.txt", "node-2/rank3.txt"]
+    assert slurm.jobs() == [job_id]  # the steps were the job's own: no other job, and it still runs
     follower = cddp_popen("logs", run_id, "--follow", "--runs-dir", str(runs), env=slurm.env())
     try:
         wait_for_line(follower, "[node-2] rank 3 ready", timeout=60)
@@ -201,6 +249,66 @@ def test_detach_then_status_logs_and_stop_work_through_slurm(slurm, tmp_path, jo
     assert record(runs, run_id)["status"] == "stopped"
     assert "rank 3 ready" in (runs / run_id / "logs" / "node-2.log").read_text()  # stop brought the logs back
     gone(slurm, run_id, job_id)
+    e = cddp("stacks", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=2)
+    assert "has ended (stopped" in e.stderr, e.stderr
+
+
+# Rank 0 prints progress for a few steps; then rank 3 is stuck in a function of its own while ranks 0-2 wait.
+STALLS = r"""
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+
+def stuck_in_my_function():
+    while True:
+        time.sleep(0.05)
+
+
+for step in range(int(sys.argv[1])):
+    dist.all_reduce(torch.ones(1))
+    if rank == 0:
+        print("step %d at %.3f" % (step, time.time()), flush=True)
+    time.sleep(0.5)
+if rank == 3:
+    stuck_in_my_function()
+dist.all_reduce(torch.ones(1))  # ranks 0-2 wait here for rank 3
+"""
+
+
+def test_stall_timeout_ends_a_hung_slurm_job_naming_the_stuck_rank_node_and_function(slurm, tmp_path, job):
+    runs = tmp_path / "runs"
+    (job / "stalls.py").write_text(STALLS)
+    t0 = time.monotonic()
+    r = up(slurm, tmp_path, job / "stalls.py", "--stall-timeout", "20", "--", "4")
+    ended = time.time()
+    out = r.stdout + r.stderr
+    print(out)
+    assert r.returncode == 1, out
+    last = max(float(t) for t in re.findall(r"step \d+ at (\d+\.\d+)", r.stdout))
+    # the issue's bound: the stall timeout, and 30 s to take the stacks, end the job and say why
+    assert ended - last <= 20 + 30, (ended - last, out)
+    assert re.search(r"root cause: node-2, rank 3 \(local rank 1\): hang: no rank made progress for \d+s "
+                     r"\(stall timeout 20s\); rank 3 \(node-2 local 1\) not where the others are: "
+                     r"stuck_in_my_function \(stalls\.py:\d+\)", r.stderr), r.stderr
+    assert re.search(r"rank 3 \(node-2 local 1, pid \d+\): stuck_in_my_function \(stalls\.py:\d+\)  <- the odd one out",
+                     r.stderr), r.stderr
+    assert re.search(r"ranks 0-2 \(node-1, node-2\): <module> -> .*all_reduce.* \(stalls\.py:22\)", r.stderr), r.stderr
+    rec = record(runs, run_id_of(r.stdout))
+    f = rec["failure"]
+    assert (rec["status"], f["kind"], f["host"], f["rank"], f["local_rank"]) == ("failed", "hang", "node-2", 3, 1), rec
+    odd = f["hang"]["groups"][0]
+    assert odd["odd"] and [(x["host"], x["rank"], x["local_rank"]) for x in odd["ranks"]] == [("node-2", 3, 1)]
+    assert "stuck_in_my_function" in odd["where"] and f["hang"]["timeout"] == 20
+    saved = runs / rec["run_id"] / "stacks"
+    assert sorted(x.relative_to(saved).as_posix().split("/", 1)[1] for x in saved.glob("*/*/rank*.txt")) == [
+        "node-1/rank0.txt", "node-1/rank1.txt", "node-2/rank2.txt", "node-2/rank3.txt"]
+    assert "[clusterddp] stall: " in (runs / rec["run_id"] / "logs" / "node-2.log").read_text()
+    gone(slurm, rec["run_id"], rec["slurm"]["job_id"])  # nothing left running on either node
+    print(f"wall time {time.monotonic() - t0:.1f}s; ended {ended - last:.1f}s after the last progress line")
 
 
 def test_max_restarts_requeues_the_job_which_resumes_from_its_checkpoint(slurm, tmp_path):

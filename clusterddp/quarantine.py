@@ -1,0 +1,308 @@
+"""Hosts set aside after a machine-side failure: the launching machine's list of them.
+
+A machine lost twice in a row (its link or power gone, a kernel panic: lost in an attached run, and
+lost again in its next run within :data:`STRIKE_S`) is quarantined for :data:`DEFAULT_S` (2 h):
+later runs and schedules of any inventory naming that machine refuse it (exit 75), naming it and
+until when, and ``check`` and ``leases`` show it. ``clusterddp quarantine list/add/release`` manage
+the list by hand.
+
+The list is one JSON file, ``$XDG_STATE_HOME/clusterddp/quarantine.json`` (default
+``~/.local/state/clusterddp/``; folder 0700, file 0600), keyed by the machine's address and SSH port
+(the same machine under two inventory names is one machine). Every change is made under an
+``flock`` of ``quarantine.lock`` beside it and written whole, then renamed (:func:`files.write_private`),
+so launchers at once never lose each other's entries. The file is read as untrusted: bounded,
+every entry checked; a damaged file is refused by name (exit 2, by ``up`` too: nothing in it is
+dropped or overwritten), except after a run, where it never changes the run's outcome.
+
+Pure logic (:func:`decide`) is separate from the file, for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import files
+from .errors import FileRefused, LeaseBusy, UsageError
+
+DEFAULT_S = 2 * 3600.0
+MOST_BYTES = 1 << 20
+MOST_ENTRIES = 10_000
+MOST_TEXT = 500
+LOCK_WAIT_S = 10.0
+FILE_NAME = "quarantine.json"
+
+
+class QuarantineError(UsageError):
+    """The quarantine file cannot be read or written (exit code 2: the file is named, with the fix)."""
+
+
+class Quarantined(LeaseBusy):
+    """A run asked for a host that is quarantined: nothing was started. Exit code 75 (EX_TEMPFAIL),
+    as for GPU slots taken: it can run later, or without that host."""
+
+
+def state_dir() -> Path:
+    """The launching machine's clusterddp state: ``$XDG_STATE_HOME/clusterddp`` (``~/.local/state/clusterddp``)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "clusterddp"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One quarantined machine."""
+
+    machine: str          # "address:port": the key
+    host: str             # the inventory name it had when it was set aside
+    since: float          # epoch seconds
+    until: float
+    why: str              # one line
+    run_id: str | None    # the run whose failure set it aside (None: by hand)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def machine(address: str, port: int | None) -> str:
+    """A machine's key: its address and SSH port (22 when the inventory leaves it to ssh)."""
+    return f"{address}:{port or 22}"
+
+
+_MACHINE = re.compile(r"[^\s:]+(?::[^\s:]+)*:\d{1,5}|\[[0-9A-Fa-f:.]+\]:\d{1,5}")
+
+
+def _entry(d: object, where: str) -> Entry:
+    """A checked entry of the file (``where``: its place, for the error)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: not an object")
+    out: dict = {}
+    for key, types in (("machine", (str,)), ("host", (str,)), ("since", (int, float)), ("until", (int, float)),
+                       ("why", (str,)), ("run_id", (str, type(None)))):
+        v = d.get(key)
+        if not isinstance(v, types) or isinstance(v, bool):
+            raise ValueError(f"{where}.{key}: missing or of the wrong type")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{where}.{key}: not a finite number")
+        if isinstance(v, str) and (len(v) > MOST_TEXT or "\n" in v or "\r" in v):
+            raise ValueError(f"{where}.{key}: longer than {MOST_TEXT} characters or more than one line")
+        out[key] = v
+    if not _MACHINE.fullmatch(out["machine"]):
+        raise ValueError(f"{where}.machine: {out['machine']!r} is not address:port")
+    return Entry(**out)
+
+
+def _strike(d: object, where: str) -> Strike:
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: not an object")
+    e = _entry({**d, "since": d.get("at"), "until": d.get("at"), "why": "", "run_id": d.get("run_id")}, where)
+    if e.run_id is None:
+        raise ValueError(f"{where}.run_id: missing")
+    return Strike(e.machine, e.host, e.run_id, e.since)
+
+
+def parse(data: bytes, path: str = FILE_NAME) -> tuple[list[Entry], list[Strike]]:
+    """The entries and strikes of a quarantine file's bytes. Raises QuarantineError naming ``path``
+    and what is wrong."""
+    fix = f"fix or remove {path} (it lists the hosts set aside; nothing was changed)"
+    try:
+        doc = json.loads(data.decode("utf-8"))
+        if not isinstance(doc, dict) or not isinstance(doc.get("hosts"), list) or not isinstance(
+                doc.get("strikes", []), list):
+            raise ValueError("not an object with a 'hosts' list (and a 'strikes' list)")
+        hosts, strikes = doc["hosts"], doc.get("strikes", [])
+        if len(hosts) + len(strikes) > MOST_ENTRIES:
+            raise ValueError(f"more than {MOST_ENTRIES} entries")
+        return ([_entry(d, f"hosts[{i}]") for i, d in enumerate(hosts)],
+                [_strike(d, f"strikes[{i}]") for i, d in enumerate(strikes)])
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise QuarantineError(f"{path}: damaged quarantine file: {e}", fix) from None
+
+
+def render(entries: Iterable[Entry], strikes: Iterable[Strike] = ()) -> bytes:
+    return (json.dumps({"hosts": [e.to_json() for e in entries], "strikes": [k.to_json() for k in strikes]},
+                       indent=1) + "\n").encode()
+
+
+# ---- the policy (pure) ----
+
+STRIKE_S = 24 * 3600.0  # a loss counts towards "twice in a row" for this long
+
+
+@dataclass(frozen=True)
+class Strike:
+    """A machine lost in a run (once): lost again in its next run, it is set aside."""
+
+    machine: str
+    host: str
+    run_id: str
+    at: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def decide(lost: dict[str, str], kept: Iterable[str], strikes: Sequence[Strike], run_id: str, now: float,
+           seconds: float) -> tuple[list[Entry], list[Strike]]:
+    """After run ``run_id``: ``lost`` maps each machine lost in it to its host name, ``kept`` are the
+    run's other machines (they answered to the end: their strike, if any, is wiped). A machine lost
+    with a strike from an earlier run is set aside for ``seconds``; one lost without gets a strike
+    (one loss alone can be a passing network fault, which the run already reports; two in a row is the
+    machine). Returns the new entries and the strikes that remain."""
+    kept = set(kept)
+    earlier = {k.machine: k for k in strikes if k.at + STRIKE_S > now and k.run_id != run_id}
+    added, left = [], [k for k in earlier.values() if k.machine not in kept and k.machine not in lost]
+    for m, host in lost.items():
+        before = earlier.get(m)
+        if before is None:
+            left.append(Strike(m, host, run_id, now))
+            continue
+        why = f"lost in runs {before.run_id} and {run_id}, one after the other"
+        added.append(Entry(m, host, now, now + seconds, why[:MOST_TEXT], run_id))
+    return added, left
+
+
+def after_run(rec, seconds: float = DEFAULT_S, q: Quarantine | None = None, now: float | None = None) -> list[Entry]:
+    """After an attached run ended (``rec``: its record, as it ended): update the strikes and set
+    aside each machine :func:`decide` says to (the SSH backend's runs: Slurm keeps its own nodes' health).
+    Returns the entries added (to be said)."""
+    from .record import NodeState
+    if rec.local:
+        return []
+    lost = {machine(n.settings.address, n.settings.port): n.host for n in rec.nodes if n.state is NodeState.LOST}
+    kept = [machine(n.settings.address, n.settings.port) for n in rec.nodes if n.state is not NodeState.LOST]
+    return (q or Quarantine()).after(rec.run_id, lost, kept, seconds, now)
+
+
+def quarantined(hosts, q: Quarantine | None = None, now: float | None = None) -> dict[str, Entry]:
+    """The entries in force for ``hosts`` (inventory Hosts), by host name."""
+    by_machine = {machine(h.address, h.port): h.name for h in hosts}
+    return {by_machine[m]: e for m, e in (q or Quarantine()).of(by_machine, now).items()}
+
+
+def refuse(hosts, q: Quarantine | None = None, now: float | None = None) -> None:
+    """Raise :class:`Quarantined` when any of ``hosts`` (inventory Hosts) is quarantined now, naming
+    each with until when and why, and how to let it back or leave it out."""
+    found = (q or Quarantine()).of((machine(h.address, h.port) for h in hosts), now)
+    if not found:
+        return
+    by_machine = {machine(h.address, h.port): h.name for h in hosts}
+    lines = [f"{by_machine[m]} ({m}) is quarantined until {stamp(e.until)}: {e.why}" for m, e in found.items()]
+    names = ",".join(by_machine[m] for m in found)
+    raise Quarantined("; ".join(lines),
+                      f"leave it out with --exclude {names}, or let it back with "
+                      f"`clusterddp quarantine release {by_machine[next(iter(found))]}`")
+
+
+def stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S%z", time.localtime(t))
+
+
+# ---- the file ----
+
+class Quarantine:
+    """The quarantine file of this machine (``path``: another file, for tests)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else state_dir() / FILE_NAME
+
+    def entries(self, now: float | None = None) -> list[Entry]:
+        """Every entry still in force at ``now`` (default: now). Raises QuarantineError for a damaged file."""
+        now = time.time() if now is None else now
+        return [e for e in self._read()[0] if e.until > now]
+
+    def strikes(self) -> list[Strike]:
+        return self._read()[1]
+
+    def of(self, machines: Iterable[str], now: float | None = None) -> dict[str, Entry]:
+        """The entries in force for ``machines`` (``address:port`` each), by machine."""
+        want = set(machines)
+        return {e.machine: e for e in self.entries(now) if e.machine in want}
+
+    def add(self, new: Sequence[Entry]) -> None:
+        """Put ``new`` in (a machine already there gets the later end), dropping entries that expired."""
+        if not new:
+            return
+        with self._locked():
+            entries, strikes = self._read()
+            self._write(self._merged(entries, new, time.time()), strikes)
+
+    @staticmethod
+    def _merged(entries: Iterable[Entry], new: Iterable[Entry], now: float) -> list[Entry]:
+        keep = {e.machine: e for e in entries if e.until > now}
+        for e in new:
+            old = keep.get(e.machine)
+            keep[e.machine] = e if old is None or e.until >= old.until else old
+        return list(keep.values())
+
+    def after(self, run_id: str, lost: dict[str, str], kept: Iterable[str], seconds: float,
+              now: float | None = None) -> list[Entry]:
+        """:func:`decide` for run ``run_id``, its result written; the entries added."""
+        with self._locked():
+            now = time.time() if now is None else now
+            entries, strikes = self._read()
+            added, left = decide(lost, kept, strikes, run_id, now, seconds)
+            if added or left != strikes:
+                self._write(self._merged(entries, added, now), left)
+            return added
+
+    def release(self, who: str) -> list[Entry]:
+        """Let ``who`` back (an inventory name as recorded, ``address`` or ``address:port``); the entries removed."""
+        with self._locked():
+            now = time.time()
+            entries, strikes = self._read()
+            entries = [e for e in entries if e.until > now]
+            gone = [e for e in entries if who in (e.host, e.machine, e.machine.rsplit(":", 1)[0])]
+            if gone:
+                self._write([e for e in entries if e not in gone], strikes)
+            return gone
+
+    def _read(self) -> tuple[list[Entry], list[Strike]]:
+        try:
+            data, _ = files.read_bounded(self.path, MOST_BYTES, nofollow=True)
+        except FileRefused as e:
+            if e.reason == "missing":
+                return [], []
+            raise QuarantineError(f"{self.path}: {e.problem}", f"fix or remove {self.path}") from None
+        return parse(data, str(self.path))
+
+    def _write(self, entries: Iterable[Entry], strikes: Iterable[Strike] = ()) -> None:
+        try:
+            files.write_private(self.path, render(entries, strikes))
+        except OSError as e:
+            raise QuarantineError(f"cannot write {self.path}: {e.strerror or e}",
+                                  f"make {self.path.parent} writable, or set XDG_STATE_HOME elsewhere") from None
+
+    def _locked(self):
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            f = open(self.path.parent / "quarantine.lock", "a+b")  # closed by _Held
+        except OSError as e:
+            raise QuarantineError(f"cannot use {self.path.parent}: {e.strerror or e}",
+                                  "make it writable, or set XDG_STATE_HOME to a folder that is") from None
+        return _Held(f, self.path)
+
+
+class _Held:
+    """The quarantine lock, held for a ``with`` block (polled: a hung holder cannot hang us for ever)."""
+
+    def __init__(self, f, path: Path) -> None:
+        self.f, self.path = f, path
+
+    def __enter__(self) -> None:
+        def late() -> QuarantineError:
+            return QuarantineError(f"{self.path}: another clusterddp has held its lock for {LOCK_WAIT_S:.0f}s",
+                                   "try again")
+        try:
+            files.lock_polled(self.f, time.monotonic() + LOCK_WAIT_S, late)
+        except BaseException:
+            self.f.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
