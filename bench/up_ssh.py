@@ -22,7 +22,10 @@ and reports the launcher's own CPU time (user + system) per node-minute (goal < 
 rusage, against a 1-step run's, and the node-side helpers' CPU (followers, heartbeats) from the
 nodes' sshd sessions.
 
-    python bench/up_ssh.py [--rounds 7] [--trace] [--cpu 120] [--before CHECKOUT]
+``--floor`` reports the CPU of the launcher's own start (a python start, and the imports `up`
+needs before its first connection), which no change to what `up` sends can win back.
+
+    python bench/up_ssh.py [--rounds 7] [--trace] [--cpu 120] [--floor] [--before CHECKOUT]
 
 ``--before`` times a second clusterddp (another checkout's, e.g. main's: ``git archive main
 clusterddp | tar -x -C /tmp/before``) in the same rounds, for a before/after under the same load;
@@ -250,6 +253,33 @@ def trace(b: Bench, *extra: str) -> None:
         print(r.stdout)
 
 
+# ---- --floor: what the launcher's start costs before it can send anything ----
+
+# What `up` of an SSH run imports before its first connection: the CLI, the inventory's schema
+# (pydantic), the SSH transport (Fabric, paramiko) and the run's own modules.
+UP_IMPORTS = ("clusterddp.cli.app", "clusterddp.inventory._inventory_schema", "clusterddp.transport.ssh",
+              "clusterddp.backends.ssh.launch", "clusterddp.leases", "clusterddp.artifacts")
+
+
+def floor(b: Bench, repeat: int = 7) -> None:
+    """CPU seconds (user + system, the least of ``repeat`` runs: load adds to it, never takes away)
+    of a bare python start, of each import group, and of all `up` imports together."""
+    def least(code: str) -> float:
+        best = float("inf")
+        for _ in range(repeat):
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, "-c", code], env=b.env, check=True)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            best = min(best, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+        return best
+    print(f"\nthe launcher's start, CPU seconds (least of {repeat} runs; load {os.getloadavg()[0]:.1f}):")
+    for what, code in [("python start", "pass"), ("the CLI (typer)", "import clusterddp.cli.app"),
+                       ("the inventory schema (pydantic)", "import clusterddp.inventory._inventory_schema"),
+                       ("the SSH transport (fabric, paramiko)", "import clusterddp.transport.ssh"),
+                       ("all that `up` imports", "import " + ", ".join(UP_IMPORTS))]:
+        print(f"  {what}: {least(code):.3f}")
+
+
 # ---- --cpu: the launcher's own CPU time during a long run ----
 
 def sshd_children_cpu(bed: TestBed) -> float:
@@ -291,6 +321,7 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="also time each SSH command of one `up`")
     ap.add_argument("--cpu", type=float, default=0, metavar="S",
                     help="also measure the launcher's CPU during an S-second job (0: not)")
+    ap.add_argument("--floor", action="store_true", help="also measure the CPU of the launcher's start (imports)")
     ap.add_argument("--code", type=Path, help="run the clusterddp of this checkout (default: this one's)")
     ap.add_argument("--before", type=Path, help="also time `up` of the clusterddp of this checkout, in the same rounds")
     ap.add_argument("--node-bashrc", choices=["stock", "machine"], default="stock",
@@ -318,6 +349,8 @@ def main() -> None:
                 trace(b, "--skip-check")
             if args.cpu:
                 cpu(b, args.cpu)
+            if args.floor:
+                floor(b)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -187,6 +187,16 @@ class LeaseBusy(ClusterDDPError):
         self.holders, self.run_id = holders, run_id
 
 
+class QuarantineError(UsageError):
+    """The launching machine's quarantine file cannot be read or written (exit code 2: the file is
+    named, with the fix; clusterddp.quarantine)."""
+
+
+class Quarantined(LeaseBusy):
+    """A run asked for a host that is quarantined: nothing was started. Exit code 75 (EX_TEMPFAIL),
+    as for GPU slots taken: it can run later, or without that host."""
+
+
 class StdoutClosed(BaseException):  # noqa: N818 - like KeyboardInterrupt: a way out, not an error
     """Raised by a command that prints for as long as someone reads, once nobody does; the CLI's
     single exit (``cli.common.handle_errors``) ends the command quietly, status 0. A BaseException, as

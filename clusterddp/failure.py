@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from .flight import Flight
 from .noise import without_noise
 
 # Bounds on what is kept: a record and a terminal summary stay small whatever a node sent.
@@ -463,13 +464,15 @@ class Failure:
     log_tail: tuple[str, ...] = ()
     others: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (host, one line)
     hang: Hang | None = None            # kind "hang": what the stall watchdog found
+    flight: Flight | None = None        # torch's flight recorder: the collective each rank last entered
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "kind": self.kind, "summary": self.summary, "rank": self.rank,
                 "local_rank": self.local_rank, "exc_type": self.exc_type, "message": self.message,
                 "frames": list(self.frames), "signal": self.signal, "log_tail": list(self.log_tail),
                 "others": [{"host": h, "note": n} for h, n in self.others],
-                **({"hang": self.hang.to_json()} if self.hang is not None else {})}
+                **({"hang": self.hang.to_json()} if self.hang is not None else {}),
+                **({"flight": self.flight.to_json()} if self.flight else {})}
 
     def lines(self, others: bool = True) -> list[str]:
         """The summary as text lines (unescaped: the CLI escapes what it prints): the root cause, then
@@ -487,6 +490,7 @@ class Failure:
         if self.log_tail:
             out.append(f"  last lines of {self.host}'s log:")
             out += [f"  | {line}" for line in self.log_tail]
+        out += self.flight.lines() if self.flight else []
         out += [f"{h}: {note}" for h, note in self.others] if others else []
         return out
 

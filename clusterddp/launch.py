@@ -106,6 +106,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("join_timeout", ("--join-timeout",), "float", 120.0, "Name and end a run whose nodes have not all "
            "joined the rendezvous S seconds after it started (0: wait as long as torch does).", low=0,
            metavar="S"),
+    Option("notify", ("--notify",), "texts", [], "Also tell TARGET when the run ends (repeatable; besides the "
+           "inventory's notify:): @FILE, a file holding a webhook URL (mode 0600: the URL is a secret, never given "
+           "on a command line), or command:CMD, which gets the event as JSON on stdin.", metavar="TARGET"),
     Option("stall_timeout", ("--stall-timeout",), "float", None, "End the run as a hang, with every rank's stacks, "
            "when no rank has printed a progress line for S seconds (nodes watch themselves: detached runs too). "
            "Off by default; over the inventory's stall_timeout (0: off for this run). See the README's \"When a "

@@ -2,11 +2,15 @@
 before it starts; wait for them in a queue shared by every launcher; list them. No daemon: each
 node's lease folder holds locked files (``clusterddp/node/lease.py`` says which, and the queue's rule).
 
-Taking a lease on several nodes: one node at a time, in one order every launcher uses (by address,
-port, name), each node's check-and-take under that node's mutex and without waiting for a slot; on the
-first node that does not fit, what was taken on the others is given back. Nobody ever waits for one
-node while holding another, so two launchers cannot deadlock, and two that want the same nodes meet on
-the first of them, where one wins outright instead of each holding half. A node's lease is held by a
+Taking a lease on several nodes: each node's check-and-take runs under that node's mutex (held only
+for that check, never while waiting for anything else) and without waiting for a slot. A run's first
+try asks every node at once (one round trip, not one per node); later tries (a retry while another
+launcher is taking the same nodes, a turn in the queue) ask one node at a time, in one order every
+launcher uses (by address, port, name). Either way, when a node does not fit, what was taken on the
+others is given back, the refusal named is the first node's in that order, and nobody ever waits for
+one node's slot while holding another's, so two launchers cannot deadlock. Two that both took half
+at once both give it back and retry in order, where they meet on the first node and one wins
+outright instead of each holding half again. A node's lease is held by a
 holder process that the launcher's SSH channel keeps: if the launcher dies before the job starts, the
 channel closes and the holder ends, freeing the slots. At the start the holder runs the job with the
 lock files open, so from then on the job's own processes hold them.
@@ -289,25 +293,53 @@ def _busy(run_id: str, a: Ask, view: NodeView, why: str | None, never: bool) -> 
 
 
 def try_acquire(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], *, user: str,
-                ticket: str | None = None) -> Lease:
-    """Take the lease on every node of ``ask_list`` in its order, or none: raises LeaseBusy (exit 75)
-    naming who holds what on the first node that does not fit, UsageError when the run can never fit."""
+                ticket: str | None = None, together: bool = False) -> Lease:
+    """Take the lease on every node of ``ask_list``, or none: raises LeaseBusy (exit 75) naming who
+    holds what on the first node (in ``ask_list``'s order) that does not fit, UsageError when the run
+    can never fit. One node after another in that order, stopping at the first refusal; ``together``:
+    every node asked at once, and every answer waited for before what was taken is given back (a node
+    still answering could otherwise take its part after the release)."""
     lease = Lease(plan.run_id, fleet)
     since = _now()
+
+    def ask(a: Ask) -> _Channel:
+        req = _request(a, plan.run_id, user, since, plan.spec.name, ticket=ticket, port=a.port,
+                       go=posixpath.join(a.control_dir, P.GO_FILE), start=P.start_command(
+                           next(n for n in plan.nodes if n.host.name == a.host.name)))
+        return _Channel(a.host.name, fleet.transport(a.host), P.lease_command(a.host, "hold"), req)
+
+    def took(a: Ask, reply: dict) -> Exception | None:
+        if not reply.get("ok"):
+            return _busy(plan.run_id, a, _view(a.host.name, reply), reply.get("why"), reply.get("never", False))
+        lease._held.append(a)
+        lease.grants[a.host.name] = tuple(reply["slots"])
+        if a.port is not None:
+            lease.port = reply["port"]
+        return None
+
     try:
-        for a in ask_list:
-            t = fleet.transport(a.host)
-            req = _request(a, plan.run_id, user, since, plan.spec.name, ticket=ticket, port=a.port,
-                           go=posixpath.join(a.control_dir, P.GO_FILE), start=P.start_command(
-                               next(n for n in plan.nodes if n.host.name == a.host.name)))
-            ch = _Channel(a.host.name, t, P.lease_command(a.host, "hold"), req)
-            reply = ch.reply()
-            if not reply.get("ok"):
-                raise _busy(plan.run_id, a, _view(a.host.name, reply), reply.get("why"), reply.get("never", False))
-            lease._held.append(a)
-            lease.grants[a.host.name] = tuple(reply["slots"])
-            if a.port is not None:
-                lease.port = reply["port"]
+        if together:
+            channels: list[tuple[Ask, _Channel | Exception]] = []
+            for a in ask_list:
+                try:
+                    channels.append((a, ask(a)))
+                except Exception as e:  # noqa: BLE001 - this node's failure, told once every node answered
+                    channels.append((a, e))
+            failures: list[Exception] = []
+            for a, ch in channels:
+                try:
+                    refused = ch if isinstance(ch, Exception) else took(a, ch.reply())
+                except Exception as e:  # noqa: BLE001 - as above
+                    refused = e
+                if refused is not None:
+                    failures.append(refused)
+            if failures:
+                raise failures[0]
+        else:
+            for a in ask_list:
+                refused = took(a, ask(a).reply())
+                if refused is not None:
+                    raise refused
     except BaseException:
         lease.release()
         raise
@@ -325,10 +357,13 @@ def acquire(plan: P.LaunchPlan, fleet: Fleet, *, port_fixed: bool, wait: bool = 
     ask_list = asks(plan, port_fixed)
     ticket = new_ticket(plan.run_id) if wait else None
     deadline = time.monotonic() + RETRY_STARTING_S
+    first = True
     while True:
         try:
-            return try_acquire(plan, fleet, ask_list, user=user, ticket=ticket)
+            # The first try asks every node at once; a retry asks them in order (see the module's docstring).
+            return try_acquire(plan, fleet, ask_list, user=user, ticket=ticket, together=first)
         except LeaseBusy as e:
+            first = False
             if wait:
                 break
             starting = any(h.state == "starting" for h in e.holders)

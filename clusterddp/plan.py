@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from . import noise
+from . import flight, noise
 from .failure import AGENT_LINE
 from .inventory import Host, Inventory
 from .node import envinfo as node_envinfo
@@ -107,6 +107,7 @@ class LaunchPlan:
     upload: bool                  # copy the script's folder to each node (not in local mode)
     local: bool = field(default=False)
     leased: bool = False          # each node's slots are leased: its lease holder starts the job (go_command)
+    train_lookup: bool = True     # launch.sh looks for the node's clusterddp.train (ship_train_lines)
 
     @property
     def nnodes(self) -> int:
@@ -145,10 +146,12 @@ def static_local(spec: RunSpec) -> bool:
 
 def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_dir: str | None = None,
                local_control_dir: str | None = None,
-               grants: Mapping[str, tuple[int, ...]] | None = None) -> LaunchPlan:
+               grants: Mapping[str, tuple[int, ...]] | None = None, train_lookup: bool = True) -> LaunchPlan:
     """Plan a run. Local mode (``up local``: run in place, one node on 127.0.0.1) is chosen by
     passing the absolute launch directory and the control folder. ``grants``: the slots each node's
-    lease holds (:mod:`clusterddp.leases`), one process per slot, ``CUDA_VISIBLE_DEVICES`` set to them."""
+    lease holds (:mod:`clusterddp.leases`), one process per slot, ``CUDA_VISIBLE_DEVICES`` set to them.
+    ``train_lookup`` False: no file of the script's folder names clusterddp, so launch.sh does not look
+    for the node's clusterddp.train (a python start before torchrun), unless the job's env sets PYTHONPATH."""
     local = local_run_dir is not None
     master_port = spec.master_port or inventory.master.port
     nodes = []
@@ -203,10 +206,12 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
         marker = f"{run_id}/{host.name}"
         node = NodeLaunch(host, rank, nproc, run_dir, control_dir, marker, node_env, tuple(torchrun), "")
         watch = watch_args(spec, len(inventory.hosts), inventory.master.addr, master_port)
-        nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, local, watch))
+        nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, local, watch,
+                                  train_lookup))
     collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
-                      collect, upload=not local, local=local, leased=grants is not None)
+                      collect, upload=not local, local=local, leased=grants is not None,
+                      train_lookup=train_lookup)
 
 
 # ---- what each worker process runs ----
@@ -258,7 +263,7 @@ def watch_args(spec: RunSpec, nnodes: int, master_addr: str | None, master_port:
 
 
 def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, local: bool,
-                 watch: dict | None = None) -> NodeLaunch:
+                 watch: dict | None = None, train_lookup: bool = True) -> NodeLaunch:
     h = node.host
     ctl = node.control_dir
     lines = [
@@ -275,10 +280,13 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
         f"CLUSTERDDP_NODE_RANK={node.node_rank}",
     ]
     lines += preamble(h, node.env, stdout_to="", on_fail=setup_failed())
+    lines += flight.env_lines()  # after the user's env, whose values win
     if not local:
         lines += iface_lines({k for k, _ in node.env}, master_addr, _probes(node.argv, LOCAL_ADDR))
-    if not local:
+    if not local and (train_lookup or any(k == "PYTHONPATH" for k, _ in node.env)):
         lines += ship_train_lines(h.python, node.run_dir)
+    elif not local:
+        lines.append("# no file of the script's folder names clusterddp: its clusterddp.train is not looked for")
     lines += stack_hook_lines()
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
@@ -453,6 +461,11 @@ def diagnose_command(node: NodeLaunch, mode: str, master: tuple[str, int] | None
     log lines, an nvidia-smi snapshot). After the host's setup lines, which may put tools on PATH."""
     request = json.dumps({"mode": mode, "master": list(master) if master else None})
     return _helper(node, "diagnose", qpath(node.control_dir), q(request))
+
+
+def flight_command(node: NodeLaunch) -> str:
+    """The flight recorder dumps torch left in the node's control folder (``clusterddp/node/flight.py``)."""
+    return _helper(node, "flight", qpath(node.control_dir))
 
 
 def node_log_command(node: NodeLaunch) -> str:

@@ -8,11 +8,13 @@ Never raises for what a node does or sends: a node that cannot answer is named i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
-from . import nodeops
+from . import flight, nodeops
 from . import plan as P
 from .failure import Failure, NodeFacts, diagnose
 from .fleet import Fleet
+from .flight import Flight
 from .node.diagnose import MAX_ANSWER, AnswerError, read_answer
 from .record import NodeState, RunRecord
 from .store import RunStore
@@ -20,6 +22,7 @@ from .transport import Transport
 
 REPORT_TIMEOUT = 60.0   # seconds of silence before a node's report is given up (nvidia-smi may be slow)
 LOCAL_LOG_TAIL = 128 << 10
+MOST_FLIGHT_REPLY = flight.MOST_REPLY
 
 
 class _Bounded(bytearray):
@@ -60,7 +63,26 @@ def explain(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord, store: 
     """Ask every node that may answer (not lost or unreachable) for its report; keep the forensics of
     GPU nodes under ``<run>/forensics/<host>/``; return the diagnosis."""
     res = nodeops.each(fleet, askable(nodes, rec), lambda n, t: report(t, n))
-    return explain_reports(rec, store, res.succeeded, res.failed)
+    failure = explain_reports(rec, store, res.succeeded, res.failed)
+    return replace(failure, flight=flights(fleet, askable(nodes, rec), rec, store))
+
+
+def flights(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord, store: RunStore) -> Flight | None:
+    """The flight recorder dumps torch left on ``nodes`` (:mod:`clusterddp.flight`), kept as they came under
+    ``<run>/flight/<host>/rank<N>`` and read; None when there is none (no NCCL timeout, or no node answered)."""
+    def fetch(node: P.NodeLaunch, t: Transport) -> list[tuple[int, bytes | None, str]]:
+        out = bytearray()
+        t.stream(P.flight_command(node), lambda b: out.extend(b[:MOST_FLIGHT_REPLY + 1 - len(out)]),
+                 timeout=REPORT_TIMEOUT, stderr_to=bytearray())
+        return flight.parse_reply(bytes(out))
+    dumps = []
+    for host, got in nodeops.each(fleet, nodes, fetch).succeeded.items():
+        for rank, data, why in got:
+            if data is not None:
+                store.write_evidence(rec.run_id, "flight", host, f"rank{rank}", data)
+            dumps.append((host, rank, data, why))
+    sizes = [n.nproc for n in rec.nodes if isinstance(n.nproc, int)]
+    return flight.read(dumps, sum(sizes) if len(sizes) == len(rec.nodes) else None)
 
 
 def askable(nodes: Sequence[P.NodeLaunch], rec: RunRecord) -> list[P.NodeLaunch]:

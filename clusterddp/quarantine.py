@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import files
-from .errors import FileRefused, LeaseBusy, UsageError
+from .errors import FileRefused, Quarantined, QuarantineError
 
 DEFAULT_S = 2 * 3600.0
 MOST_BYTES = 1 << 20
@@ -37,15 +37,6 @@ MOST_ENTRIES = 10_000
 MOST_TEXT = 500
 LOCK_WAIT_S = 10.0
 FILE_NAME = "quarantine.json"
-
-
-class QuarantineError(UsageError):
-    """The quarantine file cannot be read or written (exit code 2: the file is named, with the fix)."""
-
-
-class Quarantined(LeaseBusy):
-    """A run asked for a host that is quarantined: nothing was started. Exit code 75 (EX_TEMPFAIL),
-    as for GPU slots taken: it can run later, or without that host."""
 
 
 def state_dir() -> Path:

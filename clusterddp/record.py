@@ -26,6 +26,7 @@ from .failure import KINDS, MAX_HANG_GROUPS, MAX_HANG_RANKS, Failure, Hang, Hang
 from .failure import MAX_FRAMES as _MAX_FRAMES
 from .failure import MAX_LOG_LINES as _MAX_LOG_LINES
 from .failure import MAX_OTHERS as _MAX_OTHERS
+from .flight import Flight
 from .inventory import DEFAULT_FANOUT, ENV_NAME_RE, HOST_NAME_RE, Host
 
 SCHEMA = 1  # 0: records written before the schema field (read as well)
@@ -567,11 +568,15 @@ def _failure(data: dict | None, path: str) -> Failure | None:
         if v is not None:
             _at_least(v, 0, r, k)
     hang = r.get("hang", dict | None, default=None)
+    try:
+        flight = Flight.from_json(r.get("flight", dict)) if data.get("flight") is not None else None
+    except ValueError as e:
+        raise RecordError(path, "failure.flight", str(e)) from None
     return Failure(host=host, kind=kind, summary=text("summary"), rank=ranks[0], local_rank=ranks[1],
                    exc_type=text("exc_type", str | None), message=text("message", str | None),
                    frames=texts("frames", _MAX_FRAMES), signal=text("signal", str | None),
                    log_tail=texts("log_tail", _MAX_LOG_LINES), others=tuple(pairs),
-                   hang=_hang(hang, path) if hang is not None else None)
+                   hang=_hang(hang, path) if hang is not None else None, flight=flight)
 
 
 def _hang(data: dict, path: str) -> Hang:

@@ -582,6 +582,20 @@ class RunStore:
         f.write(data)
         f.flush()
 
+    def note(self, run_id: str, name: str, line: str) -> None:
+        """Append one line to ``<run>/<name>`` (0600), e.g. notify.log: what a notification could not do."""
+        assert "/" not in name and name.endswith(".log"), name
+        path = self.run_dir(run_id) / name
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+        except OSError as e:
+            raise self._cannot_write(e, path) from None
+        try:
+            make_private(fd)
+            os.write(fd, f"{utcnow()} {line}\n".encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+
     def write_log(self, run_id: str, host: str, data: bytes) -> None:
         """Replace the local log with the node's complete copy (atomically: readers see the old or
         the new copy, and writers at once each leave a whole one). A read-only store keeps the old copy."""
@@ -621,7 +635,7 @@ class RunStore:
         """``<run>/<kind>/<host>/<rel>``, 0600 in 0700 folders: what a node left at failure (``errors``: its
         ranks' error files; ``forensics``: nvidia-smi, kernel lines; ``stacks``: each call's dumps, by time).
         ``rel`` is made here, never by a node."""
-        assert kind in ("errors", "forensics", "stacks") and ".." not in rel.split("/"), (kind, rel)
+        assert kind in ("errors", "forensics", "stacks", "flight") and ".." not in rel.split("/"), (kind, rel)
         base = self.run_dir(run_id)
         path = base / kind / host / rel
         try:

@@ -5,7 +5,11 @@ A :class:`Watch` holds one :class:`~clusterddp.fleet.Fleet` for the whole view a
 that node's jobs, of every run shown) and reads the answers into a :class:`Snapshot`. Rates are
 differences between looks, timed by each node's own clock (SSH latency does not bend them):
 steps per second over the last :data:`RATE_WINDOW` seconds of progress lines, CPU % since the
-previous look. Nothing here prints; nothing is written to the run records.
+previous look. Seconds since a node's last progress line are also differences on the node's
+clock: from the time its watcher last saw progress (``$CTL/watch.json``, when the run has a stall
+timeout; a node past that timeout is marked stalled), else from the last write to its ``node.log``
+(any line of output, which is what the watcher counts as progress by default). Nothing here
+prints; nothing is written to the run records.
 """
 
 from __future__ import annotations
@@ -78,6 +82,14 @@ class NodeView:
     node_mem_total_bytes: int | None = None
     gpus: list[GpuView] | None = None   # None: no nvidia-smi on the node
     error: str | None = None
+    # seconds since the node's last progress line, on the node's clock (running jobs only); from the
+    # node's watcher ("watch": the run has a stall timeout) or from node.log's last write ("log")
+    since_progress: float | None = None
+    progress_from: str | None = None
+    stall_timeout: float | None = None   # the run's, as the node's watcher has it
+    stalled: bool = False                # this node: no progress line for longer than stall_timeout
+    run_since_progress: float | None = None  # the whole run, as this node's watcher knows it
+    watch_state: str | None = None       # the watcher's: waiting (for the other nodes), watching, stalled
 
 
 @dataclass
@@ -227,8 +239,27 @@ class Watch:
             if len(steps) >= 2 and now > steps[0][0]:
                 # from the first reading to now: a run that stopped printing steps slows down to 0
                 v.steps_per_sec = (steps[-1][1] - steps[0][1]) / (now - steps[0][0])
+        _since_progress(v, now, job)
         prev = self._cpu.get(key)
         if prev is not None and now > prev[0]:
             v.cpu_percent = max(0.0, (job["cpu_seconds"] - prev[1]) / (now - prev[0]) * 100)
         self._cpu[key] = (now, job["cpu_seconds"])
         return v
+
+
+def _since_progress(v: NodeView, now: float, job: dict) -> None:
+    """Seconds since the node's last progress line (node clock ``now``), and whether that is past the
+    run's stall timeout; only while the job runs (an ended job makes no progress to wait for)."""
+    if v.state != "running":
+        return
+    watch = job["watch"]
+    if watch is not None:
+        v.progress_from, v.stall_timeout, v.watch_state = "watch", watch["timeout"], watch["state"]
+        if watch["last_progress"] is not None:  # None: no progress line on this node yet
+            v.since_progress = max(0.0, now - watch["last_progress"])
+        if watch["run_last_progress"] is not None:
+            v.run_since_progress = max(0.0, now - watch["run_last_progress"])
+        v.stalled = watch["state"] == "stalled" or (v.since_progress is not None
+                                                     and v.since_progress > watch["timeout"])
+    elif job["log_mtime"] is not None:
+        v.since_progress, v.progress_from = max(0.0, now - job["log_mtime"]), "log"

@@ -216,6 +216,30 @@ def scan(source_dir: Path, runs_dir: Path) -> SourceFolder:
                          "make every file there readable, or move the script to a folder of its own") from None
 
 
+PYTHON_SUFFIXES = (".py", ".pyw", ".pyc")
+
+
+def mentions_clusterddp(folder: SourceFolder) -> bool:
+    """Whether a Python file the upload sends names ``clusterddp`` (a script that imports
+    clusterddp.train, or a module of its folder that does): only then does a node's launch.sh look
+    for the node's own clusterddp (a python start there, before torchrun). A file that cannot be read
+    counts as naming it; :func:`pack` refuses it anyway."""
+    word = b"clusterddp"
+    for rel, _ in folder.entries:
+        if not rel.endswith(PYTHON_SUFFIXES):
+            continue
+        try:
+            with open(folder.root / rel, "rb") as f:  # a link is read through: the node gets its target's name
+                tail = b""
+                while chunk := f.read(1 << 20):
+                    if word in tail + chunk:
+                        return True
+                    tail = chunk[-len(word):]
+        except OSError:
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class Upload:
     """The script's folder packed into a private temporary tarball; :meth:`discard` removes it."""

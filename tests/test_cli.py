@@ -88,10 +88,12 @@ def test_dry_run_prints_every_node_and_contacts_nobody(tmp_path, script):
 def test_up_local_runs_real_torchrun(tmp_path):
     runs = tmp_path / "runs"
     r = cddp("up", "local", str(REPO / "examples" / "ddp_train.py"), "--gpus", "2", "--runs-dir", str(runs),
-             "--collect", "checkpoints/**", "--", "--epochs", "1", "--checkpoint-dir", "checkpoints",
-             cwd=tmp_path, check_rc=0)
+             "--collect", "checkpoints/**", "--notify", f"command:cat >> {tmp_path / 'told.json'}",
+             "--", "--epochs", "1", "--checkpoint-dir", "checkpoints", cwd=tmp_path, check_rc=0)
     run_id = run_id_of(r.stdout)
     assert "[local] done world_size=2" in r.stdout
+    (told,) = [json.loads(line) for line in (tmp_path / "told.json").read_text().splitlines()]  # notified once
+    assert (told["event"], told["run_id"], told["exit_code"], told["hosts"]) == ("succeeded", run_id, 0, ["local"])
     rec = record(runs, run_id)
     assert rec["status"] == "succeeded" and rec["nodes"][0]["host"] == "local" and rec["nodes"][0]["exit_code"] == 0
     assert (tmp_path / "checkpoints").is_dir()  # ran in the current directory

@@ -30,6 +30,10 @@ def explode(step):
 if ctx.rank == 3:
     print("rank 3 fails now", flush=True)
     if os.environ["CDDP_FAIL"] == "raise":
+        # torch's own flight recorder dump, where launch.sh points NCCL's (gloo never writes it itself)
+        from torch._C._distributed_c10d import _dump_fr_trace
+        with open(os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] + "3", "wb") as f:
+            f.write(_dump_fr_trace())
         explode(7)
     os.kill(os.getpid(), signal.SIGKILL)
 dist.all_reduce(torch.ones(1))  # the other ranks wait here until rank 3's end breaks the collective
@@ -77,6 +81,11 @@ def test_python_exception_on_rank_3_is_the_root_cause_in_up_status_run_json_and_
     assert f["message"] == "boom at step 7 \x1b[31mred"
     assert any("in explode" in fr for fr in f["frames"]) and any("fail.py" in fr for fr in f["frames"])
     assert [o["host"] for o in f["others"]] == ["node1"]
+    # rank 3's flight recorder dump came back from node2's control folder, read; ranks 0-2 wrote none
+    fl = f["flight"]
+    assert [(e["host"], e["rank"], e["op"][:5]) for e in fl["ranks"]] == [("node2", 3, "gloo:")], fl
+    assert "no dump from ranks 0-2" in " ".join(fl["notes"]), fl
+    assert (runs / run_id / "flight" / "node2" / "rank3").stat().st_size > 0
     # the error file came back; the GPU forensics of each node (fake nvidia-smi on PATH)
     err_file = runs / run_id / "errors" / "node2" / "attempt_0" / "1" / "error.json"
     assert "boom at step 7" in json.loads(err_file.read_text())["message"]["message"]

@@ -76,6 +76,8 @@ def test_top_once_json_reports_every_node_of_a_detached_run(bed, tmp_path):
             assert n["cpu_percent"] is not None and n["rss_bytes"] > 0, n
             assert n["node_mem_total_bytes"] > n["node_mem_used_bytes"] > 0, n
             assert n["gpus"] is None, n  # no nvidia-smi on the test bed
+            # no stall timeout: since the log's last write, on the node's clock; it prints 10 lines a second
+            assert n["progress_from"] == "log" and 0 <= n["since_progress"] < 30 and not n["stalled"], n
     # the table shows the escape sequence a node printed as text, never obeys it
     assert "\x1b" not in table.stdout and "\\x1b[2J" in table.stdout, table.stdout
     assert "node1" in table.stdout and "node2" in table.stdout and "running" in table.stdout

@@ -128,3 +128,70 @@ def test_every_node_is_told_the_runs_name_with_its_request(monkeypatch):
     leases.try_acquire(p, Fleet(), leases.asks(p, port_fixed=False), user="me@x")
     assert [(h, r["run"], r["name"], r["user"]) for h, r in sent] == [
         (h, "r1", "bert-base", "me@x") for h in ("c", "b", "a")]
+
+
+class _Nodes:
+    """The node side of every host's lease channel, scripted: ``answers[host]`` is the list of replies
+    that host gives, one per try. ``events`` records each ask and each read of a reply, in order, and
+    what the lease gave back (``release`` runs its command through ``each``)."""
+
+    def __init__(self, answers):
+        self.answers = {h: list(r) for h, r in answers.items()}
+        self.events, self.released = [], []
+        nodes = self
+
+        class Channel:
+            def __init__(self, host, t, command, stdin):
+                nodes.events.append(("ask", host))
+                self.host = host
+
+            def reply(self):
+                nodes.events.append(("reply", self.host))
+                return nodes.answers[self.host].pop(0)
+        self.Channel = Channel
+
+    def transport(self, host):
+        return None
+
+    def each(self, fn, hosts):
+        self.released += [h.name for h in hosts]
+
+
+OK = {"ok": True, "slots": [0], "port": 29500}
+TAKEN = {"ok": False, "capacity": 1, "why": "busy", "holders": [
+    {"garbled": False, "run": "r0", "user": "u@h", "since": "s", "host": "b", "slots": [0], "port": None,
+     "state": "starting"}]}
+
+
+def test_the_first_try_asks_every_node_at_once_and_a_refusal_gives_back_every_node_taken(monkeypatch):
+    nodes = _Nodes({"c": [OK], "b": [TAKEN], "a": [OK]})
+    monkeypatch.setattr(leases, "_Channel", nodes.Channel)
+    p = plan()
+    with pytest.raises(LeaseBusy) as e:
+        leases.try_acquire(p, nodes, leases.asks(p, port_fixed=False), user="me@x", together=True)
+    # every node asked before any answer is read, every answer read before anything is given back
+    assert nodes.events == [("ask", "c"), ("ask", "b"), ("ask", "a"), ("reply", "c"), ("reply", "b"), ("reply", "a")]
+    assert sorted(nodes.released) == ["a", "c"]  # a, asked after the refusing b, is given back too
+    assert "it needs slots 1,3 on b" in str(e.value) and e.value.holders[0].run == "r0"
+
+
+def test_the_first_refusal_in_the_nodes_order_is_the_one_told_whichever_answered(monkeypatch):
+    nodes = _Nodes({"c": [OK], "b": [TAKEN], "a": [{**TAKEN, "capacity": 7}]})
+    monkeypatch.setattr(leases, "_Channel", nodes.Channel)
+    p = plan()
+    with pytest.raises(LeaseBusy) as e:
+        leases.try_acquire(p, nodes, leases.asks(p, port_fixed=False), user="me@x", together=True)
+    assert "on b, which has 1" in str(e.value) and nodes.released == ["c"]
+
+
+def test_a_retry_while_another_launcher_is_taking_the_nodes_asks_them_one_after_another(monkeypatch):
+    """The first try asks all at once; after a refusal by a run still starting, the retry goes node
+    by node in the one order, so two launchers that each took half meet on the first node."""
+    nodes = _Nodes({"c": [OK, OK], "b": [TAKEN, OK], "a": [OK, OK]})
+    monkeypatch.setattr(leases, "_Channel", nodes.Channel)
+    p = plan()
+    lease = leases.acquire(p, nodes, port_fixed=False, user="me@x", sleep=lambda s: None)
+    assert nodes.events[6:] == [("ask", "c"), ("reply", "c"), ("ask", "b"), ("reply", "b"), ("ask", "a"),
+                                ("reply", "a")]
+    assert nodes.events[:3] == [("ask", "c"), ("ask", "b"), ("ask", "a")]
+    assert sorted(lease.grants) == ["a", "b", "c"] and lease.port == 29500

@@ -52,9 +52,24 @@ def test_the_node_program_reports_each_jobs_state_last_line_step_and_processes(t
     assert run_node(capsys, [[str(ended), marker]], r"(?<==)\d+")["jobs"][0]["step"] == 7
 
 
+def test_the_last_line_shown_is_never_torch_noise_nor_the_source_line_of_its_warning(tmp_path, capsys):
+    from clusterddp import noise
+    (tmp_path / "node.log").write_bytes(
+        b"epoch 0 step 4 loss 16.4\n"
+        b"/venv/torch/_subclasses/functional_tensor.py:368: UserWarning: Failed to initialize NumPy: No module "
+        b"named 'numpy' (Triggered internally at tensor_numpy.cpp:84.)\n"
+        b'  cpu = _conversion_method_template(device=torch.device("cpu"))\n'
+        b"[W1202 02:47:33.5 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n")
+    args = {"jobs": [[str(tmp_path), "m/n1"]], "regex": T.DEFAULT_PROGRESS, "tail": plan.TOP_TAIL,
+            "skip": list(noise.LINE_PATTERNS)}
+    assert node_top.main([json.dumps(args)]) == 0
+    job = node_top.parse_reply(capsys.readouterr().out.encode(), 1)["jobs"][0]
+    assert job["last_line"] == "epoch 0 step 4 loss 16.4"
+
+
 def reply(**over) -> bytes:
     job = {"state": "running", "exit_code": None, "last_line": "x", "step": 1, "cpu_seconds": 1.0, "rss": 1,
-           "procs": 2}
+           "procs": 2, "log_mtime": None, "watch": None}
     r = {"time": 1000.0, "jobs": [job], "ncpu": 2, "cpu_total": 10, "cpu_idle": 5, "mem_total": 10,
          "mem_available": 5, "gpus": [{"index": 0, "util": 50, "mem_used": 1.0, "mem_total": 2.0}]}
     for k, v in over.items():
@@ -204,3 +219,87 @@ def test_a_nodes_texts_are_kept_to_one_line_in_what_top_shows(capsys):
     from clusterddp.node import reply as node_reply
     data = {"last_line": "loss 0.1\nPASS: forged", "gpu_error": None}
     assert node_reply.one_line_each(data) == {"last_line": "loss 0.1\\nPASS: forged", "gpu_error": None}
+
+
+def test_the_node_program_sends_the_logs_last_write_and_the_watchers_file_checked(tmp_path, capsys):
+    """watch.json (the node's watcher, runs with a stall timeout: BRIEF's hang interface) is read bounded,
+    and only as its numbers and state: a link, a huge file, a list or text in its place is no watch; the
+    launcher checks the numbers again."""
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    (ctl / "node.log").write_text("step 1\n")
+    os.utime(ctl / "node.log", (1000.0, 1000.0))
+    job = [[str(ctl), "m/n1"]]
+    got = run_node(capsys, job)["jobs"][0]
+    assert got["log_mtime"] == 1000.0 and got["watch"] is None
+    view = {"time": 1001.0, "last_progress": 990.5, "run_last_progress": 995, "timeout": 60, "state": "watching"}
+    (ctl / "watch.json").write_text(json.dumps({**view, "other": 1}))
+    assert run_node(capsys, job)["jobs"][0]["watch"] == {"last_progress": 990.5, "run_last_progress": 995,
+                                                         "timeout": 60, "state": "watching"}
+    (ctl / "watch.json").write_text(json.dumps({**view, "last_progress": None, "state": "odd"}))
+    assert run_node(capsys, job)["jobs"][0]["watch"] == {"last_progress": None, "run_last_progress": 995,
+                                                         "timeout": 60, "state": None}  # no progress here yet
+    big = json.dumps(view) + " " * node_top.MAX_WATCH
+    for bad in ("[1, 2]", "{not json", big, json.dumps({**view, "last_progress": "soon"}),
+                json.dumps({**view, "timeout": True}), json.dumps({**view, "timeout": None})):
+        (ctl / "watch.json").write_text(bad)
+        assert run_node(capsys, job)["jobs"][0]["watch"] is None, bad
+    (ctl / "watch.json").unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps(view))
+    (ctl / "watch.json").symlink_to(tmp_path / "elsewhere.json")
+    assert run_node(capsys, job)["jobs"][0]["watch"] is None  # never followed through a link
+    (ctl / "watch.json").unlink()
+    (ctl / "watch.json").write_text(json.dumps({**view, "last_progress": -5}))
+    with pytest.raises(node_top.TopError, match="watch.last_progress"):  # out of range: checked launcher side
+        run_node(capsys, job)
+
+
+WATCH = {"last_progress": 1.0, "run_last_progress": 1.0, "timeout": 5, "state": "watching"}
+
+
+@pytest.mark.parametrize(("watch", "words"), [
+    ("yes", "jobs[0].watch"), ({**WATCH, "last_progress": -1}, "watch.last_progress"),
+    ({**WATCH, "timeout": float("inf")}, "watch.timeout"), ({**WATCH, "timeout": None}, "watch.timeout"),
+    ({**WATCH, "run_last_progress": "x"}, "watch.run_last_progress"), ({**WATCH, "state": "rm"}, "watch.state"),
+])
+def test_a_malformed_watch_in_a_reply_is_refused_naming_the_value(watch, words):
+    with pytest.raises(node_top.TopError, match="malformed") as e:
+        node_top.parse_reply(reply(watch=watch, log_mtime=1.0), 1)
+    assert words in str(e.value)
+    with pytest.raises(node_top.TopError, match="log_mtime"):
+        node_top.parse_reply(reply(log_mtime=-3.0), 1)
+
+
+def watched_reply(t: float, state: str = "running", log_mtime: float | None = None,
+                  watch: dict | None = None) -> bytes:
+    return (node_top.MARK + json.dumps({
+        "time": t, "ncpu": 2, "gpus": None,
+        "jobs": [{"state": state, "exit_code": None, "last_line": "x", "step": None, "cpu_seconds": 0.0,
+                  "rss": 0, "procs": 1, "log_mtime": log_mtime, "watch": watch}]})).encode()
+
+
+def test_seconds_since_progress_on_the_nodes_clock_and_stalled_past_the_runs_timeout():
+    """a: its watcher's file (the run has a stall timeout), its own last line 61 s > 60 s ago on its own
+    clock: stalled, though the run's last line (another node's) was 10 s ago; b: no watcher, its log's
+    last write 30 s ago on a clock 10^6 s away from a's: 30 s, never stalled; c: ended: no figure;
+    d: no progress line on it yet, the watcher says the run is stalled: marked."""
+    r = make_record("run-1", hosts=("a", "b", "c", "d"))
+    nodes = {"a": FakeNode("a", [watched_reply(5061.0, log_mtime=5060.0, watch={
+                 "last_progress": 5000.0, "run_last_progress": 5051.0, "timeout": 60, "state": "watching"})]),
+             "b": FakeNode("b", [watched_reply(1_005_030.0, log_mtime=1_005_000.0)]),
+             "c": FakeNode("c", [watched_reply(10.0, "exited", log_mtime=1.0)]),
+             "d": FakeNode("d", [watched_reply(100.0, log_mtime=99.0, watch={
+                 "last_progress": None, "run_last_progress": 30.0, "timeout": 60, "state": "stalled"})])}
+    with T.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
+        a, b, c, d = w.look().runs[0].nodes
+    assert (a.since_progress, a.progress_from, a.stall_timeout, a.stalled) == (61.0, "watch", 60, True)
+    assert (a.run_since_progress, a.watch_state) == (10.0, "watching")
+    assert (b.since_progress, b.progress_from, b.stall_timeout, b.stalled) == (30.0, "log", None, False)
+    assert (c.since_progress, c.stalled) == (None, False)
+    assert (d.since_progress, d.run_since_progress, d.stalled) == (None, 70.0, True)
+    from clusterddp.cli.top import _since
+    assert (_since(a), _since(b), _since(c), _since(d)) == ("61s stalled (>60s)", "30s", "-", "none stalled (>60s)")
+    b.since_progress = 185.0
+    assert _since(b) == "3m05s"
+    b.since_progress = 7300.0
+    assert _since(b) == "2h01m"

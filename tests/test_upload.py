@@ -13,6 +13,7 @@ import pytest
 from clusterddp import upload
 from clusterddp.backends.ssh import launch as jobs
 from clusterddp.errors import UsageError
+from clusterddp.plan import RunSpec
 from helpers import REPO, cddp
 
 GOOD_INV = "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n  - {name: gpu-02, address: gpu-02.invalid}\n"
@@ -143,3 +144,38 @@ def test_up_dry_run_says_what_is_sent_and_refuses_too_much(tmp_path):
     assert "over the 4.0 KiB limit; biggest: data/ (4.9 KiB)" in r.stderr and "Traceback" not in r.stderr
     r = cddp("up", "local", "t.py", "--runs-dir", "runs", "--dry-run", "--max-upload", "1", cwd=src, check_rc=0)
     assert "upload:" not in r.stdout  # local runs upload nothing
+
+
+def test_only_a_folder_whose_python_names_clusterddp_has_its_nodes_look_for_clusterddp_train(tmp_path):
+    """launch.sh's look-up of the node's clusterddp (a python start before torchrun) runs only for a
+    script folder where some Python file names clusterddp (issue 24, section 7)."""
+    (tmp_path / "inv.yaml").write_text("hosts:\n  - {name: a, address: 10.0.0.1}\n  - {name: b, address: 10.0.0.2}\n")
+    src = tmp_path / "proj"
+    tree(src, {"t.py": "import torch\n", "README.md": "uses clusterddp", "data.bin": b"clusterddp"})
+
+    def lookup(**files):
+        tree(src, files)
+        prep = jobs.prepare(str(tmp_path / "inv.yaml"), RunSpec(str(src / "t.py")), str(tmp_path / "runs"))
+        scripts = {n.launch_script.count("cddp_train=$(") for n in prep.plan.nodes}
+        assert len(scripts) == 1 and prep.folder is not None
+        return prep.plan.train_lookup, scripts.pop()
+    assert lookup() == (False, 0)  # only non-Python files name it
+    deep = "x = 1\n" * 200_000 + "# clusterddp\n"  # past the first 1 MiB read
+    assert lookup(**{"sub/util.py": deep}) == (True, 1)
+    (src / "sub" / "util.py").unlink()
+    # a word split across two reads is still found
+    assert lookup(**{"m.py": "#" * ((1 << 20) - 5) + "clusterddp"}) == (True, 1)
+    (src / "m.py").unlink()
+    assert lookup(**{"t.py": "from clusterddp import train\n"}) == (True, 1)
+
+
+def test_a_job_with_its_own_pythonpath_has_clusterddp_train_looked_for_whatever_its_folder_says():
+    from clusterddp import inventory
+    from clusterddp.plan import build_plan
+    inv = inventory.parse("hosts:\n  - {name: a, address: 10.0.0.1}\n", "inv.yaml")
+    plain = build_plan(inv, RunSpec("t.py"), "r1", train_lookup=False)
+    assert "cddp_train=$(" not in plain.nodes[0].launch_script
+    assert "its clusterddp.train is not looked for" in plain.nodes[0].launch_script
+    own = build_plan(inv, RunSpec("t.py", env=(("PYTHONPATH", "/shared/lib"),)), "r1", train_lookup=False)
+    assert "cddp_train=$(" in own.nodes[0].launch_script
+    assert "cddp_train=$(" in build_plan(inv, RunSpec("t.py"), "r1").nodes[0].launch_script

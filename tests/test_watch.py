@@ -49,7 +49,7 @@ def test_progress_is_the_ranks_own_lines_not_ours_nor_torchs_noise():
     assert lines(r"step (\d+)").feed(LOG) == 2
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, len(LOG)), max_size=12))
 def test_progress_does_not_depend_on_how_the_log_arrives_in_chunks(cuts):
     at = sorted(set(cuts))
@@ -85,9 +85,13 @@ def test_several_nodes_decide_only_once_every_watcher_is_there_from_the_shared_c
     assert not d.stalled(134.9) and d.stalled(135.0)
 
 
-def test_a_node_that_never_reads_the_store_never_decides():
+def test_a_node_that_never_reads_the_store_never_decides_nor_one_that_saw_no_line_anywhere():
     d = W.Decider(5.0, now=0.0, nnodes=2)
     d.local(3, now=1.0)  # its own lines are not enough: the other node may be the one printing
+    assert not d.stalled(1e6)
+    d = W.Decider(5.0, now=0.0, nnodes=2)
+    d.shared(0, watchers=2, now=1.0)  # every watcher there, but no rank has printed yet: still starting
+    d.shared(0, watchers=2, now=1000.0)
     assert not d.stalled(1e6)
 
 
@@ -107,14 +111,14 @@ def test_no_hang_record_is_none_and_a_bad_one_is_a_note():
     assert H.parse_node("a", b"garbage with no separator").note == "an unreadable hang.json"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.binary(max_size=3000), st.binary(max_size=300))
 def test_a_nodes_hang_record_never_raises(head, rest):
     got = H.parse_node("a", head + b"\n" + H.SEPARATOR.encode() + b"\n" + rest)
     assert got is not None and len(got.stacks) <= H.STACKS_MOST and (got.note is None or len(got.note) <= 240)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=20),
                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c, max_size=4),
                     max_leaves=20),

@@ -46,6 +46,22 @@ if rank == 3:
 dist.all_reduce(torch.ones(1))  # ranks 0-2 wait here for rank 3
 '''
 
+HEALTHY = r'''
+import sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+for step in range(int(sys.argv[1])):
+    dist.all_reduce(torch.ones(1))  # every rank in step; only rank 0 prints, every 2 s
+    if rank == 0 and step % 4 == 0:
+        print("step %d" % step, flush=True)
+    time.sleep(0.5)
+dist.barrier()
+print("rank %d done" % rank, flush=True)
+'''
+
 BOUND_S = 20 + 30  # the issue's: the stall timeout, and 30 s to take the stacks, end the job and say why
 
 
@@ -55,15 +71,22 @@ def _last_step(text: str) -> float:
     return times[-1]
 
 
-def test_a_stalled_run_ends_itself_attached_and_detached_naming_the_stuck_rank(bed, tmp_path):
+def test_a_stalled_run_ends_itself_attached_and_detached_naming_the_stuck_rank_and_a_healthy_one_runs_on(
+        bed, tmp_path):
     src = tmp_path / "job"
     src.mkdir()
     (src / "stuck.py").write_text(STUCK)
+    (src / "healthy.py").write_text(HEALTHY)
     runs = tmp_path / "runs"
-    detached_inv = bed.write_inventory(tmp_path / "detached.yaml", defaults_extra={"gpus": 4},
+    detached_inv = bed.write_inventory(tmp_path / "detached.yaml", defaults_extra={"gpus": 5},
                                        extra={"stall_timeout": 20})
-    attached_inv = bed.write_inventory(tmp_path / "attached.yaml", defaults_extra={"gpus": 4})
+    attached_inv = bed.write_inventory(tmp_path / "attached.yaml", defaults_extra={"gpus": 5})
     started = time.monotonic()
+    # beside them (one GPU slot each of the five): a healthy job, only rank 0 printing, every 2 s, for 40 s:
+    # 4 times its stall timeout of 10 s; node2's watchdog sees rank 0's progress through the run's store
+    h = cddp("up", str(attached_inv), str(src / "healthy.py"), "--runs-dir", str(runs), "--gpus", "1",
+             "--stall-timeout", "10", "--detach", "--", "80", check_rc=0)
+    healthy = run_id_of(h.stdout)
     # detached: nobody attached; the nodes end it themselves
     d = cddp("up", str(detached_inv), str(src / "stuck.py"), "--runs-dir", str(runs), "--gpus", "2", "--detach",
              "--", "6", check_rc=0)
@@ -112,5 +135,11 @@ def test_a_stalled_run_ends_itself_attached_and_detached_naming_the_stuck_rank(b
     last = _last_step(log)
     end = datetime.fromisoformat(rec["ended_at"]).timestamp()
     assert end - last <= BOUND_S + 1, (end - last, log)  # ended_at is whole seconds, by the nodes' clocks
+    # the healthy job was never stopped: it ran to its end and succeeded
+    assert eventually(lambda: not job_pids(healthy), 120, interval=1), job_pids(healthy)
+    s = cddp("status", healthy, "--runs-dir", str(runs))
+    log = cddp("logs", healthy, "--runs-dir", str(runs), check_rc=0).stdout
+    assert record(runs, healthy)["status"] == "succeeded", (s.stdout, log)
+    assert "rank 0 done" in log and "rank 1 done" in log and "[clusterddp] stall" not in log, log
     print(f"wall time {time.monotonic() - started:.1f}s; attached ended {ended - _last_step(out):.1f}s after "
           f"its last progress line, detached {end - last:.1f}s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import collect as collect_cmd
+from . import notify as notify_cmd
 from . import prune as prune_cmd
 from . import quarantine as quarantine_cmd
 from . import runs as runs_cmd
@@ -27,6 +28,7 @@ for _verb in ("runs", "status", "logs", "stop"):
     app.command(_verb)(getattr(runs_cmd, _verb))
 app.command("collect")(collect_cmd.collect)
 app.add_typer(schedule_cmd.app, name="schedule")
+app.add_typer(notify_cmd.app, name="notify")
 app.add_typer(quarantine_cmd.app, name="quarantine")
 app.command("check")(check_cmd)
 app.command("exec")(exec_cmd)

@@ -33,6 +33,7 @@ from .common import (
     local_rank_flag,
     option,
     run_spec,
+    visible,
     with_recorded_options,
 )
 from .script_args import NoSuchOption, ScriptCommand
@@ -118,6 +119,8 @@ def add(
     # the same checks as `up`, through the inventory's backend; no network
     request = LaunchRequest(inventory, loaded, run, runs_dir, hosts_, exclude=excluded)
     prep = backends.for_inventory(loaded).prepare(request)
+    from .. import notify
+    notify.targets_for(loaded.notify, (up_options or {}).get("notify", []))  # a wrong target: exit 2 now, not at 2 a.m.
     if excluded:  # the spec records the hosts that are left, as --hosts
         hosts_ = [h.name for h in prep.plan.inventory.hosts]
     run = dataclasses.replace(run, script=os.path.abspath(script))
@@ -284,7 +287,10 @@ def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file."))
     spec = S.load_spec(spec_file)
     lock = S.try_lock(spec)
     if lock is None:
-        _record_skip(spec.name, spec.runs_dir)
+        from .. import notify
+        reason, holder = _record_skip(spec.name, spec.runs_dir)
+        for line in notify.tell_skip(spec.inventory, dict(spec.up).get("notify", []), spec.name, reason, holder):
+            err(visible(line))
         raise typer.Exit(S.SKIP_EXIT)
     print(f"[clusterddp] {utcnow()} schedule {spec.name}: starting clusterddp up (spec {spec.spec_path})", flush=True)
     proc = S.start_up(spec, lock)
@@ -297,7 +303,7 @@ def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file."))
     raise typer.Exit(rc if rc >= 0 else 128 - rc)
 
 
-def _record_skip(name: str, runs_dir: str) -> None:
+def _record_skip(name: str, runs_dir: str) -> tuple[str, str | None]:
     from .. import schedule as S
     from ..record import RunStatus
     from ..store import RunStore
@@ -309,3 +315,4 @@ def _record_skip(name: str, runs_dir: str) -> None:
               f"{S.lock_path(str(store.root), name)}")
     rec = store.record_skip(name, reason, holder)
     print(f"[clusterddp] {rec['at']} schedule {name}: skipped; {reason}", flush=True)
+    return reason, holder

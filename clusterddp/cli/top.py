@@ -31,6 +31,16 @@ def _gpus(v: NodeView) -> str:
                     f"/{_size((g.mem_total_mib or 0) * 2**20)}" for g in v.gpus) or "none"
 
 
+def _since(v: NodeView) -> str:
+    """Seconds since the last progress line: ``42s``, ``3m05s``, ``2h07m``; `` stalled`` past the timeout."""
+    stalled = f" stalled (>{v.stall_timeout:g}s)" if v.stalled and v.stall_timeout is not None else ""
+    if v.since_progress is None:  # watched, but no progress line on this node yet
+        return ("none" + stalled) if v.progress_from == "watch" else "-"
+    s = int(v.since_progress)
+    text = f"{s}s" if s < 120 else f"{s // 60}m{s % 60:02d}s" if s < 7200 else f"{s // 3600}h{s // 60 % 60:02d}m"
+    return text + stalled
+
+
 def _state(v: NodeView) -> str:
     return v.state + ("" if v.exit_code is None else f" {v.exit_code}")
 
@@ -45,8 +55,8 @@ def table(snap: Snapshot):
     t = Table(box=None, pad_edge=False, header_style="bold", expand=False)
     # Every column but the last line keeps its width (no_wrap: rich never squeezes those); the last
     # line takes what is left of the terminal and is cut with an ellipsis.
-    for col in ("run", "host", "rank", "state", "step", "steps/s", "job cpu", "job mem", "node cpu", "node mem",
-                "gpus"):
+    for col in ("run", "host", "rank", "state", "step", "steps/s", "progress", "job cpu", "job mem", "node cpu",
+                "node mem", "gpus"):
         t.add_column(col, no_wrap=True, justify="left" if col in ("run", "host", "state", "gpus") else "right")
     t.add_column("last line", min_width=10)
     style = {"running": "green", "exited": "cyan", "lost": "red", "missing": "red", "unreachable": "bold red"}
@@ -58,6 +68,7 @@ def table(snap: Snapshot):
                       Text(_state(v), style="red" if bad else style.get(v.state, "")),
                       "-" if v.step is None else str(v.step),
                       "-" if v.steps_per_sec is None else f"{v.steps_per_sec:.2f}",
+                      Text(_since(v), style="bold red" if v.stalled else ""),
                       _pct(v.cpu_percent), _size(v.rss_bytes), _pct(v.node_cpu_percent),
                       f"{_size(v.node_mem_used_bytes)}/{_size(v.node_mem_total_bytes)}",
                       Text(_gpus(v)), Text(visible(line or ""), no_wrap=True, overflow="ellipsis"))
@@ -92,7 +103,8 @@ def top(
                                               "hosts (who holds which slots, who waits)."),
 ) -> None:
     """Show what each node of RUN (or of every running run) is doing: state, last log line, steps/s,
-    CPU and memory of the job and the node, and each GPU's use where nvidia-smi answers. Refreshed every
+    seconds since its last progress line (marked stalled past the run's --stall-timeout), CPU and memory
+    of the job and the node, and each GPU's use where nvidia-smi answers. Refreshed every
     second; Ctrl-C ends the view (never the run). One SSH command per node per refresh."""
     from ..store import RunStore
     from ..top import DEFAULT_PROGRESS, Watch, check_progress_regex, records

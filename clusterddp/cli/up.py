@@ -65,6 +65,7 @@ def up(
     stall_timeout: float | None = option("stall_timeout"),
     progress_regex: str | None = option("progress_regex"),
     wait: bool = option("wait"),
+    notify: list[str] = option("notify"),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -83,6 +84,8 @@ def up(
                         slots=slots, exclude=host_list(exclude, "--exclude"), max_upload=limit, detach=detach,
                         skip_check=skip_check, join_timeout=join_timeout, wait=wait, schedule=schedule)
     backend = backends.for_inventory(loaded)
+    from .. import notify as N
+    targets = N.targets_for(loaded.notify, notify)
     prep = backend.prepare(req, contact=not dry_run)
     warning = local_rank_warning(spec)
     if warning:
@@ -91,14 +94,32 @@ def up(
         text = backend.render(prep, req)
         print(dry_run_text(text, prep.plan.run_id, () if show_secrets else secrets(req)), flush=True)
         return
+    if detach and targets:
+        err("warning: notify: a detached run is not told of its end (no launcher is attached to see it); "
+            "leave --detach out to be told, e.g. under nohup or tmux")
     events = Printed(raw=raw, hide=quiet_filter(quiet))
     sigterm_as_interrupt()  # SIGTERM ends an attached run as Ctrl-C does (a waiting one leaves the queue)
+    told = {"run_id": prep.plan.run_id, "name": spec.name, "schedule": schedule, "inventory": inventory}
     try:
         backend.launch(prep, req, events)
+    except KeyboardInterrupt:
+        _said(N.tell_run_end(targets, prep.store, interrupted=True, **told))
+        raise
+    except Exception as e:
+        _said(N.tell_run_end(targets, prep.store, error=e, **told))
+        raise
+    else:
+        if not detach:
+            _said(N.tell_run_end(targets, prep.store, **told))
     finally:
         events.printer.flush()
         tell_unmatched(events.results, "collect: ")  # at the end of the run: a glob that brought nothing back
         tell_hidden(events.hide, f"{prep.store.run_dir(prep.plan.run_id) / 'logs'}/")
+
+
+def _said(lines: list[str]) -> None:
+    for line in lines:  # a receiver's words: escaped
+        err(visible(line))
 
 
 def watchdog(stall_timeout: float | None, progress_regex: str | None, inv) -> dict:

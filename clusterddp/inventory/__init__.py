@@ -15,18 +15,24 @@ from .model import (
     HOST_NAME_RE,
     LOCAL,
     MAX_GPUS,
+    NOTIFY_EVENTS,
+    NOTIFY_FIELDS,
     RESERVED_ENV,
     Host,
     Inventory,
     Master,
+    NotifyTarget,
     SlurmSettings,
     ascii_digits,
     glob_problem,
+    notify_command_problem,
     reserved_env,
     show,
     some,
+    webhook_problem,
 )
 
 __all__ = ["BUILTIN", "DEFAULT_FANOUT", "DEFAULT_MASTER_PORT", "ENV_NAME_RE", "HOST_NAME_RE", "LOCAL", "MAX_GPUS",
-           "RESERVED_ENV", "Host", "Inventory", "Master", "SlurmSettings", "ascii_digits", "glob_problem", "load",
-           "load_named", "local", "parse", "parse_hostfile", "reserved_env", "show", "some"]
+           "NOTIFY_EVENTS", "NOTIFY_FIELDS", "RESERVED_ENV", "Host", "Inventory", "Master", "NotifyTarget",
+           "SlurmSettings", "ascii_digits", "glob_problem", "load", "load_named", "local", "notify_command_problem",
+           "parse", "parse_hostfile", "reserved_env", "show", "some", "webhook_problem"]

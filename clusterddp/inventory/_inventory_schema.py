@@ -10,9 +10,20 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .model import ENV_NAME_RE, HOST_NAME_RE, LOCAL, MAX_GPUS, control_problem, glob_problem, show
+from .model import (
+    ENV_NAME_RE,
+    HOST_NAME_RE,
+    LOCAL,
+    MAX_GPUS,
+    NOTIFY_EVENTS,
+    control_problem,
+    glob_problem,
+    notify_command_problem,
+    show,
+    webhook_problem,
+)
 
 
 def _one_line(v: str) -> str:
@@ -153,6 +164,49 @@ class _MasterEntry(BaseModel):
     port: int | None = Field(default=None, ge=1, le=65535)  # None: chosen free on the master, from 29500
 
 
+def _checked(problem: Any) -> Any:
+    def check(v: str) -> str:
+        said = problem(v)
+        if said:
+            raise ValueError(said)
+        return v
+    return AfterValidator(check)
+
+
+class _NotifyEntry(BaseModel):
+    """One `notify:` target: exactly one of webhook, webhook_file, command."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    webhook: Annotated[str, _checked(webhook_problem)] | None = None
+    webhook_file: Line | None = None
+    command: Annotated[str, _checked(notify_command_problem)] | None = None
+    on: list[str] | None = None
+    timeout: float | int = Field(default=10, gt=0, le=120)
+
+    @field_validator("on")
+    @classmethod
+    def _on(cls, v: list[str] | None) -> list[str] | None:
+        for e in v or ():
+            if e not in NOTIFY_EVENTS:
+                raise ValueError(f"{show(e)} is not an event; choose from {', '.join(NOTIFY_EVENTS)}")
+        if v is not None and not v:
+            raise ValueError(f"lists no event; leave `on` out for every one ({', '.join(NOTIFY_EVENTS)})")
+        return v
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, v: Any) -> Any:
+        return _seconds(v, 120)
+
+    @model_validator(mode="after")
+    def _one(self) -> _NotifyEntry:
+        given = [k for k in ("webhook", "webhook_file", "command") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give one of webhook (a URL), webhook_file (a file holding one) or command"
+                             + (f", not {' and '.join(given)}" if given else ""))
+        return self
+
+
 class InventoryFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     name: Line | None = None
@@ -163,6 +217,7 @@ class InventoryFile(BaseModel):
     keep_runs: int | None = Field(default=None, ge=1)
     stall_timeout: StallTimeout = None
     progress_regex: ProgressRegex | None = None
+    notify: list[_NotifyEntry] = []
     hosts: list[_HostEntry] = Field(min_length=1)
 
 
@@ -285,4 +340,5 @@ class SlurmInventoryFile(BaseModel):
     collect: list[Glob] = []
     stall_timeout: StallTimeout = None
     progress_regex: ProgressRegex | None = None
+    notify: list[_NotifyEntry] = []
     slurm: _SlurmEntry

@@ -37,6 +37,13 @@ DESCRIPTIONS = {
     "progress_regex": "What counts as a progress line for stall_timeout (default: any line of the ranks' output); "
                       "`up --progress-regex` wins",
     "hosts": "The machines, in node-rank order",
+    "notify": "Where a run's end (and a schedule's skipped firing) is told: webhooks and commands",
+    "webhook": "A webhook URL (a secret: never printed): POSTed the event as JSON with a `text` field",
+    "webhook_file": "A file (mode 0600) holding the webhook URL, relative to the inventory's folder",
+    "command": "A shell command that gets the event as JSON on stdin; {event} {status} {run_id} {host} {schedule} "
+               "are filled in",
+    "on": "The events it wants (default every one): succeeded, failed, hang, stopped, interrupted, skipped",
+    "timeout": "Seconds for one try (default 10; a webhook is tried 3 times when the failure may pass)",
     "user": "SSH user (default: ~/.ssh/config, then your local user)",
     "port": "SSH port (default: ~/.ssh/config, then 22)",
     "identity_file": "SSH private key; ssh-agent and ~/.ssh/config are honoured too",

@@ -26,6 +26,7 @@ from .model import (
     Host,
     Inventory,
     Master,
+    NotifyTarget,
     SlurmSettings,
     reserved_env,
     show,
@@ -151,7 +152,7 @@ def _parse_slurm(data: dict, path: str, root: yaml.Node | None) -> Inventory:
         sbatch=tuple(s.sbatch), shared_dir=s.shared_dir, python=s.python, setup=tuple(s.setup),
         env=tuple(s.env.items()))
     return Inventory(path, inv.name or Path(path).stem, (), Master("", "", 29500), tuple(inv.collect),
-                     slurm=settings, **_watchdog(inv))
+                     slurm=settings, notify=_notify(inv.notify, path), **_watchdog(inv))
 
 
 def _login_host(data: dict, path: str, root: yaml.Node | None) -> Host:
@@ -211,7 +212,20 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | Non
     master_host = hosts[seen[master_name]]
     master = Master(master_name, m.addr or master_host.address, m.port or DEFAULT_MASTER_PORT, m.port is not None)
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
-                     inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs, **_watchdog(inv))
+                     inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs, notify=_notify(inv.notify, path),
+                     **_watchdog(inv))
+
+
+def _notify(entries: list[Any], path: str) -> tuple[NotifyTarget, ...]:
+    """`notify:` as targets; a webhook_file relative to the inventory's folder (read when a run starts)."""
+    out = []
+    for i, e in enumerate(entries):
+        kind = next(k for k in ("webhook", "webhook_file", "command") if getattr(e, k) is not None)
+        value = getattr(e, kind)
+        if kind == "webhook_file":
+            value = str((Path(path).parent / Path(value).expanduser()).absolute())
+        out.append(NotifyTarget(kind, value, tuple(e.on or ()), float(e.timeout), f"{path}: notify[{i}]"))
+    return tuple(out)
 
 
 def _watchdog(inv: Any) -> dict:

@@ -151,6 +151,64 @@ class SlurmSettings:
     env: tuple[tuple[str, str], ...]
 
 
+# What a run tells its notification targets (`notify:`, --notify): its end, by how it ended
+# ("hang": a failed run whose failure is a hang), and a schedule's firing skipped.
+NOTIFY_EVENTS = ("succeeded", "failed", "hang", "stopped", "interrupted", "skipped")
+NOTIFY_KINDS = ("webhook", "webhook_file", "command")
+
+
+# What a notify command may name, filled in from values of a fixed alphabet (words, run ids, host and
+# schedule names), so that substituting them into shell text can never add a word or a quote.
+NOTIFY_FIELDS = ("event", "status", "run_id", "host", "schedule")
+
+
+def webhook_problem(url: str) -> str | None:
+    """What is wrong with ``url`` as a webhook, or None. The message never quotes the URL (a secret)."""
+    from urllib.parse import urlsplit
+    if CONTROL_RE.search(url) or " " in url:
+        return "a webhook URL holds no spaces or control characters"
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        return "must be an http:// or https:// URL with a host, e.g. https://hooks.slack.com/services/..."
+    return None
+
+
+def notify_command_problem(command: str) -> str | None:
+    """What is wrong with a notify ``command``, or None: one line, and only :data:`NOTIFY_FIELDS` in braces."""
+    import string
+    problem = control_problem(command)
+    if problem or not command.strip():
+        return problem or "is empty"
+    known = ", ".join("{" + f + "}" for f in NOTIFY_FIELDS)
+    try:
+        parsed = list(string.Formatter().parse(command))
+    except ValueError as e:
+        return f"{e} (write {{{{ and }}}} for a brace; the fields are {known})"
+    for _, name, spec, conv in parsed:
+        if name is not None and (name not in NOTIFY_FIELDS or spec or conv):
+            return f"{{{name}}} is not a field it can name; use {known} (write {{{{ and }}}} for a brace)"
+    return None
+
+
+@dataclass(frozen=True)
+class NotifyTarget:
+    """Where events are told (:mod:`clusterddp.notify` sends them): a ``webhook`` URL (a secret: it
+    carries a token, so it is never shown; not in the repr), a ``webhook_file`` holding one (an
+    absolute path), or a shell ``command`` that gets the event as JSON on stdin. ``on``: the events
+    it wants (empty: every one); ``timeout``: seconds for one try; ``where``: what names it in a
+    message (``lab.yaml: notify[0]``, ``--notify``)."""
+
+    kind: str
+    value: str = field(repr=False)
+    on: tuple[str, ...] = ()
+    timeout: float = 10.0
+    where: str = ""
+
+
 @dataclass(frozen=True)
 class Inventory:
     """A validated inventory: hosts in inventory order (none for a `slurm:` inventory)."""
@@ -165,6 +223,7 @@ class Inventory:
     slurm: SlurmSettings | None = None
     stall_timeout: float | None = None   # `up`'s stall watchdog, seconds (--stall-timeout wins); None: off
     progress_regex: str | None = None    # what a progress line is for it (--progress-regex wins); None: any line
+    notify: tuple[NotifyTarget, ...] = ()  # `notify:`: told when a run ends (clusterddp.notify)
 
     def ranked(self) -> list[Host]:
         """The hosts in node-rank order: the master first (node rank 0 serves torchrun's static
@@ -183,7 +242,8 @@ class Inventory:
         if master.host not in names:  # the master left the subset: the first chosen host leads
             master = Master(hosts[0].name, hosts[0].address, master.port, master.port_fixed)
         return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs,
-                         stall_timeout=self.stall_timeout, progress_regex=self.progress_regex)
+                         stall_timeout=self.stall_timeout, progress_regex=self.progress_regex,
+                         notify=self.notify)
 
     def narrow(self, hosts: list[str] | None = None, exclude: list[str] | None = None) -> Inventory:
         """``--hosts`` then ``--exclude``: the chosen hosts (all when None) less the excluded ones,

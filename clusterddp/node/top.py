@@ -4,7 +4,11 @@ Node side, :func:`main`: for each job (its control folder and ``CLUSTERDDP_JOB``
 state (the words of ``plan.status_command``), the last line of ``node.log``, the last step
 number the progress regex finds in the log's tail, and the CPU seconds and resident memory of
 its processes (found by the marker, as teardown finds them); for the node, the CPU and memory
-counters and, where ``nvidia-smi`` answers, each GPU's utilisation and memory. One line:
+counters and, where ``nvidia-smi`` answers, each GPU's utilisation and memory; and, for the
+time since the job's last progress line, ``node.log``'s modification time and, when the run has a
+stall timeout, what the node's watcher (``node/watch.py``) last wrote to ``$CTL/watch.json``
+(``last_progress``: this node's last progress line, ``run_last_progress``: the last anywhere as the
+node knows it, epoch seconds on the node's clock or null; ``timeout``: seconds; ``state``). One line:
 :data:`MARK` and a JSON object. Rates (steps/s, CPU %) are differences between two looks, so
 counters and the node's clock are sent, not rates. Python 3.8 grammar, standard library only.
 
@@ -24,6 +28,9 @@ STATES = ("running", "exited", "lost", "missing")
 MAX_LINE = 500         # characters of a log line sent and kept
 MAX_GPUS = 64
 MAX_JOBS = 1000
+WATCH_FILE = "watch.json"   # in the control folder, written by the node's watcher (node/watch.py)
+MAX_WATCH = 4096           # bytes of it read: it holds a few numbers
+WATCH_STATES = ("waiting", "watching", "stalled")
 
 
 def _job_pids(markers: list[str]) -> dict:
@@ -62,8 +69,9 @@ def _usage(pids: list[int]) -> tuple:
 
 def _tail(path: str, size: int, regex: re.Pattern, skip: tuple = ()) -> tuple:
     """The last non-empty line of the log (after a carriage return, as a terminal shows a progress
-    bar) that no ``skip`` pattern matches (known torch noise), and the last step the regex finds in
-    its last ``size`` bytes."""
+    bar) that no ``skip`` pattern matches (known torch noise), nor is an indented line right below
+    one (the source line a Python warning prints), and the last step the regex finds in its last
+    ``size`` bytes."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
@@ -74,11 +82,17 @@ def _tail(path: str, size: int, regex: re.Pattern, skip: tuple = ()) -> tuple:
         return None, None
     lines = data.decode("utf-8", "replace").split("\n")
     last = None
-    for line in reversed(lines):
-        shown = line.rstrip("\r").rsplit("\r", 1)[-1]
-        if shown.strip() and not any(p.search(shown) for p in skip):
-            last = shown[-MAX_LINE:]
-            break
+
+    def noise(i: int) -> bool:
+        return any(p.search(lines[i]) for p in skip)
+    for i in range(len(lines) - 1, -1, -1):
+        shown = lines[i].rstrip("\r").rsplit("\r", 1)[-1]
+        if not shown.strip() or noise(i):
+            continue
+        if shown[:1].isspace() and i > 0 and noise(i - 1):  # a warning's source line, below the warning
+            continue
+        last = shown[-MAX_LINE:]
+        break
     step = None
     for line in reversed(lines):
         m = regex.search(line)
@@ -101,6 +115,46 @@ def _state(ctl: str, pids: list[int]) -> tuple:
     except OSError:
         pass
     return ("running" if pids else "lost"), None
+
+
+def _mtime(path: str) -> object:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _watch(ctl: str) -> object:
+    """The watcher's last-progress time and stall timeout from ``$CTL/watch.json`` (read bounded, never
+    followed through a link); None where there is none or it cannot be read (checked again launcher side)."""
+    try:
+        fd = os.open(os.path.join(ctl, WATCH_FILE), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        import stat
+        data = os.read(fd, MAX_WATCH + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        w = json.loads(data.decode("utf-8")) if len(data) <= MAX_WATCH else None
+    except ValueError:
+        return None
+    if not isinstance(w, dict):
+        return None
+    out = {"last_progress": w.get("last_progress"), "run_last_progress": w.get("run_last_progress"),
+           "timeout": w.get("timeout"), "state": w.get("state")}
+
+    def number(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not number(out["timeout"]) or not all(v is None or number(v) for v in
+                                             (out["last_progress"], out["run_last_progress"])):
+        return None  # a file this program cannot read leaves the rest of the node's answer shown
+    if out["state"] not in WATCH_STATES:
+        out["state"] = None
+    return out
 
 
 def _gpus() -> tuple:
@@ -178,7 +232,8 @@ def main(argv: list[str]) -> int:
         last, step = _tail(os.path.join(ctl, "node.log"), int(a["tail"]), regex, tuple(skip))
         cpu, rss = _usage(pids[marker])
         out["jobs"].append({"state": state, "exit_code": code, "last_line": last, "step": step,
-                            "cpu_seconds": cpu, "rss": rss, "procs": len(pids[marker])})
+                            "cpu_seconds": cpu, "rss": rss, "procs": len(pids[marker]),
+                            "log_mtime": _mtime(os.path.join(ctl, "node.log")), "watch": _watch(ctl)})
     out.update(_node())
     out["gpus"], gpu_error = _gpus()
     if gpu_error:
@@ -212,6 +267,18 @@ def _text(v: object, name: str) -> object:
     return v[-MAX_LINE:]
 
 
+def _watched(w: object, i: int) -> object:
+    if w is None:
+        return None
+    if not isinstance(w, dict):
+        raise TopError("malformed top reply: jobs[%d].watch must be an object" % i)
+    if w.get("state") not in (None, *WATCH_STATES):
+        raise TopError("malformed top reply: jobs[%d].watch.state must be one of %s" % (i, ", ".join(WATCH_STATES)))
+    return {"last_progress": _num(w.get("last_progress"), 0, 1e11, "watch.last_progress", null=True),
+            "run_last_progress": _num(w.get("run_last_progress"), 0, 1e11, "watch.run_last_progress", null=True),
+            "timeout": _num(w.get("timeout"), 0, 1e9, "watch.timeout"), "state": w.get("state")}
+
+
 def _job(j: object, i: int) -> dict:
     if not isinstance(j, dict):
         raise TopError("malformed top reply: jobs[%d] must be an object" % i)
@@ -223,7 +290,9 @@ def _job(j: object, i: int) -> dict:
             "step": _num(j.get("step"), 0, 10 ** 18, "step", whole=True, null=True),
             "cpu_seconds": _num(j.get("cpu_seconds"), 0, 1e15, "cpu_seconds"),
             "rss": _num(j.get("rss"), 0, 2 ** 62, "rss", whole=True),
-            "procs": _num(j.get("procs"), 0, 10 ** 7, "procs", whole=True)}
+            "procs": _num(j.get("procs"), 0, 10 ** 7, "procs", whole=True),
+            "log_mtime": _num(j.get("log_mtime"), 0, 1e11, "log_mtime", null=True),
+            "watch": _watched(j.get("watch"), i)}
 
 
 def _gpu(g: object) -> dict:

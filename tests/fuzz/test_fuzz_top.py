@@ -25,10 +25,13 @@ def num(lo, hi, whole=False):
     return st.integers(lo, min(hi, 2 ** 63)) if whole else st.floats(lo, hi, allow_nan=False)
 
 
+WATCH = st.fixed_dictionaries({
+    "last_progress": st.none() | num(0, 1e11), "run_last_progress": st.none() | num(0, 1e11),
+    "timeout": num(0, 1e9), "state": st.none() | st.sampled_from(top.WATCH_STATES)})
 JOB = st.fixed_dictionaries({
     "state": st.sampled_from(top.STATES), "exit_code": st.none() | num(0, 255, True), "last_line": st.none() | TEXT,
     "step": st.none() | num(0, 10 ** 18, True), "cpu_seconds": num(0, 1e15), "rss": num(0, 2 ** 62, True),
-    "procs": num(0, 10 ** 7, True)})
+    "procs": num(0, 10 ** 7, True), "log_mtime": st.none() | num(0, 1e11), "watch": st.none() | WATCH})
 GPU = st.fixed_dictionaries({"index": num(0, 4096, True), "util": st.none() | num(0, 100),
                              "mem_used": st.none() | num(0, 2 ** 40), "mem_total": st.none() | num(0, 2 ** 40)})
 
@@ -81,6 +84,13 @@ def valid(got: dict, jobs: int) -> None:
             in_range(j[k], lo, hi, whole=True, null=k in ("exit_code", "step"))
         in_range(j["cpu_seconds"], 0, 1e15)
         assert j["last_line"] is None or (isinstance(j["last_line"], str) and len(j["last_line"]) <= top.MAX_LINE)
+        in_range(j["log_mtime"], 0, 1e11, null=True)
+        w = j["watch"]
+        if w is not None:
+            in_range(w["last_progress"], 0, 1e11, null=True)
+            in_range(w["run_last_progress"], 0, 1e11, null=True)
+            in_range(w["timeout"], 0, 1e9)
+            assert w["state"] in (None, *top.WATCH_STATES)
     for g in got["gpus"] or []:
         in_range(g["index"], 0, 4096, whole=True)
         in_range(g["util"], 0, 100, null=True)

@@ -113,8 +113,9 @@ def test_env_values_stay_off_command_lines_and_control_files_are_private(bed, tm
     files = ("launch.sh", "node.log", "pid", "exit_code", "lease-go")  # lease-go: the lease holder's word to start
     # errors/: torchrun's per-rank error files (which can quote a secret), private like the rest
     # stacks/: the stack hook and each python's dump file (`clusterddp stacks`), private too
+    # flight/: where torch writes its flight recorder dumps (clusterddp.flight): the script's frames
     assert {f.name: mode(f) for f in ctl.iterdir()} == {**dict.fromkeys(files, 0o600), "errors": 0o700,
-                                                        "stacks": 0o700}
+                                                        "stacks": 0o700, "flight": 0o700}
     # (what the job's own pythons add inside it, such as the hook's __pycache__, has the job's umask:
     # unreachable for others all the same, behind stacks/'s 0700)
     assert {mode(f) for f in (ctl / "stacks").rglob("*") if "__pycache__" not in f.parts} <= {0o600, 0o700}

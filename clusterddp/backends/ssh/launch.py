@@ -39,6 +39,7 @@ class Prepared:
     plan: P.LaunchPlan
     store: RunStore
     source_dir: Path
+    folder: upload.SourceFolder | None = None  # what the upload sends, as scanned when planning
 
 
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
@@ -66,8 +67,13 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
         if P.static_local(spec):  # its rendezvous needs a port, free now
             spec = replace(spec, master_port=local_port(spec.master_port))
-    plan = P.build_plan(inventory, spec, run_id, **local)
-    return Prepared(plan, store, script.resolve().parent)
+    source_dir = script.resolve().parent
+    # A script whose folder never names clusterddp cannot import clusterddp.train: its nodes need not
+    # look for one (a python start on each node before torchrun; issue 24, section 7).
+    folder = None if local else upload.scan(source_dir, store.root)
+    lookup = folder is None or upload.mentions_clusterddp(folder)
+    plan = P.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
+    return Prepared(plan, store, source_dir, folder)
 
 
 def local_port(fixed: int | None) -> int:
@@ -90,7 +96,7 @@ def describe_upload(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> str
     """For --dry-run: what the upload would send (None in local mode); over the limit is bad input."""
     if not prep.plan.upload:
         return None
-    folder = upload.scan(prep.source_dir, prep.store.root)
+    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root)
     upload.check_upload_size(folder, max_upload)
     return f"upload: {folder.summary()}"
 
@@ -100,7 +106,7 @@ def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> upload.Upload 
     ``max_upload`` bytes, or an unreadable file, is bad input."""
     if not prep.plan.upload:
         return None
-    folder = upload.scan(prep.source_dir, prep.store.root)
+    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root)
     upload.check_upload_size(folder, max_upload)
     return upload.pack(folder)
 
@@ -191,7 +197,7 @@ def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
     lease = acquire(plan, fleet, port_fixed=port_fixed(plan), wait=wait, on_wait=on_wait)
     try:
         spec = replace(plan.spec, master_port=lease.port or plan.master_port)
-        new = P.build_plan(plan.inventory, spec, plan.run_id, grants=lease.grants)
+        new = P.build_plan(plan.inventory, spec, plan.run_id, grants=lease.grants, train_lookup=plan.train_lookup)
     except BaseException:
         lease.release()
         raise
@@ -300,7 +306,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     fleet, lease, leased = None, None, None
     try:
         if not prep.plan.local:
-            # Every connection at once (the lease takes nodes one after another), then the preflight
+            # Every connection at once (the lease asks every node at once too), then the preflight
             # beside the lease: each is a command per node, and a run that passes (most) need not wait
             # for one before the other. A lease taken for a run that then fails its preflight is given
             # back (below); a run that may wait in the queue is checked first, so it never waits in vain.
