@@ -62,4 +62,7 @@ echo "== pytest in $venv"
 # Two workers (pytest-xdist): most of a test's wall time is spent waiting on sshd hosts, torchrun and
 # Slurm, not on a core, and every test bed takes a slot of its own per process (tests/testbed.py), so two
 # sessions share the 2 cores safely. PYTEST_WORKERS=0 runs everything in this one process.
-python -m pytest -q -ra -n "${PYTEST_WORKERS:-2}" --durations=25 "$@"  # the slowest tests, for keeping CI under its budget
+# --dist loadgroup hands the tests out one unit at a time, longest first (tests/timings.py, from
+# tests/durations.json), so the two workers finish together; tests that share one run stay together.
+# PYTEST_TIMINGS=FILE streams every test's times to FILE (`python tests/timings.py FILE` sums them up).
+python -m pytest -q -ra -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=25 "$@"  # the slowest tests, for keeping CI under its budget

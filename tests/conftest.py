@@ -1,4 +1,18 @@
-"""Shared fixtures: SSH test beds of network-namespace nodes (see tests/testbed.py)."""
+"""Shared fixtures: SSH test beds of network-namespace nodes (see tests/testbed.py).
+
+CI time is a budget (issue 22): every `up` on a bed costs seconds of both cores (torchrun and each rank
+import torch). A new bed test should, in this order:
+1. assert on a run that exists already: a fixture of module scope makes the run once (on the session
+   ``bed``) and each test asserts on its result; tests/timings.py keeps a module's users of such a
+   fixture on one worker, in order, so the run is made once, not once per worker;
+   across modules, ``shared_runs(key, make)`` (session scope) with ``@pytest.mark.xdist_group(key)``
+   on every test that uses it does the same;
+2. otherwise be short: 1-step jobs, ``--gpus 1`` where 2 processes per node prove nothing more, one node
+   where two prove nothing more; wait on the nodes' own files (``bed.wait_until_written``) rather than
+   asking the CLI once a second, then assert what the CLI says;
+3. and take a private bed (``make_bed``) only to break something (cut a link, change a host key).
+Times: ``PYTEST_TIMINGS=FILE`` streams them, ``python tests/timings.py --write FILE`` adds them to
+tests/durations.json (the order CI runs tests in: longest first)."""
 
 from __future__ import annotations
 
@@ -20,8 +34,9 @@ from ci_skips import in_ci  # noqa: E402
 from slurmbed import SlurmBed, missing_slurm  # noqa: E402
 from testbed import TestBed, require_bed, session_slot  # noqa: E402
 
-# In CI a skipped integration test is a failure (see ci_skips.py).
-pytest_plugins = ["ci_skips"]
+# In CI a skipped integration test is a failure (see ci_skips.py); PYTEST_TIMINGS=FILE streams
+# every test phase's time to FILE (see timings.py).
+pytest_plugins = ["ci_skips", "timings"]
 
 
 @pytest.fixture(autouse=True)
@@ -53,6 +68,26 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
     slot = session_slot()
     with TestBed(2, tmp_path_factory.mktemp("bed"), prefix=f"cd{slot}s", subnet=f"10.{100 + slot}.0") as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def shared_runs() -> Callable[[str, Callable[[], object]], object]:
+    """``shared_runs(key, make)``: ``make()``'s result, made once per worker for the whole session and
+    handed to every later caller with the same key (a failure too: raised again, not retried). Mark every
+    test that asks for one key ``@pytest.mark.xdist_group(key)``, so they all run on one worker."""
+    made: dict[str, tuple[bool, object]] = {}
+
+    def get(key: str, make: Callable[[], object]) -> object:
+        if key not in made:
+            try:
+                made[key] = (True, make())
+            except Exception as e:
+                made[key] = (False, e)
+        ok, value = made[key]
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value
+    return get
 
 
 @pytest.fixture

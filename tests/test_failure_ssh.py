@@ -149,6 +149,7 @@ def test_sigkilled_rank_is_reported_as_a_signal_by_status_of_a_detached_run(bed,
         seen.append(cddp("status", run_id, "--runs-dir", str(runs)))
         return f"run {run_id}: failed" in seen[-1].stdout
     try:
+        bed.wait_until_written(run_id, name="exit_code")  # both nodes ended: `status` knows at its first ask
         assert eventually(failed, 120, interval=1), seen[-1].stdout
         s = seen[-1]
         assert "root cause: node2, rank 3 (local rank 1): killed by SIGKILL" in s.stdout, s.stdout + s.stderr

@@ -105,6 +105,7 @@ def test_stacks_names_the_stuck_rank_and_the_run_still_succeeds_after_several_ca
     def ended() -> bool:
         return "succeeded" in cddp("status", run_id, "--runs-dir", str(runs)).stdout or \
             record(runs, run_id)["status"] not in ("running",)
+    bed.wait_until_written(run_id, name="exit_code")  # both nodes ended: `status` knows at its first ask
     assert eventually(ended, 120, interval=1)
     assert record(runs, run_id)["status"] == "succeeded", cddp("logs", run_id, "--runs-dir", str(runs)).stdout
     logs = cddp("logs", run_id, "--runs-dir", str(runs), check_rc=0).stdout

@@ -5,12 +5,13 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import paramiko
 import pytest
 import yaml
 
-from testbed import Node, TestBed
+from testbed import LOGIN_RC, Node, TestBed
 
 pytestmark = pytest.mark.integration
 
@@ -75,6 +76,17 @@ def test_node_hostnames_do_not_resolve(bed: TestBed) -> None:
         status, out = run(c, "getent hosts node1")
     assert status != 0, out
     assert time.monotonic() - start < 5, "lookup should fail at once, not time out"
+
+
+def test_node_shells_read_the_beds_login_rc_not_this_machines_bashrc(bed: TestBed) -> None:
+    # The bed's LOGIN_RC (empty) is the ~/.bashrc every SSH command's shell reads, whatever this
+    # machine's user keeps in theirs (pyenv init: a dozen forks per command); this machine's file is untouched.
+    mine = Path.home() / ".bashrc"
+    before = mine.read_bytes() if mine.exists() else None
+    for node in bed.nodes:
+        with connect(bed, node) as c:
+            assert run(c, "cat ~/.bashrc; echo \"[$PYENV_SHELL]\"") == (0, f"{LOGIN_RC}[]\n")
+    assert (mine.read_bytes() if mine.exists() else None) == before
 
 
 def test_ns_pids_sees_processes_started_over_ssh(bed: TestBed) -> None:

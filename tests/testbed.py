@@ -106,6 +106,14 @@ def missing_requirements() -> str | None:
     return None
 
 
+# What the nodes' login shells read as ~/.bashrc unless a test says otherwise (TestBed's login_rc): nothing.
+# sshd runs every command through the user's shell, and Debian's bash reads ~/.bashrc for it; this machine's
+# (pyenv init, virtualenv-init, cargo) costs 0.2 CPU-s and a dozen forks per SSH command, about 14 of them
+# per `up` of 2 nodes, and ties the bed to whatever the machine's user keeps there. The nodes need none of
+# it: inventories name the interpreter by absolute path (write_inventory), and sshd's default PATH has the
+# system tools. A test about login shells passes its own (tests/node/test_node_reply.py: a banner).
+LOGIN_RC = ""
+
 PYENV_LOCK_STALE_S = 20.0  # a rehash takes well under a second, even on a loaded machine
 
 
@@ -166,7 +174,7 @@ class TestBed:
 
     SSHD_START_TIMEOUT = 20.0  # seconds for all sshds to accept TCP connections
 
-    def __init__(self, n: int, root: Path, prefix: str, subnet: str, login_rc: str | None = None) -> None:
+    def __init__(self, n: int, root: Path, prefix: str, subnet: str, login_rc: str | None = LOGIN_RC) -> None:
         if not 1 <= n <= 200:
             raise ValueError(f"n must be between 1 and 200, got {n}")
         # Interface names are limited to 15 characters: "<prefix>-v<n>".
@@ -196,6 +204,7 @@ class TestBed:
         self._sshd_extra: dict[str, str] = {}  # node name -> extra sshd_config lines
         # What the login user's ~/.bashrc reads on the nodes (bind-mounted over it in each sshd's own
         # mount namespace; this machine's file is untouched); None: this machine's own ~/.bashrc.
+        # By default the nodes read LOGIN_RC (nothing), whatever this machine's user keeps there.
         self.login_rc = login_rc
 
     # ------------------------------------------------------------------ lifecycle
@@ -291,6 +300,31 @@ class TestBed:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
+
+    def control_file(self, node: Node, run_id: str, name: str = "node.log") -> Path:
+        """A file of ``node``'s control folder for an SSH run (``<workdir>/runs/<id>/.clusterddp/<node>/``):
+        its log, ``exit_code``, ``pid``. The nodes share this machine's filesystem, so a test reads it here."""
+        return Path(node.workdir) / "runs" / run_id / ".clusterddp" / node.name / name
+
+    def wait_until_written(self, run_id: str, text: str = "", name: str = "node.log",
+                           nodes: list[Node] | None = None, timeout: float = 120) -> bool:
+        """Wait (bounded) until every node's control file ``name`` exists and holds ``text``; True if so.
+
+        For a test about to ask the CLI (``logs``, ``status``) whether a job got somewhere: waiting here
+        costs a file read every 0.2 s, where asking the CLI in a loop costs a Python start and an SSH
+        session per node each time, CPU the other tests' jobs want. The test's own assertion follows
+        (this returns False rather than failing, so the CLI's answer is what the test reports)."""
+        def there(node: Node) -> bool:
+            try:
+                return text in self.control_file(node, run_id, name).read_text(errors="replace")
+            except OSError:
+                return False
+        deadline = time.monotonic() + timeout
+        while not all(there(n) for n in (self.nodes if nodes is None else nodes)):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
 
     def restart_sshd(self, node: Node, extra_config: str = "") -> None:
         """Restart `node`'s sshd with `extra_config` lines appended to its sshd_config."""

@@ -47,6 +47,17 @@ def popen_up(slurm, tmp_path, script, *args, inv=None):
                       env=slurm.env())
 
 
+def ranks_ready(tmp_path: Path, run_id: str, timeout: float = 180) -> None:
+    """Until the node logs in the shared folder say ranks 0 and 3 are ready (waiting there, not by asking
+    `clusterddp logs` once a second: each ask is a CLI start and a Slurm query, CPU the other tests want)."""
+    nodes = tmp_path / "shared" / "runs" / run_id / ".clusterddp" / "nodes"
+
+    def ready() -> bool:
+        text = "".join(p.read_text(errors="replace") for p in nodes.glob("*/node.log"))
+        return "rank 3 ready" in text and "rank 0 ready" in text
+    assert eventually(ready, timeout, interval=0.5), "the detached job never got going"
+
+
 def gone(slurm, run_id, job_id):
     """Slurm lists the job no more (or as ended), and no process of the run is left on any node."""
     assert eventually(lambda: job_id not in slurm.jobs(), 60), f"job {job_id} still queued: {slurm.jobs()}"
@@ -191,10 +202,9 @@ def test_detach_then_status_logs_stacks_and_stop_work_through_slurm(slurm, tmp_p
     job_id = record(runs, run_id)["slurm"]["job_id"]
     assert f"slurm job {job_id} runs on" in r.stdout and job_id in slurm.jobs()
 
-    def ranks_ready() -> bool:
-        out = cddp("logs", run_id, "--runs-dir", str(runs), env=slurm.env()).stdout
-        return "rank 3 ready" in out and "rank 0 ready" in out
-    assert eventually(ranks_ready, 180, interval=1), "the detached job never got going"
+    ranks_ready(tmp_path, run_id)
+    out = cddp("logs", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=0).stdout
+    assert "rank 3 ready" in out and "rank 0 ready" in out, out
     st = cddp("status", run_id, "--runs-dir", str(runs), env=slurm.env(), check_rc=0).stdout
     assert f"run {run_id}: running" in st and f"slurm job {job_id}: running, partition main" in st
     assert "node-1: running" in st and "node-2: running" in st

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cddp, cddp_popen, eventually, job_pids, record, run_id_of, wait_for_line
-from test_up_slurm import gone, job, slurm_inv  # noqa: F401  (job: a fixture)
+from helpers import REPO, cddp, cddp_popen, job_pids, record, run_id_of, wait_for_line
+from test_up_slurm import gone, job, ranks_ready, slurm_inv  # noqa: F401  (job: a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -76,10 +76,9 @@ def test_a_remote_login_runs_collects_and_detaches_with_every_slurm_command_over
     job_id = record(runs, run_id)["slurm"]["job_id"]
     assert job_id in slurm.jobs()
 
-    def ranks_ready() -> bool:
-        out = cddp("logs", run_id, "--runs-dir", str(runs), env=env).stdout
-        return "rank 3 ready" in out and "rank 0 ready" in out
-    assert eventually(ranks_ready, 180, interval=1), "the detached job never got going"
+    ranks_ready(tmp_path, run_id)
+    out = cddp("logs", run_id, "--runs-dir", str(runs), env=env, check_rc=0).stdout
+    assert "rank 3 ready" in out and "rank 0 ready" in out, out
     st = cddp("status", run_id, "--runs-dir", str(runs), env=env, check_rc=0).stdout
     assert f"slurm job {job_id}: running, partition main" in st and "node-2: running" in st, st
     follower = cddp_popen("logs", run_id, "--follow", "--runs-dir", str(runs), env=env)

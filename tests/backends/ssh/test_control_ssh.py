@@ -66,6 +66,7 @@ def test_detach_then_runs_status_logs_stop(bed, tmp_path, ticker):
     assert rows[0]["run_id"] == run_id and rows[0]["status"] == "running" and rows[0]["name"] == "nightly"
     st = cddp("status", run_id, "--runs-dir", str(runs), check_rc=0).stdout
     assert f"run {run_id}: running" in st and "node1: running" in st and "node2: running" in st
+    bed.wait_until_written(run_id, "tick 2", timeout=60)  # then `logs` says so at its first ask
     assert eventually(lambda: "tick 2" in cddp("logs", run_id, "--runs-dir", str(runs)).stdout, 60)
     out = cddp("logs", run_id, "--runs-dir", str(runs), "--host", "node2", "--tail", "1", check_rc=0).stdout
     assert out.count("\n") == 1 and out.startswith("[node2] ")
@@ -188,6 +189,7 @@ def test_collect_of_a_running_job_skips_the_file_it_is_writing(bed, tmp_path):
     inv = bed.write_inventory(tmp_path / "inv.yaml", extra={"collect": ["checkpoints/**"]})
     run_id = up_detached(inv, live, runs)
     try:
+        bed.wait_until_written(run_id, "writing", nodes=bed.nodes[:1], timeout=60)
         assert eventually(lambda: "writing" in cddp("logs", run_id, "--runs-dir", str(runs)).stdout, 60)
         out = cddp("collect", run_id, "--runs-dir", str(runs), check_rc=0).stdout
         assert "node1: 1 fetched" in out and "1 skipped (still being written)" in out, out
