@@ -27,6 +27,7 @@ from typing import Any
 
 from .flight import Flight
 from .noise import without_noise
+from .sizes import ranges
 
 # Bounds on what is kept: a record and a terminal summary stay small whatever a node sent.
 MAX_TYPE = 200
@@ -401,17 +402,6 @@ class HangGroup:
 
     def to_json(self) -> dict[str, Any]:
         return {"odd": self.odd, "where": self.where, "ranks": [r.to_json() for r in self.ranks]}
-
-
-def ranges(numbers: Sequence[int]) -> str:
-    """``0-2, 5``: sorted numbers, runs written as ranges."""
-    runs: list[list[int]] = []
-    for n in sorted(numbers):
-        if runs and runs[-1][1] == n - 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 @dataclass(frozen=True)

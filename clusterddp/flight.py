@@ -32,12 +32,13 @@ import pickle
 import pickletools
 import re
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .node import flight as node_flight
 from .node.reply import ReplyError, last_marked_json, loads, one_line
+from .sizes import ranges
 
 FOLDER = node_flight.FOLDER
 BUFFER_ENTRIES = 2000    # torch 2.13's own default (FlightRecorder.hpp); older torch had 0: nothing recorded
@@ -312,17 +313,6 @@ class Flight:
                                 text(e, "where", w)))
         return cls(text(data, "summary", "flight."), tuple(number(b, f"flight.behind[{i}]") for i, b in
                                                              enumerate(behind)), tuple(read), tuple(notes))
-
-
-def ranges(numbers: Iterable[int]) -> str:
-    """``0-2, 5``: sorted numbers, runs written as ranges."""
-    runs: list[list[int]] = []
-    for n in sorted(numbers):
-        if runs and runs[-1][1] == n - 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def read(dumps: Sequence[tuple[str, int, bytes | None, str]], world: int | None = None) -> Flight | None:

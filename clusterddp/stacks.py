@@ -222,17 +222,6 @@ def summary(frames: Sequence[Frame]) -> str:
     return f"{' -> '.join(names)} ({Path(where[0]).name}:{line})"
 
 
-def ranges(numbers: Sequence[int]) -> str:
-    """``0-2, 5``: sorted numbers, runs written as ranges."""
-    runs: list[list[int]] = []
-    for n in sorted(numbers):
-        if runs and runs[-1][1] == n - 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
-
-
 # ---- saving ----
 
 def stamp(at: float) -> str:

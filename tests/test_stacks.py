@@ -14,6 +14,7 @@ from clusterddp.errors import HostError, HostErrorKind, UsageError
 from clusterddp.node import stacks as node_stacks
 from clusterddp.node.reply import ReplyError
 from clusterddp.record import RunStatus
+from clusterddp.sizes import ranges
 from clusterddp.store import RunStore
 from clusterddp.transport import CommandResult
 from helpers import make_record
@@ -146,7 +147,7 @@ def test_an_ended_or_unknown_run_is_refused_with_exit_2(tmp_path):
 
 
 def test_ranges():
-    assert S.ranges([3, 0, 1, 2, 7, 9, 10]) == "0-3, 7, 9-10"
+    assert ranges([3, 0, 1, 2, 7, 9, 10]) == "0-3, 7, 9-10"
 
 
 @pytest.mark.parametrize("edit", [

@@ -61,7 +61,7 @@ def _who(g: Group) -> str:
     if len(g.procs) == 1:
         p = g.procs[0]
         return f"rank {p.rank} ({p.host} local {p.local_rank}, pid {p.pid})"
-    from ..stacks import ranges
+    from ..sizes import ranges
     return f"ranks {ranges(g.ranks)} ({', '.join(hosts)})"
 
 
