@@ -179,3 +179,30 @@ def job_script(tmp_path: Path, name: str, text: str) -> Path:
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
     return path
+
+
+# A plain torch job for the stall watchdog's tests (SSH and Slurm beds): rank 0 prints progress for argv[1]
+# steps; then rank 3 is stuck in a function of its own while ranks 0-2 wait in all_reduce.
+STUCK_JOB = r'''
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+
+def stuck_in_my_function():
+    while True:
+        time.sleep(0.05)
+
+
+for step in range(int(sys.argv[1])):
+    dist.all_reduce(torch.ones(1))
+    if rank == 0:
+        print("step %d at %.3f" % (step, time.time()), flush=True)
+    time.sleep(0.5)
+if rank == 3:
+    stuck_in_my_function()
+dist.all_reduce(torch.ones(1))  # ranks 0-2 wait here for rank 3
+'''

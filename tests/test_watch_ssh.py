@@ -18,33 +18,10 @@ from datetime import datetime
 
 import pytest
 
+from helpers import STUCK_JOB as STUCK
 from helpers import cddp, cddp_popen, eventually, job_pids, record, run_id_of
 
 pytestmark = pytest.mark.integration
-
-STUCK = r'''
-import os, sys, time
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-
-
-def stuck_in_my_function():
-    while True:
-        time.sleep(0.05)
-
-
-for step in range(int(sys.argv[1])):
-    dist.all_reduce(torch.ones(1))
-    if rank == 0:
-        print("step %d at %.3f" % (step, time.time()), flush=True)
-    time.sleep(0.5)
-if rank == 3:
-    stuck_in_my_function()
-dist.all_reduce(torch.ones(1))  # ranks 0-2 wait here for rank 3
-'''
 
 HEALTHY = r'''
 import sys, time

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, cddp, cddp_popen, eventually, job_pids, record, run_id_of, wait_for_line
+from helpers import REPO, STUCK_JOB, cddp, cddp_popen, eventually, job_pids, record, run_id_of, wait_for_line
 from test_up_ssh import HOSTILE, probes, script_folder
 
 pytestmark = pytest.mark.integration
@@ -253,35 +253,9 @@ def test_detach_then_status_logs_stacks_and_stop_work_through_slurm(slurm, tmp_p
     assert "has ended (stopped" in e.stderr, e.stderr
 
 
-# Rank 0 prints progress for a few steps; then rank 3 is stuck in a function of its own while ranks 0-2 wait.
-STALLS = r"""
-import os, sys, time
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-
-
-def stuck_in_my_function():
-    while True:
-        time.sleep(0.05)
-
-
-for step in range(int(sys.argv[1])):
-    dist.all_reduce(torch.ones(1))
-    if rank == 0:
-        print("step %d at %.3f" % (step, time.time()), flush=True)
-    time.sleep(0.5)
-if rank == 3:
-    stuck_in_my_function()
-dist.all_reduce(torch.ones(1))  # ranks 0-2 wait here for rank 3
-"""
-
-
 def test_stall_timeout_ends_a_hung_slurm_job_naming_the_stuck_rank_node_and_function(slurm, tmp_path, job):
     runs = tmp_path / "runs"
-    (job / "stalls.py").write_text(STALLS)
+    (job / "stalls.py").write_text(STUCK_JOB)
     t0 = time.monotonic()
     r = up(slurm, tmp_path, job / "stalls.py", "--stall-timeout", "20", "--", "4")
     ended = time.time()
