@@ -1,7 +1,7 @@
 """`clusterddp stacks` for real: 2 sshd hosts x 2 torchrun processes (gloo, CPU), a plain torch script
 (no clusterddp.train, no @record), detached; rank 3 stuck in a function of its own while ranks 0-2
 wait in all_reduce. `stacks` names rank 3 on node2 and its function as the odd one out and saves every
-dump; once rank 3 is let go, stacks are taken three times more while every rank runs all_reduce in a
+dump; once rank 3 is let go, stacks are taken ten times more while every rank runs all_reduce in a
 loop, and the run still succeeds, every rank through its last line."""
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ def test_stacks_names_the_stuck_rank_and_the_run_still_succeeds_after_several_ca
                                           "rank3.txt").read_text()
     finally:
         release.write_text("go")
-    # let go: a healthy job in its loop of all_reduces, asked three times more, then told to stop
+    # let go: a healthy job in its loop of all_reduces, asked ten times (which must change nothing), then stopped
     try:
-        for _ in range(3):
+        for _ in range(10):
             h = json.loads(cddp("stacks", run_id, "--runs-dir", str(runs), "--json", check_rc=0).stdout)
             assert sorted(r for g in h["groups"] for r in g["ranks"]) == [0, 1, 2, 3]
             assert all(p["how"] == "faulthandler" for g in h["groups"] for p in g["procs"])
@@ -113,5 +113,5 @@ def test_stacks_names_the_stuck_rank_and_the_run_still_succeeds_after_several_ca
     # a run that has ended: said so, exit 2
     e = cddp("stacks", run_id, "--runs-dir", str(runs), check_rc=2)
     assert "has ended (succeeded" in e.stderr, e.stderr
-    print(f"wall time {time.monotonic() - started:.1f}s, {len(calls) + 5} stacks calls, "
+    print(f"wall time {time.monotonic() - started:.1f}s, {len(calls) + 12} stacks calls, "
           f"{' '.join(f'{t:.1f}' for t in took)} s each")
