@@ -8,10 +8,12 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from clusterddp.store import new_run_id
 from helpers import REPO, cddp
 
 pytestmark = pytest.mark.integration
@@ -22,7 +24,10 @@ def test_the_same_inventory_command_again_says_it_starts_over_and_how_to_carry_o
     inventory = bed.write_inventory(tmp_path / "inv.yaml")
     # an earlier run of the same script on node1, as a run leaves its folder there (a second `up` would
     # cost CI a run: the run below has the very layout it stands in for, its own folder found as one)
-    earlier_run = Path(bed.nodes[0].workdir) / "runs" / "20000101-000000-e4r1"
+    # Named a second before now: the newest earlier run, whatever runs of ddp_train.py other tests left on this
+    # session bed's node1 (an earlier run is one whose id sorts before this run's: train.load_latest)
+    earlier_run = Path(bed.nodes[0].workdir) / "runs" / new_run_id(datetime.now(timezone.utc) - timedelta(seconds=1),
+                                                                    "e4r1")
     earlier = earlier_run / "checkpoints"
     earlier.mkdir(parents=True)
     (earlier_run / ".clusterddp").mkdir()
