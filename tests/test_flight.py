@@ -237,7 +237,8 @@ from torch._C._distributed_c10d import _dump_fr_trace
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
 r, x = dist.get_rank(), torch.ones(4)
 prefix = os.environ["TORCH_FR_DUMP_TEMP_FILE"]
-print("env", os.environ["TORCH_FR_BUFFER_SIZE"], os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"], flush=True)
+# one write: with PYTHONUNBUFFERED print's pieces are written one by one, and two ranks' interleave
+os.write(1, ("env %s %s\n" % (os.environ["TORCH_FR_BUFFER_SIZE"], os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"])).encode())
 def dump():  # what NCCL's watchdog writes on a timeout, by torch's own writer
     with open(prefix + str(r), "wb") as f:
         f.write(_dump_fr_trace())
