@@ -231,14 +231,15 @@ def test_a_compressed_bomb_is_refused_without_inflating_it():
 
 # ---- a real run ----
 
+# The job says its env in one os.write: with PYTHONUNBUFFERED, print's pieces go out one by one, and two
+# ranks' interleave.
 JOB = '''import datetime, os, time
 import torch, torch.distributed as dist
 from torch._C._distributed_c10d import _dump_fr_trace
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
 r, x = dist.get_rank(), torch.ones(4)
 prefix = os.environ["TORCH_FR_DUMP_TEMP_FILE"]
-# one write: with PYTHONUNBUFFERED print's pieces are written one by one, and two ranks' interleave
-os.write(1, ("env %s %s\n" % (os.environ["TORCH_FR_BUFFER_SIZE"], os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"])).encode())
+os.write(1, ("env %s %s\\n" % (os.environ["TORCH_FR_BUFFER_SIZE"], os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"])).encode())
 def dump():  # what NCCL's watchdog writes on a timeout, by torch's own writer
     with open(prefix + str(r), "wb") as f:
         f.write(_dump_fr_trace())
