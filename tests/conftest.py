@@ -47,6 +47,21 @@ def _own_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
 
 
+@pytest.fixture
+def receiver() -> Iterator[Callable]:
+    """``receiver(answer)``: a real HTTP server on 127.0.0.1 that answers every POST with ``answer``
+    (None: never), for notification tests (test_notify.Receiver); closed when the test ends."""
+    from test_notify import Receiver
+    made: list[Receiver] = []
+
+    def make(answer: int | None = 200) -> Receiver:
+        made.append(Receiver(answer))
+        return made[-1]
+    yield make
+    for r in made:
+        r.close()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Markers live here, not in pyproject.toml, so this file is self-contained.
     config.addinivalue_line("markers", "integration: needs root and the namespace SSH test bed")

@@ -59,18 +59,6 @@ class Receiver:
         self.server.server_close()
 
 
-@pytest.fixture
-def receiver():
-    made: list[Receiver] = []
-
-    def make(answer: int | None = 200) -> Receiver:
-        made.append(Receiver(answer))
-        return made[-1]
-    yield make
-    for r in made:
-        r.close()
-
-
 def webhook(url: str, **kw) -> NotifyTarget:
     return NotifyTarget("webhook", url, where="lab.yaml: notify[0]", **kw)
 

@@ -7,24 +7,10 @@ from __future__ import annotations
 import fcntl
 import json
 
-import pytest
-
 from clusterddp import schedule as S
 from clusterddp.plan import RunSpec
 from helpers import cddp, run_id_of
 from test_notify import TOKEN, Receiver
-
-
-@pytest.fixture
-def receivers():
-    made: list[Receiver] = []
-
-    def make(answer: int | None = 200) -> Receiver:
-        made.append(Receiver(answer))
-        return made[-1]
-    yield make
-    for r in made:
-        r.close()
 
 
 def url_file(tmp_path, r: Receiver, name: str = "hook.url"):
@@ -34,9 +20,9 @@ def url_file(tmp_path, r: Receiver, name: str = "hook.url"):
     return f
 
 
-def test_up_tells_each_target_once_how_the_run_ended_and_a_500_changes_nothing(tmp_path, receivers):
+def test_up_tells_each_target_once_how_the_run_ended_and_a_500_changes_nothing(tmp_path, receiver):
     """(The succeeded end, through a command target: test_cli's test_up_local_runs_real_torchrun.)"""
-    ok, broken = receivers(), receivers(500)
+    ok, broken = receiver(), receiver(500)
     (tmp_path / "fails.py").write_text("import os\nif os.environ['RANK'] == '0':\n    1 / 0\n")
     got = tmp_path / "got.json"
     r = cddp("up", "local", "fails.py", "--gpus", "1", "--runs-dir", "runs", "--notify", f"@{url_file(tmp_path, ok)}",
@@ -55,7 +41,7 @@ def test_up_tells_each_target_once_how_the_run_ended_and_a_500_changes_nothing(t
     assert (tmp_path / "runs" / ev["run_id"] / "notify.log").read_text().endswith(line + "\n")
 
 
-def test_a_url_is_never_printed_nor_taken_from_the_command_line(tmp_path, receivers):
+def test_a_url_is_never_printed_nor_taken_from_the_command_line(tmp_path, receiver):
     inv = tmp_path / "lab.yaml"
     inv.write_text("hosts:\n  - {name: node-1, address: 192.0.2.1}\n"
                    f"notify:\n  - webhook: http://127.0.0.1:9/services/{TOKEN}\n")
@@ -65,15 +51,15 @@ def test_a_url_is_never_printed_nor_taken_from_the_command_line(tmp_path, receiv
     r = cddp("up", "local", "t.py", "--notify", f"https://hooks.slack.com/services/{TOKEN}", "--runs-dir", "runs",
              cwd=tmp_path, check_rc=2)
     assert "secret" in r.stderr and TOKEN not in r.stderr and "Traceback" not in r.stderr
-    loose = url_file(tmp_path, receivers())
+    loose = url_file(tmp_path, receiver())
     loose.chmod(0o640)
     r = cddp("up", "local", "t.py", "--notify", f"@{loose}", "--runs-dir", "runs", cwd=tmp_path, check_rc=2)
     assert "mode 0640" in r.stderr and f"chmod 600 {loose}" in r.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("2*"))  # refused before any run
 
 
-def test_notify_test_sends_to_every_target_and_says_what_each_answered(tmp_path, receivers):
-    ok, broken = receivers(), receivers(500)
+def test_notify_test_sends_to_every_target_and_says_what_each_answered(tmp_path, receiver):
+    ok, broken = receiver(), receiver(500)
     got = tmp_path / "got.json"
     inv = tmp_path / "lab.yaml"
     inv.write_text("name: lab\nhosts:\n  - {name: node-1}\nnotify:\n"
