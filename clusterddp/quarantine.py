@@ -24,7 +24,8 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -269,31 +270,16 @@ class Quarantine:
             raise QuarantineError(f"cannot write {self.path}: {e.strerror or e}",
                                   f"make {self.path.parent} writable, or set XDG_STATE_HOME elsewhere") from None
 
-    def _locked(self):
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The quarantine lock, held for a ``with`` block (polled: a hung holder cannot hang us for ever)."""
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            f = open(self.path.parent / "quarantine.lock", "a+b")  # closed by _Held
+            f = open(self.path.parent / "quarantine.lock", "a+b")
         except OSError as e:
             raise QuarantineError(f"cannot use {self.path.parent}: {e.strerror or e}",
                                   "make it writable, or set XDG_STATE_HOME to a folder that is") from None
-        return _Held(f, self.path)
-
-
-class _Held:
-    """The quarantine lock, held for a ``with`` block (polled: a hung holder cannot hang us for ever)."""
-
-    def __init__(self, f, path: Path) -> None:
-        self.f, self.path = f, path
-
-    def __enter__(self) -> None:
-        def late() -> QuarantineError:
-            return QuarantineError(f"{self.path}: another clusterddp has held its lock for {LOCK_WAIT_S:.0f}s",
-                                   "try again")
-        try:
-            files.lock_polled(self.f, time.monotonic() + LOCK_WAIT_S, late)
-        except BaseException:
-            self.f.close()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.f.close()
+        with f:
+            files.lock_polled(f, time.monotonic() + LOCK_WAIT_S, lambda: QuarantineError(
+                f"{self.path}: another clusterddp has held its lock for {LOCK_WAIT_S:.0f}s", "try again"))
+            yield
