@@ -47,6 +47,38 @@ def _own_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    if call.when == "call" and outcome.get_result().failed:
+        item.stash[_FAILED] = True
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _failed_runs_stopped(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A bed test that fails half-way may leave its detached run going on the session bed, holding its
+    slots and ports: the next test there is then refused, a second failure that hides the first. So when a
+    test that used ``bed`` fails, each run still recorded as running under its tmp_path is stopped, with
+    the real `clusterddp stop` (a passing test must end its runs itself: this never hides that)."""
+    yield
+    tmp = getattr(request.node, "funcargs", {}).get("tmp_path")
+    if "bed" not in request.fixturenames or tmp is None or not request.node.stash.get(_FAILED, False):
+        return
+    import json
+
+    from helpers import cddp
+    for rec in Path(tmp).rglob("run.json"):
+        try:
+            running = json.loads(rec.read_text()).get("status") == "running"
+        except (OSError, ValueError):
+            continue
+        if running:
+            cddp("stop", rec.parent.name, "--runs-dir", str(rec.parent.parent), "--grace", "2", timeout=120)
+
+
 @pytest.fixture
 def receiver() -> Iterator[Callable]:
     """``receiver(answer)``: a real HTTP server on 127.0.0.1 that answers every POST with ``answer``
