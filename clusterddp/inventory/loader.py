@@ -22,6 +22,7 @@ from .model import (
     BUILTIN,
     DEFAULT_FANOUT,
     DEFAULT_MASTER_PORT,
+    DEFAULT_QUARANTINE_S,
     LOCAL,
     Host,
     Inventory,
@@ -213,7 +214,8 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | Non
     master = Master(master_name, m.addr or master_host.address, m.port or DEFAULT_MASTER_PORT, m.port is not None)
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
                      inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs, notify=_notify(inv.notify, path),
-                     **_watchdog(inv))
+                     quarantine_s=DEFAULT_QUARANTINE_S if inv.quarantine is None else float(inv.quarantine),
+                     retry_job_failures=inv.retry_job_failures, **_watchdog(inv))
 
 
 def _notify(entries: list[Any], path: str) -> tuple[NotifyTarget, ...]:

@@ -94,6 +94,7 @@ BUILTIN: dict[str, Any] = dict(host_key_policy="strict", gpus="auto", python="py
                                known_hosts="~/.ssh/known_hosts", connect_timeout=10.0, keepalive=5.0)
 DEFAULT_MASTER_PORT = 29500  # the first port tried when the master port is chosen
 DEFAULT_FANOUT = 32  # hosts contacted at once by fleet commands, like pdsh's default
+DEFAULT_QUARANTINE_S = 2 * 3600.0  # `quarantine:`: a machine at fault is set aside for 2 h
 MAX_GPUS = 1024  # processes per node (`gpus`, --gpus): far above any machine, low enough for torchrun's numbers
 
 
@@ -224,6 +225,8 @@ class Inventory:
     stall_timeout: float | None = None   # `up`'s stall watchdog, seconds (--stall-timeout wins); None: off
     progress_regex: str | None = None    # what a progress line is for it (--progress-regex wins); None: any line
     notify: tuple[NotifyTarget, ...] = ()  # `notify:`: told when a run ends (clusterddp.notify)
+    quarantine_s: float = DEFAULT_QUARANTINE_S  # `quarantine:`: how long a machine at fault is set aside
+    retry_job_failures: bool = False     # `retry_job_failures:`: a failure of the job moves to a spare too
 
     def ranked(self) -> list[Host]:
         """The hosts in node-rank order: the master first (node rank 0 serves torchrun's static
@@ -243,7 +246,8 @@ class Inventory:
             master = Master(hosts[0].name, hosts[0].address, master.port, master.port_fixed)
         return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs,
                          stall_timeout=self.stall_timeout, progress_regex=self.progress_regex,
-                         notify=self.notify)
+                         notify=self.notify, quarantine_s=self.quarantine_s,
+                         retry_job_failures=self.retry_job_failures)
 
     def narrow(self, hosts: list[str] | None = None, exclude: list[str] | None = None) -> Inventory:
         """``--hosts`` then ``--exclude``: the chosen hosts (all when None) less the excluded ones,

@@ -368,11 +368,11 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
 
 
 def _set_aside(prep: Prepared, events: base.Events) -> None:
-    """After a failed run: a machine lost twice in a row is quarantined (clusterddp.quarantine), said
-    in one line. Best effort: never the run's outcome."""
+    """After a failed run: a machine whose GPU failed, or lost twice in a row, is quarantined for the
+    inventory's ``quarantine:`` (clusterddp.quarantine), said in one line. Best effort: never the run's outcome."""
     from ... import quarantine
     try:
-        added = quarantine.after_run(prep.store.load(prep.plan.run_id))
+        added = quarantine.after_run(prep.store.load(prep.plan.run_id), prep.plan.inventory.quarantine_s)
     except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not hide the run's failure
         events.warn(f"quarantine: not updated: {problem}")
         return
