@@ -85,6 +85,22 @@ def test_a_written_xid_line_reads_back(code, pci, pid, stamp, rest, before):
     assert x.machine == (code in F.MACHINE_XIDS)
 
 
+REPORT_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=20))
+
+
+@given(st.lists(st.one_of(st.text(max_size=300), st.sampled_from([XID_79, XID_48]),
+                          st.builds(lambda code, pid, stamp: f"[{stamp}] NVRM: Xid (PCI:0000:3b:00): {code}, pid={pid}, x",
+                                    st.integers(0, 200), st.integers(0, 99), st.floats(0, 1e12))), max_size=8),
+       REPORT_VALUES, REPORT_VALUES, REPORT_VALUES, st.one_of(st.none(), st.text(max_size=300)),
+       st.sets(st.integers(0, 99), max_size=5))
+def test_any_report_gives_no_gpu_error_or_one_bounded_line(lines, boot, started, ended, smi, pids):
+    rep = {**report(lines, smi=smi), "kernel_boot": boot, "job_started": started, "job_ended": ended}
+    got = F.gpu_error(rep, pids)
+    if got is not None:
+        what, line = got
+        assert "\n" not in what and len(line) <= F.MAX_LOG_LINE and "\n" not in line
+
+
 # ---- GPU errors during the job, and whose ----
 
 def test_a_gpu_error_counts_during_the_job_and_for_its_ranks_only():
