@@ -10,6 +10,9 @@ sets aside (:mod:`clusterddp.quarantine` keeps them).
   job; nvidia-smi unable to read a GPU). The run carries on without that host. A GPU error sets the host
   aside at once (it needs a reset or a repair); a loss gives it a strike, and a second machine's failure
   in its next run (within a day) sets it aside: one loss alone can be a passing network fault.
+- The same machine failing twice in a row: a host with a strike (lost in its previous run) whose rank now
+  dies for a reason not known to be the job's (:data:`UNCLEAR`: a signal, a node that never joined, no
+  exit code) is taken as the machine failing again: the run carries on without it, and it is set aside.
 - The job's own (:data:`JOB`): a Python exception, a non-zero exit, a signal, an OOM kill (the job's
   size: a spare of the same kind runs out of memory too), a collective timeout (some rank never reached
   it: a hang in the job or a slow peer, and the rank that timed out is not the one at fault), a hang,
@@ -19,6 +22,7 @@ sets aside (:mod:`clusterddp.quarantine` keeps them).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +30,7 @@ from .failure import clip
 from .record import NodeState, RunRecord
 
 MACHINE = ("lost", "gpu")
+UNCLEAR = ("signal", "never_joined", "unknown")  # the machine's when it is the machine's second failure in a row
 JOB = ("exception", "exit", "signal", "oom", "timeout", "hang", "never_joined", "unknown")
 MAX_WHY = 400      # characters of a decision's line
 MAX_WHAT = 160     # of the failure's own line in it
@@ -46,10 +51,16 @@ class Decision:
 
 @dataclass(frozen=True)
 class Fault:
-    """A machine's failure in a run: ``why`` in a few words; ``at_once``: set aside now, not on a second."""
+    """A machine's failure in a run: ``kind`` ``lost``, ``gpu`` or ``again`` (its second failure in a
+    row); ``why`` in a few words."""
 
+    kind: str
     why: str
-    at_once: bool
+
+    @property
+    def at_once(self) -> bool:
+        """Set aside now, not only on a second failure in a row."""
+        return self.kind == "gpu"
 
 
 def _line(text: str | None, limit: int = MAX_WHAT) -> str:
@@ -57,13 +68,17 @@ def _line(text: str | None, limit: int = MAX_WHAT) -> str:
     return clip(" ".join((text or "").splitlines()[:1]).strip(), limit)
 
 
-def machine_faults(rec: RunRecord) -> dict[str, Fault]:
-    """The run's machines that failed as machines (by host name): every node lost, and the host of a GPU
-    error. A record without nodes at fault gives {}."""
-    out = {n.host: Fault("lost", False) for n in rec.nodes if n.state is NodeState.LOST}
+def machine_faults(rec: RunRecord, struck: Collection[str] = ()) -> dict[str, Fault]:
+    """The run's machines that failed as machines (by host name): every node lost, the host of a GPU
+    error, and the root cause's host when it holds a strike (``struck``: the hosts lost in their
+    previous run, :meth:`clusterddp.quarantine.Quarantine.struck`) and failed for an :data:`UNCLEAR`
+    reason. A record without nodes at fault gives {}."""
+    out = {n.host: Fault("lost", "lost") for n in rec.nodes if n.state is NodeState.LOST}
     f = rec.failure
     if f is not None and f.kind == "gpu" and f.host in rec.hosts:
-        out[f.host] = Fault(_line(f.summary), True)
+        out[f.host] = Fault("gpu", _line(f.summary))
+    elif f is not None and f.kind in UNCLEAR and f.host in struck and f.host not in out:
+        out[f.host] = Fault("again", _line(f.summary, 80))
     return out
 
 
@@ -87,16 +102,20 @@ _ENDS = {
 }
 
 
-def after_failure(rec: RunRecord, *, retry_job_failures: bool = False) -> Decision:
+def after_failure(rec: RunRecord, *, retry_job_failures: bool = False, struck: Collection[str] = ()) -> Decision:
     """The decision after an attempt of ``rec`` failed (its record as the attempt ended).
     ``retry_job_failures``: the inventory's ``retry_job_failures:``, the user's word that a failure of
-    the job is worth retrying on another machine (a flaky node that leaves no trace, say)."""
-    faults = machine_faults(rec)
+    the job is worth retrying on another machine (a flaky node that leaves no trace, say). ``struck``: the
+    run's hosts lost in their previous run (``Quarantine().struck(rec)``), whose unclear failure now is
+    the machine's second."""
+    faults = machine_faults(rec, struck)
     if faults:
         parts = []
         for host, fault in faults.items():
-            if fault.why == "lost":
+            if fault.kind == "lost":
                 parts.append(f"{host} lost")
+            elif fault.kind == "again":
+                parts.append(f"{host}: failed again after a loss in its previous run ({fault.why})")
             else:
                 parts.append(f"{host}: {fault.why}")
         return Decision(True, tuple(faults), clip(f"{'; '.join(parts)}: the machine's failure, not the job's: "

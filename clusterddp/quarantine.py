@@ -142,21 +142,28 @@ class Strike:
 
 
 def decide(lost: dict[str, str], kept: Iterable[str], strikes: Sequence[Strike], run_id: str, now: float,
-           seconds: float, at_once: dict[str, tuple[str, str]] | None = None) -> tuple[list[Entry], list[Strike]]:
+           seconds: float, at_once: dict[str, tuple[str, str]] | None = None,
+           again: dict[str, tuple[str, str]] | None = None) -> tuple[list[Entry], list[Strike]]:
     """After run ``run_id``: ``lost`` maps each machine lost in it to its host name, ``kept`` are the
     run's other machines (they answered to the end: their strike, if any, is wiped), ``at_once`` maps each
-    machine whose failure sets it aside at once (a GPU error) to (host, why). A machine lost with a
-    strike from an earlier run is set aside for ``seconds``, as is one in ``at_once``; one lost without
-    gets a strike (one loss alone can be a passing network fault, which the run already reports; two in
-    a row is the machine). Returns the new entries and the strikes that remain."""
-    kept, at_once = set(kept), at_once or {}
+    machine whose failure sets it aside at once (a GPU error) to (host, why), ``again`` each machine that
+    failed for a reason that counts only as a second failure in a row to (host, why). A machine lost, or
+    in ``again``, with a strike from an earlier run is set aside for ``seconds``, as is one in
+    ``at_once``; one lost without gets a strike (one loss alone can be a passing network fault, which the
+    run already reports; two in a row is the machine). Returns the new entries and the strikes that remain."""
+    kept, at_once, again = set(kept), at_once or {}, again or {}
     earlier = {k.machine: k for k in strikes if k.at + STRIKE_S > now and k.run_id != run_id}
     added, left = [], [k for k in earlier.values() if k.machine not in kept and k.machine not in lost
-                       and k.machine not in at_once]
+                       and k.machine not in at_once and k.machine not in again]
     for m, (host, what) in at_once.items():
         before = earlier.get(m)
         why = f"{what} in run {run_id}" + (f" (lost in run {before.run_id} before)" if before else "")
         added.append(Entry(m, host, now, now + seconds, _one_line(why), run_id))
+    for m, (host, what) in again.items():
+        before = earlier.get(m)
+        if before is not None and m not in at_once:
+            why = f"lost in run {before.run_id}, then failed in run {run_id}: {what}"
+            added.append(Entry(m, host, now, now + seconds, _one_line(why), run_id))
     for m, host in lost.items():
         if m in at_once:
             continue
@@ -182,12 +189,14 @@ def after_run(rec, seconds: float = DEFAULT_S, q: Quarantine | None = None, now:
     from .policy import machine_faults
     if rec.local:
         return []
-    faults = machine_faults(rec)
+    q = q or Quarantine()
+    faults = machine_faults(rec, q.struck(rec, now))
     key = {n.host: machine(n.settings.address, n.settings.port) for n in rec.nodes}
-    lost = {key[h]: h for h, f in faults.items() if not f.at_once}
+    lost = {key[h]: h for h, f in faults.items() if f.kind == "lost"}
     now_out = {key[h]: (h, f.why) for h, f in faults.items() if f.at_once}
+    again = {key[h]: (h, f.why) for h, f in faults.items() if f.kind == "again"}
     kept = [key[n.host] for n in rec.nodes if n.host not in faults]
-    return (q or Quarantine()).after(rec.run_id, lost, kept, seconds, now, now_out)
+    return q.after(rec.run_id, lost, kept, seconds, now, now_out, again)
 
 
 def quarantined(hosts, q: Quarantine | None = None, now: float | None = None) -> dict[str, Entry]:
@@ -251,13 +260,25 @@ class Quarantine:
             keep[e.machine] = e if old is None or e.until >= old.until else old
         return list(keep.values())
 
+    def struck(self, rec, now: float | None = None) -> set[str]:
+        """The hosts of run record ``rec`` that hold a strike from an earlier run (lost in it, within
+        :data:`STRIKE_S`): for :func:`clusterddp.policy.after_failure`. A damaged file gives none."""
+        now = time.time() if now is None else now
+        try:
+            strikes = self.strikes()
+        except QuarantineError:
+            return set()
+        marked = {k.machine for k in strikes if k.at + STRIKE_S > now and k.run_id != rec.run_id}
+        return {n.host for n in rec.nodes if machine(n.settings.address, n.settings.port) in marked}
+
     def after(self, run_id: str, lost: dict[str, str], kept: Iterable[str], seconds: float,
-              now: float | None = None, at_once: dict[str, tuple[str, str]] | None = None) -> list[Entry]:
+              now: float | None = None, at_once: dict[str, tuple[str, str]] | None = None,
+              again: dict[str, tuple[str, str]] | None = None) -> list[Entry]:
         """:func:`decide` for run ``run_id``, its result written; the entries added."""
         with self._locked():
             now = time.time() if now is None else now
             entries, strikes = self._read()
-            added, left = decide(lost, kept, strikes, run_id, now, seconds, at_once)
+            added, left = decide(lost, kept, strikes, run_id, now, seconds, at_once, again)
             if added or left != strikes:
                 self._write(self._merged(entries, added, now), left)
             return added

@@ -88,9 +88,12 @@ def test_a_written_xid_line_reads_back(code, pci, pid, stamp, rest, before):
 REPORT_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=20))
 
 
+def _xid(code: int, pid: int, stamp: float) -> str:
+    return f"[{stamp}] NVRM: Xid (PCI:0000:3b:00): {code}, pid={pid}, x"
+
+
 @given(st.lists(st.one_of(st.text(max_size=300), st.sampled_from([XID_79, XID_48]),
-                          st.builds(lambda code, pid, stamp: f"[{stamp}] NVRM: Xid (PCI:0000:3b:00): {code}, pid={pid}, x",
-                                    st.integers(0, 200), st.integers(0, 99), st.floats(0, 1e12))), max_size=8),
+                          st.builds(_xid, st.integers(0, 200), st.integers(0, 99), st.floats(0, 1e12))), max_size=8),
        REPORT_VALUES, REPORT_VALUES, REPORT_VALUES, st.one_of(st.none(), st.text(max_size=300)),
        st.sets(st.integers(0, 99), max_size=5))
 def test_any_report_gives_no_gpu_error_or_one_bounded_line(lines, boot, started, ended, smi, pids):
@@ -242,6 +245,23 @@ def test_a_gpu_error_quarantines_at_once_for_the_inventorys_time_and_a_loss_then
     assert q2.strikes() == []
     # the job's own failure sets nothing aside and wipes nobody's strike but the machines that ran to the end
     assert Q.after_run(failed("exception"), q=Q.Quarantine(tmp_path / "q3.json"), now=NOW) == []
+
+
+def test_the_same_host_failing_again_after_a_loss_is_the_machines_second_failure(tmp_path):
+    q = Q.Quarantine(tmp_path / "q.json")
+    signal = failed("signal", summary="killed by SIGBUS")
+    assert policy.after_failure(signal).carry_on is False and q.struck(signal) == set()
+    assert Q.after_run(replace(failed("lost", b=NodeState.LOST), run_id="r0"), q=q, now=NOW) == []
+    assert q.struck(signal, NOW + 60) == {"b"}
+    d = policy.after_failure(signal, struck=q.struck(signal, NOW + 60))
+    assert (d.carry_on, d.hosts) == (True, ("b",))
+    assert d.why == ("b: failed again after a loss in its previous run (killed by SIGBUS): the machine's failure, "
+                     "not the job's: carrying on without it")
+    # the job's own exception stays the job's, strike or not
+    assert policy.after_failure(failed("exception"), struck={"b"}).carry_on is False
+    [e] = Q.after_run(signal, q=q, now=NOW + 60)
+    assert e.host == "b" and e.why == "lost in run r0, then failed in run r1: killed by SIGBUS"
+    assert q.strikes() == [] and q.struck(signal, NOW + 61) == set()
 
 
 # ---- the inventory ----
