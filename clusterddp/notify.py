@@ -376,7 +376,7 @@ def node_request(rec: RunRecord, host: str, targets: Sequence[NotifyTarget]) -> 
     }).encode()
 
 
-ARM_TIMEOUT = 60.0  # the arm command: the host's setup lines, a file written, a process started
+ARM_TIMEOUT = 30.0  # the arm command: the host's setup lines, a file written, a process started
 
 
 def arm(fleet: Any, node: Any, rec: RunRecord, targets: Sequence[NotifyTarget]) -> tuple[list[str], list[str]]:

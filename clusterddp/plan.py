@@ -458,7 +458,8 @@ def notify_arm_command(node: NodeLaunch) -> str:
         f"cd {ctl} || exit 3",
         f"(umask 077 && cat > {req}.tmp && mv {req}.tmp {req}) || exit 4",
         *lines,
-        f"(umask 077 && : >> notify.log) && setsid env -u {MARKER} {start} >> notify.log 2>&1 < /dev/null &",
+        "(umask 077 && : >> notify.log) || exit 5",
+        f"setsid env -u {MARKER} {start} >> notify.log 2>&1 < /dev/null &",
         "echo armed",
     ])
 

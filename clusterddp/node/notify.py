@@ -187,11 +187,21 @@ def _said_by_ranks(ctl: str) -> "str | None":
     return None
 
 
+def _stopped(ctl: str, code: "int | None", ended: float) -> bool:
+    """`stop` left its mark before the job ended (a mark left after a job that ended by itself, by a
+    `stop` of a run that had just finished, is no stop of it)."""
+    try:
+        marked_at = os.stat(os.path.join(ctl, STOP_MARK)).st_mtime
+    except OSError:
+        return False
+    return code is None or marked_at <= ended
+
+
 def make_event(request: dict, ctl: str, code: "int | None", ended: float, now: float) -> dict:
     """The event of the run's end as node 0 sees it, from the launcher's template (``request["event"]``)."""
     ev = dict(request["event"])
     host = request["host"]
-    if os.path.exists(os.path.join(ctl, STOP_MARK)):
+    if _stopped(ctl, code, ended):
         kind, status = "stopped", "stopped"
     elif os.path.exists(os.path.join(ctl, HANG)):
         kind, status = "hang", "failed"
