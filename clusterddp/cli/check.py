@@ -39,7 +39,7 @@ def check(
 ) -> None:
     """Check that every host is ready for a DDP job, in parallel.
 
-    SSH and host key; python, torch, CUDA and NCCL identical on every node; GPUs against `gpus`; the interface that routes to the master; the master port free; free disk in workdir; clock skew; whether workdir is one folder shared with other hosts (it then creates workdir and a marker file there); whether each run ships clusterddp.train to the node.
+    SSH and host key; python, torch, CUDA and NCCL identical on every node; GPUs against `gpus`; the interface that routes to the master; the master port free; free disk in workdir; clock skew; whether workdir is one folder shared with other hosts (it then creates workdir and a marker file there); whether each run ships clusterddp.train to the node; with notify: webhooks, whether the master (node 0, which tells a detached run's end) can open a connection to each receiver (a warning when not).
 
     Exit 0 when every host passes, 1 when anything fails; each failure names the host and the fix.
     """  # noqa: E501 - Typer's help keeps the docstring's line breaks, so a paragraph is one line
