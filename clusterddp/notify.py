@@ -385,6 +385,7 @@ def arm(fleet: Any, node: Any, rec: RunRecord, targets: Sequence[NotifyTarget]) 
     lines to say, and the lines to warn (a command target, which only an attached launcher tells; an
     arm that failed). Never raises: a notification never changes the run's outcome."""
     from . import plan as P
+    from .nodeops import last_line
     webhooks, launcher_only = from_node(targets)
     warn = [f"notify: {label(t)} is not told of a detached run's end: a command runs on the launcher, and none "
             "is attached (leave --detach out to be told, e.g. under nohup or tmux)" for t in launcher_only]
@@ -394,7 +395,7 @@ def arm(fleet: Any, node: Any, rec: RunRecord, targets: Sequence[NotifyTarget]) 
     try:
         res = fleet.transport(node.host).run(P.notify_arm_command(node), stdin=node_request(rec, host, webhooks),
                                              timeout=ARM_TIMEOUT)
-        if res.exit_code != 0 or "armed" not in res.text:
+        if res.exit_code != 0 or last_line(res.text) != "armed":
             raise ClusterDDPError(f"exit {res.exit_code}: "
                                   f"{res.stderr.decode('utf-8', 'replace').strip()[-MAX_SAID:] or 'no answer'}")
     except Exception as e:  # noqa: BLE001 - a notification never changes the run's outcome

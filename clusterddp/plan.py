@@ -446,8 +446,8 @@ def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE, mark_stop: 
 
 def notify_arm_command(node: NodeLaunch) -> str:
     """Arm node 0 to tell a detached run's end (the node program ``notify send``): its request (the
-    webhook URLs: a secret) read from standard input into the control folder, 0600, whole before it
-    is seen; the notifier started in a session of its own, without the job's marker (`stop` ending
+    webhook URLs: a secret) read from standard input into the control folder, 0600, as launch.sh is
+    (:func:`upload_command`); then the notifier started in a session of its own, without the job's marker (`stop` ending
     the job leaves it be), after the host's setup lines (which may set a proxy), its lines in
     ``notify.log``. Prints ``armed``."""
     ctl = qpath(node.control_dir)
@@ -456,7 +456,7 @@ def notify_arm_command(node: NodeLaunch) -> str:
     start = python_command(node.host.python, "notify", ["send", '"$PWD"', q(node.marker)])
     return "\n".join([
         f"cd {ctl} || exit 3",
-        f"(umask 077 && cat > {req}.tmp && mv {req}.tmp {req}) || exit 4",
+        f"( {upload_command(posixpath.join(node.control_dir, req))} ) || exit 4",
         *lines,
         "(umask 077 && : >> notify.log) || exit 5",
         f"setsid env -u {MARKER} {start} >> notify.log 2>&1 < /dev/null &",
