@@ -82,9 +82,9 @@ def test_a_detached_run_is_told_once_by_node_0_stopped_or_ended(bed, tmp_path, r
 
     # A real gloo job that succeeds: one "succeeded" event, whatever the launcher does afterwards; the
     # receiver that never answers holds neither the job's end nor the notifier past its bound.
-    t0 = time.monotonic()
     ended, r = up_detached(inv, job_script(tmp_path, "all_reduce.py", ALL_REDUCE), runs)
     assert eventually(lambda: len(told.posts) == 2 and len(hangs.posts) >= 1, 120), (told.posts, hangs.posts)
+    hung_at = time.monotonic()  # the receiver that never answers holds node 0's first try from here
     ev = told.posts[1]["body"]
     assert (ev["event"], ev["status"], ev["exit_code"], ev["run_id"]) == ("succeeded", "succeeded", 0, ended), ev
     assert ev["hosts"] == [n.name for n in bed.nodes] and ev["sent_by"] == f"node 0 ({node1})"
@@ -98,7 +98,7 @@ def test_a_detached_run_is_told_once_by_node_0_stopped_or_ended(bed, tmp_path, r
     said = f"notify: webhook {bed.gateway} ({inv}: notify[1]) was not told of succeeded ({ended}): no answer within " \
            "1s after 3 tries; the run's outcome is unchanged"
     assert eventually(lambda: said in log.read_text(), 60), log.read_text()
-    assert time.monotonic() - t0 < 110
+    assert time.monotonic() - hung_at < 45  # three tries of 1 s and the pauses (4 s), on a loaded machine
     assert len(hangs.posts) == 3
     assert said in (ctl(bed, ended) / "node.log").read_text()  # in the run's log too
     assert eventually(lambda: not any(bed.ns_pids(n) for n in bed.nodes), 30)  # the notifier is gone too
