@@ -277,17 +277,22 @@ def test_quarantine_in_the_inventory(tmp_path, given_, seconds):
 
 
 def test_a_bad_quarantine_is_a_located_error_exit_2(tmp_path):
+    from clusterddp.errors import InventoryError
     inv = tmp_path / "inv.yaml"
-    (tmp_path / "t.py").write_text("print(1)\n")
-    for value, words in (("soon", "'soon' is not an age: give one such as 2h, 90m or 1d"),
-                         ("10s", "must be from 1m to 30d"), ("40d", "must be from 1m to 30d"),
-                         ("true", "must be an age such as 2h")):
+    for value, words in (("10s", "must be from 1m to 30d"), ("40d", "must be from 1m to 30d"),
+                         ("true", "must be an age such as 2h"), ("[2h]", "must be an age such as 2h")):
         inv.write_text(f"hosts:\n  - {{name: a}}\nquarantine: {value}\nretry_job_failures: true\n")
-        r = cddp("up", str(inv), str(tmp_path / "t.py"), "--dry-run", check_rc=2)
-        assert f"{inv}:3: quarantine: {words}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        with pytest.raises(InventoryError) as e:
+            load(str(inv))
+        assert str(e.value).startswith(f"{inv}:3: quarantine: {words}"), str(e.value)
+    (tmp_path / "t.py").write_text("print(1)\n")
+    inv.write_text("hosts:\n  - {name: a}\nquarantine: soon\n")
+    r = cddp("up", str(inv), str(tmp_path / "t.py"), "--dry-run", check_rc=2)
+    assert f"{inv}:3: quarantine: 'soon' is not an age: give one such as 2h, 90m or 1d" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
     inv.write_text("hosts:\n  - {name: a}\nretry_job_failures: 1\n")
-    assert f"{inv}:3: retry_job_failures" in cddp("up", str(inv), str(tmp_path / "t.py"), "--dry-run",
-                                                  check_rc=2).stderr
+    with pytest.raises(InventoryError, match="retry_job_failures"):
+        load(str(inv))
 
 
 # ---- the node's side ----
