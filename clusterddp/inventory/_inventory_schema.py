@@ -219,6 +219,7 @@ class InventoryFile(BaseModel):
     progress_regex: ProgressRegex | None = None
     notify: list[_NotifyEntry] = []
     hosts: list[_HostEntry] = Field(min_length=1)
+    spares: list[_HostEntry] = []  # host entries used only to replace a host lost during a run
 
 
 # ---- `slurm:` inventories: Slurm allocates the hosts, so there is no `hosts:` list ----
