@@ -37,6 +37,8 @@ DESCRIPTIONS = {
     "progress_regex": "What counts as a progress line for stall_timeout (default: any line of the ranks' output); "
                       "`up --progress-regex` wins",
     "hosts": "The machines, in node-rank order",
+    "restarts": "New attempts an attached run may make after a machine's failure, on a spare or fewer nodes "
+                "(up --max-restarts wins, and is also passed to torchrun; this is not)",
     "spares": "Host entries (the same settings and defaults as hosts) used only to replace a host lost during a run "
               "(with up --max-restarts or --nodes MIN:MAX); not used while every host is healthy",
     "notify": "Where a run's end (and a schedule's skipped firing) is told: webhooks and commands",

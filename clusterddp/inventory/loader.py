@@ -204,7 +204,7 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | Non
     master = Master(master_name, m.addr or master_host.address, m.port or DEFAULT_MASTER_PORT, m.port is not None)
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
                      inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs, notify=_notify(inv.notify, path),
-                     spares=spares, **_watchdog(inv))
+                     spares=spares, restarts=getattr(inv, "restarts", None), **_watchdog(inv))
 
 
 def _host(path: str, root: yaml.Node | None, lines: list[int] | None, key: str, i: int, h: Any, d: Any) -> Host:

@@ -226,6 +226,7 @@ class Inventory:
     notify: tuple[NotifyTarget, ...] = ()  # `notify:`: told when a run ends (clusterddp.notify)
     # `spares:`: hosts that replace a host lost during a run (the SSH backend's attempt loop), in order
     spares: tuple[Host, ...] = ()
+    restarts: int | None = None  # `restarts:`: new attempts after a machine's failure (--max-restarts wins)
 
     def ranked(self) -> list[Host]:
         """The hosts in node-rank order: the master first (node rank 0 serves torchrun's static
@@ -253,7 +254,8 @@ class Inventory:
             master = Master(hosts[0].name, hosts[0].address, master.port, master.port_fixed)
         return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs,
                          stall_timeout=self.stall_timeout, progress_regex=self.progress_regex,
-                         notify=self.notify, spares=self.spares if spares is None else spares)
+                         notify=self.notify, spares=self.spares if spares is None else spares,
+                         restarts=self.restarts)
 
     def narrow(self, hosts: list[str] | None = None, exclude: list[str] | None = None) -> Inventory:
         """``--hosts`` then ``--exclude``: the chosen hosts (all when None) less the excluded ones,

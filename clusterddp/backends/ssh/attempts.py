@@ -5,8 +5,8 @@ spares, leases, sends the code, starts it).
 
 The rules, in the words docs/failures.md uses:
 
-- New attempts: up to ``--max-restarts N``; with ``--nodes MIN:MAX`` and no ``--max-restarts``,
-  up to MAX - MIN (each one goes on with a spare or a node fewer).
+- New attempts: up to ``--max-restarts N`` (else the inventory's ``restarts: N``); with
+  ``--nodes MIN:MAX`` and neither, up to MAX - MIN (each one goes on with a spare or a node fewer).
 - Each host out is replaced by the first healthy spare in ``spares:`` order that the run has not
   used yet and that is not quarantined; a host out never comes back in the same run.
 - Without enough spares, the run goes on with the hosts left only with ``--nodes MIN:MAX`` and
@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from ...inventory import Host
 
 
-def allowed(max_restarts: int, nodes: tuple[int, int] | None) -> int:
-    """How many attempts a run may make after its first: ``--max-restarts``, else what ``--nodes``
-    lets it lose (MAX - MIN), else none."""
+def allowed(max_restarts: int, nodes: tuple[int, int] | None, restarts: int | None = None) -> int:
+    """How many attempts a run may make after its first: ``--max-restarts``, else the inventory's
+    ``restarts:``, else what ``--nodes`` lets it lose (MAX - MIN), else none."""
     if max_restarts > 0:
         return max_restarts
+    if restarts is not None:
+        return restarts
     if nodes is not None:
         return nodes[1] - nodes[0]
     return 0

@@ -243,8 +243,11 @@ def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
             on_collect: Callable[[CollectResult], None] = lambda r: None,
             connect: Callable | None = None, fleet: Fleet | None = None,
-            source_tar: Path | None = None, join_timeout: float = 0.0) -> RunOutcome | None:
+            source_tar: Path | None = None, join_timeout: float = 0.0, may_go_on: bool = False
+            ) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
+    ``may_go_on``: a failed attempt may be followed by another on other hosts (what a lost node's
+    collect error says).
 
     ``fleet`` (from :func:`preflight`) is the run's connections, already open; ``source_tar``
     (:attr:`Upload.path` from :func:`pack`) is the tarball of the script's folder, streamed to each node.
@@ -280,7 +283,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             finish(store, run_id, sup, sup.outcome)
             raise
         store.close_logs()
-        collect(fleet, plan, store, on_collect, sup)
+        collect(fleet, plan, store, on_collect, sup, may_go_on=may_go_on)
         status = finish(store, run_id, sup, outcome)
         if status is not RunStatus.SUCCEEDED:
             raise base.run_failed(store, run_id, outcome, status, lambda: explain(fleet, plan, store))
@@ -304,15 +307,17 @@ def explain(fleet: Fleet, plan: P.LaunchPlan, store: RunStore) -> tuple[str, ...
 
 
 def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Callable[[CollectResult], None],
-            sup: Supervisor | None = None) -> list[CollectResult]:
+            sup: Supervisor | None = None, may_go_on: bool = False) -> list[CollectResult]:
     """Bring back every node's log and files, except from nodes ``sup`` saw lost: they are not
-    tried (their link is gone), and the result says how to fetch them once they answer again."""
+    tried (their link is gone), and the result says how to fetch them once they answer again
+    (``may_go_on``: unless the run goes on without them, which then leaves them out of its record)."""
     lost = {n.name for n in sup.nodes if n.state is NodeState.LOST} if sup is not None else set()
     got = {r.host: r for r in collect_nodes(fleet, [n for n in plan.nodes if n.host.name not in lost], store,
                                              plan.run_id, plan.collect)}
+    later = (f"`clusterddp collect {plan.run_id}` fetches its log and files once it answers again"
+             + (" (unless a next attempt of the run goes on without it: they stay on it then)" if may_go_on else ""))
     results = [got.get(n.host.name) or CollectResult(
-        n.host.name, error=f"{n.host.name}: not collected: it was lost during the run; "
-                           f"`clusterddp collect {plan.run_id}` fetches its log and files once it answers again")
+        n.host.name, error=f"{n.host.name}: not collected: it was lost during the run; {later}")
         for n in plan.nodes]
     for r in results:
         on_collect(r)
@@ -386,10 +391,12 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     events.hosts([n.host.name for n in plan.nodes])
     started = time.monotonic()
     attempt = 1
+    may_go_on = attempts.allowed(req.spec.max_restarts, req.nodes, plan.inventory.restarts) > 0
     while True:
         try:
             outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
-                              source_tar=packed.path if packed else None, join_timeout=req.join_timeout)
+                              source_tar=packed.path if packed else None, join_timeout=req.join_timeout,
+                              may_go_on=may_go_on)
             break
         except RunFailed:
             _set_aside(prep, events)
@@ -421,17 +428,21 @@ def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, 
     which ends as it always did)."""
     from ... import policy
     from ...errors import ClusterDDPError
-    budget = attempts.allowed(req.spec.max_restarts, req.nodes)
+    budget = attempts.allowed(req.spec.max_restarts, req.nodes, prep.plan.inventory.restarts)
     if budget == 0:
         return None
     rec = prep.store.load(prep.plan.run_id)
+    if rec.status is not RunStatus.FAILED:  # stopped (`clusterddp stop` from elsewhere): no decision to make
+        return None
     decision = policy.after_failure(rec)
 
     if not decision.carry_on:
         _ends(prep, events, attempt, f"{decision.why}; not moved to another machine")
         return None
     if attempt - 1 >= budget:
+        restarts = prep.plan.inventory.restarts
         limit = (f"--max-restarts {req.spec.max_restarts}" if req.spec.max_restarts
+                 else f"restarts: {restarts} (the inventory's)" if restarts is not None
                  else "--nodes {}:{}".format(*req.nodes or (0, 0)))
         _ends(prep, events, attempt, f"{decision.why}; {limit} allows no more attempts", decision.hosts)
         return None

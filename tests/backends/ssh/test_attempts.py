@@ -104,7 +104,8 @@ def test_candidates_skip_spares_used_already_and_quarantined(inv):
 
 def test_how_many_attempts_and_where_a_nodes_range_starts(inv):
     assert A.allowed(0, None) == 0 and A.allowed(2, None) == 2 and A.allowed(0, (1, 3)) == 2
-    assert A.allowed(1, (1, 3)) == 1
+    assert A.allowed(1, (1, 3)) == 1 and A.allowed(0, (1, 3), restarts=0) == 0 and A.allowed(3, None, 1) == 3
+    assert A.allowed(0, None, restarts=2) == 2
     hosts, problem = A.start_hosts(inv.hosts, (1, 2))
     assert names(hosts) == ["a", "b"] and problem is None
     _, problem = A.start_hosts(inv.hosts, (4, 5))
@@ -160,5 +161,6 @@ def test_damaged_attempts_are_a_located_error(bad, field):
 
 def test_retire_command_moves_the_old_attempts_control_folder_aside(inv):
     node = P.build_plan(inv, P.RunSpec("t.py"), "r1").nodes[0]
-    assert P.retire_command(node, 2) == ("if [ -d /w/runs/r1/.clusterddp/b ]; then rm -rf /w/runs/r1/.clusterddp/b@attempt-1 "
-                                         "&& mv /w/runs/r1/.clusterddp/b /w/runs/r1/.clusterddp/b@attempt-1; fi")
+    ctl = "/w/runs/r1/.clusterddp/b"
+    assert P.retire_command(node, 2) == (f"if [ -d {ctl} ]; then rm -rf {ctl}@attempt-1 "
+                                         f"&& mv {ctl} {ctl}@attempt-1; fi")

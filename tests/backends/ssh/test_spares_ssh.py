@@ -1,7 +1,7 @@
 """Spare hosts and fewer nodes, for real (issue 26 section 1): a private 3-node bed, real torchrun
 (gloo, CPU), a node's link cut mid-run (its veth down). One test, three runs, to keep the time small:
 
-1. a rank raising a Python exception, with a spare and --max-restarts 1: not moved to the spare;
+1. a rank raising a Python exception, with a spare and `restarts: 1`: not moved to the spare;
 2. examples/ddp_train.py on node1 + node2 with node3 a spare: node2 cut after a checkpoint exists, the
    run carries on on node1 + node3 from that checkpoint and succeeds;
 3. a plain torch script (no clusterddp.train) with --nodes 1:2 and no spare: node2 cut, the run
@@ -106,9 +106,11 @@ def test_a_lost_host_is_replaced_by_a_spare_or_the_run_goes_on_with_fewer_but_an
     (job / "steps.py").write_text(STEPS)
 
     # 1. The job's own exception would fail on any machine: the run fails as it always did, naming it,
-    # and the spare is never touched.
-    r = cddp("up", str(with_spare), str(job / "raises.py"), "--runs-dir", str(runs), "--gpus", "1",
-             "--max-restarts", "1", check_rc=1, timeout=240)
+    # and the spare is never touched (`restarts: 1` in the inventory: new attempts, no torchrun restarts).
+    restarts = bed.write_inventory(tmp_path / "restarts.yaml", [node1, node2], defaults_extra={"connect_timeout": 3},
+                                   extra={"spares": [spare], "restarts": 1})
+    r = cddp("up", str(restarts), str(job / "raises.py"), "--runs-dir", str(runs), "--gpus", "1",
+             check_rc=1, timeout=240)
     out = r.stdout + r.stderr
     run1 = run_id_of(r.stdout)
     assert "ValueError" in out and "bad batch shape" in out, out
