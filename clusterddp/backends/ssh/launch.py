@@ -243,11 +243,12 @@ def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
             on_collect: Callable[[CollectResult], None] = lambda r: None,
             connect: Callable | None = None, fleet: Fleet | None = None,
-            source_tar: Path | None = None, join_timeout: float = 0.0, may_go_on: bool = False
-            ) -> RunOutcome | None:
+            source_tar: Path | None = None, join_timeout: float = 0.0, may_go_on: bool = False,
+            on_detached: Callable[[Fleet, P.LaunchPlan], None] = lambda fleet, plan: None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
     ``may_go_on``: a failed attempt may be followed by another on other hosts (what a lost node's
-    collect error says).
+    collect error says). ``on_detached(fleet, plan)``: once a detached run's every node has started, before
+    its connections close (node 0 is armed to tell its end: :func:`clusterddp.notify.arm`).
 
     ``fleet`` (from :func:`preflight`) is the run's connections, already open; ``source_tar``
     (:attr:`Upload.path` from :func:`pack`) is the tarball of the script's folder, streamed to each node.
@@ -274,6 +275,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             raise
         store.update(run_id, lambda rec: rec.seen(node_states(sup)))
         if detach:
+            on_detached(fleet, plan)
             return None
         try:
             outcome = sup.follow()
@@ -392,11 +394,16 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     started = time.monotonic()
     attempt = 1
     may_go_on = attempts.allowed(req.spec.max_restarts, req.nodes, plan.inventory.restarts) > 0
+    store = prep.store  # every attempt's
+
+    def arm(fleet: Fleet, plan: P.LaunchPlan) -> None:
+        _arm_notify(fleet, plan, store, req, events)
     while True:
         try:
             outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
                               source_tar=packed.path if packed else None, join_timeout=req.join_timeout,
-                              may_go_on=may_go_on)
+                              may_go_on=may_go_on,
+                              on_detached=arm)
             break
         except RunFailed:
             _set_aside(prep, events)
@@ -545,6 +552,17 @@ def _healthy_spares(old: P.LaunchPlan, req: base.LaunchRequest, events: base.Eve
             problem = next((f.problem for f in failing[s.name].findings if f.status == FAIL), None)
             events.warn(f"[clusterddp] spare {s.name} is not used: {problem}")
     return [s for s in spares if s.name not in failing]
+def _arm_notify(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, req: base.LaunchRequest,
+                events: base.Events) -> None:
+    """A detached run with notification targets: node 0 tells its end (:func:`clusterddp.notify.arm`)."""
+    if not req.notify:
+        return
+    from ... import notify
+    said, warned = notify.arm(fleet, plan.nodes[0], store.load(plan.run_id), req.notify)
+    for line in said:
+        events.say(line)
+    for line in warned:
+        events.warn(line)
 
 
 def _set_aside(prep: Prepared, events: base.Events) -> None:
