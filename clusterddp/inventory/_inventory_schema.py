@@ -241,6 +241,8 @@ class InventoryFile(BaseModel):
     quarantine: Quarantine = None
     retry_job_failures: bool = False
     hosts: list[_HostEntry] = Field(min_length=1)
+    spares: list[_HostEntry] = []  # host entries used only to replace a host lost during a run
+    restarts: int | None = Field(default=None, ge=0, le=1000)  # new attempts after a machine's failure
 
 
 # ---- `slurm:` inventories: Slurm allocates the hosts, so there is no `hosts:` list ----

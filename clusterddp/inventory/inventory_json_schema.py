@@ -43,6 +43,10 @@ DESCRIPTIONS = {
     "retry_job_failures": "true: a failure of the job itself (a Python exception, an exit, OOM, a timeout) also "
                           "moves its host's part to a spare instead of ending the run (default false: it would "
                           "fail there too)",
+    "restarts": "New attempts an attached run may make after a machine's failure, on a spare or fewer nodes "
+                "(up --max-restarts wins, and is also passed to torchrun; this is not)",
+    "spares": "Host entries (the same settings and defaults as hosts) used only to replace a host lost during a run "
+              "(with up --max-restarts or --nodes MIN:MAX); not used while every host is healthy",
     "notify": "Where a run's end (and a schedule's skipped firing) is told: webhooks and commands",
     "webhook": "A webhook URL (a secret: never printed): POSTed the event as JSON with a `text` field",
     "webhook_file": "A file (mode 0600) holding the webhook URL, relative to the inventory's folder",
