@@ -207,8 +207,11 @@ def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
             on_collect: Callable[[CollectResult], None] = lambda r: None,
             connect: Callable | None = None, fleet: Fleet | None = None,
-            source_tar: Path | None = None, join_timeout: float = 0.0) -> RunOutcome | None:
+            source_tar: Path | None = None, join_timeout: float = 0.0,
+            on_detached: Callable[[Fleet, P.LaunchPlan], None] = lambda fleet, plan: None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
+    ``on_detached(fleet, plan)``: once a detached run's every node has started, before its connections
+    close (node 0 is armed to tell its end: :func:`clusterddp.notify.arm`).
 
     ``fleet`` (from :func:`preflight`) is the run's connections, already open; ``source_tar``
     (:attr:`Upload.path` from :func:`pack`) is the tarball of the script's folder, streamed to each node.
@@ -235,6 +238,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             raise
         store.update(run_id, lambda rec: rec.seen(node_states(sup)))
         if detach:
+            on_detached(fleet, plan)
             return None
         try:
             outcome = sup.follow()
@@ -349,7 +353,8 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     started = time.monotonic()
     try:
         outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
-                          source_tar=packed.path if packed else None, join_timeout=req.join_timeout)
+                          source_tar=packed.path if packed else None, join_timeout=req.join_timeout,
+                          on_detached=lambda fleet, plan: _arm_notify(fleet, plan, prep.store, req, events))
     except RunFailed:
         _set_aside(prep, events)
         _keep_runs(plan.inventory, req, events)  # a failed run is a run: it counts among the kept
@@ -365,6 +370,19 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
                    f"run folder: {prep.store.run_dir(plan.run_id)}")
     _keep_runs(plan.inventory, req, events)
     return outcome
+
+
+def _arm_notify(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, req: base.LaunchRequest,
+                events: base.Events) -> None:
+    """A detached run with notification targets: node 0 tells its end (:func:`clusterddp.notify.arm`)."""
+    if not req.notify:
+        return
+    from ... import notify
+    said, warned = notify.arm(fleet, plan.nodes[0], store.load(plan.run_id), req.notify)
+    for line in said:
+        events.say(line)
+    for line in warned:
+        events.warn(line)
 
 
 def _set_aside(prep: Prepared, events: base.Events) -> None:
