@@ -441,7 +441,11 @@ def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, 
     rec = prep.store.load(prep.plan.run_id)
     if rec.status is not RunStatus.FAILED:  # stopped (`clusterddp stop` from elsewhere): no decision to make
         return None
-    decision = policy.after_failure(rec)
+    from ... import quarantine
+    inv = prep.plan.inventory
+    # A host that failed in an earlier run too is the machine's fault (classify: policy, quarantine)
+    decision = policy.after_failure(rec, retry_job_failures=inv.retry_job_failures,
+                                    struck=quarantine.Quarantine().struck(rec))
 
     if not decision.carry_on:
         _ends(prep, events, attempt, f"{decision.why}; not moved to another machine")
