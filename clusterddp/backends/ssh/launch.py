@@ -23,6 +23,7 @@ from ...artifacts import CollectResult, collect_nodes
 from ...errors import HostError, RunFailed, UsageError
 from ...failure import Failure
 from ...fleet import Fleet
+from ...mirror import Mirror, unprotected
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
@@ -207,12 +208,15 @@ def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
             on_collect: Callable[[CollectResult], None] = lambda r: None,
             connect: Callable | None = None, fleet: Fleet | None = None,
-            source_tar: Path | None = None, join_timeout: float = 0.0) -> RunOutcome | None:
+            source_tar: Path | None = None, join_timeout: float = 0.0,
+            on_warn: Callable[[str], None] = lambda line: None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
 
     ``fleet`` (from :func:`preflight`) is the run's connections, already open; ``source_tar``
     (:attr:`Upload.path` from :func:`pack`) is the tarball of the script's folder, streamed to each node.
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C teardown.
+    While it watches, :class:`~clusterddp.mirror.Mirror` brings rank 0's checkpoints back as they
+    appear (``on_warn``: its problems, one line each; never the run's outcome).
     """
     plan, store = prep.plan, prep.store
     run_id = plan.run_id
@@ -236,13 +240,18 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         store.update(run_id, lambda rec: rec.seen(node_states(sup)))
         if detach:
             return None
+        mirror = Mirror(fleet, plan, store, warn=on_warn)
+        mirror.start()
         try:
             outcome = sup.follow()
         except KeyboardInterrupt:
+            mirror.stop()
             store.close_logs()
             collect(fleet, plan, store, on_collect, sup)
             finish(store, run_id, sup, sup.outcome)
             raise
+        finally:
+            mirror.stop()
         store.close_logs()
         collect(fleet, plan, store, on_collect, sup)
         status = finish(store, run_id, sup, outcome)
@@ -349,7 +358,8 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     started = time.monotonic()
     try:
         outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
-                          source_tar=packed.path if packed else None, join_timeout=req.join_timeout)
+                          source_tar=packed.path if packed else None, join_timeout=req.join_timeout,
+                          on_warn=events.warn)
     except RunFailed:
         _set_aside(prep, events)
         _keep_runs(plan.inventory, req, events)  # a failed run is a run: it counts among the kept
@@ -360,6 +370,8 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
                    f"  follow: clusterddp logs {plan.run_id} --follow{rd}\n"
                    f"  status: clusterddp status {plan.run_id}{rd}\n"
                    f"  stop:   clusterddp stop {plan.run_id}{rd}")
+        if (note := unprotected(plan)) is not None:
+            events.warn(note)
     else:
         events.say(f"run {plan.run_id} succeeded in {time.monotonic() - started:.1f}s; "
                    f"run folder: {prep.store.run_dir(plan.run_id)}")
