@@ -51,6 +51,7 @@ from .files import read_bounded
 from .node.collect import HEX, Receiver, StreamError, glob_parts, matches, path_problem, sha256_file
 from .sizes import human_size as human_bytes
 from .store import utcnow
+from .transport import Tail
 
 if TYPE_CHECKING:
     from .fleet import Fleet
@@ -377,9 +378,9 @@ class Mirror:
             new = self._fetch(t, chk)
             if new is not None:
                 got.append(new)
+                _write_index(self.store, self.plan.run_id, self._held.values())
         if got:
-            self._prune(listing, got)
-            _write_index(self.store, self.plan.run_id, self._held.values())
+            self._prune(listing)
         return got
 
     def _exchange(self, t: Transport, request: dict, timeout: float) -> Receiver:
@@ -391,7 +392,7 @@ class Mirror:
             if self._stop.is_set():
                 raise _Stopped()
             rx.feed(chunk)
-        err = bytearray()
+        err = Tail()
         why = None
         try:
             code = t.stream(P.collect_command(self.node), feed, timeout=timeout, stderr_to=err,
@@ -412,6 +413,8 @@ class Mirror:
 
     def _list(self, t: Transport) -> dict[str, tuple[int, int]]:
         rx = self._exchange(t, {"globs": list(self.globs), "have": {}, "list": True}, LIST_TIMEOUT_S)
+        if rx.unmatched is None:  # the list did not come whole: a part of it could pass for a whole checkpoint
+            raise HostError(self.host, "its list of checkpoint files was cut short: " + "; ".join(rx.errors)[:300])
         if rx.errors:
             self._say(f"mirror: {self.host}: " + "; ".join(rx.errors)[:500])
         return rx.listing
@@ -438,7 +441,7 @@ class Mirror:
         self.fetched += 1
         return held
 
-    def _prune(self, listing: Mapping[str, object], got: list[Held]) -> None:
+    def _prune(self, listing: Mapping[str, object]) -> None:
         """Remove the local copies of checkpoints replaced in the mirror that the node no longer has
         (it keeps its own last few): the mirror's disk use stays that of one checkpoint of each series."""
         keep = {(h.host, p) for h in self._held.values() for p, _, _ in h.files}

@@ -195,3 +195,14 @@ def test_a_seeded_file_takes_its_place_only_with_the_mirror_sha256(tmp_path):
     r = subprocess.run(["bash", "-c", P.seed_command(node, "checkpoints/step-8.pt", good)], input=data)
     assert r.returncode == 0 and (tmp_path / "run 1" / "checkpoints" / "step-8.pt").read_bytes() == data
     assert [f.name for f in (tmp_path / "run 1" / "checkpoints").iterdir()] == ["step-8.pt"]
+
+
+def test_a_list_cut_short_is_a_failed_look_never_a_smaller_checkpoint(tmp_path):
+    whole = listing(("checkpoints/step-9/a.pt", 1, 1), ("checkpoints/step-9/b.pt", 1, 1))
+    cut = whole[:whole.index(b'{"file": "checkpoints/step-9/b.pt"')]
+    fleet = _Fleet([cut, cut])
+    m = mirror.Mirror(fleet, plan(), RunStore(tmp_path), interval_s=1)  # type: ignore[arg-type]
+    for _ in range(2):
+        with pytest.raises(HostError, match="its list of checkpoint files was cut short"):
+            m.look()
+    assert m._before is None and not m._held
