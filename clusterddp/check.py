@@ -435,3 +435,46 @@ def run_checks(inventory: Inventory, *, full: bool = True, master_port: int | No
             fleet.close()
     return evaluate(inventory, results, full=full, master_port=port, check_port=check_port,
                     port_fixed=master_port is not None or inventory.master.port_fixed)
+
+
+# ---- a detached run's notifications: can node 0 reach each receiver ----
+
+REACH_S = 5.0  # one TCP connect from node 0 to a webhook's host
+
+
+def receiver_reach(inventory: Inventory, receivers: Iterable[tuple[str, str, int]], *,
+                   seconds: float = REACH_S) -> list[tuple[str, Finding]]:
+    """Whether node 0 (the master host, which tells a detached run's end) opens a TCP connection to
+    each receiver ((label, host, port): :func:`clusterddp.notify.receivers`) within ``seconds``: one
+    bounded probe per receiver, over one connection; (node 0's name, finding) each. An attached run
+    needs none of it (its launcher tells), so a receiver out of reach is a warning."""
+    receivers = list(receivers)
+    master = next((h for h in inventory.hosts if h.name == inventory.master.host), None)
+    if not receivers or master is None:
+        return []
+    from .node.notify import parse_reach
+    out: list[tuple[str, Finding]] = []
+    with Fleet([master], fanout=1) as fleet:
+        for what, host, port in receivers:
+            where = f"{host}:{port}"
+            fix = (f"let {master.name} open connections to {where} (a firewall rule, or a proxy: HTTPS_PROXY in the "
+                   "host's setup lines); until then leave --detach out, so that this machine tells the run's end")
+            (r,) = fleet.run(P.reach_command(master, host, port, seconds), timeout=seconds + 30)
+            if r.error is not None:
+                out.append((master.name, Finding("notify", WARN, "?", f"{what}: cannot ask whether it reaches "
+                                                 f"{where}: {r.error}", "run `clusterddp check` again once it "
+                                                 "answers")))
+                continue
+            try:
+                got = parse_reach(r.result.text if r.result is not None else "")
+            except ValueError as e:
+                out.append((master.name, Finding("notify", WARN, "?", f"{what}: unreadable answer of the reach "
+                                                 f"probe: {e}", None)))
+                continue
+            if got["ok"]:
+                out.append((master.name, Finding("notify", OK, f"{where} {got['s']:.2f}s")))
+            else:
+                out.append((master.name, Finding(
+                    "notify", WARN, "unreachable", f"{what}: node 0 cannot reach {where} ({got['said']}), so a "
+                    "detached run's end, which node 0 tells, would not arrive", fix)))
+    return out

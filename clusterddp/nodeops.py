@@ -102,10 +102,11 @@ class Teardown:
         return self.word in ("terminated", "killed")
 
 
-def teardown(t: Transport, node: P.NodeLaunch, grace: float) -> Teardown:
+def teardown(t: Transport, node: P.NodeLaunch, grace: float, mark_stop: bool = False) -> Teardown:
     """End every process of the node's job (SIGTERM, then SIGKILL after ``grace`` s), then ask its
-    status, so the exit code the signal left is known."""
-    said = last_line(t.run(P.teardown_command(node, grace), timeout=grace + 30).text)
+    status, so the exit code the signal left is known. ``mark_stop``: `clusterddp stop` (the run's end
+    is then told as stopped: :func:`plan.teardown_command`)."""
+    said = last_line(t.run(P.teardown_command(node, grace, mark_stop), timeout=grace + 30).text)
     return Teardown(said, status(t, node, STATUS_TIMEOUT))
 
 

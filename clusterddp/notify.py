@@ -353,6 +353,73 @@ def deliver(targets: Sequence[NotifyTarget], event: dict, *, sleep: Callable[[fl
             for d, t in zip(done, chosen, strict=True)]
 
 
+# ---- a detached run: node 0 tells its end (clusterddp.node.notify) ----
+
+def from_node(targets: Sequence[NotifyTarget]) -> tuple[list[NotifyTarget], list[NotifyTarget]]:
+    """``targets`` split into those node 0 tells of a detached run's end (webhooks) and those only an
+    attached launcher can tell (commands: they run on this machine, which a detached run leaves)."""
+    return [t for t in targets if t.kind == "webhook"], [t for t in targets if t.kind != "webhook"]
+
+
+def node_request(rec: RunRecord, host: str, targets: Sequence[NotifyTarget]) -> bytes:
+    """What node 0's notifier reads (``notify.json``): the event as far as the launcher knows it (node 0
+    fills in how and when the run ended), the webhooks with their ``on`` and timeout, the tries."""
+    from . import __version__
+    template = {"text": "", "event": None, "run_id": rec.run_id, "name": rec.name, "schedule": rec.schedule,
+                "inventory": rec.inventory, "script": rec.script, "hosts": rec.hosts, "started_at": rec.started_at,
+                "detached": True}
+    return json.dumps({
+        "event": template, "host": host, "what": _what(template),
+        "exit_codes": {s.value: s.exit_code for s in RunStatus if s.exit_code is not None},
+        "targets": [{"url": t.value, "on": list(t.on), "timeout": t.timeout, "label": label(t)} for t in targets],
+        "attempts": ATTEMPTS, "backoff": list(BACKOFF), "bound": bound(targets), "agent": f"clusterddp/{__version__}",
+    }).encode()
+
+
+ARM_TIMEOUT = 30.0  # the arm command: the host's setup lines, a file written, a process started
+
+
+def arm(fleet: Any, node: Any, rec: RunRecord, targets: Sequence[NotifyTarget]) -> tuple[list[str], list[str]]:
+    """Set node 0 (``node``, a :class:`~clusterddp.plan.NodeLaunch`, through ``fleet``) to tell the end
+    of detached run ``rec`` to ``targets``' webhooks (:func:`clusterddp.plan.notify_arm_command`); the
+    lines to say, and the lines to warn (a command target, which only an attached launcher tells; an
+    arm that failed). Never raises: a notification never changes the run's outcome."""
+    from . import plan as P
+    from .nodeops import last_line
+    webhooks, launcher_only = from_node(targets)
+    warn = [f"notify: {label(t)} is not told of a detached run's end: a command runs on the launcher, and none "
+            "is attached (leave --detach out to be told, e.g. under nohup or tmux)" for t in launcher_only]
+    if not webhooks:
+        return [], warn
+    host = node.host.name
+    try:
+        res = fleet.transport(node.host).run(P.notify_arm_command(node), stdin=node_request(rec, host, webhooks),
+                                             timeout=ARM_TIMEOUT)
+        if res.exit_code != 0 or last_line(res.text) != "armed":
+            raise ClusterDDPError(f"exit {res.exit_code}: "
+                                  f"{res.stderr.decode('utf-8', 'replace').strip()[-MAX_SAID:] or 'no answer'}")
+    except Exception as e:  # noqa: BLE001 - a notification never changes the run's outcome
+        return [], [*warn, f"notify: {host} (node 0) could not be set to tell this run's end, so "
+                           f"{', '.join(label(t) for t in webhooks)} will not be told of it: {str(e)[:MAX_SAID]}"]
+    return [f"notify: node 0 ({host}) tells this run's end to {', '.join(label(t) for t in webhooks)}"], warn
+
+
+def receivers(targets: Sequence[NotifyTarget]) -> list[tuple[str, str, int]]:
+    """The webhooks of ``targets`` (resolved: :func:`resolve`) as (label, host, port) for `check`'s
+    reach probe, each receiver once."""
+    out: list[tuple[str, str, int]] = []
+    for t in from_node(targets)[0]:
+        parts = urlsplit(t.value)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            continue  # webhook_problem refused such a URL already
+        got = (label(t), parts.hostname or "", port)
+        if got[1] and not any(o[1:] == got[1:] for o in out):
+            out.append(got)
+    return out
+
+
 # ---- what `up`, `schedule fire` and `notify test` call ----
 
 def targets_for(inventory_targets: Sequence[NotifyTarget], flags: Sequence[str]) -> tuple[NotifyTarget, ...]:

@@ -33,6 +33,7 @@ from . import flight, noise
 from .failure import AGENT_LINE
 from .inventory import Host, Inventory
 from .node import envinfo as node_envinfo
+from .node import notify as node_notify
 from .node import probe as node_probe
 from .node import reply as node_reply
 from .node import source as node_source
@@ -429,13 +430,46 @@ def status_command(node: NodeLaunch) -> str:
             f"then echo '{m}running'; else echo '{m}lost'; fi")
 
 
-def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE) -> str:
+def teardown_command(node: NodeLaunch, grace: float = DEFAULT_GRACE, mark_stop: bool = False) -> str:
     """End every process of this node's job: SIGTERM, then SIGKILL after ``grace`` seconds.
 
     Processes are found by their environment marker, so nothing of another run is touched.
     Prints ``clean`` (nothing ran), ``terminated``, ``killed`` or ``survivors <pids>``.
+    ``mark_stop`` (`clusterddp stop`): first leave the stop mark in the control folder, so that node 0's
+    notifier (:func:`notify_arm_command`) tells the run's end as ``stopped``.
     """
-    return kill_marked_command(node.marker, grace)
+    if not mark_stop:
+        return kill_marked_command(node.marker, grace)
+    mark = qpath(posixpath.join(node.control_dir, node_notify.STOP_MARK))
+    return f"(umask 077 && : > {mark}) 2>/dev/null; " + kill_marked_command(node.marker, grace)
+
+
+def notify_arm_command(node: NodeLaunch) -> str:
+    """Arm node 0 to tell a detached run's end (the node program ``notify send``): its request (the
+    webhook URLs: a secret) read from standard input into the control folder, 0600, as launch.sh is
+    (:func:`upload_command`); then the notifier started in a session of its own, without the job's marker (`stop` ending
+    the job leaves it be), after the host's setup lines (which may set a proxy), its lines in
+    ``notify.log``. Prints ``armed``."""
+    ctl = qpath(node.control_dir)
+    req = node_notify.REQUEST
+    lines = preamble(node.host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    start = python_command(node.host.python, "notify", ["send", '"$PWD"', q(node.marker)])
+    return "\n".join([
+        f"cd {ctl} || exit 3",
+        f"( {upload_command(posixpath.join(node.control_dir, req))} ) || exit 4",
+        *lines,
+        "(umask 077 && : >> notify.log) || exit 5",
+        f"setsid env -u {MARKER} {start} >> notify.log 2>&1 < /dev/null &",
+        "echo armed",
+    ])
+
+
+def reach_command(host: Host, address: str, port: int, seconds: float) -> str:
+    """Can ``host`` open a TCP connection to a notification receiver (``address:port``) within
+    ``seconds``: the node program ``notify reach``, after the host's setup lines."""
+    lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    return "\n".join([*lines, python_command(host.python, "notify", ["reach", q(address), str(int(port)),
+                                                                     f"{seconds:g}"])])
 
 
 def kill_marked_command(marker: str, grace: float = DEFAULT_GRACE) -> str:

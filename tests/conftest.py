@@ -81,13 +81,14 @@ def _failed_runs_stopped(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture
 def receiver() -> Iterator[Callable]:
-    """``receiver(answer)``: a real HTTP server on 127.0.0.1 that answers every POST with ``answer``
-    (None: never), for notification tests (test_notify.Receiver); closed when the test ends."""
+    """``receiver(answer, host="127.0.0.1")``: a real HTTP server on ``host`` that answers every POST with
+    ``answer`` (None: never), for notification tests (test_notify.Receiver); closed when the test ends.
+    The bed's nodes reach this machine at ``bed.gateway`` (not at its 127.0.0.1)."""
     from test_notify import Receiver
     made: list[Receiver] = []
 
-    def make(answer: int | None = 200) -> Receiver:
-        made.append(Receiver(answer))
+    def make(answer: int | None = 200, host: str = "127.0.0.1") -> Receiver:
+        made.append(Receiver(answer, host))
         return made[-1]
     yield make
     for r in made:

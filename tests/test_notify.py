@@ -24,10 +24,11 @@ TOKEN = "T000/B000/XXXXsecretXXXX"
 
 
 class Receiver:
-    """A webhook receiver on 127.0.0.1: records every POST (path, headers, JSON body); ``answer``: the
-    status it gives, or None to never answer (hold the request until the test ends)."""
+    """A webhook receiver on ``host`` (127.0.0.1; a bed's bridge address for nodes to reach it): records
+    every POST (path, headers, JSON body); ``answer``: the status it gives, or None to never answer (hold
+    the request until the test ends)."""
 
-    def __init__(self, answer: int | None = 200) -> None:
+    def __init__(self, answer: int | None = 200, host: str = "127.0.0.1") -> None:
         self.posts: list[dict] = []
         self.answer = answer
         self.release = threading.Event()
@@ -47,11 +48,11 @@ class Receiver:
 
             def log_message(self, *a: object) -> None:
                 pass
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/{TOKEN}"
+        self.url = f"http://{host}:{self.server.server_address[1]}/services/{TOKEN}"
 
     def close(self) -> None:
         self.release.set()

@@ -254,6 +254,8 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
             (f"status_command({h})", plan.status_command(n)),
             (f"teardown_command({h})", plan.teardown_command(n)),
             (f"teardown_command({h}, grace=0.05)", plan.teardown_command(n, 0.05)),
+            (f"teardown_command({h}, mark_stop=True)  # clusterddp stop", plan.teardown_command(n, mark_stop=True)),
+            (f"notify_arm_command({h})  # up --detach, node 0", plan.notify_arm_command(n)),
             (f"collect_command({h})", plan.collect_command(n)),
             (f"seed_command({h}, 'checkpoints/step 8.pt', <sha256>)",
              plan.seed_command(n, "checkpoints/step 8.pt", "0123456789abcdef" * 4)),
@@ -280,6 +282,8 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
         (f"collective_command({b.name}, {addr!r}, {COLLECTIVE_ARGS})  # check --collective",
          plan.collective_command(b, addr, COLLECTIVE_ARGS)),
         (f"envinfo_command({a.name})  # check --diff, no previous run", plan.envinfo_command(a)),
+        (f"reach_command({a.name}, 'hooks.example.org', 443, 5)  # check, a notify: webhook",
+         plan.reach_command(a, "hooks.example.org", 443, 5)),
         (f"envinfo_command({b.name}, {p.nodes[1].run_dir!r}, ['t.py', 'lib/a b.py'])  # check --diff",
          plan.envinfo_command(b, p.nodes[1].run_dir, ["t.py", "lib/a b.py"])),
     ]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from ..errors import NodeOutcome, RunFailed, UsageError
-from ..inventory import LOCAL, Inventory
+from ..inventory import LOCAL, Inventory, NotifyTarget
 from ..plan import RunSpec
 from ..record import NodeRecord, NodeState, RunRecord, RunStatus
 from ..store import RunStore, utcnow
@@ -75,6 +75,8 @@ class LaunchRequest:
     join_timeout: float = 0.0
     wait: bool = False
     schedule: str | None = None                  # set by a cron entry: the schedule that started the run
+    notify: tuple[NotifyTarget, ...] = ()        # resolved (clusterddp.notify.targets_for): told of a detached
+                                                 # run's end by its node 0, where the backend can (detached_notify)
 
     @property
     def runs_dir_flag(self) -> str:
@@ -132,6 +134,7 @@ class Backend(Protocol):
 
     name: str
     checks: frozenset[str]  # the checks besides the default one it runs: "collective", "diff"
+    detached_notify: bool   # a detached run's node 0 tells its end to the request's webhooks (`notify`)
 
     def prepare(self, req: LaunchRequest, *, contact: bool = False) -> Prepared:
         """Validate the request and plan the run; no network unless ``contact`` (then only what the

@@ -39,7 +39,7 @@ def check(
 ) -> None:
     """Check that every host is ready for a DDP job, in parallel.
 
-    SSH and host key; python, torch, CUDA and NCCL identical on every node; GPUs against `gpus`; the interface that routes to the master; the master port free; free disk in workdir; clock skew; whether workdir is one folder shared with other hosts (it then creates workdir and a marker file there); whether each run ships clusterddp.train to the node.
+    SSH and host key; python, torch, CUDA and NCCL identical on every node; GPUs against `gpus`; the interface that routes to the master; the master port free; free disk in workdir; clock skew; whether workdir is one folder shared with other hosts (it then creates workdir and a marker file there); whether each run ships clusterddp.train to the node; with notify: webhooks, whether the master (node 0, which tells a detached run's end) can open a connection to each receiver (a warning when not).
 
     Exit 0 when every host passes, 1 when anything fails; each failure names the host and the fix.
     """  # noqa: E501 - Typer's help keeps the docstring's line breaks, so a paragraph is one line
@@ -66,19 +66,41 @@ def check(
                   as_json)
         raise typer.Exit(0 if ok else EXIT_FAILED)
     report = backend.check(inv, master_port=master_port)
+    reach = notify_reach(inv) if backend.detached_notify and inv.notify else []
     took = time.monotonic() - started
     from ..quarantine import quarantined, stamp
     aside = quarantined(inv.hosts)  # set aside on this machine: `up` refuses them, whatever the nodes say
     if as_json:
         print(json.dumps({**report.to_dict(), "seconds": round(took, 2),
-                          "quarantined": {h: e.to_json() for h, e in aside.items()}}, indent=2))
+                          "quarantined": {h: e.to_json() for h, e in aside.items()},
+                          "notify": [{"host": h, **f.__dict__} for h, f in reach]}, indent=2))
         raise typer.Exit(0 if report.ok and not aside else EXIT_FAILED)
     ok = print_report(report, took)
+    for h, f in reach:
+        if f.status == "ok":
+            print(visible(f"ok   {h} notify: reaches {f.value}"))
+        else:
+            print(visible(f"warn {h} notify: {f.problem}"))
+            if f.fix:
+                print(visible(f"     fix: {f.fix}"))
     for h, e in aside.items():
         print(visible(f"FAIL {h} quarantined: set aside until {stamp(e.until)}: {e.why}"))
         print(visible(f"     fix: `clusterddp quarantine release {h}` once the machine is mended, or --exclude {h}"))
     if not ok or aside:
         raise typer.Exit(EXIT_FAILED)
+
+
+def notify_reach(inv) -> list:
+    """Whether node 0 reaches each webhook of the inventory's notify: (node 0 tells a detached run's end):
+    (host, Finding) each; a target that cannot be read is a warning here (`up` refuses it, exit 2)."""
+    from .. import notify
+    from ..check import WARN, Finding, receiver_reach
+    from ..errors import ClusterDDPError
+    try:
+        targets = notify.targets_for(inv.notify, ())
+    except ClusterDDPError as e:
+        return [(inv.master.host, Finding("notify", WARN, "?", e.message, e.hint))]
+    return receiver_reach(inv, notify.receivers(targets))
 
 
 def print_report(report, took: float) -> bool:

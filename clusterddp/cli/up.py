@@ -86,6 +86,7 @@ def up(
     backend = backends.for_inventory(loaded)
     from .. import notify as N
     targets = N.targets_for(loaded.notify, notify)
+    req = dataclasses.replace(req, notify=targets)
     prep = backend.prepare(req, contact=not dry_run)
     warning = local_rank_warning(spec)
     if warning:
@@ -94,9 +95,9 @@ def up(
         text = backend.render(prep, req)
         print(dry_run_text(text, prep.plan.run_id, () if show_secrets else secrets(req)), flush=True)
         return
-    if detach and targets:
-        err("warning: notify: a detached run is not told of its end (no launcher is attached to see it); "
-            "leave --detach out to be told, e.g. under nohup or tmux")
+    if detach and targets and not backend.detached_notify:
+        err(f"warning: notify: a detached `{backend.name}:` run is not told of its end (no launcher is attached to "
+            "see it); leave --detach out to be told, e.g. under nohup or tmux")
     events = Printed(raw=raw, hide=quiet_filter(quiet))
     sigterm_as_interrupt()  # SIGTERM ends an attached run as Ctrl-C does (a waiting one leaves the queue)
     told = {"run_id": prep.plan.run_id, "name": spec.name, "schedule": schedule, "inventory": inventory}

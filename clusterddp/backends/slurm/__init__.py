@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 class SlurmBackend:
     name = "slurm"
     checks: frozenset[str] = frozenset()  # check --collective and --diff need an inventory that lists the hosts
+    detached_notify = False  # a detached Slurm run is not told of its end (yet)
 
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
         from . import job

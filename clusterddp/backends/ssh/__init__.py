@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 class SSHBackend:
     name = "ssh"
     checks: frozenset[str] = frozenset({"collective", "diff"})  # check --collective and --diff run on its hosts
+    detached_notify = True  # node 0 tells a detached run's end (clusterddp.notify.arm)
 
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
         from . import launch

@@ -105,7 +105,7 @@ def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: 
     """
     rec = store.load(run_id)
     with _reach(rec, connect) as (nodes, fleet):
-        res = nodeops.each(fleet, nodes, lambda n, t: nodeops.teardown(t, n, grace))
+        res = nodeops.each(fleet, nodes, lambda n, t: nodeops.teardown(t, n, grace, mark_stop=True))
         collected = collect_nodes(fleet, nodes, store, run_id, (), progress)
     seen: dict[str, tuple[NodeState, int | None, str | None]] = {}
     how: dict[str, str] = {}

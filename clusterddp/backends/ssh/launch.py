@@ -209,8 +209,11 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             on_collect: Callable[[CollectResult], None] = lambda r: None,
             connect: Callable | None = None, fleet: Fleet | None = None,
             source_tar: Path | None = None, join_timeout: float = 0.0,
+            on_detached: Callable[[Fleet, P.LaunchPlan], None] = lambda fleet, plan: None,
             on_warn: Callable[[str], None] = lambda line: None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
+    ``on_detached(fleet, plan)``: once a detached run's every node has started, before its connections
+    close (node 0 is armed to tell its end: :func:`clusterddp.notify.arm`).
 
     ``fleet`` (from :func:`preflight`) is the run's connections, already open; ``source_tar``
     (:attr:`Upload.path` from :func:`pack`) is the tarball of the script's folder, streamed to each node.
@@ -239,6 +242,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             raise
         store.update(run_id, lambda rec: rec.seen(node_states(sup)))
         if detach:
+            on_detached(fleet, plan)
             return None
         mirror = Mirror(fleet, plan, store, warn=on_warn)
         mirror.start()
@@ -359,6 +363,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     try:
         outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
                           source_tar=packed.path if packed else None, join_timeout=req.join_timeout,
+                          on_detached=lambda fleet, plan: _arm_notify(fleet, plan, prep.store, req, events),
                           on_warn=events.warn)
     except RunFailed:
         _set_aside(prep, events)
@@ -377,6 +382,19 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
                    f"run folder: {prep.store.run_dir(plan.run_id)}")
     _keep_runs(plan.inventory, req, events)
     return outcome
+
+
+def _arm_notify(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, req: base.LaunchRequest,
+                events: base.Events) -> None:
+    """A detached run with notification targets: node 0 tells its end (:func:`clusterddp.notify.arm`)."""
+    if not req.notify:
+        return
+    from ... import notify
+    said, warned = notify.arm(fleet, plan.nodes[0], store.load(plan.run_id), req.notify)
+    for line in said:
+        events.say(line)
+    for line in warned:
+        events.warn(line)
 
 
 def _set_aside(prep: Prepared, events: base.Events) -> None:

@@ -1,0 +1,364 @@
+"""``notify``: a detached run's end told to its webhooks from node 0, and the receiver reach probe of `check`.
+
+``notify send CTL MARKER``: started on node 0 by :func:`clusterddp.plan.notify_arm_command` once every
+node's job has started (`up --detach` arms it; an attached `up` tells the run's end itself), in a
+session of its own and without ``CLUSTERDDP_JOB`` in its environment, so `clusterddp stop` ending
+the job leaves it be. Its request is ``CTL/notify.json`` (:data:`REQUEST`, 0600 in the 0700 control
+folder; the webhook URLs, a secret, arrive only there, over the arm command's stdin, as launch.sh's
+env values do). It waits until the job has ended (``CTL/exit_code`` written, or no process carrying
+MARKER left), claims ``CTL/notify.sent`` (:data:`SENT`, created exclusively: one event per run, whoever
+else may start), makes the event (``stopped`` when `stop` left :data:`STOP_MARK` before its teardown,
+``hang`` when the watchdog left ``hang.json``, else ``succeeded`` or ``failed`` by node 0's exit code),
+POSTs it to each webhook that wants it (each try bounded by the target's timeout, a few tries when the
+failure may pass: no answer, 5xx, 429; never a redirect), writes one line per target to its stdout
+(``CTL/notify.log``) and each failure's line to the job's log too, and removes the request.
+
+``notify reach HOST PORT SECONDS``: one TCP connect to a receiver, bounded; prints one line,
+:data:`MARK` and ``{"ok": bool, "said": text, "s": seconds}`` (:func:`parse_reach` reads it).
+
+Python 3.8 grammar, standard library only.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import select
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from urllib.parse import urlsplit
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+MARK = "CLUSTERDDP_REACH "
+REQUEST = "notify.json"    # in the control folder: what to send where (written by the arm command)
+SENT = "notify.sent"       # in the control folder: the run's end was told (or is being told): never again
+STOP_MARK = "stop"         # in the control folder: `clusterddp stop` ended this job
+HANG = "hang.json"         # in the control folder: the stall watchdog ended this job
+POLL_S = 0.5               # how often the job's end is looked for
+SCAN_EVERY = 10            # polls between looks for the job's processes (a job killed before its exit code)
+GONE_AFTER = 2             # looks that find none of them: the job is over
+MAX_REQUEST = 256 * 1024
+MAX_ANSWER = 64 * 1024
+MAX_SAID = 200
+MAX_ERROR_BYTES = 64 * 1024
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise urllib.error.HTTPError(req.full_url, code, "redirected (%s); give the URL it points to" % msg,
+                                     headers, fp)
+
+
+def _scrub(text: str, url: str) -> str:
+    """``text`` without the URL or its path and query (the token), should a library have quoted them."""
+    parts = urlsplit(url)
+    for piece in (url, parts.path + ("?" + parts.query if parts.query else ""), parts.query, parts.path):
+        if len(piece) > 1:
+            text = text.replace(piece, "...")
+    return text
+
+
+def post(url: str, body: bytes, timeout: float, agent: str) -> "tuple[str, str]":
+    """One POST: ("ok" | "may pass" | "will not pass", what the receiver said); never raises."""
+    req = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "User-Agent": agent})
+    try:
+        with urllib.request.build_opener(_NoRedirect).open(req, timeout=timeout) as r:
+            r.read(MAX_ANSWER)
+            return "ok", "HTTP %d" % r.status
+    except urllib.error.HTTPError as e:
+        said = ("HTTP %d %s" % (e.code, _scrub(str(e.reason), url)[:MAX_SAID])).rstrip()
+        return ("may pass" if e.code >= 500 or e.code == 429 else "will not pass"), said
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            return "may pass", "no answer within %gs" % timeout
+        return "may pass", "%s: %s" % (type(reason).__name__, _scrub(str(reason), url)[:MAX_SAID])
+
+
+def tell(target: dict, body: bytes, attempts: int, backoff: "list[float]", agent: str,
+         sleep=time.sleep) -> "tuple[bool, int, str]":
+    """``target`` told: (ok, tries, what it said last)."""
+    said = ""
+    for i in range(attempts):
+        if i:
+            sleep(backoff[min(i - 1, len(backoff) - 1)])
+        how, said = post(target["url"], body, float(target["timeout"]), agent)
+        if how != "may pass":
+            return how == "ok", i + 1, said
+    return False, attempts, said
+
+
+def wants(target: dict, event: dict) -> bool:
+    on = target.get("on") or []
+    return not on or event["event"] in on or event.get("status") in on
+
+
+# ---- the job's end ----
+
+def _marked(word: bytes) -> bool:
+    """Whether some process's environment holds the line ``word`` (CLUSTERDDP_JOB=<run>/<host>)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return True  # cannot tell: keep waiting for the exit code
+    for pid in names:
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if word in f.read().split(b"\0"):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def wait_end(ctl: str, marker: str, sleep=time.sleep) -> "tuple[int | None, float]":
+    """Wait for the job's end: (its exit code, when it ended, epoch seconds by this node's clock);
+    exit code None when its processes are all gone without one (killed before its shell wrote it)."""
+    word = ("CLUSTERDDP_JOB=" + marker).encode()
+    path = os.path.join(ctl, "exit_code")
+    gone = polls = 0
+    while True:
+        try:
+            with open(path, "rb") as f:
+                text = f.read(32).decode("ascii", "replace").strip()
+            return (int(text) if text.lstrip("-").isdigit() else None), os.stat(path).st_mtime
+        except OSError:
+            pass
+        polls += 1
+        if polls % SCAN_EVERY == 0:
+            gone = gone + 1 if not _marked(word) else 0
+            if gone >= GONE_AFTER:
+                return None, time.time()
+        sleep(POLL_S)
+
+
+def _took(seconds: "float | None") -> str:
+    """As clusterddp.notify._took words it."""
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    if s >= 3600:
+        return " in %dh%02dm" % (s // 3600, s // 60 % 60)
+    if s >= 60:
+        return " in %dm%02ds" % (s // 60, s % 60)
+    return " in %ds" % s
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+def _said_by_ranks(ctl: str) -> "str | None":
+    """The first line a rank of this node's job left in its torchrun error file (newest attempt), if any."""
+    base = os.path.join(ctl, "errors")
+    try:
+        found = []
+        for run in os.listdir(base):
+            for attempt in os.listdir(os.path.join(base, run)):
+                for lr in os.listdir(os.path.join(base, run, attempt)):
+                    found.append((attempt, lr, os.path.join(base, run, attempt, lr, "error.json")))
+    except OSError:
+        return None
+    for _attempt, lr, path in sorted(found, reverse=True):
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+            try:
+                data = os.read(fd, MAX_ERROR_BYTES)
+            finally:
+                os.close(fd)
+            msg = json.loads(data.decode("utf-8", "replace"))["message"]
+            text = msg["message"] if isinstance(msg, dict) else msg
+            line = str(text).strip().splitlines()[0][:MAX_SAID]
+            return "local rank %s: %s" % (lr, line)
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue
+    return None
+
+
+def _stopped(ctl: str, code: "int | None", ended: float) -> bool:
+    """`stop` left its mark before the job ended (a mark left after a job that ended by itself, by a
+    `stop` of a run that had just finished, is no stop of it)."""
+    try:
+        marked_at = os.stat(os.path.join(ctl, STOP_MARK)).st_mtime
+    except OSError:
+        return False
+    return code is None or marked_at <= ended
+
+
+def make_event(request: dict, ctl: str, code: "int | None", ended: float, now: float) -> dict:
+    """The event of the run's end as node 0 sees it, from the launcher's template (``request["event"]``)."""
+    ev = dict(request["event"])
+    host = request["host"]
+    if _stopped(ctl, code, ended):
+        kind, status = "stopped", "stopped"
+    elif os.path.exists(os.path.join(ctl, HANG)):
+        kind, status = "hang", "failed"
+    elif code == 0:
+        kind, status = "succeeded", "succeeded"
+    else:
+        kind, status = "failed", "failed"
+    started = ev.get("started_at")
+    took = None
+    if started:
+        try:
+            took = max(0.0, ended - datetime.fromisoformat(started).timestamp())
+        except ValueError:
+            took = None
+    summary, failed_host = None, None
+    if kind in ("failed", "hang"):
+        ranks = _said_by_ranks(ctl)
+        how = "exited %d" % code if code is not None else "ended without an exit code"
+        summary = "node 0 (%s) %s%s" % (host, how, "; " + ranks if ranks else "")
+        if len(ev.get("hosts") or []) <= 1:
+            failed_host = host
+        else:
+            summary += "; `clusterddp status %s` asks every node for the root cause" % ev.get("run_id")
+    ev.update(event=kind, status=status, exit_code=request["exit_codes"][status], ended_at=_iso(ended),
+              duration_s=took, failed_host=failed_host, summary=summary, failure=None, at=_iso(now),
+              sender=socket.gethostname(), sent_by="node 0 (%s)" % host)
+    said = {"succeeded": "succeeded%s on %s" % (_took(took), ", ".join(ev.get("hosts") or [])),
+            "failed": "failed%s" % _took(took), "hang": "hung and was ended%s" % _took(took),
+            "stopped": "was stopped%s" % _took(took)}[kind]
+    ev["text"] = "clusterddp: %s %s" % (request["what"], said) + (": " + summary if summary else "")
+    return ev
+
+
+def _claim(ctl: str) -> bool:
+    try:
+        os.close(os.open(os.path.join(ctl, SENT), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return True
+    except OSError:
+        return False
+
+
+def _read_request(ctl: str) -> "dict | None":
+    try:
+        fd = os.open(os.path.join(ctl, REQUEST), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            data = os.read(fd, MAX_REQUEST)
+        finally:
+            os.close(fd)
+        got = json.loads(data.decode("utf-8"))
+        return got if isinstance(got, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def send(ctl: str, marker: str, out: "Any" = None, sleep=time.sleep) -> int:
+    """The whole ``notify send``; returns its exit code (0: every target told, 1: one was not, 2: nothing
+    to do: no request, or the end was told already)."""
+    out = out or sys.stdout
+    code, ended = wait_end(ctl, marker, sleep)
+    request = _read_request(ctl)
+    if request is None:
+        print("notify: no readable %s: nothing sent" % REQUEST, file=out, flush=True)
+        return 2
+    if not _claim(ctl):
+        print("notify: this run's end was told already", file=out, flush=True)
+        return 2
+    ev = make_event(request, ctl, code, ended, time.time())
+    body = json.dumps(ev).encode()
+    chosen = [t for t in request["targets"] if wants(t, ev)]
+    done = [None] * len(chosen)  # type: list
+
+    def one(i: int, t: dict) -> None:
+        try:
+            done[i] = tell(t, body, int(request["attempts"]), request["backoff"], request["agent"], sleep)
+        except Exception as e:  # noqa: BLE001 - one target's trouble is its line, never the others'
+            done[i] = (False, 1, "%s: %s" % (type(e).__name__, str(e)[:MAX_SAID]))
+    threads = [threading.Thread(target=one, args=(i, t), daemon=True) for i, t in enumerate(chosen)]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + float(request["bound"])
+    for th in threads:
+        th.join(max(0.0, deadline - time.monotonic()))
+    failed = 0
+    for t, d in zip(chosen, done):  # noqa: B905 - the same length (3.8 has no strict=)
+        ok, tries, said = d if d is not None else (False, int(request["attempts"]),
+                                                   "no answer within %gs" % float(request["bound"]))
+        if ok:
+            print("told %s of %s: %s" % (t["label"], ev["event"], said), file=out, flush=True)
+            continue
+        failed += 1
+        line = ("notify: %s was not told of %s (%s): %s after %d tr%s; the run's outcome is unchanged"
+                % (t["label"], ev["event"], ev.get("run_id"), said, tries, "y" if tries == 1 else "ies"))
+        print(line, file=out, flush=True)
+        try:
+            with open(os.path.join(ctl, "node.log"), "a") as log:
+                log.write("[clusterddp] " + line + "\n")
+        except OSError:
+            pass
+    try:
+        os.unlink(os.path.join(ctl, REQUEST))  # the URLs leave the node once told
+    except OSError:
+        pass
+    return 1 if failed else 0
+
+
+# ---- `check`: can this node reach the receiver ----
+
+def reach(host: str, port: int, seconds: float) -> dict:
+    """One TCP connect to ``host:port`` within ``seconds`` (its name resolved here, as the POST would)."""
+    t0 = time.monotonic()
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, IndexError) as e:
+        return {"ok": False, "said": "cannot resolve %s: %s" % (host, getattr(e, "strerror", None) or e),
+                "s": round(time.monotonic() - t0, 3)}
+    s = socket.socket(family, kind, proto)
+    try:
+        s.setblocking(False)
+        err = s.connect_ex(where)
+        if err in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+            _, ready, _ = select.select([], [s], [], seconds)
+            err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if ready else errno.ETIMEDOUT
+    except OSError as e:
+        err = e.errno or errno.EIO
+    finally:
+        s.close()
+    took = round(time.monotonic() - t0, 3)
+    if err == 0:
+        return {"ok": True, "said": "connected", "s": took}
+    said = "no answer within %gs" % seconds if err == errno.ETIMEDOUT else \
+        "refused" if err == errno.ECONNREFUSED else os.strerror(err)
+    return {"ok": False, "said": said, "s": took}
+
+
+def parse_reach(text: str) -> dict:
+    """Launcher side: the reach probe's answer, checked ({"ok", "said", "s"}); ValueError naming what is wrong."""
+    from .reply import ReplyError, loads, marked
+    line = marked(text, MARK, 1000)
+    if line is None:
+        raise ReplyError("no %s line in the answer" % MARK.strip())
+    got = loads(line)
+    if not isinstance(got, dict) or not isinstance(got.get("ok"), bool) or not isinstance(got.get("said"), str) \
+            or not isinstance(got.get("s"), (int, float)):
+        raise ReplyError("not a reach answer")
+    return {"ok": got["ok"], "said": got["said"][:MAX_SAID], "s": float(got["s"])}
+
+
+def main(argv: "list[str]", stdout: "Any" = None) -> int:
+    out = stdout or sys.stdout
+    if len(argv) == 3 and argv[0] == "send":
+        return send(argv[1], argv[2], out)
+    if len(argv) == 4 and argv[0] == "reach":
+        print(MARK + json.dumps(reach(argv[1], int(argv[2]), float(argv[3]))), file=out, flush=True)
+        return 0
+    print("usage: notify send CTL MARKER | notify reach HOST PORT SECONDS", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
