@@ -8,10 +8,14 @@ The evidence, all of it untrusted (a node, or the job on it, wrote it):
   hook, which adds ``extraInfo.clusterddp = {"rank", "time"}`` (a float time: torch's is whole seconds);
 - torchrun's own failure table in the node's log (``Root Cause (first observed failure)``: rank,
   local rank, exit code, pid), the only record of a rank killed by a signal;
-- the node's kernel log lines about the OOM killer, and what the supervisor saw (lost, never joined).
+- the node's kernel log lines about the OOM killer and NVIDIA GPU errors (Xid), its nvidia-smi output,
+  and what the supervisor saw (lost, never joined).
 
 :func:`diagnose` orders every rank's failure by time (ties: the node the supervisor saw end first,
-then the rank) and describes the first; every other node gets one line.
+then the rank) and describes the first; every other node gets one line. Two findings outrank that
+order: a GPU error of the machine's kind during the job (:func:`gpu_error`) makes its node the root
+cause (``gpu``: the others failed because that GPU did), and a first failure whose words say a collective
+timed out (:func:`collective_timeout`) is a ``timeout``. What each kind leads to: :mod:`clusterddp.policy`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import json
 import math
 import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -42,7 +46,7 @@ MAX_OTHERS = 1024
 MAX_ERROR_FILE = 1 << 20        # bytes of an error file parsed; longer is refused
 MAX_TABLE_SCAN = 256 << 10      # bytes at the end of a node log searched for torchrun's failure table
 
-KINDS = ("exception", "signal", "oom", "exit", "never_joined", "lost", "unknown", "hang")
+KINDS = ("exception", "signal", "oom", "exit", "never_joined", "lost", "unknown", "hang", "gpu", "timeout")
 MAX_HANG_GROUPS = 64            # groups of ranks a hang keeps (the odd ones out first)
 MAX_HANG_RANKS = 1024           # ranks named in one group
 
@@ -332,6 +336,129 @@ def oom_killed(kernel_lines: Sequence[str], pid: int | None) -> str | None:
     return None
 
 
+# ---- GPU errors (NVIDIA Xid lines in the kernel log, nvidia-smi) ----
+# The Xids NVIDIA's catalogue puts on the GPU, its memory or its link, not on the job's code (13, 31, 43
+# and 45 are usually the application's own illegal access or its teardown): the machine needs a reset or
+# a repair, so a run moved to another one can carry on. 63 and 92 (a page retired, a high corrected-error
+# rate) are warnings the job survives.
+MACHINE_XIDS = {
+    48: "double-bit ECC error", 62: "GPU micro-controller halted", 64: "ECC page retirement or row remapping failed",
+    74: "NVLink error", 79: "GPU has fallen off the bus", 94: "contained ECC error", 95: "uncontained ECC error",
+    119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error",
+}
+LOG_SCAN_LINES = 2000   # a failing rank's last lines searched for a timeout's words
+XID_SCAN = 2000         # characters of a kernel line the parser reads (the node sends at most 1000)
+JOB_SLACK_S = 5.0       # a kernel stamp (seconds since boot) as wall time is this close to the job's start/end
+# "[  890.431249] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+# (older drivers: "(0000:3b:00)", no name=, pid='<unknown>'). ASCII digits only.
+_STAMP_RE = re.compile(r"\[\s{0,12}(\d{1,10}(?:\.\d{1,9})?)\]", re.ASCII)
+_XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): "
+                     r"(\d{1,6})\b,?(.{0,1000})", re.ASCII)
+_XID_PID_RE = re.compile(r"\bpid=(\d{1,10})\b", re.ASCII)
+# nvidia-smi's words for a GPU it cannot reach or read (the node writes "nvidia-smi failed: <why>" when it
+# exits non-zero); "No devices were found" is a node without GPUs, a timeout may be load: neither counts.
+_SMI_BROKEN = re.compile(r"couldn't communicate with the NVIDIA driver|Unable to determine the device handle|"
+                         r"GPU is lost|Unknown Error|ERR!")
+
+
+@dataclass(frozen=True)
+class Xid:
+    """One NVIDIA Xid line of a node's kernel log."""
+
+    code: int
+    pci: str
+    pid: int | None                     # the process it names, if any
+    stamp: float | None                 # seconds since the node booted, from the line's prefix
+    line: str
+
+    @property
+    def machine(self) -> bool:
+        return self.code in MACHINE_XIDS
+
+    def text(self) -> str:
+        what = MACHINE_XIDS.get(self.code)
+        return f"NVIDIA Xid {self.code}" + (f" ({what})" if what else "") + f" on GPU PCI:{self.pci}"
+
+
+def parse_xid(line: str) -> Xid | None:
+    """A kernel log line as an :class:`Xid`, or None when it is not one. Never raises; reads at most
+    :data:`XID_SCAN` characters."""
+    text = line[:XID_SCAN]
+    m = _XID_RE.search(text)
+    if m is None:
+        return None
+    stamp = _STAMP_RE.match(text)
+    pid = _XID_PID_RE.search(m.group(3))
+    return Xid(code=int(m.group(2)), pci=m.group(1).lower(), pid=int(pid.group(1)) if pid else None,
+               stamp=float(stamp.group(1)) if stamp and stamp.end() <= m.start() else None,
+               line=clip(text.strip(), MAX_LOG_LINE))
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def gpu_error(report: Mapping[str, Any] | None, pids: Iterable[int] = ()) -> tuple[str, str] | None:
+    """(what, the line that says it) when a node's report shows one of its GPUs failing during its job, else None:
+    an Xid of :data:`MACHINE_XIDS` stamped while the node's job ran (when the node said when: its boot and its
+    job's start and end), naming no process or one of ``pids`` (the node's ranks torchrun reported; another
+    process's Xid is that process's GPU, and a node shares its kernel log with every job on it), or
+    nvidia-smi's failure to reach a GPU."""
+    if not report:
+        return None
+    boot, start, end = (_finite(report.get(k)) for k in ("kernel_boot", "job_started", "job_ended"))
+    mine = set(pids)
+    for line in report.get("kernel_lines") or ():
+        x = parse_xid(line) if isinstance(line, str) else None
+        if x is None or not x.machine or (x.pid is not None and x.pid not in mine):
+            continue
+        if boot is not None and start is not None and x.stamp is not None:
+            at = boot + x.stamp
+            if at < start - JOB_SLACK_S or (end is not None and at > end + JOB_SLACK_S):
+                continue  # before this job (a GPU since reset) or after it
+        return x.text(), x.line
+    smi = report.get("nvidia_smi")
+    if isinstance(smi, str):
+        for line in smi[-MAX_TABLE_SCAN:].splitlines():
+            if _SMI_BROKEN.search(line[:XID_SCAN]):
+                return "nvidia-smi cannot read a GPU", clip(line.strip(), MAX_LOG_LINE)
+    return None
+
+
+def table_pids(log: bytes) -> set[int]:
+    """The pid of every rank torchrun's failure table names, from the end of a node's log."""
+    text = log[-MAX_TABLE_SCAN:].decode("utf-8", "replace").replace("\r\n", "\n")
+    return {int(m.group(5)) for m in _ENTRY_RE.finditer(text)}
+
+
+# ---- collective timeouts ----
+# torch's own words (torch 2.13; its test suite matches the same: testing/_internal/distributed/
+# distributed_test.py): gloo's "Timed out waiting 3000ms for recv operation to complete" (a RuntimeError;
+# a later collective then says "Application timeout caused pair closure"), its monitored barrier's "Rank 1
+# failed to pass monitoredBarrier in 3000 ms", and NCCL's watchdog, "[Rank 1] Watchdog caught collective
+# operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, ...) ran for 600081 milliseconds before timing
+# out." (raised, or, with TORCH_NCCL_ASYNC_ERROR_HANDLING's default, logged before the rank aborts:
+# SIGABRT, "Some NCCL operations have failed or timed out").
+_TIMEOUT_RE = re.compile(
+    r"Watchdog caught collective operation timeout|Timed out waiting \d{1,12}ms for (?:send|recv) operation to "
+    r"complete|failed to pass monitoredBarrier|timed out in monitoredBarrier|Some NCCL operations have failed or "
+    r"timed out|Application timeout caused pair closure", re.ASCII)
+
+
+def collective_timeout(f: Failure, lines: Sequence[str] = ()) -> str | None:
+    """The words that say ``f``'s collective timed out, as one line, or None: in its exception's message,
+    else in ``lines``, what its rank printed (NCCL's watchdog line comes before the C++ stack of its abort,
+    dozens of lines), else in its log tail."""
+    if f.kind not in ("exception", "signal", "exit"):
+        return None
+    texts = [f.message or ""] if f.kind == "exception" else list(lines)[-LOG_SCAN_LINES:] + list(f.log_tail)
+    for text in texts:
+        for line in text[:MAX_MESSAGE].splitlines():
+            if _TIMEOUT_RE.search(line[:XID_SCAN]):
+                return clip(line.strip(), MAX_LOG_LINE)
+    return None
+
+
 def not_joined(late: Mapping[str, str | None], master_host: str, master: tuple[str, int],
                bound_s: float) -> list[tuple[str, str]]:
     """Who to name, and why, when the nodes in ``late`` (host -> what its probe of the master's port
@@ -616,5 +743,34 @@ def diagnose(nodes: Sequence[NodeFacts], first_failed: str | None) -> Failure:
     else:
         node = failed_first or (bad[0] if bad else nodes[0])
         failure = _node_only(node)
+    failure = _timed_out(failure, node)
+    # A GPU of the machine's kind failing during the job is why the job failed, wherever the first rank
+    # fell: the root cause's node first, then the others in order.
+    for n in sorted(nodes, key=lambda n: n.host != node.host):
+        gpu = gpu_error(n.report, table_pids(n.log))
+        if gpu is None:
+            continue
+        if n.host != node.host:
+            errors = [r for r in per_node[n.host] if not (n.state == "stopped" and r.kind == "signal")]
+            node = n
+            failure = _timed_out(_describe_rank(min(errors, key=lambda r: (_when(r), r.local_rank)), n)
+                                 if errors else _node_only(n), n)
+        what, line = gpu
+        head, *rest = failure.summary.splitlines() or [""]
+        failure = replace(failure, kind="gpu", summary=clip(f"GPU error: {what}\n{line}\nthen {head}", MAX_MESSAGE))
+        break
     others = tuple((n.host, _note(n, per_node[n.host], uniform)) for n in nodes if n.host != node.host)
     return replace(failure, others=others[:MAX_OTHERS])
+
+
+def _timed_out(f: Failure, node: NodeFacts) -> Failure:
+    """``f`` (of ``node``) as a ``timeout`` when its words say a collective timed out."""
+    lines = [] if f.kind == "exception" else [
+        line for line in attempt_lines(node.log)
+        if (m := _RANK_PREFIX.match(line)) is None or f.rank is None or int(m.group(1)) == f.rank]
+    words = collective_timeout(f, lines)
+    if words is None:
+        return f
+    head = f.summary.splitlines()[0] if f.summary else ""
+    return replace(f, kind="timeout", summary=clip(f"a collective timed out: {head}" if words in head
+                                                   else f"a collective timed out: {head}\n{words}", MAX_MESSAGE))

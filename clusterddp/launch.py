@@ -86,7 +86,12 @@ OPTIONS: tuple[Option, ...] = (
            "shell's value, @FILE reads NAME=VALUE lines: values on the command line show in `ps`.", recorded="env"),
     Option("collect", ("--collect",), "texts", [], "Glob to bring back, relative to the run folder.",
            recorded="collect"),
-    Option("max_restarts", ("--max-restarts",), "int", 0, "Passed to torchrun.", recorded="max_restarts", low=0),
+    Option("max_restarts", ("--max-restarts",), "int", 0, "Passed to torchrun; an attached SSH run also starts again "
+           "up to N times after a machine's failure, a spare in place of each lost host (inventory spares:).",
+           recorded="max_restarts", low=0),
+    Option("nodes", ("--nodes",), "text", None, "SSH runs: start on the first MAX hosts; after a machine's failure "
+           "with no healthy spare left, carry on with the hosts left, down to MIN (a count alone: MIN and MAX).",
+           metavar="MIN:MAX"),
     Option("local_rank_arg", ("--local-rank-arg",), "text", None,
            "Give every worker --local_rank=<its LOCAL_RANK> (or --local-rank=...) before the script's arguments, "
            "as torch.distributed.launch did; for scripts that parse it. E.g. --local-rank-arg=--local_rank",
@@ -125,4 +130,22 @@ OPTIONS: tuple[Option, ...] = (
            recorded=None),  # `schedule fire` waits for its run: it holds the schedule's lock for it
 )
 BY_NAME = {o.name: o for o in OPTIONS}
+
+
+MOST_NODES = 100_000
+
+
+def parse_nodes(text: str | None) -> tuple[int, int] | None:
+    """``--nodes``: ``MIN:MAX`` or a count ``N`` (``N:N``), 1 <= MIN <= MAX; None when not given.
+    A UsageError (exit 2) naming the option and the fix otherwise."""
+    from .errors import UsageError
+    if text is None:
+        return None
+    lo, sep, hi = text.partition(":")
+    hi = hi if sep else lo
+    ok = all(p.isascii() and p.isdigit() and len(p) <= 6 for p in (lo, hi))
+    if not ok or not 1 <= int(lo) <= int(hi) <= MOST_NODES:
+        raise UsageError(f"--nodes {text!r}: not a node count or a range MIN:MAX with 1 <= MIN <= MAX",
+                         "give e.g. --nodes 2:4 (start on 4 hosts, carry on down to 2) or --nodes 3")
+    return int(lo), int(hi)
 RECORDED = tuple(o for o in OPTIONS if o.recorded == UP)  # the ones the spec's `up` object holds

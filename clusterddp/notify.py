@@ -361,6 +361,12 @@ def from_node(targets: Sequence[NotifyTarget]) -> tuple[list[NotifyTarget], list
     return [t for t in targets if t.kind == "webhook"], [t for t in targets if t.kind != "webhook"]
 
 
+def not_told_detached(launcher_only: Sequence[NotifyTarget]) -> list[str]:
+    """The warning for each target only an attached launcher tells (:func:`from_node`'s second list)."""
+    return [f"notify: {label(t)} is not told of a detached run's end: a command runs on the launcher, and none "
+            "is attached (leave --detach out to be told, e.g. under nohup or tmux)" for t in launcher_only]
+
+
 def node_request(rec: RunRecord, host: str, targets: Sequence[NotifyTarget]) -> bytes:
     """What node 0's notifier reads (``notify.json``): the event as far as the launcher knows it (node 0
     fills in how and when the run ended), the webhooks with their ``on`` and timeout, the tries."""
@@ -387,8 +393,7 @@ def arm(fleet: Any, node: Any, rec: RunRecord, targets: Sequence[NotifyTarget]) 
     from . import plan as P
     from .nodeops import last_line
     webhooks, launcher_only = from_node(targets)
-    warn = [f"notify: {label(t)} is not told of a detached run's end: a command runs on the launcher, and none "
-            "is attached (leave --detach out to be told, e.g. under nohup or tmux)" for t in launcher_only]
+    warn = not_told_detached(launcher_only)
     if not webhooks:
         return [], warn
     host = node.host.name

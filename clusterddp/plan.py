@@ -109,6 +109,7 @@ class LaunchPlan:
     local: bool = field(default=False)
     leased: bool = False          # each node's slots are leased: its lease holder starts the job (go_command)
     train_lookup: bool = True     # launch.sh looks for the node's clusterddp.train (ship_train_lines)
+    attempt: int = 1              # the run's attempt this plan starts (backends/ssh/attempts.py)
 
     @property
     def nnodes(self) -> int:
@@ -147,13 +148,17 @@ def static_local(spec: RunSpec) -> bool:
 
 def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_dir: str | None = None,
                local_control_dir: str | None = None,
-               grants: Mapping[str, tuple[int, ...]] | None = None, train_lookup: bool = True) -> LaunchPlan:
+               grants: Mapping[str, tuple[int, ...]] | None = None, train_lookup: bool = True,
+               attempt: int = 1) -> LaunchPlan:
     """Plan a run. Local mode (``up local``: run in place, one node on 127.0.0.1) is chosen by
     passing the absolute launch directory and the control folder. ``grants``: the slots each node's
     lease holds (:mod:`clusterddp.leases`), one process per slot, ``CUDA_VISIBLE_DEVICES`` set to them.
     ``train_lookup`` False: no file of the script's folder names clusterddp, so launch.sh does not look
-    for the node's clusterddp.train (a python start before torchrun), unless the job's env sets PYTHONPATH."""
+    for the node's clusterddp.train (a python start before torchrun), unless the job's env sets PYTHONPATH.
+    ``attempt``: the run's attempt (2, 3, ... after a failed one, on other hosts): its c10d rendezvous
+    has an id of its own, so a lost host whose old torchrun comes back never joins the new attempt's."""
     local = local_run_dir is not None
+    rdzv_id = run_id if attempt == 1 else f"{run_id}.attempt-{attempt}"
     master_port = spec.master_port or inventory.master.port
     nodes = []
     for rank, host in enumerate(inventory.ranked()):  # the master is node 0 wherever it is listed
@@ -196,7 +201,7 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
             # resolving the node's own hostname, which need not resolve.
             is_host = int(host.name == inventory.master.host)
             torchrun += ["--nnodes", str(len(inventory.hosts)), "--rdzv-backend", "c10d",
-                         "--rdzv-endpoint", f"{inventory.master.addr}:{master_port}", "--rdzv-id", run_id,
+                         "--rdzv-endpoint", f"{inventory.master.addr}:{master_port}", "--rdzv-id", rdzv_id,
                          "--rdzv-conf", f"is_host={is_host}", "--local-addr", LOCAL_ADDR]
         else:
             torchrun += ["--nnodes", str(len(inventory.hosts)), "--node-rank", str(rank),
@@ -212,7 +217,7 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
     collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
                       collect, upload=not local, local=local, leased=grants is not None,
-                      train_lookup=train_lookup)
+                      train_lookup=train_lookup, attempt=attempt)
 
 
 # ---- what each worker process runs ----
@@ -317,6 +322,16 @@ def prepare_command(node: NodeLaunch) -> str:
     private = f"{qpath(run_ctl)} {ctl}" if run_ctl else ctl
     return (f"mkdir -p {ctl} && chmod 700 {private} && cd {ctl} && "
             f"if [ -e pid ]; then echo 'run folder already holds a job' >&2; exit 3; fi && pwd")
+
+
+def retire_command(node: NodeLaunch, attempt: int) -> str:
+    """Before attempt ``attempt`` of a run on a host that ran the attempt before: move that attempt's
+    control folder aside, to ``<host>@attempt-<attempt - 1>`` (``@`` is in no host name), so the new
+    attempt starts in an empty one (the old pid, exit code, lease go file and log are the old job's).
+    The run folder, with the code and the job's checkpoints, stays as it is."""
+    assert attempt >= 2, attempt
+    ctl, old = qpath(node.control_dir), qpath(f"{node.control_dir}@attempt-{attempt - 1}")
+    return f"if [ -d {ctl} ]; then rm -rf {old} && mv {ctl} {old}; fi"
 
 
 def _run_control(node: NodeLaunch) -> str | None:

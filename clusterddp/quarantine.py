@@ -1,10 +1,11 @@
 """Hosts set aside after a machine-side failure: the launching machine's list of them.
 
-A machine lost twice in a row (its link or power gone, a kernel panic: lost in an attached run, and
-lost again in its next run within :data:`STRIKE_S`) is quarantined for :data:`DEFAULT_S` (2 h):
-later runs and schedules of any inventory naming that machine refuse it (exit 75), naming it and
-until when, and ``check`` and ``leases`` show it. ``clusterddp quarantine list/add/release`` manage
-the list by hand.
+A machine whose GPU failed during a run (an Xid of the machine's kind: :mod:`clusterddp.policy`) is
+quarantined at once; one lost twice in a row (its link or power gone, a kernel panic: lost in an
+attached run, and lost again, or its GPU failing, in its next run within :data:`STRIKE_S`) too. It stays
+so for the inventory's ``quarantine:`` (default :data:`DEFAULT_S`, 2 h): later runs and schedules of
+any inventory naming that machine refuse it (exit 75), naming it and until when, and ``check`` and
+``leases`` show it. ``clusterddp quarantine list/add/release`` manage the list by hand.
 
 The list is one JSON file, ``$XDG_STATE_HOME/clusterddp/quarantine.json`` (default
 ``~/.local/state/clusterddp/``; folder 0700, file 0600), keyed by the machine's address and SSH port
@@ -31,8 +32,9 @@ from pathlib import Path
 
 from . import files
 from .errors import FileRefused, Quarantined, QuarantineError
+from .inventory import DEFAULT_QUARANTINE_S
 
-DEFAULT_S = 2 * 3600.0
+DEFAULT_S = DEFAULT_QUARANTINE_S  # the inventory's `quarantine:` when it gives none
 MOST_BYTES = 1 << 20
 MOST_ENTRIES = 10_000
 MOST_TEXT = 500
@@ -140,35 +142,61 @@ class Strike:
 
 
 def decide(lost: dict[str, str], kept: Iterable[str], strikes: Sequence[Strike], run_id: str, now: float,
-           seconds: float) -> tuple[list[Entry], list[Strike]]:
+           seconds: float, at_once: dict[str, tuple[str, str]] | None = None,
+           again: dict[str, tuple[str, str]] | None = None) -> tuple[list[Entry], list[Strike]]:
     """After run ``run_id``: ``lost`` maps each machine lost in it to its host name, ``kept`` are the
-    run's other machines (they answered to the end: their strike, if any, is wiped). A machine lost
-    with a strike from an earlier run is set aside for ``seconds``; one lost without gets a strike
-    (one loss alone can be a passing network fault, which the run already reports; two in a row is the
-    machine). Returns the new entries and the strikes that remain."""
-    kept = set(kept)
+    run's other machines (they answered to the end: their strike, if any, is wiped), ``at_once`` maps each
+    machine whose failure sets it aside at once (a GPU error) to (host, why), ``again`` each machine that
+    failed for a reason that counts only as a second failure in a row to (host, why). A machine lost, or
+    in ``again``, with a strike from an earlier run is set aside for ``seconds``, as is one in
+    ``at_once``; one lost without gets a strike (one loss alone can be a passing network fault, which the
+    run already reports; two in a row is the machine). Returns the new entries and the strikes that remain."""
+    kept, at_once, again = set(kept), at_once or {}, again or {}
     earlier = {k.machine: k for k in strikes if k.at + STRIKE_S > now and k.run_id != run_id}
-    added, left = [], [k for k in earlier.values() if k.machine not in kept and k.machine not in lost]
+    added, left = [], [k for k in earlier.values() if k.machine not in kept and k.machine not in lost
+                       and k.machine not in at_once and k.machine not in again]
+    for m, (host, what) in at_once.items():
+        before = earlier.get(m)
+        why = f"{what} in run {run_id}" + (f" (lost in run {before.run_id} before)" if before else "")
+        added.append(Entry(m, host, now, now + seconds, _one_line(why), run_id))
+    for m, (host, what) in again.items():
+        before = earlier.get(m)
+        if before is not None and m not in at_once:
+            why = f"lost in run {before.run_id}, then failed in run {run_id}: {what}"
+            added.append(Entry(m, host, now, now + seconds, _one_line(why), run_id))
     for m, host in lost.items():
+        if m in at_once:
+            continue
         before = earlier.get(m)
         if before is None:
             left.append(Strike(m, host, run_id, now))
             continue
         why = f"lost in runs {before.run_id} and {run_id}, one after the other"
-        added.append(Entry(m, host, now, now + seconds, why[:MOST_TEXT], run_id))
+        added.append(Entry(m, host, now, now + seconds, _one_line(why), run_id))
     return added, left
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MOST_TEXT else text[:MOST_TEXT - 3] + "..."
 
 
 def after_run(rec, seconds: float = DEFAULT_S, q: Quarantine | None = None, now: float | None = None) -> list[Entry]:
     """After an attached run ended (``rec``: its record, as it ended): update the strikes and set
-    aside each machine :func:`decide` says to (the SSH backend's runs: Slurm keeps its own nodes' health).
-    Returns the entries added (to be said)."""
-    from .record import NodeState
+    aside each machine :func:`decide` says to, for ``seconds`` (the inventory's ``quarantine:``), from the
+    machines' failures :func:`clusterddp.policy.machine_faults` finds (the SSH backend's runs: Slurm keeps
+    its own nodes' health). Returns the entries added (to be said)."""
+    from .policy import machine_faults
     if rec.local:
         return []
-    lost = {machine(n.settings.address, n.settings.port): n.host for n in rec.nodes if n.state is NodeState.LOST}
-    kept = [machine(n.settings.address, n.settings.port) for n in rec.nodes if n.state is not NodeState.LOST]
-    return (q or Quarantine()).after(rec.run_id, lost, kept, seconds, now)
+    q = q or Quarantine()
+    faults = machine_faults(rec, q.struck(rec, now))
+    key = {n.host: machine(n.settings.address, n.settings.port) for n in rec.nodes}
+    lost = {key[h]: h for h, f in faults.items() if f.kind == "lost"}
+    now_out = {key[h]: (h, f.why) for h, f in faults.items() if f.at_once}
+    again = {key[h]: (h, f.why) for h, f in faults.items() if f.kind == "again"}
+    kept = [key[n.host] for n in rec.nodes if n.host not in faults]
+    return q.after(rec.run_id, lost, kept, seconds, now, now_out, again)
 
 
 def quarantined(hosts, q: Quarantine | None = None, now: float | None = None) -> dict[str, Entry]:
@@ -232,13 +260,25 @@ class Quarantine:
             keep[e.machine] = e if old is None or e.until >= old.until else old
         return list(keep.values())
 
+    def struck(self, rec, now: float | None = None) -> set[str]:
+        """The hosts of run record ``rec`` that hold a strike from an earlier run (lost in it, within
+        :data:`STRIKE_S`): for :func:`clusterddp.policy.after_failure`. A damaged file gives none."""
+        now = time.time() if now is None else now
+        try:
+            strikes = self.strikes()
+        except QuarantineError:
+            return set()
+        marked = {k.machine for k in strikes if k.at + STRIKE_S > now and k.run_id != rec.run_id}
+        return {n.host for n in rec.nodes if machine(n.settings.address, n.settings.port) in marked}
+
     def after(self, run_id: str, lost: dict[str, str], kept: Iterable[str], seconds: float,
-              now: float | None = None) -> list[Entry]:
+              now: float | None = None, at_once: dict[str, tuple[str, str]] | None = None,
+              again: dict[str, tuple[str, str]] | None = None) -> list[Entry]:
         """:func:`decide` for run ``run_id``, its result written; the entries added."""
         with self._locked():
             now = time.time() if now is None else now
             entries, strikes = self._read()
-            added, left = decide(lost, kept, strikes, run_id, now, seconds)
+            added, left = decide(lost, kept, strikes, run_id, now, seconds, at_once, again)
             if added or left != strikes:
                 self._write(self._merged(entries, added, now), left)
             return added

@@ -227,6 +227,51 @@ class SlurmJob:
                    node=_host(r.get("node", dict), path, "slurm.node") if data.get("node") is not None else None)
 
 
+MAX_ATTEMPTS = 1000   # entries of `attempts` a record may hold (a run makes one per failed attempt)
+MAX_WHY = 2000        # characters of an entry's `why` (the writer keeps one line)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A decision after a failed attempt of an attached SSH run (``attempts`` in run.json): attempt
+    ``attempt`` (2, 3, ...) started at ``at`` without the hosts ``out`` and with the spares ``in_``
+    (none: it went on with fewer nodes); ``attempt`` None: the run ended there instead (``out``: the
+    hosts at fault, if any). ``why``: the one line said on the terminal."""
+
+    attempt: int | None
+    at: str
+    out: tuple[str, ...]
+    in_: tuple[str, ...]
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "at": self.at, "out": list(self.out), "in": list(self.in_), "why": self.why}
+
+    @classmethod
+    def from_json(cls, data: Any, path: str, where: str) -> Attempt:
+        r = _Reader(data, path, where)
+        attempt = r.get("attempt", int | None)
+        if attempt is not None:
+            _between(attempt, 2, MAX_ATTEMPTS + 1, r, "attempt")
+        why = r.get("why", str)
+        if len(why) > MAX_WHY:
+            raise RecordError(path, r.field("why"), f"longer than {MAX_WHY} characters")
+        hosts = {}
+        for key in ("out", "in"):
+            names = r.get(key, tuple[str, ...])
+            if len(names) > MAX_FANOUT:
+                raise RecordError(path, r.field(key), f"more than {MAX_FANOUT} hosts")
+            hosts[key] = tuple(_name(h, HOST_NAME_RE, path, f"{r.field(key)}[{i}]", "a host name")
+                               for i, h in enumerate(names))
+        return cls(attempt, r.get("at", str)[:64], hosts["out"], hosts["in"], why)
+
+    def describe(self) -> str:
+        """The entry as `status` prints it."""
+        moved = ", ".join([*(f"{h} out" for h in self.out), *(f"{h} in" for h in self.in_)]) or "no host changed"
+        head = f"attempt {self.attempt}" if self.attempt is not None else "ended"
+        return f"{head} ({self.at}): {moved}: {self.why}"
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """Everything known about one run: enough to reach its nodes again without the inventory."""
@@ -254,6 +299,14 @@ class RunRecord:
     # When this record was last written (the store stamps every write): what it says of a running run is
     # as of then, the last look at its nodes (`up`, `status`, `stop`). None in records written before it.
     updated_at: str | None = None
+    # The decisions after failed attempts (an SSH run with spares or --nodes MIN:MAX), oldest first;
+    # absent from older records. ``nodes`` are always the current (last) attempt's.
+    attempts: tuple[Attempt, ...] = ()
+
+    @property
+    def attempt(self) -> int:
+        """The number of the run's current (or last) attempt: 1 until a failed one was followed by another."""
+        return max((a.attempt for a in self.attempts if a.attempt is not None), default=1)
 
     @property
     def exit_code(self) -> int | None:
@@ -280,7 +333,8 @@ class RunRecord:
                 "collect": list(self.collect), "fanout": self.fanout, "updated_at": self.updated_at,
                 "nodes": [n.to_json() for n in self.nodes],
                 **({"failure": self.failure.to_json()} if self.failure else {}),
-                **({"slurm": self.slurm.to_json()} if self.slurm else {})}
+                **({"slurm": self.slurm.to_json()} if self.slurm else {}),
+                **({"attempts": [a.to_json() for a in self.attempts]} if self.attempts else {})}
 
     @classmethod
     def from_json(cls, data: Any, path: str) -> RunRecord:
@@ -317,7 +371,16 @@ class RunRecord:
                    collect=r.get("collect", tuple[str, ...]), fanout=fanout, schema=SCHEMA, nodes=read,
                    updated_at=r.get("updated_at", str | None, default=None),
                    failure=_failure(r.get("failure", dict | None, default=None), path),
-                   slurm=SlurmJob.from_json(data["slurm"], path) if data.get("slurm") is not None else None)
+                   slurm=SlurmJob.from_json(data["slurm"], path) if data.get("slurm") is not None else None,
+                   attempts=_attempts(r.get("attempts", list, default=[]), path))
+
+
+def _attempts(data: list, path: str) -> tuple[Attempt, ...]:
+    """run.json's ``attempts`` (added after schema 1 without a version bump, like ``failure``: a record
+    without it reads as before), bounded and checked entry by entry."""
+    if len(data) > MAX_ATTEMPTS:
+        raise RecordError(path, "attempts", f"more than {MAX_ATTEMPTS} entries")
+    return tuple(Attempt.from_json(a, path, f"attempts[{i}]") for i, a in enumerate(data))
 
 
 # ---- reading JSON into typed fields ----

@@ -25,7 +25,7 @@ import stat
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -581,6 +581,24 @@ class RunStore:
             f = self._logs[key] = os.fdopen(fd, "ab")
         f.write(data)
         f.flush()
+
+    def set_logs_aside(self, run_id: str, attempt: int, hosts: Iterable[str]) -> None:
+        """Before a run's next attempt: move ``hosts``' local logs of attempt ``attempt`` to
+        ``logs/attempt-<attempt>/<host>.log`` (0700 folder), so the next attempt's copies, which the
+        end of the run replaces with the nodes' own, never overwrite them. A log that is not there is
+        no error."""
+        self.close_logs()
+        folder = self.run_dir(run_id) / "logs" / f"attempt-{int(attempt)}"
+        try:
+            folder.mkdir(mode=DIR_MODE, exist_ok=True)
+            os.chmod(folder, DIR_MODE)
+            for host in hosts:
+                try:
+                    os.replace(self.log_path(run_id, host), folder / f"{host}.log")
+                except FileNotFoundError:
+                    pass
+        except OSError as e:
+            raise self._cannot_write(e, folder) from None
 
     def note(self, run_id: str, name: str, line: str) -> None:
         """Append one line to ``<run>/<name>`` (0600), e.g. notify.log: what a notification could not do."""

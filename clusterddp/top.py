@@ -126,12 +126,23 @@ class Watch:
 
     def __init__(self, recs: Sequence[RunRecord], progress_regex: str = DEFAULT_PROGRESS,
                  connect: Callable[[Host], Transport] = default_connect,
-                 clock: Callable[[], float] = time.monotonic, lab: Sequence[Host] = ()) -> None:
-        self.recs = list(recs)
+                 clock: Callable[[], float] = time.monotonic, lab: Sequence[Host] = (),
+                 store: RunStore | None = None) -> None:
         self.lab = list(lab)  # the hosts whose GPU leases are listed too (one more command per host)
         self.regex = progress_regex
         self._connect = connect
         self._clock = clock
+        self._store = store  # given: each look reads the records again (a new attempt moves a run's nodes)
+        self._take(recs)
+        self._fleet = self._new_fleet()
+        self._lab_fleet = Fleet(self.lab, fanout=self._fanout, connect=self._connect) if self.lab else None
+        self._failed_at: float | None = None
+        self._steps: dict[tuple[str, str], deque[tuple[float, int]]] = {}
+        self._cpu: dict[tuple[str, str], tuple[float, float]] = {}
+        self._node_cpu: dict[str, tuple[int, int]] = {}
+
+    def _take(self, recs: Sequence[RunRecord]) -> None:
+        self.recs = list(recs)
         # host name -> [(run id, node)], hosts in first-seen order; one command per host covers all
         self._jobs: dict[str, list[tuple[str, P.NodeLaunch]]] = {}
         self._hosts: dict[str, Host] = {}
@@ -140,12 +151,25 @@ class Watch:
                 self._hosts.setdefault(n.host.name, n.host)
                 self._jobs.setdefault(n.host.name, []).append((rec.run_id, n))
         self._fanout = min((r.fanout for r in self.recs), default=32)
-        self._fleet = self._new_fleet()
-        self._lab_fleet = Fleet(self.lab, fanout=self._fanout, connect=self._connect) if self.lab else None
-        self._failed_at: float | None = None
-        self._steps: dict[tuple[str, str], deque[tuple[float, int]]] = {}
-        self._cpu: dict[tuple[str, str], tuple[float, float]] = {}
-        self._node_cpu: dict[str, tuple[int, int]] = {}
+
+    def _reread(self) -> None:
+        """The runs' records read again: a run whose next attempt runs on other hosts (a spare in, a
+        host out) is watched on its current ones. A record that cannot be read now keeps the last one."""
+        if self._store is None:
+            return
+        fresh = []
+        for rec in self.recs:
+            try:
+                fresh.append(self._store.load(rec.run_id))
+            except Exception:  # noqa: BLE001 - being written, or damaged: the view keeps what it had
+                fresh.append(rec)
+        where = [[(n.host, n.control_dir) for n in r.nodes] for r in self.recs]
+        if [[(n.host, n.control_dir) for n in r.nodes] for r in fresh] != where:
+            self._fleet.close()
+            self._take(fresh)
+            self._fleet = self._new_fleet()
+        else:
+            self.recs = fresh
 
     def _new_fleet(self) -> Fleet:
         return Fleet(self._hosts.values(), fanout=self._fanout, connect=self._connect)
@@ -163,6 +187,7 @@ class Watch:
 
     def look(self) -> Snapshot:
         """One round: every host asked once, in parallel; a snapshot of every run's nodes."""
+        self._reread()
         if self._failed_at is not None and self._clock() - self._failed_at >= RETRY_AFTER:
             self._fleet.close()
             self._fleet = self._new_fleet()

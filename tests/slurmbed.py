@@ -203,6 +203,9 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
 SchedulerType=sched/backfill
+# A requeued job waits for its BeginTime (see cred_expire), then for the next scheduling pass, every 60 s
+# by default (backfill's every 30 s): pass every second, so it starts once its BeginTime has come.
+SchedulerParameters=sched_interval=1,bf_interval=1
 KillWait=5
 MinJobAge=300
 InactiveLimit=0

@@ -143,7 +143,8 @@ def test_version_mismatch_fails_check_and_up_refuses(bed, tmp_path, script, othe
     assert "preflight check failed on node2" in r.stderr and f"python {version} differs" in r.stderr
     assert "--skip-check" in r.stderr and not runs.exists()
     # --skip-check starts it anyway; this "other" Python only reports another version, so the job runs
-    r = cddp("up", str(inv), str(script), "--runs-dir", str(runs), "--skip-check", check_rc=0, timeout=120)
+    r = cddp("up", str(inv), str(script), "--runs-dir", str(runs), "--skip-check", "--gpus", "1", check_rc=0,
+             timeout=120)
     assert "preflight" not in r.stderr and runs.exists()
 
 
@@ -172,7 +173,8 @@ def test_busy_master_port_fails_check_and_up_refuses(bed, tmp_path, script):
         # another port is free: check agrees (and up would start)
         assert host(check_json(inv, "--master-port", "29511", rc=0), "node1")["by"]["port"]["value"] == "29511 free"
         # with no port given, up chooses a free one on the master (its lease): the busy one is skipped
-        r = cddp("up", str(inv), str(script), "--runs-dir", str(tmp_path / "runs"), check_rc=0, timeout=120)
+        r = cddp("up", str(inv), str(script), "--runs-dir", str(tmp_path / "runs"), "--gpus", "1", check_rc=0,
+                 timeout=120)
         assert "leased: " in r.stdout and "; master port 29500" not in r.stdout, r.stdout
     finally:
         listener.kill()

@@ -24,7 +24,8 @@ NOT_OPTIONS = {"inventory", "script", "script_args", "runs_dir", "schedule"}
 SAMPLES = {"name": "nightly eval", "hosts": "a,b", "exclude": "b", "gpus": "2", "master_port": "29601",
            "env": "A=1", "collect": "ckpt/*", "max_restarts": "2", "local_rank_arg": "--local_rank",
            "wait": None, "max_upload": "500M", "skip_check": None, "raw": None, "quiet": None, "join_timeout": "7.5",
-           "stall_timeout": "30", "progress_regex": "step (\\d+)", "notify": "command:true"}
+           "stall_timeout": "30", "progress_regex": "step (\\d+)", "notify": "command:true",
+           "nodes": "1:2"}
 
 
 def _params(cmd) -> dict:

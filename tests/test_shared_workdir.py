@@ -171,13 +171,14 @@ def test_two_hosts_sharing_one_workdir_run_collect_and_are_stopped_each_on_its_o
     assert note.startswith("node1, node2 share one workdir folder") and ".clusterddp/<host>/" in note
     assert found["node2"]["workdir"]["note"] is None  # said once
 
-    # a whole run: both nodes start from the one copy of the code, log and finish separately
+    # a whole run: both nodes start from the one copy of the code, log and finish separately (one process
+    # per node: what is shared is the folder, whatever runs in it)
     script = tmp_path / "job" / "ddp_train.py"
     script.parent.mkdir()
     script.write_bytes((REPO / "examples" / "ddp_train.py").read_bytes())
-    r = cddp("up", str(inv), str(script), "--runs-dir", str(runs), "--", "--epochs", "2", check_rc=0)
+    r = cddp("up", str(inv), str(script), "--runs-dir", str(runs), "--gpus", "1", "--", "--epochs", "2", check_rc=0)
     run_id = run_id_of(r.stdout)
-    assert "[node1] done world_size=4" in r.stdout
+    assert "[node1] done world_size=2" in r.stdout
     rec = record(runs, run_id)
     assert [(n["host"], n["state"], n["exit_code"]) for n in rec["nodes"]] == [
         ("node1", "succeeded", 0), ("node2", "succeeded", 0)]

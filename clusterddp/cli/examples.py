@@ -6,7 +6,8 @@ from __future__ import annotations
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "up": ("clusterddp up inventory/lab.yaml train.py -- --epochs 10",
            "clusterddp up local train.py --gpus 2 --collect 'checkpoints/**'",
-           "clusterddp up inventory/lab.yaml train.py --detach -e WANDB_API_KEY"),
+           "clusterddp up inventory/lab.yaml train.py --detach -e WANDB_API_KEY",
+           "clusterddp up inventory/lab.yaml train.py --max-restarts 2 --nodes 3:4 -- --epochs 100"),
     "runs": ("clusterddp runs", "clusterddp runs --json"),
     "status": ("clusterddp status 3f9a",),
     "logs": ("clusterddp logs 3f9a --follow", "clusterddp logs 3f9a --host gpu-02 --tail 50"),

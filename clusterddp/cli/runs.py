@@ -106,6 +106,8 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     said = backend.describe(rec)
     if said:
         print(f"  {visible(said)}")
+    for a in rec.attempts:  # a spare in, a host out, or why the run ended there: the nodes above are the last attempt's
+        print(visible(f"  {a.describe()}"))
     if rec.status is RunStatus.FAILED and rec.failure:
         for line in rec.failure.lines(others=False):  # the other nodes are the lines above
             print(visible(f"  {line}"))

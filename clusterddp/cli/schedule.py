@@ -118,7 +118,9 @@ def add(
     excluded = host_list(exclude, "--exclude")
     loaded = load_inventory(inventory, gpus=gpus)
     # the same checks as `up`, through the inventory's backend; no network
-    request = LaunchRequest(inventory, loaded, run, runs_dir, hosts_, exclude=excluded)
+    from ..launch import parse_nodes
+    request = LaunchRequest(inventory, loaded, run, runs_dir, hosts_, exclude=excluded,
+                            nodes=parse_nodes((up_options or {}).get("nodes")))
     prep = backends.for_inventory(loaded).prepare(request)
     from .. import notify
     notify.targets_for(loaded.notify, (up_options or {}).get("notify", []))  # a wrong target: exit 2 now, not at 2 a.m.

@@ -116,7 +116,7 @@ def top(
     if inventory is not None:
         from .common import load_inventory
         lab = load_inventory(inventory, None, None).hosts
-    with Watch(recs, regex, lab=lab) as watch:
+    with Watch(recs, regex, lab=lab, store=store) as watch:
         if once:
             if recs:
                 watch.look()

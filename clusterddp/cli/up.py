@@ -66,12 +66,14 @@ def up(
     progress_regex: str | None = option("progress_regex"),
     wait: bool = option("wait"),
     notify: list[str] = option("notify"),
+    nodes: str | None = option("nodes"),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
     """Start a DDP job on every host of INVENTORY (or `local`) and follow it to the end."""
     from .. import backends
     from ..backends.base import LaunchRequest, local_rank_warning
+    from ..launch import parse_nodes
     from ..upload import parse_size
 
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
@@ -82,7 +84,8 @@ def up(
     names, slots = host_slots(hosts)
     req = LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=spec, runs_dir=runs_dir, hosts=names,
                         slots=slots, exclude=host_list(exclude, "--exclude"), max_upload=limit, detach=detach,
-                        skip_check=skip_check, join_timeout=join_timeout, wait=wait, schedule=schedule)
+                        skip_check=skip_check, join_timeout=join_timeout, wait=wait, schedule=schedule,
+                        nodes=parse_nodes(nodes))
     backend = backends.for_inventory(loaded)
     from .. import notify as N
     targets = N.targets_for(loaded.notify, notify)

@@ -11,6 +11,7 @@ from .model import (
     BUILTIN,
     DEFAULT_FANOUT,
     DEFAULT_MASTER_PORT,
+    DEFAULT_QUARANTINE_S,
     ENV_NAME_RE,
     HOST_NAME_RE,
     LOCAL,
@@ -32,7 +33,8 @@ from .model import (
     webhook_problem,
 )
 
-__all__ = ["BUILTIN", "DEFAULT_FANOUT", "DEFAULT_MASTER_PORT", "ENV_NAME_RE", "HOST_NAME_RE", "LOCAL", "MAX_GPUS",
+__all__ = ["BUILTIN", "DEFAULT_FANOUT", "DEFAULT_MASTER_PORT", "DEFAULT_QUARANTINE_S",
+           "ENV_NAME_RE", "HOST_NAME_RE", "LOCAL", "MAX_GPUS",
            "NOTIFY_EVENTS", "NOTIFY_FIELDS", "RESERVED_ENV", "Host", "Inventory", "Master", "NotifyTarget",
            "SlurmSettings", "ascii_digits", "glob_problem", "load", "load_named", "local", "notify_command_problem",
            "parse", "parse_hostfile", "reserved_env", "show", "some", "webhook_problem"]

@@ -62,6 +62,26 @@ def _stall_timeout(v: Any) -> Any:
     return _seconds(v, 7 * 86400)
 
 
+_AGE = re.compile(r"(?:\s*[0-9]{1,9}\s*[smhd])+\s*", re.ASCII)
+_AGE_PART = re.compile(r"([0-9]{1,9})\s*([smhd])", re.ASCII)
+QUARANTINE_MOST_S = 30 * 86400.0
+
+
+def quarantine_seconds(v: Any) -> float:
+    """`quarantine:` as seconds: an age (``2h``, ``90m``, ``1d``, ``1h30m``) or a number of seconds, from a
+    minute to 30 days. Raises ValueError saying what it takes."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError("must be an age such as 2h, 90m or 1d (or a number of seconds)")
+    if isinstance(v, str):
+        if not _AGE.fullmatch(v):
+            raise ValueError(f"{v[:40]!r} is not an age: give one such as 2h, 90m or 1d")
+        v = sum(int(n) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[u] for n, u in _AGE_PART.findall(v))
+    if not math.isfinite(v) or not 60 <= v <= QUARANTINE_MOST_S:
+        raise ValueError("must be from 1m to 30d")
+    return float(v)
+
+
+Quarantine = Annotated[Any, AfterValidator(lambda v: None if v is None else quarantine_seconds(v))]
 ProgressRegex = Annotated[str, AfterValidator(_one_line), AfterValidator(_progress_regex)]
 StallTimeout = Annotated[float | int | None, AfterValidator(_stall_timeout)]
 
@@ -218,7 +238,11 @@ class InventoryFile(BaseModel):
     stall_timeout: StallTimeout = None
     progress_regex: ProgressRegex | None = None
     notify: list[_NotifyEntry] = []
+    quarantine: Quarantine = None
+    retry_job_failures: bool = False
     hosts: list[_HostEntry] = Field(min_length=1)
+    spares: list[_HostEntry] = []  # host entries used only to replace a host lost during a run
+    restarts: int | None = Field(default=None, ge=0, le=1000)  # new attempts after a machine's failure
 
 
 # ---- `slurm:` inventories: Slurm allocates the hosts, so there is no `hosts:` list ----

@@ -37,6 +37,16 @@ DESCRIPTIONS = {
     "progress_regex": "What counts as a progress line for stall_timeout (default: any line of the ranks' output); "
                       "`up --progress-regex` wins",
     "hosts": "The machines, in node-rank order",
+    "quarantine": "How long a machine at fault is set aside (a GPU error at once; lost twice in a row): an age "
+                  "such as 2h, 90m or 1d, or seconds, from 1m to 30d (default 2h); `clusterddp quarantine release` "
+                  "lets it back",
+    "retry_job_failures": "true: a failure of the job itself (a Python exception, an exit, OOM, a timeout) also "
+                          "moves its host's part to a spare instead of ending the run (default false: it would "
+                          "fail there too)",
+    "restarts": "New attempts an attached run may make after a machine's failure, on a spare or fewer nodes "
+                "(up --max-restarts wins, and is also passed to torchrun; this is not)",
+    "spares": "Host entries (the same settings and defaults as hosts) used only to replace a host lost during a run "
+              "(with up --max-restarts or --nodes MIN:MAX); not used while every host is healthy",
     "notify": "Where a run's end (and a schedule's skipped firing) is told: webhooks and commands",
     "webhook": "A webhook URL (a secret: never printed): POSTed the event as JSON with a `text` field",
     "webhook_file": "A file (mode 0600) holding the webhook URL, relative to the inventory's folder",
@@ -103,6 +113,11 @@ def _shape(props: dict[str, Any], host_entry: bool) -> None:
     if "env" in props:
         props["env"]["anyOf"] = [{"type": "object", "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"},
                                   "additionalProperties": {"type": ["string", "integer"]}}, {"type": "null"}]
+    if "quarantine" in props:
+        from ._inventory_schema import QUARANTINE_MOST_S
+        props["quarantine"]["anyOf"] = [{"type": "string", "pattern": r"^(\s*[0-9]{1,9}\s*[smhd])+\s*$"},
+                                        {"type": "number", "minimum": 60, "maximum": QUARANTINE_MOST_S},
+                                        {"type": "null"}]
     if host_entry and "name" in props:
         props["name"]["pattern"] = f"^{HOST_NAME_RE.pattern}$"
         props["name"]["description"] = "The host's name: letters, digits, . _ - (it names the log file), not local"

@@ -22,6 +22,7 @@ from .model import (
     BUILTIN,
     DEFAULT_FANOUT,
     DEFAULT_MASTER_PORT,
+    DEFAULT_QUARANTINE_S,
     LOCAL,
     Host,
     Inventory,
@@ -170,7 +171,9 @@ def _login_host(data: dict, path: str, root: yaml.Node | None) -> Host:
 
 def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | None = None) -> Inventory:
     """The validated file ``inv`` as an Inventory; ``lines``: a hostfile's line of each host."""
-    envs = [(("defaults", "env"), inv.defaults.env)] + [(("hosts", i, "env"), h.env) for i, h in enumerate(inv.hosts)]
+    lists = (("hosts", inv.hosts), ("spares", getattr(inv, "spares", [])))
+    envs = [(("defaults", "env"), inv.defaults.env)] + [((key, i, "env"), h.env) for key, entries in lists
+                                                        for i, h in enumerate(entries)]
     for loc, env in envs:
         for k in env or ():
             why = reserved_env(k)
@@ -178,42 +181,54 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | Non
                 raise InventoryError(path, "a reserved name", field=_path_str((*loc, k)),
                                      line=_line_of(root, (*loc, k)), hint=why)
     seen: dict[str, int] = {}
-    for i, h in enumerate(inv.hosts):
-        if h.name in seen:
-            raise InventoryError(path, f"duplicate host name {show(h.name)} (also hosts[{seen[h.name]}])",
-                                 field=f"hosts[{i}].name", line=_line_of(root, ("hosts", i, "name")),
-                                 hint="give every host a unique name")
-        seen[h.name] = i
+    where: dict[str, str] = {}  # each name's entry, for a duplicate's message: hosts and spares share names
+    for key, entries in lists:
+        for i, h in enumerate(entries):
+            if h.name in where:
+                raise InventoryError(path, f"duplicate host name {show(h.name)} (also {where[h.name]})",
+                                     field=f"{key}[{i}].name", line=_line_of(root, (key, i, "name")),
+                                     hint="give every host and spare a unique name")
+            where[h.name] = f"{key}[{i}]"
+            if key == "hosts":
+                seen[h.name] = i
     d = inv.defaults
-    hosts = []
-    for i, h in enumerate(inv.hosts):
-        def pick(key: str, h: Any = h) -> Any:  # h bound now, not looked up at call time
-            v = getattr(h, key)
-            return v if v is not None else getattr(d, key)
-        env = {**(d.env or {}), **(h.env or {})}
-        gpus = pick("gpus") or BUILTIN["gpus"]
-        slots = tuple(sorted(gpus)) if isinstance(gpus, list) else None
-        hosts.append(Host(
-            name=h.name, address=h.address or h.name, user=pick("user"), port=pick("port"),
-            identity_file=pick("identity_file"), identity_from=_identity_from(path, root, lines, i, h, d),
-            known_hosts=pick("known_hosts") or BUILTIN["known_hosts"],
-            host_key_policy=pick("host_key_policy") or BUILTIN["host_key_policy"],
-            gpus=len(slots) if slots else gpus, slots=slots, lease_dir=pick("lease_dir"),
-            python=pick("python") or BUILTIN["python"],
-            workdir=pick("workdir") or BUILTIN["workdir"], env=tuple(env.items()),
-            setup=tuple(pick("setup") or ()),
-            connect_timeout=float(pick("connect_timeout") or BUILTIN["connect_timeout"]),
-            keepalive=float(BUILTIN["keepalive"] if pick("keepalive") is None else pick("keepalive"))))
+    hosts = [_host(path, root, lines, "hosts", i, h, d) for i, h in enumerate(inv.hosts)]
+    spares = tuple(_host(path, root, None, "spares", i, h, d) for i, h in enumerate(lists[1][1]))
     m = inv.master
     master_name = m.host or hosts[0].name
     if master_name not in seen:
-        raise InventoryError(path, f"{show(master_name)} is not one of the hosts", field="master.host",
-                             line=_line_of(root, ("master", "host")), hint=f"use one of: {some(list(seen))}")
+        spare = " (it is a spare)" if master_name in where else ""
+        raise InventoryError(path, f"{show(master_name)} is not one of the hosts{spare}",
+                             field="master.host", line=_line_of(root, ("master", "host")),
+                             hint=f"use one of: {some(list(seen))}")
     master_host = hosts[seen[master_name]]
     master = Master(master_name, m.addr or master_host.address, m.port or DEFAULT_MASTER_PORT, m.port is not None)
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
                      inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs, notify=_notify(inv.notify, path),
-                     **_watchdog(inv))
+                     quarantine_s=DEFAULT_QUARANTINE_S if inv.quarantine is None else float(inv.quarantine),
+                     retry_job_failures=inv.retry_job_failures,
+                     spares=spares, restarts=getattr(inv, "restarts", None), **_watchdog(inv))
+
+
+def _host(path: str, root: yaml.Node | None, lines: list[int] | None, key: str, i: int, h: Any, d: Any) -> Host:
+    """Entry ``i`` of ``key`` (``hosts`` or ``spares``: the same shape, the same defaults) as a Host."""
+    def pick(name: str) -> Any:
+        v = getattr(h, name)
+        return v if v is not None else getattr(d, name)
+    env = {**(d.env or {}), **(h.env or {})}
+    gpus = pick("gpus") or BUILTIN["gpus"]
+    slots = tuple(sorted(gpus)) if isinstance(gpus, list) else None
+    return Host(
+        name=h.name, address=h.address or h.name, user=pick("user"), port=pick("port"),
+        identity_file=pick("identity_file"), identity_from=_identity_from(path, root, lines, i, h, d, key),
+        known_hosts=pick("known_hosts") or BUILTIN["known_hosts"],
+        host_key_policy=pick("host_key_policy") or BUILTIN["host_key_policy"],
+        gpus=len(slots) if slots else gpus, slots=slots, lease_dir=pick("lease_dir"),
+        python=pick("python") or BUILTIN["python"],
+        workdir=pick("workdir") or BUILTIN["workdir"], env=tuple(env.items()),
+        setup=tuple(pick("setup") or ()),
+        connect_timeout=float(pick("connect_timeout") or BUILTIN["connect_timeout"]),
+        keepalive=float(BUILTIN["keepalive"] if pick("keepalive") is None else pick("keepalive")))
 
 
 def _notify(entries: list[Any], path: str) -> tuple[NotifyTarget, ...]:
@@ -234,12 +249,13 @@ def _watchdog(inv: Any) -> dict:
     return {"stall_timeout": float(s) if s is not None else None, "progress_regex": inv.progress_regex}
 
 
-def _identity_from(path: str, root: yaml.Node | None, lines: list[int] | None, i: int, h: Any, d: Any) -> str | None:
-    """Where host ``i``'s identity_file was set: its own entry, or the defaults (see :func:`_where`)."""
+def _identity_from(path: str, root: yaml.Node | None, lines: list[int] | None, i: int, h: Any, d: Any,
+                   key: str = "hosts") -> str | None:
+    """Where entry ``i`` of ``key``'s identity_file was set: its own entry, or the defaults (see :func:`_where`)."""
     if lines is not None:  # a hostfile: one line per host, no defaults
         return f"{path}:{lines[i]}: identity_file" if h.identity_file is not None else None
     if h.identity_file is not None:
-        return _where(path, root, ("hosts", i, "identity_file"))
+        return _where(path, root, (key, i, "identity_file"))
     if d.identity_file is not None:
         return _where(path, root, ("defaults", "identity_file"))
     return None

@@ -94,6 +94,7 @@ BUILTIN: dict[str, Any] = dict(host_key_policy="strict", gpus="auto", python="py
                                known_hosts="~/.ssh/known_hosts", connect_timeout=10.0, keepalive=5.0)
 DEFAULT_MASTER_PORT = 29500  # the first port tried when the master port is chosen
 DEFAULT_FANOUT = 32  # hosts contacted at once by fleet commands, like pdsh's default
+DEFAULT_QUARANTINE_S = 2 * 3600.0  # `quarantine:`: a machine at fault is set aside for 2 h
 MAX_GPUS = 1024  # processes per node (`gpus`, --gpus): far above any machine, low enough for torchrun's numbers
 
 
@@ -224,6 +225,11 @@ class Inventory:
     stall_timeout: float | None = None   # `up`'s stall watchdog, seconds (--stall-timeout wins); None: off
     progress_regex: str | None = None    # what a progress line is for it (--progress-regex wins); None: any line
     notify: tuple[NotifyTarget, ...] = ()  # `notify:`: told when a run ends (clusterddp.notify)
+    quarantine_s: float = DEFAULT_QUARANTINE_S  # `quarantine:`: how long a machine at fault is set aside
+    retry_job_failures: bool = False     # `retry_job_failures:`: a failure of the job moves to a spare too
+    # `spares:`: hosts that replace a host lost during a run (the SSH backend's attempt loop), in order
+    spares: tuple[Host, ...] = ()
+    restarts: int | None = None  # `restarts:`: new attempts after a machine's failure (--max-restarts wins)
 
     def ranked(self) -> list[Host]:
         """The hosts in node-rank order: the master first (node rank 0 serves torchrun's static
@@ -231,27 +237,39 @@ class Inventory:
         return sorted(self.hosts, key=lambda h: h.name != self.master.host)
 
     def select(self, names: list[str]) -> Inventory:
-        """The same inventory restricted to ``names`` (kept in inventory order)."""
+        """The same inventory restricted to ``names`` (kept in inventory order; its spares kept)."""
         known = {h.name for h in self.hosts}
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise InventoryError(self.path, f"--hosts names {some(unknown)}, not in the inventory",
-                                 hint=f"choose from: {some(sorted(known))}")
-        hosts = tuple(h for h in self.hosts if h.name in names)
+            spare = [n for n in unknown if n in {s.name for s in self.spares}]
+            raise InventoryError(self.path, f"--hosts names {some(unknown)}, not in the inventory's hosts"
+                                 + (f" ({some(spare)}: a spare, used only to replace a lost host)" if spare else ""),
+                                 hint=f"choose from: {some(sorted(known))}"
+                                 + ("; to run on a spare from the start, list it under hosts:" if spare else ""))
+        return self.in_use(tuple(h for h in self.hosts if h.name in names))
+
+    def in_use(self, hosts: tuple[Host, ...], spares: tuple[Host, ...] | None = None) -> Inventory:
+        """The same inventory running on ``hosts`` (in the order given: a run's hosts in inventory order,
+        then the spares that replaced lost ones), with ``spares`` left (default: its own). The master
+        stays where it is when it is among them; otherwise the first of them leads."""
         master = self.master
-        if master.host not in names:  # the master left the subset: the first chosen host leads
+        if master.host not in {h.name for h in hosts}:  # the master left: the first host leads
             master = Master(hosts[0].name, hosts[0].address, master.port, master.port_fixed)
         return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs,
                          stall_timeout=self.stall_timeout, progress_regex=self.progress_regex,
-                         notify=self.notify)
+                         notify=self.notify, quarantine_s=self.quarantine_s,
+                         retry_job_failures=self.retry_job_failures,
+                         spares=self.spares if spares is None else spares,
+                         restarts=self.restarts)
 
     def narrow(self, hosts: list[str] | None = None, exclude: list[str] | None = None) -> Inventory:
         """``--hosts`` then ``--exclude``: the chosen hosts (all when None) less the excluded ones,
-        in inventory order. Every name given must be one of the inventory's hosts."""
+        in inventory order. Every name given must be one of the inventory's hosts; ``--exclude`` may also
+        name spares, which are then left out of the run too (``--hosts`` chooses among hosts only)."""
         inv = self if hosts is None else self.select(hosts)
         if not exclude:
             return inv
-        known = {h.name for h in self.hosts}
+        known = {h.name for h in self.hosts} | {s.name for s in self.spares}
         unknown = [n for n in exclude if n not in known]
         if unknown:
             raise InventoryError(self.path, f"--exclude names {some(unknown)}, not in the inventory",
@@ -260,4 +278,5 @@ class Inventory:
         if not left:
             raise InventoryError(self.path, "--exclude leaves no host to run on",
                                  hint="exclude fewer hosts" + (" or choose others with --hosts" if hosts else ""))
-        return inv.select(left)
+        narrowed = inv.select(left)
+        return narrowed.in_use(narrowed.hosts, tuple(s for s in inv.spares if s.name not in exclude))

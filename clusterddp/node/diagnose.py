@@ -8,7 +8,10 @@ Run by ``plan.diagnose_command`` with the run's control folder and a JSON reques
   master's port (``ok``, ``refused``, ``timed out`` or the error)?
 - ``{"mode": "report"}``: the same ``joined``, the per-rank error files torchrun's workers
   wrote there (``TORCHELASTIC_ERROR_FILE``), the kernel log lines about the OOM killer and GPU
-  Xid errors, and on a node with ``nvidia-smi``, its snapshot.
+  Xid errors (``dmesg``, else ``journalctl -k``: each line keeps its stamp, seconds since boot) with
+  when the node booted and when its job started and ended (wall time: the control folder's ``pid`` and
+  ``exit_code`` files), so the launcher counts only what happened during the job, and on a node with
+  ``nvidia-smi``, its snapshot.
 
 It answers with one JSON line. Everything is bounded on this side (the limits below), and
 :func:`read_answer` trusts none of it on the launcher: sizes, types and counts are checked again.
@@ -25,6 +28,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for type checkers only: see clusterddp/node/__init__.py
@@ -180,11 +184,28 @@ def _command(argv: "list[str]", limit: int) -> "tuple[str | None, str | None]":
 
 
 def kernel_lines() -> "dict":
+    """The kernel log's lines about the OOM killer and GPU errors, each with its ``[seconds since boot]``
+    stamp (journalctl's short-monotonic has the same), and when this node booted (wall time)."""
     out, why = _command(["dmesg"], 4 << 20)
-    if out is None:
-        return {"error": why}
+    if out is None:  # a user may not read dmesg (kernel.dmesg_restrict) but may read the journal
+        out, also = _command(["journalctl", "-k", "-o", "short-monotonic", "-q", "--no-pager", "-n", "20000"],
+                             4 << 20)
+        if out is None:
+            return {"error": "dmesg: %s; journalctl -k: %s" % (why, also)}
     lines = [line[:MAX_LINE_CHARS] for line in out.splitlines() if _KERNEL.search(line)]
-    return {"lines": lines[-MAX_KERNEL_LINES:]}
+    return {"lines": lines[-MAX_KERNEL_LINES:], "boot": time.time() - time.monotonic()}
+
+
+def job_times(ctl: str) -> "dict":
+    """When this node's job started (its ``pid`` file, written as it starts) and ended (its ``exit_code``
+    file), wall time; absent when not known."""
+    out = {}  # type: dict
+    for key, name in (("started", "pid"), ("ended", "exit_code")):
+        try:
+            out[key] = os.stat(os.path.join(ctl, name)).st_mtime
+        except OSError:
+            pass
+    return out
 
 
 def main(argv: "list[str]", stdout: "Any" = None) -> int:
@@ -199,6 +220,7 @@ def main(argv: "list[str]", stdout: "Any" = None) -> int:
         got = _tail_of(os.path.join(ctl, "node.log"), MAX_LOG)
         answer["log"] = got.decode("utf-8", "replace") if got is not None else None
         answer["kernel"] = kernel_lines()
+        answer["job"] = job_times(ctl)
         smi = None
         for d in os.environ.get("PATH", "").split(os.pathsep):
             if d and os.access(os.path.join(d, "nvidia-smi"), os.X_OK):
@@ -224,9 +246,17 @@ def _str(v: object, limit: int, what: str) -> str:
     return v[:limit]
 
 
+def _time(v: object) -> "float | None":
+    """A wall time a node sent: a finite number of seconds since the epoch (before 5138, the year), else None."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e11:
+        return float(v)
+    return None
+
+
 def read_answer(data: bytes) -> "dict":
     """The node's answer, checked: {"joined": bool, "reach": str | None, "errors": [{attempt,
     local_rank, data, truncated}], "kernel_lines": [str], "kernel_error": str | None,
+    "kernel_boot", "job_started", "job_ended": wall time (seconds since the epoch) or None,
     "nvidia_smi": str | None, "log": str | None (the end of node.log)}.
     Raises :class:`AnswerError` for anything else."""
     if len(data) > MAX_ANSWER:
@@ -241,7 +271,7 @@ def read_answer(data: bytes) -> "dict":
     if not isinstance(a, dict) or not isinstance(a.get("joined"), bool):
         raise AnswerError("not an answer object")
     out = {"joined": a["joined"], "reach": None, "errors": [], "kernel_lines": [], "kernel_error": None,
-           "nvidia_smi": None, "log": None}  # type: dict
+           "kernel_boot": None, "job_started": None, "job_ended": None, "nvidia_smi": None, "log": None}  # type: dict
     if a.get("log") is not None:
         out["log"] = _str(a["log"], MAX_LOG, "log")
     if a.get("reach") is not None:
@@ -264,6 +294,10 @@ def read_answer(data: bytes) -> "dict":
             out["kernel_lines"] = [_str(x, MAX_LINE_CHARS, "kernel.lines") for x in kernel["lines"][-MAX_KERNEL_LINES:]]
         elif kernel.get("error") is not None:
             out["kernel_error"] = _str(kernel["error"], MAX_LINE_CHARS, "kernel.error")
+        out["kernel_boot"] = _time(kernel.get("boot"))
+    job = a.get("job")
+    if isinstance(job, dict):
+        out["job_started"], out["job_ended"] = _time(job.get("started")), _time(job.get("ended"))
     if a.get("nvidia_smi") is not None:
         out["nvidia_smi"] = _str(a["nvidia_smi"], MAX_SMI_BYTES, "nvidia_smi")
     return out

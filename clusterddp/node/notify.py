@@ -13,6 +13,10 @@ POSTs it to each webhook that wants it (each try bounded by the target's timeout
 failure may pass: no answer, 5xx, 429; never a redirect), writes one line per target to its stdout
 (``CTL/notify.log``) and each failure's line to the job's log too, and removes the request.
 
+``notify ended CTL EXIT_CODE HOSTS``: the same, by a caller that saw the job end and knows its exit code
+(a Slurm batch script after its srun step, on the allocation's first node; HOSTS: the allocation's,
+node 0 first, comma-separated): nothing waited for.
+
 ``notify reach HOST PORT SECONDS``: one TCP connect to a receiver, bounded; prints one line,
 :data:`MARK` and ``{"ok": bool, "said": text, "s": seconds}`` (:func:`parse_reach` reads it).
 
@@ -256,15 +260,21 @@ def _read_request(ctl: str) -> "dict | None":
         return None
 
 
-def send(ctl: str, marker: str, out: "Any" = None, sleep=time.sleep) -> int:
+def send(ctl: str, marker: str, out: "Any" = None, sleep=time.sleep, seen: "tuple[int, str] | None" = None) -> int:
     """The whole ``notify send``; returns its exit code (0: every target told, 1: one was not, 2: nothing
-    to do: no request, or the end was told already)."""
+    to do: no request, or the end was told already). ``seen``: ``notify ended``, whose caller saw the job
+    end (a Slurm batch script after its srun step): (its exit code, the run's hosts, node 0 first,
+    comma-separated: the launcher did not know them yet), nothing waited for."""
     out = out or sys.stdout
-    code, ended = wait_end(ctl, marker, sleep)
+    code, ended = (seen[0], time.time()) if seen else wait_end(ctl, marker, sleep)
     request = _read_request(ctl)
     if request is None:
         print("notify: no readable %s: nothing sent" % REQUEST, file=out, flush=True)
         return 2
+    if seen:
+        hosts = [h[:MAX_SAID] for h in seen[1].split(",") if h][:4096] or ["?"]
+        request["host"] = hosts[0]
+        request["event"]["hosts"] = request["event"].get("hosts") or hosts
     if not _claim(ctl):
         print("notify: this run's end was told already", file=out, flush=True)
         return 2
@@ -353,10 +363,13 @@ def main(argv: "list[str]", stdout: "Any" = None) -> int:
     out = stdout or sys.stdout
     if len(argv) == 3 and argv[0] == "send":
         return send(argv[1], argv[2], out)
+    if len(argv) == 4 and argv[0] == "ended" and argv[2].lstrip("-").isdigit():
+        return send(argv[1], "", out, seen=(int(argv[2]), argv[3]))
     if len(argv) == 4 and argv[0] == "reach":
         print(MARK + json.dumps(reach(argv[1], int(argv[2]), float(argv[3]))), file=out, flush=True)
         return 0
-    print("usage: notify send CTL MARKER | notify reach HOST PORT SECONDS", file=sys.stderr)
+    print("usage: notify send CTL MARKER | notify ended CTL EXIT_CODE HOSTS | notify reach HOST PORT SECONDS",
+          file=sys.stderr)
     return 2
 
 

@@ -47,33 +47,52 @@ ODD = st.sampled_from(["\x00", "\ud800", "\udfff", "\x1b]0;title\x07", "\x1b[2J"
 ODD_TEXT = st.builds(lambda a, b, c: a + b + c, TEXT, ODD, TEXT)
 
 
+# Every strategy below is built once, here: a strategy made inside a draw (``st.none() | TEXT`` in a
+# composite) is built and validated again for every field of every case, which cost more than the
+# cases themselves. The same fields, the same values.
+OPT_TEXT = st.none() | TEXT
+OPT_PORT = st.none() | st.integers(1, 65535)
+COUNT = st.integers(1, 64) | st.just("auto")
+NPROC = st.integers(1, 16) | st.just("auto")
+POLICY = st.sampled_from(["strict", "accept-new"])
+TRANSPORT = st.sampled_from(["ssh", "local"])
+SECONDS = st.floats(0.001, 1e6, allow_nan=False)
+KEEPALIVE = st.floats(0, 1e6, allow_nan=False)
+ENV = st.dictionaries(ENV_NAMES, TEXT, max_size=3)
+TEXTS_2, TEXTS_3, TEXTS_4 = (st.lists(TEXT, max_size=n) for n in (2, 3, 4))
+NODE_STATE = st.sampled_from(list(NodeState))
+RUN_STATUS = st.sampled_from(list(RunStatus))
+EXIT = st.none() | st.integers(-(2 ** 31), 2 ** 31)
+HOST_NAMES = st.lists(NAMES, min_size=1, max_size=3, unique=True)
+
+
 @st.composite
 def hosts(draw, name: str) -> Host:
-    return Host(name=name, address=draw(TEXT), user=draw(st.none() | TEXT),
-                port=draw(st.none() | st.integers(1, 65535)), identity_file=draw(st.none() | TEXT),
-                known_hosts=draw(TEXT), host_key_policy=draw(st.sampled_from(["strict", "accept-new"])),
-                gpus=draw(st.integers(1, 64) | st.just("auto")), python=draw(TEXT), workdir=draw(TEXT),
-                env=tuple(draw(st.dictionaries(ENV_NAMES, TEXT, max_size=3)).items()),
-                setup=tuple(draw(st.lists(TEXT, max_size=2))),
-                connect_timeout=draw(st.floats(0.001, 1e6, allow_nan=False)),
-                transport=draw(st.sampled_from(["ssh", "local"])),
-                keepalive=draw(st.floats(0, 1e6, allow_nan=False)))
+    return Host(name=name, address=draw(TEXT), user=draw(OPT_TEXT),
+                port=draw(OPT_PORT), identity_file=draw(OPT_TEXT),
+                known_hosts=draw(TEXT), host_key_policy=draw(POLICY),
+                gpus=draw(COUNT), python=draw(TEXT), workdir=draw(TEXT),
+                env=tuple(draw(ENV).items()),
+                setup=tuple(draw(TEXTS_2)),
+                connect_timeout=draw(SECONDS),
+                transport=draw(TRANSPORT),
+                keepalive=draw(KEEPALIVE))
 
 
 @st.composite
 def records(draw) -> RunRecord:
-    names = draw(st.lists(NAMES, min_size=1, max_size=3, unique=True))
-    nodes = tuple(NodeRecord(host=h, address=draw(TEXT), node_rank=i, nproc=draw(st.integers(1, 16) | st.just("auto")),
+    names = draw(HOST_NAMES)
+    nodes = tuple(NodeRecord(host=h, address=draw(TEXT), node_rank=i, nproc=draw(NPROC),
                              run_dir=draw(TEXT), control_dir=draw(TEXT), marker=draw(TEXT), settings=draw(hosts(h)),
-                             state=draw(st.sampled_from(list(NodeState))),
-                             exit_code=draw(st.none() | st.integers(-(2 ** 31), 2 ** 31)), error=draw(st.none() | TEXT))
+                             state=draw(NODE_STATE),
+                             exit_code=draw(EXIT), error=draw(OPT_TEXT))
                   for i, h in enumerate(names))
-    return RunRecord(run_id=RID, name=draw(st.none() | TEXT), inventory=draw(TEXT), script=draw(TEXT),
-                     args=tuple(draw(st.lists(TEXT, max_size=4))), status=draw(st.sampled_from(list(RunStatus))),
-                     failed_host=draw(st.none() | st.sampled_from(names)), schedule=draw(st.none() | TEXT),
-                     local=draw(st.booleans()), started_at=draw(TEXT), ended_at=draw(st.none() | TEXT),
+    return RunRecord(run_id=RID, name=draw(OPT_TEXT), inventory=draw(TEXT), script=draw(TEXT),
+                     args=tuple(draw(TEXTS_4)), status=draw(RUN_STATUS),
+                     failed_host=draw(st.none() | st.sampled_from(names)), schedule=draw(OPT_TEXT),
+                     local=draw(st.booleans()), started_at=draw(TEXT), ended_at=draw(OPT_TEXT),
                      launch_dir=draw(TEXT), master_addr=draw(TEXT), master_port=draw(st.integers(1, 65535)),
-                     collect=tuple(draw(st.lists(TEXT, max_size=3))), nodes=nodes,
+                     collect=tuple(draw(TEXTS_3)), nodes=nodes,
                      fanout=draw(st.integers(1, 1024)), schema=SCHEMA)
 
 

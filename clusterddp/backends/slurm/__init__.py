@@ -22,10 +22,16 @@ if TYPE_CHECKING:
 class SlurmBackend:
     name = "slurm"
     checks: frozenset[str] = frozenset()  # check --collective and --diff need an inventory that lists the hosts
-    detached_notify = False  # a detached Slurm run is not told of its end (yet)
+    detached_notify = True  # a detached run's batch script tells its end, on node 0 (plan.notify_lines)
 
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
         from . import job
+        if req.nodes is not None:  # Slurm allocates the nodes: its own range says how many
+            from ...errors import UsageError
+            raise UsageError(f"--nodes: for inventories that list hosts; {req.inventory.path} is a slurm: inventory, "
+                             "where Slurm allocates the nodes",
+                             "leave --nodes out and set the count or range in the inventory's slurm.nodes "
+                             "(e.g. nodes: \"2:4\")")
         return job.prepare_request(req, contact=contact)
 
     def render(self, prep: base.Prepared, req: base.LaunchRequest) -> str:

@@ -55,6 +55,12 @@ def stage_command(run_dir: str, control_dir: str) -> str:
             f"mkdir -m 700 {q(control_dir + '/nodes')} && tar -xzpf - --no-same-owner")
 
 
+def stop_mark_command(control_dir: str, name: str) -> str:
+    """Leave `clusterddp stop`'s mark (``name``, empty, 0600) in a run's control folder: a batch
+    script that tells the run's end (:func:`.plan.notify_lines`) then tells it as stopped."""
+    return f"(umask 077 && : > {q(control_dir + '/' + name)})"
+
+
 def remove_tree_command(path: str) -> str:
     """Remove a folder clusterddp made on the login host (check's probe folder)."""
     return f"rm -rf -- {q(path)}"

@@ -20,6 +20,7 @@ from ... import nodescript as NS
 from ...artifacts import CollectResult
 from ...errors import HostError, SlurmAnswerError, UsageError
 from ...fleet import fan_out
+from ...node import notify as node_notify
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus, ended_at
 from ...store import RunStore
 from ..base import RunOutcome, Stopped
@@ -131,16 +132,30 @@ def job_state(rec: RunRecord) -> str | None:
 
 
 def stop(store: RunStore, run_id: str) -> Stopped:
-    """scancel the job, wait until Slurm says it ended, mark the run stopped, collect its logs."""
+    """scancel the job, wait until Slurm says it ended, mark the run stopped, collect its logs. First the
+    stop mark is left in the run's control folder, so that a batch script that tells the run's end
+    (a detached run with webhooks) tells it as stopped."""
     rec = store.load(run_id)
     job_id, ctl = _job(rec)
     with _login(rec) as login:
+        _mark_stop(login, rec, ctl)
         info = slurm.cancel(login, job_id)
         found = _read(rec, login, info, stopped=rec.status is RunStatus.RUNNING)
         rec = store.update(run_id, lambda r: _seen(r, info, found))
         assert rec.slurm is not None
         logs = slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), ())
     return Stopped(rec, {n.host: "cancelled by scancel" for n in rec.nodes}, (), [logs])
+
+
+def _mark_stop(login: Login, rec: RunRecord, ctl: str) -> None:
+    """Leave the stop mark (:func:`.commands.stop_mark_command`) where the shared folder is. Best effort:
+    the job is cancelled all the same (its end is then told as failed, not stopped)."""
+    assert rec.slurm is not None
+    try:
+        t, _ = login.collect_host(rec.slurm.run_dir)
+        t.run(SC.stop_mark_command(ctl, node_notify.STOP_MARK), timeout=30)
+    except Exception:  # noqa: BLE001 - a stop goes on without its mark
+        pass
 
 
 def collect(store: RunStore, run_id: str, globs: tuple[str, ...] | None = None) -> list[CollectResult]:

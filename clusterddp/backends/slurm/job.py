@@ -29,6 +29,7 @@ from ...artifacts import CollectResult
 from ...errors import HostError, NodeOutcome, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
 from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
+from ...node import notify as node_notify
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
 from ...store import RunStore, new_run_id, utcnow
 from ...transport import Transport
@@ -84,9 +85,10 @@ def checked(login: Login, args: list[str], timeout: float = 60) -> str:
 
 
 def prepare(inventory: Inventory, spec: P.RunSpec, runs_dir: str, script: Path, run_id: str | None = None,
-            *, contact: bool = False) -> Prepared:
+            *, contact: bool = False, notify: bool = False) -> Prepared:
     """Plan the run; nothing written. A remote login host is asked for its home (where ``~`` in
-    slurm.shared_dir is) only with ``contact``; otherwise (--dry-run, `schedule add`) the path is shown as written."""
+    slurm.shared_dir is) only with ``contact``; otherwise (--dry-run, `schedule add`) the path is shown as written.
+    ``notify``: the batch script tells the run's end (a detached run with webhooks: :func:`plan.notify_lines`)."""
     assert inventory.slurm is not None
     login = open_login(inventory.slurm.login)
     base = login.shared_dir(inventory.slurm) if contact or login.host is None else inventory.slurm.shared_dir
@@ -94,7 +96,7 @@ def prepare(inventory: Inventory, spec: P.RunSpec, runs_dir: str, script: Path, 
         raise UsageError(f"{inventory.path}: slurm.shared_dir: {base!r} holds white space or a control character, "
                          "which #SBATCH lines cannot carry", "choose a folder whose path has none")
     store = RunStore(runs_dir)
-    plan = SP.build(inventory, spec, run_id or new_run_id(), base)
+    plan = SP.build(inventory, spec, run_id or new_run_id(), base, notify=notify)
     return Prepared(plan, store, script.resolve().parent, login)
 
 
@@ -108,12 +110,17 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
                        node=SP.node_host(plan.settings)))
 
 
-def stage(prep: Prepared, folder: SourceFolder | None) -> None:
+def stage(prep: Prepared, folder: SourceFolder | None, notify_request: bytes | None = None) -> None:
     """Copy the script's folder (what the upload would send) into the run folder in the shared dir;
-    write job.sbatch and node.sh (0600, in the 0700 control folder: node.sh holds the env values)."""
+    write job.sbatch and node.sh (0600, in the 0700 control folder: node.sh holds the env values), and
+    for a batch script that tells the run's end, the node program and ``notify_request`` (the webhook
+    URLs: a secret, so 0600 too, and never on a command line: it travels inside the staged stream)."""
     plan = prep.plan
-    prep.login.stage(plan.run_dir, plan.control_dir, folder,
-                     {SP.BATCH: plan.batch_script, SP.NODE_SCRIPT: plan.node_script})
+    private = {SP.BATCH: plan.batch_script, SP.NODE_SCRIPT: plan.node_script}
+    if plan.notify and notify_request is not None:
+        private[SP.NOTIFY_PROGRAM] = NS.node_source("notify")
+        private[node_notify.REQUEST] = notify_request.decode()
+    prep.login.stage(plan.run_dir, plan.control_dir, folder, private)
 
 
 def submit(prep: Prepared) -> str:
@@ -398,7 +405,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             on_state: Callable[[JobInfo], None] = lambda i: None,
             on_collect: Callable[[CollectResult], None] = lambda r: None,
             folder: SourceFolder | None = None, on_note: Callable[[str], None] = lambda s: None,
-            grace: float = FOLLOW_GRACE, runs_dir_flag: str = "") -> RunOutcome | None:
+            grace: float = FOLLOW_GRACE, runs_dir_flag: str = "",
+            notify_request: bytes | None = None) -> RunOutcome | None:
     """Stage, submit and (unless ``detach``) follow the job to its end, collect and record the outcome.
 
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C (the job
@@ -412,7 +420,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     job_id: str | None = None
     interrupted = False
     try:
-        stage(prep, folder)
+        stage(prep, folder, notify_request)
         with _interrupts_held():
             job_id = submit(prep)
             store.update(run_id, lambda rec: replace(rec, slurm=replace(rec.slurm, job_id=job_id)
@@ -506,7 +514,14 @@ def prepare_request(req: base.LaunchRequest, *, contact: bool = False) -> Prepar
         raise UsageError(f"--stall-timeout: slurm.nodes is a range ({s.nodes[0]}-{s.nodes[1]}); the stall watchdog "
                          "needs to know how many nodes watch", "give slurm.nodes one number, or leave the stall "
                          "timeout off for this run (--stall-timeout 0)")
-    return prepare(req.inventory, req.spec, req.runs_dir, base.check_script(req.spec.script), contact=contact)
+    return prepare(req.inventory, req.spec, req.runs_dir, base.check_script(req.spec.script), contact=contact,
+                   notify=req.detach and bool(_webhooks(req)))
+
+
+def _webhooks(req: base.LaunchRequest) -> list:
+    """The targets the batch script of a detached run tells (webhooks; a command is the launcher's)."""
+    from ... import notify
+    return notify.from_node(req.notify)[0]
 
 
 def scan(prep: Prepared, req: base.LaunchRequest) -> SourceFolder:
@@ -538,6 +553,21 @@ def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutco
         prep.login.close()
 
 
+def _notify_request(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> bytes | None:
+    """A detached run with notification targets: the request its batch script reads (the webhooks;
+    node 0's host is filled in there), and a warning for each command target, which only an attached
+    launcher tells. None when the batch script tells nothing."""
+    if not req.detach or not req.notify:
+        return None
+    from ... import notify
+    webhooks, launcher_only = notify.from_node(req.notify)
+    for line in notify.not_told_detached(launcher_only):
+        events.warn(line)
+    if not webhooks or not prep.plan.notify:
+        return None
+    return notify.node_request(prep.store.load(prep.plan.run_id), "", webhooks)
+
+
 def _up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutcome | None:
     run_id = prep.plan.run_id
     folder = scan(prep, req)
@@ -551,14 +581,19 @@ def _up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutc
         if info.hosts:
             events.hosts(info.hosts)
     rd = req.runs_dir_flag
+    request = _notify_request(prep, req, events)
     # keep_runs is not applied to Slurm runs: prune reaches a run's nodes over SSH, which a Slurm
     # run's nodes are not (its folder is in the shared dir, under the login host).
     result = execute(prep, events.output, detach=req.detach, on_state=on_state, folder=folder,
                      on_collect=lambda r: events.collected(r, "the run folder"), on_note=events.warn,
-                     runs_dir_flag=rd)
+                     runs_dir_flag=rd, notify_request=request)
     if req.detach:
         rec = prep.store.load(run_id)
         job = rec.slurm.job_id if rec.slurm else "?"
+        if request is not None:
+            from ... import notify
+            events.say("notify: the batch script, on the job's first node (node 0), tells this run's end to "
+                       + ", ".join(notify.label(t) for t in _webhooks(req)))
         events.say(f"detached; slurm job {job} runs on without this command.\n"
                    f"  follow: clusterddp logs {run_id} --follow{rd}\n"
                    f"  status: clusterddp status {run_id}{rd}\n"

@@ -7,6 +7,11 @@ with a control folder ``.clusterddp/`` holding ``job.sbatch`` (given to ``sbatch
 (the batch step's own output) and, per node, ``nodes/<host>/`` with its ``node.log``, ``exit_code``
 and ``errors/`` (torchrun's ``--log-dir``), as an SSH node's control folder has them.
 
+A detached run with webhooks to tell (``notify``) also has ``notify.py`` (the node program) and
+``notify.json`` (its request: the webhook URLs, a secret, so 0600 too) there: the batch script, on
+the allocation's first node (node 0), tells the run's end itself once its srun step has ended
+(:func:`notify_lines`), so no launcher need be attached.
+
 Inside the job one ``srun`` step with one task per node runs node.sh, which starts torchrun with
 c10d rendezvous (id = the job id) hosted on the allocation's first host; the master's address is
 Slurm's ``NodeAddr`` for it, resolved on the node, and each node finds the interface that routes
@@ -23,11 +28,14 @@ from dataclasses import dataclass
 from ... import nodescript as NS
 from ... import plan as P
 from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
+from ...node import notify as node_notify
 
 BATCH = "job.sbatch"
 NODE_SCRIPT = "node.sh"
 NODES = "nodes"  # <control>/nodes/<host>/: each node's own folder, apart from node.log whatever a host is called
 BATCH_LOG = "node.log"  # the name collect reads as the log of the pseudo-host `shared`
+NOTIFY_PROGRAM = "notify.py"  # the node program `notify`, staged for a detached run with webhooks
+NOTIFY_LOG = "notify.log"  # what the batch script's notifier said: one line per target
 # Without --master-port, each job's rendezvous port comes from its id: two jobs sharing a node
 # (Slurm may pack them) do not collide.
 _PORT_FROM_JOB = "$((20000 + SLURM_JOB_ID % 20000))"
@@ -44,6 +52,7 @@ class SlurmPlan:
     batch_script: str            # the text of job.sbatch
     node_script: str             # the text of node.sh
     collect: tuple[str, ...]
+    notify: bool = False         # the batch script tells the run's end (a detached run with webhooks)
 
     @property
     def batch_path(self) -> str:
@@ -78,19 +87,20 @@ def node_host(s: SlurmSettings, name: str = "slurm") -> Host:
                 connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
 
 
-def build(inventory: Inventory, spec: P.RunSpec, run_id: str, shared_dir: str) -> SlurmPlan:
-    """Plan a Slurm run; ``shared_dir`` is the inventory's, with ``~`` already expanded by the caller."""
+def build(inventory: Inventory, spec: P.RunSpec, run_id: str, shared_dir: str, notify: bool = False) -> SlurmPlan:
+    """Plan a Slurm run; ``shared_dir`` is the inventory's, with ``~`` already expanded by the caller.
+    ``notify``: the batch script tells the run's end (:func:`notify_lines`; `up --detach` with webhooks)."""
     s = inventory.slurm
     assert s is not None, "build() takes a `slurm:` inventory"
     run_dir = posixpath.join(shared_dir, "runs", run_id)
     ctl = posixpath.join(run_dir, NS.CONTROL)
     collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
     node = _node_script(s, spec, run_id, run_dir, ctl)
-    batch = _batch_script(s, spec, run_id, ctl)
-    return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, collect)
+    batch = _batch_script(s, spec, run_id, ctl, notify)
+    return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, collect, notify)
 
 
-def _batch_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, ctl: str) -> str:
+def _batch_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, ctl: str, notify: bool = False) -> str:
     lo, hi = s.nodes
     opts = [f"--job-name=clusterddp-{run_id}", f"--nodes={lo}" if lo == hi else f"--nodes={lo}-{hi}",
             "--ntasks-per-node=1", f"--output={ctl}/{BATCH_LOG}", f"--chdir={ctl}"]
@@ -108,20 +118,64 @@ def _batch_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, ctl: str) -> s
         "# The allocation's first host hosts the rendezvous; node.sh finds its address.",
         'cddp_master=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "# --kill-on-bad-exit: one node failing ends the step on every node.",
-        'srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 '
-        '--ntasks="$SLURM_JOB_NUM_NODES" bash "$CTL/' + NODE_SCRIPT + '" "$cddp_master"',
-        "rc=$?",
     ]
+    srun = ('srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 '
+            '--ntasks="$SLURM_JOB_NUM_NODES" bash "$CTL/' + NODE_SCRIPT + '" "$cddp_master"')
+    if not notify:
+        lines += [srun, "rc=$?"]
+    else:
+        lines += [
+            "# `clusterddp stop` (scancel) and the time limit end the job with TERM, then SIGKILL KillWait",
+            "# seconds later: TERM is noted (not this script's end), so that it tells the run's end at once.",
+            "cddp_term=0",
+            "trap 'cddp_term=1' TERM",
+            srun + " &",
+            "cddp_srun=$!",
+            'wait "$cddp_srun"; rc=$?',
+        ]
     if spec.max_restarts > 0:
         lines += [
             "# A failed attempt with restarts left goes back to the queue; the script resumes from its checkpoint.",
-            f'if [ "$rc" -ne 0 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {spec.max_restarts} ]; then',
+            f'if [ "$rc" -ne 0 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {spec.max_restarts} ]'
+            + (' && [ "$cddp_term" = 0 ]; then' if notify else "; then"),
             '  echo "[clusterddp] attempt $((${SLURM_RESTART_COUNT:-0} + 1)) failed (exit $rc): requeue"',
-            '  scontrol requeue "$SLURM_JOB_ID"',
+            # told: only the run's final end (a requeue that Slurm refused falls through to it)
+            '  scontrol requeue "$SLURM_JOB_ID"' + (' && exit "$rc"' if notify else ""),
             "fi",
         ]
+    if notify:
+        lines += notify_lines(s)
     lines += ['exit "$rc"', ""]
     return "\n".join(lines)
+
+
+def notify_lines(s: SlurmSettings) -> list[str]:
+    """The batch script's end for a detached run with webhooks: the node program ``notify ended``
+    (staged as ``notify.py``) tells the run's end from node 0's own folder (``nodes/<first host>/``:
+    its errors, hang record and log, as an SSH node 0's control folder holds them), with srun's exit
+    code and the allocation's hosts; the request (``notify.json``) and the stop mark
+    `clusterddp stop` left (``stop``, its time
+    kept) moved there first. After the host's setup lines (they may set a proxy), their output
+    discarded; the notifier's lines in ``notify.log``; TERM ignored (inherited through exec). Bounded by
+    the request's own bound, and by Slurm: after a TERM, what is left of KillWait before its SIGKILL.
+    Then srun is waited for, if TERM cut the wait for it short."""
+    n0 = f'"$CTL/{NODES}/$cddp_master"'
+    setup = NS.preamble(node_host(s), (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    start = " ".join([NS.q(s.python), "-S", f'"$CTL/{NOTIFY_PROGRAM}"', "ended", n0, '"$rc"', '"$cddp_hosts"'])
+    return [
+        "# The run's end, told to its webhooks by this node (node 0): up --detach left the request.",
+        'cddp_hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd , -)',
+        f'if [ -f "$CTL/{node_notify.REQUEST}" ] && (umask 077 && mkdir -p {n0}); then',
+        f'  [ -f "$CTL/{node_notify.STOP_MARK}" ] && cp -p "$CTL/{node_notify.STOP_MARK}" '
+        f'{n0}/{node_notify.STOP_MARK}',
+        f'  mv -f "$CTL/{node_notify.REQUEST}" {n0}/{node_notify.REQUEST} && (',
+        "    trap '' TERM  # a TERM now (a stop just after the job's own end) does not cut the telling short",
+        *setup,
+        f"    exec {start}",
+        f'  ) >> "$CTL/{NOTIFY_LOG}" 2>&1 < /dev/null',
+        "fi",
+        'if [ "$cddp_term" = 1 ]; then wait "$cddp_srun"; fi  # what TERM left of the step',
+    ]
 
 
 def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, ctl: str) -> str:

@@ -26,7 +26,7 @@ class SSHBackend:
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
         from . import launch
         return launch.prepare(req.inventory_arg, req.spec, req.runs_dir, req.hosts, exclude=req.exclude,
-                              loaded=req.inventory, slots=req.slots)
+                              loaded=req.inventory, slots=req.slots, nodes=req.nodes)
 
     def render(self, prep: base.Prepared, req: base.LaunchRequest) -> str:
         from ... import plan

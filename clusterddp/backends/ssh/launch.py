@@ -29,10 +29,12 @@ from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
 from .. import base
 from ..base import RunOutcome
+from . import attempts
 from .supervisor import Supervisor
 
 if TYPE_CHECKING:  # leases are not needed by `up local`
     from ...leases import Lease
+    from ...policy import Decision
 
 
 @dataclass(frozen=True)
@@ -41,22 +43,31 @@ class Prepared:
     store: RunStore
     source_dir: Path
     folder: upload.SourceFolder | None = None  # what the upload sends, as scanned when planning
+    notes: tuple[str, ...] = ()  # lines `up` says once the run is recorded (a spare in place of a quarantined host)
 
 
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
             run_id: str | None = None, exclude: list[str] | None = None,
-            loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None) -> Prepared:
+            loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None,
+            nodes: tuple[int, int] | None = None) -> Prepared:
     """Validate input and plan the run (no network). Raises UsageError for bad input.
     ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
-    GPUs by host (``--hosts gpu-01:0,1``), over the inventory's."""
+    GPUs by host (``--hosts gpu-01:0,1``), over the inventory's. ``nodes``: ``--nodes MIN:MAX``
+    (the run starts on the first MAX hosts)."""
     script = base.check_script(spec.script)
     inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
     if not inventory.hosts:
         raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
                          "give it an inventory with `hosts:`")
     inventory = inventory.narrow(hosts, exclude)
+    first, problem = attempts.start_hosts(inventory.hosts, nodes)
+    if problem:
+        raise UsageError(problem, "give a smaller MIN, or list more hosts (--hosts, --exclude choose among them)")
+    inventory = inventory.in_use(first)
+    notes: tuple[str, ...] = ()
     if inventory_arg != inv_mod.LOCAL:
         from ... import quarantine
+        inventory, notes = _spares_for_quarantined(inventory)
         quarantine.refuse(inventory.hosts)  # a machine set aside: this run neither waits for it nor uses it
     if slots:
         inventory = replace(inventory, hosts=tuple(replace(h, slots=slots[h.name], gpus=len(slots[h.name]))
@@ -74,7 +85,26 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
     folder = None if local else upload.scan(source_dir, store.root)
     lookup = folder is None or upload.mentions_clusterddp(folder)
     plan = P.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
-    return Prepared(plan, store, source_dir, folder)
+    return Prepared(plan, store, source_dir, folder, notes)
+
+
+def _spares_for_quarantined(inventory: inv_mod.Inventory) -> tuple[inv_mod.Inventory, tuple[str, ...]]:
+    """A quarantined host of the run replaced by the first spare that is not quarantined (with what to
+    say of it); with too few such spares, the inventory as it was (the refusal then names the host)."""
+    from ... import quarantine
+    if not inventory.spares:
+        return inventory, ()
+    found = quarantine.quarantined((*inventory.hosts, *inventory.spares))
+    out = [h.name for h in inventory.hosts if h.name in found]
+    if not out:
+        return inventory, ()
+    nxt = attempts.next_hosts(inventory.hosts, out, attempts.candidates(inventory.spares, (), found), None)
+    if isinstance(nxt, str):
+        return inventory, ()
+    spares = tuple(s for s in inventory.spares if s.name not in nxt.in_)
+    notes = tuple(f"[clusterddp] {h} is quarantined until {quarantine.stamp(found[h].until)} ({found[h].why}): "
+                  f"spare {s} runs in its place" for h, s in zip(nxt.out, nxt.in_, strict=True))
+    return inventory.in_use(nxt.hosts, spares), notes
 
 
 def local_port(fixed: int | None) -> int:
@@ -117,9 +147,14 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
     return base.new_record(
         inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=plan.local, master_addr=plan.master_addr,
         master_port=plan.master_port, collect=plan.collect, fanout=plan.inventory.fanout,
-        nodes=[NodeRecord(host=n.host.name, address=n.host.address, node_rank=n.node_rank, nproc=n.nproc,
-                          run_dir=n.run_dir, control_dir=n.control_dir, marker=n.marker, settings=n.host,
-                          state=NodeState.PENDING) for n in plan.nodes])
+        nodes=node_records(plan))
+
+
+def node_records(plan: P.LaunchPlan) -> list[NodeRecord]:
+    """The record's nodes for ``plan``, as they are before its job starts."""
+    return [NodeRecord(host=n.host.name, address=n.host.address, node_rank=n.node_rank, nproc=n.nproc,
+                       run_dir=n.run_dir, control_dir=n.control_dir, marker=n.marker, settings=n.host,
+                       state=NodeState.PENDING) for n in plan.nodes]
 
 
 def node_states(sup: Supervisor) -> dict[str, tuple[NodeState, int | None, str | None]]:
@@ -198,7 +233,8 @@ def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
     lease = acquire(plan, fleet, port_fixed=port_fixed(plan), wait=wait, on_wait=on_wait)
     try:
         spec = replace(plan.spec, master_port=lease.port or plan.master_port)
-        new = P.build_plan(plan.inventory, spec, plan.run_id, grants=lease.grants, train_lookup=plan.train_lookup)
+        new = P.build_plan(plan.inventory, spec, plan.run_id, grants=lease.grants, train_lookup=plan.train_lookup,
+                           attempt=plan.attempt)
     except BaseException:
         lease.release()
         raise
@@ -208,12 +244,13 @@ def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
 def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: bool = False,
             on_collect: Callable[[CollectResult], None] = lambda r: None,
             connect: Callable | None = None, fleet: Fleet | None = None,
-            source_tar: Path | None = None, join_timeout: float = 0.0,
+            source_tar: Path | None = None, join_timeout: float = 0.0, may_go_on: bool = False,
             on_detached: Callable[[Fleet, P.LaunchPlan], None] = lambda fleet, plan: None,
             on_warn: Callable[[str], None] = lambda line: None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
-    ``on_detached(fleet, plan)``: once a detached run's every node has started, before its connections
-    close (node 0 is armed to tell its end: :func:`clusterddp.notify.arm`).
+    ``may_go_on``: a failed attempt may be followed by another on other hosts (what a lost node's
+    collect error says). ``on_detached(fleet, plan)``: once a detached run's every node has started, before
+    its connections close (node 0 is armed to tell its end: :func:`clusterddp.notify.arm`).
 
     ``fleet`` (from :func:`preflight`) is the run's connections, already open; ``source_tar``
     (:attr:`Upload.path` from :func:`pack`) is the tarball of the script's folder, streamed to each node.
@@ -257,7 +294,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         finally:
             mirror.stop()
         store.close_logs()
-        collect(fleet, plan, store, on_collect, sup)
+        collect(fleet, plan, store, on_collect, sup, may_go_on=may_go_on)
         status = finish(store, run_id, sup, outcome)
         if status is not RunStatus.SUCCEEDED:
             raise base.run_failed(store, run_id, outcome, status, lambda: explain(fleet, plan, store))
@@ -281,15 +318,17 @@ def explain(fleet: Fleet, plan: P.LaunchPlan, store: RunStore) -> tuple[str, ...
 
 
 def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Callable[[CollectResult], None],
-            sup: Supervisor | None = None) -> list[CollectResult]:
+            sup: Supervisor | None = None, may_go_on: bool = False) -> list[CollectResult]:
     """Bring back every node's log and files, except from nodes ``sup`` saw lost: they are not
-    tried (their link is gone), and the result says how to fetch them once they answer again."""
+    tried (their link is gone), and the result says how to fetch them once they answer again
+    (``may_go_on``: unless the run goes on without them, which then leaves them out of its record)."""
     lost = {n.name for n in sup.nodes if n.state is NodeState.LOST} if sup is not None else set()
     got = {r.host: r for r in collect_nodes(fleet, [n for n in plan.nodes if n.host.name not in lost], store,
                                              plan.run_id, plan.collect)}
+    later = (f"`clusterddp collect {plan.run_id}` fetches its log and files once it answers again"
+             + (" (unless a next attempt of the run goes on without it: they stay on it then)" if may_go_on else ""))
     results = [got.get(n.host.name) or CollectResult(
-        n.host.name, error=f"{n.host.name}: not collected: it was lost during the run; "
-                           f"`clusterddp collect {plan.run_id}` fetches its log and files once it answers again")
+        n.host.name, error=f"{n.host.name}: not collected: it was lost during the run; {later}")
         for n in plan.nodes]
     for r in results:
         on_collect(r)
@@ -354,21 +393,35 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     # its slots when the fleet's connections close (its holder sees its channel go).
     plan = prep.plan
     events.say(f"run {plan.run_id}")
+    for note in prep.notes:
+        events.say(note)
     if leased:
         events.say(leased)
     if packed is not None:
         events.say(f"upload: {packed.folder.summary()}")
     events.hosts([n.host.name for n in plan.nodes])
     started = time.monotonic()
-    try:
-        outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
-                          source_tar=packed.path if packed else None, join_timeout=req.join_timeout,
-                          on_detached=lambda fleet, plan: _arm_notify(fleet, plan, prep.store, req, events),
-                          on_warn=events.warn)
-    except RunFailed:
-        _set_aside(prep, events)
-        _keep_runs(plan.inventory, req, events)  # a failed run is a run: it counts among the kept
-        raise
+    attempt = 1
+    may_go_on = attempts.allowed(req.spec.max_restarts, req.nodes, plan.inventory.restarts) > 0
+    store = prep.store  # every attempt's
+
+    def arm(fleet: Fleet, plan: P.LaunchPlan) -> None:
+        _arm_notify(fleet, plan, store, req, events)
+    while True:
+        try:
+            outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
+                              source_tar=packed.path if packed else None, join_timeout=req.join_timeout,
+                              may_go_on=may_go_on,
+                              on_detached=arm, on_warn=events.warn)
+            break
+        except RunFailed:
+            _set_aside(prep, events)
+            following = None if req.detach or prep.plan.local else _next_attempt(prep, req, events, attempt)
+            if following is None:
+                _keep_runs(plan.inventory, req, events)  # a failed run is a run: it counts among the kept
+                raise
+            prep, fleet = following
+            attempt += 1
     if req.detach:
         rd = req.runs_dir_flag
         events.say(f"detached; the job runs on without this command.\n"
@@ -378,12 +431,138 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
         if (note := unprotected(plan)) is not None:
             events.warn(note)
     else:
-        events.say(f"run {plan.run_id} succeeded in {time.monotonic() - started:.1f}s; "
+        hosts = f" on {', '.join(n.host.name for n in prep.plan.nodes)} (attempt {attempt})" if attempt > 1 else ""
+        events.say(f"run {plan.run_id} succeeded in {time.monotonic() - started:.1f}s{hosts}; "
                    f"run folder: {prep.store.run_dir(plan.run_id)}")
     _keep_runs(plan.inventory, req, events)
     return outcome
 
 
+def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, attempt: int
+                  ) -> tuple[Prepared, Fleet] | None:
+    """After attempt ``attempt`` of an attached run failed (its record says how): the next attempt
+    planned, its hosts checked and leased, recorded and said, as :mod:`.attempts` decides; None when
+    the run ends there (the decision said and recorded, unless the run allows no new attempt at all,
+    which ends as it always did)."""
+    from ... import policy
+    from ...errors import ClusterDDPError
+    budget = attempts.allowed(req.spec.max_restarts, req.nodes, prep.plan.inventory.restarts)
+    if budget == 0:
+        return None
+    rec = prep.store.load(prep.plan.run_id)
+    if rec.status is not RunStatus.FAILED:  # stopped (`clusterddp stop` from elsewhere): no decision to make
+        return None
+    decision = policy.after_failure(rec)
+
+    if not decision.carry_on:
+        _ends(prep, events, attempt, f"{decision.why}; not moved to another machine")
+        return None
+    if attempt - 1 >= budget:
+        restarts = prep.plan.inventory.restarts
+        limit = (f"--max-restarts {req.spec.max_restarts}" if req.spec.max_restarts
+                 else f"restarts: {restarts} (the inventory's)" if restarts is not None
+                 else "--nodes {}:{}".format(*req.nodes or (0, 0)))
+        _ends(prep, events, attempt, f"{decision.why}; {limit} allows no more attempts", decision.hosts)
+        return None
+    try:
+        return _start_next(prep, req, events, attempt, rec, decision)
+    except ClusterDDPError as e:
+        _ends(prep, events, attempt, f"{decision.why}; the next attempt could not start: "
+              f"{str(e).splitlines()[0]}", decision.hosts)
+        return None
+
+
+def _ends(prep: Prepared, events: base.Events, attempt: int, why: str, out: tuple[str, ...] = ()) -> None:
+    """The run ends after attempt ``attempt``: said in one line and kept in run.json's ``attempts``."""
+    from ...record import MAX_WHY, Attempt
+    from ...store import utcnow
+    events.warn(f"[clusterddp] attempt {attempt} failed; the run ends: {why}")
+    entry = Attempt(None, utcnow(), out, (), why[:MAX_WHY])
+    prep.store.update(prep.plan.run_id, lambda r: replace(r, attempts=(*r.attempts, entry)))
+
+
+def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, attempt: int, rec: RunRecord,
+                decision: Decision) -> tuple[Prepared, Fleet] | None:
+    """:func:`_next_attempt`'s work once the run may go on: spares checked, hosts chosen, the hosts that
+    stay readied, the plan leased and recorded; None when no choice of hosts lets it go on."""
+    from ... import mirror, quarantine
+    from ...errors import QuarantineError
+    from ...record import Attempt
+    from ...store import utcnow
+    store, run_id, old = prep.store, prep.plan.run_id, prep.plan
+    inv = old.inventory
+    used = {h for a in rec.attempts for h in (*a.out, *a.in_)} | {h.name for h in inv.hosts}
+    try:
+        set_aside = quarantine.quarantined(inv.spares)
+    except QuarantineError as e:  # a damaged file must not keep a healthy spare out; said
+        events.warn(f"quarantine: not read: {e}")
+        set_aside = {}
+    spares = attempts.candidates(inv.spares, used, set_aside)
+    left = tuple(h for h in inv.hosts if h.name not in decision.hosts)
+    fleet = Fleet([*left, *spares], fanout=inv.fanout)
+    lease = None
+    try:
+        healthy = spares if req.skip_check else _healthy_spares(old, req, events, left, spares, fleet)
+        nxt = attempts.next_hosts(inv.hosts, decision.hosts, healthy, req.nodes)
+        if isinstance(nxt, str):
+            fleet.close()
+            _ends(prep, events, attempt, f"{decision.why}; {nxt}", decision.hosts)
+            return None
+        for s in spares:
+            if s.name not in nxt.in_:
+                fleet.close_host(s)
+        # The hosts that stay start in fresh control folders (the old attempt's moved aside, on the node and here).
+        kept = [n for n in old.nodes if n.host.name not in nxt.out]
+        moved = fleet.each(lambda h, t: t.run(P.retire_command(next(n for n in kept if n.host.name == h.name),
+                                                               attempt + 1), timeout=60), [n.host for n in kept])
+        for host, res in moved.items():
+            if isinstance(res, Exception) or res.exit_code != 0:
+                why = res if isinstance(res, Exception) else res.stderr.decode("utf-8", "replace").strip()
+                raise HostError(host, f"cannot move attempt {attempt}'s control folder aside: {why}")
+        store.set_logs_aside(run_id, attempt, [n.host.name for n in old.nodes])
+        plan = P.build_plan(inv.in_use(nxt.hosts), req.spec, run_id, train_lookup=old.train_lookup,
+                            attempt=attempt + 1)
+        new, lease = take_lease(replace(prep, plan=plan, notes=()), fleet)
+        plan = new.plan
+        entry = Attempt(attempt + 1, utcnow(), nxt.out, nxt.in_, decision.why)
+        store.update(run_id, lambda r: replace(
+            r, nodes=tuple(node_records(plan)), master_addr=plan.master_addr, master_port=plan.master_port,
+            status=RunStatus.RUNNING, failed_host=None, ended_at=None, failure=None, attempts=(*r.attempts, entry)))
+        events.say(f"[clusterddp] attempt {attempt + 1} of run {run_id}: {nxt.says()} ({decision.why}); "
+                   f"node 0 on {plan.nodes[0].host.name}, master {plan.master_addr}:{plan.master_port}")
+        events.hosts([n.host.name for n in plan.nodes])
+        if plan.nodes[0].host.name != old.nodes[0].host.name:  # rank 0 moved: it may lack the checkpoints
+            seeded = mirror.seed(fleet, plan.nodes[0], store, run_id)
+            if seeded:
+                events.say(f"[clusterddp] {seeded}")
+        return new, fleet
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        fleet.close()
+        raise
+
+
+def _healthy_spares(old: P.LaunchPlan, req: base.LaunchRequest, events: base.Events, left: tuple[inv_mod.Host, ...],
+                    spares: list[inv_mod.Host], fleet: Fleet) -> list[inv_mod.Host]:
+    """The spares that pass the preflight beside the hosts left (reachable, the same versions, an
+    interface to the master), in order; each that does not is said. A host left that fails ends the
+    run (PreflightFailed): it would fail the next attempt too."""
+    from ...check import FAIL, preflight_failed, run_checks
+    if not spares:
+        return []
+    inv = old.inventory.in_use((*left, *spares))
+    plan = P.build_plan(inv, req.spec, old.run_id, train_lookup=old.train_lookup)
+    report = run_checks(inv, full=False, master_port=plan.master_port, fleet=fleet,
+                        env={n.host.name: n.env for n in plan.nodes}, check_port=False)
+    failing = {h.host: h for h in report.hosts if h.status == FAIL}
+    if any(h.name in failing for h in left):
+        raise preflight_failed(report, inv.path)
+    for s in spares:
+        if s.name in failing:
+            problem = next((f.problem for f in failing[s.name].findings if f.status == FAIL), None)
+            events.warn(f"[clusterddp] spare {s.name} is not used: {problem}")
+    return [s for s in spares if s.name not in failing]
 def _arm_notify(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, req: base.LaunchRequest,
                 events: base.Events) -> None:
     """A detached run with notification targets: node 0 tells its end (:func:`clusterddp.notify.arm`)."""
@@ -398,11 +577,11 @@ def _arm_notify(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, req: base.Lau
 
 
 def _set_aside(prep: Prepared, events: base.Events) -> None:
-    """After a failed run: a machine lost twice in a row is quarantined (clusterddp.quarantine), said
-    in one line. Best effort: never the run's outcome."""
+    """After a failed run: a machine whose GPU failed, or lost twice in a row, is quarantined for the
+    inventory's ``quarantine:`` (clusterddp.quarantine), said in one line. Best effort: never the run's outcome."""
     from ... import quarantine
     try:
-        added = quarantine.after_run(prep.store.load(prep.plan.run_id))
+        added = quarantine.after_run(prep.store.load(prep.plan.run_id), prep.plan.inventory.quarantine_s)
     except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not hide the run's failure
         events.warn(f"quarantine: not updated: {problem}")
         return

@@ -3,8 +3,10 @@ section 5), on the real Slurm bed: real sbatch, slurmctld, slurmd, srun and torc
 
 Only the golden text noticed ``--kill-on-bad-exit`` dropped from the srun step: every other test's
 ranks wait in a collective, which the failure breaks, so each node's torchrun ends on its own. Here
-the ranks on the first node ignore SIGTERM and wait outside any collective; only Slurm ending the
-step on every node (``--kill-on-bad-exit=1``, SIGKILL KillWait s after SIGTERM) ends them.
+the rank on the first node ignores SIGTERM and waits outside any collective; only Slurm ending the
+step on every node (``--kill-on-bad-exit=1``, SIGKILL KillWait s after SIGTERM) ends it. One process
+per node (``--gpus 1``): a sibling of the failing rank on the last node would only add torchrun's 30 s
+wait for it, and nothing the flag does.
 Mutation: the flag removed from the step in backends/slurm/plan.py."""
 
 from __future__ import annotations
@@ -33,16 +35,16 @@ while True:
     time.sleep(0.5)
 '''
 
-# From the failing rank's exit to `up` returning: torchrun on the failing node gives its sibling
-# 30 s after SIGTERM, then Slurm ends the step on every node (KillWait is 5 s on the bed) and
-# `up` sees the job end. Without the flag the first node's part runs until the time limit (10 min).
+# From the failing rank's exit to `up` returning: the failing node's torchrun ends at once (the rank was
+# its only one), then Slurm ends the step on every node (KillWait is 5 s on the bed) and `up` sees the
+# job end. Without the flag the first node's part runs until the time limit (10 min).
 END_BOUND_S = 150.0
 
 
 def test_a_failed_rank_ends_the_run_when_the_survivors_ignore_sigterm_outside_a_collective(slurm, tmp_path):
     runs = tmp_path / "runs"
     script = job_script(tmp_path, "deaf.py", DEAF)
-    p = popen_up(slurm, tmp_path, script)
+    p = popen_up(slurm, tmp_path, script, "--gpus", "1")
     try:
         lines = wait_for_line(p, "fails now", timeout=240)
         failed_at = time.monotonic()
@@ -62,8 +64,8 @@ def test_a_failed_rank_ends_the_run_when_the_survivors_ignore_sigterm_outside_a_
                 cddp("stop", rid, "--runs-dir", str(runs), env=slurm.env(), timeout=120)
     out = "".join(lines) + rest
     assert p.returncode == 1, out
-    print(f"the run ended {took:.1f}s after rank 3 failed")
-    assert "waits outside any collective" in out, out
+    print(f"the run ended {took:.1f}s after rank 1 (node-2) failed")
+    assert "rank 1 fails now" in out and "rank 0 waits outside any collective" in out, out
     rec = record(runs, run_id)
     assert rec["status"] == "failed" and rec["failed_host"] == "node-2", rec
     assert {n["host"]: n["state"] for n in rec["nodes"]} == {"node-1": "stopped", "node-2": "failed"}, rec["nodes"]

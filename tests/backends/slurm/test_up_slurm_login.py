@@ -69,21 +69,22 @@ def test_a_remote_login_runs_collects_and_detaches_with_every_slurm_command_over
     assert (ctl / "job.sbatch").stat().st_mode & 0o777 == 0o600
     gone(slurm, run_id, rec["slurm"]["job_id"])
 
-    # --detach, then status, logs, logs -f and stop, each reaching Slurm through the login host
+    # --detach, then status, logs, logs -f and stop, each reaching Slurm through the login host (one process
+    # per node: the job spans both nodes all the same)
     r = cddp("up", str(inv), str(job / "probe.py"), "--detach", "-e", "CDDP_TEST_MODE=hang", "--runs-dir", str(runs),
-             env=env, timeout=120, check_rc=0)
+             "--gpus", "1", env=env, timeout=120, check_rc=0)
     run_id = run_id_of(r.stdout)
     job_id = record(runs, run_id)["slurm"]["job_id"]
     assert job_id in slurm.jobs()
 
-    ranks_ready(tmp_path, run_id)
+    ranks_ready(tmp_path, run_id, last=1)
     out = cddp("logs", run_id, "--runs-dir", str(runs), env=env, check_rc=0).stdout
-    assert "rank 3 ready" in out and "rank 0 ready" in out, out
+    assert "[node-2] rank 1 ready" in out and "[node-1] rank 0 ready" in out, out
     st = cddp("status", run_id, "--runs-dir", str(runs), env=env, check_rc=0).stdout
     assert f"slurm job {job_id}: running, partition main" in st and "node-2: running" in st, st
     follower = cddp_popen("logs", run_id, "--follow", "--runs-dir", str(runs), env=env)
     try:
-        wait_for_line(follower, "[node-2] rank 3 ready", timeout=60)
+        wait_for_line(follower, "[node-2] rank 1 ready", timeout=60)
         s = cddp("stop", run_id, "--runs-dir", str(runs), env=env, check_rc=0).stdout
         follower.communicate(timeout=60)  # `logs -f` ends once Slurm says the job ended
         assert follower.returncode == 0
@@ -91,7 +92,7 @@ def test_a_remote_login_runs_collects_and_detaches_with_every_slurm_command_over
         follower.kill()
     assert f"run {run_id}: stopped" in s and "cancelled by scancel" in s, s
     assert not job_pids(run_id)
-    assert "rank 3 ready" in (runs / run_id / "logs" / "node-2.log").read_text()
+    assert "rank 1 ready" in (runs / run_id / "logs" / "node-2.log").read_text()
     gone(slurm, run_id, job_id)
     assert not tried.exists(), f"a local Slurm command was run: {tried.read_text()}"
 
@@ -101,9 +102,9 @@ def test_ctrl_c_with_a_remote_login_cancels_the_job_over_ssh_and_exits_130(slurm
     env, tried = no_local_slurm(tmp_path)
     inv = slurm_inv(tmp_path, login=login_entry(slurm))
     p = cddp_popen("up", str(inv), str(job / "probe.py"), "-e", "CDDP_TEST_MODE=hang", "--runs-dir", str(runs),
-                   env=env)
+                   "--gpus", "1", env=env)  # one process per node: the job still spans both
     try:
-        lines = wait_for_line(p, "rank 3 ready", timeout=180)
+        lines = wait_for_line(p, "[node-2] rank 1 ready", timeout=180)
         run_id = run_id_of(lines[0])
         assert job_pids(run_id)
         p.send_signal(signal.SIGINT)
