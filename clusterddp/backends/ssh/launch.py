@@ -428,8 +428,8 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
                    f"  follow: clusterddp logs {plan.run_id} --follow{rd}\n"
                    f"  status: clusterddp status {plan.run_id}{rd}\n"
                    f"  stop:   clusterddp stop {plan.run_id}{rd}")
-        if (note := unprotected(plan)) is not None:
-            events.warn(note)
+        if (unwatched := unprotected(plan)) is not None:
+            events.warn(unwatched)
     else:
         hosts = f" on {', '.join(n.host.name for n in prep.plan.nodes)} (attempt {attempt})" if attempt > 1 else ""
         events.say(f"run {plan.run_id} succeeded in {time.monotonic() - started:.1f}s{hosts}; "
