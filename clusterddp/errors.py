@@ -153,6 +153,11 @@ class FileRefused(UsageError):
         self.path, self.reason, self.problem = path, reason, problem
 
 
+class MirrorError(ClusterDDPError):
+    """The checkpoints the mirror holds here cannot be used: a damaged ``mirror.json``, or a local copy
+    that no longer has the sha256 it was brought back with (clusterddp.mirror)."""
+
+
 class LockTimeout(ClusterDDPError):
     """A lock still held by someone else when its deadline passed."""
 

@@ -1,32 +1,516 @@
-"""Checkpoints that survive the loss of any one node: while an attached run goes on, the newest
-complete checkpoint of its rank 0 is brought back to the launching machine, verified; a new attempt
-on other hosts gets it (:func:`seed`) before its job starts. (Interface placeholder: the mirror
-itself is being built; until then nothing is mirrored and :func:`seed` sends nothing.)"""
+"""Checkpoints that survive the loss of any one node, with no shared filesystem.
+
+While an attached run goes on, :class:`Mirror` brings the newest complete checkpoint of its rank 0's
+node back to this machine as it appears, verified, into ``<run>/artifacts/<host>/<path>`` (where
+``collect`` puts it: the end-of-run collect then finds it whole and fetches only the rest), and keeps
+``<run>/mirror.json``, the list of what it holds. :func:`seed` sends that checkpoint to a new attempt's
+rank 0 (the same path under its run folder) before the attempt's job starts, so
+``clusterddp.train.load_latest`` (or any script reading its checkpoint folder) resumes from it.
+
+It reuses the collect protocol (:mod:`clusterddp.node.collect`): every ``interval_s`` one command on
+rank 0's node lists the checkpoint files with their sizes and modification times (``"list"``: nothing
+is read or hashed there), and a checkpoint that is new or changed is fetched by path, streamed and
+hashed in one pass, and renamed into place here only when size, sha256 and the node's "stable" flag
+(the file did not change while read) agree. A checkpoint is taken only once it is *settled*: listed
+the same (names, sizes, times) by two looks in a row, so a file still being written, or a folder of
+files still filling up, is never taken; ``clusterddp.train.save_checkpoint`` writes atomically as well.
+
+What a checkpoint is (:func:`choose`): the files the run's ``collect`` globs match (else
+``checkpoints/**``, where ``clusterddp.train`` saves by default). The first part of a path after its
+glob's literal folders that holds a number makes the checkpoint's step: ``step-48.pt``,
+``ckpt_000100.pt``, ``checkpoint-500/`` (all the files under it, as Hugging Face's Trainer writes),
+``global_step100/`` (DeepSpeed), ``iter_0001000/`` (Megatron). Names alike but for their numbers are
+one *series* (``step-#.pt``); of each series only the highest step is the newest. A file with no
+number (``latest.pt``) is a series of its own, mirrored whenever it has changed.
+
+Bounded: one look every ``interval_s`` (a shell and a python start on the node), each answer bounded
+by the collect protocol's limits and a per-chunk timeout, at most MAX_FILES files in one checkpoint,
+never more than the free space here allows (DISK_MARGIN kept free), local copies of older checkpoints
+of a series removed once the node has removed them. A mirror that fails never changes the run's
+outcome: each problem is said once, as one warning line, and the mirror carries on trying.
+
+Not protected: a ``--detach``ed run, which has no launcher watching it (:func:`unprotected` says so at
+detach), and checkpoints written on a node other than rank 0's.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from . import plan as P
+from .errors import ClusterDDPError, FileRefused, HostError, MirrorError
+from .files import read_bounded
+from .node.collect import HEX, Receiver, StreamError, glob_parts, matches, path_problem, sha256_file
+from .sizes import human_size as human_bytes
+from .store import utcnow
+from .transport import Tail
 
 if TYPE_CHECKING:
     from .fleet import Fleet
     from .plan import LaunchPlan, NodeLaunch
     from .store import RunStore
+    from .transport import Transport
+
+DEFAULT_GLOBS = ("checkpoints/**",)  # clusterddp.train.save_checkpoint's default folder
+INTERVAL_S = 10.0       # between two looks at rank 0's checkpoints
+INTERVAL_ENV = "CLUSTERDDP_MIRROR_INTERVAL"  # another interval, in seconds; 0: no mirror
+LIST_TIMEOUT_S = 60.0   # the longest wait for a chunk of a list answer
+FETCH_TIMEOUT_S = 120.0  # ... of a fetch (the collect protocol ticks every 5 s while it works)
+STOP_WAIT_S = 15.0      # how long stop() waits for the mirror's thread (an aborted transfer) to end
+MAX_FILES = 10000       # files in one checkpoint
+DISK_MARGIN = 1 << 30   # bytes left free here after a checkpoint is fetched
+MAX_INDEX = 4 << 20     # bytes of mirror.json
+INDEX_VERSION = 1
+
+_NUMBER = re.compile(r"\d+")
+_REMOVE = "remove the file: the mirror writes it again with its next checkpoint"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint on a node: its series (``checkpoints/step-#.pt``), its step (the numbers of the
+    part that names it; () for a file without one) and its files (path, size, mtime in ns), sorted."""
+
+    series: str
+    step: tuple[int, ...]
+    files: tuple[tuple[str, int, int], ...]
+
+    @property
+    def size(self) -> int:
+        return sum(s for _, s, _ in self.files)
+
+    @property
+    def name(self) -> str:
+        """What a person calls it: the file, or the folder all its files are in."""
+        paths = [p for p, _, _ in self.files]
+        if len(paths) == 1:
+            return paths[0]
+        head = paths[0].split("/")
+        for p in paths[1:]:
+            parts = p.split("/")
+            n = 0
+            while n < min(len(head), len(parts)) and head[n] == parts[n]:
+                n += 1
+            head = head[:n]
+        return "/".join(head) + "/"
+
+
+def _literal(parts: list[str]) -> int:
+    """How many leading parts of a glob are plain folder names (not the last part, the file itself)."""
+    n = 0
+    while n < len(parts) - 1 and not any(c in parts[n] for c in "*?["):
+        n += 1
+    return n
+
+
+def series_of(path: str, globs: Iterable[str]) -> tuple[str, tuple[int, ...], str] | None:
+    """(series, step, the checkpoint's own prefix) of a path the ``globs`` match, or None when none
+    does. The step comes from the first part after the literal folders of the matching glob that
+    holds a number (the glob with most literal folders wins); a path without one is a series (and a
+    checkpoint) of its own, with step ()."""
+    names = path.split("/")
+    skip = -1
+    for g in globs:
+        parts = glob_parts(g)
+        if parts is not None and matches(parts, names):
+            skip = max(skip, _literal(parts))
+    if skip < 0:
+        return None
+    for i in range(skip, len(names)):
+        numbers = _NUMBER.findall(names[i])
+        if numbers:
+            series = "/".join([*names[:i], _NUMBER.sub("#", names[i]), *(["*"] if i < len(names) - 1 else [])])
+            return series, tuple(int(n) for n in numbers), "/".join(names[:i + 1])
+    return path, (), path
+
+
+def groups(listing: Mapping[str, tuple[int, int]], globs: Iterable[str]) -> list[Checkpoint]:
+    """Every checkpoint among the listed files (path -> (size, mtime in ns)) that ``globs`` match."""
+    globs = tuple(globs)
+    files: dict[tuple[str, str], list[tuple[str, int, int]]] = {}
+    steps: dict[tuple[str, str], tuple[int, ...]] = {}
+    for path, (size, mtime) in listing.items():
+        found = series_of(path, globs)
+        if found is not None:
+            series, step, own = found
+            files.setdefault((series, own), []).append((path, size, mtime))
+            steps[(series, own)] = step
+    return [Checkpoint(k[0], steps[k], tuple(sorted(v))) for k, v in files.items()]
+
+
+def choose(listing: Mapping[str, tuple[int, int]], globs: Iterable[str],
+           before: Mapping[str, tuple[int, int]] | None = None) -> list[Checkpoint]:
+    """The newest complete checkpoint of each series among the listed files (path -> (size, mtime in
+    ns)) that ``globs`` match, sorted by series. Complete, when ``before`` (the previous look) is given:
+    listed there alike (the same files, sizes and times), so a checkpoint still being written is passed
+    over for the newest one that is not. Newest: the highest step; between two of one step
+    (``step-08.pt``, ``step-8.pt``), the one modified last."""
+    found = groups(listing, globs)
+    if before is not None:
+        settled = set(groups(before, globs))
+        found = [c for c in found if c in settled]
+    best: dict[str, tuple[tuple[tuple[int, ...], int], Checkpoint]] = {}
+    for c in found:
+        rank = (c.step, max(m for _, _, m in c.files))
+        if c.series not in best or rank > best[c.series][0]:
+            best[c.series] = (rank, c)
+    return [best[s][1] for s in sorted(best)]
+
+
+def interval_from(env: Mapping[str, str]) -> tuple[float, str | None]:
+    """The mirror's interval from ``CLUSTERDDP_MIRROR_INTERVAL`` (seconds, 1 to 3600; 0 turns it off),
+    and the problem with the value given, if any (then the default)."""
+    given = env.get(INTERVAL_ENV)
+    if given is None or not given.strip():
+        return INTERVAL_S, None
+    try:
+        value = float(given)
+    except ValueError:
+        value = -1.0
+    if value == 0 or 1 <= value <= 3600:
+        return value, None
+    return INTERVAL_S, (f"mirror: {INTERVAL_ENV}={given!r} is not 0 (off) or a number of seconds from 1 to 3600: "
+                        f"every {INTERVAL_S:g}s instead")
+
+
+# ---- mirror.json: what the mirror holds ----
+
+@dataclass(frozen=True)
+class Held:
+    """A checkpoint the mirror holds here, whole: fetched from ``host``, each file (path, size, sha256)
+    at ``<run>/artifacts/<host>/<path>``; ``mtimes``: the node's times of those files then."""
+
+    series: str
+    step: tuple[int, ...]
+    host: str
+    at: str
+    files: tuple[tuple[str, int, str], ...]
+    mtimes: tuple[int, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return sum(s for _, s, _ in self.files)
+
+    def same(self, chk: Checkpoint, host: str) -> bool:
+        """Whether this is ``chk`` as ``host`` lists it now (names, sizes, times)."""
+        return (host == self.host and tuple((p, s) for p, s, _ in self.files) == tuple((p, s) for p, s, _ in chk.files)
+                and self.mtimes == tuple(m for _, _, m in chk.files))
+
+    def to_json(self) -> dict:
+        return {"series": self.series, "step": list(self.step), "host": self.host, "at": self.at,
+                "files": [{"path": p, "size": s, "sha256": h} for p, s, h in self.files], "mtimes": list(self.mtimes)}
+
+    @staticmethod
+    def from_json(d: object, where: str) -> Held:
+        """One entry of mirror.json, checked (it is a file on disk: trusted no more than a node)."""
+        def bad(field: str, why: str) -> MirrorError:
+            return MirrorError(f"{where}.{field}: {why}" if field else f"{where}: {why}", _REMOVE)
+        if not isinstance(d, dict):
+            raise bad("", "not an object")
+        series, step, host, at, files, mtimes = (d.get(k) for k in ("series", "step", "host", "at", "files", "mtimes"))
+        if not isinstance(series, str):
+            raise bad("series", "not a string")
+        if not isinstance(host, str) or not host or "/" in host or host.startswith("."):
+            raise bad("host", "not a host name")
+        if not isinstance(at, str):
+            raise bad("at", "not a string")
+        if not isinstance(files, list) or not files or len(files) > MAX_FILES:
+            raise bad("files", f"not a list of 1 to {MAX_FILES} files")
+        if not isinstance(step, list) or not all(type(n) is int and n >= 0 for n in step):  # noqa: E721
+            raise bad("step", "not a list of numbers")
+        if not isinstance(mtimes, list) or not all(type(n) is int for n in mtimes):  # noqa: E721
+            raise bad("mtimes", "not a list of numbers")
+        out: list[tuple[str, int, str]] = []
+        for i, f in enumerate(files):
+            p, s, h = (f.get(k) for k in ("path", "size", "sha256")) if isinstance(f, dict) else (None, None, None)
+            why = path_problem(p)
+            if why is not None or not isinstance(p, str):
+                raise bad(f"files[{i}].path", f"{p!r} is refused: {why}")
+            if type(s) is not int or s < 0:  # noqa: E721 - a bool is not a size
+                raise bad(f"files[{i}].size", "not a number of bytes")
+            if not (isinstance(h, str) and len(h) == 64 and HEX.issuperset(h)):
+                raise bad(f"files[{i}].sha256", "not 64 lowercase hex digits")
+            out.append((p, s, h))
+        return Held(series, tuple(step), host, at, tuple(out), tuple(mtimes))
+
+
+def read_index(store: RunStore, run_id: str) -> list[Held]:
+    """What the mirror holds for the run (none: an empty list). A damaged mirror.json is a MirrorError
+    naming it."""
+    path = store.mirror_index_path(run_id)
+    try:
+        raw, _ = read_bounded(path, MAX_INDEX, nofollow=True)
+    except FileRefused as e:
+        if e.reason == "missing":
+            return []
+        raise MirrorError(str(e), _REMOVE) from None
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise MirrorError(f"{path}: not JSON ({e})", _REMOVE) from None
+    if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION or not isinstance(doc.get("checkpoints"), list):
+        raise MirrorError(f"{path}: not a mirror index of version {INDEX_VERSION}", _REMOVE)
+    return [Held.from_json(d, f"{path}: checkpoints[{i}]") for i, d in enumerate(doc["checkpoints"])]
+
+
+def _write_index(store: RunStore, run_id: str, held: Iterable[Held]) -> None:
+    doc = {"version": INDEX_VERSION, "checkpoints": [h.to_json() for h in sorted(held, key=lambda h: h.series)]}
+    store.write_mirror_index(run_id, (json.dumps(doc, indent=1) + "\n").encode())
+
+
+def _describe(h: Held) -> str:
+    paths = [p for p, _, _ in h.files]
+    what = paths[0] if len(paths) == 1 else f"{Checkpoint(h.series, h.step, tuple((p, 0, 0) for p in paths)).name} " \
+                                           f"({len(paths)} files)"
+    return f"{what}, {human_bytes(h.size)}"
+
+
+# ---- the mirror of a running attempt ----
+
+class _Stopped(Exception):
+    """stop() was called while a transfer went on. Private control flow."""
 
 
 class Mirror:
-    """Brings rank 0's newest complete checkpoint back while the run goes on (``start``/``stop``)."""
+    """Brings rank 0's newest complete checkpoints back while the run goes on (``start``/``stop``).
 
-    def __init__(self, fleet: Fleet, plan: LaunchPlan, store: RunStore) -> None:
+    ``warn(line)`` gets each problem once (the run goes on whatever it says). A local run (``up
+    local``) writes its checkpoints on this machine already: nothing to do."""
+
+    def __init__(self, fleet: Fleet, plan: LaunchPlan, store: RunStore, *,
+                 warn: Callable[[str], None] = lambda line: None, interval_s: float | None = None) -> None:
         self.fleet, self.plan, self.store = fleet, plan, store
+        self.warn = warn
+        problem = None
+        if interval_s is None:
+            interval_s, problem = interval_from(os.environ)
+        self.interval_s = interval_s
+        self.globs = plan.collect or DEFAULT_GLOBS
+        self.node = next((n for n in plan.nodes if n.node_rank == 0), None)
+        self.fetched = 0  # checkpoints brought back so far
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._said: set[str] = set()
+        self._failing: str | None = None  # the last look's problem, said when the next look has it too
+        self._held: dict[str, Held] = {}
+        self._replaced: list[Held] = []  # held once, replaced since: their local copies go once the node's do
+        self._before: dict[str, tuple[int, int]] | None = None  # the previous look's listing
+        if problem and self.active:
+            self._say(problem)
+
+    @property
+    def active(self) -> bool:
+        return not self.plan.local and self.node is not None and self.interval_s > 0
 
     def start(self) -> None:
-        pass
+        if not self.active or self._thread is not None:
+            return
+        try:
+            self._held = {h.series: h for h in read_index(self.store, self.plan.run_id)}  # an earlier attempt's
+        except MirrorError as e:
+            self._say(f"mirror: {e.message}; starting a new one")
+        self._thread = threading.Thread(target=self._loop, name="mirror", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
-        pass
+        """End the mirror (a transfer under way is cut off: the end-of-run collect fetches the file)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT_S)
 
+    def _say(self, line: str) -> None:
+        if line not in self._said and not self._stop.is_set():
+            self._said.add(line)
+            try:
+                self.warn(line)
+            except Exception:  # noqa: BLE001 - a closed terminal must not end the mirror or the run
+                pass
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.look()
+                self._failing = None
+            except _Stopped:
+                return
+            except Exception as e:  # noqa: BLE001 - never the run's outcome: said once, tried again
+                why = str(e) if isinstance(e, ClusterDDPError) else f"{type(e).__name__}: {e}"
+                if self._failing == why:  # twice in a row: not a passing hiccup (nor a node the run is losing)
+                    self._say(f"mirror: the checkpoints of {self.host} are not brought back: {why} "
+                              f"(the run goes on; tried again every {self.interval_s:g}s)")
+                self._failing = why
+
+    @property
+    def host(self) -> str:
+        assert self.node is not None
+        return self.node.host.name
+
+    def look(self) -> list[Held]:
+        """One look at rank 0's checkpoints; fetch each settled one not held yet. What it fetched."""
+        assert self.node is not None
+        t = self.fleet.transport(self.node.host)
+        listing = self._list(t)
+        before, self._before = self._before, listing
+        if before is None:
+            return []
+        got = []
+        for chk in choose(listing, self.globs, before):
+            held = self._held.get(chk.series)
+            if held is not None and held.same(chk, self.host):
+                continue
+            if len(chk.files) > MAX_FILES:
+                self._say(f"mirror: {chk.name} on {self.host} has {len(chk.files)} files, more than the "
+                          f"{MAX_FILES} a checkpoint may have: not brought back")
+                continue
+            free = shutil.disk_usage(self.store.run_dir(self.plan.run_id)).free
+            if chk.size + DISK_MARGIN > free:
+                self._say(f"mirror: {chk.name} on {self.host} ({human_bytes(chk.size)}) is not brought back: "
+                          f"{human_bytes(free)} free here, and {human_bytes(DISK_MARGIN)} is kept free")
+                continue
+            new = self._fetch(t, chk)
+            if new is not None:
+                got.append(new)
+                _write_index(self.store, self.plan.run_id, self._held.values())
+        if got:
+            self._prune(listing)
+        return got
+
+    def _exchange(self, t: Transport, request: dict, timeout: float) -> Receiver:
+        assert self.node is not None
+        host, run_id = self.host, self.plan.run_id
+        rx = Receiver(lambda rel: self.store.artifact_path(run_id, host, rel), request=request)
+
+        def feed(chunk: bytes) -> None:
+            if self._stop.is_set():
+                raise _Stopped()
+            rx.feed(chunk)
+        err = Tail()
+        why = None
+        try:
+            code = t.stream(P.collect_command(self.node), feed, timeout=timeout, stderr_to=err,
+                            stdin=json.dumps(request).encode())
+            if code != 0:
+                lines = err.decode("utf-8", "replace").strip().splitlines()
+                why = f"the node's collect program failed: {lines[-1][:300] if lines else f'exit {code}'}"
+        except StreamError as e:
+            why = f"its answer was refused: {e}"
+        except _Stopped:
+            rx.discard()
+            raise
+        finally:
+            rx.finish(why)
+        if why is not None:
+            raise HostError(host, why)
+        return rx
+
+    def _list(self, t: Transport) -> dict[str, tuple[int, int]]:
+        rx = self._exchange(t, {"globs": list(self.globs), "have": {}, "list": True}, LIST_TIMEOUT_S)
+        if rx.unmatched is None:  # the list did not come whole: a part of it could pass for a whole checkpoint
+            raise HostError(self.host, "its list of checkpoint files was cut short: " + "; ".join(rx.errors)[:300])
+        if rx.errors:
+            self._say(f"mirror: {self.host}: " + "; ".join(rx.errors)[:500])
+        return rx.listing
+
+    def _fetch(self, t: Transport, chk: Checkpoint) -> Held | None:
+        """Bring ``chk``'s files back; the checkpoint held, or None when one of them was not taken whole
+        (changed while read: tried again once it has settled; else said)."""
+        paths = [p for p, _, _ in chk.files]
+        rx = self._exchange(t, {"paths": paths, "have": {}}, FETCH_TIMEOUT_S)
+        if rx.missing:
+            p, why = rx.missing[0]
+            self._say(f"mirror: {chk.name} on {self.host} is not brought back: {p}: {why}")
+            return None
+        if set(rx.fetched) != set(paths):  # changed while read (or gone): not complete
+            self._before = None  # a new pair of looks alike before it is tried again
+            return None
+        sizes = dict((p, s) for p, s, _ in chk.files)
+        held = Held(chk.series, chk.step, self.host, utcnow(),
+                    tuple((p, sizes[p], rx.digests[p]) for p in paths), tuple(m for _, _, m in chk.files))
+        old = self._held.get(chk.series)
+        self._held[chk.series] = held
+        if old is not None:
+            self._replaced.append(old)
+        self.fetched += 1
+        return held
+
+    def _prune(self, listing: Mapping[str, object]) -> None:
+        """Remove the local copies of checkpoints replaced in the mirror that the node no longer has
+        (it keeps its own last few): the mirror's disk use stays that of one checkpoint of each series."""
+        keep = {(h.host, p) for h in self._held.values() for p, _, _ in h.files}
+        still: list[Held] = []
+        for old in self._replaced:
+            if old.host != self.host:  # another attempt's node: its copies stay (nothing says it lost them)
+                continue
+            if any(p in listing for p, _, _ in old.files):
+                still.append(old)
+                continue
+            for p, _, _ in old.files:
+                if (old.host, p) not in keep:
+                    try:
+                        self.store.artifact_path(self.plan.run_id, old.host, p).unlink(missing_ok=True)
+                    except (OSError, ValueError):
+                        pass
+        self._replaced = still
+
+
+def unprotected(plan: LaunchPlan) -> str | None:
+    """The line a ``--detach``ed run says when it asked for restarts: nothing mirrors its checkpoints
+    while no launcher watches it (None for a run that did not ask, or a local one)."""
+    if plan.local or (plan.spec.max_restarts <= 0 and not getattr(plan.inventory, "spares", ())):
+        return None
+    rank0 = next((n.host.name for n in plan.nodes if n.node_rank == 0), "rank 0's node")
+    return (f"detached: nothing mirrors this run's checkpoints while no launcher watches it: they are on "
+            f"{rank0}'s disk only, and lost with it (an attached `up` mirrors them: docs/failures.md, "
+            f"\"When a machine dies\")")
+
+
+# ---- a new attempt's rank 0 ----
 
 def seed(fleet: Fleet, node: NodeLaunch, store: RunStore, run_id: str) -> str | None:
-    """Put the newest mirrored checkpoint on ``node`` (same path under its run folder) before an
-    attempt starts; a one-line description of what was sent, or None when nothing was mirrored."""
-    return None
+    """Put the newest mirrored checkpoint of each series on ``node`` (the same path under its run
+    folder) before an attempt starts, each file written beside its place and renamed there only once
+    its sha256 on the node is the mirror's; a one-line description of what was sent, or None when
+    nothing was mirrored.
+
+    Raises :class:`~clusterddp.errors.HostError` when the node cannot be reached or does not take a
+    file whole, :class:`~clusterddp.errors.MirrorError` when the copies here are damaged (mirror.json,
+    or a file that no longer has its sha256)."""
+    held = read_index(store, run_id)
+    if not held:
+        return None
+    t = fleet.transport(node.host)
+    sent, size, steps = 0, 0, []
+    for h in held:
+        for p, s, digest in h.files:
+            local = store.artifact_path(run_id, h.host, p)
+            try:
+                ok = local.stat().st_size == s and sha256_file(local) == digest
+            except OSError:
+                ok = False
+            if not ok:
+                raise MirrorError(f"the mirrored copy {local} ({h.host}'s {p}) is missing or no longer has the "
+                                  f"sha256 it was brought back with: not sent to {node.host.name}",
+                                  f"remove {store.mirror_index_path(run_id)} to start the attempt without it")
+            res = t.run(P.seed_command(node, p, digest), stdin=local, timeout=600)
+            if res.exit_code != 0:
+                detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
+                raise HostError(node.host.name, f"cannot put the mirrored checkpoint {p} there"
+                                f"{': ' + detail[-1][:300] if detail else f' (exit {res.exit_code})'}")
+            sent += 1
+            size += s
+        steps.append(_describe(h) + f" from {h.host} at {h.at}")
+    return (f"{node.host.name} seeded with the mirrored checkpoint{'s' if len(held) > 1 else ''} "
+            f"{'; '.join(steps)} (sha256 checked there)")
+
+
+def local_copies(store: RunStore, run_id: str) -> list[Path]:
+    """Where the mirror's checkpoints are on this machine."""
+    return [store.artifact_path(run_id, h.host, p) for h in read_index(store, run_id) for p, _, _ in h.files]

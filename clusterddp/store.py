@@ -673,6 +673,18 @@ class RunStore:
             return None
         return rec.failure.to_json() if rec.failure else None
 
+    def mirror_index_path(self, run_id: str) -> Path:
+        """``<run>/mirror.json``: the checkpoints the mirror holds (clusterddp.mirror)."""
+        return self.run_dir(run_id) / "mirror.json"
+
+    def write_mirror_index(self, run_id: str, data: bytes) -> None:
+        """Replace ``mirror.json`` atomically (0600, fsynced: a new attempt's checkpoint depends on it)."""
+        path = self.mirror_index_path(run_id)
+        try:
+            write_private(path, data)
+        except OSError as e:
+            raise self._cannot_write(e, path) from None
+
     def artifacts_dir(self, run_id: str, host: str) -> Path:
         return (self.run_dir(run_id) / "artifacts" / host).resolve()
 

@@ -257,6 +257,8 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
             (f"teardown_command({h}, mark_stop=True)  # clusterddp stop", plan.teardown_command(n, mark_stop=True)),
             (f"notify_arm_command({h})  # up --detach, node 0", plan.notify_arm_command(n)),
             (f"collect_command({h})", plan.collect_command(n)),
+            (f"seed_command({h}, 'checkpoints/step 8.pt', <sha256>)",
+             plan.seed_command(n, "checkpoints/step 8.pt", "0123456789abcdef" * 4)),
             (f"node_log_command({h})", plan.node_log_command(n)),
             (f"lease_release_command({h}, {RUN_ID!r}, <control dir>)",
              plan.lease_release_command(n.host, RUN_ID, n.control_dir)),

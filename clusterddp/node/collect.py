@@ -15,6 +15,10 @@ request on stdin, {"globs": [...] or "paths": [...], "have": {path: size of the 
   {"error"}                          a glob or path it refused, or files beyond MAX_FILES
   {"tick": 1}                        keeps the stream alive while it hashes or looks for files
 
+With "list": true in the request (the checkpoint mirror's look, clusterddp.mirror) the answer is the
+file list alone, each line with the file's modification time, and nothing is read or hashed:
+  {"file": path, "size": n, "mtime": ns} ... {"files": count}
+
 "stable" is false when the file changed while it was read (a job still writing it). A file
 that shrank while sent is padded to its announced size so the framing holds; it is unstable.
 
@@ -321,10 +325,14 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
             if more:
                 emit(error="more than %d files match the collect globs; only %d are sent: narrow the globs"
                      % (MAX_FILES, MAX_FILES))
+        listing = bool(req.get("list"))
         for p, st in files.items():
-            emit(file=p, size=st.st_size)
+            if listing:
+                emit(file=p, size=st.st_size, mtime=st.st_mtime_ns)
+            else:
+                emit(file=p, size=st.st_size)
         emit(files=len(files))
-        for p, st in files.items():
+        for p, st in ([] if listing else files.items()):
             want = req["have"].get(p) != st.st_size
             try:
                 f = _open_beneath(root, p)
@@ -385,6 +393,7 @@ def _refuse_constant(name: str) -> object:
 
 # The header lines, by their keys.
 _LOG, _FILE, _FILES = frozenset({"log"}), frozenset({"file", "size"}), frozenset({"files"})
+_LISTED = frozenset({"file", "size", "mtime"})  # a file line of a "list" answer
 _SEND, _HASH = frozenset({"path", "send"}), frozenset({"path", "sha256", "stable"})
 _FAILED, _NOTE, _TICK = frozenset({"path", "error"}), frozenset({"error"}), frozenset({"tick"})
 
@@ -416,6 +425,9 @@ class Receiver:
         self.missing: list[tuple[str, str]] = []  # (path, why) of each file not brought back
         self.errors: list[str] = []  # about the answer as a whole
         self.bytes = 0
+        self.digests: dict[str, str] = {}  # the sha256 of each fetched file, as the node's and this copy's agree
+        self.listing: dict[str, tuple[int, int]] = {}  # a "list" answer: path -> (size, mtime in ns)
+        self._list_only = bool(request is not None and request.get("list"))
         self.broken: str | None = None
         self._globs: list[list[str]] | None = None
         self._paths: set | None = None
@@ -512,7 +524,7 @@ class Receiver:
             self._sink, self._want = self._log_bytes, n
             if not n:
                 self._payload_done()
-        elif keys == _FILE and self._stage in ("start", "list"):
+        elif keys == (_LISTED if self._list_only else _FILE) and self._stage in ("start", "list"):
             self._stage = "list"
             self._list(rec)
         elif keys == _FILES and self._stage in ("start", "list"):
@@ -520,7 +532,7 @@ class Receiver:
                 raise StreamError("the file list ends with a count of %d, after %d files" % (rec["files"], self._count))
             self._stage = "files"
             self.on_total(sum(s for p, s in self._listed.items() if p not in self._refused))
-        elif keys in (_SEND, _HASH, _FAILED) and self._stage == "files":
+        elif keys in (_SEND, _HASH, _FAILED) and self._stage == "files" and not self._list_only:
             path = self._pending(rec["path"])
             if keys == _SEND:
                 self._send(path, rec)
@@ -559,6 +571,12 @@ class Receiver:
         if self._listed_chars > MAX_LISTED:
             raise StreamError("the file list is longer than %d characters" % MAX_LISTED)
         self._listed[path] = size
+        if self._list_only:
+            mtime = rec["mtime"]
+            if type(mtime) is not int or not -(1 << 63) <= mtime < 1 << 63:  # noqa: E721 - a bool is not a time
+                raise StreamError("mtime: %s is not a time in ns" % _shown(repr(mtime)))
+            if why is None:
+                self.listing[path] = (size, mtime)
 
     def _asked(self, path: str) -> bool:
         if self._paths is not None:
@@ -658,6 +676,7 @@ class Receiver:
             else:
                 os.replace(tmp, self.dest(path))
                 self.fetched.append(path)
+                self.digests[path] = digest
                 self.bytes += size
         except (OSError, ValueError) as e:
             self._lose(path, "cannot write it here: %s" % e)
@@ -721,6 +740,8 @@ class Receiver:
         self._line.clear()
         settled = set(self.fetched) | set(self.whole) | set(self.skipped) | set(self.differ) | self._refused
         settled.update(p for p, _ in self.missing)
+        if self._list_only and self._stage == "files":
+            settled.update(self._listed)  # a list asks for no file
         for p in self._listed:
             if p not in settled:
                 self._lose(p, "not received: " + cause)

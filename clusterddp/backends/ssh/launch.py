@@ -23,6 +23,7 @@ from ...artifacts import CollectResult, collect_nodes
 from ...errors import HostError, RunFailed, UsageError
 from ...failure import Failure
 from ...fleet import Fleet
+from ...mirror import Mirror, unprotected
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
@@ -244,7 +245,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             on_collect: Callable[[CollectResult], None] = lambda r: None,
             connect: Callable | None = None, fleet: Fleet | None = None,
             source_tar: Path | None = None, join_timeout: float = 0.0, may_go_on: bool = False,
-            on_detached: Callable[[Fleet, P.LaunchPlan], None] = lambda fleet, plan: None) -> RunOutcome | None:
+            on_detached: Callable[[Fleet, P.LaunchPlan], None] = lambda fleet, plan: None,
+            on_warn: Callable[[str], None] = lambda line: None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
     ``may_go_on``: a failed attempt may be followed by another on other hosts (what a lost node's
     collect error says). ``on_detached(fleet, plan)``: once a detached run's every node has started, before
@@ -253,6 +255,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     ``fleet`` (from :func:`preflight`) is the run's connections, already open; ``source_tar``
     (:attr:`Upload.path` from :func:`pack`) is the tarball of the script's folder, streamed to each node.
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C teardown.
+    While it watches, :class:`~clusterddp.mirror.Mirror` brings rank 0's checkpoints back as they
+    appear (``on_warn``: its problems, one line each; never the run's outcome).
     """
     plan, store = prep.plan, prep.store
     run_id = plan.run_id
@@ -277,13 +281,18 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         if detach:
             on_detached(fleet, plan)
             return None
+        mirror = Mirror(fleet, plan, store, warn=on_warn)
+        mirror.start()
         try:
             outcome = sup.follow()
         except KeyboardInterrupt:
+            mirror.stop()
             store.close_logs()
             collect(fleet, plan, store, on_collect, sup)
             finish(store, run_id, sup, sup.outcome)
             raise
+        finally:
+            mirror.stop()
         store.close_logs()
         collect(fleet, plan, store, on_collect, sup, may_go_on=may_go_on)
         status = finish(store, run_id, sup, outcome)
@@ -403,7 +412,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
             outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
                               source_tar=packed.path if packed else None, join_timeout=req.join_timeout,
                               may_go_on=may_go_on,
-                              on_detached=arm)
+                              on_detached=arm, on_warn=events.warn)
             break
         except RunFailed:
             _set_aside(prep, events)
@@ -419,6 +428,8 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
                    f"  follow: clusterddp logs {plan.run_id} --follow{rd}\n"
                    f"  status: clusterddp status {plan.run_id}{rd}\n"
                    f"  stop:   clusterddp stop {plan.run_id}{rd}")
+        if (unwatched := unprotected(plan)) is not None:
+            events.warn(unwatched)
     else:
         hosts = f" on {', '.join(n.host.name for n in prep.plan.nodes)} (attempt {attempt})" if attempt > 1 else ""
         events.say(f"run {plan.run_id} succeeded in {time.monotonic() - started:.1f}s{hosts}; "
