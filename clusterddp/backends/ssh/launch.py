@@ -20,7 +20,7 @@ from ... import inventory as inv_mod
 from ... import plan as P
 from ... import upload
 from ...artifacts import CollectResult, collect_nodes
-from ...errors import HostError, RunFailed, UsageError
+from ...errors import HostError, MirrorError, RunFailed, UsageError
 from ...failure import Failure
 from ...fleet import Fleet
 from ...mirror import Mirror, unprotected
@@ -536,7 +536,12 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
                    f"node 0 on {plan.nodes[0].host.name}, master {plan.master_addr}:{plan.master_port}")
         events.hosts([n.host.name for n in plan.nodes])
         if plan.nodes[0].host.name != old.nodes[0].host.name:  # rank 0 moved: it may lack the checkpoints
-            seeded = mirror.seed(fleet, plan.nodes[0], store, run_id)
+            try:
+                seeded = mirror.seed(fleet, plan.nodes[0], store, run_id)
+            except (HostError, MirrorError) as e:  # the attempt still runs: from scratch, said so
+                events.warn(f"mirror: the newest checkpoint was not sent to {plan.nodes[0].host.name}: {e}; "
+                            "this attempt starts from what that host holds")
+                seeded = None
             if seeded:
                 events.say(f"[clusterddp] {seeded}")
         return new, fleet
