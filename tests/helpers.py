@@ -206,3 +206,16 @@ if rank == 3:
     stuck_in_my_function()
 dist.all_reduce(torch.ones(1))  # ranks 0-2 wait here for rank 3
 '''
+
+
+def host_pids(run_id: str, host: str) -> list[int]:
+    """The processes of one node's part of a run (their CLUSTERDDP_JOB marker names the host)."""
+    want = f"CLUSTERDDP_JOB={run_id}/{host}\0".encode()
+    out = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if want in env.read_bytes():
+                out.append(int(env.parent.name))
+        except OSError:
+            pass
+    return out

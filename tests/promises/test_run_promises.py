@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cddp, cddp_popen, eventually, job_pids, job_script, record, run_id_of, wait_for_line
+from helpers import cddp, cddp_popen, eventually, host_pids, job_pids, job_script, record, run_id_of, wait_for_line
 
 # Each rank says it is ready, then waits for the file named by CDDP_TEST_GO, so a test decides when a
 # job ends instead of guessing how long it takes. Plain python under the real torchrun (its rank and
@@ -57,19 +57,6 @@ def wait_ready(nodes, run_id: str, timeout: float = 90) -> None:
         return all(node_log(n, run_id).is_file() and " ready " in node_log(n, run_id).read_text() for n in nodes)
     assert eventually(ready, timeout), {n.name: node_log(n, run_id).read_text() for n in nodes
                                         if node_log(n, run_id).is_file()}
-
-
-def host_pids(run_id: str, host: str) -> list[int]:
-    """The processes of one node's part of a run (their CLUSTERDDP_JOB marker names the host)."""
-    want = f"CLUSTERDDP_JOB={run_id}/{host}\0".encode()
-    out = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if want in env.read_bytes():
-                out.append(int(env.parent.name))
-        except OSError:
-            pass
-    return out
 
 
 def alive(pid: int) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cddp, cddp_popen, eventually, record, run_id_of, wait_for_line
+from helpers import REPO, cddp, cddp_popen, eventually, host_pids, record, run_id_of, wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -56,18 +56,6 @@ dist.destroy_process_group()
 if rank == 0:
     os.write(1, f"finished at step 40 world={world}\n".encode())
 '''
-
-
-def host_pids(run_id: str, host: str) -> list[int]:
-    want = f"CLUSTERDDP_JOB={run_id}/{host}\0".encode()
-    out = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if want in env.read_bytes():
-                out.append(int(env.parent.name))
-        except OSError:
-            pass
-    return out
 
 
 def kill_left(run_id: str, host: str) -> None:
