@@ -33,7 +33,8 @@ class SSHBackend:
         from . import launch
         assert isinstance(prep, launch.Prepared)
         sent = launch.describe_upload(prep, req.max_upload)
-        return "\n".join([f"run {prep.plan.run_id}", plan.render(prep.plan), *([sent] if sent else [])])
+        # a spare in place of a quarantined host is said here too: the plan shows the spare
+        return "\n".join([f"run {prep.plan.run_id}", *prep.notes, plan.render(prep.plan), *([sent] if sent else [])])
 
     def launch(self, prep: base.Prepared, req: base.LaunchRequest, events: base.Events) -> base.RunOutcome | None:
         from . import launch

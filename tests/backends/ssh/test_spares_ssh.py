@@ -5,7 +5,10 @@
 2. examples/ddp_train.py on node1 + node2 with node3 a spare: node2 cut after a checkpoint exists, the
    run carries on on node1 + node3 from that checkpoint and succeeds;
 3. a plain torch script (no clusterddp.train) with --nodes 1:2 and no spare: node2 cut, the run
-   finishes on node1 alone from where it was.
+   finishes on node1 alone from where it was;
+4. node2, lost in two runs in a row, is quarantined: the next `up` uses the spare or refuses it.
+
+A second test cuts rank 0's host (whose disk holds the checkpoints) instead.
 """
 
 from __future__ import annotations
@@ -174,3 +177,78 @@ def test_a_lost_host_is_replaced_by_a_spare_or_the_run_goes_on_with_fewer_but_an
     assert rec["status"] == "succeeded" and [n["host"] for n in rec["nodes"]] == ["node1"], rec
     assert [(a["attempt"], a["out"], a["in"]) for a in rec["attempts"]] == [(2, ["node2"], [])], rec["attempts"]
     kill_left(run3, "node2")
+
+    # 4. node2 was lost in run 2 and again in run 3, two runs in a row: set aside. The next `up` with a
+    # spare runs the spare in its place, without one it refuses naming the host and until when, and
+    # `quarantine release` lets it back.
+    assert re.search(r"quarantine: node2 \(\S+:22\) is set aside until \S+ \S+", out), out
+    script = str(job / "steps.py")
+    planned = cddp("up", str(with_spare), script, "--runs-dir", str(runs), "--dry-run", check_rc=0).stdout
+    assert re.search(r"node2 is quarantined until \S+ \S+ \(.*\): spare node3 runs in its place", planned), planned
+    assert "== node3 (node 1, " in planned and "== node2 " not in planned, planned
+    refused = cddp("up", str(no_spare), script, "--runs-dir", str(runs), "--dry-run", check_rc=75).stderr
+    assert re.search(r"node2 \(\S+:22\) is quarantined until \S+ \S+", refused), refused
+    assert "clusterddp quarantine release node2" in refused and "Traceback" not in refused, refused
+    assert "released node2" in cddp("quarantine", "release", "node2", check_rc=0).stdout
+    cddp("up", str(no_spare), script, "--runs-dir", str(runs), "--dry-run", check_rc=0)
+
+
+def test_rank_0s_host_lost_the_run_resumes_on_the_others_from_the_mirrored_checkpoint(make_bed, tmp_path):
+    """The done-when case the other test cannot show: node1 holds rank 0 and every checkpoint on its own
+    disk (no shared folder anywhere), and its link is cut. The mirror had brought the newest checkpoint
+    back; the next attempt runs on node2 + node3 (node2 now rank 0, its master), node2 is seeded with that
+    checkpoint, and examples/ddp_train.py resumes from it (step > 0) and succeeds."""
+    bed = make_bed(3)
+    node1, node2, node3 = bed.nodes
+    for a, b in ((node1, node2), (node1, node3), (node2, node3)):  # each node's disk is its own
+        wa, wb = Path(a.workdir), Path(b.workdir)
+        assert wa != wb and wa not in wb.parents and wb not in wa.parents, (wa, wb)
+    runs = tmp_path / "runs"
+    spare = {"name": node3.name, "address": node3.address, "workdir": node3.workdir}
+    inventory = bed.write_inventory(tmp_path / "spare.yaml", [node1, node2], defaults_extra={"connect_timeout": 3},
+                                    extra={"spares": [spare]})
+    p = cddp_popen("up", str(inventory), str(REPO / "examples" / "ddp_train.py"), "--runs-dir", str(runs),
+                   "--gpus", "1", "--max-restarts", "1", "--", "--epochs", "60",
+                   env={"CLUSTERDDP_MIRROR_INTERVAL": "1"})
+    run_id = None
+    try:
+        lines = wait_for_line(p, "[node2] [clusterddp] node", timeout=180)
+        run_id = run_id_of(lines[0])
+        index = runs / run_id / "mirror.json"
+
+        def mirrored() -> dict[str, str]:  # the step checkpoints the launcher holds, by path
+            try:
+                doc = json.loads(index.read_text())
+            except (OSError, ValueError):
+                return {}
+            return {f["path"]: f["sha256"] for c in doc["checkpoints"] for f in c["files"]
+                    if re.fullmatch(r"checkpoints/step-[1-9]\d*\.pt", f["path"])}
+        held = eventually(mirrored, 180, 0.2)
+        assert held, f"no checkpoint mirrored from node1: {index}"
+        step_held = max(int(re.search(r"(\d+)", path).group(1)) for path in held)
+        assert not (run_folder(node2, run_id) / "checkpoints").exists()  # node2 never saved one: not rank 0
+        cut(node1)
+        rest, _ = p.communicate(timeout=400)
+    finally:
+        p.kill()
+        mend(node1)
+    out = "".join(lines) + rest
+    assert p.returncode == 0, out
+    moved = r"\[clusterddp\] attempt 2 of run \S+: node1 out, node3 in \(node1 lost.*node 0 on node2"
+    assert re.search(moved, out), out
+    assert re.search(r"\[clusterddp\] node2 seeded with the mirrored checkpoint .*\(sha256 checked there\)", out), out
+    resumed = re.search(r"\[node2\] resumed from step (\d+)", out)
+    assert resumed and int(resumed.group(1)) >= step_held > 0, out
+    assert "[node3] [clusterddp] node 1/2 on node3" in out and "done world_size=2 final_step=" in out, out
+    rec = record(runs, run_id)
+    assert rec["status"] == "succeeded", rec
+    assert [(n["host"], n["node_rank"], n["state"]) for n in rec["nodes"]] == [
+        ("node2", 0, "succeeded"), ("node3", 1, "succeeded")], rec["nodes"]
+    (a,) = rec["attempts"]
+    assert (a["attempt"], a["out"], a["in"]) == (2, ["node1"], ["node3"]) and "node1 lost" in a["why"], a
+    # what node2 resumed from is the checkpoint node1 wrote, sent from the mirror's copy of it (node2 has
+    # pruned it since: ddp_train.py keeps its 3 newest)
+    name = f"checkpoints/step-{resumed.group(1)}.pt"
+    assert f"node2 seeded with the mirrored checkpoint {name}, " in out, out
+    assert (runs / run_id / "artifacts" / "node1" / name).is_file()
+    kill_left(run_id, "node1")
