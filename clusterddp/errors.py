@@ -183,13 +183,14 @@ class StoreError(UsageError):
 class LeaseBusy(ClusterDDPError):
     """A run that does not fit in the free GPU slots now (``up`` without ``--wait``): nothing was
     started. Exit code 75 (EX_TEMPFAIL, as a skipped scheduled run): try again later, or wait.
-    ``holders`` are the leases (``leases.Holding``) on the node that did not fit."""
+    ``holders`` are the leases (``leases.Holding``) on the node that did not fit, ``host`` its name."""
 
     exit_code = 75
 
-    def __init__(self, message: str, hint: str | None = None, *, holders: tuple = (), run_id: str = "") -> None:
+    def __init__(self, message: str, hint: str | None = None, *, holders: tuple = (), run_id: str = "",
+                 host: str | None = None) -> None:
         super().__init__(message, hint)
-        self.holders, self.run_id = holders, run_id
+        self.holders, self.run_id, self.host = holders, run_id, host
 
 
 class QuarantineError(UsageError):

@@ -289,7 +289,7 @@ def _busy(run_id: str, a: Ask, view: NodeView, why: str | None, never: bool) -> 
         lines.append(f"  {h}: {view.garbled} unreadable lease file(s) in {P.lease_dir(a.host)}")
     return LeaseBusy("\n".join(lines), "wait for a turn with `up --wait`, or choose other hosts (--hosts) or fewer "
                      "processes (--gpus); `clusterddp leases INVENTORY` lists every lease", holders=view.holders,
-                     run_id=run_id)
+                     run_id=run_id, host=h)
 
 
 def try_acquire(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], *, user: str,

@@ -512,9 +512,6 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
             fleet.close()
             _ends(prep, events, attempt, f"{decision.why}; {nxt}", decision.hosts)
             return None
-        for s in spares:
-            if s.name not in nxt.in_:
-                fleet.close_host(s)
         # The hosts that stay start in fresh control folders (the old attempt's moved aside, on the node and here).
         kept = [n for n in old.nodes if n.host.name not in nxt.out]
         moved = fleet.each(lambda h, t: t.run(P.retire_command(next(n for n in kept if n.host.name == h.name),
@@ -524,9 +521,15 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
                 why = res if isinstance(res, Exception) else res.stderr.decode("utf-8", "replace").strip()
                 raise HostError(host, f"cannot move attempt {attempt}'s control folder aside: {why}")
         store.set_logs_aside(run_id, attempt, [n.host.name for n in old.nodes])
-        plan = P.build_plan(inv.in_use(nxt.hosts), req.spec, run_id, train_lookup=old.train_lookup,
-                            attempt=attempt + 1)
-        new, lease = take_lease(replace(prep, plan=plan, notes=()), fleet)
+        chosen = _lease_next(prep, req, events, attempt, decision, healthy, fleet, nxt)
+        if isinstance(chosen, str):
+            fleet.close()
+            _ends(prep, events, attempt, f"{decision.why}; {chosen}", decision.hosts)
+            return None
+        new, lease, nxt = chosen
+        for s in spares:
+            if s.name not in nxt.in_:
+                fleet.close_host(s)
         plan = new.plan
         entry = Attempt(attempt + 1, utcnow(), nxt.out, nxt.in_, decision.why)
         store.update(run_id, lambda r: replace(
@@ -550,6 +553,34 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
             lease.release()
         fleet.close()
         raise
+
+
+def _lease_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, attempt: int, decision: Decision,
+                healthy: list[inv_mod.Host], fleet: Fleet, nxt: attempts.Next
+                ) -> tuple[Prepared, Lease, attempts.Next] | str:
+    """The next attempt on ``nxt``'s hosts, leased, with the hosts it got. A spare whose slots another
+    run holds is said and passed over for the next healthy one (another user's run on it is no reason
+    to end this one); with none left, why the run cannot go on. Slots taken on a host that stays end
+    the run (LeaseBusy)."""
+    from ...errors import LeaseBusy
+    inv, run_id = prep.plan.inventory, prep.plan.run_id
+    while True:
+        plan = P.build_plan(inv.in_use(nxt.hosts), req.spec, run_id, train_lookup=prep.plan.train_lookup,
+                            attempt=attempt + 1)
+        try:
+            new, lease = take_lease(replace(prep, plan=plan, notes=()), fleet)
+        except LeaseBusy as e:
+            if e.host is None or e.host not in nxt.in_:
+                raise
+            events.warn(f"[clusterddp] spare {e.host} is not used: {str(e).splitlines()[0]}")
+            healthy = [h for h in healthy if h.name != e.host]
+            again = attempts.next_hosts(inv.hosts, decision.hosts, healthy, req.nodes)
+            if isinstance(again, str):
+                return again
+            nxt = again
+            continue
+        assert lease is not None  # an SSH run's
+        return new, lease, nxt
 
 
 def _healthy_spares(old: P.LaunchPlan, req: base.LaunchRequest, events: base.Events, left: tuple[inv_mod.Host, ...],

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cddp, cddp_popen, eventually, host_pids, record, run_id_of, wait_for_line
+from helpers import REPO, cddp, cddp_popen, eventually, host_pids, job_script, record, run_id_of, wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +34,13 @@ if dist.get_rank() == 1:
     raise ValueError("bad batch shape in the user's own code")
 dist.barrier()
 dist.destroy_process_group()
+'''
+
+# Holds its node's slots (a detached run of another user) until the file HOLD_UNTIL names exists.
+HOLDS = r'''
+import os, time
+while not os.path.exists(os.environ["HOLD_UNTIL"]):
+    time.sleep(0.2)
 '''
 
 # A plain torch script that resumes by itself: rank 0 keeps the step it reached in a file of its run
@@ -197,16 +204,23 @@ def test_rank_0s_host_lost_the_run_resumes_on_the_others_from_the_mirrored_check
     """The done-when case the other test cannot show: node1 holds rank 0 and every checkpoint on its own
     disk (no shared folder anywhere), and its link is cut. The mirror had brought the newest checkpoint
     back; the next attempt runs on node2 + node3 (node2 now rank 0, its master), node2 is seeded with that
-    checkpoint, and examples/ddp_train.py resumes from it (step > 0) and succeeds."""
-    bed = make_bed(3)
-    node1, node2, node3 = bed.nodes
+    checkpoint, and examples/ddp_train.py resumes from it (step > 0) and succeeds. The first spare, node4,
+    is healthy but another run holds its GPU slots: it is passed over (said) for node3."""
+    bed = make_bed(4)
+    node1, node2, node3, node4 = bed.nodes
     for a, b in ((node1, node2), (node1, node3), (node2, node3)):  # each node's disk is its own
         wa, wb = Path(a.workdir), Path(b.workdir)
         assert wa != wb and wa not in wb.parents and wb not in wa.parents, (wa, wb)
     runs = tmp_path / "runs"
-    spare = {"name": node3.name, "address": node3.address, "workdir": node3.workdir}
+    spares = [{"name": n.name, "address": n.address, "workdir": n.workdir} for n in (node4, node3)]
     inventory = bed.write_inventory(tmp_path / "spare.yaml", [node1, node2], defaults_extra={"connect_timeout": 3},
-                                    extra={"spares": [spare]})
+                                    extra={"spares": spares})
+    # another user's run holds both of node4's slots until the test ends
+    hold = tmp_path / "hold"
+    holder = cddp("up", str(bed.write_inventory(tmp_path / "node4.yaml", [node4])),
+                  str(job_script(tmp_path, "hold.py", HOLDS)), "--runs-dir", str(tmp_path / "other"), "--detach",
+                  "-e", f"HOLD_UNTIL={hold}", check_rc=0)
+    holder_id = run_id_of(holder.stdout)
     p = cddp_popen("up", str(inventory), str(REPO / "examples" / "ddp_train.py"), "--runs-dir", str(runs),
                    "--gpus", "1", "--max-restarts", "1", "--", "--epochs", "60",
                    env={"CLUSTERDDP_MIRROR_INTERVAL": "1"})
@@ -232,8 +246,11 @@ def test_rank_0s_host_lost_the_run_resumes_on_the_others_from_the_mirrored_check
     finally:
         p.kill()
         mend(node1)
+        hold.touch()
     out = "".join(lines) + rest
     assert p.returncode == 0, out
+    assert re.search(r"\[clusterddp\] spare node4 is not used: the run does not fit: it needs .* on node4", out), out
+    assert "node4" not in out.split("spare node4 is not used", 1)[1].split("\n", 1)[1], out
     moved = r"\[clusterddp\] attempt 2 of run \S+: node1 out, node3 in \(node1 lost.*node 0 on node2"
     assert re.search(moved, out), out
     assert re.search(r"\[clusterddp\] node2 seeded with the mirrored checkpoint .*\(sha256 checked there\)", out), out
@@ -252,3 +269,4 @@ def test_rank_0s_host_lost_the_run_resumes_on_the_others_from_the_mirrored_check
     assert f"node2 seeded with the mirrored checkpoint {name}, " in out, out
     assert (runs / run_id / "artifacts" / "node1" / name).is_file()
     kill_left(run_id, "node1")
+    assert record(tmp_path / "other", holder_id)["status"] != "failed"
