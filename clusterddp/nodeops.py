@@ -15,7 +15,7 @@ from typing import BinaryIO, TypeVar
 from . import plan as P
 from .fleet import Fleet, GroupResult
 from .node import reply as node_reply
-from .record import NodeState, RunRecord, from_report
+from .record import NodeRecord, NodeState, RunRecord, from_report
 from .transport import Tail, Transport
 
 R = TypeVar("R")
@@ -28,8 +28,12 @@ LOG_TIMEOUT = 120.0
 def nodes_of(rec: RunRecord, hosts: list[str] | None = None) -> list[P.NodeLaunch]:
     """The NodeLaunch of each node (or only of ``hosts``), rebuilt from a run record (no launch
     script: it already ran)."""
-    return [P.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
-            for n in rec.nodes if not hosts or n.host in hosts]
+    return [launch_of(n) for n in rec.nodes if not hosts or n.host in hosts]
+
+
+def launch_of(n: NodeRecord) -> P.NodeLaunch:
+    """The NodeLaunch of one recorded node (a run's, or a lost one of an earlier attempt's)."""
+    return P.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
 
 
 def each(fleet: Fleet, nodes: Sequence[P.NodeLaunch], fn: Callable[[P.NodeLaunch, Transport], R],

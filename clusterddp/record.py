@@ -302,6 +302,9 @@ class RunRecord:
     # The decisions after failed attempts (an SSH run with spares or --nodes MIN:MAX), oldest first;
     # absent from older records. ``nodes`` are always the current (last) attempt's.
     attempts: tuple[Attempt, ...] = ()
+    # The nodes of earlier attempts that were lost (its job may run on there, out of reach): `stop` ends
+    # what is left of it once the host answers again, then drops it from here. Absent from older records.
+    lost: tuple[NodeRecord, ...] = ()
 
     @property
     def attempt(self) -> int:
@@ -334,7 +337,8 @@ class RunRecord:
                 "nodes": [n.to_json() for n in self.nodes],
                 **({"failure": self.failure.to_json()} if self.failure else {}),
                 **({"slurm": self.slurm.to_json()} if self.slurm else {}),
-                **({"attempts": [a.to_json() for a in self.attempts]} if self.attempts else {})}
+                **({"attempts": [a.to_json() for a in self.attempts]} if self.attempts else {}),
+                **({"lost_nodes": [n.to_json() for n in self.lost]} if self.lost else {})}
 
     @classmethod
     def from_json(cls, data: Any, path: str) -> RunRecord:
@@ -372,7 +376,8 @@ class RunRecord:
                    updated_at=r.get("updated_at", str | None, default=None),
                    failure=_failure(r.get("failure", dict | None, default=None), path),
                    slurm=SlurmJob.from_json(data["slurm"], path) if data.get("slurm") is not None else None,
-                   attempts=_attempts(r.get("attempts", list, default=[]), path))
+                   attempts=_attempts(r.get("attempts", list, default=[]), path),
+                   lost=_lost(r.get("lost_nodes", list, default=[]), path))
 
 
 def _attempts(data: list, path: str) -> tuple[Attempt, ...]:
@@ -381,6 +386,17 @@ def _attempts(data: list, path: str) -> tuple[Attempt, ...]:
     if len(data) > MAX_ATTEMPTS:
         raise RecordError(path, "attempts", f"more than {MAX_ATTEMPTS} entries")
     return tuple(Attempt.from_json(a, path, f"attempts[{i}]") for i, a in enumerate(data))
+
+
+def _lost(data: list, path: str) -> tuple[NodeRecord, ...]:
+    """run.json's ``lost_nodes``: the nodes of earlier attempts still to be reached by `stop`, bounded
+    (a host out never comes back in the same run, so each is named once)."""
+    if len(data) > MAX_FANOUT:
+        raise RecordError(path, "lost_nodes", f"more than {MAX_FANOUT} entries")
+    read = tuple(NodeRecord.from_json(n, path, f"lost_nodes[{i}]") for i, n in enumerate(data))
+    if len({n.host for n in read}) != len(read):
+        raise RecordError(path, "lost_nodes", "a host is listed twice")
+    return read
 
 
 # ---- reading JSON into typed fields ----

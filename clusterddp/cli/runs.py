@@ -183,6 +183,9 @@ def stop(run: str = RUN, runs_dir: str = RUNS_DIR,
     print(f"run {run_id}: {done.record.status}")
     for n in done.record.nodes:
         print(_node_line(n) + (f"; {visible(done.how[n.host])}" if n.host in done.how else ""))
+    for host, how in done.how.items():  # a host an earlier attempt lost (a run with spares)
+        if host not in done.record.hosts:
+            print(f"  {host}: {visible(how)}")
     if done.not_stopped:
         err("some nodes could not be stopped; run `clusterddp stop` again once they answer")
         raise typer.Exit(1)

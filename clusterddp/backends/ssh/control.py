@@ -124,17 +124,39 @@ def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: 
     seen.update({h: (NodeState.UNREACHABLE, None, str(e) if h in unreachable else f"teardown failed: {e}")
                  for h, e in res.failed.items()})
     not_stopped = tuple(h for h in seen if h not in how)
+    earlier, ended = _stop_lost(rec, connect, grace)
 
     def stopped(rec: RunRecord) -> RunRecord:
         rec = rec.seen(seen)
         if rec.status is RunStatus.RUNNING:
             rec = replace(rec, status=RunStatus.STOPPED)
-        return replace(rec, ended_at=rec.ended_at or utcnow())
+        return replace(rec, ended_at=rec.ended_at or utcnow(), lost=tuple(n for n in rec.lost if n.host not in ended))
     rec = store.update(run_id, stopped)
     for h in not_stopped:
         reason = seen[h][2]
         how[h] = "not stopped" if rec.node(h).error == reason else f"not stopped: {reason}"
-    return Stopped(rec, how, not_stopped, collected)
+    return Stopped(rec, {**how, **earlier}, (*not_stopped, *(h for h in earlier if h not in ended)), collected)
+
+
+def _stop_lost(rec: RunRecord, connect: Callable[[Host], Transport], grace: float
+               ) -> tuple[dict[str, str], set[str]]:
+    """`stop` on the hosts an earlier attempt lost (``rec.lost``: their job may have run on there, out
+    of reach): how each went, and the hosts where nothing of the run is left now (dropped from the record)."""
+    if not rec.lost:
+        return {}, set()
+    nodes = [nodeops.launch_of(n) for n in rec.lost]
+    with Fleet([n.host for n in nodes], fanout=rec.fanout, connect=connect) as fleet:
+        res = nodeops.each(fleet, nodes, lambda n, t: nodeops.teardown(t, n, grace))
+    how: dict[str, str] = {}
+    ended: set[str] = set()
+    for h, done in res.succeeded.items():
+        if done.word in _TEARDOWN:
+            how[h], ended = f"lost in an earlier attempt: {_TEARDOWN[done.word]}", ended | {h}
+        else:
+            how[h] = f"lost in an earlier attempt: not stopped: the teardown printed {done.said!r}"
+    for h, e in res.failed.items():
+        how[h] = f"lost in an earlier attempt: not stopped: {as_host_error(h, e)}"
+    return how, ended
 
 
 def collect(store: RunStore, run_id: str, connect: Callable = default_connect,

@@ -532,9 +532,12 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
                 fleet.close_host(s)
         plan = new.plan
         entry = Attempt(attempt + 1, utcnow(), nxt.out, nxt.in_, decision.why)
+        # a lost host's job may run on there: kept in the record, for `stop` to end once it answers
+        lost = tuple(n for n in rec.nodes if n.state is NodeState.LOST and n.host in nxt.out)
         store.update(run_id, lambda r: replace(
             r, nodes=tuple(node_records(plan)), master_addr=plan.master_addr, master_port=plan.master_port,
-            status=RunStatus.RUNNING, failed_host=None, ended_at=None, failure=None, attempts=(*r.attempts, entry)))
+            status=RunStatus.RUNNING, failed_host=None, ended_at=None, failure=None, attempts=(*r.attempts, entry),
+            lost=(*r.lost, *lost)))
         events.say(f"[clusterddp] attempt {attempt + 1} of run {run_id}: {nxt.says()} ({decision.why}); "
                    f"node 0 on {plan.nodes[0].host.name}, master {plan.master_addr}:{plan.master_port}")
         events.hosts([n.host.name for n in plan.nodes])

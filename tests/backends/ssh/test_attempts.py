@@ -164,3 +164,19 @@ def test_retire_command_moves_the_old_attempts_control_folder_aside(inv):
     ctl = "/w/runs/r1/.clusterddp/b"
     assert P.retire_command(node, 2) == (f"if [ -d {ctl} ]; then rm -rf {ctl}@attempt-1 "
                                          f"&& mv {ctl} {ctl}@attempt-1; fi")
+
+
+def test_lost_nodes_of_earlier_attempts_round_trip_and_damage_is_a_located_error():
+    """run.json's ``lost_nodes``: a lost host's old job, for `stop` to reach once the host answers."""
+    old = make_record("r1", ("a", "b"))
+    rec = type(old)(**{**old.__dict__, "nodes": old.nodes[:1], "lost": old.nodes[1:]})
+    data = json.loads(json.dumps(rec.to_json()))
+    assert [n["host"] for n in data["lost_nodes"]] == ["b"]
+    assert RunRecord.from_json(data, "run.json").lost == rec.lost
+    assert "lost_nodes" not in old.to_json() and RunRecord.from_json(old.to_json(), "run.json").lost == ()
+    for bad, field in ((data["lost_nodes"] * 2, "lost_nodes"), ({"host": "b"}, "lost_nodes"),
+                       ([{**data["lost_nodes"][0], "host": "../b"}], "lost_nodes[0].host"),
+                       ([{**data["lost_nodes"][0], "marker": 5}], "lost_nodes[0].marker")):
+        with pytest.raises(RecordError) as e:
+            RunRecord.from_json({**data, "lost_nodes": bad}, "run.json")
+        assert f"run.json: {field}" in str(e.value), str(e.value)
