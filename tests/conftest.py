@@ -16,6 +16,7 @@ tests/durations.json (the order CI runs tests in: longest first)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,6 +46,9 @@ def _own_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     such as the quarantine of machines lost twice in a row, never leaks from one test to the next (test
     beds reuse their addresses)."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    # and the working folder back as it was after the test (a node program called in-process, such as
+    # node/collect.py, changes into its run folder): a later test's relative path must not depend on the order
+    monkeypatch.chdir(os.getcwd())
 
 
 @pytest.hookimpl(hookwrapper=True)
