@@ -273,7 +273,7 @@ def exit_at_interrupt(code: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):
+            except Exception:  # noqa: BLE001 - closed, broken, or a write this signal interrupted (reentrant)
                 pass
         os._exit(code)
     if guarded() and threading.current_thread() is threading.main_thread():
