@@ -235,7 +235,7 @@ def exit_quickly_when_done() -> None:
     """Let :func:`clusterddp.cli.app.main` end the process with ``os._exit`` once this command returns.
 
     For a command that leaves nothing for exit handlers (``exec``: its connections are closed,
-    its output printed). Tearing the interpreter down after paramiko, cryptography, pydantic and
+    its output printed). Tearing the interpreter down after paramiko, cryptography and
     a thread per host costs about 0.07 CPU-s and, on a busy 2-core machine, 0.3-0.5 s of wall
     time, a tenth of `exec -- true` on 16 hosts (bench/RESULTS-exec.md). Commands run in-process
     (tests, CliRunner) never go through ``main``, so this changes nothing for them.

@@ -1,7 +1,7 @@
 """The host inventory: frozen data (:mod:`.model`) and the reader of inventory files (:mod:`.loader`).
 
 :mod:`.model` imports nothing of the parsers; :mod:`.loader` reads YAML through the strict reader
-(``_inventory_yaml``) and the pydantic schema (``_inventory_schema``), or a DeepSpeed/MPI hostfile
+(``_inventory_yaml``) and the schema's rules (``_inventory_schema``), or a DeepSpeed/MPI hostfile
 (``_hostfile``); ``inventory_json_schema`` renders the schema for YAML editors. Importers use the
 names re-exported here: ``from clusterddp.inventory import Host, Inventory, load, LOCAL``.
 """

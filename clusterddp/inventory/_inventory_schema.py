@@ -1,16 +1,21 @@
-"""The inventory's YAML schema (pydantic), private to :mod:`clusterddp.inventory`.
+"""The inventory's shape, private to :mod:`clusterddp.inventory`: what each key of the file may hold.
 
-Kept apart so that importing the inventory module (for `up local`, `--help`, a run record)
-does not import pydantic; :func:`clusterddp.inventory.parse` loads it when a file is read.
+Each block is a :class:`Model` of :class:`Field` rules, checked by hand (strict: no coercion, so
+``port: "22"`` is refused, not read as 22) and rendered from the same rules as JSON Schema for editors
+(:mod:`.inventory_json_schema`). :func:`validate` gives the block's values as attributes, or raises
+:class:`Invalid` with every problem, each located by its path (``("hosts", 1, "port")``).
+
+No pydantic: building its models cost every command that reads an inventory 0.2-0.3 CPU-s at start,
+several times what checking a file takes here.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal
-
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from .model import (
     ENV_NAME_RE,
@@ -25,24 +30,314 @@ from .model import (
     webhook_problem,
 )
 
+Loc = tuple[str | int, ...]
 
-def _one_line(v: str) -> str:
+
+class Problem(NamedTuple):
+    """One problem: where (the path of keys and list indices), what kind, and what to say."""
+
+    loc: Loc
+    kind: str  # "missing", "extra_forbidden", "too_short", "type", "value_error"
+    msg: str
+
+
+class Invalid(Exception):
+    """A document that does not fit; ``problems`` in the rules' order, the first one first."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__(problems[0].msg)
+        self.problems = problems
+
+
+class Entry:
+    """A checked block: its fields as attributes."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+
+    def __repr__(self) -> str:
+        return f"Entry({self.__dict__!r})"
+
+
+_BAD = object()  # what a rule returns for a value it refused (its problem is already added)
+Check = Callable[[Any], Any]  # a value in, the value (maybe changed) out; ValueError says what is wrong
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _refuse(out: list[Problem], loc: Loc, msg: str) -> Any:
+    out.append(Problem(loc, "type", msg))
+    return _BAD
+
+
+class Rule:
+    """What a value may be: a type (each subclass's ``_type``), then ``then``'s checks in order.
+    ``schema`` replaces the JSON Schema the rule would render, ``shape`` adds to it: what only the
+    checks enforce, said again for editors (a test holds the two to the same verdicts)."""
+
+    def __init__(self, *then: Check, schema: dict[str, Any] | None = None, shape: dict[str, Any] | None = None) -> None:
+        self.then, self.schema_override, self.shape = then, schema, shape
+
+    def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:  # the value, or _BAD with a problem added
+        return v
+
+    def check(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
+        v = self._type(v, loc, out)
+        for fn in self.then:
+            if v is _BAD:
+                break
+            try:
+                v = fn(v)
+            except ValueError as e:
+                out.append(Problem(loc, "value_error", str(e)))
+                v = _BAD
+        return v
+
+    def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        s = dict(self.schema_override) if self.schema_override is not None else self._schema(defs)
+        return {**s, **(self.shape or {})}
+
+    def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+class Str(Rule):
+    def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
+        return v if isinstance(v, str) else _refuse(out, loc, "input should be a valid string")
+
+    def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "string"}
+
+
+class Bool(Rule):
+    def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
+        return v if isinstance(v, bool) else _refuse(out, loc, "input should be a valid boolean (true or false)")
+
+    def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "boolean"}
+
+
+class Choice(Rule):
+    def __init__(self, *words: str) -> None:
+        super().__init__()
+        self.words = words
+
+    def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
+        if isinstance(v, str) and v in self.words:
+            return v
+        return _refuse(out, loc, "input should be " + " or ".join(repr(w) for w in self.words))
+
+    def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        return {"enum": list(self.words), "type": "string"}
+
+
+class Number(Rule):
+    """A number in bounds: ``whole`` for integers only; ``gt``/``ge``/``le`` as in JSON Schema.
+    ``seconds``: a duration (finite; its messages say seconds); ``low``: what to say below the bound."""
+
+    def __init__(self, *then: Check, whole: bool = False, gt: float | None = None, ge: float | None = None,
+                 le: float | None = None, seconds: bool = False, low: str | None = None) -> None:
+        super().__init__(*then)
+        self.whole, self.gt, self.ge, self.le, self.seconds, self.low = whole, gt, ge, le, seconds, low
+
+    def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
+        if not (_is_int(v) if self.whole else _is_number(v)):
+            return _refuse(out, loc, "input should be a valid integer" if self.whole else
+                           "input should be a valid number")
+        if self.seconds and not math.isfinite(v):
+            return _refuse(out, loc, f"must be a number of seconds, not {v}")
+        for bound, ok, words in ((self.gt, lambda b: v > b, "greater than"),
+                                 (self.ge, lambda b: v >= b, "greater than or equal to"),
+                                 (self.le, lambda b: v <= b, "less than or equal to")):
+            if bound is not None and not ok(bound):
+                msg = f"input should be {words} {bound:g}"
+                if words == "less than or equal to" and self.seconds:
+                    msg = f"must be at most {bound:g} seconds"
+                elif words != "less than or equal to" and self.low:
+                    msg = self.low
+                out.append(Problem(loc, "value_error", msg))
+                return _BAD
+        return v
+
+    def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        s: dict[str, Any] = {"type": "integer" if self.whole else "number"}
+        for key, bound in (("exclusiveMinimum", self.gt), ("minimum", self.ge), ("maximum", self.le)):
+            if bound is not None:
+                s[key] = bound
+        return s
+
+
+class ListOf(Rule):
+    def __init__(self, item: Rule, *then: Check, min_length: int = 0, shape: dict[str, Any] | None = None) -> None:
+        super().__init__(*then, shape=shape)
+        self.item, self.min_length = item, min_length
+
+    def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
+        if not isinstance(v, list):
+            return _refuse(out, loc, "input should be a valid list (one `- item` per line, or [a, b])")
+        if len(v) < self.min_length:
+            out.append(Problem(loc, "too_short", f"should have at least {self.min_length} item(s)"))
+            return _BAD
+        items = [self.item.check(x, (*loc, i), out) for i, x in enumerate(v)]
+        return _BAD if any(x is _BAD for x in items) else items
+
+    def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        s: dict[str, Any] = {"type": "array", "items": self.item.schema(defs)}
+        if self.min_length:
+            s["minItems"] = self.min_length
+        return s
+
+
+class AnyMapping(Rule):
+    """Any mapping (its keys and values checked by ``then``)."""
+
+    def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
+        return dict(v) if isinstance(v, dict) else _refuse(out, loc, "input should be a mapping (`key: value` lines)")
+
+    def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "object"}
+
+
+class Anything(Rule):
+    """Any value: ``then``'s checks say what it may be."""
+
+
+class Maybe(Rule):
+    """``rule``, or nothing (null, or the key left out)."""
+
+    def __init__(self, rule: Rule) -> None:
+        super().__init__()
+        self.rule = rule
+
+    def check(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
+        return None if v is None else self.rule.check(v, loc, out)
+
+    def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        inner = self.rule.schema(defs)
+        return {"anyOf": [*(inner["anyOf"] if set(inner) == {"anyOf"} else [inner]), {"type": "null"}]}
+
+
+REQUIRED = object()  # a Field's default when the key must be given
+
+
+@dataclass(frozen=True)
+class Field:
+    rule: Rule
+    default: Any = None            # REQUIRED: the key must be given; a Model: that block with no key given
+    before: Check | None = None    # a check of the raw value, before the rule's type (it refuses a given key)
+
+
+@dataclass
+class Model(Rule):
+    """A block of keys: each one's :class:`Field`; other keys refused (``extra="forbid"``) or let be."""
+
+    name: str                      # the block's name in the JSON Schema's $defs
+    fields: dict[str, Field]
+    extra: str = "forbid"
+    after: Callable[[Entry], None] | None = None   # a check of the whole block once every field is right
+    shape: dict[str, Any] | None = None
+    then: tuple[Check, ...] = field(default=())
+    schema_override: dict[str, Any] | None = None
+
+    def extend(self, title: str, more: dict[str, Field]) -> Model:
+        """This block with ``more`` keys, under the schema name ``title``."""
+        return Model(title, {**self.fields, **more}, self.extra, self.after)
+
+    def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
+        if not isinstance(v, dict):
+            return _refuse(out, loc, "input should be a mapping (`key: value` lines)")
+        before = len(out)
+        values = {}
+        for key, f in self.fields.items():
+            if key not in v:
+                if f.default is REQUIRED:
+                    out.append(Problem((*loc, key), "missing", "required, but missing"))
+                values[key] = None if f.default is REQUIRED else _fresh(f.default, (*loc, key), out)
+                continue
+            raw = v[key]
+            if f.before is not None:
+                try:
+                    raw = f.before(raw)
+                except ValueError as e:
+                    out.append(Problem((*loc, key), "value_error", str(e)))
+                    continue
+            values[key] = f.rule.check(raw, (*loc, key), out)
+        if self.extra == "forbid":
+            out.extend(Problem((*loc, k), "extra_forbidden", "unknown key") for k in v if k not in self.fields)
+        if len(out) > before:
+            return _BAD
+        entry = Entry(**values)
+        if self.after is not None:
+            try:
+                self.after(entry)
+            except ValueError as e:
+                out.append(Problem(loc, "value_error", str(e)))
+                return _BAD
+        return entry
+
+    def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        if self.name not in defs:
+            defs[self.name] = {}  # taken before its fields are rendered: a block may hold itself
+            defs[self.name] = {**self.definition(defs), **(self.shape or {})}
+        return {"$ref": f"#/$defs/{self.name}"}
+
+    def definition(self, defs: dict[str, Any]) -> dict[str, Any]:
+        """The block as a JSON Schema object: ``properties`` in the rules' order, ``required``, defaults."""
+        props: dict[str, Any] = {}
+        for key, f in self.fields.items():
+            s = f.rule.schema(defs)
+            if f.default is not REQUIRED:
+                s["default"] = {} if isinstance(f.default, Model) else f.default
+            props[key] = s
+        out: dict[str, Any] = {"type": "object", "properties": props}
+        if self.extra == "forbid":
+            out["additionalProperties"] = False
+        required = [k for k, f in self.fields.items() if f.default is REQUIRED]
+        if required:
+            out["required"] = required
+        return out
+
+
+def _fresh(default: Any, loc: Loc, out: list[Problem]) -> Any:
+    """A left-out key's value: its default (a block's default: the block with none of its keys given)."""
+    if isinstance(default, Model):
+        return default.check({}, loc, out)
+    return list(default) if isinstance(default, list) else dict(default) if isinstance(default, dict) else default
+
+
+def validate(model: Model, data: Mapping[str, Any]) -> Entry:
+    """``data`` checked as ``model``: its blocks as :class:`Entry` values; :class:`Invalid` if anything is off."""
+    out: list[Problem] = []
+    entry = model.check(data, (), out)
+    if out:
+        raise Invalid(out)
+    return entry
+
+
+# ---- the checks behind the fields ----
+
+def _problem(find: Callable[[str], str | None]) -> Check:
+    """A check from one of :mod:`.model`'s ``*_problem`` functions (None: nothing wrong)."""
+    def check(v: str) -> str:
+        said = find(v)
+        if said:
+            raise ValueError(said)
+        return v
+    return check
+
+
+_one_line = _problem(control_problem)
+
+
+def Line(*then: Check, shape: dict[str, Any] | None = None) -> Str:  # noqa: N802 - named as the other rules are
     """One-line text (setup lines and env values may hold control characters; the rest may not)."""
-    problem = control_problem(v)
-    if problem:
-        raise ValueError(problem)
-    return v
-
-
-def _glob(v: str) -> str:
-    problem = glob_problem(v)
-    if problem:
-        raise ValueError(problem)
-    return v
-
-
-Line = Annotated[str, AfterValidator(_one_line)]
-Glob = Annotated[str, AfterValidator(_glob)]
+    return Str(_one_line, *then, shape=shape)
 
 
 def _progress_regex(v: str) -> str:
@@ -54,12 +349,6 @@ def _progress_regex(v: str) -> str:
     if rx.groups > 1:
         raise ValueError(f"{rx.groups} groups; give at most one, around the step number (use (?:...) for the others)")
     return v
-
-
-def _stall_timeout(v: Any) -> Any:
-    if v is not None and not isinstance(v, bool) and v < 1:
-        raise ValueError("must be at least 1 second (leave it out for no stall watchdog)")
-    return _seconds(v, 7 * 86400)
 
 
 _AGE = re.compile(r"(?:\s*[0-9]{1,9}\s*[smhd])+\s*", re.ASCII)
@@ -81,75 +370,25 @@ def quarantine_seconds(v: Any) -> float:
     return float(v)
 
 
-Quarantine = Annotated[Any, AfterValidator(lambda v: None if v is None else quarantine_seconds(v))]
-ProgressRegex = Annotated[str, AfterValidator(_one_line), AfterValidator(_progress_regex)]
-StallTimeout = Annotated[float | int | None, AfterValidator(_stall_timeout)]
-
-
-def _seconds(v: Any, most: float) -> Any:
-    if v is None or isinstance(v, bool):
+def _gpus(v: Any) -> Any:
+    if v == "auto":
         return v
-    if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"must be a number of seconds, not {v}")
-    if v > most:
-        raise ValueError(f"must be at most {most:g} seconds")
+    if isinstance(v, list):  # a fixed choice of GPUs (slots), e.g. [0, 1]
+        if not v or any(not _is_int(i) or not 0 <= i < MAX_GPUS for i in v):
+            raise ValueError("a list of GPUs must hold GPU indices 0..1023, e.g. [0, 1]")
+        if len(set(v)) != len(v):
+            raise ValueError("lists a GPU twice")
+        return v
+    if not _is_int(v):
+        raise ValueError("must be a whole number of processes (>= 1) or 'auto'")
+    if v < 1:
+        raise ValueError("must be >= 1 (processes per node) or 'auto'")
+    if v > MAX_GPUS:
+        raise ValueError(f"must be at most {MAX_GPUS} (processes per node), as --gpus, or 'auto'")
     return v
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    user: Line | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
-    identity_file: Line | None = None
-    known_hosts: Line | None = None
-    host_key_policy: Literal["strict", "accept-new"] | None = None
-    gpus: int | str | list[Any] | None = None  # a list is checked by _gpus
-    python: Line | None = None
-    workdir: Line | None = None
-    env: dict[str, Any] | None = None
-    setup: list[str] | None = None
-    connect_timeout: float | int | None = Field(default=None, gt=0)
-    keepalive: float | int | None = Field(default=None, ge=0)
-    lease_dir: Line | None = None
-
-    @field_validator("connect_timeout")
-    @classmethod
-    def _connect_timeout(cls, v: Any) -> Any:
-        return _seconds(v, 3600)
-
-    @field_validator("keepalive")
-    @classmethod
-    def _keepalive(cls, v: Any) -> Any:
-        return _seconds(v, 3600)
-
-    @field_validator("gpus")
-    @classmethod
-    def _gpus(cls, v: Any) -> Any:
-        if v is None or v == "auto":
-            return v
-        if isinstance(v, list):  # a fixed choice of GPUs (slots), e.g. [0, 1]
-            if not v or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_GPUS for i in v):
-                raise ValueError("a list of GPUs must hold GPU indices 0..1023, e.g. [0, 1]")
-            if len(set(v)) != len(v):
-                raise ValueError("lists a GPU twice")
-            return v
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError("must be a whole number of processes (>= 1) or 'auto'")
-        if v < 1:
-            raise ValueError("must be >= 1 (processes per node) or 'auto'")
-        if v > MAX_GPUS:
-            raise ValueError(f"must be at most {MAX_GPUS} (processes per node), as --gpus, or 'auto'")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, Any] | None) -> dict[str, str] | None:
-        return _env_values(v)
-
-
-def _env_values(v: dict[str, Any] | None) -> dict[str, str] | None:
-    if v is None:
-        return v
+def _env_values(v: dict[Any, Any]) -> dict[str, str]:
     out = {}
     for k, val in v.items():
         if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
@@ -158,91 +397,108 @@ def _env_values(v: dict[str, Any] | None) -> dict[str, str] | None:
         if isinstance(val, (list, dict)) or val is None:
             raise ValueError(f"{k}: value must be a string or a whole number, not "
                              f"{'empty' if val is None else 'a list' if isinstance(val, list) else 'a mapping'}")
-        if isinstance(val, bool) or not isinstance(val, (str, int)):
+        if not isinstance(val, str) and not _is_int(val):
             raise ValueError(f"{k}: value must be a string or a whole number; quote it, e.g. {k}: \"{val}\"")
         out[k] = str(val)
     return out
 
 
-class _HostEntry(_Settings):
-    name: str
-    address: Line | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not HOST_NAME_RE.fullmatch(v) or v == LOCAL:
-            raise ValueError("must be 1 to 128 letters, digits, '.', '_' or '-' (it names a log file), "
-                             "and not 'local'")
-        return v
+def _host_name(v: str) -> str:
+    if not HOST_NAME_RE.fullmatch(v) or v == LOCAL:
+        raise ValueError("must be 1 to 128 letters, digits, '.', '_' or '-' (it names a log file), and not 'local'")
+    return v
 
 
-class _MasterEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    host: Line | None = None
-    addr: Line | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)  # None: chosen free on the master, from 29500
+def _notify_on(v: list[str]) -> list[str]:
+    for e in v:
+        if e not in NOTIFY_EVENTS:
+            raise ValueError(f"{show(e)} is not an event; choose from {', '.join(NOTIFY_EVENTS)}")
+    if not v:
+        raise ValueError(f"lists no event; leave `on` out for every one ({', '.join(NOTIFY_EVENTS)})")
+    return v
 
 
-def _checked(problem: Any) -> Any:
-    def check(v: str) -> str:
-        said = problem(v)
-        if said:
-            raise ValueError(said)
-        return v
-    return AfterValidator(check)
+def _one_target(e: Entry) -> None:
+    given = [k for k in ("webhook", "webhook_file", "command") if getattr(e, k) is not None]
+    if len(given) != 1:
+        raise ValueError("give one of webhook (a URL), webhook_file (a file holding one) or command"
+                         + (f", not {' and '.join(given)}" if given else ""))
 
 
-class _NotifyEntry(BaseModel):
-    """One `notify:` target: exactly one of webhook, webhook_file, command."""
+# ---- the blocks ----
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-    webhook: Annotated[str, _checked(webhook_problem)] | None = None
-    webhook_file: Line | None = None
-    command: Annotated[str, _checked(notify_command_problem)] | None = None
-    on: list[str] | None = None
-    timeout: float | int = Field(default=10, gt=0, le=120)
+PORT = Number(whole=True, ge=1, le=65535)
+ENV = AnyMapping(_env_values, schema={"type": "object", "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"},
+                                      "additionalProperties": {"type": ["string", "integer"]}})
+GPUS = Anything(_gpus, schema={"anyOf": [
+    {"type": "integer", "minimum": 1, "maximum": MAX_GPUS}, {"const": "auto"},
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_GPUS - 1}, "minItems": 1,
+     "uniqueItems": True}]})
 
-    @field_validator("on")
-    @classmethod
-    def _on(cls, v: list[str] | None) -> list[str] | None:
-        for e in v or ():
-            if e not in NOTIFY_EVENTS:
-                raise ValueError(f"{show(e)} is not an event; choose from {', '.join(NOTIFY_EVENTS)}")
-        if v is not None and not v:
-            raise ValueError(f"lists no event; leave `on` out for every one ({', '.join(NOTIFY_EVENTS)})")
-        return v
+SETTINGS = Model("_Settings", {
+    "user": Field(Maybe(Line())),
+    "port": Field(Maybe(PORT)),
+    "identity_file": Field(Maybe(Line())),
+    "known_hosts": Field(Maybe(Line())),
+    "host_key_policy": Field(Maybe(Choice("strict", "accept-new"))),
+    "gpus": Field(Maybe(GPUS)),
+    "python": Field(Maybe(Line())),
+    "workdir": Field(Maybe(Line())),
+    "env": Field(Maybe(ENV)),
+    "setup": Field(Maybe(ListOf(Str()))),
+    "connect_timeout": Field(Maybe(Number(gt=0, le=3600, seconds=True))),
+    "keepalive": Field(Maybe(Number(ge=0, le=3600, seconds=True))),
+    "lease_dir": Field(Maybe(Line())),
+})
 
-    @field_validator("timeout")
-    @classmethod
-    def _timeout(cls, v: Any) -> Any:
-        return _seconds(v, 120)
+HOST_ENTRY = SETTINGS.extend("_HostEntry", {
+    "name": Field(Str(_host_name, schema={"type": "string", "pattern": f"^{HOST_NAME_RE.pattern}$",
+                                          "not": {"const": LOCAL}}), REQUIRED),
+    "address": Field(Maybe(Line())),
+})
 
-    @model_validator(mode="after")
-    def _one(self) -> _NotifyEntry:
-        given = [k for k in ("webhook", "webhook_file", "command") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError("give one of webhook (a URL), webhook_file (a file holding one) or command"
-                             + (f", not {' and '.join(given)}" if given else ""))
-        return self
+MASTER = Model("_MasterEntry", {
+    "host": Field(Maybe(Line())),
+    "addr": Field(Maybe(Line())),
+    "port": Field(Maybe(PORT)),  # None: chosen free on the master, from 29500
+})
 
+NOTIFY_ENTRY = Model("_NotifyEntry", {  # one `notify:` target: exactly one of webhook, webhook_file, command
+    "webhook": Field(Maybe(Str(_problem(webhook_problem)))),
+    "webhook_file": Field(Maybe(Line())),
+    "command": Field(Maybe(Str(_problem(notify_command_problem)))),
+    "on": Field(Maybe(ListOf(Str(), _notify_on, shape={"items": {"enum": list(NOTIFY_EVENTS)}, "minItems": 1}))),
+    "timeout": Field(Number(gt=0, le=120, seconds=True), 10),
+}, after=_one_target, shape={"oneOf": [{"required": [k]} for k in ("webhook", "webhook_file", "command")]})
 
-class InventoryFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    name: Line | None = None
-    defaults: _Settings = _Settings()
-    master: _MasterEntry = _MasterEntry()
-    collect: list[Glob] = []
-    fanout: int | None = Field(default=None, ge=1, le=1024)
-    keep_runs: int | None = Field(default=None, ge=1)
-    stall_timeout: StallTimeout = None
-    progress_regex: ProgressRegex | None = None
-    notify: list[_NotifyEntry] = []
-    quarantine: Quarantine = None
-    retry_job_failures: bool = False
-    hosts: list[_HostEntry] = Field(min_length=1)
-    spares: list[_HostEntry] = []  # host entries used only to replace a host lost during a run
-    restarts: int | None = Field(default=None, ge=0, le=1000)  # new attempts after a machine's failure
+# What both kinds of inventory take beside their machines.
+_COMMON = {
+    "name": Field(Maybe(Line())),
+    "collect": Field(ListOf(Line(_problem(glob_problem))), []),
+    "stall_timeout": Field(Maybe(Number(ge=1, le=7 * 86400, seconds=True,
+                                        low="must be at least 1 second (leave it out for no stall watchdog)"))),
+    "progress_regex": Field(Maybe(Line(_progress_regex))),
+    "notify": Field(ListOf(NOTIFY_ENTRY), []),
+}
+
+INVENTORY = Model("SSHInventory", {
+    "name": _COMMON["name"],
+    "defaults": Field(SETTINGS, SETTINGS),
+    "master": Field(MASTER, MASTER),
+    "collect": _COMMON["collect"],
+    "fanout": Field(Maybe(Number(whole=True, ge=1, le=1024))),
+    "keep_runs": Field(Maybe(Number(whole=True, ge=1))),
+    "stall_timeout": _COMMON["stall_timeout"],
+    "progress_regex": _COMMON["progress_regex"],
+    "notify": _COMMON["notify"],
+    "quarantine": Field(Maybe(Anything(quarantine_seconds, schema={"anyOf": [
+        {"type": "string", "pattern": r"^(\s*[0-9]{1,9}\s*[smhd])+\s*$"},
+        {"type": "number", "minimum": 60, "maximum": QUARANTINE_MOST_S}]}))),
+    "retry_job_failures": Field(Bool(), False),
+    "hosts": Field(ListOf(HOST_ENTRY, min_length=1), REQUIRED),
+    "spares": Field(ListOf(HOST_ENTRY), []),  # host entries used only to replace a host lost during a run
+    "restarts": Field(Maybe(Number(whole=True, ge=0, le=1000))),  # new attempts after a machine's failure
+})
 
 
 # ---- `slurm:` inventories: Slurm allocates the hosts, so there is no `hosts:` list ----
@@ -259,13 +515,10 @@ SBATCH_RESERVED = frozenset({
 _SLURM_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._,:|&*()\[\]-]*")  # partition, account, qos, constraint
 
 
-def _slurm_word(v: str | None) -> str | None:
-    if v is not None and not _SLURM_WORD.fullmatch(v):
+def _slurm_word(v: str) -> str:
+    if not _SLURM_WORD.fullmatch(v):
         raise ValueError("must be a Slurm name: letters, digits and . _ - (constraints also , : | & * ( ) [ ])")
     return v
-
-
-SlurmWord = Annotated[str, AfterValidator(_slurm_word)]
 
 
 def _sbatch_option(opt: str) -> str:
@@ -278,91 +531,69 @@ def _sbatch_option(opt: str) -> str:
     return opt
 
 
-SbatchOption = Annotated[str, AfterValidator(_one_line), AfterValidator(_sbatch_option)]
+def _slurm_time(v: str) -> str:
+    if not _SLURM_TIME.fullmatch(v):
+        raise ValueError(f"{show(v)} is not a Slurm time limit; use minutes, \"HH:MM:SS\" or \"D-HH:MM:SS\"")
+    return v
 
 
-class _LoginEntry(_HostEntry):
-    """`slurm.login` as a host entry: where sbatch, scontrol and scancel run, reached over SSH."""
-
-    @field_validator("gpus", "workdir", "lease_dir", mode="before")
-    @classmethod
-    def _unused(cls, v: Any) -> Any:
-        if v is not None:
-            raise ValueError("not used for the login host (Slurm's commands run there; jobs run on the compute "
-                             "nodes): remove it (slurm.gpus_per_node and slurm.shared_dir say it for the job)")
+def _slurm_nodes(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError("must be a number of nodes or a range \"MIN:MAX\"")
+    if isinstance(v, int):
+        if v < 1:
+            raise ValueError("must be >= 1")
         return v
+    m = re.fullmatch(r"(\d{1,5}):(\d{1,5})", v) if isinstance(v, str) else None
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ValueError("must be a number of nodes or a range \"MIN:MAX\" with 1 <= MIN <= MAX, e.g. \"2:4\"")
+    return v
 
 
-class _LoginOnly(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    login: _LoginEntry
+def _login(v: Any) -> Any:
+    if v != LOCAL and not isinstance(v, dict):
+        raise ValueError(f"must be `local` (Slurm's commands run on this machine) or a host entry reached "
+                         f"over SSH, e.g. {{name: login1, address: login1.example.org, user: me}}, "
+                         f"not {show(str(v))}")
+    return v
 
 
-class SlurmLoginFile(BaseModel):
-    """Only `slurm.login`, when it is a host entry: validated by itself, so errors point inside it."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-    slurm: _LoginOnly
-
-
-class _SlurmEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    login: Any = LOCAL  # `local` or a host entry (a mapping: checked by SlurmLoginFile)
-    partition: SlurmWord | None = None
-    nodes: Any = 1  # a count or "MIN:MAX"; checked below, so a wrong type gets one clear message
-    gpus_per_node: int = Field(default=1, ge=1, le=1024)
-    request_gpus: bool = True
-    time: Line | None = None
-    account: SlurmWord | None = None
-    qos: SlurmWord | None = None
-    constraint: SlurmWord | None = None
-    sbatch: list[SbatchOption] = []
-    shared_dir: Line = "~/clusterddp"
-    python: Line = "python3"
-    setup: list[str] = []
-    env: dict[str, Any] = {}
-
-    @field_validator("login", mode="before")
-    @classmethod
-    def _login(cls, v: Any) -> Any:
-        if v != LOCAL and not isinstance(v, dict):
-            raise ValueError(f"must be `local` (Slurm's commands run on this machine) or a host entry reached "
-                             f"over SSH, e.g. {{name: login1, address: login1.example.org, user: me}}, "
-                             f"not {show(str(v))}")
-        return v
-
-    @field_validator("nodes")
-    @classmethod
-    def _nodes(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            raise ValueError("must be a number of nodes or a range \"MIN:MAX\"")
-        if isinstance(v, int):
-            if v < 1:
-                raise ValueError("must be >= 1")
-            return v
-        m = re.fullmatch(r"(\d{1,5}):(\d{1,5})", v) if isinstance(v, str) else None
-        if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
-            raise ValueError("must be a number of nodes or a range \"MIN:MAX\" with 1 <= MIN <= MAX, e.g. \"2:4\"")
-        return v
-
-    @field_validator("time")
-    @classmethod
-    def _time(cls, v: str | None) -> str | None:
-        if v is not None and not _SLURM_TIME.fullmatch(v):
-            raise ValueError(f"{show(v)} is not a Slurm time limit; use minutes, \"HH:MM:SS\" or \"D-HH:MM:SS\"")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, Any]) -> dict[str, str]:
-        return _env_values(v) or {}
+def _not_on_login(v: Any) -> Any:
+    if v is not None:
+        raise ValueError("not used for the login host (Slurm's commands run there; jobs run on the compute "
+                         "nodes): remove it (slurm.gpus_per_node and slurm.shared_dir say it for the job)")
+    return v
 
 
-class SlurmInventoryFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    name: Line | None = None
-    collect: list[Glob] = []
-    stall_timeout: StallTimeout = None
-    progress_regex: ProgressRegex | None = None
-    notify: list[_NotifyEntry] = []
-    slurm: _SlurmEntry
+# `slurm.login` as a host entry: where sbatch, scontrol and scancel run, reached over SSH. The fields a
+# login host has no use for are refused there, and left out of its JSON Schema.
+NOT_ON_LOGIN = ("gpus", "workdir", "lease_dir")
+LOGIN_ENTRY = Model("_LoginEntry", {k: (Field(f.rule, f.default, before=_not_on_login) if k in NOT_ON_LOGIN else f)
+                                    for k, f in HOST_ENTRY.fields.items()})
+# Only `slurm.login`, when it is a host entry: validated by itself, so errors point inside it.
+LOGIN_FILE = Model("SlurmLoginFile", {
+    "slurm": Field(Model("_LoginOnly", {"login": Field(LOGIN_ENTRY, REQUIRED)}, extra="ignore"), REQUIRED),
+}, extra="ignore")
+
+_WORD = Maybe(Str(_slurm_word, shape={"pattern": f"^(?:{_SLURM_WORD.pattern})$"}))
+SLURM_ENTRY = Model("_SlurmEntry", {
+    "login": Field(Anything(_login, schema={"anyOf": [{"const": LOCAL}, {"$ref": "#/$defs/_LoginEntry"}]}), LOCAL),
+    "partition": Field(_WORD),
+    "nodes": Field(Anything(_slurm_nodes, schema={"anyOf": [{"type": "integer", "minimum": 1},
+                                                            {"type": "string", "pattern": r"^\d{1,5}:\d{1,5}$"}]}), 1),
+    "gpus_per_node": Field(Number(whole=True, ge=1, le=1024), 1),
+    "request_gpus": Field(Bool(), True),
+    "time": Field(Maybe(Line(_slurm_time, shape={"pattern": f"^(?:{_SLURM_TIME.pattern})$"}))),
+    "account": Field(_WORD),
+    "qos": Field(_WORD),
+    "constraint": Field(_WORD),
+    "sbatch": Field(ListOf(Line(_sbatch_option, shape={
+        "pattern": f"^(?:{_SBATCH_OPTION.pattern})$",
+        "not": {"pattern": "^(?:" + "|".join(sorted(SBATCH_RESERVED)) + ")(?:[= ]|$)"}})), []),
+    "shared_dir": Field(Line(), "~/clusterddp"),
+    "python": Field(Line(), "python3"),
+    "setup": Field(ListOf(Str()), []),
+    "env": Field(ENV, {}),
+})
+
+SLURM_INVENTORY = Model("SlurmInventory", {**_COMMON, "slurm": Field(SLURM_ENTRY, REQUIRED)})

@@ -1,16 +1,16 @@
 """The inventory's JSON Schema, for YAML editors (completion, hover help, checks as you type).
 
-Generated from the pydantic model that validates inventories (:mod:`clusterddp.inventory._inventory_schema`),
-then made editor-friendly: each field gets its README description, pydantic's union constraints
-(``gt``, ``ge``) become JSON Schema keywords, and ``gpus``, ``env`` and host names get the shape the
-validators enforce. The result is shipped as ``inventory.schema.json`` beside this module and
-printed by ``clusterddp schema``; ``tests/inventory/test_inventory_json_schema.py`` keeps the file in sync.
+Generated from the rules that validate inventories (:mod:`clusterddp.inventory._inventory_schema`: each
+rule renders itself), with each field's README description added. The result is shipped as
+``inventory.schema.json`` beside this module and printed by ``clusterddp schema``;
+``tests/inventory/test_inventory_json_schema.py`` keeps the file in sync.
 
-Regenerate after changing the model (a new field, a new block)::
+Regenerate after changing the rules (a new field, a new block)::
 
     python -m clusterddp.inventory.inventory_json_schema --write
 
-A field not in :data:`DESCRIPTIONS` still appears (with pydantic's title); add a line there for its help text.
+A field not in :data:`DESCRIPTIONS` still appears, without help; add a line there for its help text (a test
+checks that every field has one).
 """
 
 from __future__ import annotations
@@ -87,63 +87,25 @@ DESCRIPTIONS = {
     "sbatch": "Extra #SBATCH options, verbatim; each must be an option clusterddp does not set itself",
     "shared_dir": "A folder the login host and every compute node see: runs live in <shared_dir>/runs/<run_id>/",
 }
-# Fields of a host entry that mean nothing on a Slurm login host (clusterddp refuses them there).
-_NOT_ON_LOGIN = ("gpus", "workdir", "lease_dir")
-
-_KEYWORDS = {"gt": "exclusiveMinimum", "ge": "minimum", "lt": "exclusiveMaximum", "le": "maximum"}
-
-
-def _fix(node: Any) -> Any:
-    """Pydantic's constraint names on unions (``gt``...) as JSON Schema keywords, all the way down."""
-    if isinstance(node, dict):
-        return {_KEYWORDS.get(k, k): _fix(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_fix(v) for v in node]
-    return node
-
-
-def _shape(props: dict[str, Any], host_entry: bool) -> None:
-    """What the model's validators enforce beyond their types, for the editor to check too."""
-    from .model import ENV_NAME_RE, HOST_NAME_RE, MAX_GPUS
-    if "gpus" in props:
-        props["gpus"]["anyOf"] = [{"type": "integer", "minimum": 1, "maximum": MAX_GPUS}, {"const": "auto"},
-                                  {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_GPUS - 1},
-                                   "minItems": 1,
-                                   "uniqueItems": True}, {"type": "null"}]
-    if "env" in props:
-        props["env"]["anyOf"] = [{"type": "object", "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"},
-                                  "additionalProperties": {"type": ["string", "integer"]}}, {"type": "null"}]
-    if "quarantine" in props:
-        from ._inventory_schema import QUARANTINE_MOST_S
-        props["quarantine"]["anyOf"] = [{"type": "string", "pattern": r"^(\s*[0-9]{1,9}\s*[smhd])+\s*$"},
-                                        {"type": "number", "minimum": 60, "maximum": QUARANTINE_MOST_S},
-                                        {"type": "null"}]
-    if host_entry and "name" in props:
-        props["name"]["pattern"] = f"^{HOST_NAME_RE.pattern}$"
-        props["name"]["description"] = "The host's name: letters, digits, . _ - (it names the log file), not local"
-        props["name"]["not"] = {"const": "local"}
+HOST_NAME_HELP = "The host's name: letters, digits, . _ - (it names the log file), not local"
 
 
 def generate() -> dict[str, Any]:
-    """The schema, from the models as they are now: one inventory lists ``hosts``, the other is a
+    """The schema, from the rules as they are now: one inventory lists ``hosts``, the other is a
     ``slurm:`` cluster; a document must be exactly one of the two."""
-    from ._inventory_schema import InventoryFile, SlurmInventoryFile
-    ssh, slurm = _fix(InventoryFile.model_json_schema()), _fix(SlurmInventoryFile.model_json_schema())
-    defs = {**ssh.pop("$defs", {}), **slurm.pop("$defs", {})}
-    login = {**defs["_HostEntry"], "title": "_LoginEntry"}
-    login["properties"] = {k: v for k, v in login["properties"].items() if k not in _NOT_ON_LOGIN}
-    defs["_LoginEntry"] = login
-    entry = defs["_SlurmEntry"]["properties"]
-    entry["login"] = {"anyOf": [{"const": "local"}, {"$ref": "#/$defs/_LoginEntry"}], "default": "local"}
-    entry["nodes"] = {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": r"^\d{1,5}:\d{1,5}$"}],
-                      "default": 1}
-    defs["SSHInventory"], defs["SlurmInventory"] = ssh, slurm
-    for name, sub in defs.items():
-        props = sub.get("properties", {})
-        _shape(props, host_entry=name in ("_HostEntry", "_LoginEntry"))
-        for key, prop in props.items():
+    from ._inventory_schema import INVENTORY, LOGIN_ENTRY, NOT_ON_LOGIN, SLURM_INVENTORY
+    defs: dict[str, Any] = {}
+    for model in (INVENTORY, SLURM_INVENTORY, LOGIN_ENTRY):
+        model.schema(defs)
+    login = defs["_LoginEntry"]["properties"]  # refused on a login host: an editor should not offer them
+    for key in NOT_ON_LOGIN:
+        del login[key]
+    for sub in defs.values():
+        for key, prop in sub.get("properties", {}).items():
             if key in DESCRIPTIONS and "description" not in prop:
                 prop["description"] = DESCRIPTIONS[key]
+    defs["_HostEntry"]["properties"]["name"]["description"] = HOST_NAME_HELP
+    defs["_LoginEntry"]["properties"]["name"]["description"] = HOST_NAME_HELP
     return {"$schema": SCHEMA_DIALECT, "title": "clusterddp inventory",
             "description": "A clusterddp inventory: the machines a DDP job runs on, or a Slurm cluster (see the "
                            "README's Inventory reference)",

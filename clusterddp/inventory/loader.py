@@ -11,7 +11,6 @@ Precedence for each host setting: CLI flag (applied later, in the plan) > host e
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,8 @@ from .model import (
 
 if TYPE_CHECKING:  # yaml is imported when a file is parsed: commands that only read run.json skip it
     import yaml
+
+    from ._inventory_schema import Model, Problem
 
 def _path_str(loc: tuple) -> str:
     out = ""
@@ -75,21 +76,16 @@ def _where(path: str, root: yaml.Node | None, loc: tuple, line: int | None = Non
     return f"{path}:{line}: {_path_str(loc)}" if line is not None else f"{path}: {_path_str(loc)}"
 
 
-def _message(err: Mapping[str, Any]) -> str:
-    kind, msg = err["type"], err["msg"]
-    if kind == "extra_forbidden":
+def _message(p: Problem) -> str:
+    if p.kind == "extra_forbidden":
         return "unknown key; check its spelling against the inventory reference in the README"
-    if kind == "missing":
-        return "required, but missing"
-    if kind == "too_short":
+    if p.kind == "too_short":
         return "must list at least one host"
-    if msg.startswith("Value error, "):
-        return msg[len("Value error, "):]
-    return msg[0].lower() + msg[1:]
+    return p.msg
 
 
-def _hint(err: Mapping[str, Any]) -> str | None:
-    if err["type"] == "extra_forbidden" and err["loc"] and err["loc"][-1] == "<<":
+def _hint(p: Problem) -> str | None:
+    if p.kind == "extra_forbidden" and p.loc and p.loc[-1] == "<<":
         return "merge keys (`<<: *x`) are YAML 1.1, not 1.2; put shared settings under `defaults:`"
     return None
 
@@ -110,25 +106,23 @@ def parse(text: str, path: str) -> Inventory:
                              _line_of(root, ()), hint="see inventory/lab.yaml for an example")
     if "slurm" in data:
         return _parse_slurm(data, path, root)
-    from ._inventory_schema import InventoryFile
-    return _resolve(_validate(InventoryFile, data, path, root), path, root)
+    from ._inventory_schema import INVENTORY
+    return _resolve(_validate(INVENTORY, data, path, root), path, root)
 
 
-def _validate(model: Any, data: dict, path: str, root: yaml.Node | None) -> Any:
-    """``data`` as an instance of the pydantic ``model``, or an InventoryError at the first problem."""
-    from pydantic import ValidationError  # imported here: `up local` and --help never pay for pydantic
+def _validate(model: Model, data: dict, path: str, root: yaml.Node | None) -> Any:
+    """``data`` checked as ``model`` (:mod:`._inventory_schema`), or an InventoryError at the first problem."""
+    from ._inventory_schema import Invalid, validate
     try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        errors = e.errors()
-        err = errors[0]
-        loc = tuple(p for p in err["loc"] if isinstance(p, int) or not str(p).startswith(("function-", "literal[")))
-        more = len(errors) - 1
-        hint = _hint(err)
+        return validate(model, data)
+    except Invalid as e:
+        first = e.problems[0]
+        more = len(e.problems) - 1
+        hint = _hint(first)
         if more:
             hint = (hint + "; " if hint else "") + f"{more} more problem(s) after this one"
-        raise InventoryError(path, _message(err), field=_path_str(loc) or None, line=_line_of(root, loc),
-                             hint=hint) from None
+        raise InventoryError(path, _message(first), field=_path_str(first.loc) or None,
+                             line=_line_of(root, first.loc), hint=hint) from None
 
 
 def _parse_slurm(data: dict, path: str, root: yaml.Node | None) -> Inventory:
@@ -137,8 +131,8 @@ def _parse_slurm(data: dict, path: str, root: yaml.Node | None) -> Inventory:
             raise InventoryError(path, "not part of a `slurm:` inventory: Slurm allocates the hosts",
                                  field=key, line=_line_of(root, (key,)),
                                  hint="remove it; per-node settings (python, setup, env) go under `slurm:`")
-    from ._inventory_schema import SlurmInventoryFile
-    inv = _validate(SlurmInventoryFile, data, path, root)
+    from ._inventory_schema import SLURM_INVENTORY
+    inv = _validate(SLURM_INVENTORY, data, path, root)
     s = inv.slurm
     for k in s.env:
         why = reserved_env(k)
@@ -158,8 +152,8 @@ def _parse_slurm(data: dict, path: str, root: yaml.Node | None) -> Inventory:
 
 def _login_host(data: dict, path: str, root: yaml.Node | None) -> Host:
     """`slurm.login` given as a host entry, read as strictly as a hosts[] entry."""
-    from ._inventory_schema import SlurmLoginFile
-    h = _validate(SlurmLoginFile, data, path, root).slurm.login
+    from ._inventory_schema import LOGIN_FILE
+    h = _validate(LOGIN_FILE, data, path, root).slurm.login
     return Host(name=h.name, address=h.address or h.name, user=h.user, port=h.port, identity_file=h.identity_file,
                 identity_from=_where(path, root, ("slurm", "login", "identity_file")) if h.identity_file else None,
                 known_hosts=h.known_hosts or BUILTIN["known_hosts"],
@@ -264,20 +258,18 @@ def _identity_from(path: str, root: yaml.Node | None, lines: list[int] | None, i
 def parse_hostfile(text: str, path: str) -> Inventory:
     """Read hostfile ``text`` (from ``path``) into an :class:`Inventory`; hosts in file order, the first
     one the master. Raises :class:`InventoryError` naming the file, line and field."""
-    from pydantic import ValidationError
-
     from ._hostfile import host_entries
-    from ._inventory_schema import InventoryFile
+    from ._inventory_schema import INVENTORY, Invalid, validate
 
     entries, lines = host_entries(text, path)
     try:
-        inv = InventoryFile.model_validate({"hosts": entries})
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = [p for p in err["loc"] if isinstance(p, int) or not str(p).startswith(("function-", "literal["))]
+        inv = validate(INVENTORY, {"hosts": entries})
+    except Invalid as e:
+        first = e.problems[0]
+        loc = first.loc
         line = lines[loc[1]] if len(loc) > 1 and isinstance(loc[1], int) else None
         at = str(loc[2]) if len(loc) > 2 else None
-        raise InventoryError(path, _message(err), field="slots" if at == "gpus" else at, line=line) from None
+        raise InventoryError(path, _message(first), field="slots" if at == "gpus" else at, line=line) from None
     return _resolve(inv, path, None, lines)
 
 

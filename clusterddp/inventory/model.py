@@ -1,7 +1,7 @@
 """The inventory as frozen data: hosts, master, a `slurm:` cluster, and the names and defaults they obey.
 
 Nothing here reads a file or knows the YAML shape (that is :mod:`.loader` and its parsers), so a
-run record, `up local` or ``--help`` import this without yaml or pydantic. The environment names
+run record, `up local` or ``--help`` import this without yaml or the schema. The environment names
 a job may not set (:func:`reserved_env`) are kept here too, for the inventory and ``-e`` alike.
 """
 

@@ -8,6 +8,7 @@ After changing the inventory model (clusterddp/_inventory_schema.py), regenerate
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -17,10 +18,13 @@ import zipfile
 import jsonschema
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from clusterddp.errors import InventoryError
 from clusterddp.inventory import inventory_json_schema as S
 from clusterddp.inventory import parse
+from fuzzing import fuzz
 from helpers import REPO, cddp
 
 REGENERATE = "python -m clusterddp.inventory.inventory_json_schema --write"
@@ -120,3 +124,111 @@ def test_clusterddp_schema_prints_the_shipped_file_and_the_wheel_carries_it(tmp_
     with zipfile.ZipFile(wheel) as z:
         shipped = z.read("clusterddp/inventory/inventory.schema.json").decode()
     assert shipped == S.SCHEMA_FILE.read_text(encoding="utf-8")
+
+
+# ---- the two renderings of one set of rules agree on any document (property-based) ----
+
+FULL_SSH = {"name": "lab", "defaults": {"user": "me", "port": 22, "identity_file": "~/.ssh/id", "gpus": 2,
+                                        "host_key_policy": "accept-new", "python": "python3", "workdir": "/w",
+                                        "env": {"A": "1", "B": 2}, "setup": ["source x"], "connect_timeout": 2.5,
+                                        "keepalive": 0, "lease_dir": "/l", "known_hosts": "~/.ssh/kh"},
+            "master": {"host": "gpu-01", "addr": "10.0.0.1", "port": 29501}, "collect": ["checkpoints/**"],
+            "fanout": 8, "keep_runs": 3, "stall_timeout": 60, "progress_regex": "step (\\d+)",
+            "notify": [{"webhook": "https://h.example/x", "on": ["failed"], "timeout": 5}, {"command": "echo {event}"}],
+            "quarantine": "2h", "retry_job_failures": True, "restarts": 2, "spares": [{"name": "gpu-03"}],
+            "hosts": [{**HOST, "gpus": [0, 1], "port": 2222}, {"name": "gpu-02", "gpus": "auto"}]}
+FULL_SLURM = {"name": "c", "collect": ["x/*"], "stall_timeout": 30, "notify": [{"command": "true"}],
+              "slurm": {"login": {"name": "l1", "address": "1.2.3.4", "user": "u", "port": 22, "setup": ["x"]},
+                        "partition": "main", "nodes": "2:4", "gpus_per_node": 2, "request_gpus": False,
+                        "time": "01:00:00", "account": "a", "qos": "q", "constraint": "c", "sbatch": ["--mem=1G"],
+                        "shared_dir": "~/s", "python": "python3", "setup": ["x"], "env": {"E": "1"}}}
+EDGES = [-1, 0, 1, 2, 59, 60, 120, 121, 1000, 1001, 1023, 1024, 1025, 3600, 3601, 65535, 65536, 604800, 604801,
+         2592000, 2592001]  # each side of every bound the rules set
+VALUES = st.one_of(st.none(), st.booleans(), st.sampled_from(EDGES), st.integers(-3, 70000),
+                   st.sampled_from([0.0, 0.5, 1.5, 59.9, 120.5, 3600.5, 1e9]),
+                   st.sampled_from(["", "x", "auto", "local", "2h", "1:2", "0:1", "strict", "--mem=1G", "a b",
+                                    "gpu-01", "checkpoints/**", "--nodes=2", "UNLIMITED", "1d2h"]),
+                   st.lists(st.integers(-1, 1025), max_size=3), st.lists(st.sampled_from(["a", "failed"]), max_size=2),
+                   st.just({}), st.just({"name": "n"}), st.just({"A": "1"}), st.just({"1BAD": 1}))
+
+
+def _paths(node, at=()):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield (*at, k)
+            yield from _paths(v, (*at, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield (*at, i)
+            yield from _paths(v, (*at, i))
+
+
+@st.composite
+def mutated(draw):
+    """A full inventory of either kind with one to three of its values (or keys) replaced, dropped or added."""
+    doc = copy.deepcopy(draw(st.sampled_from([FULL_SSH, FULL_SLURM])))
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.sampled_from([(), *_paths(doc)]))
+        parent = doc
+        try:
+            for p in at[:-1]:
+                parent = parent[p]
+            if not at:
+                doc[draw(st.sampled_from(["hostz", "slurm", "hosts"]))] = draw(VALUES)
+            elif draw(st.booleans()) and isinstance(parent, dict) and at[-1] not in ("hosts", "slurm", "name"):
+                del parent[at[-1]]
+            else:
+                parent[at[-1]] = draw(VALUES)
+        except (KeyError, IndexError, TypeError):
+            pass  # an earlier change took this path away
+    return doc
+
+
+@fuzz(100)
+@given(mutated())
+def test_what_clusterddp_accepts_the_schema_accepts_and_what_the_schema_refuses_clusterddp_refuses(doc):
+    """The schema can not say everything (a duplicate host, a reserved env name, a control character):
+    so clusterddp may refuse more, never less."""
+    try:
+        parse(yaml.safe_dump(doc), "inv.yaml")
+        clusterddp_ok = True
+    except InventoryError:
+        clusterddp_ok = False
+    errors = [e.message for e in VALIDATOR.iter_errors(doc)]
+    if clusterddp_ok:
+        assert not errors, f"clusterddp accepts {doc}, the schema refuses it: {errors}"
+
+
+def test_every_field_at_each_side_of_its_bounds_gets_the_same_verdict_from_both():
+    """Each value of a full inventory, in turn, set to each of these (the edges of every bound, each type):
+    what clusterddp accepts, the schema accepts; a plain value the schema refuses, clusterddp refuses."""
+    other = [None, True, "x", 0.5, 1, [], {}]  # each type
+    text = ["auto", "2h", "2:4", "failed", "01:00:00", "--mem=1G", "--nodes=2", "-N 2", "a b"]
+    wrong = []
+    for base in (FULL_SSH, FULL_SLURM):
+        for at in _paths(base):
+            doc = copy.deepcopy(base)
+            parent = doc
+            for p in at[:-1]:
+                parent = parent[p]
+            was = parent[at[-1]]
+            pool = other + (EDGES if isinstance(was, (int, float)) else text if isinstance(was, str) else [[0, 1]])
+            for value in pool:
+                parent[at[-1]] = value
+                try:
+                    parse(json.dumps(doc), "inv.yaml")  # JSON is YAML 1.2, and much faster to write than YAML
+                    ok = True
+                except InventoryError:
+                    ok = False
+                if ok != VALIDATOR.is_valid(doc) and (ok or at[-1] not in CROSS_CHECKED):
+                    wrong.append((at, value, "clusterddp accepts" if ok else "only the schema accepts"))
+            parent[at[-1]] = was
+    assert not wrong, wrong[:10]
+
+
+# Fields whose values clusterddp checks against others (or the file's folder) beyond their shape: a value
+# may fit the schema and still be refused.
+CROSS_CHECKED = {"host", "name", "master", "collect", "progress_regex", "webhook", "command", "login"}
+
+
+VALIDATOR = _validator()

@@ -76,7 +76,7 @@ def test_a_slurm_inventory_reads_into_settings_and_lists_no_hosts():
     ("slurm:\n  gpus: 2\n", "c.yaml:2: slurm.gpus", "unknown key"),
     ("slurm: {}\nhosts:\n  - name: a\n", "c.yaml:2: hosts", "Slurm allocates the hosts"),
     ("name: c\nslurm: {}\ndefaults: {gpus: 2}\n", "c.yaml:3: defaults", "not part of a `slurm:` inventory"),
-    ("slurm: []\n", "c.yaml:1: slurm", "valid dictionary"),
+    ("slurm: []\n", "c.yaml:1: slurm", "a mapping (`key: value` lines)"),
 ])
 def test_each_bad_slurm_field_is_refused_at_its_line(text, where, words):
     e = error_of(text)
