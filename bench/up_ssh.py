@@ -274,7 +274,7 @@ def floor(b: Bench, repeat: int = 7) -> None:
         return best
     print(f"\nthe launcher's start, CPU seconds (least of {repeat} runs; load {os.getloadavg()[0]:.1f}):")
     for what, code in [("python start", "pass"), ("the CLI (typer)", "import clusterddp.cli.app"),
-                       ("the inventory schema (pydantic)", "import clusterddp.inventory._inventory_schema"),
+                       ("the inventory schema", "import clusterddp.inventory._inventory_schema"),
                        ("the SSH transport (fabric, paramiko)", "import clusterddp.transport.ssh"),
                        ("all that `up` imports", "import " + ", ".join(UP_IMPORTS))]:
         print(f"  {what}: {least(code):.3f}")

@@ -26,8 +26,6 @@ import stat
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -42,12 +40,12 @@ from .inventory import (
     notify_command_problem,
     webhook_problem,
 )
+from .node import notify as node_notify
 from .record import RunRecord, RunStatus
 
 ATTEMPTS = 3              # tries of a webhook whose failure may pass
 BACKOFF = (1.0, 3.0)      # seconds before the second and the third try
 MAX_URL_FILE = 4096       # bytes of a webhook file read
-MAX_ANSWER = 64 * 1024    # bytes of a receiver's answer read (and dropped)
 MAX_SAID = 200            # characters of what a receiver or command said, in a message
 RUN_EVENTS = ("succeeded", "failed", "hang", "stopped", "interrupted")
 TEST = "test"             # `clusterddp notify test`: sent to every target, whatever its `on`
@@ -228,14 +226,6 @@ class Delivery:
                 "is unchanged")
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A webhook that redirects is a wrong URL: say so, never POST the event on to where it points."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise urllib.error.HTTPError(req.full_url, code, f"redirected ({msg}); give the URL it points to",
-                                     headers, fp)
-
-
 OK, MAY_PASS, WONT_PASS = "ok", "may pass", "will not pass"  # how one try went
 
 
@@ -244,29 +234,7 @@ def post(url: str, body: bytes, timeout: float) -> tuple[str, str]:
     refused, a 5xx or 429, so another try may help; :data:`WONT_PASS`) and what the receiver said
     ("HTTP 200"). Never raises for the receiver's sake; never names the URL."""
     from . import __version__
-    req = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": "application/json", "User-Agent": f"clusterddp/{__version__}"})
-    try:
-        with urllib.request.build_opener(_NoRedirect).open(req, timeout=timeout) as r:
-            r.read(MAX_ANSWER)
-            return OK, f"HTTP {r.status}"
-    except urllib.error.HTTPError as e:
-        said = f"HTTP {e.code} {_scrub(str(e.reason), url)[:MAX_SAID]}".rstrip()
-        return (MAY_PASS if e.code >= 500 or e.code == 429 else WONT_PASS), said
-    except (urllib.error.URLError, OSError, ValueError) as e:  # refused, unreachable, timed out, bad answer
-        reason = getattr(e, "reason", e)
-        said = f"no answer within {timeout:g}s" if isinstance(reason, (socket.timeout, TimeoutError)) \
-            else f"{type(reason).__name__}: {_scrub(str(reason), url)[:MAX_SAID]}"
-        return MAY_PASS, said
-
-
-def _scrub(text: str, url: str) -> str:
-    """``text`` without the URL or its path and query (the token), should a library have quoted them."""
-    parts = urlsplit(url)
-    for piece in (url, parts.path + (f"?{parts.query}" if parts.query else ""), parts.query, parts.path):
-        if len(piece) > 1:
-            text = text.replace(piece, "...")
-    return text
+    return node_notify.post(url, body, timeout, f"clusterddp/{__version__}")
 
 
 def run_command(command: str, body: bytes, timeout: float, event: dict) -> str:

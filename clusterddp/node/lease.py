@@ -59,6 +59,8 @@ TICKET_RE = re.compile(r"[0-9]{19}-[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 MAX_RECORD = 65536
 MAX_SLOTS = 1024
 POLL = 0.05
+GO_POLL, GO_FAST_S = 0.005, 5.0  # the go file is looked for this often for its first seconds (it comes
+                                  # within a fraction of one: each look on the start's path costs it time)
 MUTEX_WAIT = 30.0
 
 
@@ -305,7 +307,7 @@ def _hold(req: dict) -> int:
         os.close(mutex)
     _emit({"ok": True, "slots": doc["slots"], "port": port, "capacity": cap})
     go = os.path.expanduser(req["go"])
-    if not _wait(rec, lambda: os.path.exists(go)):
+    if not _wait(rec, lambda: os.path.exists(go), fast=GO_FAST_S):
         return 0  # released, or the launcher went away: the locks go with this process
     doc["state"] = "running"
     new = _write_locked(folder, name, doc)
@@ -347,14 +349,17 @@ def _port(folder: str, want: Any, held: list) -> Any:
     return False
 
 
-def _wait(record_fd: int, done: Any) -> bool:
-    """Until ``done()`` (True), or the record is removed or the launcher's channel closes (False)."""
+def _wait(record_fd: int, done: Any, fast: float = 0.0) -> bool:
+    """Until ``done()`` (True), or the record is removed or the launcher's channel closes (False).
+    Looked at every GO_POLL for the first ``fast`` seconds, then every POLL."""
     poller = select.poll()
     poller.register(1, 0)  # no events asked: only POLLERR/POLLHUP, when the reading end is gone
+    fast_until = time.monotonic() + fast
     while True:
         if done():
             return True
-        if os.fstat(record_fd).st_nlink == 0 or poller.poll(int(POLL * 1000)):
+        every = GO_POLL if fast and time.monotonic() < fast_until else POLL
+        if os.fstat(record_fd).st_nlink == 0 or poller.poll(int(every * 1000)):
             return False
 
 

@@ -33,8 +33,6 @@ import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
@@ -56,12 +54,6 @@ MAX_SAID = 200
 MAX_ERROR_BYTES = 64 * 1024
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise urllib.error.HTTPError(req.full_url, code, "redirected (%s); give the URL it points to" % msg,
-                                     headers, fp)
-
-
 def _scrub(text: str, url: str) -> str:
     """``text`` without the URL or its path and query (the token), should a library have quoted them."""
     parts = urlsplit(url)
@@ -72,11 +64,20 @@ def _scrub(text: str, url: str) -> str:
 
 
 def post(url: str, body: bytes, timeout: float, agent: str) -> "tuple[str, str]":
-    """One POST: ("ok" | "may pass" | "will not pass", what the receiver said); never raises."""
+    """One POST: ("ok" | "may pass" | "will not pass", what the receiver said); never raises. A webhook that
+    redirects is a wrong URL: that is said, and the event is never POSTed on to where it points."""
+    import urllib.error  # here, not at the top: the launcher imports this module for its names (plan.py),
+    import urllib.request  # and urllib.request with http.client cost every command 0.02-0.03 s
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            raise urllib.error.HTTPError(req.full_url, code, "redirected (%s); give the URL it points to" % msg,
+                                         headers, fp)
+
     req = urllib.request.Request(url, data=body, method="POST", headers={
         "Content-Type": "application/json", "User-Agent": agent})
     try:
-        with urllib.request.build_opener(_NoRedirect).open(req, timeout=timeout) as r:
+        with urllib.request.build_opener(NoRedirect).open(req, timeout=timeout) as r:
             r.read(MAX_ANSWER)
             return "ok", "HTTP %d" % r.status
     except urllib.error.HTTPError as e:
