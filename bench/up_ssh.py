@@ -256,7 +256,7 @@ def trace(b: Bench, *extra: str) -> None:
 # ---- --floor: what the launcher's start costs before it can send anything ----
 
 # What `up` of an SSH run imports before its first connection: the CLI, the inventory's schema
-# (pydantic), the SSH transport (Fabric, paramiko) and the run's own modules.
+# rules, the SSH transport (Fabric, paramiko) and the run's own modules.
 UP_IMPORTS = ("clusterddp.cli.app", "clusterddp.inventory._inventory_schema", "clusterddp.transport.ssh",
               "clusterddp.backends.ssh.launch", "clusterddp.leases", "clusterddp.artifacts")
 

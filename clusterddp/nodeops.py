@@ -63,10 +63,18 @@ parse_status = node_reply.parse_status  # the reader beside the node-reply helpe
 def status(t: Transport, node: P.NodeLaunch, timeout: float) -> Status:
     """Ask the node how its job stands. Raises HostError when it does not answer within ``timeout``."""
     text = t.run(P.status_command(node), timeout=timeout).text
-    kind, code, ended = node_reply.read_status(text)
-    if kind == "garbled":
+    st = _read_status(text)
+    if st is None:
         shown = text[-STATUS_MAX_CHARS:].encode("ascii", "backslashreplace").decode("ascii")
         return Status(NodeState.LOST, None, f"unreadable status reply from the node: {shown!r}")
+    return st
+
+
+def _read_status(text: str) -> Status | None:
+    """:func:`plan.status_command`'s answer in ``text`` as a Status; None when there is none to read."""
+    kind, code, ended = node_reply.read_status(text)
+    if kind == "garbled":
+        return None
     state, why = from_report(kind, code)
     return Status(state, code, why, ended if kind == "exited" else None)
 
@@ -76,10 +84,18 @@ def status(t: Transport, node: P.NodeLaunch, timeout: float) -> Status:
 def follow(t: Transport, node: P.NodeLaunch, on_output: Callable[[bytes], None], from_line: int = 1) -> Status:
     """Stream the node's log from line ``from_line`` until its job ends, then ask how it ended.
 
-    The status can still be RUNNING when the follower stopped early (the log was rotated away).
+    The status can still be RUNNING when the follower stopped early (the log was rotated away). It comes
+    on the follower's standard error (:func:`plan.follow_status_command`); whatever else is there (the
+    follower's own complaints) is passed on after the log. No readable status there: asked for again.
     """
-    t.stream(P.follow_command(node, from_line), on_output)
-    return status(t, node, FOLLOW_STATUS_TIMEOUT)
+    err = Tail()
+    t.stream(P.follow_status_command(node, from_line), on_output, stderr_to=err)
+    text = err.decode("utf-8", "replace")
+    said = "".join(line for line in text.splitlines(keepends=True) if not line.startswith(node_reply.STATUS_MARK))
+    if said.strip():
+        on_output(said.encode())
+    st = _read_status(text)
+    return st if st is not None else status(t, node, FOLLOW_STATUS_TIMEOUT)
 
 
 # ---- teardown ----

@@ -433,6 +433,13 @@ def follow_command(node: NodeLaunch, from_line: int = 1, poll: float = 0.1) -> s
     return _helper(node, "follow", qpath(node.control_dir), str(int(from_line)), str(poll))
 
 
+def follow_status_command(node: NodeLaunch, from_line: int = 1) -> str:
+    """:func:`follow_command`, then :func:`status_command` with its answer on standard error (standard
+    output is the log): how the job ended comes right after its last output, a round trip and a
+    login shell sooner than a status command sent once the log has ended."""
+    return f"{follow_command(node, from_line)}\n{{\n{status_command(node)}\n}} 1>&2"
+
+
 def status_command(node: NodeLaunch) -> str:
     """Print one line, marked (:data:`node_reply.STATUS_MARK`: a login banner may come first):
     ``running``, ``exit N T``, ``lost`` (no process, no exit code) or ``missing``. ``T``: when the job

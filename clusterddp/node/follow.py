@@ -5,7 +5,8 @@
 has ended and the log is drained. The end is the ``exit_code`` file (launch.sh writes it last),
 or the job's shell gone or a zombie: ``tail --pid`` treats an unreaped zombie as alive, and an
 orphan's reaping can lag by seconds, so tail would hold every run's end back. The launcher then
-reads the exit code with ``plan.status_command``.
+reads the exit code with ``plan.status_command`` (``plan.follow_status_command`` runs it right after
+this program, on the same channel).
 
 Between polls it waits on a pidfd of the job's shell where the node has them (Linux 5.3,
 Python 3.9): the shell's exit (just after it wrote ``exit_code``) ends the wait at once, instead of

@@ -201,7 +201,7 @@ def test_up_local_runs_without_heartbeats_and_is_never_lost_for_lack_of_them(tmp
     out = sup.follow()
     sup.close()
     assert out.status == "succeeded" and sup.nodes[0].exit_code == 0, sup.nodes[0].error
-    assert [c.statuses for c in counted] == [1]  # the one that reads the exit code once the log ended
+    assert [c.statuses for c in counted] == [0]  # the exit code came on the log stream's stderr, after the log
 
 
 class Scripted:
@@ -241,9 +241,11 @@ class Scripted:
         return CommandResult(0, b"", b"")
 
     def stream(self, command, on_data, **kw):
-        assert command == plan.follow_command(self.node)
+        assert command == plan.follow_status_command(self.node)
         while not (self.ended.wait(0.01) or self.closed.is_set()):
             pass
+        if self.ended.is_set():  # as the node's status command answers after the follower: on stderr
+            kw["stderr_to"] += f"{STATUS_MARK}exit {self.code}\n".encode()
         return 0
 
     def ping(self):
@@ -292,7 +294,7 @@ def test_a_host_hanging_on_a_heartbeat_does_not_delay_another_nodes_failure(tmp_
 def test_heartbeats_ping_the_connection_and_run_no_command_on_the_node(tmp_path):
     # A status command per beat started a shell and scanned /proc on the node every 2 s, beside the
     # job it watches; a ping is answered by the node's sshd. What runs there: the two start commands
-    # and, once the log ended, the status that reads the exit code.
+    # (and the log's stream, which brings the exit code once the log ended: no status command of its own).
     p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
     fakes = {n.host.name: Scripted(n, grace=1.0) for n in p.nodes}
     sup = Supervisor(p, on_output=lambda h, d: None, connect=lambda h: fakes[h.name], heartbeat_s=0.02, grace_s=1.0)
@@ -312,7 +314,7 @@ def test_heartbeats_ping_the_connection_and_run_no_command_on_the_node(tmp_path)
     for n in p.nodes:
         f = fakes[n.host.name]
         assert f.pings >= 5
-        assert f.commands == [plan.stage_command(n, False), plan.launch_command(n, False), plan.status_command(n)]
+        assert f.commands == [plan.stage_command(n, False), plan.launch_command(n, False)]
 
 
 def test_a_start_step_that_fails_is_named(tmp_path):
@@ -408,3 +410,34 @@ def test_an_unreadable_status_reply_is_a_lost_node_with_the_reply_escaped(tmp_pa
     st = nodeops.status(Replies(), p.nodes[0], 1.0)
     assert st.state is NodeState.LOST and st.exit_code is None
     assert "unreadable status reply" in st.why and "\x1b" not in st.why and "\\x1b" in st.why
+
+
+def test_the_exit_code_comes_with_the_log_and_is_asked_for_only_when_it_did_not(tmp_path):
+    # plan.follow_status_command: the status answer follows the log on the follower's stderr. When it is
+    # not there (the channel cut after the log), nodeops.follow asks with a status command of its own;
+    # whatever else the follower said on stderr is passed on after the log, not dropped.
+    p = make_plan(tmp_path, {"a": "ok"})
+    node = p.nodes[0]
+
+    class Node:
+        def __init__(self, stderr: bytes) -> None:
+            self.stderr, self.runs, self.out = stderr, [], bytearray()
+
+        def stream(self, command, on_data, *, stderr_to=None, **kw):
+            assert command == plan.follow_status_command(node) and stderr_to is not None
+            on_data(b"the log\n")
+            stderr_to += self.stderr
+            return 0
+
+        def run(self, command, **kw):
+            self.runs.append(command)
+            return CommandResult(0, f"{STATUS_MARK}exit 7 1700000000\n".encode(), b"")
+
+    with_status = Node(f"follow: a complaint\n{STATUS_MARK}exit 3 1700000001\n".encode())
+    st = nodeops.follow(with_status, node, with_status.out.extend)
+    assert (st.state, st.exit_code, st.ended, with_status.runs) == (NodeState.FAILED, 3, 1700000001, [])
+    assert bytes(with_status.out) == b"the log\nfollow: a complaint\n"
+    cut = Node(b"")
+    st = nodeops.follow(cut, node, cut.out.extend)
+    assert (st.exit_code, cut.runs) == (7, [plan.status_command(node)])
+    assert bytes(cut.out) == b"the log\n"
