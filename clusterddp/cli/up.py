@@ -25,6 +25,7 @@ from .common import (
     SCRIPT_ARGS,
     PrefixPrinter,
     err,
+    exit_quickly_when_done,
     handle_errors,
     host_list,
     host_slots,
@@ -119,6 +120,9 @@ def up(
         events.printer.flush()
         tell_unmatched(events.results, "collect: ")  # at the end of the run: a glob that brought nothing back
         tell_hidden(events.hide, f"{prep.store.run_dir(prep.plan.run_id) / 'logs'}/")
+    # The run is recorded, told and printed, and its connections are closed: nothing is left for the
+    # interpreter's teardown, which took 0.11-0.14 s after every run (paramiko's and the nodes' threads).
+    exit_quickly_when_done()
 
 
 def _said(lines: list[str]) -> None:
