@@ -22,10 +22,14 @@ and reports the launcher's own CPU time (user + system) per node-minute (goal < 
 rusage, against a 1-step run's, and the node-side helpers' CPU (followers, heartbeats) from the
 nodes' sshd sessions.
 
+``--split-cores`` puts the nodes (their sshd, so every session and job) on one core and this
+machine's side (the launcher, or the two ssh clients) on the other, as separate machines are: the
+launcher's CPU then takes nothing from the job's, and what is left is latency.
+
 ``--floor`` reports the CPU of the launcher's own start (a python start, and the imports `up`
 needs before its first connection), which no change to what `up` sends can win back.
 
-    python bench/up_ssh.py [--rounds 7] [--trace] [--cpu 120] [--floor] [--before CHECKOUT]
+    python bench/up_ssh.py [--rounds 7] [--trace] [--cpu 120] [--floor] [--split-cores] [--before CHECKOUT]
 
 ``--before`` times a second clusterddp (another checkout's, e.g. main's: ``git archive main
 clusterddp | tar -x -C /tmp/before``) in the same rounds, for a before/after under the same load;
@@ -94,6 +98,7 @@ class Bench:
         self.ssh = ["ssh", "-i", str(bed.identity_file), "-o", f"UserKnownHostsFile={bed.known_hosts}",
                     "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
         self.port = 29600
+        self.launcher_cpus: set[int] | None = None  # --split-cores: where this machine's side runs
         self.phases: dict[str, list[tuple[float, float, float]]] = {}
         self.cpu: dict[str, list[tuple[float, float]]] = {}  # (this machine's side, the nodes' sshd sessions)
 
@@ -133,7 +138,12 @@ class Bench:
         env = {**self.env, "PYTHONPATH": str(code)} if code else self.env
         r0, n0 = resource.getrusage(resource.RUSAGE_CHILDREN), sshd_children_cpu(self.bed)
         t0 = time.time()
-        procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in cmds]
+        cpus = self.launcher_cpus
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+        # cwd: not the checkout, where `python -m clusterddp` would import its clusterddp ahead of PYTHONPATH
+        # (and so time this checkout's code as --before's)
+        procs = [subprocess.Popen(c, env=env, cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  preexec_fn=pin) for c in cmds]
         errs = [p.communicate()[1] for p in procs]
         t1 = time.time()
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -247,7 +257,8 @@ def trace(b: Bench, *extra: str) -> None:
     shutil.rmtree(b.marks, ignore_errors=True)
     b.marks.mkdir()
     print(f"\n`up {' '.join(extra)}` in-process, each SSH command (start, end, took, host, kind, command):")
-    r = subprocess.run([sys.executable, "-c", TRACER, *b.up(*extra)[3:]], env=b.env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", TRACER, *b.up(*extra)[3:]], env=b.env, cwd=b.root, capture_output=True,
+                       text=True)
     print(r.stderr)
     if r.returncode != 0:
         print(r.stdout)
@@ -268,7 +279,7 @@ def floor(b: Bench, repeat: int = 7) -> None:
         best = float("inf")
         for _ in range(repeat):
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            subprocess.run([sys.executable, "-c", code], env=b.env, check=True)
+            subprocess.run([sys.executable, "-c", code], env=b.env, cwd=b.root, check=True)
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             best = min(best, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
         return best
@@ -298,7 +309,7 @@ def cpu(b: Bench, seconds: float) -> None:
         before, nodes_before = resource.getrusage(resource.RUSAGE_CHILDREN), sshd_children_cpu(b.bed)
         t = time.monotonic()
         subprocess.run(b.cli("up", str(b.inv), str(b.job / script), "--runs-dir", str(b.runs), "--skip-check",
-                             "--", *args), env=b.env, check=True, stdout=subprocess.DEVNULL)
+                             "--", *args), env=b.env, cwd=b.root, check=True, stdout=subprocess.DEVNULL)
         wall = time.monotonic() - t
         time.sleep(1.0)  # the nodes' sshd reap their sessions once the launcher has closed them
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -315,6 +326,16 @@ def cpu(b: Bench, seconds: float) -> None:
           f"load {os.getloadavg()[0]:.1f}")
 
 
+def split_cores(b: Bench) -> None:
+    """The nodes (their sshd, so every session and job) on the last core, this machine's side (the
+    launcher, or the two ssh clients) on the others: as on a real cluster, where the launcher runs on
+    another machine and its CPU takes none from the job's."""
+    last = max(os.sched_getaffinity(0))
+    for node in b.bed.nodes:
+        os.sched_setaffinity(int((b.bed.root / node.name / "sshd.pid").read_text()), {last})
+    b.launcher_cpus = os.sched_getaffinity(0) - {last}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
@@ -324,6 +345,8 @@ def main() -> None:
     ap.add_argument("--floor", action="store_true", help="also measure the CPU of the launcher's start (imports)")
     ap.add_argument("--code", type=Path, help="run the clusterddp of this checkout (default: this one's)")
     ap.add_argument("--before", type=Path, help="also time `up` of the clusterddp of this checkout, in the same rounds")
+    ap.add_argument("--split-cores", action="store_true",
+                    help="the nodes on one core, the launcher (or ssh clients) on the rest: as separate machines")
     ap.add_argument("--node-bashrc", choices=["stock", "machine"], default="stock",
                     help="the nodes' ~/.bashrc: a stock one (default) or this machine's own")
     args = ap.parse_args()
@@ -340,8 +363,11 @@ def main() -> None:
             b = Bench(bed, root)
             if args.code:
                 b.env["PYTHONPATH"] = str(args.code)
+            if args.split_cores:
+                split_cores(b)
             print(f"2 nodes x {NPROC} processes, 1-step gloo job; nodes' ~/.bashrc: {args.node_bashrc}; "
-                  f"load average before: {os.getloadavg()[0]:.1f}")
+                  + ("nodes on their own core; " if args.split_cores else "")
+                  + f"load average before: {os.getloadavg()[0]:.1f}")
             if args.rounds:
                 interleaved(b, args.rounds, args.code, args.before)
             if args.trace:
