@@ -281,7 +281,8 @@ class Model(Rule):
                 return _BAD
         return entry
 
-    def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+    def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        """A reference to the block's definition in ``defs`` (added there, with its ``shape``, once)."""
         if self.name not in defs:
             defs[self.name] = {}  # taken before its fields are rendered: a block may hold itself
             defs[self.name] = {**self.definition(defs), **(self.shape or {})}
