@@ -83,9 +83,16 @@ def test_malloc_is_tuned_once_per_process_and_is_a_no_op_without_glibc(monkeypat
         assert ssh._reuse_freed_memory() is False
 
 
-PROBE = ("import atexit, sys\n"
-         "atexit.register(lambda: print('LOADED', sorted(m for m in ('fabric', 'invoke', 'paramiko')"
-         " if m in sys.modules), file=sys.stderr))\n"
+# What was loaded, said at exit: at the interpreter's (atexit), or at os._exit, which a finished `up`
+# and `exec` end with (cli.common.exit_quickly_when_done).
+PROBE = ("import atexit, os, sys\n"
+         "def said():\n"
+         "    loaded = sorted(m for m in ('fabric', 'invoke', 'paramiko') if m in sys.modules)\n"
+         "    print('LOADED', loaded, file=sys.stderr)\n"
+         "    sys.stderr.flush()\n"
+         "atexit.register(said)\n"
+         "quick = os._exit\n"
+         "os._exit = lambda code: (said(), quick(code))\n"
          "from clusterddp.cli.app import main\n"
          "sys.argv = ['clusterddp', *sys.argv[1:]]\n"
          "main()\n")
