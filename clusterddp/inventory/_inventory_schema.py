@@ -243,11 +243,10 @@ class Model(Rule):
     after: Callable[[Entry], None] | None = None   # a check of the whole block once every field is right
     shape: dict[str, Any] | None = None
     then: tuple[Check, ...] = field(default=())
-    schema_override: dict[str, Any] | None = None
 
     def extend(self, title: str, more: dict[str, Field]) -> Model:
         """This block with ``more`` keys, under the schema name ``title``."""
-        return Model(title, {**self.fields, **more}, self.extra, self.after)
+        return Model(title, {**self.fields, **more}, self.extra, self.after, self.shape)
 
     def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
         if not isinstance(v, dict):
@@ -453,8 +452,9 @@ SETTINGS = Model("_Settings", {
 })
 
 HOST_ENTRY = SETTINGS.extend("_HostEntry", {
-    "name": Field(Str(_host_name, schema={"type": "string", "pattern": f"^{HOST_NAME_RE.pattern}$",
-                                          "not": {"const": LOCAL}}), REQUIRED),
+    "name": Field(Str(_host_name, schema={
+        "type": "string", "pattern": f"^{HOST_NAME_RE.pattern}$", "not": {"const": LOCAL},
+        "description": "The host's name: letters, digits, . _ - (it names the log file), not local"}), REQUIRED),
     "address": Field(Maybe(Line())),
 })
 

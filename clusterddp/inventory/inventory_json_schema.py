@@ -87,7 +87,6 @@ DESCRIPTIONS = {
     "sbatch": "Extra #SBATCH options, verbatim; each must be an option clusterddp does not set itself",
     "shared_dir": "A folder the login host and every compute node see: runs live in <shared_dir>/runs/<run_id>/",
 }
-HOST_NAME_HELP = "The host's name: letters, digits, . _ - (it names the log file), not local"
 
 
 def generate() -> dict[str, Any]:
@@ -104,8 +103,6 @@ def generate() -> dict[str, Any]:
         for key, prop in sub.get("properties", {}).items():
             if key in DESCRIPTIONS and "description" not in prop:
                 prop["description"] = DESCRIPTIONS[key]
-    defs["_HostEntry"]["properties"]["name"]["description"] = HOST_NAME_HELP
-    defs["_LoginEntry"]["properties"]["name"]["description"] = HOST_NAME_HELP
     return {"$schema": SCHEMA_DIALECT, "title": "clusterddp inventory",
             "description": "A clusterddp inventory: the machines a DDP job runs on, or a Slurm cluster (see the "
                            "README's Inventory reference)",
