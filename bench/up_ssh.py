@@ -239,14 +239,19 @@ def opened(self):
     finally:
         log.append((t - T0, time.monotonic() - T0, self.name, "connect", ""))
 S.SSHTransport.open = opened
-import atexit
+import atexit, os
 def show():
     for a, b, host, kind, cmd in sorted(log):
         what = " ".join(l for l in cmd.splitlines() if l and not l.startswith("#"))
         what = what.replace(sys.executable, "PY")
         print(f"{a:7.3f} {b:7.3f} {b - a:6.3f}  {host:6} {kind:7} {what[:110]}", file=sys.stderr)
-    print(f"total {time.monotonic() - T0:.3f}s", file=sys.stderr)
+    print(f"total {time.monotonic() - T0:.3f}s", file=sys.stderr, flush=True)
 atexit.register(show)
+_exit = os._exit
+def shown_exit(code):  # a finished `up` ends with os._exit (exit_quickly_when_done): no atexit then
+    show()
+    _exit(code)
+os._exit = shown_exit
 sys.argv = ["clusterddp"] + sys.argv[1:]
 from clusterddp.cli.app import main
 main()

@@ -10,13 +10,18 @@ agree with the node's; a same-size local copy is whole when its hash matches, el
 again in a second command. So re-collecting a run whose artifacts are already whole
 re-downloads nothing. A file that changes while it is read (a running job still writing it) is
 not taken half-written: it is reported as skipped.
+
+A run's end asks no node whose log its follower already sent whole, when there are no globs to
+bring back (``streamed``): the local copy is then checked against the size and sha256 the follower
+reported instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -25,7 +30,7 @@ from . import nodeops
 from . import plan as P
 from .errors import HostError
 from .fleet import Fleet
-from .node.collect import Receiver, StreamError
+from .node.collect import BUF, Receiver, StreamError
 from .store import RunStore
 from .transport import Tail, Transport
 
@@ -75,11 +80,36 @@ def local_sizes(base: Path) -> dict[str, int]:
 
 
 def collect_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, run_id: str,
-                  globs: tuple[str, ...], progress: Progress | None = None) -> list[CollectResult]:
+                  globs: tuple[str, ...], progress: Progress | None = None,
+                  streamed: Mapping[str, nodeops.Whole] | None = None) -> list[CollectResult]:
     """:func:`collect_node` on every node through ``fleet``, in parallel; one result per node, in node
-    order, a node that cannot be reached included."""
-    res = nodeops.each(fleet, nodes, lambda n, t: collect_node(t, n, store, run_id, globs, progress))
-    return list(res.or_else(lambda h, e: CollectResult(h, error=_why(e))).values())
+    order, a node that cannot be reached included.
+
+    ``streamed``: the whole logs the followers sent (:class:`nodeops.Whole`, by host). With no
+    ``globs``, a node whose local log is that, byte for byte (:func:`streamed_whole`), has nothing
+    left to bring back and is not asked: the end of a run costs no command on it."""
+    done = {n.host.name for n in nodes
+            if not globs and streamed and n.host.name in streamed
+            and streamed_whole(store.log_path(run_id, n.host.name), streamed[n.host.name])}
+    res = nodeops.each(fleet, [n for n in nodes if n.host.name not in done],
+                       lambda n, t: collect_node(t, n, store, run_id, globs, progress))
+    got = res.or_else(lambda h, e: CollectResult(h, error=_why(e)))
+    return [got.get(n.host.name) or CollectResult(n.host.name, unmatched=()) for n in nodes]
+
+
+def streamed_whole(path: Path, whole: nodeops.Whole) -> bool:
+    """Whether the local log at ``path`` is, in size and sha256, the log its follower sent whole. An
+    unreadable copy is not (the collect fetches it again)."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size != whole.size:
+                return False
+            h = hashlib.sha256()
+            while chunk := f.read(BUF):
+                h.update(chunk)
+    except OSError:
+        return False
+    return h.hexdigest() == whole.sha256
 
 
 def _why(e: Exception) -> str:

@@ -8,12 +8,14 @@ state reads the same whoever asks. :func:`each` applies one of them to several n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, TypeVar
 
 from . import plan as P
 from .fleet import Fleet, GroupResult
+from .node import follow as node_follow
 from .node import reply as node_reply
 from .record import NodeRecord, NodeState, RunRecord, from_report
 from .transport import Tail, Transport
@@ -81,21 +83,55 @@ def _read_status(text: str) -> Status | None:
 
 # ---- follow ----
 
-def follow(t: Transport, node: P.NodeLaunch, on_output: Callable[[bytes], None], from_line: int = 1) -> Status:
+@dataclass(frozen=True)
+class Whole:
+    """What the follower sent, by its own count, when it sent the whole log of a job that ended
+    (:data:`clusterddp.node.follow.WHOLE_MARK`): its size in bytes and its sha256, hex."""
+
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Followed:
+    """How :func:`follow` ended: the job's status, and the whole log's :class:`Whole` when the
+    follower says it sent it all (None: it did not, or its line was unreadable)."""
+
+    status: Status
+    whole: Whole | None = None
+
+
+_WHOLE = re.compile(r"([0-9]{1,19}) ([0-9a-f]{64})", re.ASCII)
+
+
+def read_whole(text: str) -> Whole | None:
+    """The follower's :data:`~clusterddp.node.follow.WHOLE_MARK` line in ``text`` (its standard error);
+    None when there is none, several, or one that is not exactly a size and a sha256. Never raises."""
+    try:
+        line = node_reply.marked(text, node_follow.WHOLE_MARK, 100)
+    except node_reply.ReplyError:
+        return None
+    m = _WHOLE.fullmatch(line) if line is not None else None
+    return Whole(int(m[1]), m[2]) if m else None
+
+
+def follow(t: Transport, node: P.NodeLaunch, on_output: Callable[[bytes], None], from_line: int = 1) -> Followed:
     """Stream the node's log from line ``from_line`` until its job ends, then ask how it ended.
 
     The status can still be RUNNING when the follower stopped early (the log was rotated away). It comes
-    on the follower's standard error (:func:`plan.follow_status_command`); whatever else is there (the
-    follower's own complaints) is passed on after the log. No readable status there: asked for again.
+    on the follower's standard error (:func:`plan.follow_status_command`), with the whole log's size and
+    hash when it was all sent; whatever else is there (the follower's own complaints) is passed on after
+    the log. No readable status there: asked for again.
     """
     err = Tail()
     t.stream(P.follow_status_command(node, from_line), on_output, stderr_to=err)
     text = err.decode("utf-8", "replace")
-    said = "".join(line for line in text.splitlines(keepends=True) if not line.startswith(node_reply.STATUS_MARK))
+    ours = (node_reply.STATUS_MARK, node_follow.WHOLE_MARK)
+    said = "".join(line for line in text.splitlines(keepends=True) if not line.startswith(ours))
     if said.strip():
         on_output(said.encode())
     st = _read_status(text)
-    return st if st is not None else status(t, node, FOLLOW_STATUS_TIMEOUT)
+    return Followed(st if st is not None else status(t, node, FOLLOW_STATUS_TIMEOUT), read_whole(text))
 
 
 # ---- teardown ----

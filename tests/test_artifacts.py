@@ -6,6 +6,7 @@ verification rules quickly, including output cut into arbitrary pieces.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import sys
@@ -15,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import inventory
+from clusterddp import inventory, nodeops
 from clusterddp import plan as P
-from clusterddp.artifacts import CollectResult, collect_node, matched_nowhere
+from clusterddp.artifacts import CollectResult, collect_node, collect_nodes, matched_nowhere
+from clusterddp.fleet import Fleet
 from clusterddp.store import RunStore
 from clusterddp.transport.local import LocalTransport
 from helpers import cddp, make_record
@@ -224,7 +226,6 @@ def lines(*recs: object) -> bytes:
 
 
 def sent(path: str, body: bytes) -> bytes:
-    import hashlib
     return (lines({"path": path, "send": len(body)}) + body
             + lines({"path": path, "sha256": hashlib.sha256(body).hexdigest(), "stable": True}))
 
@@ -332,3 +333,41 @@ def test_collect_glob_brings_back_other_files_after_the_fact_and_says_what_match
                                      "(e.g. 'checkpoints/**')"]
     r = cddp("collect", RUN_ID, "--runs-dir", str(store.root), "--glob", "../up", timeout=60)
     assert r.returncode == 2 and "--glob '../up': must be relative to the run folder" in r.stderr, r.stderr
+
+
+class Counting(LocalTransport):
+    """The local transport, counting the commands sent through it."""
+
+    sent: list = []
+
+    def stream(self, command, on_data, **kw):
+        Counting.sent.append(command)
+        return super().stream(command, on_data, **kw)
+
+
+def test_a_log_its_follower_sent_whole_is_not_fetched_again_unless_the_copy_differs(setup, node_dir):
+    # The end of a run without globs: the real follower (plan.follow_status_command) streams the log and
+    # says it sent it whole; the local copy it wrote is that, so no collect command goes to the node. A
+    # local copy damaged since (same size, one byte) is fetched again, and globs always ask the node.
+    node, store = setup
+    (node_dir / ".clusterddp" / "pid").write_text("0\n")
+    (node_dir / ".clusterddp" / "exit_code").write_text("0\n")
+    followed = nodeops.follow(LocalTransport("local"), node, lambda b: store.append_log(RUN_ID, "local", b))
+    store.close_logs()
+    log = store.log_path(RUN_ID, "local")
+    assert followed.status.exit_code == 0 and log.read_bytes() == b"rank 0 says hi\n"
+    assert followed.whole == nodeops.Whole(15, hashlib.sha256(b"rank 0 says hi\n").hexdigest())
+    streamed = {"local": followed.whole}
+    Counting.sent = []
+    with Fleet([node.host], connect=lambda h: Counting(h.name)) as fleet:
+        [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
+        assert r == CollectResult("local", unmatched=()) and Counting.sent == []
+        assert matched_nowhere([r]) == ((), True)
+        log.write_bytes(b"rank 0 says HI\n")
+        [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
+        assert r.ok and len(Counting.sent) == 1 and log.read_bytes() == b"rank 0 says hi\n"
+        [r] = collect_nodes(fleet, [node], store, RUN_ID, ("ckpt/deep/*",), streamed=streamed)
+        assert r.fetched == ("ckpt/deep/b.txt",) and len(Counting.sent) == 2
+        log.unlink()  # no local copy at all: fetched
+        [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
+        assert r.ok and len(Counting.sent) == 3 and log.read_bytes() == b"rank 0 says hi\n"

@@ -11,10 +11,16 @@ this program, on the same channel).
 Between polls it waits on a pidfd of the job's shell where the node has them (Linux 5.3,
 Python 3.9): the shell's exit (just after it wrote ``exit_code``) ends the wait at once, instead of
 every run's end waiting up to a whole poll interval.
+
+Followed from its first line to a job that ended (``exit_code`` there), the whole log has gone
+out: it then writes, on standard error, one :data:`WHOLE_MARK` line with the size and sha256 of what
+it sent, so the launcher can tell that its own copy is the node's without fetching it again
+(``artifacts.streamed_whole``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import select
 import sys
@@ -22,13 +28,17 @@ import time
 
 # In the control folder (plan.CONTROL), as launch.sh and plan.start_command write them.
 LOG, PID, EXIT_CODE = "node.log", "pid", "exit_code"
+WHOLE_MARK = "CLUSTERDDP_LOG_WHOLE "  # then "<size> <sha256 hex>": the whole log was sent, this is it
 
 
-def main(argv: list[str], stdout=None) -> int:
+def main(argv: list[str], stdout=None, stderr=None) -> int:
     """argv: the control folder, the first log line wanted (1-based), the poll interval in seconds.
-    The log goes to ``stdout`` (binary), the process's own when not given."""
+    The log goes to ``stdout`` (binary), the :data:`WHOLE_MARK` line to ``stderr`` (text); the
+    process's own when not given."""
     ctl, line, poll = argv[0], int(argv[1]), float(argv[2])
     out = stdout if stdout is not None else sys.stdout.buffer
+    whole = hashlib.sha256() if line == 1 else None
+    sent = 0
     with open(os.path.join(ctl, PID)) as f:
         pid = int(f.read().strip() or 0)
     exit_code = os.path.join(ctl, EXIT_CODE)
@@ -67,7 +77,14 @@ def main(argv: list[str], stdout=None) -> int:
                 if chunk:
                     out.write(chunk)
                     out.flush()
+                    sent += len(chunk)
+                    if whole is not None:
+                        whole.update(chunk)
                 elif done:
+                    if whole is not None and os.path.exists(exit_code):
+                        err = stderr if stderr is not None else sys.stderr
+                        err.write("%s%d %s\n" % (WHOLE_MARK, sent, whole.hexdigest()))
+                        err.flush()
                     return 0
                 else:
                     wait()

@@ -6,6 +6,8 @@ or the job's shell gone or a zombie (which ``tail --pid`` would wait on).
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import subprocess
 import threading
@@ -36,9 +38,10 @@ def control(tmp_path: Path, pid: int, log: bytes) -> Path:
     return ctl
 
 
-def start(ctl: Path, from_line: int) -> tuple[threading.Thread, Sink, list]:
+def start(ctl: Path, from_line: int, err: io.StringIO | None = None) -> tuple[threading.Thread, Sink, list]:
     out, rc = Sink(), []
-    th = threading.Thread(target=lambda: rc.append(follow.main([str(ctl), str(from_line), "0.01"], stdout=out)),
+    th = threading.Thread(target=lambda: rc.append(follow.main([str(ctl), str(from_line), "0.01"], stdout=out,
+                                                               stderr=err or io.StringIO())),
                           daemon=True)
     th.start()
     return th, out, rc
@@ -97,3 +100,34 @@ def test_the_end_of_the_job_shell_ends_the_wait_between_polls(tmp_path):
         assert rc == [0] and out.data == b"started\ndone\n"  # what the job wrote last is not lost
     finally:
         p.wait()
+
+
+def test_a_whole_log_sent_to_a_job_that_ended_is_told_with_its_size_and_hash(tmp_path):
+    # What lets the end of a run skip fetching the log again (artifacts.streamed_whole): from line 1 to
+    # exit_code, the follower says how much it sent and its sha256; from a later line, or to a job that
+    # ended without an exit code, it sent no whole log and says nothing.
+    ctl = control(tmp_path, os.getpid(), b"one\ntwo\n")
+    err = io.StringIO()
+    th, out, rc = start(ctl, 1, err)
+    assert eventually(lambda: out.data == b"one\ntwo\n")
+    assert err.getvalue() == "", "told whole while the job still runs"
+    with open(ctl / "node.log", "ab") as f:
+        f.write(b"\x00\xffbinary, no newline")
+    (ctl / "exit_code").write_text("0\n")
+    th.join(timeout=20)
+    log = (ctl / "node.log").read_bytes()
+    assert rc == [0] and bytes(out.data) == log
+    assert err.getvalue() == f"{follow.WHOLE_MARK}{len(log)} {hashlib.sha256(log).hexdigest()}\n"
+
+    err = io.StringIO()
+    th, out, rc = start(ctl, 2, err)  # not from the start: what it sent is not the whole log
+    th.join(timeout=20)
+    assert rc == [0] and bytes(out.data) == log[4:] and err.getvalue() == ""
+
+
+def test_no_whole_log_is_told_for_a_job_that_ended_without_an_exit_code(tmp_path):
+    ctl = control(tmp_path, 0, b"the shell was killed\n")  # no such process, no exit_code: lost
+    err = io.StringIO()
+    th, out, rc = start(ctl, 1, err)
+    th.join(timeout=20)
+    assert rc == [0] and out.data == b"the shell was killed\n" and err.getvalue() == ""

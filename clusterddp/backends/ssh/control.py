@@ -231,7 +231,7 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
                     for other in nodes:
                         fleet.close_host(other.host)
                     raise
-            return nodeops.follow(t, n, out, from_lines.get(name, 1)).exit_code
+            return nodeops.follow(t, n, out, from_lines.get(name, 1)).status.exit_code
         res = nodeops.each(fleet, nodes, one)
         if closed.is_set():
             raise StdoutClosed

@@ -321,10 +321,12 @@ def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Calla
             sup: Supervisor | None = None, may_go_on: bool = False) -> list[CollectResult]:
     """Bring back every node's log and files, except from nodes ``sup`` saw lost: they are not
     tried (their link is gone), and the result says how to fetch them once they answer again
-    (``may_go_on``: unless the run goes on without them, which then leaves them out of its record)."""
+    (``may_go_on``: unless the run goes on without them, which then leaves them out of its record).
+    A node whose follower sent its log whole is not asked when there are no globs (``collect_nodes``)."""
     lost = {n.name for n in sup.nodes if n.state is NodeState.LOST} if sup is not None else set()
+    streamed = {n.name: n.whole for n in sup.nodes if n.whole is not None} if sup is not None else {}
     got = {r.host: r for r in collect_nodes(fleet, [n for n in plan.nodes if n.host.name not in lost], store,
-                                             plan.run_id, plan.collect)}
+                                             plan.run_id, plan.collect, streamed=streamed)}
     later = (f"`clusterddp collect {plan.run_id}` fetches its log and files once it answers again"
              + (" (unless a next attempt of the run goes on without it: they stay on it then)" if may_go_on else ""))
     results = [got.get(n.host.name) or CollectResult(

@@ -64,6 +64,7 @@ class Node:
     error: str | None = None
     answered_at: float = 0.0          # the supervisor's clock when it last heard from the node
     last_miss: str | None = None      # why the latest heartbeat got no answer
+    whole: nodeops.Whole | None = None  # the whole log, as its follower sent it (then the collect need not)
 
     @property
     def name(self) -> str:
@@ -266,7 +267,8 @@ class Supervisor:
     def _stream(self, node: Node, t: Transport) -> None:
         """A node's thread: follow its log to the end, then post how its job ended."""
         try:
-            st = nodeops.follow(t, node.launch, lambda b: self.on_output(node.name, b))
+            followed = nodeops.follow(t, node.launch, lambda b: self.on_output(node.name, b))
+            st, node.whole = followed.status, followed.whole  # set before _Ended is posted, read after it
             if st.state is NodeState.RUNNING:  # the follower ended early (e.g. log rotated); count it as lost
                 self._events.put(_Ended(node.name, None, "log stream ended while the job still runs"))
             else:

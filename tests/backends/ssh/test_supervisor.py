@@ -17,10 +17,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clusterddp import inventory, nodeops, plan
 from clusterddp.backends.ssh.supervisor import NodeState, Supervisor
 from clusterddp.errors import HostError
+from clusterddp.node.follow import WHOLE_MARK
 from clusterddp.node.reply import STATUS_MARK
 from clusterddp.nodeops import parse_status
 from clusterddp.store import new_run_id
@@ -433,11 +436,29 @@ def test_the_exit_code_comes_with_the_log_and_is_asked_for_only_when_it_did_not(
             self.runs.append(command)
             return CommandResult(0, f"{STATUS_MARK}exit 7 1700000000\n".encode(), b"")
 
-    with_status = Node(f"follow: a complaint\n{STATUS_MARK}exit 3 1700000001\n".encode())
-    st = nodeops.follow(with_status, node, with_status.out.extend)
-    assert (st.state, st.exit_code, st.ended, with_status.runs) == (NodeState.FAILED, 3, 1700000001, [])
-    assert bytes(with_status.out) == b"the log\nfollow: a complaint\n"
+    sha = "ab" * 32
+    with_status = Node(f"follow: a complaint\n{WHOLE_MARK}8 {sha}\n{STATUS_MARK}exit 3 1700000001\n".encode())
+    followed = nodeops.follow(with_status, node, with_status.out.extend)
+    status = followed.status
+    assert (status.state, status.exit_code, status.ended, with_status.runs) == (NodeState.FAILED, 3, 1700000001, [])
+    assert bytes(with_status.out) == b"the log\nfollow: a complaint\n"  # the follower's own lines are not passed on
+    assert followed.whole == nodeops.Whole(8, sha)
     cut = Node(b"")
-    st = nodeops.follow(cut, node, cut.out.extend)
-    assert (st.exit_code, cut.runs) == (7, [plan.status_command(node)])
+    followed = nodeops.follow(cut, node, cut.out.extend)
+    assert (followed.status.exit_code, cut.runs, followed.whole) == (7, [plan.status_command(node)], None)
     assert bytes(cut.out) == b"the log\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300), st.integers(min_value=0, max_value=(1 << 64)),
+       st.text("0123456789abcdef", min_size=64, max_size=64) | st.text("0123456789abcdefABCDEF -", max_size=70))
+def test_the_followers_whole_line_is_read_exactly_or_not_at_all(noise, size, digest):
+    # A node's stderr is untrusted: a whole-log claim is a size and a lowercase sha256, nothing else,
+    # never raising; a wrong claim only costs a collect (the local copy is checked against it).
+    line = f"{WHOLE_MARK}{size} {digest}"
+    got = nodeops.read_whole(f"{noise}\n{line}\n")
+    good = size < 10 ** 19 and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+    if WHOLE_MARK in noise:
+        return  # several marked lines (or one inside the noise): None or the one read, never a crash
+    assert got == (nodeops.Whole(size, digest) if good else None)
+    assert nodeops.read_whole(noise) is None

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,6 +99,52 @@ def test_two_nodes_succeed_with_logs_and_checkpoints(bed, tmp_path):
         assert f"node {rec['nodes'][int(node.name[-1]) - 1]['node_rank']}/2 on {node.name} iface=eth0" in log
     assert "done world_size=4" in (runs / run_id / "logs" / "node1.log").read_text()
     no_leftovers(bed, run_id)
+
+
+# `up` run in-process (python -c) with every command the SSH transport streams counted by node program:
+# what goes to the nodes is the real thing, only watched. A finished `up` ends with os._exit.
+WATCHED_UP = r"""
+import os, sys
+import clusterddp.transport.ssh as S
+sent = []
+stream = S.SSHTransport.stream
+def counted(self, command, *a, **kw):
+    sent.append(command)
+    return stream(self, command, *a, **kw)
+S.SSHTransport.stream = counted
+_exit = os._exit
+def told(code):
+    n = sum("``collect``: the node program" in c for c in sent)
+    sys.__stderr__.write("COLLECT COMMANDS %d\n" % n)
+    sys.__stderr__.flush()
+    _exit(code)
+os._exit = told
+sys.argv = ["clusterddp"] + sys.argv[1:]
+from clusterddp.cli.app import main
+main()
+"""
+
+
+def test_a_run_without_globs_ends_with_no_collect_and_the_nodes_logs_byte_for_byte(bed, tmp_path, job):
+    # The followers sent each node's log whole (size and sha256 told with the exit code), so the end of
+    # a run with nothing else to bring back sends no collect command, and the local logs are the nodes'
+    # own, byte for byte. With a glob, every node is asked as before. A plain torch script (no helper).
+    runs = tmp_path / "runs"
+    for extra, collects in (((), 0), (("--collect", "data.txt"), 2)):
+        r = subprocess.run([sys.executable, "-c", WATCHED_UP, "up", str(inv(bed, tmp_path)), str(job / "probe.py"),
+                            "--runs-dir", str(runs), *extra], capture_output=True, text=True, timeout=240,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"COLLECT COMMANDS {collects}" in r.stderr.splitlines(), r.stderr
+        rec = record(runs, run_id_of(r.stdout))
+        for n in rec["nodes"]:
+            node_log = (Path(n["control_dir"]) / "node.log").read_bytes()
+            assert b"PROBE " in node_log
+            assert (runs / rec["run_id"] / "logs" / f"{n['host']}.log").read_bytes() == node_log, n["host"]
+        got = sorted(p.relative_to(runs / rec["run_id"] / "artifacts").as_posix()
+                     for p in (runs / rec["run_id"] / "artifacts").rglob("*") if p.is_file())
+        assert got == ([] if not extra else ["node1/data.txt", "node2/data.txt"])
+        no_leftovers(bed, rec["run_id"])
 
 
 def test_arguments_and_env_arrive_byte_for_byte_and_a_master_not_listed_first_hosts_node_rank_0(
