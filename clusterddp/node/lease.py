@@ -37,17 +37,19 @@ import json
 import os
 import re
 import select
-import socket
 import stat
-import subprocess
 import sys
 import time
+
+# subprocess and socket are imported where used: a grant's reply is on every run's start path, and the
+# two are a third of this program's imports (the job's start, after the grant, has time for them).
 
 
 def _folder(path):
     # type: (str) -> str
-    """The lease folder: ``~`` expanded, ``%h`` as this node's hostname (plan.NODE_HOSTNAME)."""
-    return os.path.expanduser(path).replace("%h", socket.gethostname())
+    """The lease folder: ``~`` expanded, ``%h`` as this node's hostname (plan.NODE_HOSTNAME; what
+    ``hostname`` prints, as gethostname(2) is uname's nodename)."""
+    return os.path.expanduser(path).replace("%h", os.uname().nodename)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,7 +77,11 @@ def _emit(obj: dict) -> None:
 
 
 def capacity(fallback: int) -> int:
-    """The node's GPU count (``nvidia-smi -L``), or ``fallback`` where it has none."""
+    """The node's GPU count (``nvidia-smi -L``), or ``fallback`` where it has none (none on its PATH:
+    not even started)."""
+    if not _on_path("nvidia-smi"):
+        return max(1, fallback)
+    import subprocess
     try:
         out = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              timeout=30).stdout.decode("utf-8", "replace")
@@ -83,6 +89,11 @@ def capacity(fallback: int) -> int:
         out = ""
     n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
     return n if n > 0 else max(1, fallback)
+
+
+def _on_path(name: str) -> bool:
+    return any(os.access(os.path.join(d or ".", name), os.X_OK)
+               for d in os.environ.get("PATH", os.defpath).split(os.pathsep))
 
 
 LOCK_MODE = 0o644  # every user of a shared (1777) lease folder can open (read-only) and flock it
@@ -306,6 +317,7 @@ def _hold(req: dict) -> int:
     finally:
         os.close(mutex)
     _emit({"ok": True, "slots": doc["slots"], "port": port, "capacity": cap})
+    import subprocess  # now, while the launcher stages the run: not once the go file is there
     go = os.path.expanduser(req["go"])
     if not _wait(rec, lambda: os.path.exists(go), fast=GO_FAST_S):
         return 0  # released, or the launcher went away: the locks go with this process
@@ -330,6 +342,7 @@ def _port(folder: str, want: Any, held: list) -> Any:
             return False
         held.append(fd)
         return want["fixed"]
+    import socket
     first = int(want.get("from") or 29500)
     for p in range(first, min(65536, first + int(want.get("span") or 100))):
         fd = _try_lock(os.path.join(folder, "port-%d.lock" % p))

@@ -306,3 +306,49 @@ def test_a_holder_and_a_waiter_are_listed_with_their_runs_name(base):
     release(held)
     waiter.kill()
     waiter.wait(timeout=10)
+
+
+def test_capacity_is_what_nvidia_smi_lists_and_the_fallback_without_one_on_path(base, tmp_path):
+    # Looked up on PATH first (a node without nvidia-smi starts no process for it); a GPU node's count is
+    # its "GPU n:" lines (MIG lines and the like are not GPUs); one that fails counts as none.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def capacity() -> int:
+        r = subprocess.run([sys.executable, "-S", "-c", SRC, "list"], input=json.dumps(base), capture_output=True,
+                           text=True, check=True, env=env)
+        return L.parse_reply(r.stdout)["capacity"]
+
+    assert capacity() == 2  # none on PATH: the inventory's gpus
+    smi.write_text("#!/bin/sh\nfor i in 0 1 2; do echo \"GPU $i: NVIDIA H200 (UUID: GPU-$i)\"; done\n"
+                   "echo '  MIG 1g.18gb Device 0: (UUID: MIG-x)'\n")
+    smi.chmod(0o755)
+    assert capacity() == 3
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2; exit 9\n")
+    assert capacity() == 2
+
+
+def test_taking_a_lease_imports_neither_subprocess_nor_socket_before_its_reply(base, tmp_path):
+    # Every run's start waits for the grant: the holder answers first and imports what the job's start
+    # needs while the launcher stages the run (a third of its imports, ~10 ms on a node). The master's
+    # port is tried by binding it, so there socket comes first.
+    probe = (
+        "import sys, json\n"
+        "ns = {'__name__': 'lease'}\n"
+        f"exec(compile({SRC!r}, 'lease', 'exec'), ns)\n"
+        "seen, real = [], ns['_emit']\n"
+        "def emit(obj):\n"
+        "    seen.append([sorted(obj), sorted(m for m in ('subprocess', 'socket') if m in sys.modules)])\n"
+        "    real(obj)\n"
+        "ns['_emit'] = emit\n"
+        "ns['_hold'](json.loads(sys.argv[1]))\n"
+        "print('SEEN ' + json.dumps(seen))\n")
+    (tmp_path / "go").touch()  # told to start at once: the start's reply is seen too
+    for run_id, port, first in (("r1", None, []), ("r2", {"from": 29700, "span": 50}, ["socket"])):
+        r = subprocess.run([sys.executable, "-S", "-c", probe, json.dumps({**base, "run": run_id, "port": port})],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        seen = json.loads(r.stdout.splitlines()[-1].removeprefix("SEEN "))
+        assert seen == [[["capacity", "ok", "port", "slots"], first], [["started"], sorted(first + ["subprocess"])]]
