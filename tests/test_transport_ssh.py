@@ -60,6 +60,23 @@ def test_run_and_stream_read_stdout_and_stderr_together(bed, tmp_path):
     assert e.value.kind is HostErrorKind.CONNECTION_LOST
 
 
+def nodelay(sock) -> int:
+    import socket
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+def test_packets_go_out_at_once_not_after_the_ack_of_the_one_before(bed, tmp_path):
+    """TCP_NODELAY on the connection: with Nagle's algorithm on (paramiko's default) each small packet
+    of a command waited for the node's delayed ACK, 40 ms at a time."""
+    host = inventory.load(bed.write_inventory(tmp_path / "inv.yaml")).hosts[0]
+    t = connect(host)
+    try:
+        assert nodelay(t._transport.sock) != 0
+        assert t.run("cat", stdin=b"in").text == "in"
+    finally:
+        t.close()
+
+
 def test_aes_gcm_is_preferred_and_a_server_without_it_still_connects(make_bed, tmp_path):
     """GCM moves bulk data far cheaper through paramiko than its default aes128-ctr + HMAC."""
     bed = make_bed(1)
@@ -152,6 +169,7 @@ def test_proxyjump_chains_go_through_every_hop_with_host_keys_checked_on_each(ma
         t = connect(bare_host(bed, tmp_path, "via-n1"))
         try:
             assert t.run(where).text == f"node2 {n1.address}\n"
+            assert nodelay(t._conn.gateway.transport.sock) != 0  # the TCP connection, to the jump host
         finally:
             t.close()
         for alias in ("nested", "listed"):
