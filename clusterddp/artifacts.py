@@ -86,30 +86,38 @@ def collect_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, 
     order, a node that cannot be reached included.
 
     ``streamed``: the whole logs the followers sent (:class:`nodeops.Whole`, by host). With no
-    ``globs``, a node whose local log is that, byte for byte (:func:`streamed_whole`), has nothing
-    left to bring back and is not asked: the end of a run costs no command on it."""
+    ``globs``, a node whose local log is that (:func:`keep_streamed`) has nothing left to bring back
+    and is not asked: the end of a run costs no command on it."""
     done = {n.host.name for n in nodes
             if not globs and streamed and n.host.name in streamed
-            and streamed_whole(store.log_path(run_id, n.host.name), streamed[n.host.name])}
+            and keep_streamed(store.log_path(run_id, n.host.name), streamed[n.host.name])}
     res = nodeops.each(fleet, [n for n in nodes if n.host.name not in done],
                        lambda n, t: collect_node(t, n, store, run_id, globs, progress))
     got = res.or_else(lambda h, e: CollectResult(h, error=_why(e)))
     return [got.get(n.host.name) or CollectResult(n.host.name, unmatched=()) for n in nodes]
 
 
-def streamed_whole(path: Path, whole: nodeops.Whole) -> bool:
-    """Whether the local log at ``path`` is, in size and sha256, the log its follower sent whole. An
-    unreadable copy is not (the collect fetches it again)."""
+def keep_streamed(path: Path, whole: nodeops.Whole) -> bool:
+    """Whether the local log at ``path`` begins with the log its follower sent whole (its size and
+    sha256); if so, what follows (the lines the follower's shell said on its stderr, a login shell's
+    complaint, passed on after the log) is cut off, as the node's copy would have replaced it. A copy
+    that is shorter, differs or cannot be read or cut is not kept (the collect fetches it again)."""
     try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size != whole.size:
+        with open(path, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < whole.size:
                 return False
-            h = hashlib.sha256()
-            while chunk := f.read(BUF):
+            h, left = hashlib.sha256(), whole.size
+            while left and (chunk := f.read(min(BUF, left))):
                 h.update(chunk)
+                left -= len(chunk)
+            if left or h.hexdigest() != whole.sha256:
+                return False
+            if size > whole.size:
+                f.truncate(whole.size)
     except OSError:
         return False
-    return h.hexdigest() == whole.sha256
+    return True
 
 
 def _why(e: Exception) -> str:

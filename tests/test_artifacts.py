@@ -371,3 +371,11 @@ def test_a_log_its_follower_sent_whole_is_not_fetched_again_unless_the_copy_diff
         log.unlink()  # no local copy at all: fetched
         [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
         assert r.ok and len(Counting.sent) == 3 and log.read_bytes() == b"rank 0 says hi\n"
+        # what the follower's shell said on stderr (a login shell's complaint), passed on after the log:
+        # cut off, as the node's copy would have replaced it; a copy shorter than the log is fetched
+        log.write_bytes(b"rank 0 says hi\nbash: warning: setlocale: LC_ALL: cannot change locale\n")
+        [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
+        assert r.ok and len(Counting.sent) == 3 and log.read_bytes() == b"rank 0 says hi\n"
+        log.write_bytes(b"rank 0 says")
+        [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
+        assert r.ok and len(Counting.sent) == 4 and log.read_bytes() == b"rank 0 says hi\n"

@@ -15,7 +15,7 @@ every run's end waiting up to a whole poll interval.
 Followed from its first line to a job that ended (``exit_code`` there), the whole log has gone
 out: it then writes, on standard error, one :data:`WHOLE_MARK` line with the size and sha256 of what
 it sent, so the launcher can tell that its own copy is the node's without fetching it again
-(``artifacts.streamed_whole``).
+(``artifacts.keep_streamed``).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def test_the_end_of_the_job_shell_ends_the_wait_between_polls(tmp_path):
 
 
 def test_a_whole_log_sent_to_a_job_that_ended_is_told_with_its_size_and_hash(tmp_path):
-    # What lets the end of a run skip fetching the log again (artifacts.streamed_whole): from line 1 to
+    # What lets the end of a run skip fetching the log again (artifacts.keep_streamed): from line 1 to
     # exit_code, the follower says how much it sent and its sha256; from a later line, or to a job that
     # ended without an exit code, it sent no whole log and says nothing.
     ctl = control(tmp_path, os.getpid(), b"one\ntwo\n")
