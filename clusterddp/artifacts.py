@@ -18,7 +18,6 @@ reported instead.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -30,7 +29,7 @@ from . import nodeops
 from . import plan as P
 from .errors import HostError
 from .fleet import Fleet
-from .node.collect import BUF, Receiver, StreamError
+from .node.collect import Receiver, StreamError, sha256_file
 from .store import RunStore
 from .transport import Tail, Transport
 
@@ -103,18 +102,11 @@ def keep_streamed(path: Path, whole: nodeops.Whole) -> bool:
     complaint, passed on after the log) is cut off, as the node's copy would have replaced it. A copy
     that is shorter, differs or cannot be read or cut is not kept (the collect fetches it again)."""
     try:
-        with open(path, "r+b") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < whole.size:
-                return False
-            h, left = hashlib.sha256(), whole.size
-            while left and (chunk := f.read(min(BUF, left))):
-                h.update(chunk)
-                left -= len(chunk)
-            if left or h.hexdigest() != whole.sha256:
-                return False
-            if size > whole.size:
-                f.truncate(whole.size)
+        size = path.stat().st_size
+        if size < whole.size or sha256_file(path, whole.size) != whole.sha256:
+            return False
+        if size > whole.size:
+            os.truncate(path, whole.size)
     except OSError:
         return False
     return True

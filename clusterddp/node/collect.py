@@ -355,11 +355,17 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
 
 # ---- launcher side ----
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, size: int | None = None) -> str:
+    """The sha256 of the file at ``path``, or of its first ``size`` bytes (all there are, if fewer)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for b in iter(lambda: f.read(BUF), b""):
+        while size is None or size > 0:
+            b = f.read(BUF if size is None else min(BUF, size))
+            if not b:
+                break
             h.update(b)
+            if size is not None:
+                size -= len(b)
     return h.hexdigest()
 
 

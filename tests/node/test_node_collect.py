@@ -401,3 +401,13 @@ def test_two_collects_of_one_run_at_once_each_write_a_file_of_their_own(run_dir,
     for p in ("ckpt/a.bin", "ckpt/deep/b.txt", "ckpt/empty"):
         assert hashlib.sha256((dest / p).read_bytes()).digest() == hashlib.sha256((run_dir / p).read_bytes()).digest()
     assert not list(dest.rglob("*.part"))
+
+
+def test_sha256_file_hashes_the_whole_file_or_its_first_bytes(tmp_path):
+    # The launcher's check of a streamed log (artifacts.keep_streamed) hashes what precedes a suffix.
+    data = os.urandom((1 << 20) + 7)  # past one read buffer
+    f = tmp_path / "f"
+    f.write_bytes(data)
+    assert collect.sha256_file(f) == hashlib.sha256(data).hexdigest()
+    for n in (0, 1, 1 << 20, (1 << 20) + 1, len(data), len(data) + 5):
+        assert collect.sha256_file(f, n) == hashlib.sha256(data[:n]).hexdigest(), n
