@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -15,7 +16,7 @@ import yaml
 
 from clusterddp import inventory
 from clusterddp.errors import HostError, HostErrorKind
-from clusterddp.transport import connect
+from clusterddp.transport import connect, ssh
 
 pytestmark = pytest.mark.integration
 
@@ -61,20 +62,60 @@ def test_run_and_stream_read_stdout_and_stderr_together(bed, tmp_path):
 
 
 def nodelay(sock) -> int:
-    import socket
     return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
-def test_packets_go_out_at_once_not_after_the_ack_of_the_one_before(bed, tmp_path):
-    """TCP_NODELAY on the connection: with Nagle's algorithm on (paramiko's default) each small packet
-    of a command waited for the node's delayed ACK, 40 ms at a time."""
+def test_what_the_node_sends_is_acknowledged_at_once_not_after_the_delayed_ack(bed, tmp_path):
+    """TCP_QUICKACK after every read. sshd leaves Nagle on for a session without a terminal and sends
+    two packets in a row after authentication, so its answer to the first channel open waited for our
+    delayed ACK (40 ms on Linux): 43 ms of every connection's first command. The kernel drops quick-ACK
+    mode once a connection goes back and forth, as every SSH one does; the socket re-arms it."""
     host = inventory.load(bed.write_inventory(tmp_path / "inv.yaml")).hosts[0]
     t = connect(host)
     try:
-        assert nodelay(t._transport.sock) != 0
+        sock = t._transport.sock
+        assert isinstance(sock, ssh._QuickAck) and nodelay(sock) != 0
+        assert sock.gettimeout() == 0.1  # paramiko's own read timeout, kept across the change of socket
         assert t.run("cat", stdin=b"in").text == "in"
     finally:
         t.close()
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as ls:
+        client = socket.create_connection(ls.getsockname())
+        server, _ = ls.accept()
+    return client, server
+
+
+@pytest.mark.parametrize("tuned", [False, True])
+def test_a_read_leaves_the_socket_acknowledging_at_once_after_a_back_and_forth(tuned):
+    """The kernel's side of the test above: five exchanges put a plain socket in delayed-ACK
+    (interactive) mode; a tuned socket's read puts it back in quick-ACK mode, its timeout unchanged."""
+    client, server = _tcp_pair()
+    client.settimeout(5.0)
+    sock = ssh._tcp_tuned(client) if tuned else client
+    try:
+        for _ in range(5):
+            sock.sendall(b"x")
+            server.recv(1)
+            server.sendall(b"y")
+            assert sock.recv(1) == b"y"
+        quick = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK)
+        assert (quick, sock.gettimeout()) == ((1, 5.0) if tuned else (0, 5.0))
+    finally:
+        sock.close()
+        server.close()
+
+
+def test_a_socket_that_is_no_tcp_connection_is_left_as_it_is():
+    """A ProxyCommand's pipe or a jump host's channel reaches the factory too: nothing to tune."""
+    a, b = socket.socketpair()
+    try:
+        assert ssh._tcp_tuned(a) is a and type(a) is socket.socket
+    finally:
+        a.close()
+        b.close()
 
 
 def test_aes_gcm_is_preferred_and_a_server_without_it_still_connects(make_bed, tmp_path):

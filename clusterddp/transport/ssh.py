@@ -29,7 +29,7 @@ import socket
 import stat
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import paramiko
 from fabric.config import Config
@@ -171,8 +171,7 @@ def _no_greeting(t: paramiko.Transport | None, e: BaseException) -> BaseExceptio
 
 
 def _transport_factory(sock: socket.socket, **kwargs) -> paramiko.Transport:
-    _no_delay(sock)
-    t = _Transport(sock, **kwargs)
+    t = _Transport(_tcp_tuned(sock), **kwargs)
     opts = t.get_security_options()
     first = tuple(c for c in _PREFERRED_CIPHERS if c in opts.ciphers)
     opts.ciphers = first + tuple(c for c in opts.ciphers if c not in first)
@@ -180,19 +179,51 @@ def _transport_factory(sock: socket.socket, **kwargs) -> paramiko.Transport:
     return t
 
 
-def _no_delay(sock: object) -> None:
-    """Send each SSH packet at once (TCP_NODELAY), as OpenSSH's client does, on a TCP connection (a
-    jump host's channel or a ProxyCommand's pipe is none; the jump host's own connection is).
+_QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only
+_S = TypeVar("_S")
 
-    paramiko leaves Nagle's algorithm on, and a command is small packets one after another (open a
-    channel, exec, stdin, EOF): each waited for the ACK of the one before, which the node delays up
-    to 40 ms. That was 45 ms of every command and 87 ms of one with stdin, on any network; 3.5 and
-    5 ms with it (bench/RESULTS-up-ssh.md)."""
-    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+
+class _QuickAck(socket.socket):
+    """A TCP socket that acknowledges what it read at once: TCP_QUICKACK again after every read (the
+    kernel clears it as soon as the connection looks interactive)."""
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)  # type: ignore[arg-type]
         except OSError:  # only slower without it
             pass
+        return data
+
+
+def _tcp_tuned(sock: _S) -> _S:
+    """``sock`` set to send each SSH packet at once and to acknowledge each one at once, on a TCP
+    connection (a jump host's channel or a ProxyCommand's pipe is none; the jump host's own is).
+
+    Sending (TCP_NODELAY, as OpenSSH's client): paramiko leaves Nagle's algorithm on, and a command
+    is small packets one after another (open a channel, exec, stdin, EOF): each waited for the ACK of
+    the one before, which the node delays up to 40 ms. That was 45 ms of every command and 87 ms of
+    one with stdin, on any network; 3.5 and 5 ms with it.
+
+    Acknowledging (TCP_QUICKACK, after each read): sshd leaves Nagle on for a session without a
+    terminal, and right after authentication it sends two packets in a row (the success, then its
+    host keys); its answer to the first channel open then waited for our ACK of those, which Linux
+    delays 40 ms: 43 ms of every connection's first command (3 ms with it). bench/RESULTS-up-ssh.md.
+
+    Returns the socket to use (the same connection; paramiko's client drops its own object once it
+    has made the transport)."""
+    if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return sock
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:  # only slower without it
+        pass
+    if _QUICKACK is None or type(sock) is not socket.socket:
+        return sock
+    timeout = sock.gettimeout()
+    quick = _QuickAck(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    quick.settimeout(timeout)
+    return cast(_S, quick)
 
 
 _known_hosts_lock = threading.Lock()
