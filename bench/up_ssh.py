@@ -14,7 +14,9 @@ t.py initialises a gloo group, does one all_reduce (the step) and ends. Each wor
 script started and ended, so every run is also split into before the job (command start to the
 first worker's start), the job (first start to last end) and after it (last end to the command's
 exit): what the launcher adds before and after, and what the nodes' side adds to the job itself.
-Goal (issue 24): up <= 1.05x hand-typed, up --skip-check <= 1.0x.
+Goal (issue 24): up <= 1.05x hand-typed, up --skip-check <= 1.0x. Each command's CPU is also read
+for the whole machine (/proc/stat: every process, `up`'s detached job and what launch.sh adds to it
+included), with how much later one node's first worker started than the other's.
 
 ``--trace`` also runs one `up` in-process with every SSH command it sends timed (host, start,
 end, what), to see where the launcher's time goes. ``--cpu S`` runs a job of S seconds under `up`
@@ -101,6 +103,8 @@ class Bench:
         self.launcher_cpus: set[int] | None = None  # --split-cores: where this machine's side runs
         self.phases: dict[str, list[tuple[float, float, float]]] = {}
         self.cpu: dict[str, list[tuple[float, float]]] = {}  # (this machine's side, the nodes' sshd sessions)
+        self.machine: dict[str, list[float]] = {}  # every process's CPU while the command ran (/proc/stat)
+        self.stagger: dict[str, list[float]] = {}  # how much later one node's first worker started than the other's
 
     def cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "clusterddp", *args]
@@ -137,6 +141,7 @@ class Bench:
         self.marks.mkdir()
         env = {**self.env, "PYTHONPATH": str(code)} if code else self.env
         r0, n0 = resource.getrusage(resource.RUSAGE_CHILDREN), sshd_children_cpu(self.bed)
+        m0 = machine_busy()
         t0 = time.time()
         cpus = self.launcher_cpus
         pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
@@ -146,16 +151,20 @@ class Bench:
                                   preexec_fn=pin) for c in cmds]
         errs = [p.communicate()[1] for p in procs]
         t1 = time.time()
+        self.machine.setdefault(name, []).append(machine_busy() - m0)
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         self.cpu.setdefault(name, []).append((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime,
                                               self._settled_sshd_cpu() - n0))
         for c, p, e in zip(cmds, procs, errs, strict=True):
             if p.returncode != 0:
                 raise SystemExit(f"benchmark command failed (exit {p.returncode}): {c}\n{e.decode(errors='replace')}")
-        ts = [tuple(map(float, f.read_text().split())) for f in self.marks.iterdir()]
+        marks = {int(f.name): tuple(map(float, f.read_text().split())) for f in self.marks.iterdir()}
+        ts = list(marks.values())
         if len(ts) != NPROC * len(self.bed.nodes):
             raise SystemExit(f"{name}: {len(ts)} workers reported, expected {NPROC * len(self.bed.nodes)}")
         first, last = min(a for a, _ in ts), max(b for _, b in ts)
+        starts = [min(marks[r][0] for r in marks if r // NPROC == n) for n in range(len(self.bed.nodes))]
+        self.stagger.setdefault(name, []).append(max(starts) - min(starts))
         self.phases.setdefault(name, []).append((first - t0, last - first, t1 - last))
         return t1 - t0
 
@@ -173,6 +182,8 @@ def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None) -
         f()
     b.phases.clear()
     b.cpu.clear()
+    b.machine.clear()
+    b.stagger.clear()
     times: dict[str, list[float]] = {k: [] for k in tools}
     loads = [os.getloadavg()[0]]
     for i in range(rounds):
@@ -207,6 +218,14 @@ def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None) -
         here = statistics.median(c[0] for c in b.cpu[k])
         there = statistics.median(c[1] for c in b.cpu[k])
         print(f"| {k} | {here:.2f} | {there:.2f} | **{(job + here + there) / (job + hand):.3f}x** |")
+    # The whole machine's CPU (every process: launcher, sshd, the job and what launch.sh adds to it,
+    # the nodes' helpers), which the table above leaves out for `up`'s detached job.
+    whole = {k: statistics.median(v) for k, v in b.machine.items()}
+    print("\nthe whole machine's CPU while each ran (/proc/stat, every process), and how much later one node's "
+          "first worker started than the other's (medians):")
+    for k in times:
+        print(f"  {k}: {whole[k]:.2f} CPU-s (**{whole[k] / whole['hand-typed']:.3f}x**); "
+              f"start stagger {statistics.median(b.stagger[k]) * 1000:.0f} ms")
     for k in list(times)[1:]:
         ratios = sorted(times[k][i] / times["hand-typed"][i] for i in range(rounds))
         print(f"per-round ratio to hand-typed, {k}: median {statistics.median(ratios):.3f} "
@@ -297,6 +316,12 @@ def floor(b: Bench, repeat: int = 7) -> None:
 
 
 # ---- --cpu: the launcher's own CPU time during a long run ----
+
+def machine_busy() -> float:
+    """CPU seconds every process on this machine has used since boot (/proc/stat: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
 
 def sshd_children_cpu(bed: TestBed) -> float:
     """CPU seconds of every SSH session each node's sshd has reaped so far, all nodes together: the
