@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +36,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dataset-size", type=int, default=512)
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep (0 = all)")
+    p.add_argument("--epoch-time", type=float, default=0.0, metavar="S",
+                   help="make each epoch last at least S seconds (a stand-in for a real model's compute)")
     p.add_argument("--crash-at-epoch", type=int, default=None,
                    help="rank --crash-rank exits with status 13 at the start of this epoch, once")
     p.add_argument("--crash-rank", type=int, default=0)
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
 
     for epoch in loader.epochs(start_epoch, args.epochs):
         maybe_crash(args, ctx, epoch)
+        began = time.monotonic()
         total = torch.zeros(2, device=ctx.device)  # [sum of losses, batches]
         for x, y in loader:
             x, y = x.to(ctx.device), y.to(ctx.device)
@@ -104,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
             opt.step()
             step += 1
             total += torch.stack([loss.detach(), torch.ones((), device=ctx.device)])
+        time.sleep(max(0.0, began + args.epoch_time - time.monotonic()))
         if ctx.distributed:  # report the mean over all ranks, not just rank 0's shard
             torch.distributed.all_reduce(total)
         ct.print0(f"epoch {epoch} step {step} loss {(total[0] / total[1]).item():.4f}")

@@ -121,8 +121,8 @@ def test_a_lost_host_is_replaced_by_a_spare_or_the_run_goes_on_with_fewer_but_an
     # 2. node2 cut off after ddp_train.py wrote a checkpoint: the spare node3 takes its place, the code is
     # sent there, and the run resumes from node1's newest checkpoint (node1 stays rank 0) and succeeds.
     p = cddp_popen("up", str(with_spare), str(REPO / "examples" / "ddp_train.py"), "--runs-dir", str(runs),
-                   "--gpus", "1", "--max-restarts", "1", "--", "--epochs", "60")
-    run2 = None
+                   "--gpus", "1", "--max-restarts", "1", "--", "--epochs", "60", "--epoch-time", "0.3")
+    run2 = None  # 18 s at least: the cut comes while it runs, whatever the machine's speed
     try:
         lines = wait_for_line(p, "[node2] [clusterddp] node", timeout=180)
         run2 = run_id_of(lines[0])
@@ -229,8 +229,8 @@ def test_rank_0s_host_lost_the_run_resumes_on_the_others_from_the_mirrored_check
                   "-e", f"HOLD_UNTIL={hold}", check_rc=0)
     holder_id = run_id_of(holder.stdout)
     p = cddp_popen("up", str(inventory), str(REPO / "examples" / "ddp_train.py"), "--runs-dir", str(runs),
-                   "--gpus", "1", "--max-restarts", "1", "--", "--epochs", "60",
-                   env={"CLUSTERDDP_MIRROR_INTERVAL": "1"})
+                   "--gpus", "1", "--max-restarts", "1", "--", "--epochs", "60", "--epoch-time", "0.5",
+                   env={"CLUSTERDDP_MIRROR_INTERVAL": "1"})  # 30 s at least, whatever the machine's speed
     run_id = None
     try:
         lines = wait_for_line(p, "[node2] [clusterddp] node", timeout=180)
