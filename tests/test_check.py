@@ -513,7 +513,8 @@ def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):
     prep.store.create(jobs.new_record(prep, "inv.yaml"))
     jobs.execute(prep, lambda h, b: None, detach=True, fleet=fleet)
     assert made == opened and all(t.closed for t in made.values())  # no second connection; all closed at the end
-    starts = {n.host.name: plan.launch_command(n, leased=False) + n.launch_script for n in p.nodes}  # + stdin
+    starts = {n.host.name: plan.start_node_command(n, False, False, len(n.launch_script.encode()))[0]
+              + n.launch_script for n in p.nodes}  # + stdin
     assert sorted(h for h, cmd in log if cmd == starts[h]) == ["a", "b", "c"]
     local = plan.build_plan(inventory.local(), plan.RunSpec("t.py"), "x", local_run_dir=str(tmp_path),
                             local_control_dir=str(tmp_path / "c"))

@@ -245,10 +245,10 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
     for n in p.nodes:
         h = n.host.name
         out += [
-            (f"stage_command({h}, upload=True)", plan.stage_command(n, True)),
-            (f"stage_command({h}, upload=False)  # up local", plan.stage_command(n, False)),
-            (f"launch_command({h}, leased=False)", plan.launch_command(n, False)),
-            (f"launch_command({h}, leased=True)  # a leased run's start", plan.launch_command(n, True)),
+            (f"start_node_command({h}, upload=True, leased=True, 1234)  # a leased run's start",
+             plan.start_node_command(n, True, True, 1234)[0]),
+            (f"start_node_command({h}, upload=False, leased=False, 1234)  # up local",
+             plan.start_node_command(n, False, False, 1234)[0]),
             (f"follow_command({h})", plan.follow_command(n)),
             (f"follow_command({h}, from_line=42, poll=0.5)", plan.follow_command(n, 42, 0.5)),
             (f"status_command({h})", plan.status_command(n)),

@@ -5,7 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
+
+Stdin = bytes | os.PathLike | tuple[bytes | os.PathLike, ...] | None  # what Transport.run feeds a command
+
+
+def stdin_bytes(stdin: Stdin) -> bytes:
+    """``stdin`` as one bytes (a path's file read whole): for a transport that feeds it at once."""
+    parts = stdin if isinstance(stdin, tuple) else (stdin,)
+    return b"".join(Path(p).read_bytes() if isinstance(p, os.PathLike) else (p or b"") for p in parts)
 
 
 @dataclass(frozen=True)
@@ -43,10 +52,10 @@ class Transport(Protocol):
 
     name: str
 
-    def run(self, command: str, *, timeout: float | None = None,
-            stdin: bytes | os.PathLike | None = None) -> CommandResult:
-        """Run ``command`` to completion, feeding ``stdin`` if given: bytes, or a file's path (the
-        upload's tarball, which the SSH transport sends in chunks; only it is given a path)."""
+    def run(self, command: str, *, timeout: float | None = None, stdin: Stdin = None) -> CommandResult:
+        """Run ``command`` to completion, feeding ``stdin`` if given: bytes, a file's path (the
+        upload's tarball, which the SSH transport sends in chunks; only it is given a path), or a
+        tuple of those, one after another (a node's start: launch.sh, then the tarball)."""
         ...
 
     def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None,

@@ -10,7 +10,7 @@ from typing import cast
 
 from ..errors import HostError, HostErrorKind
 from ..inventory import Host
-from .base import CommandResult
+from .base import CommandResult, Stdin, stdin_bytes
 
 
 class LocalTransport:
@@ -21,9 +21,9 @@ class LocalTransport:
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
 
-    def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+    def run(self, command: str, *, timeout: float | None = None, stdin: Stdin = None) -> CommandResult:
         try:
-            p = subprocess.run(["bash", "-c", command], input=stdin if stdin is not None else b"",
+            p = subprocess.run(["bash", "-c", command], input=stdin_bytes(stdin),
                                capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise HostError(self.name, f"command timed out after {timeout:g}s", kind=HostErrorKind.TIMEOUT) from None

@@ -39,7 +39,7 @@ from ..errors import FileRefused, HostError
 from ..errors import HostErrorKind as Kind
 from ..files import read_bounded
 from ..inventory import Host
-from .base import CommandResult
+from .base import CommandResult, Stdin
 
 # Throughput (bench/collect_speed.py): paramiko prefers aes128-ctr + hmac-sha2-256, whose MAC
 # and per-packet work cost far more in Python than AES-GCM (an AEAD, one C call per packet);
@@ -718,17 +718,18 @@ class SSHTransport:
                 raise TimeoutError()
 
     @staticmethod
-    def _send(chan: paramiko.Channel, stdin: bytes | os.PathLike | None) -> None:
-        """Write ``stdin``: bytes as they are, a path's file read in chunks (an upload is never held whole)."""
-        if isinstance(stdin, os.PathLike):
-            with builtins.open(stdin, "rb") as f:
-                while chunk := f.read(_CHUNK):
-                    chan.sendall(chunk)
-        elif stdin:
-            chan.sendall(stdin)
+    def _send(chan: paramiko.Channel, stdin: Stdin) -> None:
+        """Write ``stdin``: bytes as they are, a path's file read in chunks (an upload is never held
+        whole), a tuple's parts one after another."""
+        for part in stdin if isinstance(stdin, tuple) else (stdin,):
+            if isinstance(part, os.PathLike):
+                with builtins.open(part, "rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        chan.sendall(chunk)
+            elif part:
+                chan.sendall(part)
 
-    def run(self, command: str, *, timeout: float | None = None,
-            stdin: bytes | os.PathLike | None = None) -> CommandResult:
+    def run(self, command: str, *, timeout: float | None = None, stdin: Stdin = None) -> CommandResult:
         chan = self._channel(command, timeout)
         out, err = bytearray(), bytearray()
 

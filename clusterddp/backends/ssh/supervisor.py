@@ -157,16 +157,15 @@ class Supervisor:
             raise as_host_error(*next(iter(failed.items())))
 
     def _start_node(self, node: Node, t: Transport) -> None:
-        """Two commands, each a round trip and a login shell on the node (they were five: on a loaded
-        node each cost 0.05-0.2 s): the run folder made and the script folder sent and unpacked, then
-        launch.sh written and the job started."""
+        """One command (:func:`~clusterddp.plan.start_node_command`): the run folder made, launch.sh
+        and the script folder sent, the job started."""
         n = node.launch
         self._set(node, NodeState.STARTING)
         upload = self.plan.upload and self.source_tar is not None
-        self._check(node, t.run(P.stage_command(n, upload), stdin=self.source_tar if upload else None,
-                                timeout=600), P.STAGE_STEPS)
-        self._check(node, t.run(P.launch_command(n, self.plan.leased), stdin=n.launch_script.encode(), timeout=90),
-                    P.LAUNCH_STEPS)
+        script = n.launch_script.encode()
+        command, steps = P.start_node_command(n, upload, self.plan.leased, len(script))
+        stdin = (script, self.source_tar) if upload and self.source_tar is not None else script
+        self._check(node, t.run(command, stdin=stdin, timeout=600), steps)
         self._set(node, NodeState.RUNNING)
 
     def _check(self, node: Node, res, steps: tuple[str, ...]) -> None:

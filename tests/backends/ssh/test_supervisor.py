@@ -317,7 +317,7 @@ def test_heartbeats_ping_the_connection_and_run_no_command_on_the_node(tmp_path)
     for n in p.nodes:
         f = fakes[n.host.name]
         assert f.pings >= 5
-        assert f.commands == [plan.stage_command(n, False), plan.launch_command(n, False)]
+        assert f.commands == [plan.start_node_command(n, False, False, len(n.launch_script.encode()))[0]]
 
 
 def test_a_start_step_that_fails_is_named(tmp_path):
@@ -326,10 +326,7 @@ def test_a_start_step_that_fails_is_named(tmp_path):
     tar = tmp_path / "source.tar.gz"
     tar.write_bytes(b"not a tarball")
 
-    class Uploads(_Wrapped):  # the local transport is never given a file to send (`up local` uploads nothing)
-        def run(self, command, *, stdin=None, **kw):
-            return self.inner.run(command, stdin=Path(stdin).read_bytes() if isinstance(stdin, Path) else stdin, **kw)
-    sup = Supervisor(p, on_output=lambda h, b: None, grace_s=1, source_tar=tar, connect=lambda h: Uploads(connect(h)))
+    sup = Supervisor(p, on_output=lambda h, b: None, grace_s=1, source_tar=tar)
     with pytest.raises(HostError) as e:
         sup.start()
     assert e.value.host == "a" and "cannot unpack the script folder" in str(e.value), e.value
