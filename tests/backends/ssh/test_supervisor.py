@@ -333,6 +333,37 @@ def test_a_start_step_that_fails_is_named(tmp_path):
     assert job_pids(p) == []
 
 
+def test_one_start_command_splits_its_stdin_into_launch_sh_and_the_tarball(tmp_path):
+    """launch.sh is the first bytes of the start command's stdin, exactly (the tarball follows it); a
+    stdin cut short inside launch.sh is refused as "cannot write launch.sh", and nothing starts."""
+    import io
+    import tarfile
+    p = make_plan(tmp_path, {"a": "ok"})
+    n = p.nodes[0]
+    script = n.launch_script.encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        info = tarfile.TarInfo("data.txt")
+        info.size = 3
+        tf.addfile(info, io.BytesIO(b"abc"))
+    tar = tmp_path / "src.tar.gz"
+    tar.write_bytes(buf.getvalue())
+    command, steps = plan.start_node_command(n, True, False, len(script))
+    t = connect(n.host)
+    r = t.run(command, stdin=(script, tar), timeout=60)
+    assert r.exit_code == 0, r.stderr
+    assert Path(n.control_dir, "launch.sh").read_bytes() == script
+    assert Path(n.run_dir, "data.txt").read_bytes() == b"abc"
+    eventually(lambda: Path(n.control_dir, "exit_code").exists(), 30)
+
+    q = make_plan(tmp_path, {"b": "ok"})
+    m = q.nodes[0]
+    command, steps = plan.start_node_command(m, False, False, len(m.launch_script.encode()))
+    r = t.run(command, stdin=m.launch_script.encode()[:-1], timeout=60)
+    assert plan.failed_step(steps, r.exit_code) == "cannot write launch.sh", (r.exit_code, r.stderr)
+    assert job_pids(q) == [] and not Path(m.control_dir, "pid").exists()
+
+
 def test_start_failure_names_the_host_and_starts_nothing(tmp_path):
     p = make_plan(tmp_path, {"a": "hang", "b": "ok"})
     (tmp_path / "b").write_text("a file where the workdir should be")
