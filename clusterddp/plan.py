@@ -342,11 +342,14 @@ def _run_control(node: NodeLaunch) -> str | None:
     return run_ctl if posixpath.dirname(node.control_dir) == run_ctl else None
 
 
-def upload_command(path: str) -> str:
+def upload_command(path: str, size: int | None = None) -> str:
     """Write standard input to ``path``, mode 0600 (the source tarball and launch.sh, in the
-    control folder)."""
+    control folder). With ``size``: its first ``size`` bytes and no more, what follows them being the
+    next step's (``head -c`` reads no further on a pipe); fails when fewer came."""
     p = qpath(path)
-    return f"umask 077 && cat > {p} && chmod 600 {p}"
+    if size is None:
+        return f"umask 077 && cat > {p} && chmod 600 {p}"
+    return f'umask 077 && head -c {int(size)} > {p} && chmod 600 {p} && [ "$(wc -c < {p})" -eq {int(size)} ]'
 
 
 UNPACK_WAIT_S = 540  # below the launcher's 600 s for the command, so the node's own message arrives
@@ -406,24 +409,17 @@ def failed_step(steps: Sequence[str], exit_code: int) -> str:
     return steps[i] if 0 <= i < len(steps) else steps[0]
 
 
-def first_bytes_command(path: str, size: int) -> str:
-    """Write the first ``size`` bytes of standard input to ``path``, mode 0600, and no more: what
-    follows them is the next step's (``head -c`` reads no further on a pipe). Fails when fewer came."""
-    p = qpath(path)
-    return f'umask 077 && head -c {int(size)} > {p} && chmod 600 {p} && [ "$(wc -c < {p})" -eq {int(size)} ]'
-
-
 def start_node_command(node: NodeLaunch, upload: bool, leased: bool, script_size: int) -> tuple[str, tuple[str, ...]]:
     """A node's start, in one command (one round trip and one login shell; it was two, and five
     before that: on a loaded node each cost 0.05-0.2 s), and the names of its steps (:func:`failed_step`).
 
     Standard input is launch.sh (``script_size`` bytes), then, with ``upload``, the script folder's
-    tarball. The run folder made (:func:`prepare_command`), launch.sh written, the tarball written
-    and unpacked (:func:`unpack_command`), then the job started: by the node's lease holder when
-    ``leased`` (:func:`go_command`, so that it holds the slots' locks), else :func:`start_command`;
-    prints the job's pid."""
+    tarball. The run folder made (:func:`prepare_command`), launch.sh and the tarball written
+    (:func:`upload_command`), the tarball unpacked (:func:`unpack_command`), then the job started:
+    by the node's lease holder when ``leased`` (:func:`go_command`, so that it holds the slots'
+    locks), else :func:`start_command`; prints the job's pid."""
     steps = [(prepare_command(node), "cannot create the run folder"),
-             (first_bytes_command(node.control_dir + "/launch.sh", script_size), "cannot write launch.sh")]
+             (upload_command(node.control_dir + "/launch.sh", script_size), "cannot write launch.sh")]
     if upload:
         steps += [(upload_command(node.control_dir + "/source.tar.gz"), "cannot upload the script folder"),
                   (unpack_command(node), "cannot unpack the script folder")]

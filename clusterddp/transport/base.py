@@ -11,10 +11,16 @@ from typing import Protocol
 Stdin = bytes | os.PathLike | tuple[bytes | os.PathLike, ...] | None  # what Transport.run feeds a command
 
 
+def stdin_parts(stdin: Stdin) -> tuple[bytes | os.PathLike, ...]:
+    """``stdin``'s parts, in the order they are fed (none for None)."""
+    if stdin is None:
+        return ()
+    return stdin if isinstance(stdin, tuple) else (stdin,)
+
+
 def stdin_bytes(stdin: Stdin) -> bytes:
     """``stdin`` as one bytes (a path's file read whole): for a transport that feeds it at once."""
-    parts = stdin if isinstance(stdin, tuple) else (stdin,)
-    return b"".join(Path(p).read_bytes() if isinstance(p, os.PathLike) else (p or b"") for p in parts)
+    return b"".join(Path(p).read_bytes() if isinstance(p, os.PathLike) else p for p in stdin_parts(stdin))
 
 
 @dataclass(frozen=True)

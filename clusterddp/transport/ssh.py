@@ -39,7 +39,7 @@ from ..errors import FileRefused, HostError
 from ..errors import HostErrorKind as Kind
 from ..files import read_bounded
 from ..inventory import Host
-from .base import CommandResult, Stdin
+from .base import CommandResult, Stdin, stdin_parts
 
 # Throughput (bench/collect_speed.py): paramiko prefers aes128-ctr + hmac-sha2-256, whose MAC
 # and per-packet work cost far more in Python than AES-GCM (an AEAD, one C call per packet);
@@ -721,7 +721,7 @@ class SSHTransport:
     def _send(chan: paramiko.Channel, stdin: Stdin) -> None:
         """Write ``stdin``: bytes as they are, a path's file read in chunks (an upload is never held
         whole), a tuple's parts one after another."""
-        for part in stdin if isinstance(stdin, tuple) else (stdin,):
+        for part in stdin_parts(stdin):
             if isinstance(part, os.PathLike):
                 with builtins.open(part, "rb") as f:
                     while chunk := f.read(_CHUNK):

@@ -161,10 +161,10 @@ class Supervisor:
         and the script folder sent, the job started."""
         n = node.launch
         self._set(node, NodeState.STARTING)
-        upload = self.plan.upload and self.source_tar is not None
+        tar = self.source_tar if self.plan.upload else None
         script = n.launch_script.encode()
-        command, steps = P.start_node_command(n, upload, self.plan.leased, len(script))
-        stdin = (script, self.source_tar) if upload and self.source_tar is not None else script
+        command, steps = P.start_node_command(n, tar is not None, self.plan.leased, len(script))
+        stdin = script if tar is None else (script, tar)
         self._check(node, t.run(command, stdin=stdin, timeout=600), steps)
         self._set(node, NodeState.RUNNING)
 

@@ -348,7 +348,7 @@ def test_one_start_command_splits_its_stdin_into_launch_sh_and_the_tarball(tmp_p
         tf.addfile(info, io.BytesIO(b"abc"))
     tar = tmp_path / "src.tar.gz"
     tar.write_bytes(buf.getvalue())
-    command, steps = plan.start_node_command(n, True, False, len(script))
+    command, _ = plan.start_node_command(n, True, False, len(script))
     t = connect(n.host)
     r = t.run(command, stdin=(script, tar), timeout=60)
     assert r.exit_code == 0, r.stderr
