@@ -180,6 +180,47 @@ def ship_train_lines(python: str, run_dir: str) -> list[str]:
     ]
 
 
+# What runs torchrun on a node: its module, run as `python -m` runs it (as __main__, with its argv; an
+# error ends it as it would end that), with two things around it (bench/RESULTS-up-ssh.md, sixth round):
+# - With STORE_WAIT=HOST:PORT (a node that does not serve the run's rendezvous store), it waits, once
+#   torchrun's imports are done, until that port accepts a connection (10 ms apart, 30 s at most; then
+#   torchrun goes on as it would have). torchrun's client, refused because the master's torchrun was
+#   still importing torch, tried again only 0.3-0.75 s later (a random back-off): about every other
+#   2-node start. The variable is taken out of the environment before torchrun starts the workers.
+# - Once torchrun returned, gc.freeze(): the interpreter's last collection at exit walks every object
+#   torch made; it was 0.13 s of the agent's 0.2 s exit, on every node, after the outcome was known.
+#   The rest of the exit is Python's own (threads joined, atexit run).
+# The module's name stays a word of its own, as with -m: node programs find the agent by it in
+# /proc/PID/cmdline (node/watch.py, node/stacks.py).
+STORE_WAIT = "CLUSTERDDP_STORE"
+TORCHRUN_VAR = "cddp_torchrun"
+TORCHRUN = f"""import gc, os, runpy, sys
+w = os.environ.pop("{STORE_WAIT}", "")
+if w:
+    try:
+        import socket, time
+        __import__(sys.argv[1])
+        host, port = w.rsplit(":", 1)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), 1).close()
+                break
+            except OSError:
+                time.sleep(0.01)
+    except Exception:
+        pass
+runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
+gc.freeze()"""
+
+
+def torchrun_lines() -> list[str]:
+    """The lines that define ``$cddp_torchrun``, the source that ``python -c`` runs torchrun with
+    (:data:`TORCHRUN`; ``plan.torchrun_start``)."""
+    return ["# torchrun as `python -m` runs it, with a wait for the rendezvous store and a quicker exit "
+            "(clusterddp/nodescript.py)", f"{TORCHRUN_VAR}={q(TORCHRUN)}"]
+
+
 STACKS = "stacks"  # in a node's control folder: the stack hook, and each python's dump file (`clusterddp stacks`)
 
 

@@ -44,6 +44,8 @@ from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER
     MARKER,
     SHIPPED_LIB,
     STOP_TRAP,
+    STORE_WAIT,
+    TORCHRUN_VAR,
     NodeCommand,
     env_stdin,
     exit_function,
@@ -56,6 +58,7 @@ from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER
     setup_failed,
     ship_train_lines,
     stack_hook_lines,
+    torchrun_lines,
     watch_lines,
 )
 
@@ -132,6 +135,7 @@ class _Probed(str):
 
 
 NPROC, LOCAL_ADDR = _Probed("$NPROC"), _Probed("$LOCAL_ADDR")
+TORCHRUN_SOURCE = _Probed(f"${TORCHRUN_VAR}")  # nodescript.torchrun_lines
 # torchrun's --log-dir: where each worker's TORCHELASTIC_ERROR_FILE goes (clusterddp.node.diagnose reads them).
 ERRORS_DIR = _Probed("$CTL/errors")
 
@@ -185,7 +189,7 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
             # fastest first, which on a mixed machine would put a rank on another run's GPU.
             order_env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         node_env = tuple({**restart_env, **order_env, **dict(host.env), **dict(spec.env), **lease_env}.items())
-        torchrun = [host.python, "-m", "torch.distributed.run"]
+        torchrun = list(torchrun_start(host.python))
         if local and static_local(spec):
             # A static rendezvous on this machine: 3 ms, where --standalone's c10d one takes 0.2-0.4 s
             # (a random 0-0.3 s sleep before its first round, each step recorded through
@@ -212,8 +216,8 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
         marker = f"{run_id}/{host.name}"
         node = NodeLaunch(host, rank, nproc, run_dir, control_dir, marker, node_env, tuple(torchrun), "")
         watch = watch_args(spec, len(inventory.hosts), inventory.master.addr, master_port)
-        nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, local, watch,
-                                  train_lookup))
+        nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, master_port, local,
+                                  watch, train_lookup))
     collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
                       collect, upload=not local, local=local, leased=grants is not None,
@@ -235,6 +239,26 @@ def worker_command(python: str, script: str, args: Iterable[str], local_rank_arg
     # -c and its source as one word: torchrun names a failed job by the first word after the python
     # that does not start with "-", which is then the script, not 40 lines of source.
     return (python, "-S", "-c" + node_source("worker"), local_rank_arg, script, *args)
+
+
+def torchrun_start(python: str) -> tuple[str, ...]:
+    """The start of a node's torchrun command line, before its options (SSH and Slurm runs alike):
+    torchrun's module run by the script that :func:`~clusterddp.nodescript.torchrun_lines` puts in
+    launch.sh (node.sh) first. A node that does not serve the run's rendezvous store runs it after
+    :func:`store_wait`."""
+    return (python, "-c", TORCHRUN_SOURCE, "torch.distributed.run")
+
+
+def store_wait(where: str) -> str:
+    """The assignment that goes before the torchrun command line of a node that does not serve the
+    run's rendezvous store at ``where`` (``HOST:PORT``, a shell word, already quoted)."""
+    return f"{STORE_WAIT}={where}"
+
+
+def shell_word(word: str) -> str:
+    """An argv word as launch.sh (node.sh) writes it: clusterddp's own expanded words (:class:`_Probed`)
+    in double quotes, every other word quoted to stay literal."""
+    return f'"{word}"' if isinstance(word, _Probed) else q(word)
 
 
 def torchrun_entry(python: str, script: str, args: Iterable[str], local_rank_arg: str | None = None
@@ -268,7 +292,7 @@ def watch_args(spec: RunSpec, nnodes: int, master_addr: str | None, master_port:
             "store": [master_addr, master_port] if nnodes > 1 else None}
 
 
-def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, local: bool,
+def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, master_port: int, local: bool,
                  watch: dict | None = None, train_lookup: bool = True) -> NodeLaunch:
     h = node.host
     ctl = node.control_dir
@@ -296,8 +320,11 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, l
     lines += stack_hook_lines()
     if node.nproc == "auto":
         lines.append(_NPROC_AUTO)
-    argv = " ".join(f'"{a}"' if isinstance(a, _Probed) else q(a) for a in node.argv)
+    argv = " ".join(map(shell_word, node.argv))
+    if not local and node.node_rank > 0:  # the master (node 0) serves the rendezvous store: the others wait for it
+        argv = f"{store_wait(q(f'{master_addr}:{master_port}'))} {argv}"
     watch_start, watch_end = watch_lines(h.python, watch) if watch is not None else ([], [])
+    lines += torchrun_lines()
     lines += [
         f"echo \"[clusterddp] node {node.node_rank}/{nnodes} on $(hostname)"
         + (" iface=${IFACE:-?}" if not local else "") + "\"",

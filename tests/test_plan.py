@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp import inventory, node, plan
+from clusterddp import nodescript as NS
 from clusterddp.plan import RunSpec, build_plan
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -129,6 +130,21 @@ def test_restarts_use_c10d_rendezvous_and_a_fresh_store_per_attempt():
     golden("two_nodes_restarts.txt", plan.render(p))
 
 
+def test_only_the_nodes_that_do_not_serve_the_rendezvous_store_wait_for_it(tmp_path):
+    """Node 0 (the master) serves the store; every other node's torchrun line waits for it
+    (tests/test_torchrun_start.py runs that line); a local run has no one to wait for."""
+    for p in (two_node_plan(), two_node_plan(max_restarts=1)):
+        a, b = p.nodes
+        start = " ".join(map(plan.shell_word, plan.torchrun_start(a.host.python)))
+
+        def line(node: plan.NodeLaunch, start: str = start) -> str:
+            return next(ln for ln in node.launch_script.splitlines() if start in ln)
+        assert line(a).startswith(start) and line(b).startswith(f"CLUSTERDDP_STORE=10.0.0.11:29500 {start}")
+        assert all(f"{NS.TORCHRUN_VAR}=" in n.launch_script for n in p.nodes)
+    inv = inventory.parse(INV, "inv.yaml")
+    local = build_plan(inv, RunSpec("t.py", ()), RUN_ID, local_run_dir=str(tmp_path), local_control_dir=str(tmp_path))
+    assert "CLUSTERDDP_STORE=" not in local.nodes[0].launch_script
+
 def test_interface_detection_only_for_variables_the_inventory_leaves_unset():
     a, b = two_node_plan().nodes
     assert 'export GLOO_SOCKET_IFNAME="$IFACE"' in a.launch_script
@@ -160,7 +176,8 @@ def test_only_clusterddps_own_words_expand_a_script_argument_nproc_stays_literal
     inv = inventory.parse(INV.replace("/opt/venv/bin/python", str(fake)), "inv.yaml")
     user = ("$NPROC", "$LOCAL_ADDR", "${NPROC}")
     node = build_plan(inv, RunSpec("t.py", user, max_restarts=1), RUN_ID).nodes[1]  # gpus: auto
-    line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(plan.q(str(fake))))
+    line = next(ln for ln in node.launch_script.splitlines() if f" {plan.q(str(fake))} -c " in ln)
+    assert line.startswith("CLUSTERDDP_STORE=10.0.0.11:29500 ")  # node 1 waits for the master's store
     out = subprocess.run(["bash", "-c", f"NPROC=7 LOCAL_ADDR=10.9.9.9\n{line}"], capture_output=True, check=True,
                          cwd=tmp_path).stdout
     argv = [a.decode() for a in out.split(b"\0")[:-1]]

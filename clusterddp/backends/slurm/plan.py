@@ -211,6 +211,9 @@ def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, c
     lines += NS.stack_hook_lines()
     lines += [
         'cddp_is_host=0; [ "$cddp_h" = "$cddp_master" ] && cddp_is_host=1',
+        "# a node that does not serve the rendezvous store waits for it before torchrun connects (nodescript.py)",
+        f'cddp_store=; [ "$cddp_is_host" = 1 ] || cddp_store="$MASTER_ADDR:{port}"',
+        *NS.torchrun_lines(),
         'echo "[clusterddp] node $SLURM_NODEID/$SLURM_JOB_NUM_NODES on $cddp_h iface=${IFACE:-?} job $SLURM_JOB_ID"',
     ]
     lo, hi = s.nodes
@@ -222,9 +225,9 @@ def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, c
         lines += ["# the stall watchdog (--stall-timeout): the run's rendezvous store, for it alone",
                   f"export MASTER_ADDR MASTER_PORT={port}", *watch_start, "export -n MASTER_ADDR MASTER_PORT"]
     nproc = spec.gpus or s.gpus_per_node
-    argv = [NS.q(w) for w in (s.python, "-m", "torch.distributed.run", "--nnodes",
-                              str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
-                              "--rdzv-backend", "c10d")]
+    argv = [P.store_wait('"$cddp_store"'), *map(P.shell_word, P.torchrun_start(s.python))]
+    argv += [NS.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
+                               "--rdzv-backend", "c10d")]
     argv += ["--rdzv-endpoint", f'"$MASTER_ADDR:{port}"', "--rdzv-id", '"$SLURM_JOB_ID"',
              "--rdzv-conf", '"is_host=$cddp_is_host"']
     argv += ['${LOCAL_ADDR:+--local-addr "$LOCAL_ADDR"}']

@@ -31,10 +31,10 @@ from clusterddp.transport import CommandResult, connect
 from helpers import eventually
 
 FAKE_PY = """#!/bin/bash
-# Stand-in for `python -m torch.distributed.run ...`: behaves as $MODE says.
-# `python -S -c` and `python -c` (clusterddp's own helpers on the node, e.g. the log follower, and
-# launch.sh's question which clusterddp.train a script would import) run the real one.
-case "$1" in -S|-c) exec PYTHON "$@" ;; esac
+# Stand-in for torchrun (`python -c "$cddp_torchrun" torch.distributed.run ...`): behaves as $MODE says.
+# `python -S -c` and any other `python -c` (clusterddp's own helpers on the node, e.g. the log follower,
+# and launch.sh's question which clusterddp.train a script would import) run the real one.
+case "$1" in -S) exec PYTHON "$@" ;; -c) [ "$3" = torch.distributed.run ] || exec PYTHON "$@" ;; esac
 echo "hello from $CLUSTERDDP_HOST rank $CLUSTERDDP_NODE_RANK"
 case "$MODE" in
   ok) exit 0 ;;
