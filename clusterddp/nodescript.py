@@ -199,7 +199,8 @@ w = os.environ.pop("{STORE_WAIT}", "")
 if w:
     try:
         import socket, time
-        __import__(sys.argv[1])
+        __import__(sys.argv[1])  # the imports torchrun does before it connects; then out of sys.modules,
+        sys.modules.pop(sys.argv[1])  # or runpy warns that it runs a module already imported
         host, port = w.rsplit(":", 1)
         end = time.monotonic() + 30
         while time.monotonic() < end:

@@ -39,9 +39,11 @@ if mode == "exit":
 
 
 def _module(tmp_path: Path) -> Path:
+    """The stand-in, a module of a package as torch.distributed.run is."""
     folder = tmp_path / "mods"
-    folder.mkdir(exist_ok=True)
-    (folder / "standin_run.py").write_text(MODULE)
+    (folder / "standin").mkdir(parents=True, exist_ok=True)
+    (folder / "standin" / "__init__.py").write_text("")
+    (folder / "standin" / "run.py").write_text(MODULE)
     return folder
 
 
@@ -49,8 +51,8 @@ def _run(tmp_path: Path, *args: str, env: dict | None = None, prefix: str = "", 
          shim: bool = True) -> tuple[subprocess.CompletedProcess, dict, dict]:
     """Run the stand-in as launch.sh runs torchrun (``shim``), or as ``python -m`` does."""
     out = tmp_path / ("shim" if shim else "plain")
-    words = (sys.executable, "-c", plan.TORCHRUN_SOURCE, "standin_run") if shim else \
-        (sys.executable, "-m", "standin_run")
+    words = (sys.executable, "-c", plan.TORCHRUN_SOURCE, "standin.run") if shim else \
+        (sys.executable, "-m", "standin.run")
     script = "\n".join([f"{NS.TORCHRUN_VAR}={NS.q(source)}",
                         f"{prefix}{' '.join(map(plan.shell_word, (*words, *args)))}"])
     full = {**os.environ, "PYTHONPATH": str(_module(tmp_path)), "OUT": str(out), **(env or {})}
@@ -66,7 +68,7 @@ def test_the_module_runs_as_python_m_runs_it_and_its_objects_are_frozen_before_t
     plain, plain_seen, plain_exit = _run(tmp_path, "--nnodes", "2", "it's", "", shim=False)
     assert r.returncode == plain.returncode == 0, r.stderr
     assert seen["name"] == plain_seen["name"] == "__main__"
-    assert seen["argv"] == plain_seen["argv"] and seen["argv"][0].endswith("standin_run.py")
+    assert seen["argv"] == plain_seen["argv"] and seen["argv"][0].endswith("standin/run.py")
     assert seen["argv"][1:] == ["--nnodes", "2", "it's", ""]
     # the exit is still Python's: atexit ran, a thread still running was waited for
     assert at_exit["thread"] and plain_exit["thread"]
@@ -116,7 +118,8 @@ def test_a_node_that_does_not_serve_the_store_starts_torchrun_once_the_store_lis
     assert r.returncode == 0, r.stderr
     assert "listening" in state and seen["started"] >= state["listening"]  # not before the store listened
     assert seen["store"] is None  # taken out of the environment: the workers never see it
-    assert seen["argv"][1:] == ["x"]
+    assert seen["argv"][1:] == ["x"] and seen["name"] == "__main__"
+    assert r.stderr == ""  # imported before it runs, yet no warning from runpy about that
 
 
 def test_the_wait_is_bounded_and_a_bad_address_is_no_wait(tmp_path):
