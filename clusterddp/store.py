@@ -68,8 +68,11 @@ def new_run_id(now: datetime | None = None, token: str | None = None) -> str:
     return now.strftime("%Y%m%d-%H%M%S-") + (token or secrets.token_hex(2))
 
 
-def utcnow() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+def utcnow(timespec: str = "seconds") -> str:
+    """Now, in UTC, as ISO 8601; ``timespec`` as :meth:`datetime.isoformat` takes it. A run's
+    ``started_at`` has milliseconds (:func:`clusterddp.backends.base.new_record`): runs started in
+    one second are listed in the order they started, not by their ids' random ends."""
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 class RunStore:

@@ -23,6 +23,21 @@ def test_run_ids_sort_by_time_and_are_folder_safe():
     assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", new_run_id())
 
 
+def test_runs_started_in_one_second_are_listed_in_the_order_they_started(tmp_path):
+    """keep_runs and prune keep the newest runs: two runs of one second must not be ordered by their
+    ids' random ends (a long run started just before a short one was taken for the newer)."""
+    from clusterddp.backends.base import new_record
+    from clusterddp.plan import RunSpec
+    s = RunStore(tmp_path)
+    first = new_record("inv.yaml", RunSpec("t.py"), "20261204-035057-ffff", schedule=None, local=False,
+                       master_addr="a", master_port=1, collect=())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", first.started_at)
+    s.create(replace(first, started_at="2026-12-04T03:50:57.100+00:00"))
+    s.create(rec("20261204-035057-0000", started_at="2026-12-04T03:50:57.900+00:00"))  # started after it
+    s.create(rec("20261204-035056-aaaa", started_at="2026-12-04T03:50:56+00:00"))  # an older record: seconds
+    assert [r["run_id"] for r in s.list()] == ["20261204-035057-0000", "20261204-035057-ffff",
+                                               "20261204-035056-aaaa"]
+
 def test_create_update_list_and_resolve(tmp_path):
     s = RunStore(tmp_path)
     s.create(rec("20261129-100000-aaaa"))

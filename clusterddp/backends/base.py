@@ -202,7 +202,8 @@ def new_record(inventory_arg: str, spec: RunSpec, run_id: str, *, schedule: str 
     inventory = inventory_arg if inventory_arg == LOCAL else str(Path(inventory_arg).resolve())
     return RunRecord(
         run_id=run_id, name=spec.name, inventory=inventory, script=spec.script, args=tuple(spec.script_args),
-        status=RunStatus.RUNNING, failed_host=None, schedule=schedule, local=local, started_at=utcnow(),
+        status=RunStatus.RUNNING, failed_host=None, schedule=schedule, local=local,
+        started_at=utcnow("milliseconds"),  # listed newest first: two runs of one second in their order
         ended_at=None, launch_dir=os.getcwd(), master_addr=master_addr, master_port=master_port,
         collect=tuple(collect), nodes=tuple(nodes), **extra)
 
