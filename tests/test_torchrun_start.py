@@ -5,6 +5,7 @@ it returned. Real processes through bash, with a stand-in module in place of tor
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -57,7 +58,6 @@ def _run(tmp_path: Path, *args: str, env: dict | None = None, prefix: str = "", 
                         f"{prefix}{' '.join(map(plan.shell_word, (*words, *args)))}"])
     full = {**os.environ, "PYTHONPATH": str(_module(tmp_path)), "OUT": str(out), **(env or {})}
     r = subprocess.run(["bash", "-c", script], env=full, capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    import json
     seen = json.loads(out.read_text()) if out.exists() else {}
     at_exit = json.loads(Path(f"{out}.exit").read_text()) if Path(f"{out}.exit").exists() else {}
     return r, seen, at_exit
@@ -86,12 +86,17 @@ def test_an_error_ends_it_as_it_ends_python_m(tmp_path):
     assert r.returncode == 3
 
 
-def _listen_later(delay: float) -> tuple[int, dict, threading.Thread]:
-    """A port that starts listening ``delay`` seconds from now (free until then: connections refused)."""
+def _free_port() -> int:
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
+    return port
+
+
+def _listen_later(delay: float) -> tuple[int, dict, threading.Thread]:
+    """A port that starts listening ``delay`` seconds from now (free until then: connections refused)."""
+    port = _free_port()
     state: dict = {}
 
     def serve() -> None:
@@ -125,10 +130,7 @@ def test_a_node_that_does_not_serve_the_store_starts_torchrun_once_the_store_lis
 def test_the_wait_is_bounded_and_a_bad_address_is_no_wait(tmp_path):
     bounded = NS.TORCHRUN.replace("time.monotonic() + 30", "time.monotonic() + 1")
     assert bounded != NS.TORCHRUN
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()  # nothing listens there
+    port = _free_port()  # nothing listens there
     started = time.time()
     r, seen, _ = _run(tmp_path, prefix=plan.store_wait(f"127.0.0.1:{port}") + " ", source=bounded)
     assert r.returncode == 0 and seen["started"] - started >= 1.0  # it waited its bound, then went on
