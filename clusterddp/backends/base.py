@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
+from .. import __version__
 from ..errors import NodeOutcome, RunFailed, UsageError
 from ..inventory import LOCAL, Inventory, NotifyTarget
 from ..plan import RunSpec
@@ -205,7 +206,7 @@ def new_record(inventory_arg: str, spec: RunSpec, run_id: str, *, schedule: str 
         status=RunStatus.RUNNING, failed_host=None, schedule=schedule, local=local,
         started_at=utcnow("milliseconds"),  # listed newest first: two runs of one second in their order
         ended_at=None, launch_dir=os.getcwd(), master_addr=master_addr, master_port=master_port,
-        collect=tuple(collect), nodes=tuple(nodes), **extra)
+        collect=tuple(collect), nodes=tuple(nodes), version=__version__, **extra)
 
 
 def run_failed(store: RunStore, run_id: str, outcome: RunOutcome, status: RunStatus,

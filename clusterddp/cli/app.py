@@ -41,8 +41,16 @@ app.command("leases", epilog=epilog("leases"))(leases_cmd)
 app.command("stacks", epilog=epilog("stacks"))(stacks_cmd)
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+        typer.echo(f"clusterddp {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                        help="Print clusterddp's version and exit.")) -> None:
     """Start PyTorch DDP training on several machines over SSH, from one command."""
 
 
