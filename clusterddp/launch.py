@@ -116,8 +116,8 @@ OPTIONS: tuple[Option, ...] = (
            "on a command line), or command:CMD, which gets the event as JSON on stdin.", metavar="TARGET"),
     Option("stall_timeout", ("--stall-timeout",), "float", None, "End the run as a hang, with every rank's stacks, "
            "when no rank has printed a progress line for S seconds (nodes watch themselves: detached runs too). "
-           "Off by default; over the inventory's stall_timeout (0: off for this run). See the README's \"When a "
-           "run hangs\" for choosing S.", low=0, metavar="S"),
+           "Off by default; over the inventory's stall_timeout (0: off for this run). "
+           "See docs/failures.md, \"The stall watchdog\", for choosing S.", low=0, metavar="S"),
     Option("progress_regex", ("--progress-regex",), "text", None, "With a stall timeout: only a line matching "
            "REGEX counts as progress (default: any line of the ranks' output but clusterddp's own and known "
            "torch noise); over the inventory's progress_regex.", metavar="REGEX"),

@@ -21,7 +21,7 @@ from .stacks import stacks as stacks_cmd
 from .top import top as top_cmd
 
 # add_completion: --install-completion/--show-completion; typer imports its completion code anyway, so
-# --help is no slower with them (measured, see the README).
+# --help is no slower with them (measured).
 app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="Start PyTorch DDP training on several machines over SSH, from one command.")
 app.command("up", cls=ScriptCommand, context_settings={"help_option_names": ["-h", "--help"]},

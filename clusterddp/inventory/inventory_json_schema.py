@@ -104,8 +104,8 @@ def generate() -> dict[str, Any]:
             if key in DESCRIPTIONS and "description" not in prop:
                 prop["description"] = DESCRIPTIONS[key]
     return {"$schema": SCHEMA_DIALECT, "title": "clusterddp inventory",
-            "description": "A clusterddp inventory: the machines a DDP job runs on, or a Slurm cluster (see the "
-                           "README's Inventory reference)",
+            "description": "A clusterddp inventory: the machines a DDP job runs on, or a Slurm cluster (see "
+                           "docs/inventory.md, \"Inventory reference\")",
             "oneOf": [{"$ref": "#/$defs/SSHInventory"}, {"$ref": "#/$defs/SlurmInventory"}], "$defs": defs}
 
 
