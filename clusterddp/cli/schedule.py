@@ -121,7 +121,8 @@ def add(
     from ..launch import parse_nodes
     request = LaunchRequest(inventory, loaded, run, runs_dir, hosts_, exclude=excluded,
                             nodes=parse_nodes((up_options or {}).get("nodes")))
-    prep = backends.for_inventory(loaded).prepare(request)
+    backend = backends.for_inventory(loaded)
+    prep = backend.prepare(request)
     from .. import notify
     notify.targets_for(loaded.notify, (up_options or {}).get("notify", []))  # a wrong target: exit 2 now, not at 2 a.m.
     if excluded:  # the spec records the hosts that are left, as --hosts
@@ -138,8 +139,11 @@ def add(
 
     print(f"{'replaced' if edit.replaced else 'added'} schedule {name}: {expr}")
     print("  next:  " + ", ".join(t.strftime("%Y-%m-%d %H:%M %Z") for t in S.next_runs(expr, 3)))
-    print(f"  runs:  {spec.runs_dir}\n  spec:  {spec.spec_path}\n  log:   {spec.log_path}\n"
-          f"  try it now: clusterddp schedule run {name}")
+    print(f"  runs:  {spec.runs_dir}\n  spec:  {spec.spec_path}\n  log:   {spec.log_path}")
+    if backend.name == "ssh" and not prep.plan.local:  # SSH runs lease GPU slots (Slurm allocates its own)
+        print("  slots: " + ("taken by another run: it waits in the queue (--wait)" if wait else
+                             "taken by another run: the firing is skipped (add --wait to wait in the queue)"))
+    print(f"  try it now: clusterddp schedule run {name}")
     no_key = [h.name for h in prep.plan.inventory.hosts if h.transport == "ssh" and not h.identity_file]
     if no_key and not spec.agent_socket:
         err(f"warning: cron runs without your ssh-agent, and {', '.join(no_key)} "

@@ -239,3 +239,21 @@ def test_schedule_add_makes_the_runs_folder_and_those_above_it_0700_whatever_the
     for folder in ("new", "new/deeper", "new/deeper/runs", "new/deeper/runs/schedules"):
         assert oct(stat.S_IMODE((tmp_path / "shared" / folder).stat().st_mode)) == "0o700", folder
     assert stat.S_IMODE((tmp_path / "shared").stat().st_mode) == 0o755  # a folder that was there is left as it is
+
+
+def test_schedule_add_says_what_a_firing_does_when_its_slots_are_taken(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    tab = {"text": ""}
+    monkeypatch.setattr(crontab_mod, "read_crontab", lambda: tab["text"])
+    monkeypatch.setattr(crontab_mod, "write_crontab", lambda text: tab.update(text=text))
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    (tmp_path / "inv.yaml").write_text("hosts:\n  - {name: gpu-01, address: gpu-01.invalid, identity_file: k}\n")
+    add = ["schedule", "add", "n", "inv.yaml", "t.py", "--cron", "@daily", "--runs-dir", "runs", "--replace"]
+    r = CliRunner().invoke(app, add)
+    assert r.exit_code == 0 and "  slots: taken by another run: the firing is skipped (add --wait" in r.output, r.output
+    r = CliRunner().invoke(app, [*add, "--wait"])
+    assert r.exit_code == 0 and "  slots: taken by another run: it waits in the queue (--wait)\n" in r.output, r.output
+    assert S.load_spec(str(tmp_path / "runs" / "schedules" / "n.json")).wait is True
+    r = CliRunner().invoke(app, ["schedule", "add", "l", "local", "t.py", "--cron", "@daily", "--runs-dir", "runs"])
+    assert r.exit_code == 0 and "slots:" not in r.output, r.output  # a local run takes no slots
