@@ -74,6 +74,11 @@ def test_two_node_plan_matches_golden():
     golden("two_nodes.txt", plan.render(two_node_plan()))
 
 
+def test_two_node_plan_summary_matches_golden():
+    """`up --dry-run`'s summary (issue 39, section 5); the full scripts stay golden-tested above."""
+    golden("two_nodes_summary.txt", plan.summary(two_node_plan()))
+
+
 def test_local_plan_matches_golden():
     inv = inventory.local(gpus=2, python="/usr/bin/python3")
     p = build_plan(inv, RunSpec("t.py", ("--epochs", "1")), RUN_ID, local_run_dir="/home/me/proj",
