@@ -598,7 +598,7 @@ def readable_command(argv: Sequence[str]) -> str:
     words = list(argv)
     if len(words) >= 4 and tuple(words[1:4]) == tuple(torchrun_start(words[0])[1:]):
         words[1:4] = ["-m", "torch.distributed.run"]
-    return " ".join("'<clusterddp's Python>'" if "\n" in w else shell_word(w) for w in words)
+    return " ".join("<clusterddp's Python: --dry-run --full shows it>" if "\n" in w else shell_word(w) for w in words)
 
 
 def summary(plan: LaunchPlan) -> str:

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from clusterddp.cli.up import dry_run_text
+from clusterddp.upload import OTHER_INVENTORY
 from helpers import cddp, job_script
 
 SSH_INV = """
@@ -119,14 +120,18 @@ def test_a_slurm_dry_run_summary_names_its_options_command_and_env(tmp_path):
     script = job_script(tmp_path, "t.py", "print(1)\n")
     (tmp_path / "inv.yaml").write_text(SLURM_INV.replace("{shared}", str(tmp_path / "shared")))
     env = {"SLURM_CONF": str(tmp_path / "nope.conf")}
-    out = cddp("up", "inv.yaml", str(script), "--dry-run", "-e", "A=b", cwd=tmp_path, env=env, check_rc=0,
-               timeout=60).stdout
+    (script.parent / "sec.env").write_text("S=1\n")
+    (script.parent / "lab.yaml").write_text(SLURM_INV)  # another inventory
+    out = cddp("up", "inv.yaml", str(script), "--dry-run", "-e", "A=b", "-e", "@job/sec.env", cwd=tmp_path, env=env,
+               check_rc=0, timeout=60).stdout
     lines = out.splitlines()
     assert len(lines) < 25 and "== job.sbatch ==" not in out, out
     assert any(line.startswith("sbatch options: --job-name=clusterddp-RUN_ID --nodes=2 ") for line in lines), out
     cmd = next(line for line in lines if line.startswith("command (every node, through srun): "))
     assert " -m torch.distributed.run --nnodes 2 --nproc-per-node 1 " in cmd and cmd.endswith(" t.py")
     assert "env:" in lines and "  export API_KEY=***" in lines and "  export A=***" in lines
+    assert "upload: left out sec.env: an env file (-e @job/sec.env), a secret" in lines, out
+    assert f"upload: left out lab.yaml: {OTHER_INVENTORY}" in lines, out
     full = cddp("up", "inv.yaml", str(script), "--dry-run", "--full", cwd=tmp_path, env=env, check_rc=0,
                 timeout=60).stdout
     assert "== job.sbatch ==" in full and "== node.sh ==" in full
