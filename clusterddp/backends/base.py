@@ -79,6 +79,7 @@ class LaunchRequest:
     nodes: tuple[int, int] | None = None         # --nodes MIN:MAX (SSH runs: fewer nodes after a loss, down to MIN)
     notify: tuple[NotifyTarget, ...] = ()        # resolved (clusterddp.notify.targets_for): told of a detached
                                                  # run's end by its node 0, where the backend can (detached_notify)
+    env_files: tuple[str, ...] = ()              # -e @FILE's files, as given: never uploaded (secrets)
 
     @property
     def runs_dir_flag(self) -> str:
@@ -143,8 +144,9 @@ class Backend(Protocol):
         plan needs: a Slurm login host's home)."""
         ...
 
-    def render(self, prep: Prepared, req: LaunchRequest) -> str:
-        """What ``up --dry-run`` prints: the plan exactly as a real run executes it, and what it uploads."""
+    def render(self, prep: Prepared, req: LaunchRequest, *, full: bool = True) -> str:
+        """What ``up --dry-run`` prints: what each node runs (``full``: every script and command exactly
+        as a real run executes them; otherwise a summary a person reads), what it uploads and leaves out."""
         ...
 
     def launch(self, prep: Prepared, req: LaunchRequest, events: Events) -> RunOutcome | None:

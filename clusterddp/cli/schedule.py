@@ -49,6 +49,8 @@ NOT_SCHEDULED = {
                "the same options and --dry-run",
     "show_secrets": "it only changes what --dry-run prints, and a schedule has no dry run: give `clusterddp up` "
                     "the same options, --dry-run and --show-secrets",
+    "full": "it only changes what --dry-run prints, and a schedule has no dry run: give `clusterddp up` the same "
+            "options, --dry-run and --full",
 }
 
 

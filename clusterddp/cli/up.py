@@ -58,6 +58,7 @@ def up(
     local_rank_arg: str | None = LOCAL_RANK_ARG,
     dry_run: bool = option("dry_run"),
     show_secrets: bool = option("show_secrets"),
+    full: bool = option("full"),
     detach: bool = option("detach"),
     skip_check: bool = option("skip_check"),
     raw: bool = RAW,
@@ -86,7 +87,7 @@ def up(
     req = LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=spec, runs_dir=runs_dir, hosts=names,
                         slots=slots, exclude=host_list(exclude, "--exclude"), max_upload=limit, detach=detach,
                         skip_check=skip_check, join_timeout=join_timeout, wait=wait, schedule=schedule,
-                        nodes=parse_nodes(nodes))
+                        nodes=parse_nodes(nodes), env_files=tuple(e[1:] for e in env if e.startswith("@")))
     backend = backends.for_inventory(loaded)
     from .. import notify as N
     targets = N.targets_for(loaded.notify, notify)
@@ -96,9 +97,13 @@ def up(
     if warning:
         err(warning)
     if dry_run:
-        text = backend.render(prep, req)
+        text = backend.render(prep, req, full=full) + ("" if full else f"\n{FULL_HINT}")
         print(dry_run_text(text, prep.plan.run_id, () if show_secrets else secrets(req)), flush=True)
         return
+    if full:
+        from ..errors import UsageError
+        raise UsageError("--full goes with --dry-run: it says how much a dry run prints",
+                         "add --dry-run, or leave --full out")
     if detach and targets and not backend.detached_notify:
         err(f"warning: notify: a detached `{backend.name}:` run is not told of its end (no launcher is attached to "
             "see it); leave --detach out to be told, e.g. under nohup or tmux")
@@ -145,6 +150,7 @@ def watchdog(stall_timeout: float | None, progress_regex: str | None, inv) -> di
     return {"stall_timeout": s or None, "progress_regex": regex}
 
 
+FULL_HINT = "(--dry-run --full prints every node's whole start command and launch script)"
 DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run, so it has none
 MASK = "***"
 
