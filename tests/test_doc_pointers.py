@@ -41,7 +41,9 @@ def test_every_pointer_into_the_docs_resolves():
 
 
 def test_nothing_points_at_a_readme_section():
-    bad = [f"{name}: {m.group(0)!r}" for name, text in sources().items() for m in README_POINTER.finditer(text)]
+    said = {name: "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))  # not comments
+            for name, text in sources().items()}
+    bad = [f"{name}: {m.group(0)!r}" for name, text in said.items() for m in README_POINTER.finditer(text)]
     assert not bad, bad
 
 
