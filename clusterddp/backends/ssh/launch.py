@@ -433,7 +433,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
             try:
                 prep, lease = take_lease(prep, fleet, wait=req.wait,
                                          on_wait=lambda s: events.say(f"[clusterddp] run {run_id} {s}"),
-                                         on_note=events.say)
+                                         on_note=events.warn)  # at once (stdout starts with the run id)
             except KeyboardInterrupt:
                 raise  # at once: closing the fleet (below) ends the probes
             except BaseException:

@@ -107,7 +107,8 @@ def test_a_lost_hosts_leftover_is_ended_at_the_runs_end_or_by_the_next_run(make_
     r = cddp("up", str(other), str(script), "--runs-dir", str(runs), "--gpus", "1", check_rc=0, timeout=300)
     said = r.stdout + r.stderr
     assert (f"[clusterddp] node3: slots 0 were held by run {run2}, which has ended (succeeded): what was left of it "
-            "there is ended; taking them") in said, said
+            "there is ended; taking them") in r.stderr, said
+    assert run_id_of(r.stdout) != run2
     assert "rank 1 done world=2" in said and "does not fit" not in said, said
     assert not host_pids(run2, "node3")
 
