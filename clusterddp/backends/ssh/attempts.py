@@ -11,6 +11,9 @@ The rules, in the words docs/failures.md uses:
   used yet and that is not quarantined; a host out never comes back in the same run.
 - Without enough spares, the run goes on with the hosts left only with ``--nodes MIN:MAX`` and
   only while they are at least MIN; otherwise it ends.
+- A host down when the run starts (no answer: a timeout, no route, the connection lost) is replaced
+  the same way, before anything starts, when there are enough healthy spares (:func:`down_hosts`);
+  a host that answers wrongly (its host key, a refused login) is not: its fix is in the inventory.
 - Node ranks follow the hosts in use in their order (the run's hosts in inventory order, then the
   spares that came in, in the order they came): :meth:`Inventory.ranked` puts the master first,
   and a lost master's place goes to the first host left.
@@ -18,9 +21,10 @@ The rules, in the words docs/failures.md uses:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ...errors import HostError, HostErrorKind
 from ...inventory import Host
 
 
@@ -88,3 +92,13 @@ def next_hosts(current: Sequence[Host], out: Iterable[str], healthy: Sequence[Ho
             return (f"{short}, and the {len(hosts)} node(s) left are fewer than --nodes {nodes[0]}:{nodes[1]} "
                     "allows")
     return Next(hosts, tuple(gone), tuple(h.name for h in came))
+
+
+_DOWN = (HostErrorKind.TIMEOUT, HostErrorKind.UNREACHABLE, HostErrorKind.CONNECTION_LOST)
+
+
+def down_hosts(failed: Mapping[str, Exception]) -> dict[str, str]:
+    """Of the hosts that could not be connected to when a run starts (``failed``: by name), those that
+    are down, each with why: a spare may stand in for them. One that answered wrongly (a changed host
+    key, a refused login, no SSH server there) is left out: the preflight names it with its fix."""
+    return {h: e.detail for h, e in failed.items() if isinstance(e, HostError) and e.kind in _DOWN}

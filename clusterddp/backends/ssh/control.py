@@ -124,7 +124,7 @@ def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: 
     seen.update({h: (NodeState.UNREACHABLE, None, str(e) if h in unreachable else f"teardown failed: {e}")
                  for h, e in res.failed.items()})
     not_stopped = tuple(h for h in seen if h not in how)
-    earlier, ended = _stop_lost(rec, connect, grace)
+    earlier, ended = stop_lost(rec, connect, grace)
 
     def stopped(rec: RunRecord) -> RunRecord:
         rec = rec.seen(seen)
@@ -138,7 +138,7 @@ def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: 
     return Stopped(rec, {**how, **earlier}, (*not_stopped, *(h for h in earlier if h not in ended)), collected)
 
 
-def _stop_lost(rec: RunRecord, connect: Callable[[Host], Transport], grace: float
+def stop_lost(rec: RunRecord, connect: Callable[[Host], Transport], grace: float
                ) -> tuple[dict[str, str], set[str]]:
     """`stop` on the hosts an earlier attempt lost (``rec.lost``: their job may have run on there, out
     of reach): how each went, and the hosts where nothing of the run is left now (dropped from the record)."""

@@ -43,7 +43,7 @@ class Prepared:
     store: RunStore
     source_dir: Path
     folder: upload.SourceFolder | None = None  # what the upload sends, as scanned when planning
-    notes: tuple[str, ...] = ()  # lines `up` says once the run is recorded (a spare in place of a quarantined host)
+    notes: tuple[str, ...] = ()  # lines `up` says before anything starts (a spare in place of a quarantined host)
 
 
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
@@ -105,8 +105,40 @@ def _spares_for_quarantined(inventory: inv_mod.Inventory) -> tuple[inv_mod.Inven
         return inventory, ()
     spares = tuple(s for s in inventory.spares if s.name not in nxt.in_)
     notes = tuple(f"[clusterddp] {h} is quarantined until {quarantine.stamp(found[h].until)} ({found[h].why}): "
-                  f"spare {s} runs in its place" for h, s in zip(nxt.out, nxt.in_, strict=True))
+                  f"spare {s} runs in its place (`clusterddp quarantine release {h}` lets it back)"
+                  for h, s in zip(nxt.out, nxt.in_, strict=True))
     return inventory.in_use(nxt.hosts, spares), notes
+
+
+def _spares_for_down(prep: Prepared, fleet: Fleet, failed: dict[str, Exception], events: base.Events
+                     ) -> tuple[Prepared, Fleet]:
+    """A run's hosts that are down as it starts (:func:`.attempts.down_hosts`) replaced by the first
+    spares that answer and are not quarantined, said; with too few, the run as it was (the preflight
+    then names the host). Returns the run and its connections (a new fleet when the hosts changed)."""
+    from ... import quarantine
+    from ...errors import QuarantineError
+    down = attempts.down_hosts(failed)
+    inv = prep.plan.inventory
+    if not down:
+        return prep, fleet
+    try:
+        aside = quarantine.quarantined(inv.spares)
+    except QuarantineError:  # up refused a damaged file already, for the run's own hosts
+        aside = {}
+    spares = attempts.candidates(inv.spares, [h.name for h in inv.hosts], aside)
+    with Fleet(spares, fanout=inv.fanout) as probe:
+        answered = probe.open().succeeded
+    nxt = attempts.next_hosts(inv.hosts, down, [s for s in spares if s.name in answered], None)
+    if isinstance(nxt, str):
+        return prep, fleet
+    plan = P.build_plan(inv.in_use(nxt.hosts, tuple(s for s in inv.spares if s.name not in nxt.in_)),
+                        prep.plan.spec, prep.plan.run_id, train_lookup=prep.plan.train_lookup)
+    for h, s in zip(nxt.out, nxt.in_, strict=True):
+        events.warn(f"[clusterddp] {h} does not answer ({down[h]}): spare {s} runs in its place")
+    fleet.close()
+    fleet = Fleet([n.host for n in plan.nodes], fanout=inv.fanout)
+    fleet.open()
+    return replace(prep, plan=plan), fleet
 
 
 def local_port(fixed: int | None) -> int:
@@ -223,16 +255,39 @@ def port_fixed(plan: P.LaunchPlan) -> bool:
 
 
 def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
-               on_wait: Callable[[str], None] = lambda s: None) -> tuple[Prepared, Lease | None]:
+               on_wait: Callable[[str], None] = lambda s: None,
+               on_note: Callable[[str], None] = lambda s: None) -> tuple[Prepared, Lease | None]:
     """Lease the run's GPU slots (and master port) on every node, waiting in the queue with ``wait``;
     return the run planned on them (one process per slot, ``CUDA_VISIBLE_DEVICES``, the port chosen)
     and the lease, whose :meth:`~clusterddp.leases.Lease.release` gives back what no job took. Local
-    runs take none."""
+    runs take none. Slots held by what a lost host kept running of a run of ours that has ended are
+    taken (:mod:`.leftovers`), said to ``on_note``."""
     plan = prep.plan
     if plan.local:
         return prep, None
-    from ...leases import acquire
-    lease = acquire(plan, fleet, port_fixed=port_fixed(plan), wait=wait, on_wait=on_wait)
+    from ...errors import LeaseBusy
+    from ...leases import acquire, launching_user
+    from . import leftovers
+    # A waiting run tries once without waiting first: a leftover would hold its place in the queue for ever.
+    tries = len(plan.nodes) + 1  # each try after the first has ended the leftovers on one more node
+    while True:
+        try:
+            lease = acquire(plan, fleet, port_fixed=port_fixed(plan))
+            break
+        except LeaseBusy as e:
+            tries -= 1
+            host = next((n.host for n in plan.nodes if n.host.name == e.host), None)
+            found = [] if host is None or tries == 0 else leftovers.leftovers(
+                host.name, e.holders, leftovers.loader(prep.store), launching_user())
+            ended = leftovers.end(fleet, host, found) if host is not None and found else []
+            for x, problem in ended:
+                on_note(leftovers.taken(x, problem))
+            if ended and not any(problem for _, problem in ended):
+                continue
+            if not wait:
+                raise
+            lease = acquire(plan, fleet, port_fixed=port_fixed(plan), wait=True, on_wait=on_wait)
+            break
     try:
         spec = replace(plan.spec, master_port=lease.port or plan.master_port)
         new = P.build_plan(plan.inventory, spec, plan.run_id, grants=lease.grants, train_lookup=plan.train_lookup,
@@ -366,15 +421,21 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
             # beside the lease: each is a command per node, and a run that passes (most) need not wait
             # for one before the other. A lease taken for a run that then fails its preflight is given
             # back (below); a run that may wait in the queue is checked first, so it never waits in vain.
+            for note in prep.notes:  # before anything starts (a quarantined host's spare)
+                events.warn(note)
             fleet = Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
-            fleet.open()  # a host that cannot be reached is reported by the preflight (or the lease)
+            # a host that cannot be reached is reported by the preflight (or the lease), unless a spare stands in
+            opened = fleet.open()
+            if opened.failed and prep.plan.inventory.spares:
+                prep, fleet = _spares_for_down(prep, fleet, opened.failed, events)
             checked = None if req.skip_check else _Beside(lambda: preflight(prep.plan, fleet=fleet))
             if checked is not None and req.wait:
                 checked.result()
             run_id = prep.plan.run_id  # a waiting run is not recorded yet: its queue lines name it
             try:
                 prep, lease = take_lease(prep, fleet, wait=req.wait,
-                                         on_wait=lambda s: events.say(f"[clusterddp] run {run_id} {s}"))
+                                         on_wait=lambda s: events.say(f"[clusterddp] run {run_id} {s}"),
+                                         on_note=events.warn)  # at once (stdout starts with the run id)
             except KeyboardInterrupt:
                 raise  # at once: closing the fleet (below) ends the probes
             except BaseException:
@@ -397,8 +458,6 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     # its slots when the fleet's connections close (its holder sees its channel go).
     plan = prep.plan
     events.say(f"run {plan.run_id}")
-    for note in prep.notes:
-        events.say(note)
     if leased:
         events.say(leased)
     if packed is not None:
@@ -423,6 +482,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
             _set_aside(prep, events)
             following = None if req.detach or prep.plan.local else _next_attempt(prep, req, events, attempt)
             if following is None:
+                _end_lost(prep, events)
                 _keep_runs(plan.inventory, req, events)  # a failed run is a run: it counts among the kept
                 raise
             prep, fleet = following
@@ -439,6 +499,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
         hosts = f" on {', '.join(n.host.name for n in prep.plan.nodes)} (attempt {attempt})" if attempt > 1 else ""
         events.say(f"run {plan.run_id} succeeded in {time.monotonic() - started:.1f}s{hosts}; "
                    f"run folder: {prep.store.run_dir(plan.run_id)}")
+        _end_lost(prep, events)
     _keep_runs(plan.inventory, req, events)
     return outcome
 
@@ -576,7 +637,7 @@ def _lease_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
         plan = P.build_plan(inv.in_use(nxt.hosts), req.spec, run_id, train_lookup=prep.plan.train_lookup,
                             attempt=attempt + 1)
         try:
-            new, lease = take_lease(replace(prep, plan=plan, notes=()), fleet)
+            new, lease = take_lease(replace(prep, plan=plan, notes=()), fleet, on_note=events.say)
         except LeaseBusy as e:
             if e.host is None or e.host not in nxt.in_:
                 raise
@@ -636,6 +697,19 @@ def _set_aside(prep: Prepared, events: base.Events) -> None:
     for e in added:
         events.warn(f"quarantine: {e.host} ({e.machine}) is set aside until {quarantine.stamp(e.until)}: {e.why}; "
                     f"runs refuse it until then (`clusterddp quarantine release {e.host}` lets it back)")
+
+
+def _end_lost(prep: Prepared, events: base.Events) -> None:
+    """At the end of an attached run: what its lost hosts kept running of it ended, where they answer
+    (:func:`.leftovers.end_lost`), each said. Best effort: never the run's outcome."""
+    from . import leftovers
+    try:
+        lines = leftovers.end_lost(prep.store, prep.plan.run_id)
+    except Exception as problem:  # noqa: BLE001 - the run has ended as it ended; said
+        events.warn(f"[clusterddp] the lost hosts' leftovers were not ended: {problem}")
+        return
+    for line in lines:
+        events.say(line)
 
 
 def _keep_runs(inventory: inv_mod.Inventory, req: base.LaunchRequest, events: base.Events) -> None:
