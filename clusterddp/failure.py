@@ -604,9 +604,10 @@ class Failure:
             out += [f"  {line}" for line in self.hang.lines()]
         else:
             out += [f"  at {f}" for f in self.frames]
-        if self.log_tail:
+        tail = [line for line in self.log_tail if line.strip()]  # a header over blank lines says nothing
+        if tail:
             out.append(f"  last lines of {self.host}'s log:")
-            out += [f"  | {line}" for line in self.log_tail]
+            out += [f"  | {line}" for line in tail]
         out += self.flight.lines() if self.flight else []
         out += [f"{h}: {note}" for h, note in self.others] if others else []
         return out

@@ -214,7 +214,9 @@ def run_failed(store: RunStore, run_id: str, outcome: RunOutcome, status: RunSta
     print, and for a failed run the root cause (``explain``, the backend's diagnosis)."""
     said = {n.host: n.describe() for n in store.load(run_id).nodes}
     cause = explain() if status is RunStatus.FAILED else ()
-    return RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said, cause=cause)
+    failure = store.load(run_id).failure if cause else None  # the diagnosis explain() recorded
+    return RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said, cause=cause,
+                     root=failure.host if failure is not None else None)
 
 
 def finish(store: RunStore, run_id: str, states: NodeStates, outcome: RunOutcome) -> RunStatus:
