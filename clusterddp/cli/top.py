@@ -96,7 +96,8 @@ def top(
     progress_regex: str | None = typer.Option(
         None, "--progress-regex", metavar="REGEX",
         help="Finds the step number in the job's output (its group, or the whole match): steps per second. "
-             "Default: 'step N' lines, as (?i)step\\s*[:=#]?\\s*(\\d+)."),
+             "Default: 'step N', 'iter N', '[N/M]' lines, and 'Epoch N' in a line without a step or "
+             "iteration (e.g. 'step 12', 'Step: 12', 'global_step=12', 'Iter 40', '[3/100]', 'epoch 3/10')."),
     interval: float = typer.Option(1.0, "--interval", min=0.2, max=3600, help="Seconds between refreshes."),
     inventory: str | None = typer.Option(None, "--inventory", metavar="INVENTORY",
                                          help="Also list every GPU lease and queue entry on this inventory's "
