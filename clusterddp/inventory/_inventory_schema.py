@@ -226,6 +226,16 @@ class Maybe(Rule):
 REQUIRED = object()  # a Field's default when the key must be given
 
 
+def _did_you_mean(key: object, known: list[str]) -> str:
+    """``; did you mean `hosts`?`` for an unknown ``key`` close to one of ``known`` (the block's keys
+    not given), else nothing. Bounded: a key is compared by its first 100 characters."""
+    import difflib
+    if not isinstance(key, str) or not known:
+        return ""
+    close = difflib.get_close_matches(key[:100].lower(), known, n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
 @dataclass(frozen=True)
 class Field:
     rule: Rule
@@ -253,10 +263,11 @@ class Model(Rule):
             return _refuse(out, loc, "input should be a mapping (`key: value` lines)")
         before = len(out)
         values = {}
+        missing = []  # said after the unknown keys: `host:` for `hosts:` is named first, with the fix
         for key, f in self.fields.items():
             if key not in v:
                 if f.default is REQUIRED:
-                    out.append(Problem((*loc, key), "missing", "required, but missing"))
+                    missing.append(Problem((*loc, key), "missing", "required, but missing"))
                 values[key] = None if f.default is REQUIRED else _fresh(f.default, (*loc, key), out)
                 continue
             raw = v[key]
@@ -268,7 +279,10 @@ class Model(Rule):
                     continue
             values[key] = f.rule.check(raw, (*loc, key), out)
         if self.extra == "forbid":
-            out.extend(Problem((*loc, k), "extra_forbidden", "unknown key") for k in v if k not in self.fields)
+            unused = [k for k in self.fields if k not in v]
+            out.extend(Problem((*loc, k), "extra_forbidden", "unknown key" + _did_you_mean(k, unused))
+                       for k in v if k not in self.fields)
+        out.extend(missing)
         if len(out) > before:
             return _BAD
         entry = Entry(**values)
