@@ -52,3 +52,33 @@ def test_last_lines_of_a_log_are_never_a_header_over_nothing():
     lines = some.lines()
     at = lines.index("  last lines of node2's log:")
     assert lines[at + 1:] == ["  | Epoch 3 | rank 2"]
+
+
+# ---- misspelt on the command line: "did you mean" (issue 39 §6) ----
+
+def test_a_misspelt_script_path_names_the_closest_file_beside_it(tmp_path):
+    import pytest
+
+    from clusterddp.errors import UsageError
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "README.md").write_text("")
+    with pytest.raises(UsageError) as e:
+        base.check_script(str(tmp_path / "trian.py"))
+    assert str(e.value).splitlines()[0] == f"script {tmp_path / 'trian.py'}: no such file; did you mean " \
+                                           f"{tmp_path / 'train.py'}?"
+    with pytest.raises(UsageError) as e:  # nothing close, or no such folder: no guess
+        base.check_script(str(tmp_path / "zzzzzz.py"))
+    assert "did you mean" not in str(e.value)
+    with pytest.raises(UsageError) as e:
+        base.check_script(str(tmp_path / "gone" / "train.py"))
+    assert "did you mean" not in str(e.value)
+
+
+def test_a_misspelt_script_and_a_misspelt_command_exit_2_with_a_guess(tmp_path):
+    from helpers import cddp
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    r = cddp("up", "local", "trian.py", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2 and "error: script trian.py: no such file; did you mean train.py?" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    r = cddp("upp", "local", "train.py", cwd=tmp_path)
+    assert r.returncode == 2 and "Did you mean 'up'?" in r.stderr, r.stderr

@@ -243,8 +243,24 @@ def check_script(path: str) -> Path:
     if script.is_dir():
         raise UsageError(f"script {path}: is a directory, not a script", _script_in(script))
     if not script.is_file():
-        raise UsageError(f"script {path}: no such file", "pass the path of your training script")
+        near = _near(script)
+        raise UsageError(f"script {path}: no such file" + (f"; did you mean {near}?" if near else ""),
+                         "pass the path of your training script")
     return script
+
+
+def _near(script: Path, most: int = 2000) -> str | None:
+    """The file of ``script``'s folder whose name is closest to its name (a misspelt ``trian.py``), or
+    None; the folder's first ``most`` entries are read, no more."""
+    import difflib
+    import itertools
+    folder = script.parent
+    try:
+        names = [p.name for p in itertools.islice(folder.iterdir(), most) if p.is_file()]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(script.name, names, n=1, cutoff=0.6)
+    return str(folder / close[0]) if close else None
 
 
 def _script_in(folder: Path) -> str:
