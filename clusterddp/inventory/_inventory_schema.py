@@ -354,6 +354,17 @@ def Line(*then: Check, shape: dict[str, Any] | None = None) -> Str:  # noqa: N80
     return Str(_one_line, *then, shape=shape)
 
 
+def _no_hostname(v: str) -> str:
+    """`workdir:` is used as given on the launcher (run folders, uploads, collects name its paths), so
+    ``%h`` (the node's hostname, filled in only in ``lease_dir``, on the node) would be a folder named
+    ``%h``: refused."""
+    if "%h" in v:
+        raise ValueError("%h is filled in only in lease_dir; in workdir it would be a folder named %h. "
+                         "Leave it out (each run has its own folder under workdir), or give a host its own "
+                         "workdir under its hosts: entry")
+    return v
+
+
 def _progress_regex(v: str) -> str:
     """`progress_regex:` as `--progress-regex` takes it: a regular expression, at most one group."""
     try:
@@ -457,7 +468,7 @@ SETTINGS = Model("_Settings", {
     "host_key_policy": Field(Maybe(Choice("strict", "accept-new"))),
     "gpus": Field(Maybe(GPUS)),
     "python": Field(Maybe(Line())),
-    "workdir": Field(Maybe(Line())),
+    "workdir": Field(Maybe(Line(_no_hostname, shape={"not": {"pattern": "%h"}}))),
     "env": Field(Maybe(ENV)),
     "setup": Field(Maybe(ListOf(Str()))),
     "connect_timeout": Field(Maybe(Number(gt=0, le=3600, seconds=True))),

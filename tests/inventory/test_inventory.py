@@ -406,3 +406,16 @@ def test_any_one_slip_in_a_top_level_key_is_refused_naming_that_key(key, at, how
     if "did you mean" in said:
         meant = said.rsplit("`", 2)[1]
         assert meant in INVENTORY.fields
+
+
+@pytest.mark.parametrize("where", ["defaults: {workdir: /scratch/%h/ddp}\nhosts: [{name: a, address: 10.0.0.1}]\n",
+                                   "hosts: [{name: a, address: 10.0.0.1, workdir: '~/%h'}]\n"])
+def test_percent_h_in_workdir_is_refused_not_taken_as_a_folder_named_percent_h(where):
+    """%h is the node's hostname only in lease_dir (filled in on the node); the launcher names paths
+    under workdir as given, so a workdir with %h would be a literal folder `%h`: refused, located."""
+    e = error_of(where)
+    assert e.field in ("defaults.workdir", "hosts[0].workdir") and e.line == 1 and e.exit_code == 2
+    assert "%h is filled in only in lease_dir" in str(e)
+    # in lease_dir it stays what it was
+    inv = inventory.parse("defaults: {lease_dir: /var/lib/l/%h}\nhosts: [{name: a, address: 10.0.0.1}]\n", "l.yaml")
+    assert inv.hosts[0].lease_dir == "/var/lib/l/%h"
