@@ -280,8 +280,12 @@ class Model(Rule):
             values[key] = f.rule.check(raw, (*loc, key), out)
         if self.extra == "forbid":
             unused = [k for k in self.fields if k not in v]
-            out.extend(Problem((*loc, k), "extra_forbidden", "unknown key" + _did_you_mean(k, unused))
-                       for k in v if k not in self.fields)
+            for k in v:
+                if k not in self.fields:
+                    meant = _did_you_mean(k, unused)
+                    out.append(Problem((*loc, k), "extra_forbidden", "unknown key" + meant))
+                    # `host:` for `hosts:`: one problem, not a second "hosts: required, but missing"
+                    missing = [p for p in missing if not meant.endswith(f"`{p.loc[-1]}`?")]
         out.extend(missing)
         if len(out) > before:
             return _BAD

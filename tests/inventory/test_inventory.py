@@ -372,6 +372,8 @@ def test_a_misspelt_key_is_named_first_with_the_key_it_is_close_to(text, line, f
     said = str(e.value).splitlines()[0]
     assert said == f"lab.yaml:{line}: {field}: unknown key; did you mean `{meant}`?", said
     assert "required, but missing" not in said
+    if field == "host":  # one slip, one problem: not also "hosts: required, but missing" after it
+        assert "more problem" not in str(e.value), str(e.value)
 
 
 def test_a_key_close_to_nothing_keeps_the_readme_hint_and_a_given_key_is_never_suggested():
