@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from .flight import Flight
-from .noise import without_noise
+from .noise import without_noise, without_teardown
 from .sizes import ranges
 
 # Bounds on what is kept: a record and a terminal summary stay small whatever a node sent.
@@ -614,8 +614,9 @@ class Failure:
 
 
 def _tail(log: bytes) -> tuple[str, ...]:
-    """The end of a node's whole log (every rank's lines and torchrun's): :func:`rank_tail` of no one rank."""
-    return rank_tail(log[-(64 << 10):].decode("utf-8", "replace").splitlines(), None)
+    """The end of a node's whole log (every rank's lines and torchrun's, but its teardown: the summary
+    says what that says): :func:`rank_tail` of no one rank."""
+    return rank_tail(without_teardown(log[-(64 << 10):].decode("utf-8", "replace").splitlines()), None)
 
 
 def _rank_tail(node: NodeFacts, r: RankError) -> tuple[str, ...]:
