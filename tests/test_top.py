@@ -339,3 +339,20 @@ def test_the_epoch_and_n_of_m_forms_refuse_a_long_line_in_linear_time(line):
     t0 = time.process_time()
     re.compile(T.DEFAULT_PROGRESS).search(line)
     assert time.process_time() - t0 < 5.0
+
+
+def test_top_says_which_option_to_set_when_a_running_node_prints_no_step_it_reads():
+    import io
+
+    from rich.console import Console
+
+    from clusterddp.cli.top import STEP_HINT, table
+
+    def shown(step, line="batch 7 loss 0.1"):
+        snap = T.Snapshot(0.0, [T.RunView("r1", None, "running",
+                                          [T.NodeView("a", 0, "running", last_line=line, step=step)])])
+        out = io.StringIO()
+        Console(file=out, width=400, highlight=False).print(table(snap))
+        return out.getvalue()
+    assert "--progress-regex REGEX" in shown(None) and "--progress-regex" in STEP_HINT
+    assert "--progress-regex" not in shown(7) and "--progress-regex" not in shown(None, line=None)
