@@ -86,13 +86,22 @@ class NodeOutcome:
     error: str | None = None
 
 
+def blame(first_failed: str | None, root: str | None) -> str:
+    """Whom a failed run's headline names: the root cause's host (the diagnosis, ``root``) where there
+    is one, so the headline and the root cause below it never name two hosts without saying why (a
+    stall found on one node, ended first on another)."""
+    if root and first_failed and root != first_failed:
+        return f"root cause on {root} ({first_failed} ended first)"
+    return f"{root or first_failed} failed first"
+
+
 class RunFailed(ClusterDDPError):
     """A run ended badly; carries every node's outcome and names the first failure."""
 
     def __init__(self, run_id: str, outcomes: list[NodeOutcome], first_failed: str | None,
                  status: str = "failed", said: dict[str, str] | None = None,
-                 cause: tuple[str, ...] | list[str] = ()) -> None:
-        lines = [f"run {run_id} {status}" + (f": {first_failed} failed first" if first_failed else "")]
+                 cause: tuple[str, ...] | list[str] = (), root: str | None = None) -> None:
+        lines = [f"run {run_id} {status}" + (f": {blame(first_failed, root)}" if first_failed or root else "")]
         lines += [f"  {line}" for line in cause]  # the root cause (clusterddp.failure), then every other node
         for o in outcomes if not cause else ():
             # ``said``: each node in the words `status` prints (NodeRecord.describe), when the record is known

@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from .flight import Flight
-from .noise import without_noise
+from .noise import without_noise, without_teardown
 from .sizes import ranges
 
 # Bounds on what is kept: a record and a terminal summary stay small whatever a node sent.
@@ -604,17 +604,19 @@ class Failure:
             out += [f"  {line}" for line in self.hang.lines()]
         else:
             out += [f"  at {f}" for f in self.frames]
-        if self.log_tail:
+        tail = [line for line in self.log_tail if line.strip()]  # a header over blank lines says nothing
+        if tail:
             out.append(f"  last lines of {self.host}'s log:")
-            out += [f"  | {line}" for line in self.log_tail]
+            out += [f"  | {line}" for line in tail]
         out += self.flight.lines() if self.flight else []
         out += [f"{h}: {note}" for h, note in self.others] if others else []
         return out
 
 
 def _tail(log: bytes) -> tuple[str, ...]:
-    """The end of a node's whole log (every rank's lines and torchrun's): :func:`rank_tail` of no one rank."""
-    return rank_tail(log[-(64 << 10):].decode("utf-8", "replace").splitlines(), None)
+    """The end of a node's whole log (every rank's lines and torchrun's, but its teardown: the summary
+    says what that says): :func:`rank_tail` of no one rank."""
+    return rank_tail(without_teardown(log[-(64 << 10):].decode("utf-8", "replace").splitlines()), None)
 
 
 def _rank_tail(node: NodeFacts, r: RankError) -> tuple[str, ...]:

@@ -98,3 +98,95 @@ def without_noise(lines: Iterable[str]) -> list[str]:
     its last lines are shown)."""
     keep = NoiseFilter()
     return [line for line in lines if not keep("", line.encode("utf-8", "surrogateescape"))]
+
+
+# ---- torchrun's teardown ----
+# When a rank fails or the run is stopped, every node's torchrun says so at length: its agent's log
+# records (one line each) and its own traceback, through torch/distributed/run.py, ending in
+# ChildFailedError (then a table of the node's failed ranks between two rows of '=') or in
+# SignalException (it was sent SIGTERM). Per node, 25-45 lines that the failure summary says in one;
+# `up` shows the summary instead. Known by these markers only: a rank's own traceback (``[rank1]:``
+# or not) is the job's and is always shown.
+TEARDOWN_LINES: tuple[str, ...] = (
+    r"torch/distributed/elastic/\S{1,200}\] Sending process \d+ closing signal ",
+    r"torch/distributed/elastic/\S{1,200}\] Received \S{1,40} death signal, shutting down workers",
+    r"torch/distributed/elastic/\S{1,200}\] failed \(exitcode: ",
+    r"^Terminated\s*$",  # the node's shell, of torchrun ended by the stop
+)
+# the exception line that ends torchrun's own traceback (a KeyboardInterrupt alone: a Ctrl-C on `up local`)
+TEARDOWN_ERROR = (r"^(?:torch\.distributed\.elastic\.(?:multiprocessing\.(?:errors\.ChildFailedError|"
+                  r"api\.SignalException)|rendezvous\.api\.RendezvousClosedError)\b|KeyboardInterrupt\s*$)")
+
+_TEARDOWN_LINES = tuple(re.compile(p.encode()) for p in TEARDOWN_LINES)
+_TEARDOWN_ERROR = re.compile(TEARDOWN_ERROR.encode())
+_TRACEBACK = b"Traceback (most recent call last):"
+_RULE = re.compile(rb"^={20,}\s*$")
+
+
+@dataclass
+class Teardown:
+    """Holds each host's unprefixed traceback until its exception line says whose it is: torchrun's
+    (:data:`TEARDOWN_ERROR`: hidden with its table) or not (shown as it came, in order). Lines of
+    :data:`TEARDOWN_LINES` are hidden. One per command (per-host state); what it hides is counted, and
+    the log files keep every byte. Bounded: a traceback longer than :data:`MOST` lines, or a table
+    longer than that, is shown from there on."""
+
+    MOST = 200
+    hidden: int = 0
+    _held: dict[str, list[bytes]] = field(default_factory=dict)   # host -> its traceback so far
+    _table: dict[str, list[int]] = field(default_factory=dict)    # host -> [rules of '=' left, lines seen]
+
+    def feed(self, host: str, line: bytes) -> list[bytes]:
+        """The lines of ``host`` to show now, ``line`` the next one it printed (without its newline)."""
+        bare = line.rstrip(b"\r")
+        table = self._table.get(host)
+        if table is not None:
+            if table[1] == 0 and not _RULE.match(bare):  # no table after it: an older torch's words
+                del self._table[host]
+            else:
+                table[1] += 1
+                table[0] -= 1 if _RULE.match(bare) else 0
+                if table[0] <= 0 or table[1] >= self.MOST:
+                    del self._table[host]
+                self.hidden += 1
+                return []
+        held = self._held.get(host)
+        if held is not None:
+            if bare.startswith((b" ", b"\t")) and len(held) < self.MOST:
+                held.append(line)
+                return []
+            del self._held[host]
+            if _TEARDOWN_ERROR.match(bare):
+                self.hidden += len(held) + 1
+                if b"ChildFailedError" in bare:
+                    self._table[host] = [2, 0]
+                return []
+            return [*held, *self.feed(host, line)]  # not torchrun's: as it came (the line may start another)
+        if bare == _TRACEBACK:
+            self._held[host] = [line]
+            return []
+        if any(p.search(bare) for p in _TEARDOWN_LINES):
+            self.hidden += 1
+            return []
+        return [line]
+
+    def drain(self) -> list[tuple[str, bytes]]:
+        """Every line still held (a traceback not ended yet), as (host, line), to show at the end."""
+        out = [(host, line) for host, lines in self._held.items() for line in lines]
+        self._held.clear()
+        self._table.clear()
+        return out
+
+    def summary(self, where: str) -> str | None:
+        """The note for the end of the output, or None when nothing was hidden."""
+        if not self.hidden:
+            return None
+        return f"{self.hidden} line(s) of torchrun's teardown not shown; {where} keeps them"
+
+
+def without_teardown(lines: Iterable[str]) -> list[str]:
+    """``lines`` of one node's log without torchrun's teardown (:class:`Teardown`), in order."""
+    keep = Teardown()
+    out = [shown for line in lines for shown in keep.feed("", line.encode("utf-8", "surrogateescape"))]
+    out += [line for _, line in keep.drain()]
+    return [line.decode("utf-8", "surrogateescape") for line in out]

@@ -118,13 +118,21 @@ def after_failure(rec: RunRecord, *, retry_job_failures: bool = False, struck: C
                 parts.append(f"{host}: failed again after a loss in its previous run ({fault.why})")
             else:
                 parts.append(f"{host}: {fault.why}")
-        return Decision(True, tuple(faults), clip(f"{'; '.join(parts)}: the machine's failure, not the job's: "
-                                                  "carrying on without it", MAX_WHY))
+        # what failed, not what comes of it: the caller says that (a new attempt, or the end when none can start)
+        return Decision(True, tuple(faults), clip(f"{'; '.join(parts)}: the machine's failure, not the job's", MAX_WHY))
     f = rec.failure
     kind = f.kind if f is not None else "unknown"
     if retry_job_failures and f is not None and f.host in rec.hosts:
-        return Decision(True, (f.host,), clip(f"{_whose(rec)}: the job's own failure ({kind}), retried without "
-                                              f"{f.host} as retry_job_failures asks", MAX_WHY))
+        return Decision(True, (f.host,), clip(f"{_whose(rec)}: the job's own failure ({kind}), which "
+                                              "retry_job_failures: true moves to another machine", MAX_WHY))
     reason = _ENDS.get(kind, "not known to be the machine's")
-    hint = "; retry_job_failures: true in the inventory retries it elsewhere" if f is not None else ""
-    return Decision(False, (), clip(f"{_whose(rec)}: {reason}: the run ends{hint}", MAX_WHY))
+    hint = " (retry_job_failures: true in the inventory retries it elsewhere)" if f is not None else ""
+    return Decision(False, (), clip(f"{_whose(rec)}: {reason}, so not moved to another machine{hint}", MAX_WHY))
+
+
+def ends(*parts: str) -> str:
+    """The one line of a run that ends after a failed attempt (kept in run.json's ``attempts``): the
+    failure (a :class:`Decision`'s ``why``), then why no new attempt starts, joined by ``; `` (parts
+    that say nothing are left out, and none ends in a separator of its own)."""
+    said = [p.strip().rstrip(";:,").rstrip() for p in parts]
+    return "; ".join(p for p in said if p) or "no reason recorded"

@@ -34,10 +34,14 @@ from .store import RunStore
 from .transport import Transport
 from .transport import connect as default_connect
 
-# `step 12`, `Step: 12`, `step=12`, `[step 12/500]`, `global_step 12`: the usual progress lines.
+# The usual progress lines: `step 12`, `Step: 12`, `step=12`, `[step 12/500]`, `global_step 12`,
+# `iter 12`, `Iteration: 12`, `[12/500]`, and `Epoch 3`, `epoch 3/10`, `train_epoch=3` in a line
+# that names no step or iteration (pytorch/examples' DDP tutorials print `Epoch N | ... | Steps: 64`,
+# where 64 is the batches per epoch, and `Epoch N Iter M`, where the iteration is the finer).
 # No two \s* in a row: "step" and 60,000 spaces took 97 s to refuse (every split of the spaces
 # between them tried); written so, a failing line costs time linear in its length.
-DEFAULT_PROGRESS = r"(?i)step(?:\s*[:=#])?\s*(\d+)"
+DEFAULT_PROGRESS = (r"(?i)(?:^(?!.*(?:step(?:\s*[:=#])?\s*\d|\biter(?:ation)?\b))(?:.*?[^a-z])?epoch\b"
+                    r"|step|\biter(?:ation)?\b|\[ *(?=\d+ */ *\d+ *\]))(?:\s*[:=#])?\s*(\d+)")
 RATE_WINDOW = 30.0       # seconds of step readings a steps/s figure spans
 RETRY_AFTER = 10.0       # seconds before hosts that failed a look are connected to again
 

@@ -208,7 +208,9 @@ def failed(kind, host="b", summary="x", **nodes):
 def test_the_jobs_own_failures_end_the_run_unless_the_inventory_asks_to_retry(kind):
     d = policy.after_failure(failed(kind, summary="ValueError: boom\nmore"))
     assert (d.carry_on, d.hosts) == (False, ())
-    assert d.why.startswith("b, rank 1: ValueError: boom: ") and "the run ends" in d.why and "\n" not in d.why
+    assert d.why.startswith("b, rank 1: ValueError: boom: ") and "\n" not in d.why
+    assert d.why.endswith(", so not moved to another machine (retry_job_failures: true in the inventory retries it "
+                          "elsewhere)")
     d = policy.after_failure(failed(kind, summary="ValueError: boom"), retry_job_failures=True)
     assert (d.carry_on, d.hosts) == (True, ("b",)) and "retry_job_failures" in d.why
     assert policy.machine_faults(failed(kind)) == {}
@@ -217,7 +219,7 @@ def test_the_jobs_own_failures_end_the_run_unless_the_inventory_asks_to_retry(ki
 def test_the_machines_failures_carry_on_without_it_a_gpu_error_at_once():
     d = policy.after_failure(failed("lost", summary="lost: stopped answering", b=NodeState.LOST))
     assert (d.carry_on, d.hosts) == (True, ("b",))
-    assert d.why == "b lost: the machine's failure, not the job's: carrying on without it"
+    assert d.why == "b lost: the machine's failure, not the job's"
     gpu = failed("gpu", summary="GPU error: NVIDIA Xid 79 (GPU has fallen off the bus) on GPU PCI:0000:3b:00\nline")
     d = policy.after_failure(gpu)
     assert (d.carry_on, d.hosts) == (True, ("b",)) and "\n" not in d.why
@@ -256,7 +258,7 @@ def test_the_same_host_failing_again_after_a_loss_is_the_machines_second_failure
     d = policy.after_failure(signal, struck=q.struck(signal, NOW + 60))
     assert (d.carry_on, d.hosts) == (True, ("b",))
     assert d.why == ("b: failed again after a loss in its previous run (killed by SIGBUS): the machine's failure, "
-                     "not the job's: carrying on without it")
+                     "not the job's")
     # the job's own exception stays the job's, strike or not
     assert policy.after_failure(failed("exception"), struck={"b"}).carry_on is False
     [e] = Q.after_run(signal, q=q, now=NOW + 60)
@@ -319,3 +321,34 @@ def test_the_node_sends_stamped_kernel_lines_its_boot_and_its_jobs_times(tmp_pat
                       "job": {"started": True, "ended": 1e300}}).encode()
     assert {k: D.read_answer(bad)[k] for k in ("kernel_boot", "job_started", "job_ended")} == \
         {"kernel_boot": None, "job_started": None, "job_ended": None}
+
+
+# ---- one sentence, one meaning (issue 39 §5) ----
+
+def test_a_run_that_cannot_carry_on_never_says_it_carries_on():
+    """The line a run ends with after a machine's failure and no spare: built by the code that builds
+    it (the decision, then :func:`clusterddp.backends.ssh.attempts.next_hosts`' reason)."""
+    from clusterddp.backends.ssh import attempts
+    from clusterddp.inventory import parse
+    d = policy.after_failure(failed("lost", host="b", summary="lost", b=NodeState.LOST))
+    inv = parse("defaults: {user: me}\nhosts: [{name: a, address: 10.0.0.1}, {name: b, address: 10.0.0.2}, "
+                "{name: c, address: 10.0.0.3}]\n", "lab.yaml")
+    nxt = attempts.next_hosts(inv.hosts, d.hosts, [], None)
+    assert isinstance(nxt, str)
+    line = policy.ends(d.why, nxt)
+    assert line == ("b lost: the machine's failure, not the job's; no healthy spare for b, and without "
+                    "--nodes MIN:MAX the run does not go on with fewer nodes")
+    assert "carrying on" not in line and "the run ends" not in line
+    # the job's own failure: said once that it ends, and why, without "the run ends" twice
+    job = policy.after_failure(failed("exception", summary="ValueError: boom"))
+    assert policy.ends(job.why).count("not moved") == 1 and "the run ends" not in job.why
+    # a retried job failure that then cannot start does not say "retried"
+    retry = policy.after_failure(failed("exception", summary="ValueError: boom"), retry_job_failures=True)
+    assert "retried" not in policy.ends(retry.why, "no healthy spare for b")
+
+
+@pytest.mark.parametrize("parts", [("a lost: x", ""), ("a lost: x; ", "  "), ("a lost: x", "restarts: 1 allows; "),
+                                   ("", "the next attempt could not start: ")])
+def test_the_end_line_never_dangles_a_separator(parts):
+    line = policy.ends(*parts)
+    assert not line.rstrip().endswith((";", ":", ",")) and "; ;" not in line and line == line.strip()

@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clusterddp import plan
 from clusterddp import top as T
@@ -303,3 +305,54 @@ def test_seconds_since_progress_on_the_nodes_clock_and_stalled_past_the_runs_tim
     assert _since(b) == "3m05s"
     b.since_progress = 7300.0
     assert _since(b) == "2h01m"
+
+
+@pytest.mark.parametrize(("line", "step"), [
+    ("Epoch 3 | rank 1", 3), ("[GPU0] Epoch 5 | Batchsize: 32 | Steps: 64", 5),  # pytorch/examples multinode.py
+    ("[GPU1] Epoch 2 Iter 40 | train Loss 0.10422", 40),                          # its minGPT-ddp: the iteration
+    ("epoch 3/10 loss 1.2", 3), ("Epoch: 4", 4), ("train_epoch=7", 7), ("[rank0]: Epoch 7 | x", 7),
+    ("iter 12", 12), ("Iteration: 7", 7), ("Iter 9/100", 9), ("[ 3/100] loss 2.1", 3), ("[3/100]", 3),
+    ("[step 12/500]", 12), ("global_step 12", 12), ("epoch=9 step=1000", 1000),
+    ("Steps: 64", None), ("epochs 5", None), ("myepoch 5", None), ("lr 3e-4 [1/2", None), ("loss 5", None),
+])
+def test_the_default_progress_regex_reads_epochs_iterations_and_n_of_m(line, step):
+    import re
+    m = re.compile(T.DEFAULT_PROGRESS).search(line)
+    assert (int(m.group(1)) if m else None) == step, line
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=" \t[]/:=#0123456789EepochstiraP_|", max_size=300))
+def test_the_default_progress_regex_finds_digits_or_nothing_and_is_one_group(text):
+    import re
+    rx = re.compile(T.DEFAULT_PROGRESS)
+    assert T.check_progress_regex(T.DEFAULT_PROGRESS) == T.DEFAULT_PROGRESS and rx.groups == 1
+    m = rx.search(text)
+    assert m is None or m.group(1).isdigit()
+
+
+@pytest.mark.parametrize("line", ["epoch" + " " * 60_000 + "x", "epoch " * 20_000, "[" + " " * 60_000,
+                                  "Epoch 1 " + "step " * 20_000, " " * 100_000 + "epoch", "iter" + " " * 60_000])
+def test_the_epoch_and_n_of_m_forms_refuse_a_long_line_in_linear_time(line):
+    import re
+    import time
+    t0 = time.process_time()
+    re.compile(T.DEFAULT_PROGRESS).search(line)
+    assert time.process_time() - t0 < 5.0
+
+
+def test_top_says_which_option_to_set_when_a_running_node_prints_no_step_it_reads():
+    import io
+
+    from rich.console import Console
+
+    from clusterddp.cli.top import STEP_HINT, table
+
+    def shown(step, line="batch 7 loss 0.1"):
+        snap = T.Snapshot(0.0, [T.RunView("r1", None, "running",
+                                          [T.NodeView("a", 0, "running", last_line=line, step=step)])])
+        out = io.StringIO()
+        Console(file=out, width=400, highlight=False).print(table(snap))
+        return out.getvalue()
+    assert "--progress-regex REGEX" in shown(None) and "--progress-regex" in STEP_HINT
+    assert "--progress-regex" not in shown(7) and "--progress-regex" not in shown(None, line=None)

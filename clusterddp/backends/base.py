@@ -217,7 +217,9 @@ def run_failed(store: RunStore, run_id: str, outcome: RunOutcome, status: RunSta
     print, and for a failed run the root cause (``explain``, the backend's diagnosis)."""
     said = {n.host: n.describe() for n in store.load(run_id).nodes}
     cause = explain() if status is RunStatus.FAILED else ()
-    return RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said, cause=cause)
+    failure = store.load(run_id).failure if cause else None  # the diagnosis explain() recorded
+    return RunFailed(run_id, list(outcome.nodes), outcome.first_failed, status, said, cause=cause,
+                     root=failure.host if failure is not None else None)
 
 
 def finish(store: RunStore, run_id: str, states: NodeStates, outcome: RunOutcome) -> RunStatus:
@@ -244,8 +246,24 @@ def check_script(path: str) -> Path:
     if script.is_dir():
         raise UsageError(f"script {path}: is a directory, not a script", _script_in(script))
     if not script.is_file():
-        raise UsageError(f"script {path}: no such file", "pass the path of your training script")
+        near = _near(script)
+        raise UsageError(f"script {path}: no such file" + (f"; did you mean {near}?" if near else ""),
+                         "pass the path of your training script")
     return script
+
+
+def _near(script: Path, most: int = 2000) -> str | None:
+    """The file of ``script``'s folder whose name is closest to its name (a misspelt ``trian.py``), or
+    None; the folder's first ``most`` entries are read, no more."""
+    import difflib
+    import itertools
+    folder = script.parent
+    try:
+        names = [p.name for p in itertools.islice(folder.iterdir(), most) if p.is_file()]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(script.name, names, n=1, cutoff=0.6)
+    return str(folder / close[0]) if close else None
 
 
 def _script_in(folder: Path) -> str:

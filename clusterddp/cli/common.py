@@ -357,11 +357,13 @@ class PrefixPrinter:
 
     def __init__(self, hosts: list[str], stream=None, raw: bool = False,
                  hide: Callable[[str, bytes], bool] | None = None, *, redraw_every: float = 10.0,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, teardown=None) -> None:
         import time
         self.stream = stream or sys.stdout
         self.raw = raw
         self.hide = hide  # `--quiet`: lines it says to hide are not printed (the log files keep them)
+        # `up`: torchrun's teardown (clusterddp.noise.Teardown) is not printed (the log files keep it)
+        self.teardown = teardown
         self.width = max((len(h) for h in hosts), default=0)
         self.redraw_every = redraw_every
         self._clock = clock or time.monotonic
@@ -432,6 +434,13 @@ class PrefixPrinter:
             self._held[host] = len(line) - at
 
     def _emit(self, host: str, line: bytes) -> None:
+        if self.teardown is None:
+            self._show(host, line)
+            return
+        for shown in self.teardown.feed(host, line):
+            self._show(host, shown)
+
+    def _show(self, host: str, line: bytes) -> None:
         if self.hide is not None and self.hide(host, line.rstrip(b"\r")):
             return
         prefix = f"[{host.ljust(self.width)}] "
@@ -451,6 +460,8 @@ class PrefixPrinter:
             for host in list(self._parts):
                 if self._held.get(host):
                     self._end_line(host, b"")
+            for host, line in self.teardown.drain() if self.teardown is not None else ():
+                self._show(host, line)  # a traceback whose end never came: shown after all
             self._parts.clear()
             self._held.clear()
             self._shown.clear()

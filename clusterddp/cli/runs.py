@@ -92,6 +92,7 @@ def runs(runs_dir: str = RUNS_DIR, as_json: bool = typer.Option(False, "--json",
 def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     """Ask every node whether its part of RUN still runs; update the run record."""
     from .. import backends
+    from ..errors import blame
     from ..record import RunStatus
     store = _store(runs_dir)
     run_id = store.resolve(run)
@@ -101,8 +102,9 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     # each node as it answers: one that is down must not hold back the others' lines for its connect timeout
     print(f"run {run_id}: looking at {_nodes(len(rec.nodes))}", flush=True)
     rec = backend.status(store, run_id, on_node=lambda n: print(_node_line(n), flush=True))
-    print(f"run {run_id}: {rec.status}" + (f" (failed first: {rec.failed_host})"
-                                          if rec.status is RunStatus.FAILED and rec.failed_host else ""))
+    root = rec.failure.host if rec.failure is not None else None
+    print(f"run {run_id}: {rec.status}" + (f" ({blame(rec.failed_host, root)})"
+                                          if rec.status is RunStatus.FAILED and (rec.failed_host or root) else ""))
     said = backend.describe(rec)
     if said:
         print(f"  {visible(said)}")

@@ -45,6 +45,11 @@ def _state(v: NodeView) -> str:
     return v.state + ("" if v.exit_code is None else f" {v.exit_code}")
 
 
+# under the table while a running node printed lines but none the progress regex reads
+STEP_HINT = ("step -: no line of the job's output has a step the progress regex reads (step N, iter N, [N/M], "
+             "Epoch N); `clusterddp top --progress-regex REGEX` says what a step line is, e.g. 'batch (\\d+)'")
+
+
 def table(snap: Snapshot):
     """The snapshot as a rich renderable: a table of every run's nodes (and the lab's leases, when
     clusterddp keeps any). Text from nodes is escaped and never read as markup."""
@@ -75,6 +80,8 @@ def table(snap: Snapshot):
     parts: list = [Text(f"clusterddp top - {time.strftime('%H:%M:%S')} - {len(snap.runs)} run(s)", style="bold"), t]
     if not snap.runs:
         parts.append(Text("no running runs"))
+    elif any(v.state == "running" and v.step is None and v.last_line for run in snap.runs for v in run.nodes):
+        parts.append(Text(STEP_HINT))
     if snap.leases is not None:  # top --inventory: the lab's GPU leases and queue
         lt = Table(box=None, pad_edge=False, header_style="bold", title="leases")
         keys = sorted({k for lease in snap.leases for k in lease})
@@ -96,7 +103,8 @@ def top(
     progress_regex: str | None = typer.Option(
         None, "--progress-regex", metavar="REGEX",
         help="Finds the step number in the job's output (its group, or the whole match): steps per second. "
-             "Default: 'step N' lines, as (?i)step\\s*[:=#]?\\s*(\\d+)."),
+             "Default: 'step N', 'iter N', '[N/M]' lines, and 'Epoch N' in a line without a step or "
+             "iteration (e.g. 'step 12', 'Step: 12', 'global_step=12', 'Iter 40', '[3/100]', 'epoch 3/10')."),
     interval: float = typer.Option(1.0, "--interval", min=0.2, max=3600, help="Seconds between refreshes."),
     inventory: str | None = typer.Option(None, "--inventory", metavar="INVENTORY",
                                          help="Also list every GPU lease and queue entry on this inventory's "

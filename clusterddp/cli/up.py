@@ -125,6 +125,7 @@ def up(
         events.printer.flush()
         tell_unmatched(events.results, "collect: ")  # at the end of the run: a glob that brought nothing back
         tell_hidden(events.hide, f"{prep.store.run_dir(prep.plan.run_id) / 'logs'}/")
+        tell_hidden(events.teardown, f"{prep.store.run_dir(prep.plan.run_id) / 'logs'}/")
     # The run is recorded, told and printed, and its connections are closed: nothing is left for the
     # interpreter's teardown, which took 0.11-0.14 s after every run (paramiko's and the nodes' threads).
     exit_quickly_when_done()
@@ -188,8 +189,10 @@ class Printed:
     with ``[host]`` prefixes, what was collected, what keep_runs did."""
 
     def __init__(self, raw: bool, hide) -> None:
+        from ..noise import Teardown
         self.hide = hide
-        self.printer = PrefixPrinter([], raw=raw, hide=hide)
+        self.teardown = Teardown()  # torchrun's teardown on a failure or a stop: the summary says it
+        self.printer = PrefixPrinter([], raw=raw, hide=hide, teardown=self.teardown)
         self.results: list = []  # every host's collect, for the end of the run (cli.collect.tell_unmatched)
 
     def say(self, line: str) -> None:

@@ -226,6 +226,16 @@ class Maybe(Rule):
 REQUIRED = object()  # a Field's default when the key must be given
 
 
+def _did_you_mean(key: object, known: list[str]) -> str:
+    """``; did you mean `hosts`?`` for an unknown ``key`` close to one of ``known`` (the block's keys
+    not given), else nothing. Bounded: a key is compared by its first 100 characters."""
+    import difflib
+    if not isinstance(key, str) or not known:
+        return ""
+    close = difflib.get_close_matches(key[:100].lower(), known, n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
 @dataclass(frozen=True)
 class Field:
     rule: Rule
@@ -253,10 +263,11 @@ class Model(Rule):
             return _refuse(out, loc, "input should be a mapping (`key: value` lines)")
         before = len(out)
         values = {}
+        missing = []  # said after the unknown keys: `host:` for `hosts:` is named first, with the fix
         for key, f in self.fields.items():
             if key not in v:
                 if f.default is REQUIRED:
-                    out.append(Problem((*loc, key), "missing", "required, but missing"))
+                    missing.append(Problem((*loc, key), "missing", "required, but missing"))
                 values[key] = None if f.default is REQUIRED else _fresh(f.default, (*loc, key), out)
                 continue
             raw = v[key]
@@ -268,7 +279,14 @@ class Model(Rule):
                     continue
             values[key] = f.rule.check(raw, (*loc, key), out)
         if self.extra == "forbid":
-            out.extend(Problem((*loc, k), "extra_forbidden", "unknown key") for k in v if k not in self.fields)
+            unused = [k for k in self.fields if k not in v]
+            for k in v:
+                if k not in self.fields:
+                    meant = _did_you_mean(k, unused)
+                    out.append(Problem((*loc, k), "extra_forbidden", "unknown key" + meant))
+                    # `host:` for `hosts:`: one problem, not a second "hosts: required, but missing"
+                    missing = [p for p in missing if not meant.endswith(f"`{p.loc[-1]}`?")]
+        out.extend(missing)
         if len(out) > before:
             return _BAD
         entry = Entry(**values)
@@ -338,6 +356,17 @@ _one_line = _problem(control_problem)
 def Line(*then: Check, shape: dict[str, Any] | None = None) -> Str:  # noqa: N802 - named as the other rules are
     """One-line text (setup lines and env values may hold control characters; the rest may not)."""
     return Str(_one_line, *then, shape=shape)
+
+
+def _no_hostname(v: str) -> str:
+    """`workdir:` is used as given on the launcher (run folders, uploads, collects name its paths), so
+    ``%h`` (the node's hostname, filled in only in ``lease_dir``, on the node) would be a folder named
+    ``%h``: refused."""
+    if "%h" in v:
+        raise ValueError("%h is filled in only in lease_dir; in workdir it would be a folder named %h. "
+                         "Leave it out (each run has its own folder under workdir), or give a host its own "
+                         "workdir under its hosts: entry")
+    return v
 
 
 def _progress_regex(v: str) -> str:
@@ -443,7 +472,7 @@ SETTINGS = Model("_Settings", {
     "host_key_policy": Field(Maybe(Choice("strict", "accept-new"))),
     "gpus": Field(Maybe(GPUS)),
     "python": Field(Maybe(Line())),
-    "workdir": Field(Maybe(Line())),
+    "workdir": Field(Maybe(Line(_no_hostname, shape={"not": {"pattern": "%h"}}))),
     "env": Field(Maybe(ENV)),
     "setup": Field(Maybe(ListOf(Str()))),
     "connect_timeout": Field(Maybe(Number(gt=0, le=3600, seconds=True))),

@@ -78,7 +78,8 @@ def _where(path: str, root: yaml.Node | None, loc: tuple, line: int | None = Non
 
 def _message(p: Problem) -> str:
     if p.kind == "extra_forbidden":
-        return "unknown key; check its spelling against docs/inventory.md, \"Inventory reference\""
+        return p.msg if "did you mean" in p.msg else \
+            "unknown key; check its spelling against docs/inventory.md, \"Every field\""
     if p.kind == "too_short":
         return "must list at least one host"
     return p.msg

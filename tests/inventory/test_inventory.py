@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from clusterddp import inventory
 from clusterddp.errors import InventoryError
@@ -353,3 +355,69 @@ def test_every_command_reads_its_inventory_through_one_loader(tmp_path):
     assert base.load_inventory("local", 3).hosts[0].gpus == 3
     assert check.load_inventory is exec_.load_inventory is leases.load_inventory is common.load_inventory
     assert "from .common import load_inventory" in inspect.getsource(top)
+
+
+# ---- a misspelt key: named, with the key it is close to (issue 39 §6) ----
+
+@pytest.mark.parametrize(("text", "line", "field", "meant"), [
+    ("host:\n  - {name: a, address: 10.0.0.1}\n", 1, "host", "hosts"),
+    ("hosts:\n  - {name: a, adress: 10.0.0.1}\n", 2, "hosts[0].adress", "address"),
+    ("defaults: {usr: me}\nhosts: [{name: a, address: 10.0.0.1}]\n", 1, "defaults.usr", "user"),
+    ("hosts: [{name: a, address: 10.0.0.1}]\nspare:\n  - {name: s, address: 10.0.0.2}\n", 2, "spare", "spares"),
+    ("hosts: [{name: a, address: 10.0.0.1}]\nStall_Timeout: 30\n", 2, "Stall_Timeout", "stall_timeout"),
+])
+def test_a_misspelt_key_is_named_first_with_the_key_it_is_close_to(text, line, field, meant):
+    with pytest.raises(InventoryError) as e:
+        inventory.parse(text, "lab.yaml")
+    said = str(e.value).splitlines()[0]
+    assert said == f"lab.yaml:{line}: {field}: unknown key; did you mean `{meant}`?", said
+    assert "required, but missing" not in said
+    if field == "host":  # one slip, one problem: not also "hosts: required, but missing" after it
+        assert "more problem" not in str(e.value), str(e.value)
+
+
+def test_a_key_close_to_nothing_keeps_the_readme_hint_and_a_given_key_is_never_suggested():
+    with pytest.raises(InventoryError) as e:
+        inventory.parse("hosts: [{name: a, address: 10.0.0.1}]\ncolour: red\n", "lab.yaml")
+    assert "colour: unknown key; check its spelling against docs/inventory.md, \"Every field\"" in str(e.value)
+    # `hosts:` is there: `host:` beside it is not "did you mean hosts" (it is given already)
+    with pytest.raises(InventoryError) as e:
+        inventory.parse("hosts: [{name: a, address: 10.0.0.1}]\nhost: x\n", "lab.yaml")
+    assert "did you mean" not in str(e.value)
+
+
+_TOP_KEYS = ("hosts", "defaults", "spares", "master", "fanout", "stall_timeout", "keep_runs", "notify")
+
+
+@settings(max_examples=150, deadline=None)
+@given(key=st.sampled_from(_TOP_KEYS), at=st.integers(0, 20), how=st.sampled_from(("drop", "double", "swap")))
+def test_any_one_slip_in_a_top_level_key_is_refused_naming_that_key(key, at, how):
+    """A key one slip away from a real one (a letter dropped, doubled or two swapped): refused at its
+    line, the slip named as given, and any suggestion a real key."""
+    from clusterddp.inventory._inventory_schema import INVENTORY
+    i = at % len(key)
+    slip = {"drop": key[:i] + key[i + 1:], "double": key[:i] + key[i] + key[i:],
+            "swap": key[:i] + key[i + 1:i + 2] + key[i:i + 1] + key[i + 2:]}[how]
+    assume(slip not in INVENTORY.fields and slip)
+    text = "hosts: [{name: a, address: 10.0.0.1}]\n" if key != "hosts" else ""
+    text += f"{slip}: 1\n"
+    with pytest.raises(InventoryError) as e:
+        inventory.parse(text, "lab.yaml")
+    said = str(e.value).splitlines()[0]
+    assert said.startswith(f"lab.yaml:{1 if key == 'hosts' else 2}: {slip}: unknown key"), said
+    if "did you mean" in said:
+        meant = said.rsplit("`", 2)[1]
+        assert meant in INVENTORY.fields
+
+
+@pytest.mark.parametrize("where", ["defaults: {workdir: /scratch/%h/ddp}\nhosts: [{name: a, address: 10.0.0.1}]\n",
+                                   "hosts: [{name: a, address: 10.0.0.1, workdir: '~/%h'}]\n"])
+def test_percent_h_in_workdir_is_refused_not_taken_as_a_folder_named_percent_h(where):
+    """%h is the node's hostname only in lease_dir (filled in on the node); the launcher names paths
+    under workdir as given, so a workdir with %h would be a literal folder `%h`: refused, located."""
+    e = error_of(where)
+    assert e.field in ("defaults.workdir", "hosts[0].workdir") and e.line == 1 and e.exit_code == 2
+    assert "%h is filled in only in lease_dir" in str(e)
+    # in lease_dir it stays what it was
+    inv = inventory.parse("defaults: {lease_dir: /var/lib/l/%h}\nhosts: [{name: a, address: 10.0.0.1}]\n", "l.yaml")
+    assert inv.hosts[0].lease_dir == "/var/lib/l/%h"

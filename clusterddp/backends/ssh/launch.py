@@ -525,20 +525,21 @@ def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, 
                                     struck=quarantine.Quarantine().struck(rec))
 
     if not decision.carry_on:
-        _ends(prep, events, attempt, f"{decision.why}; not moved to another machine")
+        _ends(prep, events, attempt, decision.why)
         return None
     if attempt - 1 >= budget:
         restarts = prep.plan.inventory.restarts
         limit = (f"--max-restarts {req.spec.max_restarts}" if req.spec.max_restarts
                  else f"restarts: {restarts} (the inventory's)" if restarts is not None
                  else "--nodes {}:{}".format(*req.nodes or (0, 0)))
-        _ends(prep, events, attempt, f"{decision.why}; {limit} allows no more attempts", decision.hosts)
+        _ends(prep, events, attempt, policy.ends(decision.why, f"{limit} allows no more attempts"), decision.hosts)
         return None
     try:
         return _start_next(prep, req, events, attempt, rec, decision)
     except ClusterDDPError as e:
-        _ends(prep, events, attempt, f"{decision.why}; the next attempt could not start: "
-              f"{str(e).splitlines()[0]}", decision.hosts)
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        _ends(prep, events, attempt, policy.ends(decision.why, f"the next attempt could not start: {first}"),
+              decision.hosts)
         return None
 
 
@@ -555,7 +556,7 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
                 decision: Decision) -> tuple[Prepared, Fleet] | None:
     """:func:`_next_attempt`'s work once the run may go on: spares checked, hosts chosen, the hosts that
     stay readied, the plan leased and recorded; None when no choice of hosts lets it go on."""
-    from ... import mirror, quarantine
+    from ... import mirror, policy, quarantine
     from ...errors import QuarantineError
     from ...record import Attempt
     from ...store import utcnow
@@ -576,7 +577,7 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
         nxt = attempts.next_hosts(inv.hosts, decision.hosts, healthy, req.nodes)
         if isinstance(nxt, str):
             fleet.close()
-            _ends(prep, events, attempt, f"{decision.why}; {nxt}", decision.hosts)
+            _ends(prep, events, attempt, policy.ends(decision.why, nxt), decision.hosts)
             return None
         # The hosts that stay start in fresh control folders (the old attempt's moved aside, on the node and here).
         kept = [n for n in old.nodes if n.host.name not in nxt.out]
@@ -590,7 +591,7 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
         chosen = _lease_next(prep, req, events, attempt, decision, healthy, fleet, nxt)
         if isinstance(chosen, str):
             fleet.close()
-            _ends(prep, events, attempt, f"{decision.why}; {chosen}", decision.hosts)
+            _ends(prep, events, attempt, policy.ends(decision.why, chosen), decision.hosts)
             return None
         new, lease, nxt = chosen
         for s in spares:
