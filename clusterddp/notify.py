@@ -106,7 +106,11 @@ def label(t: NotifyTarget) -> str:
         return f"command ({t.where})"
     if t.kind == "webhook_file":
         return f"webhook in {t.value} ({t.where})"
-    return f"webhook {urlsplit(t.value).hostname} ({t.where})"
+    try:
+        host = urlsplit(t.value).hostname or "?"
+    except ValueError:
+        host = "?"  # webhook_problem refuses such a URL; a label never raises
+    return f"webhook {host} ({t.where})"
 
 
 def wants(t: NotifyTarget, event: dict) -> bool:
@@ -309,7 +313,8 @@ def deliver(targets: Sequence[NotifyTarget], event: dict, *, sleep: Callable[[fl
         try:
             done[i] = _tell(t, event, body, sleep, send)
         except Exception as e:  # noqa: BLE001 - a notification never changes the run's outcome
-            done[i] = Delivery(t, False, 1, f"{type(e).__name__}: {str(e)[:MAX_SAID]}")
+            said = node_notify.scrub(str(e), t.value) if t.kind == "webhook" else str(e)
+            done[i] = Delivery(t, False, 1, f"{type(e).__name__}: {said}"[:MAX_SAID])
     threads = [threading.Thread(target=one, args=(i, t), daemon=True, name=f"notify-{i}")
                for i, t in enumerate(chosen)]
     for th in threads:
@@ -372,8 +377,11 @@ def arm(fleet: Any, node: Any, rec: RunRecord, targets: Sequence[NotifyTarget]) 
             raise ClusterDDPError(f"exit {res.exit_code}: "
                                   f"{res.stderr.decode('utf-8', 'replace').strip()[-MAX_SAID:] or 'no answer'}")
     except Exception as e:  # noqa: BLE001 - a notification never changes the run's outcome
+        said = str(e)
+        for t in webhooks:
+            said = node_notify.scrub(said, t.value)
         return [], [*warn, f"notify: {host} (node 0) could not be set to tell this run's end, so "
-                           f"{', '.join(label(t) for t in webhooks)} will not be told of it: {str(e)[:MAX_SAID]}"]
+                           f"{', '.join(label(t) for t in webhooks)} will not be told of it: {said[:MAX_SAID]}"]
     return [f"notify: node 0 ({host}) tells this run's end to {', '.join(label(t) for t in webhooks)}"], warn
 
 
