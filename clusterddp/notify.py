@@ -244,9 +244,7 @@ def post(url: str, body: bytes, timeout: float) -> tuple[str, str]:
 def run_command(command: str, body: bytes, timeout: float, event: dict) -> str:
     """``command`` in ``sh -c``, the event on its stdin, its fields filled in; bounded by ``timeout``
     (its whole process group ended past it). Raises :class:`ClusterDDPError` when it fails."""
-    safe = {k: _safe(event.get(k)) for k in ("event", "status", "run_id", "host", "schedule")}
-    safe["host"] = _safe(event.get("failed_host"))
-    text = command.format_map(safe)
+    text = fill(command, event)
     try:
         p = subprocess.Popen(["/bin/sh", "-c", text], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
@@ -261,6 +259,14 @@ def run_command(command: str, body: bytes, timeout: float, event: dict) -> str:
         said = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
         raise ClusterDDPError(f"exit {p.returncode}" + (f": {said[0][:MAX_SAID]}" if said[0] else ""))
     return "exit 0"
+
+
+def fill(command: str, event: dict) -> str:
+    """``command`` (checked: :func:`~clusterddp.inventory.notify_command_problem`) with ``event``'s
+    fields filled in its braces, each a word of a fixed alphabet or nothing (:func:`_safe`)."""
+    safe = {k: _safe(event.get(k)) for k in ("event", "status", "run_id", "host", "schedule")}
+    safe["host"] = _safe(event.get("failed_host"))
+    return command.format_map(safe)
 
 
 def _end_group(p: subprocess.Popen) -> None:

@@ -54,24 +54,21 @@ MAX_SAID = 200
 MAX_ERROR_BYTES = 64 * 1024
 
 
-def _secrets(url: str) -> "list[str]":
+def _secrets(url: str) -> "list[str] | None":
     """Every part of ``url`` that may be secret, longest first: all of it but its scheme and host (the
-    user and password before ``@``, the path, the query, the fragment), as written and percent-decoded."""
+    user and password before ``@``, the path, the query, the fragment), as written, percent-decoded and
+    as ``%r`` quotes them. None for a URL that cannot be split: where its secret is cannot be told."""
     from urllib.parse import unquote
-    url = url if isinstance(url, str) else str(url)
     try:
         parts = urlsplit(url)
-    except Exception:  # noqa: BLE001 - a URL urlsplit refuses: cut it at every separator instead
-        parts = None
-    pieces = [url]
-    if parts is not None:
-        userinfo = parts.netloc.rpartition("@")[0]
-        user, _, password = userinfo.partition(":")
-        rest = parts.path + ("?" + parts.query if parts.query else "") + ("#" + parts.fragment if parts.fragment else "")
-        pieces += [parts.netloc, userinfo, user, password, rest, parts.path, parts.query, parts.fragment]
-        pieces += [p for p in parts.path.split("/")]
-    else:
-        pieces += url.replace("?", "/").replace("#", "/").replace("@", "/").split("/")
+        parts.port  # noqa: B018 - raises for a URL whose host part cannot be read
+    except Exception:  # noqa: BLE001 - not a str, brackets urlsplit refuses
+        return None
+    userinfo = parts.netloc.rpartition("@")[0]
+    user, _, password = userinfo.partition(":")
+    rest = parts.path + ("?" + parts.query if parts.query else "") + ("#" + parts.fragment if parts.fragment else "")
+    pieces = [url, parts.netloc, userinfo, user, password, rest, parts.path, parts.query, parts.fragment]
+    pieces += parts.path.split("/")
     pieces += [unquote(p) for p in pieces]
     pieces += [repr(p)[1:-1] for p in pieces]  # as a message's %r quotes it
     return sorted({p for p in pieces if len(p) > 1}, key=len, reverse=True)
@@ -79,8 +76,12 @@ def _secrets(url: str) -> "list[str]":
 
 def scrub(text: str, url: str) -> str:
     """``text`` without any part of ``url`` but its scheme and host (:func:`_secrets`), should a library
-    have quoted them: every exception text goes through here before it is said."""
-    for piece in _secrets(url):
+    have quoted them: every exception text goes through here before it is said. Of a URL that cannot
+    be split, nothing is said (``...``)."""
+    secrets = _secrets(url)
+    if secrets is None:
+        return "..."
+    for piece in secrets:
         text = text.replace(piece, "...")
     return text
 
@@ -444,7 +445,8 @@ def parse_reach(text: str) -> dict:
         raise ReplyError("no %s line in the answer" % MARK.strip())
     got = loads(line)
     if not isinstance(got, dict) or not isinstance(got.get("ok"), bool) or not isinstance(got.get("said"), str) \
-            or not isinstance(got.get("s"), (int, float)):
+            or not isinstance(got.get("s"), (int, float)) or isinstance(got["s"], bool) \
+            or not 0 <= got["s"] <= 1e6:  # seconds of one bounded connect (a huge int: no OverflowError)
         raise ReplyError("not a reach answer")
     return {"ok": got["ok"], "said": got["said"][:MAX_SAID], "s": float(got["s"])}
 
