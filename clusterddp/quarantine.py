@@ -85,7 +85,7 @@ def _entry(d: object, where: str) -> Entry:
             raise ValueError(f"{where}.{key}: missing or of the wrong type")
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"{where}.{key}: not a finite number")
-        if key in ("since", "until") and not 0 <= v <= LAST_TIME:
+        if key in ("since", "until") and isinstance(v, int | float) and not 0 <= v <= LAST_TIME:
             raise ValueError(f"{where}.{key}: not a time between 1970 and 9999 (epoch seconds)")
         if isinstance(v, str) and (len(v) > MOST_TEXT or "\n" in v or "\r" in v):
             raise ValueError(f"{where}.{key}: longer than {MOST_TEXT} characters or more than one line")

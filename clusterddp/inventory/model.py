@@ -183,7 +183,8 @@ def webhook_problem(url: str) -> str | None:
 
 
 # Names of a cloud's instance metadata service, refused as webhook hosts as its link-local address is
-METADATA_HOSTS = ("metadata.google.internal", "metadata.goog", "metadata", "instance-data", "instance-data.ec2.internal")
+METADATA_HOSTS = ("metadata.google.internal", "metadata.goog", "metadata", "instance-data",
+                  "instance-data.ec2.internal")
 
 
 def notify_command_problem(command: str) -> str | None:

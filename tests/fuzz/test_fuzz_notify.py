@@ -218,7 +218,8 @@ RUN = "20261202-020000-ab12"
 
 
 def torchrun_error(message: str) -> bytes:
-    return json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": "...", "timestamp": "1"}}}).encode()
+    info = {"py_callstack": "...", "timestamp": "1"}
+    return json.dumps({"message": {"message": message, "extraInfo": info}}).encode()
 
 
 @st.composite
