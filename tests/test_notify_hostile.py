@@ -123,7 +123,7 @@ def test_every_message_of_a_failed_post_is_scrubbed_of_all_but_the_host():
     for piece in (PASSWORD, USER, "T0K3N", "Q5ECRET", "FRAG"):
         assert piece not in said, said
     assert "127.0.0.1" in said
-    # control characters in the path: http.client's message quotes the URL with %r
+    # a control character in the path: refused before any library can quote the URL
     how, said = node_notify.post(f"http://{USER}:{PASSWORD}@127.0.0.1:1/x\x01{PASSWORD}", b"{}", 2, "t")
     assert how == "will not pass" and PASSWORD not in said and USER not in said, said
 

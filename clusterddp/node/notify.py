@@ -59,10 +59,12 @@ def _secrets(url: str) -> "list[str] | None":
     user and password before ``@``, the path, the query, the fragment), as written, percent-decoded and
     as ``%r`` quotes them. None for a URL that cannot be split: where its secret is cannot be told."""
     from urllib.parse import unquote
+    if not isinstance(url, str) or any(c in url for c in "\t\r\n"):
+        return None  # urlsplit drops these before it splits: its parts are not what a message quotes
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises for a URL whose host part cannot be read
-    except Exception:  # noqa: BLE001 - not a str, brackets urlsplit refuses
+    except Exception:  # noqa: BLE001 - brackets urlsplit refuses
         return None
     userinfo = parts.netloc.rpartition("@")[0]
     user, _, password = userinfo.partition(":")
@@ -136,6 +138,8 @@ def _post(url: str, body: bytes, timeout: float, agent: str) -> "tuple[str, str]
             raise urllib.error.HTTPError(req.full_url, code, "redirected (%s); give the URL it points to" % msg,
                                          headers, fp)
 
+    if any(ord(c) < 33 or ord(c) == 127 for c in url):
+        return "will not pass", "the URL holds a space or a control character: not sent"
     try:
         plain, auth = _plain(url)
         parts = urlsplit(plain)
