@@ -106,7 +106,11 @@ def label(t: NotifyTarget) -> str:
         return f"command ({t.where})"
     if t.kind == "webhook_file":
         return f"webhook in {t.value} ({t.where})"
-    return f"webhook {urlsplit(t.value).hostname} ({t.where})"
+    try:
+        host = urlsplit(t.value).hostname or "?"
+    except ValueError:
+        host = "?"  # webhook_problem refuses such a URL; a label never raises
+    return f"webhook {host} ({t.where})"
 
 
 def wants(t: NotifyTarget, event: dict) -> bool:
@@ -242,9 +246,7 @@ def post(url: str, body: bytes, timeout: float) -> tuple[str, str]:
 def run_command(command: str, body: bytes, timeout: float, event: dict) -> str:
     """``command`` in ``sh -c``, the event on its stdin, its fields filled in; bounded by ``timeout``
     (its whole process group ended past it). Raises :class:`ClusterDDPError` when it fails."""
-    safe = {k: _safe(event.get(k)) for k in ("event", "status", "run_id", "host", "schedule")}
-    safe["host"] = _safe(event.get("failed_host"))
-    text = command.format_map(safe)
+    text = fill(command, event)
     try:
         p = subprocess.Popen(["/bin/sh", "-c", text], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
@@ -259,6 +261,14 @@ def run_command(command: str, body: bytes, timeout: float, event: dict) -> str:
         said = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
         raise ClusterDDPError(f"exit {p.returncode}" + (f": {said[0][:MAX_SAID]}" if said[0] else ""))
     return "exit 0"
+
+
+def fill(command: str, event: dict) -> str:
+    """``command`` (checked: :func:`~clusterddp.inventory.notify_command_problem`) with ``event``'s
+    fields filled in its braces, each a word of a fixed alphabet or nothing (:func:`_safe`)."""
+    safe = {k: _safe(event.get(k)) for k in ("event", "status", "run_id", "host", "schedule")}
+    safe["host"] = _safe(event.get("failed_host"))
+    return command.format_map(safe)
 
 
 def _end_group(p: subprocess.Popen) -> None:
@@ -311,7 +321,8 @@ def deliver(targets: Sequence[NotifyTarget], event: dict, *, sleep: Callable[[fl
         try:
             done[i] = _tell(t, event, body, sleep, send)
         except Exception as e:  # noqa: BLE001 - a notification never changes the run's outcome
-            done[i] = Delivery(t, False, 1, f"{type(e).__name__}: {str(e)[:MAX_SAID]}")
+            said = node_notify.scrub(str(e), t.value) if t.kind == "webhook" else str(e)
+            done[i] = Delivery(t, False, 1, f"{type(e).__name__}: {said}"[:MAX_SAID])
     threads = [threading.Thread(target=one, args=(i, t), daemon=True, name=f"notify-{i}")
                for i, t in enumerate(chosen)]
     for th in threads:
@@ -374,8 +385,11 @@ def arm(fleet: Any, node: Any, rec: RunRecord, targets: Sequence[NotifyTarget]) 
             raise ClusterDDPError(f"exit {res.exit_code}: "
                                   f"{res.stderr.decode('utf-8', 'replace').strip()[-MAX_SAID:] or 'no answer'}")
     except Exception as e:  # noqa: BLE001 - a notification never changes the run's outcome
+        said = str(e)
+        for t in webhooks:
+            said = node_notify.scrub(said, t.value)
         return [], [*warn, f"notify: {host} (node 0) could not be set to tell this run's end, so "
-                           f"{', '.join(label(t) for t in webhooks)} will not be told of it: {str(e)[:MAX_SAID]}"]
+                           f"{', '.join(label(t) for t in webhooks)} will not be told of it: {said[:MAX_SAID]}"]
     return [f"notify: node 0 ({host}) tells this run's end to {', '.join(label(t) for t in webhooks)}"], warn
 
 

@@ -40,6 +40,8 @@ MOST_ENTRIES = 10_000
 MOST_TEXT = 500
 LOCK_WAIT_S = 10.0
 FILE_NAME = "quarantine.json"
+LAST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: no time in the file is later (nor before 1970)
+MOST_FOR_S = 100 * 365 * 86400.0  # `quarantine add --for`: at most 100 years
 
 
 def state_dir() -> Path:
@@ -83,6 +85,8 @@ def _entry(d: object, where: str) -> Entry:
             raise ValueError(f"{where}.{key}: missing or of the wrong type")
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"{where}.{key}: not a finite number")
+        if key in ("since", "until") and isinstance(v, int | float) and not 0 <= v <= LAST_TIME:
+            raise ValueError(f"{where}.{key}: not a time between 1970 and 9999 (epoch seconds)")
         if isinstance(v, str) and (len(v) > MOST_TEXT or "\n" in v or "\r" in v):
             raise ValueError(f"{where}.{key}: longer than {MOST_TEXT} characters or more than one line")
         out[key] = v
@@ -220,7 +224,12 @@ def refuse(hosts, q: Quarantine | None = None, now: float | None = None) -> None
 
 
 def stamp(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S%z", time.localtime(t))
+    """``t`` (epoch seconds) as a local date and time; never raises (a time past what the C library can
+    say is said as epoch seconds)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S%z", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"{t:.0f} (epoch seconds)" if math.isfinite(t) else str(t)
 
 
 # ---- the file ----

@@ -35,7 +35,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print a JSON list.
 def add(
     inventory: str = typer.Argument(..., help="Inventory YAML file that lists the host."),
     host: str = typer.Argument(..., help="The host's name in the inventory."),
-    for_: str = typer.Option("2h", "--for", metavar="AGE", help="How long: 30m, 12h, 7d, 2w."),
+    for_: str = typer.Option("2h", "--for", metavar="AGE", help="How long: 30m, 12h, 7d, 2w (at most 100 years)."),
     why: str = typer.Option("set aside by hand", "--why", help="One line saying why."),
 ) -> None:
     """Set HOST aside by hand: runs and schedules refuse it until the time is up or it is released."""
@@ -43,7 +43,7 @@ def add(
 
     from ..errors import UsageError
     from ..prune import parse_age
-    from ..quarantine import MOST_TEXT, Entry, Quarantine, machine, stamp
+    from ..quarantine import MOST_FOR_S, MOST_TEXT, Entry, Quarantine, machine, stamp
     inv = load_inventory(inventory, None, None)
     found = [h for h in inv.hosts if h.name == host]
     if not found:
@@ -51,6 +51,9 @@ def add(
     if "\n" in why or len(why) > MOST_TEXT:
         raise UsageError(f"--why: one line of at most {MOST_TEXT} characters", "shorten it")
     seconds = parse_age(for_, "--for")
+    if not seconds <= MOST_FOR_S:
+        raise UsageError(f"--for {for_[:40]}: longer than 100 years",
+                         "give at most 5200w; `clusterddp quarantine release` lets a host back at any time")
     h, now = found[0], time.time()
     e = Entry(machine(h.address, h.port), h.name, now, now + seconds, why, None)
     Quarantine().add([e])

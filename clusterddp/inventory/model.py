@@ -175,7 +175,16 @@ def webhook_problem(url: str) -> str | None:
         return "is not a URL"
     if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
         return "must be an http:// or https:// URL with a host, e.g. https://hooks.slack.com/services/..."
+    from ..node.notify import link_local
+    if link_local(parts.hostname) or parts.hostname.rstrip(".").lower() in METADATA_HOSTS:
+        return ("names a link-local address or a cloud's metadata service (169.254.0.0/16, fe80::/10, "
+                f"{parts.hostname}), never a webhook receiver; give the receiver's own address")
     return None
+
+
+# Names of a cloud's instance metadata service, refused as webhook hosts as its link-local address is
+METADATA_HOSTS = ("metadata.google.internal", "metadata.goog", "metadata", "instance-data",
+                  "instance-data.ec2.internal")
 
 
 def notify_command_problem(command: str) -> str | None:

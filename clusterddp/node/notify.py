@@ -54,40 +54,124 @@ MAX_SAID = 200
 MAX_ERROR_BYTES = 64 * 1024
 
 
-def _scrub(text: str, url: str) -> str:
-    """``text`` without the URL or its path and query (the token), should a library have quoted them."""
-    parts = urlsplit(url)
-    for piece in (url, parts.path + ("?" + parts.query if parts.query else ""), parts.query, parts.path):
-        if len(piece) > 1:
-            text = text.replace(piece, "...")
+def _secrets(url: str) -> "list[str] | None":
+    """Every part of ``url`` that may be secret, longest first: all of it but its scheme and host (the
+    user and password before ``@``, the path, the query, the fragment), as written, percent-decoded and
+    as ``%r`` quotes them. None for a URL that cannot be split: where its secret is cannot be told."""
+    from urllib.parse import unquote
+    if not isinstance(url, str) or any(c in url for c in "\t\r\n"):
+        return None  # urlsplit drops these before it splits: its parts are not what a message quotes
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises for a URL whose host part cannot be read
+    except Exception:  # noqa: BLE001 - brackets urlsplit refuses
+        return None
+    userinfo = parts.netloc.rpartition("@")[0]
+    user, _, password = userinfo.partition(":")
+    rest = parts.path + ("?" + parts.query if parts.query else "") + ("#" + parts.fragment if parts.fragment else "")
+    pieces = [url, parts.netloc, userinfo, user, password, rest, parts.path, parts.query, parts.fragment]
+    pieces += parts.path.split("/")
+    pieces += [unquote(p) for p in pieces]
+    pieces += [repr(p)[1:-1] for p in pieces]  # as a message's %r quotes it
+    return sorted({p for p in pieces if len(p) > 1}, key=len, reverse=True)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` without any part of ``url`` but its scheme and host (:func:`_secrets`), should a library
+    have quoted them: every exception text goes through here before it is said. Of a URL that cannot
+    be split, nothing is said (``...``)."""
+    secrets = _secrets(url)
+    if secrets is None:
+        return "..."
+    for piece in secrets:
+        text = text.replace(piece, "...")
     return text
 
 
+def _plain(url: str) -> "tuple[str, str | None]":
+    """``url`` without the ``user:password@`` before its host, and the Basic authorization it stands
+    for (None when it has none): urllib would take them for part of the host (and its port)."""
+    import base64
+    from urllib.parse import unquote, urlunsplit
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(("%s:%s" % (unquote(user), unquote(password))).encode("utf-8")).decode("ascii")
+    return urlunsplit((parts.scheme, hostport, parts.path, parts.query, "")), "Basic " + token
+
+
+def link_local(address: str) -> bool:
+    """Whether ``address`` (an IP address, a zone after ``%`` allowed) is link-local: 169.254.0.0/16 or
+    fe80::/10 (mapped into IPv6 too), or AWS's IPv6 metadata address: where a cloud machine's instance
+    metadata service answers, never a webhook receiver."""
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_link_local or (mapped is not None and mapped.is_link_local) or \
+        ip == ipaddress.ip_address("fd00:ec2::254")
+
+
 def post(url: str, body: bytes, timeout: float, agent: str) -> "tuple[str, str]":
-    """One POST: ("ok" | "may pass" | "will not pass", what the receiver said); never raises. A webhook that
-    redirects is a wrong URL: that is said, and the event is never POSTed on to where it points."""
-    import urllib.error  # here, not at the top: the launcher imports this module for its names (plan.py),
-    import urllib.request  # and urllib.request with http.client cost every command 0.02-0.03 s
+    """One POST: ("ok" | "may pass" | "will not pass", what the receiver said); never raises, and what it
+    says never holds a part of ``url`` but its host (:func:`scrub`). A ``user:password@`` in the URL is
+    sent as a Basic authorization header. A webhook that redirects is a wrong URL: that is said, and the
+    event is never POSTed on to where it points. A receiver whose address is link-local (a cloud's
+    metadata service) is never sent to. An answer's status decides: its body is not waited for."""
+    try:
+        return _post(url, body, timeout, agent)
+    except Exception as e:  # noqa: BLE001 - whatever a library raises, it is a line, never a traceback
+        return "will not pass", ("%s: %s" % (type(e).__name__, scrub(str(e), url)))[:MAX_SAID]
+
+
+def _post(url: str, body: bytes, timeout: float, agent: str) -> "tuple[str, str]":
+    import http.client  # here, not at the top: the launcher imports this module for its names (plan.py),
+    import urllib.error  # and urllib.request with http.client cost every command 0.02-0.03 s
+    import urllib.request
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, req, fp, code, msg, headers, newurl):
             raise urllib.error.HTTPError(req.full_url, code, "redirected (%s); give the URL it points to" % msg,
                                          headers, fp)
 
-    req = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": "application/json", "User-Agent": agent})
+    if any(ord(c) < 33 or ord(c) == 127 for c in url):
+        return "will not pass", "the URL holds a space or a control character: not sent"
     try:
+        plain, auth = _plain(url)
+        parts = urlsplit(plain)
+        host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            found = []  # said by the POST's own lookup, below
+        if any(link_local(str(a[4][0])) for a in found):
+            return "will not pass", "its address is link-local (a cloud's metadata service), never a webhook's: " \
+                "not sent"
+        headers = {"Content-Type": "application/json", "User-Agent": agent}
+        if auth:
+            headers["Authorization"] = auth
+        req = urllib.request.Request(plain, data=body, method="POST", headers=headers)
         with urllib.request.build_opener(NoRedirect).open(req, timeout=timeout) as r:
-            r.read(MAX_ANSWER)
-            return "ok", "HTTP %d" % r.status
+            return "ok", "HTTP %d" % r.status  # told: a body that follows slowly changes nothing
     except urllib.error.HTTPError as e:
-        said = ("HTTP %d %s" % (e.code, _scrub(str(e.reason), url)[:MAX_SAID])).rstrip()
+        said = ("HTTP %d %s" % (e.code, scrub(str(e.reason), url))).rstrip()[:MAX_SAID]
+        try:
+            e.close()
+        except Exception:  # noqa: BLE001
+            pass
         return ("may pass" if e.code >= 500 or e.code == 429 else "will not pass"), said
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
+    except Exception as e:  # noqa: BLE001 - see post
+        reason = getattr(e, "reason", e) if isinstance(e, urllib.error.URLError) else e
         if isinstance(reason, (socket.timeout, TimeoutError)):
             return "may pass", "no answer within %gs" % timeout
-        return "may pass", "%s: %s" % (type(reason).__name__, _scrub(str(reason), url)[:MAX_SAID])
+        passes = isinstance(reason, (OSError, http.client.HTTPException)) and \
+            not isinstance(reason, http.client.InvalidURL)
+        return ("may pass" if passes else "will not pass"), \
+            ("%s: %s" % (type(reason).__name__, scrub(str(reason), url)))[:MAX_SAID]
 
 
 def tell(target: dict, body: bytes, attempts: int, backoff: "list[float]", agent: str,
@@ -185,10 +269,13 @@ def _said_by_ranks(ctl: str) -> "str | None":
                 os.close(fd)
             msg = json.loads(data.decode("utf-8", "replace"))["message"]
             text = msg["message"] if isinstance(msg, dict) else msg
-            line = str(text).strip().splitlines()[0][:MAX_SAID]
-            return "local rank %s: %s" % (lr, line)
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
-            continue
+            if not isinstance(text, str):
+                continue  # torchrun writes a string; anything else is not what a rank said
+            line = (text.strip().splitlines() or [""])[0][:MAX_SAID].strip()
+            if line:
+                return "local rank %s: %s" % (lr[:MAX_SAID], line)
+        except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
+            continue  # damaged (50,000 brackets deep: RecursionError): the next file may say it
     return None
 
 
@@ -257,7 +344,7 @@ def _read_request(ctl: str) -> "dict | None":
             os.close(fd)
         got = json.loads(data.decode("utf-8"))
         return got if isinstance(got, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -279,6 +366,17 @@ def send(ctl: str, marker: str, out: "Any" = None, sleep=time.sleep, seen: "tupl
     if not _claim(ctl):
         print("notify: this run's end was told already", file=out, flush=True)
         return 2
+    try:
+        return _send_claimed(ctl, request, code, ended, out, sleep)
+    finally:
+        try:
+            os.unlink(os.path.join(ctl, REQUEST))  # the URLs leave the node once told, whatever happened
+        except OSError:
+            pass
+
+
+def _send_claimed(ctl: str, request: dict, code: "int | None", ended: float, out: "Any", sleep) -> int:
+    """:func:`send` once this notifier is the sender: the event made and told; its exit code."""
     ev = make_event(request, ctl, code, ended, time.time())
     body = json.dumps(ev).encode()
     chosen = [t for t in request["targets"] if wants(t, ev)]
@@ -288,7 +386,7 @@ def send(ctl: str, marker: str, out: "Any" = None, sleep=time.sleep, seen: "tupl
         try:
             done[i] = tell(t, body, int(request["attempts"]), request["backoff"], request["agent"], sleep)
         except Exception as e:  # noqa: BLE001 - one target's trouble is its line, never the others'
-            done[i] = (False, 1, "%s: %s" % (type(e).__name__, str(e)[:MAX_SAID]))
+            done[i] = (False, 1, ("%s: %s" % (type(e).__name__, scrub(str(e), t.get("url", ""))))[:MAX_SAID])
     threads = [threading.Thread(target=one, args=(i, t), daemon=True) for i, t in enumerate(chosen)]
     for th in threads:
         th.start()
@@ -311,10 +409,6 @@ def send(ctl: str, marker: str, out: "Any" = None, sleep=time.sleep, seen: "tupl
                 log.write("[clusterddp] " + line + "\n")
         except OSError:
             pass
-    try:
-        os.unlink(os.path.join(ctl, REQUEST))  # the URLs leave the node once told
-    except OSError:
-        pass
     return 1 if failed else 0
 
 
@@ -355,7 +449,8 @@ def parse_reach(text: str) -> dict:
         raise ReplyError("no %s line in the answer" % MARK.strip())
     got = loads(line)
     if not isinstance(got, dict) or not isinstance(got.get("ok"), bool) or not isinstance(got.get("said"), str) \
-            or not isinstance(got.get("s"), (int, float)):
+            or not isinstance(got.get("s"), (int, float)) or isinstance(got["s"], bool) \
+            or not 0 <= got["s"] <= 1e6:  # seconds of one bounded connect (a huge int: no OverflowError)
         raise ReplyError("not a reach answer")
     return {"ok": got["ok"], "said": got["said"][:MAX_SAID], "s": float(got["s"])}
 
