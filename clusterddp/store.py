@@ -57,9 +57,9 @@ CREATE TABLE IF NOT EXISTS skips (
 )"""
 _SKIP_COLUMNS = ("schedule", "at", "holder", "reason")
 _COLUMNS = ("run_id", "name", "inventory", "script", "hosts", "status", "exit_code", "started_at",
-            "ended_at", "failed_host", "schedule", "updated_at")
+            "ended_at", "failed_host", "schedule", "updated_at", "resumed_from")
 # columns an older runs.db lacks: added on the next write (read as NULL until then)
-_ADDED_LATER = {"schedule": "TEXT", "updated_at": "TEXT"}
+_ADDED_LATER = {"schedule": "TEXT", "updated_at": "TEXT", "resumed_from": "TEXT"}
 
 
 def new_run_id(now: datetime | None = None, token: str | None = None) -> str:
@@ -289,6 +289,7 @@ class RunStore:
     def _index(self, con: sqlite3.Connection, rec: dict, verb: str = "INSERT OR REPLACE") -> None:
         row = {k: rec.get(k) for k in _COLUMNS}
         row["hosts"] = ",".join(n["host"] for n in rec["nodes"])
+        row["resumed_from"] = (rec.get("resumed_from") or {}).get("run")  # the run id: `status` shows the rest
         con.execute(f"{verb} INTO runs ({','.join(_COLUMNS)}) "
                     f"VALUES ({','.join('?' * len(_COLUMNS))})", [row[k] for k in _COLUMNS])
 
@@ -709,6 +710,7 @@ def _record_row(rec: RunRecord) -> dict:
     data = rec.to_json()
     row = {k: data.get(k) for k in _COLUMNS}
     row["hosts"] = ",".join(rec.hosts)
+    row["resumed_from"] = rec.resumed_from.run if rec.resumed_from else None
     return row
 
 

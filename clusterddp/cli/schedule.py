@@ -120,7 +120,8 @@ def add(
     # the same checks as `up`, through the inventory's backend; no network
     from ..launch import parse_nodes
     request = LaunchRequest(inventory, loaded, run, runs_dir, hosts_, exclude=excluded,
-                            nodes=parse_nodes((up_options or {}).get("nodes")))
+                            nodes=parse_nodes((up_options or {}).get("nodes")),
+                            resume=_resume((up_options or {}).get("resume")), schedule=name)
     prep = backends.for_inventory(loaded).prepare(request)
     from .. import notify
     notify.targets_for(loaded.notify, (up_options or {}).get("notify", []))  # a wrong target: exit 2 now, not at 2 a.m.
@@ -151,6 +152,17 @@ def add(
     if not S.cron_daemon_running():
         err("warning: no cron daemon is running on this machine; start it (e.g. `service cron start`) "
             "or the schedule never fires")
+
+
+def _resume(given: str | None) -> str | None:
+    """A schedule's ``--resume``: only ``previous`` (the run this schedule started last); a fixed run would
+    be resumed from again at every firing."""
+    from ..errors import UsageError
+    from ..resume import PREVIOUS
+    if given is not None and given != PREVIOUS:
+        raise UsageError(f"--resume {given}: a schedule resumes from the run it started last",
+                         f"give --resume {PREVIOUS}")
+    return given
 
 
 SCHEDULES_RUNS_DIR = typer.Option(None, "--runs-dir", envvar="CLUSTERDDP_RUNS_DIR",

@@ -26,7 +26,8 @@ class SSHBackend:
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
         from . import launch
         return launch.prepare(req.inventory_arg, req.spec, req.runs_dir, req.hosts, exclude=req.exclude,
-                              loaded=req.inventory, slots=req.slots, nodes=req.nodes)
+                              loaded=req.inventory, slots=req.slots, nodes=req.nodes, resume=req.resume,
+                              schedule=req.schedule)
 
     def render(self, prep: base.Prepared, req: base.LaunchRequest) -> str:
         from ... import plan
@@ -34,7 +35,10 @@ class SSHBackend:
         assert isinstance(prep, launch.Prepared)
         sent = launch.describe_upload(prep, req.max_upload)
         # a spare in place of a quarantined host is said here too: the plan shows the spare
-        return "\n".join([f"run {prep.plan.run_id}", *prep.notes, plan.render(prep.plan), *([sent] if sent else [])])
+        resume = ([f"resume: the newest checkpoint run {prep.resumes.run_id} left is looked for as the run starts, "
+                   "and put on every node before its job starts"] if prep.resumes is not None else [])
+        return "\n".join([f"run {prep.plan.run_id}", *prep.notes, *resume, plan.render(prep.plan),
+                          *([sent] if sent else [])])
 
     def launch(self, prep: base.Prepared, req: base.LaunchRequest, events: base.Events) -> base.RunOutcome | None:
         from . import launch

@@ -24,7 +24,7 @@ from ...errors import HostError, MirrorError, RunFailed, UsageError
 from ...failure import Failure
 from ...fleet import Fleet
 from ...mirror import Mirror, unprotected
-from ...record import NodeRecord, NodeState, RunRecord, RunStatus
+from ...record import NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
 from .. import base
@@ -44,16 +44,19 @@ class Prepared:
     source_dir: Path
     folder: upload.SourceFolder | None = None  # what the upload sends, as scanned when planning
     notes: tuple[str, ...] = ()  # lines `up` says once the run is recorded (a spare in place of a quarantined host)
+    resumes: RunRecord | None = None  # --resume RUN: that run, checked (clusterddp.resume)
 
 
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
             run_id: str | None = None, exclude: list[str] | None = None,
             loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None,
-            nodes: tuple[int, int] | None = None) -> Prepared:
+            nodes: tuple[int, int] | None = None, resume: str | None = None,
+            schedule: str | None = None) -> Prepared:
     """Validate input and plan the run (no network). Raises UsageError for bad input.
     ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
     GPUs by host (``--hosts gpu-01:0,1``), over the inventory's. ``nodes``: ``--nodes MIN:MAX``
-    (the run starts on the first MAX hosts)."""
+    (the run starts on the first MAX hosts). ``resume``: ``--resume RUN`` (``schedule``: the schedule
+    starting the run, for ``previous``), checked against this run store (:func:`clusterddp.resume.resolve`)."""
     script = base.check_script(spec.script)
     inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
     if not inventory.hosts:
@@ -73,6 +76,14 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         inventory = replace(inventory, hosts=tuple(replace(h, slots=slots[h.name], gpus=len(slots[h.name]))
                                                    if h.name in slots else h for h in inventory.hosts))
     store = RunStore(runs_dir)
+    resumes = None
+    if resume is not None:
+        from ... import resume as R
+        where = inventory_arg if inventory_arg == inv_mod.LOCAL else str(Path(inventory_arg).resolve())
+        resumes = R.resolve(store, resume, inventory=where, script=spec.script, schedule=schedule)
+        if resumes is None:
+            notes += (f"[clusterddp] --resume {resume}: schedule {schedule} has no earlier run; this run starts "
+                      "from scratch",)
     run_id = run_id or new_run_id()
     local: dict = {}
     if inventory_arg == inv_mod.LOCAL:
@@ -85,7 +96,7 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
     folder = None if local else upload.scan(source_dir, store.root)
     lookup = folder is None or upload.mentions_clusterddp(folder)
     plan = P.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
-    return Prepared(plan, store, source_dir, folder, notes)
+    return Prepared(plan, store, source_dir, folder, notes, resumes)
 
 
 def _spares_for_quarantined(inventory: inv_mod.Inventory) -> tuple[inv_mod.Inventory, tuple[str, ...]]:
@@ -142,12 +153,13 @@ def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> upload.Upload 
     return upload.pack(folder)
 
 
-def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> RunRecord:
+def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None,
+               resumed_from: ResumedFrom | None = None) -> RunRecord:
     plan = prep.plan
     return base.new_record(
         inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=plan.local, master_addr=plan.master_addr,
         master_port=plan.master_port, collect=plan.collect, fanout=plan.inventory.fanout,
-        nodes=node_records(plan))
+        nodes=node_records(plan), resumed_from=resumed_from)
 
 
 def node_records(plan: P.LaunchPlan) -> list[NodeRecord]:
@@ -346,17 +358,38 @@ def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutco
     """The whole `up` of an SSH (or `local`) run: pack, preflight, lease, record, execute, keep_runs.
 
     The run id is said once it is recorded: a run refused before (bad input, the preflight, slots
-    taken) has no record, so it shows no id that `clusterddp logs` could not find."""
+    taken) has no record, so it shows no id that `clusterddp logs` could not find.
+
+    With ``--resume RUN`` (``prep.resumes``), RUN's newest checkpoints are found (and brought here
+    from its nodes if need be) first; the upload leaves out a file of the script's folder at one of
+    their paths (said), and every node gets them before its job starts (:mod:`clusterddp.resume`)."""
+    chosen = None
+    if prep.resumes is not None:
+        from ... import resume as R
+        chosen = R.find(prep.store, prep.resumes, warn=events.warn)
+        prep = _without(prep, R.paths(chosen), prep.resumes.run_id, events)
     packed = pack(prep, req.max_upload)
     try:
-        return _up(prep, packed, req, events)
+        return _up(prep, packed, req, events, chosen)
     finally:
         if packed is not None:
             packed.discard()
 
 
-def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, events: base.Events
-        ) -> RunOutcome | None:
+def _without(prep: Prepared, paths: set[str], run_id: str, events: base.Events) -> Prepared:
+    """``prep`` whose upload leaves out the files at ``paths`` (the resumed checkpoints take their
+    place: the upload is unpacked after they are put there), said on the terminal."""
+    folder = prep.folder
+    clash = sorted(paths & {rel for rel, _ in folder.entries}) if folder is not None else []
+    if not clash or folder is None:
+        return prep
+    events.warn(f"upload: {', '.join(clash[:5])}{' ...' if len(clash) > 5 else ''} left out: run {run_id}'s "
+                "checkpoint takes its place")
+    return replace(prep, folder=replace(folder, entries=tuple(e for e in folder.entries if e[0] not in paths)))
+
+
+def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, events: base.Events,
+        chosen: list | None = None) -> RunOutcome | None:
     fleet, lease, leased = None, None, None
     try:
         if not prep.plan.local:
@@ -384,7 +417,13 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
             if lease is not None:  # said once the run id is (below)
                 leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
                           + f"; master port {prep.plan.master_port}")
-        prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule))
+        resumed = None
+        if chosen and prep.resumes is not None:  # every node, before its job starts
+            from ... import resume as R
+            assert fleet is not None  # `up local` resumes nothing (refused by resume.resolve)
+            R.send(fleet, prep.plan.nodes, prep.store, prep.resumes.run_id, chosen)
+            resumed = R.record_of(prep.resumes.run_id, chosen)
+        prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule, resumed_from=resumed))
     except BaseException:
         if lease is not None:
             lease.release()
@@ -401,6 +440,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
         events.say(leased)
     if packed is not None:
         events.say(f"upload: {packed.folder.summary()}")
+    _say_resume(prep, req, events, chosen)
     events.hosts([n.host.name for n in plan.nodes])
     started = time.monotonic()
     attempt = 1
@@ -438,6 +478,21 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
                    f"run folder: {prep.store.run_dir(plan.run_id)}")
     _keep_runs(plan.inventory, req, events)
     return outcome
+
+
+def _say_resume(prep: Prepared, req: base.LaunchRequest, events: base.Events, chosen: list | None) -> None:
+    """What the run starts from: the checkpoints ``--resume`` put on every node, or, without it, the
+    note that an earlier run of the script left one (:func:`clusterddp.resume.hint`)."""
+    if prep.plan.local:
+        return
+    from ... import resume as R
+    if chosen and prep.resumes is not None:
+        events.say(R.describe(prep.resumes.run_id, chosen, [n.host.name for n in prep.plan.nodes]))
+    elif req.resume is None:
+        note = R.hint(prep.store, inventory=str(Path(req.inventory_arg).resolve()), script=req.spec.script,
+                      args=req.spec.script_args, runs_dir_flag=req.runs_dir_flag, before=prep.plan.run_id)
+        if note:
+            events.warn(note)
 
 
 def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, attempt: int
