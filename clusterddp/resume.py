@@ -369,11 +369,12 @@ def describe(run_id: str, chosen: Sequence[Found], hosts: Sequence[str]) -> str:
 # ---- the hint ----
 
 def hint(store: RunStore, *, inventory: str, script: str, args: Sequence[str], runs_dir_flag: str = "",
-         before: str | None = None) -> str | None:
-    """When the newest earlier run of ``script`` with ``inventory`` (started before run ``before``) left
-    a checkpoint here (its mirror, or collected: nothing is asked of a node), the line that says this run
-    starts without it and how to carry on from it; else None. Never raises: a hint that cannot be
-    worked out is not given."""
+         before: str | None = None, inventory_arg: str | None = None) -> str | None:
+    """When the newest earlier run of ``script`` with ``inventory`` (its absolute path; other than run
+    ``before``, this one) left a checkpoint here (its mirror, or collected: nothing is asked of a node),
+    the line that says this run starts without it and how to carry on from it (the command with
+    ``inventory_arg``, the inventory as given); else None. Never raises: a hint that cannot be worked
+    out is not given."""
     from .errors import ClusterDDPError
     name = Path(script).name
     try:
@@ -387,8 +388,7 @@ def hint(store: RunStore, *, inventory: str, script: str, args: Sequence[str], r
             chosen = newest(local_found(store, rec, globs_of(rec), verify=False))
             if not chosen:
                 return None
-            inv = inventory if inventory == "local" else os.path.relpath(inventory)
-            command = shlex.join(["clusterddp", "up", inv, script, "--resume", run_id])
+            command = shlex.join(["clusterddp", "up", inventory_arg or inventory, script, "--resume", run_id])
             rest = f" -- {shlex.join(list(args))}" if args else ""
             return (f"[clusterddp] note: run {run_id} of {name} left {', '.join(f.checkpoint.name for f in chosen)}; "
                     f"this run has a run folder of its own and starts without it. To carry on from it instead, "

@@ -48,7 +48,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, name TEXT, inventory TEXT, script TEXT, hosts TEXT,
   status TEXT NOT NULL, exit_code INTEGER, started_at TEXT, ended_at TEXT,
-  failed_host TEXT, schedule TEXT, updated_at TEXT
+  failed_host TEXT, schedule TEXT, updated_at TEXT, resumed_from TEXT
 )"""
 # A cron run that found its previous run still going (flock held) starts nothing; it leaves a row here.
 _SKIPS_SCHEMA = """

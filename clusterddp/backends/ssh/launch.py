@@ -490,7 +490,8 @@ def _say_resume(prep: Prepared, req: base.LaunchRequest, events: base.Events, ch
         events.say(R.describe(prep.resumes.run_id, chosen, [n.host.name for n in prep.plan.nodes]))
     elif req.resume is None:
         note = R.hint(prep.store, inventory=str(Path(req.inventory_arg).resolve()), script=req.spec.script,
-                      args=req.spec.script_args, runs_dir_flag=req.runs_dir_flag, before=prep.plan.run_id)
+                      args=req.spec.script_args, runs_dir_flag=req.runs_dir_flag, before=prep.plan.run_id,
+                      inventory_arg=req.inventory_arg)
         if note:
             events.warn(note)
 
