@@ -371,7 +371,7 @@ def describe(run_id: str, chosen: Sequence[Found], hosts: Sequence[str]) -> str:
 def hint(store: RunStore, *, inventory: str, script: str, args: Sequence[str], runs_dir_flag: str = "",
          before: str | None = None, inventory_arg: str | None = None) -> str | None:
     """When the newest earlier run of ``script`` with ``inventory`` (its absolute path; other than run
-    ``before``, this one) left a checkpoint here (its mirror, or collected: nothing is asked of a node),
+    ``before``, this one, and than runs still going on) left a checkpoint here (its mirror, or collected: nothing is asked of a node),
     the line that says this run starts without it and how to carry on from it (the command with
     ``inventory_arg``, the inventory as given); else None. Never raises: a hint that cannot be worked
     out is not given."""
@@ -383,6 +383,8 @@ def hint(store: RunStore, *, inventory: str, script: str, args: Sequence[str], r
             if run_id == before or row.get("inventory") != inventory or Path(str(row.get("script") or "")).name != name:
                 continue
             rec = store.load(run_id)
+            if rec.status is RunStatus.RUNNING:  # another run going on beside this one: the one before it
+                continue
             if refused(rec, inventory, name):
                 return None
             chosen = newest(local_found(store, rec, globs_of(rec), verify=False))
