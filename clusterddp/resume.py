@@ -371,8 +371,8 @@ def describe(run_id: str, chosen: Sequence[Found], hosts: Sequence[str]) -> str:
 def hint(store: RunStore, *, inventory: str, script: str, args: Sequence[str], runs_dir_flag: str = "",
          before: str | None = None, inventory_arg: str | None = None) -> str | None:
     """When the newest earlier run of ``script`` with ``inventory`` (its absolute path; other than run
-    ``before``, this one, and than runs still going on) left a checkpoint here (its mirror, or collected: nothing is asked of a node),
-    the line that says this run starts without it and how to carry on from it (the command with
+    ``before``, this one, and than runs still going on) left a checkpoint here (its mirror, or
+    collected: nothing is asked of a node), the line that says this run starts without it and how to carry on from it (the command with
     ``inventory_arg``, the inventory as given); else None. Never raises: a hint that cannot be worked
     out is not given."""
     from .errors import ClusterDDPError
