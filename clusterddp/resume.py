@@ -372,9 +372,9 @@ def hint(store: RunStore, *, inventory: str, script: str, args: Sequence[str], r
          before: str | None = None, inventory_arg: str | None = None) -> str | None:
     """When the newest earlier run of ``script`` with ``inventory`` (its absolute path; other than run
     ``before``, this one, and than runs still going on) left a checkpoint here (its mirror, or
-    collected: nothing is asked of a node), the line that says this run starts without it and how to carry on from it (the command with
-    ``inventory_arg``, the inventory as given); else None. Never raises: a hint that cannot be worked
-    out is not given."""
+    collected: nothing is asked of a node), the line that says this run starts without it and how to
+    carry on from it (the command with ``inventory_arg``, the inventory as given); else None. Never
+    raises: a hint that cannot be worked out is not given."""
     from .errors import ClusterDDPError
     name = Path(script).name
     try:
