@@ -84,9 +84,10 @@ def globs_of(rec: RunRecord) -> tuple[str, ...]:
 # ---- which run ----
 
 def resolve(store: RunStore, given: str, *, inventory: str, script: str, schedule: str | None) -> RunRecord | None:
-    """The run ``given`` names, checked: an ended SSH run of ``script`` (same file name) with
-    ``inventory`` (its absolute path); None for ``previous`` when the schedule has no run yet. A
-    UsageError (exit 2) names what is wrong and what to do."""
+    """The run ``given`` names, checked (:func:`refused`): an ended run of ``script`` (same file name)
+    with ``inventory`` (its absolute path; the caller checks that its backend is its own); None for
+    ``previous`` when the schedule has no run yet. A UsageError (exit 2) names what is wrong and what
+    to do."""
     name = Path(script).name
     if inventory == "local":
         raise UsageError("--resume: `up local` runs in this folder, where a checkpoint at a relative path is "
@@ -117,8 +118,6 @@ def refused(rec: RunRecord, inventory: str, script_name: str) -> str | None:
     """Why a new run of ``script_name`` with ``inventory`` cannot resume from ``rec``, or None."""
     if rec.local or rec.inventory == "local":
         return "ran with `up local`, in the launch folder: its checkpoints are there already"
-    if rec.slurm is not None:
-        return "is a Slurm run: --resume is for SSH inventories"
     if rec.inventory != inventory:
         return f"ran with another inventory ({rec.inventory})"
     if Path(rec.script).name != script_name:

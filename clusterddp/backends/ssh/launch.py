@@ -81,6 +81,10 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         from ... import resume as R
         where = inventory_arg if inventory_arg == inv_mod.LOCAL else str(Path(inventory_arg).resolve())
         resumes = R.resolve(store, resume, inventory=where, script=spec.script, schedule=schedule)
+        from .. import name_of_record
+        if resumes is not None and name_of_record(resumes) != "ssh":
+            raise UsageError(f"--resume {resume}: run {resumes.run_id} ran on another backend "
+                             f"({name_of_record(resumes)})", "give a run of this inventory's hosts")
         if resumes is None:
             notes += (f"[clusterddp] --resume {resume}: schedule {schedule} has no earlier run; this run starts "
                       "from scratch",)
