@@ -256,3 +256,20 @@ def test_a_schedule_takes_only_resume_previous(tmp_path, monkeypatch):
     assert r.exit_code == 2, r.output
     assert "--resume aaaa: a schedule resumes from the run it started last" in r.output
     assert "give --resume previous" in r.output
+
+
+@pytest.mark.parametrize("given", ["previous", "aaaa"])
+def test_a_schedules_previous_run_that_left_no_checkpoint_starts_this_one_from_scratch(runs, given):
+    from types import SimpleNamespace
+    prep = L.Prepared(plan=None, store=runs, source_dir=Path("."),  # type: ignore[arg-type]
+                      resumes=runs.load("20261206-100000-aaaa"))  # the schedule's, with no checkpoint
+    said = _Said()
+    req = SimpleNamespace(resume=given)
+    if given != "previous":  # asked by hand: refused
+        with pytest.raises(UsageError, match="that run left no checkpoint"):
+            L.resume_found(prep, req, said, connect=_unreachable)  # type: ignore[arg-type]
+        return
+    out, chosen = L.resume_found(prep, req, said, connect=_unreachable)  # type: ignore[arg-type]
+    assert chosen is None and out.resumes is None
+    assert said.lines[-1].startswith("[clusterddp] --resume 20261206-100000-aaaa: that run left no checkpoint")
+    assert said.lines[-1].endswith("; this run starts from scratch")

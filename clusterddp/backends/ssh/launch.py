@@ -367,17 +367,33 @@ def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutco
     With ``--resume RUN`` (``prep.resumes``), RUN's newest checkpoints are found (and brought here
     from its nodes if need be) first; the upload leaves out a file of the script's folder at one of
     their paths (said), and every node gets them before its job starts (:mod:`clusterddp.resume`)."""
-    chosen = None
-    if prep.resumes is not None:
-        from ... import resume as R
-        chosen = R.find(prep.store, prep.resumes, warn=events.warn)
-        prep = _without(prep, R.paths(chosen), prep.resumes.run_id, events)
+    prep, chosen = resume_found(prep, req, events)
     packed = pack(prep, req.max_upload)
     try:
         return _up(prep, packed, req, events, chosen)
     finally:
         if packed is not None:
             packed.discard()
+
+
+def resume_found(prep: Prepared, req: base.LaunchRequest, events: base.Events, connect: Callable | None = None
+                 ) -> tuple[Prepared, list | None]:
+    """With ``--resume`` (``prep.resumes``): the newest checkpoints that run left, here
+    (:func:`clusterddp.resume.find`; ``connect``: to its nodes), and the run planned to upload none
+    of the script folder's files at their paths. A run that left none is refused (exit 2), but for
+    ``--resume previous``: a schedule's run then starts from scratch, said (refused, it would be
+    refused at every firing after, its previous run being the same)."""
+    if prep.resumes is None:
+        return prep, None
+    from ... import resume as R
+    try:
+        chosen = R.find(prep.store, prep.resumes, warn=events.warn, connect=connect)
+    except UsageError as e:
+        if req.resume != R.PREVIOUS:
+            raise
+        events.warn(f"[clusterddp] {e.message}; this run starts from scratch")
+        return replace(prep, resumes=None), None
+    return _without(prep, R.paths(chosen), prep.resumes.run_id, events), chosen
 
 
 def _without(prep: Prepared, paths: set[str], run_id: str, events: base.Events) -> Prepared:
