@@ -305,8 +305,8 @@ class ResumedFrom:
 
     def describe(self) -> str:
         """The line `status` prints."""
-        step = f" (step {self.step})" if self.step is not None else ""
-        return f"resumed from run {self.run}: {', '.join(self.checkpoints)}{step}, from its {self.source}"
+        step = f"step {self.step}; " if self.step is not None else ""
+        return f"resumed from run {self.run}: {', '.join(self.checkpoints)} ({step}source: {self.source})"
 
 
 @dataclass(frozen=True)

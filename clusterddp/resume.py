@@ -75,6 +75,11 @@ class Found:
     def where(self) -> str:
         return f"{NODE} {self.host}" if self.source == NODE else self.source
 
+    @property
+    def said(self) -> str:
+        """Where it came from, in a sentence."""
+        return {MIRROR: "its mirror", COLLECTED: "its collected files"}.get(self.source, self.host)
+
 
 def globs_of(rec: RunRecord) -> tuple[str, ...]:
     """What counts as a checkpoint of ``rec``: the default rule, and the run's collect globs."""
@@ -360,7 +365,7 @@ def record_of(run_id: str, chosen: Sequence[Found]) -> ResumedFrom:
 
 def describe(run_id: str, chosen: Sequence[Found], hosts: Sequence[str]) -> str:
     """The line `up` says once every node has the checkpoints."""
-    what = "; ".join(f"{f.checkpoint.name} ({human_size(f.checkpoint.size)}, from its {f.where})" for f in chosen)
+    what = "; ".join(f"{f.checkpoint.name} ({human_size(f.checkpoint.size)}, from {f.said})" for f in chosen)
     return (f"[clusterddp] resuming from run {run_id}: {what}, put on {', '.join(hosts)} at the same path in the "
             f"run folder (sha256 checked there)")
 

@@ -171,7 +171,7 @@ def test_resumed_from_round_trips_through_run_json_and_older_records_read_withou
                                     "step": 70, "source": "node a"}
     assert RunRecord.from_json(data, "x") == rec
     assert rec.resumed_from is not None and rec.resumed_from.describe() == (
-        "resumed from run 20261205-090000-zzzz: snapshot.pt, ckpt/ (step 70), from its node a")
+        "resumed from run 20261205-090000-zzzz: snapshot.pt, ckpt/ (step 70; source: node a)")
     for field, value, why in [("step", -1, "resumed_from.step: must be >= 0"),
                               ("run", "../x", "resumed_from.run: must be a run id"),
                               ("checkpoints", [], "resumed_from.checkpoints: must be 1 to 64 paths")]:
@@ -206,6 +206,10 @@ def test_the_note_names_the_newest_earlier_run_that_left_a_checkpoint_and_the_co
 class _Said:
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.said: list[str] = []
+
+    def say(self, line: str) -> None:
+        self.said.append(line)
 
     def warn(self, line: str) -> None:
         self.lines.append(line)
@@ -273,3 +277,57 @@ def test_a_schedules_previous_run_that_left_no_checkpoint_starts_this_one_from_s
     assert chosen is None and out.resumes is None
     assert said.lines[-1].startswith("[clusterddp] --resume 20261206-100000-aaaa: that run left no checkpoint")
     assert said.lines[-1].endswith("; this run starts from scratch")
+
+
+class _Node:
+    """A node's end of the seam (:class:`clusterddp.transport.Transport`'s ``run``): takes every seed
+    command, or refuses them (``fails``) as a full disk would."""
+
+    def __init__(self, fails: bool) -> None:
+        self.fails, self.ran = fails, []
+
+    def run(self, command: str, stdin=None, timeout=None):
+        from clusterddp.transport import CommandResult
+        self.ran.append((command, stdin))
+        return CommandResult(3 if self.fails else 0, b"", b"cat: write error: No space left on device\n")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_node_that_does_not_take_the_checkpoint_ends_the_run_recorded_failed(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from clusterddp.fleet import Fleet
+    from clusterddp.plan import RunSpec
+    from clusterddp.record import NodeState
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    (tmp_path / "inv.yaml").write_text("hosts: [{name: a, address: 10.0.0.1}, {name: b, address: 10.0.0.2}]\n")
+    prep = L.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    old = prep.store.create(replace(make_record("20261206-100000-aaaa"), status=DONE))
+    _put(prep.store, old.run_id, "a", "checkpoints/step-3.pt", b"three")
+    chosen = R.find(prep.store, old, connect=_unreachable)
+    prep = replace(prep, resumes=old)
+    prep.store.create(L.new_record(prep, "inv.yaml", resumed_from=R.record_of(old.run_id, chosen)))
+    nodes = {"a": _Node(False), "b": _Node(True)}
+    fleet = Fleet([n.host for n in prep.plan.nodes], connect=lambda h: nodes[h.name])
+    said = _Said()
+    with pytest.raises(HostError) as e:
+        L._resume(prep, SimpleNamespace(resume=old.run_id), said, chosen, fleet, None)  # type: ignore[arg-type]
+    assert str(e.value) == "b: cannot put the checkpoint checkpoints/step-3.pt there: cat: write error: No space " \
+                           "left on device"
+    rec = prep.store.load(prep.plan.run_id)
+    assert rec.status is RunStatus.FAILED and rec.failed_host == "b" and rec.ended_at
+    assert rec.node("b").state is NodeState.FAILED and "No space left" in (rec.node("b").error or "")
+    assert rec.resumed_from == ResumedFrom(old.run_id, ("checkpoints/step-3.pt",), 3, "collected")
+    (command, stdin), = nodes["a"].ran
+    assert hashlib.sha256(b"three").hexdigest() in command and stdin == prep.store.artifact_path(
+        old.run_id, "a", "checkpoints/step-3.pt")
+    nodes["b"].fails = False
+    fleet = Fleet([n.host for n in prep.plan.nodes], connect=lambda h: nodes[h.name])
+    L._resume(prep, SimpleNamespace(resume=old.run_id), said, chosen, fleet, None)  # type: ignore[arg-type]
+    assert len(nodes["a"].ran) == 2 and len(nodes["b"].ran) == 2  # every node, not only rank 0's
+    assert said.lines == [] and said.said == [
+        f"[clusterddp] resuming from run {old.run_id}: checkpoints/step-3.pt (5 B, from its collected files), put on "
+        "a, b at the same path in the run folder (sha256 checked there)"]

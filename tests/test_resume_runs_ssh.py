@@ -53,7 +53,7 @@ def test_a_second_run_resumes_every_rank_from_the_first_runs_snapshot(bed, tmp_p
                   "--collect", "checkpoints/*", "--", "2", check_rc=0)
     assert _resumed(second.stdout) == {"node1": "3", "node2": "3"}, second.stdout + second.stderr
     assert (f"[clusterddp] resuming from run {run1}: checkpoints/snapshot.pt (" in second.stdout
-            and "from its node node1), put on node1, node2 at the same path" in second.stdout), second.stdout
+            and "from node1), put on node1, node2 at the same path" in second.stdout), second.stdout
     run2 = run_id_of(second.stdout)
     rec = json.loads((tmp_path / "runs" / run2 / "run.json").read_text())
     assert rec["resumed_from"] == {"run": run1, "checkpoints": ["checkpoints/snapshot.pt"], "step": None,
@@ -61,7 +61,7 @@ def test_a_second_run_resumes_every_rank_from_the_first_runs_snapshot(bed, tmp_p
     listed = json.loads(cddp("runs", "--runs-dir", runs, "--json", check_rc=0).stdout)
     assert {r["run_id"]: r["resumed_from"] for r in listed} == {run1: None, run2: run1}
     status = cddp("status", run2, "--runs-dir", runs, check_rc=0)
-    assert f"  resumed from run {run1}: checkpoints/snapshot.pt, from its node node1" in status.stdout
+    assert f"  resumed from run {run1}: checkpoints/snapshot.pt (source: node node1)" in status.stdout
 
     third = cddp("up", str(inventory), str(script), "--runs-dir", runs, "--", "1", check_rc=0)
     assert _resumed(third.stdout) == {"node1": "0", "node2": "0"}, third.stdout

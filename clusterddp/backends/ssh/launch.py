@@ -438,10 +438,8 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
                 leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
                           + f"; master port {prep.plan.master_port}")
         resumed = None
-        if chosen and prep.resumes is not None:  # every node, before its job starts
+        if chosen and prep.resumes is not None:
             from ... import resume as R
-            assert fleet is not None  # `up local` resumes nothing (refused by resume.resolve)
-            R.send(fleet, prep.plan.nodes, prep.store, prep.resumes.run_id, chosen)
             resumed = R.record_of(prep.resumes.run_id, chosen)
         prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule, resumed_from=resumed))
     except BaseException:
@@ -460,7 +458,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
         events.say(leased)
     if packed is not None:
         events.say(f"upload: {packed.folder.summary()}")
-    _say_resume(prep, req, events, chosen)
+    _resume(prep, req, events, chosen, fleet, lease)
     events.hosts([n.host.name for n in plan.nodes])
     started = time.monotonic()
     attempt = 1
@@ -500,17 +498,33 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     return outcome
 
 
-def _say_resume(prep: Prepared, req: base.LaunchRequest, events: base.Events, chosen: list | None) -> None:
-    """What the run starts from: the checkpoints ``--resume`` put on every node, or, without it, the
-    note that an earlier run of the script left one (:func:`clusterddp.resume.hint`)."""
+def _resume(prep: Prepared, req: base.LaunchRequest, events: base.Events, chosen: list | None,
+            fleet: Fleet | None, lease: Lease | None) -> None:
+    """What the run starts from, once it is recorded and before any job starts: with ``--resume``, the
+    checkpoints ``chosen`` put on every node (:func:`clusterddp.resume.send`), said; a node that does
+    not take them ends the run, recorded failed (stopped by Ctrl-C), its folders left for `prune`.
+    Without it, the note that an earlier run of the script left one (:func:`clusterddp.resume.hint`)."""
     if prep.plan.local:
         return
     from ... import resume as R
+    run_id = prep.plan.run_id
     if chosen and prep.resumes is not None:
+        assert fleet is not None  # an SSH run's
+        try:
+            R.send(fleet, prep.plan.nodes, prep.store, prep.resumes.run_id, chosen)
+        except BaseException as e:
+            bad = e if isinstance(e, HostError) else None
+            status = RunStatus.STOPPED if isinstance(e, KeyboardInterrupt) else RunStatus.FAILED
+            base.finish(prep.store, run_id, {bad.host: (NodeState.FAILED, None, bad.detail)} if bad else {},
+                        RunOutcome(status, (), bad.host if bad else None))
+            if lease is not None:
+                lease.release()
+            fleet.close()
+            raise
         events.say(R.describe(prep.resumes.run_id, chosen, [n.host.name for n in prep.plan.nodes]))
     elif req.resume is None:
         note = R.hint(prep.store, inventory=str(Path(req.inventory_arg).resolve()), script=req.spec.script,
-                      args=req.spec.script_args, runs_dir_flag=req.runs_dir_flag, before=prep.plan.run_id,
+                      args=req.spec.script_args, runs_dir_flag=req.runs_dir_flag, before=run_id,
                       inventory_arg=req.inventory_arg)
         if note:
             events.warn(note)
