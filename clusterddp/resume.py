@@ -43,7 +43,7 @@ from .artifacts import exchange
 from .errors import HostError, MirrorError, UsageError
 from .fleet import Fleet
 from .mirror import DEFAULT_GLOBS, MAX_FILES, Checkpoint, choose, read_index
-from .node.collect import Receiver, StreamError, sha256_file
+from .node.collect import Receiver, StreamError, path_problem, sha256_file
 from .nodeops import nodes_of
 from .record import ResumedFrom, RunRecord, RunStatus
 from .sizes import human_size
@@ -197,7 +197,8 @@ def local_found(store: RunStore, rec: RunRecord, globs: Sequence[str],
 
 def _walk(base: Path) -> dict[str, tuple[int, int]]:
     """Every regular file under ``base`` (path relative to it -> (size, mtime in ns)), links not
-    followed, half-received ``.part`` files left out; at most MAX_WALK."""
+    followed, half-received ``.part`` files and names the collect protocol refuses left out; at most
+    MAX_WALK."""
     out: dict[str, tuple[int, int]] = {}
     if not base.is_dir() or base.is_symlink():
         return out
@@ -213,7 +214,9 @@ def _walk(base: Path) -> dict[str, tuple[int, int]]:
                 continue
             if p.is_symlink() or not p.is_file():
                 continue
-            out[p.relative_to(base).as_posix()] = (st.st_size, st.st_mtime_ns)
+            rel = p.relative_to(base).as_posix()
+            if path_problem(rel) is None:  # not the run's control folder, nor a name too long to send
+                out[rel] = (st.st_size, st.st_mtime_ns)
             if len(out) >= MAX_WALK:
                 return out
     return out

@@ -331,3 +331,13 @@ def test_a_node_that_does_not_take_the_checkpoint_ends_the_run_recorded_failed(t
     assert said.lines == [] and said.said == [
         f"[clusterddp] resuming from run {old.run_id}: checkpoints/step-3.pt (5 B, from its collected files), put on "
         "a, b at the same path in the run folder (sha256 checked there)"]
+
+
+def test_a_link_or_a_name_in_the_control_folder_among_the_collected_files_is_passed_over(tmp_path):
+    store = RunStore(tmp_path / "runs")
+    rec = store.create(make_record("20261206-100000-aaaa", ("a",), status=DONE, collect=(".clusterddp/**",)))
+    _put(store, rec.run_id, "a", ".clusterddp/a/step-9.pt", b"the run's own folder: never sent to a node")
+    _put(store, rec.run_id, "a", "checkpoints/step-2.pt", b"two")
+    os.symlink("/etc/passwd", store.artifact_path(rec.run_id, "a", "checkpoints/step-8.pt"))
+    got = R.local_found(store, rec, R.globs_of(rec))
+    assert [f.checkpoint.name for f in got] == ["checkpoints/step-2.pt"]
