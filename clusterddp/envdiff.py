@@ -109,7 +109,7 @@ def previous_run(store: RunStore, inventory: Inventory) -> RunRecord | None:
 
 def run_diff(inventory: Inventory, runs_dir: str) -> DiffReport:
     """Ask every host, in parallel, and compare."""
-    from .upload import scan_source
+    from .upload import scan_source, secret_files
     store = RunStore(runs_dir, read_only=True)
     rec = previous_run(store, inventory)
     files: list[str] = []
@@ -120,7 +120,10 @@ def run_diff(inventory: Inventory, runs_dir: str) -> DiffReport:
     else:
         source = (Path(rec.launch_dir) / rec.script).parent
         try:
-            files = [rel for rel, _ in scan_source(source, store.root).entries if not rel.endswith("/")]
+            # what that run uploaded: never the inventory or the secrets it names (their -e @FILEs are not
+            # recorded: such a file is listed missing on every node alike)
+            files = [rel for rel, _ in scan_source(source, store.root, secret_files(inventory)).entries
+                     if not rel.endswith("/")]
             run_dirs = {n.host: n.run_dir for n in rec.nodes}
         except OSError as e:
             note = f"the script's folder of run {rec.run_id} ({source}) cannot be read here: {e}"

@@ -182,7 +182,7 @@ class StoreError(UsageError):
 
 class LeaseBusy(ClusterDDPError):
     """A run that does not fit in the free GPU slots now (``up`` without ``--wait``): nothing was
-    started. Exit code 75 (EX_TEMPFAIL, as a skipped scheduled run): try again later, or wait.
+    started. Exit code 75 (EX_TEMPFAIL): try again later, or wait (a schedule's firing: `skipped: slots busy`).
     ``holders`` are the leases (``leases.Holding``) on the node that did not fit, ``host`` its name."""
 
     exit_code = 75

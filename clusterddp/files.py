@@ -8,6 +8,7 @@
 - :func:`read_bounded`: a user-named or on-disk file read as untrusted: opened non-blocking (a FIFO
   in its place must not hang us), regular files only (a FIFO, a device such as ``/dev/zero``, a
   folder refused with a message naming the path), at most ``limit`` bytes.
+- :func:`make_folders`: a folder and every missing parent, each one it makes 0700 whatever the umask.
 
 Nothing here prints; failures are :class:`~clusterddp.errors.FileRefused` (reads) or OSError
 (writes), which each caller turns into its own located error.
@@ -28,7 +29,7 @@ from typing import IO, BinaryIO
 
 from .errors import FileRefused
 
-FILE_MODE = 0o600
+FILE_MODE, DIR_MODE = 0o600, 0o700
 
 
 def make_private(f: int | str, st: os.stat_result | None = None) -> None:
@@ -68,6 +69,23 @@ def replacing(path: str | Path, fsync: bool = True) -> Iterator[BinaryIO]:
         except OSError:
             pass
         raise
+
+
+def make_folders(path: str | Path) -> None:
+    """Make ``path`` and each missing folder above it, every one it makes 0700 whatever the umask
+    (``os.makedirs`` gives the parents it makes the umask's mode, 0755 as a rule). Folders that are
+    there already are left as they are; raises OSError."""
+    path = Path(os.path.abspath(path))
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=DIR_MODE)
+        except FileExistsError:  # another process made it at the same moment: its mode is its own
+            continue
+        os.chmod(folder, DIR_MODE)  # mkdir's mode is cut by the umask
 
 
 def write_private(path: str | Path, data: bytes, fsync: bool = True) -> None:

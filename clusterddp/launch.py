@@ -116,8 +116,8 @@ OPTIONS: tuple[Option, ...] = (
            "on a command line), or command:CMD, which gets the event as JSON on stdin.", metavar="TARGET"),
     Option("stall_timeout", ("--stall-timeout",), "float", None, "End the run as a hang, with every rank's stacks, "
            "when no rank has printed a progress line for S seconds (nodes watch themselves: detached runs too). "
-           "Off by default; over the inventory's stall_timeout (0: off for this run). See the README's \"When a "
-           "run hangs\" for choosing S.", low=0, metavar="S"),
+           "Off by default; over the inventory's stall_timeout (0: off for this run). "
+           "See docs/failures.md, \"The stall watchdog\", for choosing S.", low=0, metavar="S"),
     Option("progress_regex", ("--progress-regex",), "text", None, "With a stall timeout: only a line matching "
            "REGEX counts as progress (default: any line of the ranks' output but clusterddp's own and known "
            "torch noise); over the inventory's progress_regex.", metavar="REGEX"),
@@ -126,9 +126,13 @@ OPTIONS: tuple[Option, ...] = (
            "was collected, or its nodes, sha256-checked. RUN: a run id (or its start or end), `last` (the newest "
            "earlier run of this script and inventory), or `previous` (the previous run of a schedule: for "
            "`schedule add`).", metavar="RUN"),
-    Option("dry_run", ("--dry-run",), "bool", False, "Print every node's command; contact no host. Env values "
-           "(-e, the inventory's env) are shown as ***.",
+    Option("dry_run", ("--dry-run",), "bool", False, "Print what the run would do and contact no host: each "
+           "node's torchrun command and env, what is uploaded and what is left out (secrets, inventories). Env "
+           "values (-e, the inventory's env) are shown as ***.",
            recorded=None),  # a schedule that contacts no host runs nothing
+    Option("full", ("--full",), "bool", False, "With --dry-run: print every node's whole start command and "
+           "launch script (Slurm: job.sbatch and node.sh), exactly as a real run executes them.",
+           recorded=None),  # only --dry-run prints them
     Option("show_secrets", ("--show-secrets",), "bool", False, "With --dry-run: show env values as they are.",
            recorded=None),  # only --dry-run prints them
     Option("detach", ("--detach", "-d"), "bool", False, "Start the job and return; it runs on without us.",

@@ -151,11 +151,13 @@ def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseEx
             kind, status = "interrupted", "stopped"
         else:
             kind, status = "failed", "failed"
-        said = str(error).splitlines()[0] if error is not None and str(error) else "it ended before it started"
-        ev = _base(kind, status=status, run_id=run_id, name=name, schedule=schedule, inventory=inventory,
+        said = str(error).splitlines()[0] if error is not None and str(error) else "no reason given"
+        # no run id: a run never recorded is one `clusterddp runs` never lists, and no command can find it
+        ev = _base(kind, status=status, run_id=None, name=name, schedule=schedule, inventory=inventory,
                    script=None, hosts=[], exit_code=RunStatus(status).exit_code, started_at=None, ended_at=None,
                    duration_s=None, failed_host=None, summary=said, failure=None, detached=detached)
-        ev["text"] = f"clusterddp: {_what(ev)} {'was interrupted' if interrupted else 'failed'}: {said}"
+        ev["text"] = (f"clusterddp: {_what(ev)} {'was interrupted' if interrupted else 'failed'} before it started: "
+                      f"{said}")
         return ev
     if rec.status is RunStatus.RUNNING:
         return None
@@ -190,7 +192,7 @@ def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseEx
 def _what(ev: dict) -> str:
     name = f" ({ev['name']})" if ev.get("name") else ""
     sched = f" of schedule {ev['schedule']}" if ev.get("schedule") else ""
-    return f"run {ev.get('run_id') or '?'}{name}{sched}"
+    return f"{'run ' + ev['run_id'] if ev.get('run_id') else 'a run'}{name}{sched}"
 
 
 def skip_event(schedule: str, reason: str, holder: str | None, inventory: str | None) -> dict:

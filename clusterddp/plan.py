@@ -591,6 +591,35 @@ def render(plan: LaunchPlan) -> str:
     return "\n".join(out)
 
 
+def readable_command(argv: Sequence[str]) -> str:
+    """A torchrun command line as a person reads it (``--dry-run``'s summary): clusterddp's wrapper
+    of torchrun (:func:`torchrun_start`) as ``python -m torch.distributed.run``, and a word of
+    clusterddp's own Python source (``--local-rank-arg``'s shim) named, not printed."""
+    words = list(argv)
+    if len(words) >= 4 and tuple(words[1:4]) == tuple(torchrun_start(words[0])[1:]):
+        words[1:4] = ["-m", "torch.distributed.run"]
+    return " ".join("<clusterddp's Python: --dry-run --full shows it>" if "\n" in w else shell_word(w) for w in words)
+
+
+def summary(plan: LaunchPlan) -> str:
+    """The short dry-run text: for every node, where it runs, its torchrun command and its env (one
+    ``export NAME=VALUE`` line each, quoted as launch.sh has it). :func:`render` has every script."""
+    out = [f"run {plan.run_id}: {plan.nnodes} node(s), master {plan.master_addr}:{plan.master_port}"]
+    for n in plan.nodes:
+        h = n.host
+        where = "this machine" if plan.local else f"{h.user + '@' if h.user else ''}{h.address}" + (
+            f":{h.port}" if h.port else "")
+        procs = ("one per GPU, probed on the node (1 without GPUs)" if n.nproc == "auto" else str(n.nproc))
+        out += ["", f"== {h.name} (node {n.node_rank}, {where}) ==", f"run folder: {n.run_dir}",
+                f"processes: {procs}", f"command: {readable_command(n.argv)}",
+                *(f"setup: {line}" for line in h.setup),
+                "env:" + ("" if n.env else " (none set by the inventory or -e)"),
+                *(f"  export {k}={q(v)}" for k, v in n.env)]
+    if plan.collect:
+        out += ["", "collect: " + ", ".join(plan.collect)]
+    return "\n".join(out)
+
+
 # ---- fleet commands: the preflight probe and `clusterddp exec` ----
 
 def probe_command(host: Host, master_addr: str, master_port: int | None, *, full: bool = True,

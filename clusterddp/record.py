@@ -29,6 +29,7 @@ from .failure import MAX_OTHERS as _MAX_OTHERS
 from .flight import Flight
 from .inventory import DEFAULT_FANOUT, ENV_NAME_RE, HOST_NAME_RE, Host
 
+VERSION_RE = re.compile(r"[0-9A-Za-z.+-]{1,64}")  # a PEP 440 version, as clusterddp --version prints it
 SCHEMA = 1  # 0: records written before the schema field (read as well)
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # it names the run folder
 MAX_FANOUT = 1024  # as the inventory allows
@@ -342,6 +343,8 @@ class RunRecord:
     # The nodes of earlier attempts that were lost (its job may run on there, out of reach): `stop` ends
     # what is left of it once the host answers again, then drops it from here. Absent from older records.
     lost: tuple[NodeRecord, ...] = ()
+    # The clusterddp that started the run (``clusterddp --version``); None in records written before it.
+    version: str | None = None
     # `up --resume RUN`: the checkpoints this run started from (absent from older records and from runs
     # that did not resume).
     resumed_from: ResumedFrom | None = None
@@ -379,6 +382,7 @@ class RunRecord:
                 **({"slurm": self.slurm.to_json()} if self.slurm else {}),
                 **({"attempts": [a.to_json() for a in self.attempts]} if self.attempts else {}),
                 **({"lost_nodes": [n.to_json() for n in self.lost]} if self.lost else {}),
+                **({"clusterddp_version": self.version} if self.version else {}),
                 **({"resumed_from": self.resumed_from.to_json()} if self.resumed_from else {})}
 
     @classmethod
@@ -419,7 +423,15 @@ class RunRecord:
                    slurm=SlurmJob.from_json(data["slurm"], path) if data.get("slurm") is not None else None,
                    attempts=_attempts(r.get("attempts", list, default=[]), path),
                    lost=_lost(r.get("lost_nodes", list, default=[]), path),
+                   version=_version(r.get("clusterddp_version", str | None, default=None), path),
                    resumed_from=_resumed(r.get("resumed_from", dict | None, default=None), path))
+
+
+def _version(value: str | None, path: str) -> str | None:
+    """run.json's ``clusterddp_version``: shown by `status`, so bounded and printable like a run id."""
+    if value is not None and not VERSION_RE.fullmatch(value):
+        raise RecordError(path, "clusterddp_version", f"{value[:40]!r} is not a version (digits, letters, . + -)")
+    return value
 
 
 def _attempts(data: list, path: str) -> tuple[Attempt, ...]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import ClusterDDPError, FileRefused, RecordError, RunNotFound, StoreError, UsageError
-from .files import lock_polled, make_private, read_bounded, replacing, write_private
+from .files import lock_polled, make_folders, make_private, read_bounded, replacing, write_private
 from .record import RUN_ID_RE, RunRecord
 
 DB_TIMEOUT = 30.0      # seconds a write waits for another launcher's write to runs.db
@@ -56,6 +56,14 @@ CREATE TABLE IF NOT EXISTS skips (
   schedule TEXT NOT NULL, at TEXT NOT NULL, holder TEXT, reason TEXT
 )"""
 _SKIP_COLUMNS = ("schedule", "at", "holder", "reason")
+# What each firing of a schedule came to (clusterddp.schedule.fire): every outcome, the skips included;
+# older runs.db files have their skips (all of them: the lock held) in the table above, read as such.
+_FIRINGS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS firings (
+  schedule TEXT NOT NULL, at TEXT NOT NULL, outcome TEXT NOT NULL, run_id TEXT, holder TEXT, reason TEXT
+)"""
+_FIRING_COLUMNS = ("schedule", "at", "outcome", "run_id", "holder", "reason")
+LOCK_HELD = "skipped: lock held"  # the outcome of an older runs.db's skip
 _COLUMNS = ("run_id", "name", "inventory", "script", "hosts", "status", "exit_code", "started_at",
             "ended_at", "failed_host", "schedule", "updated_at", "resumed_from")
 # columns an older runs.db lacks: added on the next write (read as NULL until then)
@@ -108,7 +116,7 @@ class RunStore:
         if self.read_only:
             raise StoreError(f"{self.root} was opened read-only", "pass a writable --runs-dir")
         try:
-            self.root.parent.mkdir(parents=True, exist_ok=True)
+            make_folders(self.root.parent)  # any folder made above it: 0700 too, whatever the umask
             try:
                 self.root.mkdir(mode=DIR_MODE)
                 os.chmod(self.root, DIR_MODE)  # mkdir's mode is cut by the umask; 0700 whatever it is
@@ -171,21 +179,24 @@ class RunStore:
     def _check_schema(self, con: sqlite3.Connection, writable: bool) -> dict[str, list[str]]:
         """The clusterddp tables present and their columns; refuses another program's database."""
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if tables and not tables & {"runs", "skips"}:
+        if tables and not tables & {"runs", "skips", "firings"}:
             raise self._wrong_schema(f"it holds tables {', '.join(sorted(tables)[:5])}, not clusterddp's runs")
-        cols = {t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")] for t in ("runs", "skips") if t in tables}
-        for table, want in (("runs", set(_COLUMNS) - set(_ADDED_LATER)), ("skips", set(_SKIP_COLUMNS))):
+        cols = {t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")] for t in ("runs", "skips", "firings")
+                if t in tables}
+        for table, want in (("runs", set(_COLUMNS) - set(_ADDED_LATER)), ("skips", set(_SKIP_COLUMNS)),
+                            ("firings", set(_FIRING_COLUMNS))):
             missing = sorted(want - set(cols.get(table, want)))
             if missing:
                 raise self._wrong_schema(f"its table {table} has no column {', '.join(missing)}")
         if writable:
             con.execute(_SCHEMA)
             con.execute(_SKIPS_SCHEMA)
+            con.execute(_FIRINGS_SCHEMA)
             have = cols.get("runs", list(_COLUMNS))
             for col, tp in _ADDED_LATER.items():
                 if col not in have:
                     con.execute(f"ALTER TABLE runs ADD COLUMN {col} {tp}")
-            cols = {"runs": list(_COLUMNS), "skips": list(_SKIP_COLUMNS)}
+            cols = {"runs": list(_COLUMNS), "skips": list(_SKIP_COLUMNS), "firings": list(_FIRING_COLUMNS)}
         return cols
 
     def _write_db(self) -> sqlite3.Connection:
@@ -541,32 +552,49 @@ class RunStore:
             rows = [r for r in self.list() if r["schedule"] == schedule]
         return rows[0] if rows else None
 
-    def record_skip(self, schedule: str, reason: str, holder: str | None = None) -> dict:
-        """Record that ``schedule`` fired while its previous run (``holder``, if known) still ran."""
-        row = {"schedule": schedule, "at": utcnow(), "holder": holder, "reason": reason}
+    def record_firing(self, schedule: str, outcome: str, at: str | None = None, *, run_id: str | None = None,
+                      holder: str | None = None, reason: str | None = None) -> dict:
+        """Record what a firing of ``schedule`` (at ``at``, default now) came to: ``outcome`` (a run's
+        status, or a skip: clusterddp.schedule.fire says which), the run it started (``run_id``: only
+        a recorded one), the run that held its lock (``holder``) and why, in words (``reason``)."""
+        row = {"schedule": schedule, "at": at or utcnow(), "outcome": outcome, "run_id": run_id, "holder": holder,
+               "reason": reason}
         with closing(self._write_db()) as con:
             try:
-                con.execute(f"INSERT INTO skips ({','.join(_SKIP_COLUMNS)}) VALUES (?, ?, ?, ?)",
-                            [row[k] for k in _SKIP_COLUMNS])
+                con.execute(f"INSERT INTO firings ({','.join(_FIRING_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)",
+                            [row[k] for k in _FIRING_COLUMNS])
             except sqlite3.Error as e:
                 raise self._db_error(e, writing=True) from None
         return row
 
-    def skips(self, schedule: str) -> builtins.list[dict]:  # `list` here is RunStore.list
-        """Every recorded skip of ``schedule``, newest first."""
+    def firings(self, schedule: str, limit: int | None = None) -> builtins.list[dict]:  # `list`: RunStore.list
+        """The recorded firings of ``schedule``, newest first (at most ``limit``); the skips an older
+        clusterddp recorded are among them, as :data:`LOCK_HELD`."""
         opened = self._read_db()
-        if opened is None or "skips" not in opened[1]:
-            if opened:
-                opened[0].close()
+        if opened is None:
             return []
-        con, _ = opened
+        con, tables = opened
+        out: builtins.list[dict] = []
         try:
             with closing(con):
-                cur = con.execute(f"SELECT {','.join(_SKIP_COLUMNS)} FROM skips WHERE schedule = ? "
-                                  "ORDER BY at DESC, rowid DESC", (schedule,))
-                return [dict(zip(_SKIP_COLUMNS, r, strict=True)) for r in cur]
+                if "firings" in tables:
+                    cur = con.execute(f"SELECT {','.join(_FIRING_COLUMNS)} FROM firings WHERE schedule = ? "
+                                      "ORDER BY at DESC, rowid DESC",
+                                      (schedule,))
+                    out += [dict(zip(_FIRING_COLUMNS, r, strict=True)) for r in cur]
+                if "skips" in tables:
+                    cur = con.execute(f"SELECT {','.join(_SKIP_COLUMNS)} FROM skips WHERE schedule = ? "
+                                      "ORDER BY at DESC, rowid DESC", (schedule,))
+                    out += [{**dict(zip(_SKIP_COLUMNS, r, strict=True)), "outcome": LOCK_HELD, "run_id": None}
+                            for r in cur]
         except sqlite3.Error as e:
             raise self._db_error(e, writing=False) from None
+        out.sort(key=lambda f: when_of(f["at"]), reverse=True)  # stable: rows of one second keep their order
+        return out[:limit] if limit is not None else out
+
+    def skips(self, schedule: str) -> builtins.list[dict]:
+        """The firings of ``schedule`` that started nothing (a skip, whatever its reason), newest first."""
+        return [f for f in self.firings(schedule) if str(f["outcome"]).startswith("skipped")]
 
     # ---- logs and artifacts ----
     def log_path(self, run_id: str, host: str) -> Path:
@@ -698,6 +726,18 @@ class RunStore:
         if base not in p.parents:  # a remote name must never write outside the run folder
             raise ValueError(f"refusing artifact path outside the run folder: {rel!r}")
         return p
+
+
+_NEVER = datetime.min.replace(tzinfo=timezone.utc)
+
+
+def when_of(stamp: object) -> datetime:
+    """A stored time (ISO 8601) to compare by; anything else (an index edited by hand) sorts last."""
+    try:
+        t = datetime.fromisoformat(stamp) if isinstance(stamp, str) else _NEVER
+    except ValueError:
+        return _NEVER
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def _row(row: dict) -> dict:

@@ -8,18 +8,21 @@ on the login host. Nothing here prints; bad input is a UsageError naming the fil
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import re
+import stat
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import FileRefused, UsageError
 from .files import read_bounded
+from .inventory.model import LOCAL, Host, Inventory, NotifyTarget
 from .nodescript import SHIPPED_LIB
 from .sizes import human_size
 
@@ -99,12 +102,74 @@ def ignore_rules(lines: list[str] | tuple[str, ...]) -> list[IgnoreRule]:
     return rules
 
 
-def ignored(rel: str, is_dir: bool, rules: list[IgnoreRule]) -> bool:
-    verdict = False
+def verdict(rel: str, is_dir: bool, rules: list[IgnoreRule]) -> bool | None:
+    """Whether the last rule that matches ``rel`` leaves it out (True) or re-includes it (False);
+    None when no rule matches."""
+    out = None
     for r in rules:
         if (is_dir or not r.dir_only) and r.regex.match(rel):
-            verdict = not r.negate
-    return verdict
+            out = not r.negate
+    return out
+
+
+def ignored(rel: str, is_dir: bool, rules: list[IgnoreRule]) -> bool:
+    return bool(verdict(rel, is_dir, rules))
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A file the run names as a secret or as its inventory: never uploaded, whatever the ignore rules."""
+
+    path: str  # absolute, as named (``~`` expanded)
+    why: str   # what names it: ``the inventory``, ``a notify webhook_file (lab.yaml: notify[0])``, ...
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def secret_files(inventory: Inventory, notify: Iterable[NotifyTarget] = (),
+                 env_files: Iterable[str] = ()) -> tuple[Secret, ...]:
+    """The files a run names that must never leave this machine in its upload: the inventory itself,
+    each notify ``webhook_file`` (the inventory's and --notify's), each ``-e @FILE``, and every host's
+    (and spare's, and a Slurm login host's) ``identity_file`` and ``known_hosts``. Relative paths are
+    taken as the launcher takes them: a webhook_file already made absolute by the loader, the others
+    from the working directory."""
+    out: list[Secret] = []
+    if inventory.path != LOCAL:
+        out.append(Secret(_absolute(inventory.path), "the inventory"))
+    for t in (*inventory.notify, *notify):
+        if t.kind == "webhook_file":
+            out.append(Secret(_absolute(t.value), f"a notify webhook_file ({t.where or 'notify'}), a secret"))
+    for f in env_files:
+        out.append(Secret(_absolute(f), f"an env file (-e @{f}), a secret"))
+    login = inventory.slurm.login if inventory.slurm is not None else None
+    for h in (*inventory.hosts, *inventory.spares, *((login,) if isinstance(login, Host) else ())):
+        if h.identity_file:
+            out.append(Secret(_absolute(h.identity_file), f"{h.name}'s identity_file, a secret"))
+        if h.transport == "ssh" and h.known_hosts:
+            out.append(Secret(_absolute(h.known_hosts), f"{h.name}'s known_hosts"))
+    return tuple(dict.fromkeys(out))
+
+
+# Another inventory in the script's folder (``lab.yaml`` beside ``train.py``, as the README's walk-through
+# has it) is left out too, unless .clusterddpignore re-includes it by a ``!`` rule: a YAML file
+# (``.yaml``/``.yml``) of at most an inventory's size (1 MiB) with a top-level ``hosts:`` or ``slurm:``.
+INVENTORY_SUFFIXES = (".yaml", ".yml")
+INVENTORY_LIMIT = 1 << 20
+_INVENTORY_KEY = re.compile(rb"^[\"']?(?:hosts|slurm)[\"']?[ \t]*:", re.M)
+OTHER_INVENTORY = f"an inventory (a YAML file with hosts: or slurm:); a !NAME line in {IGNORE_FILE} sends it"
+
+
+def looks_like_inventory(path: str | Path) -> bool:
+    """Whether ``path`` is a clusterddp inventory by the rule above (read bounded; a link is not followed)."""
+    if not str(path).lower().endswith(INVENTORY_SUFFIXES):
+        return False
+    try:
+        raw, _ = read_bounded(path, INVENTORY_LIMIT, nofollow=True)
+    except FileRefused:
+        return False
+    return bool(_INVENTORY_KEY.search(raw))
 
 
 @dataclass(frozen=True)
@@ -113,6 +178,8 @@ class SourceFolder:
 
     root: Path
     entries: tuple[tuple[str, int], ...]  # (relative path, bytes; 0 for folders and links)
+    left_out: tuple[tuple[str, str], ...] = ()  # (relative path, why): secrets and inventories, never sent
+    ignored: tuple[str, ...] = ()  # what the ignore rules left out (a folder, not entered, ends in /)
 
     @property
     def files(self) -> int:
@@ -134,6 +201,30 @@ class SourceFolder:
     def summary(self) -> str:
         return f"{self.files} files, {human_size(self.size)} ({self.size} bytes) from {self.root}"
 
+    def report(self) -> list[str]:
+        """What `up` and ``--dry-run`` say of the upload: :meth:`summary`, then each file left out as a
+        secret or an inventory, and why (names escaped: they come from the disk)."""
+        from .inventory import show
+        return [f"upload: {self.summary()}",
+                *(f"upload: left out {show(rel)[1:-1] if rel.isprintable() else show(rel)}: {why}"
+                  for rel, why in self.left_out)]
+
+    def described(self) -> list[str]:
+        """What ``--dry-run`` says of the upload: :meth:`report` with :meth:`contents` after its first line."""
+        said = self.report()
+        return [said[0], *self.contents(), *said[1:]]
+
+    def contents(self, n: int = 10) -> list[str]:
+        """The largest top-level items sent, and the first things the ignore rules leave out (names escaped)."""
+        from .inventory import some
+        tops = self.biggest(n)
+        more = len({rel.partition("/")[0] for rel, _ in self.entries}) - len(tops)
+        out = [f"  sends: {', '.join(f'{some([rel])} ({human_size(size)})' for rel, size in tops) or 'nothing'}"
+               + (f" (and {more} more)" if more > 0 else "")]
+        if self.ignored:
+            out.append(f"  not sent, by the ignore rules (defaults, then {IGNORE_FILE}): {some(list(self.ignored))}")
+        return out
+
 
 _SIZE_RE = re.compile(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([KMGT]?)(?:i?B)?", re.I | re.ASCII)  # no "٣", no 1e400
 
@@ -146,10 +237,16 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
 
 
-def scan_source(source_dir: Path, runs_dir: Path) -> SourceFolder:
+IGNORED_KEPT = 1000  # ignored entries a SourceFolder lists at most (for --dry-run)
+
+
+def scan_source(source_dir: Path, runs_dir: Path, secrets: tuple[Secret, ...] = ()) -> SourceFolder:
     """The files the upload would send: the default excludes, then ``.clusterddpignore``'s rules;
     the runs folder is never sent. Folders that are excluded are not entered (as git: a file in
-    them cannot be re-included). Links are sent as links, never followed."""
+    them cannot be re-included). Links are sent as links, never followed. ``secrets`` (known by
+    inode, so a hard link or another spelling of the path is caught too) are never sent, whatever
+    the rules; nor is another inventory (:func:`looks_like_inventory`) unless a ``!`` rule of
+    ``.clusterddpignore`` re-includes it."""
     rules = ignore_rules(DEFAULT_EXCLUDES)
     try:  # bounded and non-blocking: a FIFO or /dev/zero put there must not hang or fill memory
         rules += ignore_rules(read_bounded(source_dir / IGNORE_FILE, IGNORE_FILE_LIMIT)[0].decode().splitlines())
@@ -164,7 +261,10 @@ def scan_source(source_dir: Path, runs_dir: Path) -> SourceFolder:
         skip: tuple[int, int] | None = (st.st_dev, st.st_ino)
     except OSError:
         skip = None
+    withheld = _inodes(secrets)
     entries: list[tuple[str, int]] = []
+    left_out: list[tuple[str, str]] = []
+    ignored_: list[str] = []
 
     def listing(folder: str | Path, prefix: str) -> Iterator[tuple[os.DirEntry, str]]:
         with os.scandir(folder) as it:
@@ -181,7 +281,16 @@ def scan_source(source_dir: Path, runs_dir: Path) -> SourceFolder:
             continue
         entry, rel = step
         is_dir = entry.is_dir(follow_symlinks=False)
-        if ignored(rel, is_dir, rules) or (is_dir and skip is not None and _inode(entry) == skip):
+        if not is_dir and _inode(entry) in withheld:
+            left_out.append((rel, withheld[_inode(entry)]))
+            continue
+        said = verdict(rel, is_dir, rules)
+        if said or (is_dir and skip is not None and _inode(entry) == skip):
+            if said and len(ignored_) < IGNORED_KEPT:
+                ignored_.append(rel + "/" if is_dir else rel)
+            continue
+        if said is None and not is_dir and looks_like_inventory(entry.path):
+            left_out.append((rel, OTHER_INVENTORY))
             continue
         if is_dir:
             entries.append((rel + "/", 0))
@@ -189,7 +298,20 @@ def scan_source(source_dir: Path, runs_dir: Path) -> SourceFolder:
         else:
             regular = entry.is_file(follow_symlinks=False)
             entries.append((rel, entry.stat(follow_symlinks=False).st_size if regular else 0))
-    return SourceFolder(source_dir, tuple(entries))
+    return SourceFolder(source_dir, tuple(entries), tuple(left_out), tuple(ignored_))
+
+
+def _inodes(secrets: tuple[Secret, ...]) -> dict[tuple[int, int], str]:
+    """Each secret's file (and, where the path is a link, the link itself) by (device, inode)."""
+    out: dict[tuple[int, int], str] = {}
+    for s in secrets:
+        for look in (os.stat, os.lstat):
+            try:
+                st = look(s.path)
+            except (OSError, ValueError):
+                continue
+            out.setdefault((st.st_dev, st.st_ino), s.why)
+    return out
 
 
 def _inode(entry: os.DirEntry) -> tuple[int, int]:
@@ -207,10 +329,10 @@ def check_upload_size(folder: SourceFolder, limit: int) -> None:
                      "script to a folder of its own, or raise the limit with --max-upload SIZE")
 
 
-def scan(source_dir: Path, runs_dir: Path) -> SourceFolder:
+def scan(source_dir: Path, runs_dir: Path, secrets: tuple[Secret, ...] = ()) -> SourceFolder:
     """:func:`scan_source`, an unreadable folder as bad input naming it."""
     try:
-        return scan_source(source_dir, runs_dir)
+        return scan_source(source_dir, runs_dir, secrets)
     except OSError as e:
         raise UsageError(f"cannot read the script's folder {source_dir}: {e}",
                          "make every file there readable, or move the script to a folder of its own") from None
@@ -242,16 +364,74 @@ def mentions_clusterddp(folder: SourceFolder) -> bool:
 
 @dataclass(frozen=True)
 class Upload:
-    """The script's folder packed into a private temporary tarball; :meth:`discard` removes it."""
+    """The script's folder packed into a private temporary tarball; :meth:`discard` removes it.
+    ``lock``: a descriptor of it, flock'ed while this process has it (see :func:`sweep_leftovers`)."""
 
     folder: SourceFolder
     path: Path
+    lock: int = field(default=-1, compare=False)
 
     def discard(self) -> None:
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        if self.lock >= 0:
+            try:
+                os.close(self.lock)
+            except OSError:
+                pass
+
+
+# The tarball's name holds the pid of the `up` that packed it: an `up` killed outright (SIGKILL,
+# the OOM killer, a power cut of a container) cannot remove its own, so the next pack removes every
+# one whose process is gone and whose lock is free (a live `up` in another pid namespace holds its lock).
+UPLOAD_PREFIX = "clusterddp-upload-"
+_LEFTOVER = re.compile(re.escape(UPLOAD_PREFIX) + r"([0-9]{1,10})-[A-Za-z0-9_]{1,64}\.tar\.gz")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # gone, or never a pid
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def sweep_leftovers(folder: str | None = None) -> list[str]:
+    """Remove the upload tarballs that an `up` killed outright left in ``folder`` (the temporary
+    folder): this user's regular files named by :data:`UPLOAD_PREFIX` whose process has ended and
+    whose lock nobody holds. The paths removed; what cannot be looked at is left alone."""
+    folder = folder or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        with os.scandir(folder) as it:
+            found = [e for e in it if e.name.startswith(UPLOAD_PREFIX)]
+    except OSError:
+        return removed
+    for e in found:
+        m = _LEFTOVER.fullmatch(e.name)
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if m is None or not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or _alive(int(m.group(1))):
+            continue
+        try:
+            fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(e.path)
+            removed.append(e.path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 # The package's __init__ and clusterddp.train (which needs only torch), unpacked into
@@ -275,7 +455,10 @@ def pack(folder: SourceFolder, private: Mapping[str, str] | None = None, private
     for nodes without clusterddp (SHIPPED) and ``private`` (name -> text, written 0600 under
     ``private_dir``, a path relative to the run folder), as a gzip tarball in a 0600 temporary file:
     streamed from disk, never held in memory. An unreadable file is bad input."""
-    fd, name = tempfile.mkstemp(prefix="clusterddp-upload-", suffix=".tar.gz")  # 0600
+    sweep_leftovers()
+    fd, name = tempfile.mkstemp(prefix=f"{UPLOAD_PREFIX}{os.getpid()}-", suffix=".tar.gz")  # 0600
+    lock = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # ours, until discard or our end (see sweep_leftovers)
     try:
         with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz", compresslevel=1) as tar:
             for rel, _ in folder.entries:
@@ -289,9 +472,11 @@ def pack(folder: SourceFolder, private: Mapping[str, str] | None = None, private
                 tar.addfile(info, io.BytesIO(data))
     except OSError as e:
         os.unlink(name)
+        os.close(lock)
         raise UsageError(f"cannot pack the script's folder {folder.root}: {e}",
                          "make every file there readable, or move the script to a folder of its own") from None
     except BaseException:
         os.unlink(name)
+        os.close(lock)
         raise
-    return Upload(folder, Path(name))
+    return Upload(folder, Path(name), lock)

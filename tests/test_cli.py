@@ -30,6 +30,20 @@ def test_help_is_fast_and_imports_no_heavy_library():
     assert out.strip() == "[]"
 
 
+def test_version_is_the_one_in_the_package_and_the_built_metadata():
+    import tomllib
+
+    import clusterddp
+    r = cddp("--version", check_rc=0)
+    assert r.stdout == f"clusterddp {clusterddp.__version__}\n" and r.stderr == ""
+    # one place: pyproject.toml reads it from the package, it does not say it again
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and project["project"]["dynamic"] == ["version"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "clusterddp.__version__"}
+    # the changelog's newest heading names it
+    assert f"({clusterddp.__version__})" in (REPO / "CHANGELOG.md").read_text().split("\n## ", 2)[1].splitlines()[0]
+
+
 def test_quick_exit_flushes_buffered_output_and_keeps_the_exit_code_only_when_asked():
     # exec ends with os._exit (skipping the interpreter's teardown): what sits in stdout's and
     # stderr's buffers must still come out, and the exit status must be the command's.

@@ -149,3 +149,8 @@ def test_the_site_builds_with_no_broken_link_or_missing_page(tmp_path):
     assert "A multi-node run in five minutes" in home and 'href="ssh/"' in home  # the README, its links made relative
     for page in ("commands", "failures", "inventory", "slurm", "architecture"):
         assert (tmp_path / "site" / page / "index.html").is_file()
+    # the API reference, from clusterddp.train's docstrings: each exported name, and no private helper
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    import clusterddp.train as ct
+    documented = set(re.findall(r'id="clusterddp\.train\.([A-Za-z_]\w*)"', api))
+    assert documented == set(ct.__all__), documented ^ set(ct.__all__)

@@ -76,6 +76,33 @@ def test_a_symlink_is_refused_only_when_asked(tmp_path):
     assert e.value.reason == "symlink"
 
 
+def test_make_folders_makes_every_missing_folder_0700_whatever_the_umask_and_leaves_the_others(tmp_path):
+    (tmp_path / "there").mkdir()
+    os.chmod(tmp_path / "there", 0o755)
+    old = os.umask(0)
+    try:
+        files.make_folders(tmp_path / "there" / "a" / "b")
+        files.make_folders(tmp_path / "there" / "a" / "b")  # there already: nothing to do
+    finally:
+        os.umask(old)
+    modes = {p: stat.S_IMODE(os.stat(tmp_path / p).st_mode) for p in ("there", "there/a", "there/a/b")}
+    assert modes == {"there": 0o755, "there/a": 0o700, "there/a/b": 0o700}
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError):
+        files.make_folders(tmp_path / "file" / "a")
+
+
+def test_the_store_makes_the_folders_above_its_runs_folder_0700(tmp_path):
+    from clusterddp.store import RunStore
+    from helpers import make_record
+    old = os.umask(0o022)
+    try:
+        RunStore(tmp_path / "new" / "runs").create(make_record("r1"))
+    finally:
+        os.umask(old)
+    assert [stat.S_IMODE(os.stat(p).st_mode) for p in (tmp_path / "new", tmp_path / "new" / "runs")] == [0o700] * 2
+
+
 def test_write_private_is_0600_whatever_the_umask_and_leaves_no_temp_file(tmp_path):
     old = os.umask(0)
     try:

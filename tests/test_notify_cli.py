@@ -91,7 +91,7 @@ def test_a_skipped_firing_is_told(tmp_path):
     S.save_spec(spec)
     with open(spec.lock_path, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        r = cddp("schedule", "fire", spec.spec_path, cwd=tmp_path, check_rc=S.SKIP_EXIT)
+        r = cddp("schedule", "fire", spec.spec_path, cwd=tmp_path, check_rc=S.LOCK_HELD_EXIT)
     ev = json.loads(got.read_text())
     assert (ev["event"], ev["schedule"]) == ("skipped", "nightly") and "still holds" in ev["text"], r.stderr
 

@@ -74,6 +74,18 @@ def test_two_node_plan_matches_golden():
     golden("two_nodes.txt", plan.render(two_node_plan()))
 
 
+def test_two_node_plan_summary_matches_golden():
+    """`up --dry-run`'s summary (issue 39, section 5); the full scripts stay golden-tested above."""
+    golden("two_nodes_summary.txt", plan.summary(two_node_plan()))
+
+
+def test_the_summary_command_reads_as_torchrun_and_names_clusterddps_own_python():
+    argv = (*plan.torchrun_start("/py"), "--nnodes", "2", "--no-python",
+            *plan.worker_command("/py", "t.py", ["a b"], "--local_rank"))
+    assert plan.readable_command(argv) == ("/py -m torch.distributed.run --nnodes 2 --no-python /py -S "
+                                           "<clusterddp's Python: --dry-run --full shows it> --local_rank t.py 'a b'")
+
+
 def test_local_plan_matches_golden():
     inv = inventory.local(gpus=2, python="/usr/bin/python3")
     p = build_plan(inv, RunSpec("t.py", ("--epochs", "1")), RUN_ID, local_run_dir="/home/me/proj",

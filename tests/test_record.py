@@ -234,3 +234,21 @@ def test_the_inventorys_fanout_is_recorded_and_bounds_every_control_command(tmp_
     control.follow(prep.store, rec.run_id, lambda h, b: None, None, {}, connect=Node)
     control.stop(prep.store, rec.run_id, grace=0, connect=Node)
     assert len(limits) == 7 and all(limit == 3 for limit in limits), limits
+
+
+def test_the_clusterddp_version_that_started_a_run_is_recorded_and_read_back(tmp_path):
+    import clusterddp
+    from clusterddp.backends.base import new_record
+    spec = P.RunSpec(script="t.py", script_args=())
+    rec = new_record("local", spec, "r1", schedule=None, local=True, master_addr="127.0.0.1", master_port=29500,
+                     collect=())
+    assert rec.version == clusterddp.__version__
+    data = rec.to_json()
+    assert data["clusterddp_version"] == clusterddp.__version__
+    assert RunRecord.from_json(data, "run.json").version == clusterddp.__version__
+    # a record from before the field reads as "not known"; a damaged one is a located error
+    old = json.loads(V0_SSH.read_text())
+    assert "clusterddp_version" not in old and RunRecord.from_json(old, "old.json").version is None
+    for bad in ("", "1.0 ; rm -rf", "\x1b[2J", "9" * 65):
+        with pytest.raises(RecordError, match="clusterddp_version"):
+            RunRecord.from_json({**data, "clusterddp_version": bad}, "run.json")

@@ -274,7 +274,7 @@ def test_everything_the_store_writes_is_private_whatever_the_umask(tmp_path):
         s.append_log("20261129-100000-aaaa", "a", b"token=s3cret\n")
         s.close_logs()
         s.write_log("20261129-100000-aaaa", "b", b"token=s3cret\n")
-        s.record_skip("nightly", "still running")
+        s.record_firing("nightly", "skipped: lock held", reason="still running")
         con = sqlite3.connect(tmp_path / "runs" / "runs.db")  # an open reader keeps -wal and -shm there
         con.execute("SELECT count(*) FROM runs").fetchall()
         s.update("20261129-100000-aaaa", lambda r: replace(r, status=RunStatus.SUCCEEDED))

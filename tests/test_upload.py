@@ -138,7 +138,8 @@ def test_up_dry_run_says_what_is_sent_and_refuses_too_much(tmp_path):
     src = tmp_path / "proj"
     tree(src, {"t.py": "print('hi')\n", ".env": "TOKEN=x", "data/big.bin": b"\0" * 5000, "inv.yaml": GOOD_INV})
     r = cddp("up", "inv.yaml", "t.py", "--runs-dir", "runs", "--dry-run", cwd=src, check_rc=0, timeout=60)
-    assert f"upload: 3 files, 5.0 KiB (5107 bytes) from {src}" in r.stdout  # t.py, data/big.bin, inv.yaml; not .env
+    assert f"upload: 2 files, 4.9 KiB (5012 bytes) from {src}" in r.stdout  # t.py, data/big.bin; not .env
+    assert "upload: left out inv.yaml: the inventory" in r.stdout  # issue 39, section 3
     r = cddp("up", "inv.yaml", "t.py", "--dry-run", "--max-upload", "4K", cwd=src, timeout=60)
     assert r.returncode == 2, r.stderr
     assert "over the 4.0 KiB limit; biggest: data/ (4.9 KiB)" in r.stderr and "Traceback" not in r.stderr
@@ -179,3 +180,173 @@ def test_a_job_with_its_own_pythonpath_has_clusterddp_train_looked_for_whatever_
     own = build_plan(inv, RunSpec("t.py", env=(("PYTHONPATH", "/shared/lib"),)), "r1", train_lookup=False)
     assert "cddp_train=$(" in own.nodes[0].launch_script
     assert "cddp_train=$(" in build_plan(inv, RunSpec("t.py"), "r1").nodes[0].launch_script
+
+
+# ---- issue 39, section 3: what the run names as secrets, and other inventories, never leave ----
+
+def _secret_tree(tmp_path: Path) -> Path:
+    src = tmp_path / "proj"
+    inv = (f"defaults: {{identity_file: {src / 'deploy_key'}, known_hosts: {src / 'kh'}}}\n"
+           "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n"
+           f"spares:\n  - {{name: gpu-09, address: gpu-09.invalid, identity_file: {src / 'spare_key'}}}\n"
+           "notify:\n  - {webhook_file: hook.url}\n")
+    tree(src, {"train.py": "print(1)\n", "lab.yaml": inv, "hook.url": "https://hooks.invalid/T0K3N\n",
+               "deploy_key": "KEY", "spare_key": "KEY2", "kh": "gpu-01 ssh-ed25519 AAAA\n", "sec.env": "T=1\n",
+               "other.yml": "# another lab\nhosts:\n  - gpu-05\n", "slurm.yaml": "'slurm': {nodes: 2}\n",
+               "flow.yaml": "{hosts: [a]}\n", "cfg.yaml": "model:\n  hosts: 3\n", "data/hosts.yml": "lr: 1\n",
+               "notify.url": "https://hooks.invalid/CLI\n",
+               # every rule there tries to send them: the run's own secrets go nowhere whatever the rules
+               ".clusterddpignore": "!hook.url\n!lab.yaml\n!sec.env\n!deploy_key\n!kh\n!copy.url\n"})
+    os.link(src / "hook.url", src / "copy.url")  # the same file under another name
+    os.symlink("hook.url", src / "link.url")     # a link is sent as a link: its target's name, not the URL
+    return src
+
+
+def test_the_files_a_run_names_as_secrets_and_other_inventories_are_never_uploaded(tmp_path, monkeypatch):
+    from clusterddp.inventory import load
+    from clusterddp.inventory.model import NotifyTarget
+    src = _secret_tree(tmp_path)
+    monkeypatch.chdir(src)  # -e @FILE and identity files are taken from the working directory, as `up` takes them
+    inv = load("lab.yaml")
+    cli = (NotifyTarget("webhook_file", str(src / "notify.url"), where="--notify"),)
+    folder = upload.scan(src, tmp_path / "runs", upload.secret_files(inv, cli, ("sec.env",)))
+    assert [rel for rel, _ in folder.entries] == [".clusterddpignore", "cfg.yaml", "data/", "data/hosts.yml",
+                                                   "flow.yaml", "link.url", "train.py"]
+    assert dict(folder.left_out) == {
+        "copy.url": "a notify webhook_file (lab.yaml: notify[0]), a secret",
+        "deploy_key": "gpu-01's identity_file, a secret",
+        "hook.url": "a notify webhook_file (lab.yaml: notify[0]), a secret",
+        "kh": "gpu-01's known_hosts",
+        "lab.yaml": "the inventory",
+        "notify.url": "a notify webhook_file (--notify), a secret",
+        "other.yml": upload.OTHER_INVENTORY,
+        "sec.env": "an env file (-e @sec.env), a secret",
+        "slurm.yaml": upload.OTHER_INVENTORY,
+        "spare_key": "gpu-09's identity_file, a secret",
+    }
+    said = folder.report()
+    assert said[0].startswith("upload: 6 files,")
+    assert "upload: left out hook.url: a notify webhook_file (lab.yaml: notify[0]), a secret" in said
+    assert not [line for line in said if "T0K3N" in line]
+    up = upload.pack(folder)
+    try:
+        with tarfile.open(up.path) as tar:
+            members = {m.name: m for m in tar.getmembers()}
+            assert members["link.url"].issym() and members["link.url"].linkname == "hook.url"
+            assert not {"hook.url", "copy.url", "lab.yaml", "sec.env", "deploy_key", "other.yml"} & members.keys()
+    finally:
+        up.discard()
+
+
+def test_another_inventory_goes_only_when_clusterddpignore_re_includes_it_by_name(tmp_path):
+    src = tmp_path / "proj"
+    tree(src, {"t.py": "x", "a.yaml": "hosts: [x]\n", "b.yaml": "hosts: [y]\n", ".clusterddpignore": "!a.yaml\n"})
+    folder = upload.scan(src, tmp_path / "runs")
+    assert [rel for rel, _ in folder.entries] == [".clusterddpignore", "a.yaml", "t.py"]
+    assert folder.left_out == (("b.yaml", upload.OTHER_INVENTORY),)
+
+
+def test_the_inventory_is_left_out_by_ssh_prepare_even_when_loaded_by_the_caller(tmp_path, monkeypatch):
+    src = tmp_path / "proj"
+    tree(src, {"t.py": "print(1)\n", "inv.yml": GOOD_INV})
+    monkeypatch.chdir(src)
+    prep = jobs.prepare("inv.yml", RunSpec(script="t.py"), str(tmp_path / "runs"))
+    assert prep.folder is not None and prep.folder.left_out == (("inv.yml", "the inventory"),)
+    assert "upload: left out inv.yml: the inventory" in jobs.describe_upload(prep)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("hosts:\n  - a\n", True), ("slurm: {nodes: 1}\n", True), ('"hosts": [a]\n', True), ("hosts :\n", True),
+    ("x: 1\nhosts:\n", True), ("  hosts:\n", False), ("hostsx: 1\n", False), ("# hosts:\n", False),
+    ("model: {hosts: 1}\n", False), ("", False)])
+def test_what_looks_like_an_inventory(tmp_path, text, expected):
+    f = tmp_path / "f.yaml"
+    f.write_text(text)
+    assert upload.looks_like_inventory(f) is expected
+    (tmp_path / "f.txt").write_text(text)
+    assert upload.looks_like_inventory(tmp_path / "f.txt") is False  # only YAML files
+
+
+def test_a_large_or_odd_yaml_is_no_inventory_and_never_blocks(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"hosts:\n" + b"#" * upload.INVENTORY_LIMIT)
+    assert not upload.looks_like_inventory(big)  # the loader refuses an inventory over 1 MiB too
+    os.mkfifo(tmp_path / "fifo.yaml")
+    assert not upload.looks_like_inventory(tmp_path / "fifo.yaml")  # not opened for a blocking read
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=400))
+def test_any_bytes_are_read_without_error_and_a_top_level_hosts_key_always_counts(tmp_path, data):
+    f = tmp_path / "x.yaml"
+    f.write_bytes(data)
+    plain = upload.looks_like_inventory(f)
+    assert isinstance(plain, bool)
+    f.write_bytes(data + b"\nhosts:\n  - a\n")
+    assert upload.looks_like_inventory(f)
+    if not any(line.lstrip(b"\"'").startswith((b"hosts", b"slurm")) for line in data.splitlines()):
+        assert not plain
+
+
+# ---- issue 40: an `up` killed outright leaves no tarball behind for long ----
+
+PACK_AND_WAIT = """
+import sys, time
+from pathlib import Path
+from clusterddp import upload
+up = upload.pack(upload.scan(Path(sys.argv[1]), Path(sys.argv[1]) / "runs"))
+print(up.path, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_tarball_left_by_a_killed_up_is_removed_by_the_next_pack_a_live_ones_is_not(tmp_path, monkeypatch):
+    import signal
+    import subprocess
+    import sys
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    tree(tmp_path / "proj", {"t.py": "print(1)\n"})
+    env = {**os.environ, "TMPDIR": str(temp)}
+    argv = [sys.executable, "-c", PACK_AND_WAIT, str(tmp_path / "proj")]
+    killed = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    alive = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        left, kept = Path(killed.stdout.readline().strip()), Path(alive.stdout.readline().strip())
+        assert left.parent == temp and left.exists() and kept.exists()
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(60)
+        assert left.exists()  # SIGKILL: nothing of that `up` ran to remove it
+        other = temp / f"{upload.UPLOAD_PREFIX}{killed.pid}-notours.txt"  # not a name pack gives: left alone
+        other.write_text("x")
+        monkeypatch.setattr("tempfile.tempdir", str(temp))
+        up = upload.pack(upload.scan(tmp_path / "proj", tmp_path / "runs"))
+        try:
+            assert not left.exists()          # the next pack cleaned it up
+            assert kept.exists() and other.exists()  # a running `up`'s tarball stays, as does what is not ours
+            assert up.path.parent == temp and up.path.name.startswith(f"{upload.UPLOAD_PREFIX}{os.getpid()}-")
+        finally:
+            up.discard()
+        assert sorted(p.name for p in temp.iterdir()) == sorted([kept.name, other.name])
+    finally:
+        for p in (killed, alive):
+            p.kill()
+            p.wait(60)
+
+
+def test_a_leftover_whose_lock_is_held_stays_even_when_its_pid_looks_gone(tmp_path):
+    """An `up` in another pid namespace (a container sharing /tmp) looks gone by its pid: its lock keeps it."""
+    import fcntl
+    f = tmp_path / f"{upload.UPLOAD_PREFIX}999999999-abc_12.tar.gz"
+    f.write_bytes(b"x")
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert upload.sweep_leftovers(str(tmp_path)) == [] and f.exists()
+    finally:
+        os.close(fd)
+    assert upload.sweep_leftovers(str(tmp_path)) == [str(f)] and not f.exists()

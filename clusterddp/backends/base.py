@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
+from .. import __version__
 from ..errors import NodeOutcome, RunFailed, UsageError
 from ..inventory import LOCAL, Inventory, NotifyTarget
 from ..plan import RunSpec
@@ -79,6 +80,7 @@ class LaunchRequest:
     resume: str | None = None                    # --resume RUN (clusterddp.resume), as given
     notify: tuple[NotifyTarget, ...] = ()        # resolved (clusterddp.notify.targets_for): told of a detached
                                                  # run's end by its node 0, where the backend can (detached_notify)
+    env_files: tuple[str, ...] = ()              # -e @FILE's files, as given: never uploaded (secrets)
 
     @property
     def runs_dir_flag(self) -> str:
@@ -143,8 +145,9 @@ class Backend(Protocol):
         plan needs: a Slurm login host's home)."""
         ...
 
-    def render(self, prep: Prepared, req: LaunchRequest) -> str:
-        """What ``up --dry-run`` prints: the plan exactly as a real run executes it, and what it uploads."""
+    def render(self, prep: Prepared, req: LaunchRequest, *, full: bool = True) -> str:
+        """What ``up --dry-run`` prints: what each node runs (``full``: every script and command exactly
+        as a real run executes them; otherwise a summary a person reads), what it uploads and leaves out."""
         ...
 
     def launch(self, prep: Prepared, req: LaunchRequest, events: Events) -> RunOutcome | None:
@@ -206,7 +209,7 @@ def new_record(inventory_arg: str, spec: RunSpec, run_id: str, *, schedule: str 
         status=RunStatus.RUNNING, failed_host=None, schedule=schedule, local=local,
         started_at=utcnow("milliseconds"),  # listed newest first: two runs of one second in their order
         ended_at=None, launch_dir=os.getcwd(), master_addr=master_addr, master_port=master_port,
-        collect=tuple(collect), nodes=tuple(nodes), **extra)
+        collect=tuple(collect), nodes=tuple(nodes), version=__version__, **extra)
 
 
 def run_failed(store: RunStore, run_id: str, outcome: RunOutcome, status: RunStatus,

@@ -21,7 +21,7 @@ from .stacks import stacks as stacks_cmd
 from .top import top as top_cmd
 
 # add_completion: --install-completion/--show-completion; typer imports its completion code anyway, so
-# --help is no slower with them (measured, see the README).
+# --help is no slower with them (measured).
 app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   help="Start PyTorch DDP training on several machines over SSH, from one command.")
 app.command("up", cls=ScriptCommand, context_settings={"help_option_names": ["-h", "--help"]},
@@ -41,8 +41,16 @@ app.command("leases", epilog=epilog("leases"))(leases_cmd)
 app.command("stacks", epilog=epilog("stacks"))(stacks_cmd)
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+        typer.echo(f"clusterddp {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                        help="Print clusterddp's version and exit.")) -> None:
     """Start PyTorch DDP training on several machines over SSH, from one command."""
 
 

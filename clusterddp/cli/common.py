@@ -322,7 +322,9 @@ def crash_report(e: BaseException, command: str) -> str:
     import traceback
     said = (str(e).strip().splitlines() or [""])[0][:200]
     what = f"internal error in `clusterddp {command.rstrip('_')}`: {type(e).__name__}" + (f": {said}" if said else "")
-    text = (f"clusterddp crash report\ncommand: {' '.join(masked_argv(sys.argv))}\npid: {os.getpid()}\n"
+    from .. import __version__
+    text = (f"clusterddp crash report\nclusterddp: {__version__}\n"
+            f"command: {' '.join(masked_argv(sys.argv))}\npid: {os.getpid()}\n"
             f"time: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\npython: {sys.version.split()[0]}\n\n"
             + "".join(traceback.format_exception(e)))
     folder = crash_dir()

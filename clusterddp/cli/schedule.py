@@ -49,6 +49,8 @@ NOT_SCHEDULED = {
                "the same options and --dry-run",
     "show_secrets": "it only changes what --dry-run prints, and a schedule has no dry run: give `clusterddp up` "
                     "the same options, --dry-run and --show-secrets",
+    "full": "it only changes what --dry-run prints, and a schedule has no dry run: give `clusterddp up` the same "
+            "options, --dry-run and --full",
 }
 
 
@@ -122,7 +124,8 @@ def add(
     request = LaunchRequest(inventory, loaded, run, runs_dir, hosts_, exclude=excluded,
                             nodes=parse_nodes((up_options or {}).get("nodes")),
                             resume=_resume((up_options or {}).get("resume")), schedule=name)
-    prep = backends.for_inventory(loaded).prepare(request)
+    backend = backends.for_inventory(loaded)
+    prep = backend.prepare(request)
     from .. import notify
     notify.targets_for(loaded.notify, (up_options or {}).get("notify", []))  # a wrong target: exit 2 now, not at 2 a.m.
     if excluded:  # the spec records the hosts that are left, as --hosts
@@ -139,8 +142,11 @@ def add(
 
     print(f"{'replaced' if edit.replaced else 'added'} schedule {name}: {expr}")
     print("  next:  " + ", ".join(t.strftime("%Y-%m-%d %H:%M %Z") for t in S.next_runs(expr, 3)))
-    print(f"  runs:  {spec.runs_dir}\n  spec:  {spec.spec_path}\n  log:   {spec.log_path}\n"
-          f"  try it now: clusterddp schedule run {name}")
+    print(f"  runs:  {spec.runs_dir}\n  spec:  {spec.spec_path}\n  log:   {spec.log_path}")
+    if backend.name == "ssh" and not prep.plan.local:  # SSH runs lease GPU slots (Slurm allocates its own)
+        print("  slots: " + ("taken by another run: it waits in the queue (--wait)" if wait else
+                             "taken by another run: the firing is skipped (add --wait to wait in the queue)"))
+    print(f"  try it now: clusterddp schedule run {name}")
     no_key = [h.name for h in prep.plan.inventory.hosts if h.transport == "ssh" and not h.identity_file]
     if no_key and not spec.agent_socket:
         err(f"warning: cron runs without your ssh-agent, and {', '.join(no_key)} "
@@ -202,7 +208,8 @@ def _is_socket(path: str) -> bool:
 @app.command("list", epilog=epilog("schedule list"))
 @handle_errors
 def list_(runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
-    """Every schedule in your crontab: expression, next three runs, last run and its status."""
+    """Every schedule in your crontab: expression, next three runs, and its last firing: when, what
+    it came to (succeeded, failed, stopped, running, skipped: lock held, skipped: slots busy) and its run."""
     from datetime import datetime
 
     from .. import schedule as S
@@ -215,20 +222,29 @@ def list_(runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
               + "; add one with `clusterddp schedule add`")
         return
     now = datetime.now().astimezone()
-    rows = [("NAME", "CRON", f"NEXT RUNS ({now.tzname()})", "LAST RUN", "STATUS", "SKIPS")]
+    rows = [("NAME", "CRON", f"NEXT RUNS ({now.tzname()})", "LAST FIRED", "OUTCOME", "RUN", "SKIPS")]
     for e in found:
         try:
             nxt = "  ".join(t.strftime("%Y-%m-%d %H:%M") for t in S.next_runs(e.cron, 3, now))
         except Exception:  # an entry edited by hand into something croniter cannot follow
             nxt = "?"
         store = RunStore(e.runs_dir) if e.runs_dir else None
-        last = store.last_run(e.name) if store else None
+        last = S.last_firing(store, e.name) if store else None
         skips = len(store.skips(e.name)) if store else 0
-        rows.append((e.name, e.cron, nxt, last["run_id"] if last else "-", last["status"] if last else "-",
-                     str(skips)))
+        rows.append((e.name, e.cron, nxt, _local(last["at"]) if last else "-", last["outcome"] if last else "-",
+                     (last["run_id"] or last["holder"] or "-") if last else "-", str(skips)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])  # last column unpadded
+
+
+def _local(stamp: str | None) -> str:
+    """A stored UTC time as local time, to the minute, as NEXT RUNS shows its times."""
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(str(stamp)).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return "?"
 
 
 @app.command("remove", epilog=epilog("schedule remove"))
@@ -270,8 +286,10 @@ def run(name: str = typer.Argument(..., help="The schedule to run now."),
         err("interrupted")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    if rc == S.SKIP_EXIT:
-        err(f"schedule {name}: skipped, its previous run still holds the lock")
+    if rc == S.LOCK_HELD_EXIT:
+        err(f"schedule {name}: skipped, its previous run still holds the schedule's lock (nothing started)")
+    elif rc == S.BUSY_EXIT:
+        err(f"schedule {name}: skipped, the GPU slots it needs are taken (nothing started)")
     raise typer.Exit(rc)
 
 
@@ -295,7 +313,8 @@ def _copy_new(log: str | None, pos: int) -> int:
 @handle_errors
 def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file.")) -> None:
     """What a schedule's crontab line runs: check the spec, take the schedule's lock without
-    waiting (held: the previous run still runs, so record a skip and exit 75), run `clusterddp up`."""
+    waiting (held: the previous run still runs, so record a skip and exit 3), run `clusterddp up`,
+    record what the firing came to (`schedule list` shows it) and exit with `up`'s exit code."""
     from .. import schedule as S
     from ..store import utcnow
 
@@ -303,10 +322,13 @@ def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file."))
     lock = S.try_lock(spec)
     if lock is None:
         from .. import notify
-        reason, holder = _record_skip(spec.name, spec.runs_dir)
-        for line in notify.tell_skip(spec.inventory, dict(spec.up).get("notify", []), spec.name, reason, holder):
+        firing = _record_skip(spec.name, spec.runs_dir)
+        assert firing.reason is not None
+        for line in notify.tell_skip(spec.inventory, dict(spec.up).get("notify", []), spec.name, firing.reason,
+                                     firing.holder):
             err(visible(line))
-        raise typer.Exit(S.SKIP_EXIT)
+        raise typer.Exit(S.LOCK_HELD_EXIT)
+    since = utcnow("milliseconds")
     print(f"[clusterddp] {utcnow()} schedule {spec.name}: starting clusterddp up (spec {spec.spec_path})", flush=True)
     proc = S.start_up(spec, lock)
     while True:
@@ -315,19 +337,35 @@ def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file."))
             break
         except KeyboardInterrupt:  # the run got the Ctrl-C too, and tears down; wait for it
             continue
-    raise typer.Exit(rc if rc >= 0 else 128 - rc)
+    rc = rc if rc >= 0 else 128 - rc
+    _record_end(spec, since, rc)
+    raise typer.Exit(rc)
 
 
-def _record_skip(name: str, runs_dir: str) -> tuple[str, str | None]:
+def _record_skip(name: str, runs_dir: str):
     from .. import schedule as S
     from ..record import RunStatus
-    from ..store import RunStore
+    from ..store import RunStore, utcnow
 
-    store = RunStore(runs_dir)
-    last = store.last_run(name)
+    last = RunStore(runs_dir).last_run(name)
     holder = last["run_id"] if last and last["status"] == RunStatus.RUNNING else None
-    reason = (f"the previous run{' ' + holder if holder else ''} still holds "
-              f"{S.lock_path(str(store.root), name)}")
-    rec = store.record_skip(name, reason, holder)
-    print(f"[clusterddp] {rec['at']} schedule {name}: skipped; {reason}", flush=True)
-    return reason, holder
+    firing = S.skipped(name, str(RunStore(runs_dir).root), utcnow(), holder)
+    S.record_firing(runs_dir, name, firing)
+    print(f"[clusterddp] {firing.at} schedule {name}: {firing.says()}", flush=True)
+    return firing
+
+
+def _record_end(spec, since: str, rc: int) -> None:
+    """Record and say what the firing came to; a runs folder that cannot take it is said, and the
+    exit code stays `up`'s."""
+    from .. import schedule as S
+    from ..errors import ClusterDDPError
+    from ..store import utcnow
+
+    try:
+        firing = S.ended(spec, since, rc, S.run_since(spec.runs_dir, spec.name, since))
+        S.record_firing(spec.runs_dir, spec.name, firing)
+    except ClusterDDPError as e:
+        err(f"warning: schedule {spec.name}: this firing was not recorded: {str(e).splitlines()[0]}")
+        return
+    print(f"[clusterddp] {utcnow()} schedule {spec.name}: {firing.says()}", flush=True)

@@ -9,7 +9,9 @@ from .common import handle_errors
 
 @handle_errors
 def schema() -> None:
-    """Print the inventory's JSON Schema (save it and point your YAML editor at it: see the README)."""
+    """Print the inventory's JSON Schema, for YAML editors.
+
+    Save it and point your editor at it: see docs/inventory.md, "Editors and shells"."""
     from ..inventory.inventory_json_schema import SCHEMA_FILE, render
     try:
         text = SCHEMA_FILE.read_text(encoding="utf-8")

@@ -58,6 +58,7 @@ def up(
     local_rank_arg: str | None = LOCAL_RANK_ARG,
     dry_run: bool = option("dry_run"),
     show_secrets: bool = option("show_secrets"),
+    full: bool = option("full"),
     detach: bool = option("detach"),
     skip_check: bool = option("skip_check"),
     raw: bool = RAW,
@@ -87,7 +88,8 @@ def up(
     req = LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=spec, runs_dir=runs_dir, hosts=names,
                         slots=slots, exclude=host_list(exclude, "--exclude"), max_upload=limit, detach=detach,
                         skip_check=skip_check, join_timeout=join_timeout, wait=wait, schedule=schedule,
-                        nodes=parse_nodes(nodes), resume=resume)
+                        nodes=parse_nodes(nodes), env_files=tuple(e[1:] for e in env if e.startswith("@")),
+                        resume=resume)
     backend = backends.for_inventory(loaded)
     from .. import notify as N
     targets = N.targets_for(loaded.notify, notify)
@@ -97,9 +99,13 @@ def up(
     if warning:
         err(warning)
     if dry_run:
-        text = backend.render(prep, req)
+        text = backend.render(prep, req, full=full) + ("" if full else f"\n{FULL_HINT}")
         print(dry_run_text(text, prep.plan.run_id, () if show_secrets else secrets(req)), flush=True)
         return
+    if full:
+        from ..errors import UsageError
+        raise UsageError("--full goes with --dry-run: it says how much a dry run prints",
+                         "add --dry-run, or leave --full out")
     if detach and targets and not backend.detached_notify:
         err(f"warning: notify: a detached `{backend.name}:` run is not told of its end (no launcher is attached to "
             "see it); leave --detach out to be told, e.g. under nohup or tmux")
@@ -139,13 +145,14 @@ def watchdog(stall_timeout: float | None, progress_regex: str | None, inv) -> di
     s = stall_timeout if stall_timeout is not None else inv.stall_timeout
     if s is not None and 0 < s < 1:
         raise UsageError(f"--stall-timeout {s:g}: under a second, any pause of the job would end it",
-                         "give it in seconds, at least 1 (see the README's \"When a run hangs\"), or 0 for off")
+                         "give it in seconds, at least 1 (see docs/failures.md, \"The stall watchdog\"), or 0 for off")
     regex = progress_regex if progress_regex is not None else inv.progress_regex
     if progress_regex is not None:
         check_progress_regex(progress_regex)
     return {"stall_timeout": s or None, "progress_regex": regex}
 
 
+FULL_HINT = "(--dry-run --full prints every node's whole start command and launch script)"
 DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run, so it has none
 MASK = "***"
 

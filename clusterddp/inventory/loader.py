@@ -78,7 +78,7 @@ def _where(path: str, root: yaml.Node | None, loc: tuple, line: int | None = Non
 
 def _message(p: Problem) -> str:
     if p.kind == "extra_forbidden":
-        return "unknown key; check its spelling against the inventory reference in the README"
+        return "unknown key; check its spelling against docs/inventory.md, \"Inventory reference\""
     if p.kind == "too_short":
         return "must list at least one host"
     return p.msg

@@ -25,7 +25,7 @@ What stays on the line, and why, is said in :mod:`.crontab`.
 The package, by job: :mod:`.cron` (cron's grammar: the time fields, when they fire, ``%``),
 :mod:`.spec` (the spec, its file, the `up` command it stands for), :mod:`.crontab` (rendering,
 parsing and editing crontab lines, the editing lock, running an entry as cron would) and
-:mod:`.fire` (the schedule's lock and starting its `up`). Callers use the names re-exported here.
+:mod:`.fire` (the schedule's lock, starting its `up`, what each firing came to). Callers use the names re-exported here.
 """
 
 from .cron import (
@@ -60,10 +60,19 @@ from .crontab import (
     write_crontab,
 )
 from .fire import (
-    SKIP_EXIT,
+    BUSY_EXIT,
+    LOCK_HELD,
+    LOCK_HELD_EXIT,
+    SLOTS_BUSY,
+    Firing,
+    ended,
+    last_firing,
     lock_holder,
     lock_within,
     open_lock,
+    record_firing,
+    run_since,
+    skipped,
     start_up,
     try_lock,
 )
@@ -86,10 +95,11 @@ from .spec import (
     up_options,
 )
 
-__all__ = ["CRON_PATH", "Edit", "Entry", "KEYWORDS", "LOCK_DEADLINE", "MAX_COMMAND", "MAX_SPEC_BYTES", "NAME_RE",
-           "SKIP_EXIT", "SPEC_SCHEMA", "SYSTEM_PATH", "ScheduleSpec", "TAG", "add", "check_cron", "check_name",
-           "cron_command", "cron_daemon_running", "cron_environment", "current_executable", "current_user",
-           "editing", "entries", "find", "load_spec", "lock_holder", "lock_path", "lock_within", "log_path",
-           "next_runs", "open_lock", "parse_line", "read_crontab", "remove", "render_command", "render_line",
-           "save_spec", "schedules_dir", "search_path", "spec_from_json", "spec_path", "start", "start_up",
-           "try_lock", "up_argv", "up_options", "with_line", "without_line", "write_crontab"]
+__all__ = ["BUSY_EXIT", "CRON_PATH", "Edit", "Entry", "Firing", "KEYWORDS", "LOCK_DEADLINE", "LOCK_HELD",
+           "LOCK_HELD_EXIT", "MAX_COMMAND", "MAX_SPEC_BYTES", "NAME_RE", "SLOTS_BUSY", "SPEC_SCHEMA", "SYSTEM_PATH",
+           "ScheduleSpec", "TAG", "add", "check_cron", "check_name", "cron_command", "cron_daemon_running",
+           "cron_environment", "current_executable", "current_user", "editing", "ended", "entries", "find",
+           "last_firing", "load_spec", "lock_holder", "lock_path", "lock_within", "log_path", "next_runs",
+           "open_lock", "parse_line", "read_crontab", "record_firing", "remove", "render_command", "render_line",
+           "run_since", "save_spec", "schedules_dir", "search_path", "skipped", "spec_from_json", "spec_path",
+           "start", "start_up", "try_lock", "up_argv", "up_options", "with_line", "without_line", "write_crontab"]

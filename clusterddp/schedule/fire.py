@@ -1,20 +1,118 @@
 """What a schedule's crontab line runs (``clusterddp schedule fire SPEC``): take the schedule's lock
-without waiting (held: the previous run still runs, so the caller records a skip and exits
-:data:`SKIP_EXIT`), then start its `clusterddp up` holding that lock."""
+without waiting, then start its `clusterddp up` holding that lock; and what each firing came to.
+
+A firing's outcome (:class:`Firing`, recorded in runs.db's ``firings`` table, shown by `schedule list`):
+the status of the run it started (``succeeded``, ``failed``, ``stopped``), or one of two skips, told
+apart by their exit codes as well as their words:
+
+* :data:`LOCK_HELD` (exit :data:`LOCK_HELD_EXIT`): the schedule's previous run still holds its lock, so
+  nothing was started (:func:`skipped`);
+* :data:`SLOTS_BUSY` (exit :data:`BUSY_EXIT`, `up`'s own): `up` found the GPU slots it needs taken (or a
+  host quarantined) and started nothing; a schedule added with ``--wait`` waits in the queue instead.
+
+A firing that failed before its run was recorded (bad input, the preflight) is ``failed`` with no run:
+only a run that `clusterddp runs` lists is ever named (:func:`ended`).
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import time
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from .. import envfile, files
-from ..errors import ClusterDDPError, LockTimeout
+from ..errors import ClusterDDPError, LeaseBusy, LockTimeout
 from ..files import lock_polled, read_bounded
-from .spec import ScheduleSpec, search_path, up_argv
+from .spec import ScheduleSpec, lock_path, search_path, up_argv
 
-SKIP_EXIT = 75  # the previous run still holds the lock (EX_TEMPFAIL)
+LOCK_HELD_EXIT = 3  # the schedule's previous run still holds its lock: nothing started
+BUSY_EXIT = LeaseBusy.exit_code  # 75 (EX_TEMPFAIL), `up`'s: the GPU slots were taken, nothing started
+INTERRUPTED_EXIT = 130
+LOCK_HELD, SLOTS_BUSY = "skipped: lock held", "skipped: slots busy"
+SUCCEEDED, FAILED, STOPPED = "succeeded", "failed", "stopped"  # as RunStatus says them
+
+
+@dataclass(frozen=True)
+class Firing:
+    """What one firing of a schedule came to (see the module docstring)."""
+
+    outcome: str
+    at: str                      # when it fired (UTC, ISO 8601)
+    run_id: str | None = None    # the run it started, once recorded (`clusterddp runs` lists it)
+    holder: str | None = None    # LOCK_HELD: the previous run, still running, when known
+    reason: str | None = None    # in words, for the log and `schedule run`
+
+    def says(self) -> str:
+        """The firing in one line: ``skipped: slots busy: ...``, ``failed (run X)``."""
+        return (self.outcome + (f" (run {self.run_id})" if self.run_id else "")
+                + (f": {self.reason}" if self.reason else ""))
+
+
+def skipped(name: str, runs_dir: str, at: str, holder: str | None) -> Firing:
+    """The firing that found the schedule's lock held (by its run ``holder``, when known)."""
+    return Firing(LOCK_HELD, at, holder=holder,
+                  reason=f"the previous run{' ' + holder if holder else ''} still holds {lock_path(runs_dir, name)}")
+
+
+def ended(spec: ScheduleSpec, at: str, rc: int, run: dict | None) -> Firing:
+    """The firing that ran `up` (at ``at``): its outcome from ``run``, the run of the schedule that
+    `up` recorded since (None: it recorded none), else from `up`'s exit code ``rc``."""
+    if run is not None:
+        return Firing(str(run["status"]), at, run_id=str(run["run_id"]))
+    if rc == 0:  # `up` records every run it starts: this one started none (nothing to name)
+        return Firing(SUCCEEDED, at)
+    if rc == BUSY_EXIT:
+        return Firing(SLOTS_BUSY, at, reason="the GPU slots it needs were taken, or a host it needs is quarantined "
+                      "(its log says by whom); nothing was started"
+                      + ("" if spec.wait else "; to wait in the queue instead, add the schedule again with --wait "
+                         f"(`clusterddp schedule add {spec.name} ... --replace --wait`)"))
+    if rc == INTERRUPTED_EXIT:
+        return Firing(STOPPED, at, reason="`clusterddp up` was interrupted before its run was recorded")
+    return Firing(FAILED, at, reason=f"`clusterddp up` exited {rc} before its run was recorded "
+                  "(bad input, or the preflight check: its log says why); nothing was started")
+
+
+def run_since(runs_dir: str, name: str, since: str) -> dict | None:
+    """The newest run of schedule ``name`` recorded at or after ``since`` (the firing's run: the
+    schedule's lock keeps a second firing from starting one meanwhile), or None."""
+    from ..store import RunStore
+    last = RunStore(runs_dir).last_run(name)
+    try:
+        if last is None or datetime.fromisoformat(str(last["started_at"])) < datetime.fromisoformat(since):
+            return None
+    except ValueError:  # a hand-edited index: not this firing's run
+        return None
+    return last
+
+
+def last_firing(store: Any, name: str) -> dict | None:
+    """Schedule ``name``'s newest firing in ``store`` (a RunStore), as its ``firings`` row: the last one
+    recorded, or the newest run of the schedule when that started after it (a firing still running,
+    or one whose `schedule fire` was killed). A recorded firing's run shows its status now. Its run
+    is the one it started or, for a skip because the lock was held, the one that held it
+    (``holder``): either is a run that `clusterddp runs` lists."""
+    from ..store import when_of
+    recorded = next(iter(store.firings(name, 1)), None)
+    run = store.last_run(name)
+    if run is None:
+        return recorded
+    if recorded is not None and run["run_id"] == recorded["run_id"]:
+        return {**recorded, "outcome": str(run["status"])}
+    if recorded is None or when_of(run["started_at"]) > when_of(recorded["at"]):
+        return {"schedule": name, "at": run["started_at"], "outcome": str(run["status"]), "run_id": run["run_id"],
+                "holder": None, "reason": None}
+    return recorded
+
+
+def record_firing(runs_dir: str, name: str, firing: Firing) -> dict:
+    """Record ``firing`` in the runs folder's index (StoreError when it cannot be written)."""
+    from ..store import RunStore
+    return RunStore(runs_dir).record_firing(name, firing.outcome, firing.at, run_id=firing.run_id,
+                                            holder=firing.holder, reason=firing.reason)
 
 
 def lock_holder(path: str) -> tuple[int, str] | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import launch
 from ..errors import ClusterDDPError, FileRefused, SpecError, UsageError
-from ..files import read_bounded, write_private
+from ..files import make_folders, read_bounded, write_private
 from ..plan import RunSpec
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]+")  # used with fullmatch: "$" would accept a trailing newline
@@ -332,7 +332,7 @@ def save_spec(spec: ScheduleSpec) -> None:
     # JSON's \\u escapes keep any str, even the lone surrogates that stand for non-UTF-8 bytes of argv.
     data = (json.dumps(spec.to_json(), indent=2, ensure_ascii=True) + "\n").encode()
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        make_folders(folder)  # the runs folder too, and any above it that it makes: 0700, as the store makes them
         os.chmod(folder, 0o700)  # older versions made it with the umask; it holds the specs and logs
         write_private(spec.spec_path, data)
     except OSError as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -232,3 +233,29 @@ CROSS_CHECKED = {"host", "name", "master", "collect", "progress_regex", "webhook
 
 
 VALIDATOR = _validator()
+
+
+def test_the_docs_field_reference_is_the_schema_rendered():
+    from clusterddp.inventory import inventory_json_schema as J
+    text = J.DOCS_FILE.read_text()
+    assert text == J.docs_with_reference(text), \
+        "docs/inventory.md's fields are stale: python -m clusterddp.inventory.inventory_json_schema --write-docs"
+    # every field of every block has its own heading, and no two headings (anchors) are alike
+    headings = re.findall(r"^#### `([^`]+)`$", text, flags=re.M)
+    assert len(headings) == len(set(headings))
+    defs = J.generate()["$defs"]
+    for _, blocks, prefix in J.BLOCKS:
+        for b in blocks:
+            for key in defs[b]["properties"]:
+                assert f"{prefix}{key}" in headings, (b, key)
+    assert "stall_timeout" in headings and "hosts[].gpus" in headings
+
+
+def test_the_reference_says_what_a_field_takes_in_words():
+    from clusterddp.inventory.inventory_json_schema import _default, _kind
+    assert _kind({"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1024}, {"type": "null"}]}) == \
+        "a whole number from 1 to 1024"
+    assert _kind({"type": "number", "exclusiveMinimum": 0, "maximum": 120}) == "a number above 0, at most 120"
+    assert _kind({"type": "array", "items": {"type": "integer", "minimum": 0}}) == "a list of whole numbers, 0 or more"
+    assert _kind({"enum": ["strict", "accept-new"], "type": "string"}) == "one of `strict`, `accept-new`"
+    assert _default({"default": 10}, False) == "`10`" and _default({}, True) == "required"

@@ -295,17 +295,21 @@ def test_cron_line_fires_up_with_every_word_exactly(tmp_path, module):
     assert call["env"]["SSH_AUTH_SOCK"] == str(tmp_path / "agent 50%.sock")
     log = (runs / "schedules" / "nightly.log").read_text()
     start = rf"\[clusterddp\] \S+ schedule nightly: starting clusterddp up \(spec {re.escape(s.spec_path)}\)\n"
-    assert re.fullmatch(start + rf"fake clusterddp ran {call['argv'][0]}\n", log), log
+    end = r"\[clusterddp\] \S+ schedule nightly: succeeded\n"  # what the firing came to (the fake records no run)
+    assert re.fullmatch(start + rf"fake clusterddp ran {call['argv'][0]}\n" + end, log), log
 
 
 def test_exit_code_of_the_run_is_the_exit_code_of_the_line(tmp_path):
     exe = _fake_clusterddp(tmp_path)
     s = _saved(spec(runs_dir=str(tmp_path / "runs"), launch_dir=str(tmp_path), executable=(str(exe),),
                     bin_dir=str(exe.parent)))
-    r = _run_as_cron(S.render_line(s), tmp_path, {"FAKE_RC": "3"})
-    assert r.returncode == 3
+    r = _run_as_cron(S.render_line(s), tmp_path, {"FAKE_RC": "4"})
+    assert r.returncode == 4
     assert [c["argv"][0] for c in _calls(tmp_path)] == ["up"]
     assert RunStore(s.runs_dir).skips("nightly") == []  # a failed run is not a skip
+    (firing,) = RunStore(s.runs_dir).firings("nightly")
+    assert (firing["outcome"], firing["run_id"]) == ("failed", None)  # no run recorded: none named
+    assert "exited 4 before its run was recorded" in firing["reason"]
 
 
 def test_held_lock_skips_the_run_and_records_it(tmp_path):
@@ -315,12 +319,13 @@ def test_held_lock_skips_the_run_and_records_it(tmp_path):
     with open(s.lock_path, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # our own folder: free
         r = _run_as_cron(S.render_line(s), tmp_path)
-    assert r.returncode == S.SKIP_EXIT, r.stderr
+    assert r.returncode == S.LOCK_HELD_EXIT == 3, r.stderr
     assert _calls(tmp_path) == []
     (skip,) = RunStore(runs).skips("nightly")
     assert skip["holder"] is None and skip["reason"] == f"the previous run still holds {s.lock_path}"
+    assert skip["outcome"] == "skipped: lock held" and skip["run_id"] is None
     assert (runs / "schedules" / "nightly.log").read_text() == (
-        f"[clusterddp] {skip['at']} schedule nightly: skipped; {skip['reason']}\n")
+        f"[clusterddp] {skip['at']} schedule nightly: skipped: lock held: {skip['reason']}\n")
     r = _run_as_cron(S.render_line(s), tmp_path)  # lock free again: the run starts
     assert r.returncode == 0 and _calls(tmp_path)[-1]["argv"][0] == "up"
 
@@ -535,10 +540,13 @@ def test_store_last_run_and_skips(tmp_path):
                                 ("r4", "2026-11-29T04:00:00+00:00", None)]:
         store.create(make_record(rid, (), status=RunStatus.SUCCEEDED, started_at=started, schedule=sched))
     assert store.last_run("n")["run_id"] == "r2" and store.last_run("zzz") is None
-    store.record_skip("n", "busy", holder="r2")
-    store.record_skip("n", "busy again")
+    store.record_firing("n", "skipped: lock held", holder="r2", reason="busy")
+    store.record_firing("n", "succeeded", run_id="r2")
+    store.record_firing("n", "skipped: slots busy", reason="busy again")
     assert [(s["reason"], s["holder"]) for s in store.skips("n")] == [("busy again", None), ("busy", "r2")]
-    assert store.skips("other") == []
+    assert [f["outcome"] for f in store.firings("n")] == ["skipped: slots busy", "succeeded", "skipped: lock held"]
+    assert store.firings("n", 1)[0]["reason"] == "busy again"
+    assert store.skips("other") == [] and store.firings("other") == []
     assert [r["run_id"] for r in store.list()] == ["r4", "r3", "r2", "r1"]  # skips are not runs
 
 

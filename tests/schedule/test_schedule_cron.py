@@ -145,10 +145,10 @@ def test_add_list_replace_remove_keep_foreign_lines(crontab, work):
 
     r = cddp("schedule", "list", check_rc=0, timeout=60)
     out = r.stdout.splitlines()
-    assert re.match(r"NAME +CRON +NEXT RUNS \(\w+\) +LAST RUN +STATUS +SKIPS$", out[0])
+    assert re.match(r"NAME +CRON +NEXT RUNS \(\w+\) +LAST FIRED +OUTCOME +RUN +SKIPS$", out[0])
     date = r"\d{4}-\d\d-\d\d \d\d:\d\d"
-    assert re.match(rf"nightly +30 4 \* \* 1 +({date}  ){{2}}{date} +- +- +0$", out[1]), out[1]
-    assert re.match(rf"weekly +@weekly +({date}  ){{2}}{date} +- +- +0$", out[2]), out[2]
+    assert re.match(rf"nightly +30 4 \* \* 1 +({date}  ){{2}}{date} +- +- +- +0$", out[1]), out[1]
+    assert re.match(rf"weekly +@weekly +({date}  ){{2}}{date} +- +- +- +0$", out[2]), out[2]
     assert len(out) == 3 and all(" 04:30" in d for d in re.findall(date, out[1]))
 
     assert cddp("schedule", "remove", "nightly", check_rc=0).stdout == "removed schedule nightly\n"
@@ -218,7 +218,8 @@ def test_schedule_run_runs_the_entry_as_cron_would(crontab, work, tmp_path):
     assert f"run {run_id} succeeded" in log and "[local] leak None" in log
 
     out = cddp("schedule", "list", check_rc=0).stdout.splitlines()[1]
-    assert re.search(rf" {run_id} +succeeded +0$", out), out
+    assert re.search(rf" \d\d:\d\d +succeeded +{run_id} +0$", out), out
+    assert f"schedule nightly: succeeded (run {run_id})" in log  # what the firing came to, last in the log
     runs = cddp("runs", "--runs-dir", str(work / "runs"), check_rc=0).stdout
     assert any(run_id in x and "nightly" in x for x in runs.splitlines()), runs
 
@@ -234,12 +235,14 @@ def test_overlapping_run_is_skipped_and_recorded(crontab, work):
         assert holder and holder["status"] == "running"
 
         r = cddp("schedule", "run", "hold", timeout=60)
-        assert r.returncode == S.SKIP_EXIT, r.stdout + r.stderr
-        assert "skipped, its previous run still holds the lock" in r.stderr
+        assert r.returncode == S.LOCK_HELD_EXIT == 3, r.stdout + r.stderr  # not 75: the GPU slots' (`up`'s)
+        assert "skipped, its previous run still holds the schedule's lock" in r.stderr and "GPU" not in r.stderr
         (skip,) = store.skips("hold")
-        assert skip["holder"] == holder["run_id"]
-        assert f"schedule hold: skipped; the previous run {holder['run_id']} still holds" in r.stdout
+        assert (skip["outcome"], skip["holder"], skip["run_id"]) == ("skipped: lock held", holder["run_id"], None)
+        assert f"schedule hold: skipped: lock held: the previous run {holder['run_id']} still holds" in r.stdout
         assert [x["run_id"] for x in store.list()] == [holder["run_id"]]  # nothing else started
+        listed = cddp("schedule", "list", check_rc=0).stdout.splitlines()[1]
+        assert re.search(rf" skipped: lock held +{holder['run_id']} +1$", listed), listed  # the run that held it
     finally:
         release.touch()
         out, _ = first.communicate(timeout=120)
@@ -247,12 +250,13 @@ def test_overlapping_run_is_skipped_and_recorded(crontab, work):
     assert store.load(holder["run_id"]).status == "succeeded"
     log = (work / "runs" / "schedules" / "hold.log").read_text()
     assert log.count("schedule hold: skipped") == 1 and f"run {holder['run_id']} succeeded" in log
+    assert f"schedule hold: succeeded (run {holder['run_id']})" in log
 
     r = cddp("schedule", "run", "hold", check_rc=0)  # the lock went with the run
     again = re.search(r"^run (\S+)$", r.stdout, re.M).group(1)
     assert again != holder["run_id"] and store.last_run("hold")["status"] == "succeeded"
     assert len(store.skips("hold")) == 1
-    assert re.search(rf" {again} +succeeded +1$", cddp("schedule", "list", check_rc=0).stdout, re.M)
+    assert re.search(rf" succeeded +{again} +1$", cddp("schedule", "list", check_rc=0).stdout, re.M)
 
 
 def test_an_env_secret_is_in_no_crontab_line_only_in_the_0600_spec_file(crontab, work):

@@ -39,11 +39,11 @@ class SlurmBackend:
                              "is new each time too)")
         return job.prepare_request(req, contact=contact)
 
-    def render(self, prep: base.Prepared, req: base.LaunchRequest) -> str:
+    def render(self, prep: base.Prepared, req: base.LaunchRequest, *, full: bool = True) -> str:
         from . import job
         assert isinstance(prep, job.Prepared)
         try:
-            return job.render(prep, req)
+            return job.render(prep, req, full)
         finally:
             prep.login.close()
 

@@ -525,17 +525,19 @@ def _webhooks(req: base.LaunchRequest) -> list:
 
 
 def scan(prep: Prepared, req: base.LaunchRequest) -> SourceFolder:
-    folder = upload.scan(prep.source_dir, prep.store.root)
+    secrets = upload.secret_files(req.inventory, req.notify, req.env_files)
+    folder = upload.scan(prep.source_dir, prep.store.root, secrets)
     upload.check_upload_size(folder, req.max_upload)
     return folder
 
 
-def render(prep: Prepared, req: base.LaunchRequest) -> str:
-    """The dry-run text: the plan (:func:`plan.render`), where it would be submitted, what it uploads."""
-    out = [f"run {prep.plan.run_id}", SP.render(prep.plan)]
+def render(prep: Prepared, req: base.LaunchRequest, full: bool = True) -> str:
+    """The dry-run text: the plan (:func:`plan.render`; not ``full``: :func:`plan.summary`), where it
+    would be submitted, what it uploads and leaves out."""
+    out = [f"run {prep.plan.run_id}", SP.render(prep.plan) if full else SP.summary(prep.plan)]
     if prep.login.host is not None:
         out.append(f"login host: {prep.login.name} over SSH (not contacted by --dry-run; ~ is the home there)")
-    return "\n".join([*out, f"upload: {scan(prep, req).summary()}"])
+    return "\n".join([*out, *scan(prep, req).described()])
 
 
 def job_line(info: JobInfo) -> str:
@@ -573,7 +575,8 @@ def _up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutc
     folder = scan(prep, req)
     prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule))
     events.say(f"run {run_id}")  # once recorded, so `logs`/`status` find it (as for SSH runs)
-    events.say(f"upload: {folder.summary()}")
+    for line in folder.report():
+        events.say(line)
     started = time.monotonic()
 
     def on_state(info: JobInfo) -> None:

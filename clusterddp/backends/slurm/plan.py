@@ -264,6 +264,26 @@ def render(p: SlurmPlan) -> str:
     return "\n".join(out)
 
 
+def summary(p: SlurmPlan) -> str:
+    """The short dry-run text: where the run goes, its ``#SBATCH`` options, the torchrun command every
+    node runs (as a person reads it: :func:`clusterddp.plan.readable_command`'s words) and the env (one
+    ``export NAME=VALUE`` line each). :func:`render` has both scripts."""
+    s = p.settings
+    head = render(p).split("\n", 3)[:3]
+    command = next((line for line in p.node_script.splitlines() if " torch.distributed.run " in line), "")
+    wrapped = " ".join(P.shell_word(w) for w in P.torchrun_start(s.python))
+    command = command.replace(wrapped, f"{NS.q(s.python)} -m torch.distributed.run")
+    env = tuple({**dict(s.env), **dict(p.spec.env)}.items())
+    out = [*head, "sbatch options: " + " ".join(line[len("#SBATCH "):] for line in p.batch_script.splitlines()
+                                                  if line.startswith("#SBATCH ")),
+           *(f"setup: {line}" for line in s.setup),
+           f"command (every node, through srun): {command}",
+           "env:" + ("" if env else " (none set by the inventory or -e)"), *(f"  export {k}={NS.q(v)}" for k, v in env)]
+    if p.collect:
+        out += ["collect: " + ", ".join(p.collect)]
+    return "\n".join(out)
+
+
 # `check` on a compute node: what it prints, one "key value" line each.
 _PROBE_PY = ("import platform, sys\n"
              "print('python', platform.python_version())\n"

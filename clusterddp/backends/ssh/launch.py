@@ -50,15 +50,18 @@ class Prepared:
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
             run_id: str | None = None, exclude: list[str] | None = None,
             loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None,
-            nodes: tuple[int, int] | None = None, resume: str | None = None,
-            schedule: str | None = None) -> Prepared:
+            nodes: tuple[int, int] | None = None, secrets: tuple[upload.Secret, ...] = (),
+            resume: str | None = None, schedule: str | None = None) -> Prepared:
     """Validate input and plan the run (no network). Raises UsageError for bad input.
     ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
     GPUs by host (``--hosts gpu-01:0,1``), over the inventory's. ``nodes``: ``--nodes MIN:MAX``
-    (the run starts on the first MAX hosts). ``resume``: ``--resume RUN`` (``schedule``: the schedule
-    starting the run, for ``previous``), checked against this run store (:func:`clusterddp.resume.resolve`)."""
+    (the run starts on the first MAX hosts). ``secrets``: files never uploaded
+    (:func:`clusterddp.upload.secret_files`; the inventory's own are added here). ``resume``: ``--resume
+    RUN`` (``schedule``: the schedule starting the run, for ``previous``), checked against this run
+    store (:func:`clusterddp.resume.resolve`)."""
     script = base.check_script(spec.script)
     inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
+    secrets = (*upload.secret_files(inventory), *secrets)  # every host's, before --hosts narrows them
     if not inventory.hosts:
         raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
                          "give it an inventory with `hosts:`")
@@ -97,7 +100,7 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
     source_dir = script.resolve().parent
     # A script whose folder never names clusterddp cannot import clusterddp.train: its nodes need not
     # look for one (a python start on each node before torchrun; issue 24, section 7).
-    folder = None if local else upload.scan(source_dir, store.root)
+    folder = None if local else upload.scan(source_dir, store.root, secrets)
     lookup = folder is None or upload.mentions_clusterddp(folder)
     plan = P.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
     return Prepared(plan, store, source_dir, folder, notes, resumes)
@@ -144,7 +147,7 @@ def describe_upload(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> str
         return None
     folder = prep.folder or upload.scan(prep.source_dir, prep.store.root)
     upload.check_upload_size(folder, max_upload)
-    return f"upload: {folder.summary()}"
+    return "\n".join(folder.described())
 
 
 def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> upload.Upload | None:
@@ -457,7 +460,8 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     if leased:
         events.say(leased)
     if packed is not None:
-        events.say(f"upload: {packed.folder.summary()}")
+        for line in packed.folder.report():
+            events.say(line)
     _resume(prep, req, events, chosen, fleet, lease)
     events.hosts([n.host.name for n in plan.nodes])
     started = time.monotonic()

@@ -68,7 +68,7 @@ def test_dry_run_prints_the_batch_script_and_contacts_nothing(tmp_path):
     inv = tmp_path / "c.yaml"
     inv.write_text(INV.replace("/shared/cddp", str(tmp_path / "shared")))
     # No Slurm reachable: a SLURM_CONF naming no file makes any Slurm command fail.
-    r = cddp("up", str(inv), str(script), "--dry-run", "--runs-dir", str(tmp_path / "runs"),
+    r = cddp("up", str(inv), str(script), "--dry-run", "--full", "--runs-dir", str(tmp_path / "runs"),
              "--", "--lr", "0.1", env={"SLURM_CONF": str(tmp_path / "nope.conf")}, check_rc=0)
     assert "#SBATCH --nodes=2-4" in r.stdout and "#SBATCH --partition=gpu" in r.stdout
     assert "t.py --lr 0.1" in r.stdout and "upload: 1 files" in r.stdout
