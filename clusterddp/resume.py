@@ -227,7 +227,9 @@ def node_found(fleet: Fleet, nodes: Sequence[P.NodeLaunch], globs: Sequence[str]
     """The newest checkpoint of each series still on each of ``nodes`` (a run's, from its record),
     listed through the collect protocol (nothing read or hashed there). A node that does not answer,
     or whose list does not come whole, is said and passed over."""
-    request = {"globs": list(globs), "have": {}, "list": True}
+    # "written": only files the job wrote (modified since the script's folder was unpacked), as the mirror
+    # asks: a *.pt that came with the upload is no checkpoint (a node program that predates it ignores it)
+    request = {"globs": list(globs), "have": {}, "list": True, "written": True}
 
     def ask(n: P.NodeLaunch, t: Transport) -> dict[str, tuple[int, int]]:
         rx = Receiver(lambda rel: Path(os.devnull), request=request)
