@@ -193,3 +193,10 @@ def _exchange(t: Transport, node: P.NodeLaunch, rx: Receiver, request: dict) -> 
     if code != 0:
         lines = err.decode("utf-8", "replace").strip().splitlines()
         raise HostError(node.host.name, f"collect failed on the node: {lines[-1] if lines else f'exit {code}'}")
+
+
+def exchange(t: Transport, node: P.NodeLaunch, rx: Receiver, request: dict) -> None:
+    """One request of the collect protocol (:mod:`clusterddp.node.collect`) to ``node``, its answer fed
+    to ``rx`` (then ``rx.finish`` is the caller's); a HostError when the node's program fails. The one
+    exchange of ``collect``, for the other features that ask a node for its files (:mod:`clusterddp.resume`)."""
+    _exchange(t, node, rx, request)

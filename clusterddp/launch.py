@@ -121,6 +121,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("progress_regex", ("--progress-regex",), "text", None, "With a stall timeout: only a line matching "
            "REGEX counts as progress (default: any line of the ranks' output but clusterddp's own and known "
            "torch noise); over the inventory's progress_regex.", metavar="REGEX"),
+    Option("resume", ("--resume",), "text", None, "SSH runs: every node starts with the newest checkpoint that run "
+           "RUN (of this script and inventory) left, at the same path under its run folder: from RUN's mirror, what "
+           "was collected, or its nodes, sha256-checked. RUN: a run id (or its start or end), `last` (the newest "
+           "earlier run of this script and inventory), or `previous` (the previous run of a schedule: for "
+           "`schedule add`).", metavar="RUN"),
     Option("dry_run", ("--dry-run",), "bool", False, "Print what the run would do and contact no host: each "
            "node's torchrun command and env, what is uploaded and what is left out (secrets, inventories). Env "
            "values (-e, the inventory's env) are shown as ***.",

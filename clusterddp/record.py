@@ -273,6 +273,43 @@ class Attempt:
         return f"{head} ({self.at}): {moved}: {self.why}"
 
 
+MAX_RESUMED = 64  # checkpoints (series) named in ``resumed_from``
+
+
+@dataclass(frozen=True)
+class ResumedFrom:
+    """Where a run started from (``up --resume RUN``; ``resumed_from`` in run.json): the newest
+    checkpoint of each series that run ``run`` left, each put on every node of this run at the same
+    path under its run folder before the job started. ``checkpoints``: their names (a file, or a folder
+    ending in /); ``step``: the highest step their names hold (None: none holds a number); ``source``:
+    where they came from (``mirror``, ``collected``, ``node <host>``, several joined by ", ")."""
+
+    run: str
+    checkpoints: tuple[str, ...]
+    step: int | None
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "checkpoints": list(self.checkpoints), "step": self.step, "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: Any, path: str) -> ResumedFrom:
+        r = _Reader(data, path, "resumed_from")
+        run = _name(r.get("run", str), RUN_ID_RE, path, r.field("run"), "a run id (letters, digits, . _ -)")
+        names = r.get("checkpoints", tuple[str, ...])
+        if not 1 <= len(names) <= MAX_RESUMED or any(not n or len(n) > 4096 for n in names):
+            raise RecordError(path, r.field("checkpoints"), f"must be 1 to {MAX_RESUMED} paths")
+        step = r.get("step", int | None)
+        if step is not None:
+            _at_least(step, 0, r, "step")
+        return cls(run, names, step, r.get("source", str)[:1024])
+
+    def describe(self) -> str:
+        """The line `status` prints."""
+        step = f"step {self.step}; " if self.step is not None else ""
+        return f"resumed from run {self.run}: {', '.join(self.checkpoints)} ({step}source: {self.source})"
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """Everything known about one run: enough to reach its nodes again without the inventory."""
@@ -308,6 +345,9 @@ class RunRecord:
     lost: tuple[NodeRecord, ...] = ()
     # The clusterddp that started the run (``clusterddp --version``); None in records written before it.
     version: str | None = None
+    # `up --resume RUN`: the checkpoints this run started from (absent from older records and from runs
+    # that did not resume).
+    resumed_from: ResumedFrom | None = None
 
     @property
     def attempt(self) -> int:
@@ -342,7 +382,8 @@ class RunRecord:
                 **({"slurm": self.slurm.to_json()} if self.slurm else {}),
                 **({"attempts": [a.to_json() for a in self.attempts]} if self.attempts else {}),
                 **({"lost_nodes": [n.to_json() for n in self.lost]} if self.lost else {}),
-                **({"clusterddp_version": self.version} if self.version else {})}
+                **({"clusterddp_version": self.version} if self.version else {}),
+                **({"resumed_from": self.resumed_from.to_json()} if self.resumed_from else {})}
 
     @classmethod
     def from_json(cls, data: Any, path: str) -> RunRecord:
@@ -382,7 +423,8 @@ class RunRecord:
                    slurm=SlurmJob.from_json(data["slurm"], path) if data.get("slurm") is not None else None,
                    attempts=_attempts(r.get("attempts", list, default=[]), path),
                    lost=_lost(r.get("lost_nodes", list, default=[]), path),
-                   version=_version(r.get("clusterddp_version", str | None, default=None), path))
+                   version=_version(r.get("clusterddp_version", str | None, default=None), path),
+                   resumed_from=_resumed(r.get("resumed_from", dict | None, default=None), path))
 
 
 def _version(value: str | None, path: str) -> str | None:
@@ -398,6 +440,11 @@ def _attempts(data: list, path: str) -> tuple[Attempt, ...]:
     if len(data) > MAX_ATTEMPTS:
         raise RecordError(path, "attempts", f"more than {MAX_ATTEMPTS} entries")
     return tuple(Attempt.from_json(a, path, f"attempts[{i}]") for i, a in enumerate(data))
+
+
+def _resumed(data: dict | None, path: str) -> ResumedFrom | None:
+    """run.json's ``resumed_from`` (added after schema 1 without a version bump, like ``attempts``)."""
+    return None if data is None else ResumedFrom.from_json(data, path)
 
 
 def _lost(data: list, path: str) -> tuple[NodeRecord, ...]:

@@ -48,7 +48,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, name TEXT, inventory TEXT, script TEXT, hosts TEXT,
   status TEXT NOT NULL, exit_code INTEGER, started_at TEXT, ended_at TEXT,
-  failed_host TEXT, schedule TEXT, updated_at TEXT
+  failed_host TEXT, schedule TEXT, updated_at TEXT, resumed_from TEXT
 )"""
 # A cron run that found its previous run still going (flock held) starts nothing; it leaves a row here.
 _SKIPS_SCHEMA = """
@@ -65,9 +65,9 @@ CREATE TABLE IF NOT EXISTS firings (
 _FIRING_COLUMNS = ("schedule", "at", "outcome", "run_id", "holder", "reason")
 LOCK_HELD = "skipped: lock held"  # the outcome of an older runs.db's skip
 _COLUMNS = ("run_id", "name", "inventory", "script", "hosts", "status", "exit_code", "started_at",
-            "ended_at", "failed_host", "schedule", "updated_at")
+            "ended_at", "failed_host", "schedule", "updated_at", "resumed_from")
 # columns an older runs.db lacks: added on the next write (read as NULL until then)
-_ADDED_LATER = {"schedule": "TEXT", "updated_at": "TEXT"}
+_ADDED_LATER = {"schedule": "TEXT", "updated_at": "TEXT", "resumed_from": "TEXT"}
 
 
 def new_run_id(now: datetime | None = None, token: str | None = None) -> str:
@@ -300,6 +300,7 @@ class RunStore:
     def _index(self, con: sqlite3.Connection, rec: dict, verb: str = "INSERT OR REPLACE") -> None:
         row = {k: rec.get(k) for k in _COLUMNS}
         row["hosts"] = ",".join(n["host"] for n in rec["nodes"])
+        row["resumed_from"] = (rec.get("resumed_from") or {}).get("run")  # the run id: `status` shows the rest
         con.execute(f"{verb} INTO runs ({','.join(_COLUMNS)}) "
                     f"VALUES ({','.join('?' * len(_COLUMNS))})", [row[k] for k in _COLUMNS])
 
@@ -749,6 +750,7 @@ def _record_row(rec: RunRecord) -> dict:
     data = rec.to_json()
     row = {k: data.get(k) for k in _COLUMNS}
     row["hosts"] = ",".join(rec.hosts)
+    row["resumed_from"] = rec.resumed_from.run if rec.resumed_from else None
     return row
 
 

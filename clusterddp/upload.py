@@ -128,13 +128,13 @@ def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
-def secret_files(inventory: Inventory, notify: Iterable[NotifyTarget] = (),
-                 env_files: Iterable[str] = ()) -> tuple[Secret, ...]:
+def secret_files(inventory: Inventory, notify: Iterable[NotifyTarget] = (), env_files: Iterable[str] = (),
+                 hosts: Iterable[Host] | None = None) -> tuple[Secret, ...]:
     """The files a run names that must never leave this machine in its upload: the inventory itself,
     each notify ``webhook_file`` (the inventory's and --notify's), each ``-e @FILE``, and every host's
-    (and spare's, and a Slurm login host's) ``identity_file`` and ``known_hosts``. Relative paths are
-    taken as the launcher takes them: a webhook_file already made absolute by the loader, the others
-    from the working directory."""
+    ``identity_file`` and ``known_hosts`` (``hosts``: the inventory's hosts and spares unless the
+    backend names others, as Slurm's login host). Relative paths are taken as the launcher takes them:
+    a webhook_file already made absolute by the loader, the others from the working directory."""
     out: list[Secret] = []
     if inventory.path != LOCAL:
         out.append(Secret(_absolute(inventory.path), "the inventory"))
@@ -143,8 +143,7 @@ def secret_files(inventory: Inventory, notify: Iterable[NotifyTarget] = (),
             out.append(Secret(_absolute(t.value), f"a notify webhook_file ({t.where or 'notify'}), a secret"))
     for f in env_files:
         out.append(Secret(_absolute(f), f"an env file (-e @{f}), a secret"))
-    login = inventory.slurm.login if inventory.slurm is not None else None
-    for h in (*inventory.hosts, *inventory.spares, *((login,) if isinstance(login, Host) else ())):
+    for h in ((*inventory.hosts, *inventory.spares) if hosts is None else hosts):
         if h.identity_file:
             out.append(Secret(_absolute(h.identity_file), f"{h.name}'s identity_file, a secret"))
         if h.transport == "ssh" and h.known_hosts:

@@ -77,6 +77,7 @@ class LaunchRequest:
     wait: bool = False
     schedule: str | None = None                  # set by a cron entry: the schedule that started the run
     nodes: tuple[int, int] | None = None         # --nodes MIN:MAX (SSH runs: fewer nodes after a loss, down to MIN)
+    resume: str | None = None                    # --resume RUN (clusterddp.resume), as given
     notify: tuple[NotifyTarget, ...] = ()        # resolved (clusterddp.notify.targets_for): told of a detached
                                                  # run's end by its node 0, where the backend can (detached_notify)
     env_files: tuple[str, ...] = ()              # -e @FILE's files, as given: never uploaded (secrets)

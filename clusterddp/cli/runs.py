@@ -108,6 +108,8 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     said = backend.describe(rec)
     if said:
         print(f"  {visible(said)}")
+    if rec.resumed_from:
+        print(visible(f"  {rec.resumed_from.describe()}"))
     for a in rec.attempts:  # a spare in, a host out, or why the run ended there: the nodes above are the last attempt's
         print(visible(f"  {a.describe()}"))
     if rec.status is RunStatus.FAILED and rec.failure:

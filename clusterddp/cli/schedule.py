@@ -122,7 +122,8 @@ def add(
     # the same checks as `up`, through the inventory's backend; no network
     from ..launch import parse_nodes
     request = LaunchRequest(inventory, loaded, run, runs_dir, hosts_, exclude=excluded,
-                            nodes=parse_nodes((up_options or {}).get("nodes")))
+                            nodes=parse_nodes((up_options or {}).get("nodes")),
+                            resume=_resume((up_options or {}).get("resume")), schedule=name)
     backend = backends.for_inventory(loaded)
     prep = backend.prepare(request)
     from .. import notify
@@ -157,6 +158,17 @@ def add(
     if not S.cron_daemon_running():
         err("warning: no cron daemon is running on this machine; start it (e.g. `service cron start`) "
             "or the schedule never fires")
+
+
+def _resume(given: str | None) -> str | None:
+    """A schedule's ``--resume``: only ``previous`` (the run this schedule started last); a fixed run would
+    be resumed from again at every firing."""
+    from ..errors import UsageError
+    from ..resume import PREVIOUS
+    if given is not None and given != PREVIOUS:
+        raise UsageError(f"--resume {given}: a schedule resumes from the run it started last",
+                         f"give --resume {PREVIOUS}")
+    return given
 
 
 SCHEDULES_RUNS_DIR = typer.Option(None, "--runs-dir", envvar="CLUSTERDDP_RUNS_DIR",
@@ -337,7 +349,8 @@ def _record_skip(name: str, runs_dir: str):
 
     last = RunStore(runs_dir).last_run(name)
     holder = last["run_id"] if last and last["status"] == RunStatus.RUNNING else None
-    firing = S.skipped(name, str(RunStore(runs_dir).root), utcnow(), holder)
+    # milliseconds, as a started firing's: two firings of one second are listed in their order
+    firing = S.skipped(name, str(RunStore(runs_dir).root), utcnow("milliseconds"), holder)
     S.record_firing(runs_dir, name, firing)
     print(f"[clusterddp] {firing.at} schedule {name}: {firing.says()}", flush=True)
     return firing

@@ -69,6 +69,7 @@ def up(
     wait: bool = option("wait"),
     notify: list[str] = option("notify"),
     nodes: str | None = option("nodes"),
+    resume: str | None = option("resume"),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -87,7 +88,8 @@ def up(
     req = LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=spec, runs_dir=runs_dir, hosts=names,
                         slots=slots, exclude=host_list(exclude, "--exclude"), max_upload=limit, detach=detach,
                         skip_check=skip_check, join_timeout=join_timeout, wait=wait, schedule=schedule,
-                        nodes=parse_nodes(nodes), env_files=tuple(e[1:] for e in env if e.startswith("@")))
+                        nodes=parse_nodes(nodes), env_files=tuple(e[1:] for e in env if e.startswith("@")),
+                        resume=resume)
     backend = backends.for_inventory(loaded)
     from .. import notify as N
     targets = N.targets_for(loaded.notify, notify)

@@ -29,7 +29,7 @@ from clusterddp.backends.ssh import control
 from clusterddp.cli.app import app
 from clusterddp.errors import HostError
 from clusterddp.inventory import Host
-from clusterddp.record import SCHEMA, NodeRecord, NodeState, RecordError, RunRecord, RunStatus
+from clusterddp.record import SCHEMA, NodeRecord, NodeState, RecordError, ResumedFrom, RunRecord, RunStatus
 from clusterddp.store import RunStore
 from fuzzing import CAMPAIGN, case, fuzz, json_edited
 
@@ -64,6 +64,8 @@ NODE_STATE = st.sampled_from(list(NodeState))
 RUN_STATUS = st.sampled_from(list(RunStatus))
 EXIT = st.none() | st.integers(-(2 ** 31), 2 ** 31)
 HOST_NAMES = st.lists(NAMES, min_size=1, max_size=3, unique=True)
+RESUMED = st.none() | st.builds(ResumedFrom, NAMES, st.lists(TEXT.filter(bool), min_size=1, max_size=3).map(tuple),
+                                st.none() | st.integers(0, 2 ** 62), TEXT)
 
 
 @st.composite
@@ -93,7 +95,7 @@ def records(draw) -> RunRecord:
                      local=draw(st.booleans()), started_at=draw(TEXT), ended_at=draw(OPT_TEXT),
                      launch_dir=draw(TEXT), master_addr=draw(TEXT), master_port=draw(st.integers(1, 65535)),
                      collect=tuple(draw(TEXTS_3)), nodes=nodes,
-                     fanout=draw(st.integers(1, 1024)), schema=SCHEMA)
+                     fanout=draw(st.integers(1, 1024)), schema=SCHEMA, resumed_from=draw(RESUMED))
 
 
 # JSON values of every kind, some of them hostile.

@@ -32,6 +32,11 @@ class SlurmBackend:
                              "where Slurm allocates the nodes",
                              "leave --nodes out and set the count or range in the inventory's slurm.nodes "
                              "(e.g. nodes: \"2:4\")")
+        if req.resume is not None:
+            from ...errors import UsageError
+            raise UsageError(f"--resume: for inventories that list hosts; {req.inventory.path} is a slurm: inventory",
+                             "leave --resume out, and give the script the checkpoint's path (a Slurm run's folder "
+                             "is new each time too)")
         return job.prepare_request(req, contact=contact)
 
     def render(self, prep: base.Prepared, req: base.LaunchRequest, *, full: bool = True) -> str:

@@ -525,7 +525,9 @@ def _webhooks(req: base.LaunchRequest) -> list:
 
 
 def scan(prep: Prepared, req: base.LaunchRequest) -> SourceFolder:
-    secrets = upload.secret_files(req.inventory, req.notify, req.env_files)
+    login = req.inventory.slurm.login if req.inventory.slurm is not None else None
+    secrets = upload.secret_files(req.inventory, req.notify, req.env_files,
+                                  hosts=(login,) if isinstance(login, Host) else ())
     folder = upload.scan(prep.source_dir, prep.store.root, secrets)
     upload.check_upload_size(folder, req.max_upload)
     return folder

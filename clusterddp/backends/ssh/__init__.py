@@ -28,7 +28,8 @@ class SSHBackend:
         from . import launch
         return launch.prepare(req.inventory_arg, req.spec, req.runs_dir, req.hosts, exclude=req.exclude,
                               loaded=req.inventory, slots=req.slots, nodes=req.nodes,
-                              secrets=upload.secret_files(req.inventory, req.notify, req.env_files))
+                              secrets=upload.secret_files(req.inventory, req.notify, req.env_files),
+                              resume=req.resume, schedule=req.schedule)
 
     def render(self, prep: base.Prepared, req: base.LaunchRequest, *, full: bool = True) -> str:
         from ... import plan
@@ -37,7 +38,9 @@ class SSHBackend:
         sent = launch.describe_upload(prep, req.max_upload)
         shown = plan.render(prep.plan) if full else plan.summary(prep.plan)
         # a spare in place of a quarantined host is said here too: the plan shows the spare
-        return "\n".join([f"run {prep.plan.run_id}", *prep.notes, shown, *([sent] if sent else [])])
+        resume = ([f"resume: the newest checkpoint run {prep.resumes.run_id} left is looked for as the run starts, "
+                   "and put on every node before its job starts"] if prep.resumes is not None else [])
+        return "\n".join([f"run {prep.plan.run_id}", *prep.notes, *resume, shown, *([sent] if sent else [])])
 
     def launch(self, prep: base.Prepared, req: base.LaunchRequest, events: base.Events) -> base.RunOutcome | None:
         from . import launch

@@ -24,7 +24,7 @@ from ...errors import HostError, MirrorError, RunFailed, UsageError
 from ...failure import Failure
 from ...fleet import Fleet
 from ...mirror import Mirror, unprotected
-from ...record import NodeRecord, NodeState, RunRecord, RunStatus
+from ...record import NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
 from .. import base
@@ -44,17 +44,21 @@ class Prepared:
     source_dir: Path
     folder: upload.SourceFolder | None = None  # what the upload sends, as scanned when planning
     notes: tuple[str, ...] = ()  # lines `up` says before anything starts (a spare in place of a quarantined host)
+    resumes: RunRecord | None = None  # --resume RUN: that run, checked (clusterddp.resume)
 
 
 def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
             run_id: str | None = None, exclude: list[str] | None = None,
             loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None,
-            nodes: tuple[int, int] | None = None, secrets: tuple[upload.Secret, ...] = ()) -> Prepared:
+            nodes: tuple[int, int] | None = None, secrets: tuple[upload.Secret, ...] = (),
+            resume: str | None = None, schedule: str | None = None) -> Prepared:
     """Validate input and plan the run (no network). Raises UsageError for bad input.
     ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
     GPUs by host (``--hosts gpu-01:0,1``), over the inventory's. ``nodes``: ``--nodes MIN:MAX``
     (the run starts on the first MAX hosts). ``secrets``: files never uploaded
-    (:func:`clusterddp.upload.secret_files`; the inventory's own are added here)."""
+    (:func:`clusterddp.upload.secret_files`; the inventory's own are added here). ``resume``: ``--resume
+    RUN`` (``schedule``: the schedule starting the run, for ``previous``), checked against this run
+    store (:func:`clusterddp.resume.resolve`)."""
     script = base.check_script(spec.script)
     inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
     secrets = (*upload.secret_files(inventory), *secrets)  # every host's, before --hosts narrows them
@@ -75,6 +79,18 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
         inventory = replace(inventory, hosts=tuple(replace(h, slots=slots[h.name], gpus=len(slots[h.name]))
                                                    if h.name in slots else h for h in inventory.hosts))
     store = RunStore(runs_dir)
+    resumes = None
+    if resume is not None:
+        from ... import resume as R
+        where = inventory_arg if inventory_arg == inv_mod.LOCAL else str(Path(inventory_arg).resolve())
+        resumes = R.resolve(store, resume, inventory=where, script=spec.script, schedule=schedule)
+        from .. import name_of_record
+        if resumes is not None and name_of_record(resumes) != "ssh":
+            raise UsageError(f"--resume {resume}: run {resumes.run_id} ran on another backend "
+                             f"({name_of_record(resumes)})", "give a run of this inventory's hosts")
+        if resumes is None:
+            notes += (f"[clusterddp] --resume {resume}: schedule {schedule} has no earlier run; this run starts "
+                      "from scratch",)
     run_id = run_id or new_run_id()
     local: dict = {}
     if inventory_arg == inv_mod.LOCAL:
@@ -87,7 +103,7 @@ def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str]
     folder = None if local else upload.scan(source_dir, store.root, secrets)
     lookup = folder is None or upload.mentions_clusterddp(folder)
     plan = P.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
-    return Prepared(plan, store, source_dir, folder, notes)
+    return Prepared(plan, store, source_dir, folder, notes, resumes)
 
 
 def _spares_for_quarantined(inventory: inv_mod.Inventory) -> tuple[inv_mod.Inventory, tuple[str, ...]]:
@@ -176,12 +192,13 @@ def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> upload.Upload 
     return upload.pack(folder)
 
 
-def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> RunRecord:
+def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None,
+               resumed_from: ResumedFrom | None = None) -> RunRecord:
     plan = prep.plan
     return base.new_record(
         inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=plan.local, master_addr=plan.master_addr,
         master_port=plan.master_port, collect=plan.collect, fanout=plan.inventory.fanout,
-        nodes=node_records(plan))
+        nodes=node_records(plan), resumed_from=resumed_from)
 
 
 def node_records(plan: P.LaunchPlan) -> list[NodeRecord]:
@@ -403,17 +420,54 @@ def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutco
     """The whole `up` of an SSH (or `local`) run: pack, preflight, lease, record, execute, keep_runs.
 
     The run id is said once it is recorded: a run refused before (bad input, the preflight, slots
-    taken) has no record, so it shows no id that `clusterddp logs` could not find."""
+    taken) has no record, so it shows no id that `clusterddp logs` could not find.
+
+    With ``--resume RUN`` (``prep.resumes``), RUN's newest checkpoints are found (and brought here
+    from its nodes if need be) first; the upload leaves out a file of the script's folder at one of
+    their paths (said), and every node gets them before its job starts (:mod:`clusterddp.resume`)."""
+    prep, chosen = resume_found(prep, req, events)
     packed = pack(prep, req.max_upload)
     try:
-        return _up(prep, packed, req, events)
+        return _up(prep, packed, req, events, chosen)
     finally:
         if packed is not None:
             packed.discard()
 
 
-def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, events: base.Events
-        ) -> RunOutcome | None:
+def resume_found(prep: Prepared, req: base.LaunchRequest, events: base.Events, connect: Callable | None = None
+                 ) -> tuple[Prepared, list | None]:
+    """With ``--resume`` (``prep.resumes``): the newest checkpoints that run left, here
+    (:func:`clusterddp.resume.find`; ``connect``: to its nodes), and the run planned to upload none
+    of the script folder's files at their paths. A run that left none is refused (exit 2), but for
+    ``--resume previous``: a schedule's run then starts from scratch, said (refused, it would be
+    refused at every firing after, its previous run being the same)."""
+    if prep.resumes is None:
+        return prep, None
+    from ... import resume as R
+    try:
+        chosen = R.find(prep.store, prep.resumes, warn=events.warn, connect=connect)
+    except UsageError as e:
+        if req.resume != R.PREVIOUS:
+            raise
+        events.warn(f"[clusterddp] {e.message}; this run starts from scratch")
+        return replace(prep, resumes=None), None
+    return _without(prep, R.paths(chosen), prep.resumes.run_id, events), chosen
+
+
+def _without(prep: Prepared, paths: set[str], run_id: str, events: base.Events) -> Prepared:
+    """``prep`` whose upload leaves out the files at ``paths`` (the resumed checkpoints take their
+    place: the upload is unpacked after they are put there), said on the terminal."""
+    folder = prep.folder
+    clash = sorted(paths & {rel for rel, _ in folder.entries}) if folder is not None else []
+    if not clash or folder is None:
+        return prep
+    events.warn(f"upload: {', '.join(clash[:5])}{' ...' if len(clash) > 5 else ''} left out: run {run_id}'s "
+                "checkpoint takes its place")
+    return replace(prep, folder=replace(folder, entries=tuple(e for e in folder.entries if e[0] not in paths)))
+
+
+def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, events: base.Events,
+        chosen: list | None = None) -> RunOutcome | None:
     fleet, lease, leased = None, None, None
     try:
         if not prep.plan.local:
@@ -447,7 +501,11 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
             if lease is not None:  # said once the run id is (below)
                 leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
                           + f"; master port {prep.plan.master_port}")
-        prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule))
+        resumed = None
+        if chosen and prep.resumes is not None:
+            from ... import resume as R
+            resumed = R.record_of(prep.resumes.run_id, chosen)
+        prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule, resumed_from=resumed))
     except BaseException:
         if lease is not None:
             lease.release()
@@ -463,6 +521,7 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
     if packed is not None:
         for line in packed.folder.report():
             events.say(line)
+    _resume(prep, req, events, chosen, fleet, lease)
     events.hosts([n.host.name for n in plan.nodes])
     started = time.monotonic()
     attempt = 1
@@ -502,6 +561,38 @@ def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, e
         _end_lost(prep, events)
     _keep_runs(plan.inventory, req, events)
     return outcome
+
+
+def _resume(prep: Prepared, req: base.LaunchRequest, events: base.Events, chosen: list | None,
+            fleet: Fleet | None, lease: Lease | None) -> None:
+    """What the run starts from, once it is recorded and before any job starts: with ``--resume``, the
+    checkpoints ``chosen`` put on every node (:func:`clusterddp.resume.send`), said; a node that does
+    not take them ends the run, recorded failed (stopped by Ctrl-C), its folders left for `prune`.
+    Without it, the note that an earlier run of the script left one (:func:`clusterddp.resume.hint`)."""
+    if prep.plan.local:
+        return
+    from ... import resume as R
+    run_id = prep.plan.run_id
+    if chosen and prep.resumes is not None:
+        assert fleet is not None  # an SSH run's
+        try:
+            R.send(fleet, prep.plan.nodes, prep.store, prep.resumes.run_id, chosen)
+        except BaseException as e:
+            bad = e if isinstance(e, HostError) else None
+            status = RunStatus.STOPPED if isinstance(e, KeyboardInterrupt) else RunStatus.FAILED
+            base.finish(prep.store, run_id, {bad.host: (NodeState.FAILED, None, bad.detail)} if bad else {},
+                        RunOutcome(status, (), bad.host if bad else None))
+            if lease is not None:
+                lease.release()
+            fleet.close()
+            raise
+        events.say(R.describe(prep.resumes.run_id, chosen, [n.host.name for n in prep.plan.nodes]))
+    elif req.resume is None:
+        note = R.hint(prep.store, inventory=str(Path(req.inventory_arg).resolve()), script=req.spec.script,
+                      args=req.spec.script_args, runs_dir_flag=req.runs_dir_flag, before=run_id,
+                      inventory_arg=req.inventory_arg)
+        if note:
+            events.warn(note)
 
 
 def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, attempt: int
