@@ -141,10 +141,11 @@ def regex_problem(regex: str):
     """Why the watcher refuses ``regex`` as a progress regex, or None (checked where the run is
     planned, not on the node): a repeat inside an unbounded repeat (``(a+)+``, ``(\\d*)*``), which can
     take exponential time on one line that almost matches."""
-    try:
-        from re import _parser as sre  # the parser of re itself (Python 3.11+), for the pattern's shape
+    import importlib
+    try:  # the parser of re itself, for the pattern's shape (re._parser from Python 3.11, sre_parse before)
+        sre = importlib.import_module("re._parser")
     except ImportError:  # pragma: no cover - Python < 3.11
-        import sre_parse as sre  # type: ignore[no-redef]
+        sre = importlib.import_module("sre_parse")
     try:
         tree = sre.parse(regex)
     except Exception:  # noqa: BLE001 - not compiling is the caller's message
