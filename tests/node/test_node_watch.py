@@ -156,3 +156,51 @@ def test_a_regex_that_can_take_exponential_time_is_refused_where_it_is_given():
         assert "progress_regex" in str(e.value)
     for good in (r"step (\d+)", r"(?:\d{1,3},)*\d+ samples", r"(?i)step(?:\s*[:=#])?\s*(\d+)", r"(x{2,5})*y"):
         assert check_progress_regex(good) == good
+
+
+def test_no_node_declares_a_stall_while_another_nodes_watcher_is_behind(tmp_path):
+    # Two nodes: this node's watcher (a real one) and the other node played by the test through the run's
+    # real store: its watcher there, then behind its log (its lines not read yet may be progress).
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    port = _free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store.add("clusterddp/watchers", 1)
+    store.add("clusterddp/behind", 1)
+    ctl = tmp_path / "ctl"
+    (ctl / "watch").mkdir(parents=True)
+    log = ctl / "node.log"
+    log.write_bytes(b"")
+    env = {**os.environ, "CLUSTERDDP_JOB": f"test-behind-{os.getpid()}", "CLUSTERDDP_HOST": "n1"}
+    args = {"timeout": 3.0, "regex": None, "skip": [], "tails": [], "nnodes": 2, "store": ["127.0.0.1", port]}
+    with open(log, "ab") as out:
+        watcher = subprocess.Popen([sys.executable, str(WATCH), str(ctl), json.dumps(args)], env=env, stdout=out,
+                                   stderr=open(ctl / "watch.log", "wb"))  # noqa: SIM115
+    try:
+        def state() -> str:
+            try:
+                return json.loads((ctl / "watch.json").read_text())["state"]
+            except (OSError, ValueError, KeyError):
+                return ""
+        assert eventually(lambda: state() != "", timeout=120), (ctl / "watch.log").read_text()
+        with open(log, "ab") as f:
+            f.write(b"step 1\n")
+        assert eventually(lambda: state() == "watching", timeout=60), state()
+        time.sleep(3.0 * 2 + 1)  # twice the stall timeout, silent everywhere: no stall while the other is behind
+        assert not (ctl / "hang.json").exists(), "a stall declared while another node's watcher was behind"
+        store.add("clusterddp/behind", -1)  # it caught up, and what it read was no progress
+        assert eventually(lambda: (ctl / "hang.json").exists(), timeout=60), "a real stall was never declared"
+        store.add("clusterddp/dumped", 1)  # the other node's stacks: this one ends its job
+        assert eventually(lambda: (ctl / "watch.done").exists(), timeout=60)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+        watcher.wait()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
