@@ -182,8 +182,9 @@ class Reader:
     the log long enough to hold it (so at most a tick late, never later however far behind the
     reading is). ``behind``: bytes written by the look's start and not read yet."""
 
-    def __init__(self, f, lines: Lines, budget: float = READ_BUDGET) -> None:
-        self.f, self.lines, self.budget = f, lines, budget
+    def __init__(self, f, lines: Lines, budget=None) -> None:
+        self.f, self.lines = f, lines
+        self.budget = READ_BUDGET if budget is None else budget  # type: float
         self.seen = []  # type: list  # (size, time) of looks whose size the reading has not passed yet
         self.behind = 0
 

@@ -204,3 +204,26 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_watcher_behind_says_so_in_the_log_and_tells_how_far(tmp_path, monkeypatch, capsys):
+    import threading
+    monkeypatch.setattr(W, "READ_BUDGET", 0.0)  # one chunk a look: behind as soon as more than that comes
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    log = ctl / "node.log"
+    log.write_bytes(b"")
+    args = {"timeout": 3600.0, "regex": r"step (\d+)", "skip": [], "tails": [], "nnodes": 1, "store": None,
+            "ctl": str(ctl), "log": str(log), "marker": "none", "host": "n1"}
+    t = threading.Thread(target=W.run, args=(args, os.getppid()), daemon=True)
+    t.start()
+    try:
+        assert eventually(lambda: (ctl / "watch.json").exists(), timeout=60)
+        with open(log, "ab") as f:
+            f.write(b"debug\n" * (4 * W.READ_MOST // 6) + b"step 1\n")
+        assert eventually(lambda: "behind node.log" in capsys.readouterr().out, timeout=60)
+        assert eventually(lambda: json.loads((ctl / "watch.json").read_text())["behind"] == 0, timeout=60)
+    finally:
+        (ctl / "exit_code").write_text("0")
+        t.join(30)
+    assert not t.is_alive()
