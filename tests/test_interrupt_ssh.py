@@ -6,8 +6,10 @@ a plain job that holds its slots until told. What must be left afterwards:
   sat in the rendezvous holding its slots, while the record said stopped): exit 130, no job on any
   node, now or a few seconds later, no slot held, the record stopped.
 - Ctrl-C while the job runs: the same, the logs collected.
-- SIGKILL while the start commands are on their way: the job may run on (it runs detached by design:
-  nothing on this machine can end it); the record says running, and `stop` ends it and frees its slots.
+- SIGKILL before the run is recorded: the nodes' lease holders see its channels go and free the slots.
+- SIGKILL while the start commands are on their way, or while the job runs: the job may run on (it
+  runs detached by design: nothing on this machine can end it); the record says running, and `stop`
+  ends it and frees its slots.
 """
 
 from __future__ import annotations
@@ -123,3 +125,31 @@ def test_sigkill_while_the_starts_are_on_their_way_leaves_a_run_that_stop_ends(b
     assert eventually(lambda: job_pids(run_id) == [], 30)
     _nothing_left(inv, run_id)
     assert json.loads((runs / run_id / "run.json").read_text())["status"] == "stopped"
+
+
+def test_sigkill_before_the_run_is_recorded_leaves_no_slot_held(bed, tmp_path):
+    p, inv, runs = _up(bed, tmp_path)
+    try:
+        time.sleep(1.0)  # connecting, the preflight, the lease
+        p.kill()
+    finally:
+        p.kill()
+    p.wait()
+    recorded = [d.name for d in runs.iterdir() if d.is_dir()] if runs.exists() else []
+    if recorded:  # it got as far as the start (a loaded machine's timing): what started is `stop`'s
+        cddp("stop", recorded[0], "--runs-dir", str(runs), "--grace", "2", timeout=180)
+    # a lease's holder sees its launcher's channel go and gives the slots back by itself
+    assert eventually(lambda: _slots_free(inv), 60), cddp("leases", str(inv), check_rc=0).stdout
+    _nothing_left(inv, recorded[0] if recorded else None)
+
+
+def test_sigkill_while_the_job_runs_leaves_it_running_for_stop(bed, tmp_path):
+    p, inv, runs = _up(bed, tmp_path)
+    rc, lines = _interrupt(p, "SEEN rank", 0.3, sig=signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    run_id = _run_id(lines)
+    assert job_pids(run_id), "the job runs detached on its nodes: a dead launcher does not end it"
+    assert not _slots_free(inv)  # held by the running job, not by the launcher
+    cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "2", check_rc=0, timeout=180)
+    assert eventually(lambda: job_pids(run_id) == [], 30)
+    _nothing_left(inv, run_id)
