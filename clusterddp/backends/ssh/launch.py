@@ -266,7 +266,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         on_output(host, data)
     fleet = fleet or Fleet([n.host for n in plan.nodes], fanout=plan.inventory.fanout,
                            **({"connect": connect} if connect else {}))
-    sup = Supervisor(plan, on_output=output, source_tar=source_tar, fleet=fleet, join_timeout_s=join_timeout)
+    sup = Supervisor(plan, on_output=output, source_tar=source_tar, fleet=fleet, join_timeout_s=join_timeout,
+                     on_note=on_warn)
     try:
         try:
             sup.start()

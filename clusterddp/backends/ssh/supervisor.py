@@ -113,6 +113,7 @@ class Supervisor:
     plan: P.LaunchPlan
     on_output: Callable[[str, bytes], None]
     on_state: Callable[[str, NodeState, Node], None] = lambda host, state, node: None
+    on_note: Callable[[str], None] = lambda line: None  # what a Ctrl-C while starting waits for
     connect: Callable[[Host], Transport] = default_connect
     fleet: Fleet | None = None
     source_tar: Path | None = None  # the script folder's tarball (jobs.pack), streamed to each node
@@ -197,6 +198,11 @@ class Supervisor:
         with self._flight:
             self._interrupted = True
         deadline = self.clock() + drain_s
+        with self._flight:
+            waiting = sorted(self._in_flight)
+        if waiting:
+            self.on_note(f"[clusterddp] interrupted: waiting (up to {drain_s:.0f} s) for the starts already sent to "
+                         f"{', '.join(waiting)}, to end the jobs they start; Ctrl-C again stops waiting")
         try:
             with self._flight:
                 while self._in_flight and self.clock() < deadline:

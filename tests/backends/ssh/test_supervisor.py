@@ -8,6 +8,7 @@ The real thing (sshd hosts, real torchrun) is covered in test_up_ssh.py.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -516,13 +517,17 @@ def test_ctrl_c_while_a_start_is_in_flight_ends_the_job_it_starts(tmp_path):
     def conn(host):
         t = connect(host)
         return _SlowStart(t, lambda: os.kill(os.getpid(), signal.SIGINT), 1.5) if host.name == "b" else t
-    sup = Supervisor(p, on_output=lambda h, b: None, connect=conn, grace_s=2)
+    notes: list[str] = []
+    sup = Supervisor(p, on_output=lambda h, b: None, connect=conn, grace_s=2, on_note=notes.append)
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             sup.start()
     finally:
         signal.signal(signal.SIGINT, old)
+    [note] = notes  # a's start may still be on its way too
+    assert re.fullmatch(r"\[clusterddp\] interrupted: waiting \(up to 60 s\) for the starts already sent to (a, )?b, "
+                        r"to end the jobs they start; Ctrl-C again stops waiting", note), note
     try:
         assert eventually(lambda: job_pids(p) == [], timeout=1.0), "a job started after the Ctrl-C runs on"
         time.sleep(2.0)  # b's start would have come back by now
