@@ -47,7 +47,7 @@ def check_progress_regex(text: str) -> str:
     """``--progress-regex``: it must compile, and have at most one group (the step number)."""
     try:
         rx = re.compile(text)
-    except re.error as e:
+    except (re.error, RecursionError, OverflowError) as e:  # nested past the parser's depth, a count past its range
         raise UsageError(f"--progress-regex {text!r}: not a regular expression ({e})",
                          r"e.g. --progress-regex 'iter (\d+)'") from None
     if rx.groups > 1:

@@ -345,7 +345,7 @@ def _progress_regex(v: str) -> str:
     """`progress_regex:` as `--progress-regex` takes it: a regular expression, at most one group."""
     try:
         rx = re.compile(v)
-    except re.error as e:
+    except (re.error, RecursionError, OverflowError) as e:  # nested past the parser's depth, a count past its range
         raise ValueError(f"not a regular expression ({e}); e.g. 'step (\\d+)'") from None
     if rx.groups > 1:
         raise ValueError(f"{rx.groups} groups; give at most one, around the step number (use (?:...) for the others)")

@@ -168,7 +168,11 @@ def regex_problem(regex: str):
                     return True
         return False
 
-    if repeats(tree, False):
+    try:
+        slow = repeats(tree, False)
+    except RecursionError:
+        return "nested too deep"
+    if slow:
         return "a repeat inside an unbounded repeat (e.g. (a+)+) can take exponential time on one line"
     return None
 

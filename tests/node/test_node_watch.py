@@ -154,6 +154,11 @@ def test_a_regex_that_can_take_exponential_time_is_refused_where_it_is_given():
         with pytest.raises(InventoryError, match="exponential") as e:
             inventory.parse(INV + f"progress_regex: '{bad}'\n", "inv.yaml")
         assert "progress_regex" in str(e.value)
+    deep = "(?:" * 900 + "a" + ")" * 900  # past the parser's own depth: refused, not an internal error
+    with pytest.raises(UsageError, match="not a regular expression"):
+        check_progress_regex(deep)
+    with pytest.raises(InventoryError, match="not a regular expression"):
+        inventory.parse(INV + f"progress_regex: '{deep}'\n", "inv.yaml")
     for good in (r"step (\d+)", r"(?:\d{1,3},)*\d+ samples", r"(?i)step(?:\s*[:=#])?\s*(\d+)", r"(x{2,5})*y"):
         assert check_progress_regex(good) == good
 
