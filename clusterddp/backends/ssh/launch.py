@@ -277,12 +277,18 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         except KeyboardInterrupt:  # Ctrl-C while nodes start: sup.start ended what started; record the stop
             finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
             raise
-        store.update(run_id, lambda rec: rec.seen(node_states(sup)))
-        if detach:
-            on_detached(fleet, plan)
-            return None
         mirror = Mirror(fleet, plan, store, warn=on_warn)
-        mirror.start()
+        try:
+            store.update(run_id, lambda rec: rec.seen(node_states(sup)))
+            if detach:
+                on_detached(fleet, plan)
+                return None
+            mirror.start()
+        except KeyboardInterrupt:  # Ctrl-C once every node started, before they are watched: as while starting
+            mirror.stop()
+            sup.teardown()
+            finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
+            raise
         try:
             outcome = sup.follow()
         except KeyboardInterrupt:

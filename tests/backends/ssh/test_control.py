@@ -101,3 +101,29 @@ def test_ctrl_c_during_the_collect_of_a_run_that_succeeded_records_it_succeeded(
     assert [(n.state, n.exit_code) for n in rec.nodes] == [(NodeState.SUCCEEDED, 0)] * 2
     assert said == [f"[clusterddp] collect interrupted: the run is recorded succeeded; "
                     f"`clusterddp collect {p.run_id}` fetches its logs and files"]
+
+
+def test_ctrl_c_after_the_start_before_the_watch_ends_the_jobs_and_records_the_stop(tmp_path, monkeypatch):
+    p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
+    store = RunStore(tmp_path / "runs")
+    prep = jobs.Prepared(p, store, tmp_path)
+    store.create(jobs.new_record(prep, str(tmp_path / "inv.yaml")))
+
+    def interrupted(self):
+        raise KeyboardInterrupt  # Ctrl-C right after every node started
+    monkeypatch.setattr(jobs.Mirror, "start", interrupted)
+    try:
+        jobs.execute(prep, lambda h, b: None)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the Ctrl-C was swallowed")
+    try:
+        assert eventually(lambda: not job_pids(p), 10), "the jobs run on after the Ctrl-C"
+    finally:
+        import subprocess
+
+        from clusterddp import plan
+        subprocess.run(["bash", "-c", "; ".join(plan.teardown_command(n, 1) for n in p.nodes)])
+    rec = store.load(p.run_id)
+    assert rec.status is RunStatus.STOPPED and [n.state for n in rec.nodes] == [NodeState.STOPPED] * 2
