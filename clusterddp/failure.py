@@ -709,6 +709,18 @@ def _note(node: NodeFacts, errors: list[RankError], nproc: int | None) -> str:
 TABLE_LEAD_S = 1.0
 
 
+# What a rank raises when a peer's end broke the collective it was in (gloo's "Connection closed by peer
+# ... typically caused by a remote worker crashing", NCCL's aborted communicator): an echo of another
+# rank's failure, never its cause while a rank that failed first-hand is known.
+_ECHO = re.compile(r"Connection (?:closed|reset) by peer|typically caused by a remote worker crashing|"
+                   r"NCCL communicator was aborted|remote process exited or there was a network error")
+
+
+def echo(r: RankError) -> bool:
+    """Whether ``r`` is a rank's exception caused by a peer's end (:data:`_ECHO`)."""
+    return r.kind == "exception" and _ECHO.search(r.message or "") is not None
+
+
 def _when(r: RankError) -> float:
     """When a rank failed, for ordering. A whole-second time is taken as the middle of its second. A
     time from torchrun's table is when the agent noticed the death (up to its monitor interval later)
@@ -737,6 +749,11 @@ def diagnose(nodes: Sequence[NodeFacts], first_failed: str | None) -> Failure:
     # A node we stopped did not fail on its own: what its ranks raised came after the first failure,
     # unless no node that ended by itself left a word about any rank.
     own = [c for c in candidates if c[3].state != "stopped"]
+    if own and all(echo(c[4]) for c in own):
+        # Every rank of the nodes that ended by themselves only echoes a peer's end: the rank whose end
+        # it echoes is the cause, on a node recorded stopped too (which node's end came first is a race:
+        # Slurm's outcome calls the later ones stopped; issue 40's one run in six).
+        own = [c for c in candidates if not echo(c[4])] or own
     bad = [n for n in nodes if n.state in ("failed", "lost")]
     failed_first = next((n for n in bad if n.host == first_failed), None)
     if own or (candidates and failed_first is None):

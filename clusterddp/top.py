@@ -28,6 +28,7 @@ from .fleet import Fleet, as_host_error
 from .inventory import Host
 from .node import reply as node_reply
 from .node import top as node_top
+from .node.watch import regex_problem
 from .nodeops import nodes_of
 from .record import RunRecord, RunStatus
 from .store import RunStore
@@ -50,12 +51,14 @@ def check_progress_regex(text: str) -> str:
     """``--progress-regex``: it must compile, and have at most one group (the step number)."""
     try:
         rx = re.compile(text)
-    except re.error as e:
+    except (re.error, RecursionError, OverflowError) as e:  # nested past the parser's depth, a count past its range
         raise UsageError(f"--progress-regex {text!r}: not a regular expression ({e})",
                          r"e.g. --progress-regex 'iter (\d+)'") from None
     if rx.groups > 1:
         raise UsageError(f"--progress-regex {text!r}: {rx.groups} groups; give at most one, around the step number",
                          r"use (?:...) for the other groups, e.g. '(?:step|iter) (\d+)'")
+    if (slow := regex_problem(text)) is not None:
+        raise UsageError(f"--progress-regex {text!r}: {slow}", r"match the line's words, e.g. 'step (\d+)'")
     return text
 
 

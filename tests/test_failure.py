@@ -289,3 +289,42 @@ def test_up_local_an_argparse_error_is_the_root_cause_with_the_ranks_own_lines(t
     assert f["kind"] == "exit" and f["message"] == "args.py: error: unrecognized arguments: --bogus", f
     assert "usage: args.py [-h] [--steps STEPS]" in f["log_tail"], f
     assert not [line for line in f["log_tail"] if "exitcode" in line or "=====" in line or "elastic" in line], f
+
+
+GLOO_ECHO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:31930. "
+             "This is typically caused by a remote worker crashing. Check the logs of the remote worker before "
+             "reporting an error. GLHF!")
+
+
+def _ranks_log(table_text: str, tracebacks: dict[int, tuple[str, str]]) -> bytes:
+    """A node's log as a plain script leaves it: each rank's traceback (``[rankN]: ``), then torchrun's table."""
+    lines = []
+    for rank, (where, last) in tracebacks.items():
+        lines += [f"[rank{rank}]: Traceback (most recent call last):",
+                  f'[rank{rank}]:   File "/w/runs/r/fail.py", line 12, in <module>', f"[rank{rank}]:     {where}",
+                  f"[rank{rank}]: {last}"]
+    return ("\n".join(lines) + "\n" + table_text).encode()
+
+
+def test_a_first_hand_exception_on_a_node_recorded_stopped_beats_echoes_on_the_node_that_ended_first():
+    # The Slurm bed's race (issue 40, about one run in six): rank 3 raises on node-2; node-1's ranks raise
+    # gloo's "Connection closed by peer" in the same second, and node-1's exit code is written first, so
+    # the outcome calls node-1 failed first and node-2 stopped. The root cause is still rank 3's error.
+    t = 1_800_000_000
+    a = facts("node-1", 0, errors=[efile(1, "RuntimeError", GLOO_ECHO, t)])
+    b = facts("node-2", 1, state="stopped", errors=[efile(1, "ValueError", "plain boom", t)])
+    f = F.diagnose([a, b], first_failed="node-1")
+    assert (f.host, f.rank, f.exc_type, f.message) == ("node-2", 3, "ValueError", "plain boom")
+    # from the logs alone (a plain script: no error files), as on the bed
+    log1 = _ranks_log(table({1: (1, 1, 701), 0: (0, -15, 700)}),
+                      {1: ("dist.all_reduce(torch.ones(1))", f"RuntimeError: {GLOO_ECHO}")})
+    log2 = _ranks_log(table({3: (1, 1, 801), 2: (0, -15, 800)}),
+                      {3: ("explode(5)", "ValueError: plain boom at step 5")})
+    f = F.diagnose([facts("node-1", 0, log=log1), facts("node-2", 1, state="stopped", log=log2)],
+                   first_failed="node-1")
+    assert (f.host, f.rank, f.kind, f.exc_type) == ("node-2", 3, "exception", "ValueError"), f
+    # an echo is still named when it is all there is, and a first-hand failure on the node that ended
+    # first keeps winning over one on a stopped node
+    assert F.diagnose([a, facts("node-2", 1, state="stopped")], first_failed="node-1").host == "node-1"
+    own = facts("node-1", 0, errors=[efile(1, "OSError", "disk full", t)])
+    assert F.diagnose([own, b], first_failed="node-1").exc_type == "OSError"

@@ -181,3 +181,45 @@ def test_the_command_shows_the_others_when_a_node_does_not_answer_exit_1_and_a_f
     assert "rank 3 (b local 1, pid 22): stuck_in_my_function -> wait (train.py:7)  <- the odd one out" in r.output
     assert "c: no stacks: " in r.output and "timed out after 10s" in r.output
     assert "warning: the dumps are not saved" in r.output and "Traceback" not in r.output
+
+
+DEEP = """import faulthandler, sys, threading
+def level1(): level2()
+def level2(): level3()
+def level3(): level4()
+def level4(): level5()
+def level5(): level6()
+def level6():
+    faulthandler.dump_traceback(sys.stdout, all_threads=False)  # as the rank's hook dumps it
+    threading.Event().wait(0)  # a library frame inside the user's innermost one, as all_reduce is
+level1()
+"""
+
+
+def test_the_frames_shown_are_the_innermost_of_a_real_deeper_stack(tmp_path):
+    import subprocess
+    import sys
+
+    from clusterddp import hang as H
+    from clusterddp.cli.stacks import render
+    script = tmp_path / "runs" / "r" / "deep.py"
+    script.parent.mkdir(parents=True)
+    script.write_text(DEEP)
+    text = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
+    text = text.replace("Stack (most recent call first)", "Current thread 0x0000000000000001 (most recent call first)")
+    frames = [f for _, _, f in node_stacks.parse_dump(text)][0]
+    assert [fn for _, _, fn in frames] == ["level6", "level5", "level4", "level3", "level2", "level1", "<module>"]
+    rec = make_record("r", hosts=("a", "b"))
+    nodes, connect = fake({"a": reply([proc(11, 0, 0, WAITING), proc(12, 1, 1, WAITING)]),
+                           "b": reply([proc(21, 2, 0, WAITING), proc(22, 3, 1, text)])})
+    taken = S.take(rec, connect=connect, wait=1.0)
+    groups = S.group(taken.procs)
+    odd = groups[0].procs[0]
+    assert groups[0].odd and odd.rank == 3
+    want = ["level6", "level5", "level4"]  # the innermost three of the user's seven, innermost first
+    assert [fn for _, _, fn in S.innermost_users(odd.main)] == want
+    shown = "\n".join(render(taken, groups))
+    assert [line.split()[0] for line in shown.splitlines() if "deep.py:" in line and "level" in line
+            and "<-" not in line] == want, shown
+    assert "level1 (" not in shown and "level3 (" not in shown, shown
+    assert [f.split(" (")[0] for f in H._rank(odd).frames] == want  # the hang report's, in run.json too

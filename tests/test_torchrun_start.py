@@ -122,6 +122,8 @@ def test_a_node_that_does_not_serve_the_store_starts_torchrun_once_the_store_lis
     t.join(30)
     assert r.returncode == 0, r.stderr
     assert "listening" in state and seen["started"] >= state["listening"]  # not before the store listened
+    # ... and soon after: it looks every 10 ms (torchrun's own client waited 0.3-0.75 s between tries)
+    assert seen["started"] - state["listening"] < 1.0, seen["started"] - state["listening"]
     assert seen["store"] is None  # taken out of the environment: the workers never see it
     assert seen["argv"][1:] == ["x"] and seen["name"] == "__main__"
     assert r.stderr == ""  # imported before it runs, yet no warning from runpy about that

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..node.watch import regex_problem
 from .model import (
     ENV_NAME_RE,
     HOST_NAME_RE,
@@ -373,10 +374,12 @@ def _progress_regex(v: str) -> str:
     """`progress_regex:` as `--progress-regex` takes it: a regular expression, at most one group."""
     try:
         rx = re.compile(v)
-    except re.error as e:
+    except (re.error, RecursionError, OverflowError) as e:  # nested past the parser's depth, a count past its range
         raise ValueError(f"not a regular expression ({e}); e.g. 'step (\\d+)'") from None
     if rx.groups > 1:
         raise ValueError(f"{rx.groups} groups; give at most one, around the step number (use (?:...) for the others)")
+    if (slow := regex_problem(v)) is not None:
+        raise ValueError(f"{slow}; match the line's words, e.g. 'step (\\d+)'")
     return v
 
 

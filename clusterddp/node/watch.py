@@ -10,7 +10,13 @@ teardown, ``stop`` and ``prune`` end it with the job; it also ends when launch.s
 Progress (:class:`Lines`): a line of node.log written after the watcher started (every rank of the
 node writes there, through torchrun) that is not clusterddp's own (``[clusterddp]``), blank, known
 torch noise (``skip``: ``clusterddp.noise``) or torch elastic's agent, and that matches the progress
-regex when one is given. ``\\r`` ends a line too (a progress bar).
+regex when one is given (searched in the line's first :data:`MATCH_MOST` bytes, a leading ``.*``
+dropped: :func:`bounded_regex`). ``\\r`` ends a line too (a progress bar). A line counts at the time
+it was written (:class:`Reader`: the first look that found the log long enough to hold it), not when
+the watcher got to it; each look reads until it has caught up or spent :data:`READ_BUDGET`, and while
+it is behind the next look comes after a tenth of a tick. A watcher that is behind its log says so in
+the log (at most once a minute), tells the other nodes (the store's ``clusterddp/behind`` count), and
+no node declares a stall while any is behind: its own lag is no sign of a hang.
 
 Agreement (:class:`Decider`): with one node, its own lines decide. With several, the nodes share a
 counter in the run's own rendezvous store (torchrun's c10d TCPStore at the master's address and
@@ -39,7 +45,8 @@ launch.sh, SIGKILL after :data:`GRACE` seconds). launch.sh sees hang.json and ex
 ``$CTL/watch.json`` (at most once a second, 0600, replaced whole): this node's view for ``top``:
 ``time`` (node clock), ``last_progress`` (this node's last progress line, epoch seconds or null),
 ``run_last_progress`` (the last progress anywhere as this node knows it), ``timeout``, ``state``
-(``waiting`` for the other nodes' watchers, ``watching``, ``stalled``).
+(``waiting`` for the other nodes' watchers, ``watching``, ``stalled``), ``behind`` (bytes of
+node.log written and not read yet).
 
 Python 3.8 grammar, standard library only (torch, where several nodes agree, from the job's python).
 """
@@ -57,7 +64,10 @@ import time
 TICK = 0.5             # seconds between looks at node.log and the store
 WRITE_EVERY = 1.0      # seconds between watch.json writes
 MAX_LINE = 65536       # bytes of an unended line kept; longer is a line of its own
-READ_MOST = 1 << 20    # bytes of node.log read per look
+MATCH_MOST = 4096      # bytes of a line the progress regex is matched against (its cost per line is bounded)
+READ_MOST = 1 << 20    # bytes of node.log read at a time (one chunk; a look reads chunks until caught up)
+READ_BUDGET = 0.3      # seconds a look may spend reading before it says it is behind and ends the tick
+SAY_BEHIND_EVERY = 60.0  # seconds between two "behind" notes in the log
 STORE_TIMEOUT = 5.0    # seconds one store connection attempt or operation may take
 STACKS_WAIT = 3.0      # seconds each rank has to write its stacks (as `clusterddp stacks`)
 STACKS_TIMEOUT = 60.0  # the stacks program as a whole
@@ -71,21 +81,32 @@ SCHEMA = 1
 class Lines:
     """Progress lines in node.log's bytes, fed in chunks as they come (a line may span chunks)."""
 
-    def __init__(self, regex=None, skip=(), tails=()) -> None:
-        self.regex = re.compile(regex) if regex else None
+    def __init__(self, regex=None, skip=(), tails=(), pos: int = 0) -> None:
+        self.regex = re.compile(bounded_regex(regex)) if regex else None
         self.skip = [re.compile(p.encode()) for p in skip]
         self.tails = [re.compile(p.encode()) for p in tails]  # noise whose next indented line is its too
         self.rest = b""
         self.after_tail = False
+        self.pos = pos        # the log's offset just past the bytes fed so far
+        self.last_end = None  # type: int | None  # the offset just past the last progress line seen
 
     def feed(self, data: bytes) -> int:
         """How many progress lines ``data`` ends (an unended line waits for the next chunk)."""
+        off = self.pos - len(self.rest)  # where the first line of this buffer starts in the log
+        self.pos += len(data)
         buf = self.rest + data
         parts = re.split(b"[\r\n]", buf)
         self.rest = parts.pop()
-        n = sum(1 for line in parts if self.progress(line))
+        n = 0
+        for line in parts:
+            off += len(line) + 1
+            if self.progress(line):
+                n += 1
+                self.last_end = off
         if len(self.rest) > MAX_LINE:
-            n += self.progress(self.rest)
+            if self.progress(self.rest):
+                n += 1
+                self.last_end = self.pos
             self.rest = b""
         return n
 
@@ -100,7 +121,100 @@ class Lines:
             return False
         if any(p.search(line) for p in self.skip):
             return False
-        return self.regex is None or self.regex.search(line.decode("utf-8", "replace")) is not None
+        if self.regex is None:
+            return True
+        return self.regex.search(line[:MATCH_MOST].decode("utf-8", "replace")) is not None
+
+
+def bounded_regex(regex: str) -> str:
+    """The progress regex as the watcher searches each line with it: a leading ``.*`` (or ``.*?``) is
+    dropped, as a search finds a line with or without it (a line holds no newline), while with it each
+    search costs the square of the line's length."""
+    while True:
+        lead = ".*?" if regex.startswith(".*?") else ".*" if regex.startswith(".*") else ""
+        if not lead or regex[len(lead):].startswith(("+", "{", "?", "*")):
+            return regex  # none, or possessive (".*+" searches differently): as given
+        regex = regex[len(lead):]
+
+
+def regex_problem(regex: str):
+    """Why the watcher refuses ``regex`` as a progress regex, or None (checked where the run is
+    planned, not on the node): a repeat inside an unbounded repeat (``(a+)+``, ``(\\d*)*``), which can
+    take exponential time on one line that almost matches."""
+    import importlib
+    try:  # the parser of re itself, for the pattern's shape (re._parser from Python 3.11, sre_parse before)
+        sre = importlib.import_module("re._parser")
+    except ImportError:  # pragma: no cover - Python < 3.11
+        sre = importlib.import_module("sre_parse")
+    try:
+        tree = sre.parse(regex)
+    except Exception:  # noqa: BLE001 - not compiling is the caller's message
+        return None
+
+    def repeats(items, inside: bool):
+        for op, av in items:
+            if op in (sre.MAX_REPEAT, sre.MIN_REPEAT):
+                unbounded = av[1] == sre.MAXREPEAT
+                if (inside and unbounded) or repeats(av[2], inside or unbounded):
+                    return True
+            elif op == sre.SUBPATTERN:
+                if repeats(av[-1], inside):
+                    return True
+            elif op == sre.BRANCH:
+                if any(repeats(b, inside) for b in av[1]):
+                    return True
+            elif op in (sre.ASSERT, sre.ASSERT_NOT):
+                if repeats(av[1], inside):
+                    return True
+        return False
+
+    try:
+        slow = repeats(tree, False)
+    except RecursionError:
+        return "nested too deep"
+    if slow:
+        return "a repeat inside an unbounded repeat (e.g. (a+)+) can take exponential time on one line"
+    return None
+
+
+class Reader:
+    """node.log as the watcher reads it, and when each of its bytes was there (a progress line is
+    judged by the time it was written, not by when the watcher got to it).
+
+    Each :meth:`look` notes the log's size and the (monotonic) time, then reads chunks until it has
+    read that much or spent :data:`READ_BUDGET`; a line's time is that of the first look that found
+    the log long enough to hold it (so at most a tick late, never later however far behind the
+    reading is). ``behind``: bytes written by the look's start and not read yet."""
+
+    def __init__(self, f, lines: Lines, budget=None) -> None:
+        self.f, self.lines = f, lines
+        self.budget = READ_BUDGET if budget is None else budget  # type: float
+        self.seen = []  # type: list  # (size, time) of looks whose size the reading has not passed yet
+        self.behind = 0
+
+    def look(self, now: float, clock=time.monotonic):
+        """Read what there is (within the budget): (progress lines read, the time the last was written
+        or None)."""
+        try:
+            size = os.fstat(self.f.fileno()).st_size
+        except OSError:
+            size = self.lines.pos
+        if size > self.lines.pos and (not self.seen or size > self.seen[-1][0]):
+            self.seen.append((size, now))
+        n, start = 0, clock()
+        while self.lines.pos < size:
+            data = self.f.read(min(READ_MOST, size - self.lines.pos))
+            if not data:
+                break  # the log was cut shorter: what is there was read
+            n += self.lines.feed(data)
+            if clock() - start >= self.budget:
+                break
+        self.behind = max(0, size - self.lines.pos)
+        at = None
+        if n and self.lines.last_end is not None:
+            at = next((t for s, t in self.seen if s >= self.lines.last_end), now)
+        self.seen = [(s, t) for s, t in self.seen if s > self.lines.pos]
+        return n, at
 
 
 class Decider:
@@ -117,9 +231,11 @@ class Decider:
         self.value = None  # type: int | None  # the shared counter as last read (None: not read yet)
         self.seen = False          # any progress line yet, anywhere
         self.watchers = 1 if nnodes == 1 else 0
+        self.behind = False        # this node's watcher has not read all of its log yet
+        self.others_behind = 0     # how many nodes' watchers say they are behind (the store's count)
 
     def local(self, n: int, now: float) -> None:
-        """``n`` progress lines of this node's ranks seen at ``now``."""
+        """``n`` progress lines of this node's ranks, the last written at ``now``."""
         if n:
             self.last = max(self.last, now)
             self.seen = self.seen or self.nnodes == 1
@@ -139,7 +255,9 @@ class Decider:
         return self.watchers >= self.nnodes and self.seen
 
     def stalled(self, now: float) -> bool:
-        return self.armed and now - self.last >= self.timeout
+        """Silent for the timeout; never while a watcher (this one or another node's) is behind its
+        log: the lines it has not read may be progress, and its own lag is no sign of a hang."""
+        return self.armed and not self.behind and self.others_behind <= 0 and now - self.last >= self.timeout
 
     def silent(self, now: float) -> float:
         return now - self.last
@@ -346,17 +464,24 @@ def run(args: dict, parent: int) -> None:
     except OSError as e:
         say("stall watchdog off on this node: cannot read %s: %s" % (args["log"], e.strerror))
         return
-    log.seek(0, 2)
+    lines.pos = log.seek(0, 2)
+    reader = Reader(log, lines)
     joined, pending, local_last, written = False, 0, None, 0.0
+    told_behind, said_behind = False, None  # type: bool, float | None
     while True:
         if os.getppid() != parent or os.path.exists(os.path.join(ctl, "exit_code")):
             return  # launch.sh has ended: so has the job
-        n = lines.feed(log.read(READ_MOST))
+        n, at = reader.look(clock())
         now = clock()
         if n:
-            d.local(n, now)
+            d.local(n, at)
             pending += n
-            local_last = time.time()
+            local_last = _wall(at, now)
+        d.behind = reader.behind > 0
+        if d.behind and (said_behind is None or now - said_behind >= SAY_BEHIND_EVERY):
+            said_behind = now
+            say("stall watchdog behind node.log by %.1f MiB (the job writes faster than it reads); "
+                "no stall is declared until it has caught up" % (reader.behind / 1048576.0))
         by = None
         if store is not None:
             try:
@@ -371,9 +496,11 @@ def run(args: dict, parent: int) -> None:
                 value = store.add("progress", pending)
                 watchers = d.watchers if d.armed else store.add("watchers", 0)
                 hang = store.has("hang_by")
-                if value is None or watchers is None or hang is None:
+                behind = store.add("behind", int(d.behind) - int(told_behind))  # every node's lag is seen
+                if value is None or watchers is None or hang is None or behind is None:
                     return  # the store is gone: the master's torchrun has ended, and the run with it
-                pending = 0
+                told_behind, pending = d.behind, 0
+                d.others_behind = behind - int(d.behind)
                 d.shared(value, watchers, now)
                 if hang:
                     by = store.first("hang_by", "") or "another node"
@@ -384,7 +511,8 @@ def run(args: dict, parent: int) -> None:
         if now - written >= WRITE_EVERY:
             written = now
             view = {"time": time.time(), "last_progress": local_last, "run_last_progress": _wall(d.last, now),
-                    "timeout": d.timeout, "state": "stalled" if by else "watching" if d.armed else "waiting"}
+                    "timeout": d.timeout, "state": "stalled" if by else "watching" if d.armed else "waiting",
+                    "behind": reader.behind}
             try:
                 write_private(os.path.join(ctl, "watch.json"), json.dumps(view).encode())
             except OSError:
@@ -392,7 +520,7 @@ def run(args: dict, parent: int) -> None:
         if by is not None:
             on_hang(args, d, store, now, by)
             return
-        time.sleep(TICK)
+        time.sleep(TICK / 10 if d.behind else TICK)  # behind: read on at once (its store and file work go on)
 
 
 if __name__ == "__main__":

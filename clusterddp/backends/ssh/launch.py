@@ -340,36 +340,40 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         on_output(host, data)
     fleet = fleet or Fleet([n.host for n in plan.nodes], fanout=plan.inventory.fanout,
                            **({"connect": connect} if connect else {}))
-    sup = Supervisor(plan, on_output=output, source_tar=source_tar, fleet=fleet, join_timeout_s=join_timeout)
+    sup = Supervisor(plan, on_output=output, source_tar=source_tar, fleet=fleet, join_timeout_s=join_timeout,
+                     on_note=on_warn)
     try:
         try:
             sup.start()
         except HostError as e:
             finish(store, run_id, sup, RunOutcome(RunStatus.FAILED, sup.outcomes(), e.host))
             raise
-        except KeyboardInterrupt:  # Ctrl-C while nodes start: end what started, record the stop
+        except KeyboardInterrupt:  # Ctrl-C while nodes start: sup.start ended what started; record the stop
+            finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
+            raise
+        mirror = Mirror(fleet, plan, store, warn=on_warn)
+        try:
+            store.update(run_id, lambda rec: rec.seen(node_states(sup)))
+            if detach:
+                on_detached(fleet, plan)
+                return None
+            mirror.start()
+        except KeyboardInterrupt:  # Ctrl-C once every node started, before they are watched: as while starting
+            mirror.stop()
             sup.teardown()
             finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
             raise
-        store.update(run_id, lambda rec: rec.seen(node_states(sup)))
-        if detach:
-            on_detached(fleet, plan)
-            return None
-        mirror = Mirror(fleet, plan, store, warn=on_warn)
-        mirror.start()
         try:
             outcome = sup.follow()
         except KeyboardInterrupt:
             mirror.stop()
             store.close_logs()
-            collect(fleet, plan, store, on_collect, sup)
-            finish(store, run_id, sup, sup.outcome)
+            _collect_then_finish(fleet, plan, store, on_collect, sup, sup.outcome, on_warn)
             raise
         finally:
             mirror.stop()
         store.close_logs()
-        collect(fleet, plan, store, on_collect, sup, may_go_on=may_go_on)
-        status = finish(store, run_id, sup, outcome)
+        status = _collect_then_finish(fleet, plan, store, on_collect, sup, outcome, on_warn, may_go_on=may_go_on)
         if status is not RunStatus.SUCCEEDED:
             raise base.run_failed(store, run_id, outcome, status, lambda: explain(fleet, plan, store))
         return outcome
@@ -409,6 +413,22 @@ def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Calla
     for r in results:
         on_collect(r)
     return results
+
+
+def _collect_then_finish(fleet: Fleet, plan: P.LaunchPlan, store: RunStore,
+                         on_collect: Callable[[CollectResult], None], sup: Supervisor, outcome: RunOutcome,
+                         on_warn: Callable[[str], None], may_go_on: bool = False) -> RunStatus:
+    """:func:`collect`, then :func:`finish`. A Ctrl-C during the collect records the job's own outcome
+    (a run that succeeded everywhere stays succeeded: the collect, not the job, was cut short), says
+    how to fetch the rest, and is raised again."""
+    try:
+        collect(fleet, plan, store, on_collect, sup, may_go_on=may_go_on)
+    except KeyboardInterrupt:
+        finish(store, plan.run_id, sup, outcome)
+        on_warn(f"[clusterddp] collect interrupted: the run is recorded {outcome.status}; "
+                f"`clusterddp collect {plan.run_id}` fetches its logs and files")
+        raise
+    return finish(store, plan.run_id, sup, outcome)
 
 
 def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> RunStatus:

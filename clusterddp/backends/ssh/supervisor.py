@@ -54,6 +54,11 @@ LOST_AFTER_S = 8.0
 # torch's own rendezvous timeout (many minutes). Loading torch on a busy node takes seconds;
 # setup lines that install things take longer: `up --join-timeout` raises it (0: never).
 JOIN_TIMEOUT_S = 120.0
+# Ctrl-C while the nodes start: a start command already sent runs on there (its job would start after
+# the teardown and run unwatched), so the teardown waits this long for those in flight to return first.
+# A start still in flight then has its connection closed (an upload cut short starts nothing) and is
+# named in the record: `clusterddp stop` ends what it may have started.
+START_DRAIN_S = 60.0
 
 
 @dataclass
@@ -108,6 +113,7 @@ class Supervisor:
     plan: P.LaunchPlan
     on_output: Callable[[str, bytes], None]
     on_state: Callable[[str, NodeState, Node], None] = lambda host, state, node: None
+    on_note: Callable[[str], None] = lambda line: None  # what a Ctrl-C while starting waits for
     connect: Callable[[Host], Transport] = default_connect
     fleet: Fleet | None = None
     source_tar: Path | None = None  # the script folder's tarball (jobs.pack), streamed to each node
@@ -129,6 +135,9 @@ class Supervisor:
         self._events: queue.Queue[_Ended | _Beat | _NotJoined] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._done = threading.Event()  # set when the run is over: the heartbeats stop
+        self._interrupted = False  # Ctrl-C while starting: no further start command is sent
+        self._in_flight: set[str] = set()  # nodes whose start command is on its way (guarded by _flight)
+        self._flight = threading.Condition()
         self._sleep = self.sleep or self._done.wait
 
     def _set(self, node: Node, state: NodeState) -> None:
@@ -144,9 +153,16 @@ class Supervisor:
 
     # ---- start ----
     def start(self) -> None:
-        """Connect to every node, then start its job; on any failure end what started and raise."""
+        """Connect to every node, then start its job; on any failure end what started and raise.
+        KeyboardInterrupt (Ctrl-C) while starting: no further start is sent, the starts in flight are
+        waited for (:data:`START_DRAIN_S`; a second Ctrl-C stops the wait), every job that started is
+        ended, and it is raised again; a node whose start was still in flight has its ``error`` say so."""
         hosts = [n.launch.host for n in self.nodes]
-        failed = self._fleet.open(hosts).failed or self._each(self.nodes, self._start_node).failed
+        try:
+            failed = self._fleet.open(hosts).failed or self._each(self.nodes, self._start_node).failed
+        except KeyboardInterrupt:
+            self._interrupt_start()
+            raise
         if failed:
             for name, e in failed.items():
                 node = self._node(name)
@@ -160,13 +176,50 @@ class Supervisor:
         """One command (:func:`~clusterddp.plan.start_node_command`): the run folder made, launch.sh
         and the script folder sent, the job started."""
         n = node.launch
-        self._set(node, NodeState.STARTING)
-        tar = self.source_tar if self.plan.upload else None
-        script = n.launch_script.encode()
-        command, steps = P.start_node_command(n, tar is not None, self.plan.leased, len(script))
-        stdin = script if tar is None else (script, tar)
-        self._check(node, t.run(command, stdin=stdin, timeout=600), steps)
-        self._set(node, NodeState.RUNNING)
+        with self._flight:
+            if self._interrupted:
+                raise HostError(node.name, "not started: interrupted")
+            self._in_flight.add(node.name)
+        try:
+            self._set(node, NodeState.STARTING)
+            tar = self.source_tar if self.plan.upload else None
+            script = n.launch_script.encode()
+            command, steps = P.start_node_command(n, tar is not None, self.plan.leased, len(script))
+            stdin = script if tar is None else (script, tar)
+            self._check(node, t.run(command, stdin=stdin, timeout=600), steps)
+            self._set(node, NodeState.RUNNING)
+        finally:
+            with self._flight:
+                self._in_flight.discard(node.name)
+                self._flight.notify_all()
+
+    def _interrupt_start(self, drain_s: float = START_DRAIN_S) -> None:
+        """Ctrl-C while starting: send no further start, wait for those in flight, end every job."""
+        with self._flight:
+            self._interrupted = True
+        deadline = self.clock() + drain_s
+        with self._flight:
+            waiting = sorted(self._in_flight)
+        if waiting:
+            self.on_note(f"[clusterddp] interrupted: waiting (up to {drain_s:.0f} s) for the starts already sent to "
+                         f"{', '.join(waiting)}, to end the jobs they start; Ctrl-C again stops waiting")
+        try:
+            with self._flight:
+                while self._in_flight and self.clock() < deadline:
+                    self._flight.wait(min(0.5, max(0.0, deadline - self.clock())))
+        except KeyboardInterrupt:
+            pass  # Ctrl-C again: stop waiting; what is still in flight is named below
+        with self._flight:
+            late = set(self._in_flight)
+        for node in self.nodes:
+            if node.name in late:  # its job may start after the teardown: its connection is closed first
+                node.error = ("interrupted while its start command was still on its way: its job may have "
+                              "started; `clusterddp stop` ends it")
+                self._set(node, NodeState.LOST)  # out of reach from here: teardown skips it, `stop` ends it
+                self._fleet.close_host(node.launch.host)
+            elif node.state is NodeState.PENDING:
+                node.error = "not started: interrupted"
+        self.teardown()
 
     def _check(self, node: Node, res, steps: tuple[str, ...]) -> None:
         if res.exit_code != 0:

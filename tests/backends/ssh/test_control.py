@@ -78,3 +78,52 @@ def test_a_detached_run_looked_at_later_records_its_nodes_own_end_and_runs_says_
     assert row["status"] == "succeeded" and row["ended_at"] == rec.ended_at
     table = cddp("runs", "--runs-dir", str(store.root), check_rc=0)
     assert "succeeded" in table.stdout and "1m05s" in table.stdout and "as of" not in table.stdout + table.stderr
+
+
+def test_ctrl_c_during_the_collect_of_a_run_that_succeeded_records_it_succeeded(tmp_path, monkeypatch):
+    p = make_plan(tmp_path, {"a": "ok", "b": "ok"})
+    store = RunStore(tmp_path / "runs")
+    prep = jobs.Prepared(p, store, tmp_path)
+    store.create(jobs.new_record(prep, str(tmp_path / "inv.yaml")))
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt  # Ctrl-C while the logs come back
+    monkeypatch.setattr(jobs, "collect_nodes", interrupted)
+    said: list[str] = []
+    try:
+        jobs.execute(prep, lambda h, b: None, on_warn=said.append)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the Ctrl-C was swallowed")
+    rec = store.load(p.run_id)
+    assert rec.status is RunStatus.SUCCEEDED and rec.ended_at, rec.status  # the job's outcome, not the collect's
+    assert [(n.state, n.exit_code) for n in rec.nodes] == [(NodeState.SUCCEEDED, 0)] * 2
+    assert said == [f"[clusterddp] collect interrupted: the run is recorded succeeded; "
+                    f"`clusterddp collect {p.run_id}` fetches its logs and files"]
+
+
+def test_ctrl_c_after_the_start_before_the_watch_ends_the_jobs_and_records_the_stop(tmp_path, monkeypatch):
+    p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
+    store = RunStore(tmp_path / "runs")
+    prep = jobs.Prepared(p, store, tmp_path)
+    store.create(jobs.new_record(prep, str(tmp_path / "inv.yaml")))
+
+    def interrupted(self):
+        raise KeyboardInterrupt  # Ctrl-C right after every node started
+    monkeypatch.setattr(jobs.Mirror, "start", interrupted)
+    try:
+        jobs.execute(prep, lambda h, b: None)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the Ctrl-C was swallowed")
+    try:
+        assert eventually(lambda: not job_pids(p), 10), "the jobs run on after the Ctrl-C"
+    finally:
+        import subprocess
+
+        from clusterddp import plan
+        subprocess.run(["bash", "-c", "; ".join(plan.teardown_command(n, 1) for n in p.nodes)])
+    rec = store.load(p.run_id)
+    assert rec.status is RunStatus.STOPPED and [n.state for n in rec.nodes] == [NodeState.STOPPED] * 2

@@ -8,6 +8,7 @@ The real thing (sshd hosts, real torchrun) is covered in test_up_ssh.py.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -490,3 +491,70 @@ def test_the_followers_whole_line_is_read_exactly_or_not_at_all(noise, size, dig
         return  # several marked lines (or one inside the noise): None or the one read, never a crash
     assert got == (nodeops.Whole(size, digest) if good else None)
     assert nodeops.read_whole(noise) is None
+
+
+class _SlowStart(_Wrapped):
+    """Wraps a transport; its first command (the node's start) waits ``delay`` seconds after Ctrl-C
+    was pressed (``on_start``), then runs: a start already sent when the launcher is interrupted."""
+
+    def __init__(self, inner, on_start, delay: float) -> None:
+        super().__init__(inner)
+        self.on_start, self.delay, self.calls = on_start, delay, 0
+
+    def run(self, command, **kw):
+        self.calls += 1
+        if self.calls == 1:
+            self.on_start()
+            time.sleep(self.delay)
+        return self.inner.run(command, **kw)
+
+
+def test_ctrl_c_while_a_start_is_in_flight_ends_the_job_it_starts(tmp_path):
+    # Ctrl-C after node b's start command left: the teardown must wait for it, or b's job starts after
+    # the teardown, unwatched, while the record says stopped (issue 40).
+    p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
+
+    def conn(host):
+        t = connect(host)
+        return _SlowStart(t, lambda: os.kill(os.getpid(), signal.SIGINT), 1.5) if host.name == "b" else t
+    notes: list[str] = []
+    sup = Supervisor(p, on_output=lambda h, b: None, connect=conn, grace_s=2, on_note=notes.append)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sup.start()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    [note] = notes  # a's start may still be on its way too
+    assert re.fullmatch(r"\[clusterddp\] interrupted: waiting \(up to 60 s\) for the starts already sent to (a, )?b, "
+                        r"to end the jobs they start; Ctrl-C again stops waiting", note), note
+    try:
+        assert eventually(lambda: job_pids(p) == [], timeout=1.0), "a job started after the Ctrl-C runs on"
+        time.sleep(2.0)  # b's start would have come back by now
+        assert job_pids(p) == [], "a job started after the Ctrl-C runs on"
+        assert [n.state for n in sup.nodes] == [NodeState.STOPPED, NodeState.STOPPED]
+    finally:
+        sup.close()
+        subprocess.run(["bash", "-c", "; ".join(plan.teardown_command(n, 1) for n in p.nodes)])
+
+
+def test_ctrl_c_with_a_start_that_does_not_come_back_names_it_and_ends_the_rest(tmp_path):
+    p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
+
+    def conn(host):
+        t = connect(host)
+        return _SlowStart(t, lambda: os.kill(os.getpid(), signal.SIGINT), 5.0) if host.name == "b" else t
+    sup = Supervisor(p, on_output=lambda h, b: None, connect=conn, grace_s=2)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    drain = sup._interrupt_start
+    sup._interrupt_start = lambda: drain(drain_s=0.5)  # type: ignore[method-assign]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sup.start()
+    finally:
+        signal.signal(signal.SIGINT, old)
+        sup.close()
+    a, b = sup.nodes
+    assert a.state == NodeState.STOPPED
+    assert b.state == NodeState.LOST and "still on its way" in b.error and "clusterddp stop" in b.error
+    subprocess.run(["bash", "-c", "; ".join(plan.teardown_command(n, 1) for n in p.nodes)])
