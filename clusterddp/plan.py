@@ -76,6 +76,7 @@ class RunSpec:
     master_port: int | None = None
     env: tuple[tuple[str, str], ...] = ()        # -e K=V, applied after the inventory's env
     collect: tuple[str, ...] = ()                # --collect, added to the inventory's globs
+    checkpoints: tuple[str, ...] = ()            # --checkpoints: what the mirror takes (over checkpoints:)
     max_restarts: int = 0
     local_rank_arg: str | None = None            # --local-rank-arg: "--local_rank" or "--local-rank", or None
     stall_timeout: float | None = None           # --stall-timeout / stall_timeout: (the flag wins); None: off
@@ -558,6 +559,16 @@ def seed_command(node: NodeLaunch, rel: str, sha256: str) -> str:
             f"mv -f \"$t\" {q(rel)} || {{ rm -f \"$t\"; exit {SEED_NO_FOLDER}; }}; "
             f"else rm -f \"$t\"; echo \"the copy received has sha256 ${{h%% *}}, not the mirror's\" >&2; "
             f"exit {SEED_MISMATCH}; fi")
+
+
+def seed_have_command(node: NodeLaunch, rels: Sequence[str]) -> str:
+    """Print the sha256 of each of ``rels`` under the node's run folder, one line each in order (an
+    empty line for a file it does not have), creating the run folder: what a node already holds of the
+    mirrored checkpoints before they are sent (:func:`clusterddp.mirror.seed`)."""
+    words = " ".join(q(r) for r in rels)
+    return (f"mkdir -p {qpath(node.run_dir)} && cd {qpath(node.run_dir)} || exit {SEED_NO_FOLDER}; "
+            f"for p in {words}; do h=; [ -f \"$p\" ] && [ ! -L \"$p\" ] && h=$(sha256sum < \"$p\" 2>/dev/null); "
+            "echo \"${h%% *}\"; done")
 
 
 def diagnose_command(node: NodeLaunch, mode: str, master: tuple[str, int] | None = None) -> str:
