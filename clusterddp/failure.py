@@ -720,8 +720,8 @@ def _when(r: RankError) -> float:
 
 
 # torchrun's agent, once its ranks all ended well: it then waits in its exit barrier for the other nodes
-FINISHED_LINE = re.compile(r"worker group successfully finished|Local worker group finished \(WorkerState\.SUCCEEDED\)")
-RESTART_LINE = re.compile(r"will restart worker group")  # torchrun's agent restarting its ranks
+FINISHED_LINE = re.compile(r"torchrun: this node's ranks finished|Local worker group finished \(\S*SUCCEEDED\)")
+RESTART_LINE = re.compile(r"torchrun restarts this node's ranks|will restart worker group")  # its agent restarting them
 # What a rank says when a peer it shares a collective with has gone (its process ended)
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|DistBackendError|"
                        r"NCCL communicator was aborted|ProcessGroupGloo|ProcessGroupNCCL", re.I)

@@ -15,8 +15,8 @@ from clusterddp.record import NodeState
 
 START = b"[clusterddp] node 0/2 on node1: torchrun\n"
 AGENT = b"I1206 04:30:01.123000 4242 site-packages/torch/distributed/elastic/agent/server/api.py:900] "
-FINISHED = AGENT + b"[default] worker group successfully finished. Waiting 300 seconds for other agents to finish.\n"
-RESTART = AGENT + b"[default] Worker group FAILED. 1/1 attempts left; will restart worker group\n"
+FINISHED = b"[clusterddp] torchrun: this node's ranks finished; it waits for the other nodes (its exit barrier)\n"
+RESTART = b"[clusterddp] torchrun restarts this node's ranks\n"
 
 
 def facts(host, rank, state, log, errors=()):
@@ -71,16 +71,35 @@ def test_the_supervisor_ends_the_attempt_when_a_node_restarts_after_another_fini
     a, b = sup.nodes
     for n in (a, b):
         n.state = NodeState.RUNNING
-    sup._scan(b, RESTART[:50])  # torchrun restarted every node together before: not a split
-    sup._scan(b, RESTART[50:])
-    sup._scan(a, FINISHED[:90])
-    sup._scan(a, FINISHED[90:])  # a line cut between two chunks is still seen
-    assert a.finished and b.restarted and b.restarted < a.finished
-    assert sup._split() is None and a.state is NodeState.RUNNING
-    sup._scan(b, b"rank 1 resuming from epoch 0\n" + RESTART)  # restarts after node1 finished
+    sup._scan(a, RESTART)
+    sup._scan(b, RESTART[:20])  # a line cut between two chunks is seen once, whole
+    sup._scan(b, RESTART[20:])
+    sup._scan(a, b"rank 0 resuming training from snapshot at epoch 0\n" + FINISHED[:30])
+    sup._scan(a, FINISHED[30:])
+    assert a.finished and (a.restarts, b.restarts) == (1, 1)
+    assert sup._split() is None and a.state is NodeState.RUNNING  # torchrun restarted every node: its own
+    sup._scan(b, b"rank 1 resuming training from snapshot at epoch 0\n" + RESTART)  # node3 alone restarts
     assert sup._split() == "node1" and a.state is NodeState.FAILED
     assert a.error == "its ranks finished while node3 restarts its ranks: they resumed from different points"
-    assert sup._events.qsize() == 3  # each word said (restart, finish, restart) is one event for the main loop
+    assert sup._events.qsize() == 4  # each word said (restart, restart, finish, restart) is one event
+
+
+def test_torchrun_started_by_clusterddp_says_when_it_restarts_its_ranks_and_not_a_finish_that_did_not_wait(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from clusterddp.nodescript import FINISHED_MARK, RESTART_MARK, TORCHRUN
+    job = tmp_path / "once.py"
+    job.write_text("import os, sys\nsys.exit(1 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")
+    r = subprocess.run([sys.executable, "-c", TORCHRUN, "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "1", "--max-restarts", "1", "--monitor-interval", "0.1", str(job)],
+                       capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count(RESTART_MARK) == 1 and FINISHED_MARK not in r.stderr, r.stderr
+    assert "INFO" not in r.stderr and "will restart worker group" not in r.stderr  # torch's INFO lines stay hidden
+    assert F.finished(("[clusterddp] node 0/1\n" + FINISHED_MARK + "\n").encode())
+    assert F.finished(START + AGENT + b"Local worker group finished (WorkerState.SUCCEEDED). Waiting 300 seconds\n")
 
 
 def test_a_node_that_finished_alone_is_not_a_split():

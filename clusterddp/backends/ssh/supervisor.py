@@ -18,7 +18,6 @@ command reconnects through the run record.
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 import time
@@ -66,8 +65,8 @@ class Node:
     answered_at: float = 0.0          # the supervisor's clock when it last heard from the node
     last_miss: str | None = None      # why the latest heartbeat got no answer
     whole: nodeops.Whole | None = None  # the whole log, as its follower sent it (then the collect need not)
-    finished: int = 0                 # when (_SAID order) its torchrun said its ranks all finished (then waits)
-    restarted: int = 0                # when its torchrun last said it restarts its ranks
+    finished: bool = False            # its torchrun said its ranks all finished (it waits for the others)
+    restarts: int = 0                 # how many times its torchrun said it restarts its ranks
     tail: bytes = b""                 # the end of its output so far (a line cut between two chunks)
 
     @property
@@ -90,9 +89,6 @@ class _Beat:
 
     host: str
     error: str | None
-
-
-_SAID = itertools.count(1)  # orders what nodes' torchruns said, as it arrives here
 
 
 @dataclass(frozen=True)
@@ -263,12 +259,11 @@ class Supervisor:
         from ...failure import FINISHED_LINE, RESTART_LINE
         text = (node.tail + data).decode("utf-8", "replace")
         node.tail = (node.tail + data).rsplit(b"\n", 1)[-1][-512:]  # a line cut between two chunks
-        said = False
-        if not node.finished and FINISHED_LINE.search(text):
-            node.finished, said = next(_SAID), True
-        if RESTART_LINE.search(text):
-            node.restarted, said = next(_SAID), True
-        if said:
+        lines = text.split("\n")[:-1]  # whole lines only: the last one comes again, whole, with the next chunk
+        finished = any(FINISHED_LINE.search(line) for line in lines)
+        restarts = sum(1 for line in lines if RESTART_LINE.search(line))
+        if (finished and not node.finished) or restarts:
+            node.finished, node.restarts = node.finished or finished, node.restarts + restarts
             self._events.put(_Said(node.name))
 
     def _split(self) -> str | None:
@@ -279,8 +274,8 @@ class Supervisor:
         done = [n for n in self.nodes if n.finished and n.state in ACTIVE]
         if not done:
             return None
-        node = done[0]
-        again = [n for n in self.nodes if not n.finished and n.restarted > node.finished and n.state in ACTIVE]
+        node = done[0]  # a restart of every node at once (a rank failed) is torchrun's own: not a split
+        again = [n for n in self.nodes if not n.finished and n.restarts > node.restarts and n.state in ACTIVE]
         if not again:
             return None
         node.error = (f"its ranks finished while {', '.join(n.name for n in again)} restarts its ranks: "

@@ -121,3 +121,43 @@ def _epoch(path: Path) -> int:
         return int(torch.load(path)["EPOCHS_RUN"])
     except Exception:  # noqa: BLE001 - being replaced: not yet
         return -1
+
+
+# Node 0's ranks resume at epoch 30, node 1's at 0 (as when only rank 0's host kept its snapshot): node 0's
+# finish first and its torchrun waits in its exit barrier, while node 1's lose their peers and restart.
+SPLIT = r'''
+import os, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+start = 30 if os.environ["GROUP_RANK"] == "0" else 0
+print(f"rank {rank} resuming training from snapshot at epoch {start}", flush=True)
+for epoch in range(start, 40):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    time.sleep(0.1)
+dist.destroy_process_group()
+'''
+
+
+def test_ranks_that_resumed_from_different_points_fail_in_seconds_naming_it(make_bed, tmp_path):
+    """Not a silent wait of 5 minutes in torchrun's exit barrier, nor `Connection closed by peer`."""
+    import time
+    bed = make_bed(2)
+    inventory = bed.write_inventory(tmp_path / "two.yaml", list(bed.nodes), defaults_extra={"connect_timeout": 3})
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "split.py").write_text(SPLIT)
+    t0 = time.monotonic()
+    p = cddp_popen("up", str(inventory), str(job / "split.py"), "--runs-dir", str(tmp_path / "runs"), "--gpus", "1",
+                   "--max-restarts", "1")
+    out, _ = p.communicate(timeout=400)
+    took = time.monotonic() - t0
+    assert p.returncode == 1, out
+    assert re.search(r"root cause: node1: ranks resumed from different points: node1's ranks finished their work "
+                     r"while node2's were restarting them", out), out
+    assert "resumed from different checkpoints, or one node's script finished early" in out, out
+    assert "root cause: node2" not in out and "Connection closed by peer" not in out.split("root cause:")[1], out
+    assert took < 240, f"{took:.0f}s: the exit barrier's 300 s were waited out"
+    rec = record(tmp_path / "runs", run_id_of(out))
+    assert rec["failure"]["kind"] == "diverged" and rec["status"] == "failed", rec["failure"]
