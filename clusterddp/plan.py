@@ -390,13 +390,16 @@ def unpack_command(node: NodeLaunch) -> str:
     the tarball into its own control folder. The first to create ``.clusterddp/unpack`` (mkdir is
     atomic, on NFS too) unpacks, then writes ``done`` there (``failed`` if tar failed); the others
     wait for either, up to UNPACK_WAIT_S. Each host removes only its own tarball, never a file
-    another host may still need."""
+    another host may still need. A file already there is kept (GNU tar's ``--skip-old-files``, where
+    tar has it): in a new run folder, only a checkpoint the mirror put there before a new attempt
+    (:func:`clusterddp.mirror.seed_all`), which a stale copy in the script's folder must not replace."""
     tar = qpath(node.control_dir + "/source.tar.gz")
     u = q(CONTROL + "/unpack")
     by = f"$(cat {u}/by 2>/dev/null)"
     return (f"cd {qpath(node.run_dir)} || exit 3; "
             f"if mkdir {u} 2>/dev/null; then echo {q(node.host.name)} > {u}/by; "
-            f"if tar -xzf {tar}; then rm -f {tar}; : > {u}/done; else : > {u}/failed; exit 1; fi; "
+            f"if tar -xzf {tar} $(tar --help 2>/dev/null | grep -q -- --skip-old-files && echo --skip-old-files); "
+            f"then rm -f {tar}; : > {u}/done; else : > {u}/failed; exit 1; fi; "
             f"elif [ ! -d {u} ]; then echo \"cannot create $PWD/{CONTROL}/unpack\" >&2; exit 1; "
             f"else rm -f {tar}; i=0; while [ ! -e {u}/done ]; do "
             f"if [ -e {u}/failed ]; then echo \"{by} failed to unpack the script folder into this shared run "

@@ -375,3 +375,23 @@ def test_whole_problem_knows_a_cut_zip_and_a_cut_safetensors(tmp_path):
     assert "not the" in (mirror.whole_problem(tmp_path / "c.safetensors") or "")
     (tmp_path / "plain.bin").write_bytes(b"anything")
     assert mirror.whole_problem(tmp_path / "plain.bin") is None
+
+
+def test_a_seeded_checkpoint_is_not_replaced_by_the_script_folders_own_copy_when_it_is_unpacked(tmp_path):
+    import subprocess
+    import tarfile
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("print('hi')\n")
+    (src / "snapshot.pt").write_bytes(b"stale, from a test run on the laptop")
+    run = tmp_path / "run"
+    node = replace(plan().nodes[0], run_dir=str(run), control_dir=str(run / ".clusterddp" / "n1"))
+    os.makedirs(node.control_dir)
+    with tarfile.open(os.path.join(node.control_dir, "source.tar.gz"), "w:gz") as t:
+        for f in ("train.py", "snapshot.pt"):
+            t.add(src / f, f)
+    (tmp_path / "run" / "snapshot.pt").write_bytes(b"seeded by the mirror")  # a new attempt's spare, seeded
+    r = subprocess.run(["bash", "-c", P.unpack_command(node)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run" / "snapshot.pt").read_bytes() == b"seeded by the mirror"
+    assert (tmp_path / "run" / "train.py").read_text() == "print('hi')\n"
