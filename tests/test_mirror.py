@@ -8,8 +8,11 @@ import json
 import os
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clusterddp import mirror
 from clusterddp import plan as P
@@ -395,3 +398,99 @@ def test_a_seeded_checkpoint_is_not_replaced_by_the_script_folders_own_copy_when
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "run" / "snapshot.pt").read_bytes() == b"seeded by the mirror"
     assert (tmp_path / "run" / "train.py").read_text() == "print('hi')\n"
+
+
+# ---- every node of a new attempt seeded alike (the real node commands, run here by bash) ----
+
+class _Local:
+    """The seam: each node's commands run here with bash; ``down`` names a host that cannot be reached."""
+
+    def __init__(self, down: str = "") -> None:
+        self.down, self.sent = down, []
+
+    def transport(self, h: Host) -> _Local:
+        if h.name == self.down:
+            raise HostError(h.name, "cannot connect")
+        self._host = h.name
+        return self
+
+    def run(self, command, *, timeout=None, stdin=None):
+        import subprocess
+
+        from clusterddp.transport.base import CommandResult
+        data = stdin.read_bytes() if hasattr(stdin, "read_bytes") else (stdin or b"")
+        if stdin is not None:
+            self.sent.append(self._host)
+        r = subprocess.run(["bash", "-c", command], input=data, capture_output=True, timeout=60)
+        return CommandResult(r.returncode, r.stdout, r.stderr)
+
+    def each(self, fn, hosts):
+        from clusterddp.fleet import GroupResult
+        out: GroupResult = GroupResult()
+        for h in hosts:
+            try:
+                out[h.name] = fn(h, self.transport(h))
+            except Exception as e:  # noqa: BLE001 - as Fleet.each: the host's failure, by name
+                out[h.name] = e
+        return out
+
+
+def _held_snapshot(store: RunStore, data: bytes) -> None:
+    import hashlib
+    local = store.artifact_path("r1", "node1", "snapshot.pt")
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_bytes(data)
+    held = mirror.Held("snapshot.pt", (), "node1", "2026-12-06T04:00:00+00:00",
+                       (("snapshot.pt", len(data), hashlib.sha256(data).hexdigest()),), (1,))
+    mirror._write_index(store, "r1", [held])
+
+
+def test_every_node_of_a_new_attempt_gets_the_mirrored_snapshot_staying_or_coming_in(tmp_path):
+    store = RunStore(tmp_path / "runs")
+    store.run_dir("r1").mkdir(parents=True)
+    _held_snapshot(store, b"epoch 70")
+    base = plan().nodes[0]
+    nodes = [replace(base, host=replace(base.host, name=n), run_dir=str(tmp_path / n / "run"))
+             for n in ("node1", "node3", "node4")]
+    (tmp_path / "node1" / "run").mkdir(parents=True)
+    (tmp_path / "node1" / "run" / "snapshot.pt").write_bytes(b"epoch 70")  # rank 0's own, the same: kept
+    (tmp_path / "node3" / "run").mkdir(parents=True)
+    (tmp_path / "node3" / "run" / "snapshot.pt").write_bytes(b"epoch 75, newer, never mirrored")  # replaced
+    fleet = _Local()                                                                      # node4: a new spare
+    said, warned = mirror.seed_all(fleet, nodes, store, "r1")  # type: ignore[arg-type]
+    assert warned == []
+    for n in ("node1", "node3", "node4"):
+        assert (tmp_path / n / "run" / "snapshot.pt").read_bytes() == b"epoch 70", n
+    assert sorted(fleet.sent) == ["node3", "node4"]  # node1 had it already (same sha256): not sent again
+    assert said[0].startswith("node1 seeded with the mirrored checkpoint snapshot.pt, 8 B from node1 at ")
+    assert said[0].endswith("(sha256 checked there; 1 file already there)") and len(said) == 3
+
+
+def test_a_node_that_cannot_be_seeded_is_a_warning_naming_it_and_a_damaged_mirror_seeds_none(tmp_path):
+    store = RunStore(tmp_path / "runs")
+    store.run_dir("r1").mkdir(parents=True)
+    base = plan().nodes[0]
+    nodes = [replace(base, host=replace(base.host, name=n), run_dir=str(tmp_path / n / "run")) for n in ("a", "b")]
+    assert mirror.seed_all(_Local(), nodes, store, "r1") == ([], [])  # nothing mirrored: nothing to do
+    _held_snapshot(store, b"epoch 70")
+    said, warned = mirror.seed_all(_Local(down="b"), nodes, store, "r1")  # type: ignore[arg-type]
+    assert [s.split()[0] for s in said] == ["a"]
+    assert warned == ["mirror: the newest checkpoint was not sent to b: b: cannot connect; that host starts from "
+                      "what it holds"]
+    store.artifact_path("r1", "node1", "snapshot.pt").write_bytes(b"epoch 71")  # no longer its sha256
+    said, warned = mirror.seed_all(_Local(), [replace(nodes[0], run_dir=str(tmp_path / "c"))], store, "r1")  # type: ignore[arg-type]
+    assert said == [] and "no longer has the sha256 it was brought back with" in warned[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400), st.sampled_from(["x.pt", "x.safetensors", "x.bin"]))
+def test_whole_problem_never_raises_on_any_bytes(data, name):
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / name
+        p.write_bytes(data)
+        assert mirror.whole_problem(p) is None or isinstance(mirror.whole_problem(p), str)
+    p2 = b"PK\x03\x04" + data
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "y.pt").write_bytes(p2)
+        mirror.whole_problem(Path(d) / "y.pt")
