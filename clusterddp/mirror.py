@@ -3,34 +3,44 @@
 While an attached run goes on, :class:`Mirror` brings the newest complete checkpoint of its rank 0's
 node back to this machine as it appears, verified, into ``<run>/artifacts/<host>/<path>`` (where
 ``collect`` puts it: the end-of-run collect then finds it whole and fetches only the rest), and keeps
-``<run>/mirror.json``, the list of what it holds. :func:`seed` sends that checkpoint to a new attempt's
-rank 0 (the same path under its run folder) before the attempt's job starts, so
-``clusterddp.train.load_latest`` (or any script reading its checkpoint folder) resumes from it.
+``<run>/mirror.json``, the list of what it holds. Before a new attempt starts, :func:`seed_all` sends
+that checkpoint to every node of it (hosts that stay and hosts that come in alike; the same path under
+its run folder), after a last look at rank 0 when its host stays (:meth:`Mirror.last_look`), so every
+rank resumes from the same point (``clusterddp.train.load_latest``, or a script's own
+``torch.load("snapshot.pt")``).
 
 It reuses the collect protocol (:mod:`clusterddp.node.collect`): every ``interval_s`` one command on
-rank 0's node lists the checkpoint files with their sizes and modification times (``"list"``: nothing
-is read or hashed there), and a checkpoint that is new or changed is fetched by path, streamed and
-hashed in one pass, and renamed into place here only when size, sha256 and the node's "stable" flag
-(the file did not change while read) agree. A checkpoint is taken only once it is *settled*: listed
-the same (names, sizes, times) by two looks in a row, so a file still being written, or a folder of
-files still filling up, is never taken; ``clusterddp.train.save_checkpoint`` writes atomically as well.
+rank 0's node lists the checkpoint files the job wrote with their sizes and modification times
+(``"list"``: nothing is read or hashed there), and a checkpoint that is new or changed is fetched by
+path into ``<run>/mirror.incoming``, streamed and hashed in one pass. A copy is taken only when it is
+consistent: each file unchanged (inode, size, time) from before its read to after it (the node's
+"stable" flag), last modified at least QUIET_S before the read (a writer pausing mid-save is not done),
+and whole for its format (:func:`whole_problem`: a ``torch.save`` zip's end record, a safetensors
+header's length); a file rewritten while read is fetched again, up to FETCH_TRIES times a look. So a
+snapshot overwritten in place every few seconds by a plain ``torch.save`` is taken, and a half-written
+one never is. What is held is what came (its size and sha256), even when the file changed between the
+look and the fetch. A checkpoint of several files (a folder per step) is taken only once two looks in a
+row list it alike, so a folder still filling up is never taken.
 
-What a checkpoint is (:func:`choose`): the files the run's ``collect`` globs match (else
-``checkpoints/**``, where ``clusterddp.train`` saves by default). The first part of a path after its
-glob's literal folders that holds a number makes the checkpoint's step: ``step-48.pt``,
+What a checkpoint is (:func:`checkpoint_globs`): ``up --checkpoints`` globs, else the inventory's
+``checkpoints:``, else :data:`DEFAULT_GLOBS` (files that look like checkpoints, anywhere in the run
+folder, written by the job: modified since the script's folder was unpacked). The first part of a path
+after its glob's literal folders that holds a number makes the checkpoint's step: ``step-48.pt``,
 ``ckpt_000100.pt``, ``checkpoint-500/`` (all the files under it, as Hugging Face's Trainer writes),
 ``global_step100/`` (DeepSpeed), ``iter_0001000/`` (Megatron). Names alike but for their numbers are
 one *series* (``step-#.pt``); of each series only the highest step is the newest. A file with no
-number (``latest.pt``) is a series of its own, mirrored whenever it has changed.
+number (``snapshot.pt``) is a series of its own, mirrored whenever it has changed.
 
 Bounded: one look every ``interval_s`` (a shell and a python start on the node), each answer bounded
 by the collect protocol's limits and a per-chunk timeout, at most MAX_FILES files in one checkpoint,
-never more than the free space here allows (DISK_MARGIN kept free), local copies of older checkpoints
-of a series removed once the node has removed them. A mirror that fails never changes the run's
-outcome: each problem is said once, as one warning line, and the mirror carries on trying.
+never more than the free space here allows (DISK_MARGIN kept free; checked against the sizes the node
+sends), local copies of older checkpoints of a series removed once the node has removed them. A mirror
+that fails never changes the run's outcome: each problem is said once, as one warning line, and the
+mirror carries on trying.
 
 Not protected: a ``--detach``ed run, which has no launcher watching it (:func:`unprotected` says so at
-detach), and checkpoints written on a node other than rank 0's.
+detach), and checkpoints written on a node other than rank 0's (DDP ranks hold the same weights: rank
+0's checkpoint is the run's, and its copy here survives the loss of rank 0's host).
 """
 
 from __future__ import annotations
