@@ -17,7 +17,10 @@ itself runs detached and is not in it), with the mirror minus without it, as a s
 run had (2 nodes x 1 process for its length): the slowdown it can cause where it competes with the
 job for every core, as on this bed.
 
-    python bench/mirror.py [--rounds 3] [--seconds 95] [--every 30] [--mib 256]
+    python bench/mirror.py [--rounds 3] [--seconds 95] [--every 30] [--mib 256] [--plain]
+
+``--plain``: rank 0 saves with a plain ``torch.save`` of ``snapshot.pt``, overwritten in place (the PyTorch
+DDP tutorial's way), which the default checkpoint rule takes (issue 39).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import torch.distributed as dist
 from clusterddp import train
 
 seconds, every, mib = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+plain = sys.argv[4:] == ["plain"]  # as the PyTorch DDP tutorial: rank 0 torch.saves snapshot.pt in place
 ctx = train.init()
 torch.manual_seed(0)
 model = train.wrap(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
@@ -65,7 +69,10 @@ while True:
             break
         if flag[1]:
             t = time.monotonic()
-            train.save_checkpoint({"model": train.unwrap(model).state_dict(), "state": state}, steps, keep=2)
+            if not plain:
+                train.save_checkpoint({"model": train.unwrap(model).state_dict(), "state": state}, steps, keep=2)
+            elif dist.get_rank() == 0:
+                torch.save({"model": train.unwrap(model).state_dict(), "state": state, "step": steps}, "snapshot.pt")
             save_s += time.monotonic() - t
             saves += 1
             last = time.monotonic()
@@ -85,6 +92,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=95.0, help="training time of each run")
     ap.add_argument("--every", type=float, default=30.0, help="seconds between checkpoints")
     ap.add_argument("--mib", type=int, default=256, help="checkpoint size")
+    ap.add_argument("--plain", action="store_true", help="a plain torch.save of snapshot.pt, overwritten in place "
+                    "by rank 0 (the default checkpoint rule takes it), instead of clusterddp.train.save_checkpoint")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="cddp-bench-mirror-"))
     cli = [sys.executable, "-m", "clusterddp"]
@@ -98,7 +107,8 @@ def main() -> None:
             (root / "job" / "train.py").write_text(JOB)
             inv = bed.write_inventory(root / "inv.yaml", defaults_extra={"gpus": 1})
             runs = root / "runs"
-            print(f"checkpoint: {args.mib} MiB every {args.every:g}s; runs of {args.seconds:g}s; "
+            print(f"checkpoint: {args.mib} MiB every {args.every:g}s"
+                  f"{' (plain torch.save of snapshot.pt, in place)' if args.plain else ''}; runs of {args.seconds:g}s; "
                   f"2 nodes x 1 process; rounds: {args.rounds}; load {os.getloadavg()[0]:.1f}")
             for r in range(args.rounds):
                 for name, interval in (("without mirror", "0"), ("with mirror", "")):
@@ -107,7 +117,8 @@ def main() -> None:
                     t0 = os.times()
                     out = subprocess.run(cli + ["up", str(inv), str(root / "job" / "train.py"), "--runs-dir",
                                                 str(runs), "-q", "--", str(args.seconds), str(args.every),
-                                                str(args.mib)], env=env, capture_output=True, text=True)
+                                                str(args.mib), *(["plain"] if args.plain else [])],
+                                         env=env, capture_output=True, text=True)
                     t1 = os.times()
                     time.sleep(1)  # the run's SSH sessions reaped
                     n1 = sshd_cpu(bed)

@@ -46,7 +46,7 @@ MAX_OTHERS = 1024
 MAX_ERROR_FILE = 1 << 20        # bytes of an error file parsed; longer is refused
 MAX_TABLE_SCAN = 256 << 10      # bytes at the end of a node log searched for torchrun's failure table
 
-KINDS = ("exception", "signal", "oom", "exit", "never_joined", "lost", "unknown", "hang", "gpu", "timeout")
+KINDS = ("exception", "signal", "oom", "exit", "never_joined", "lost", "unknown", "hang", "gpu", "timeout", "diverged")
 MAX_HANG_GROUPS = 64            # groups of ranks a hang keeps (the odd ones out first)
 MAX_HANG_RANKS = 1024           # ranks named in one group
 
@@ -733,11 +733,60 @@ def _when(r: RankError) -> float:
     return r.time - TABLE_LEAD_S
 
 
+# torchrun's agent, once its ranks all ended well: it then waits in its exit barrier for the other nodes
+FINISHED_LINE = re.compile(r"torchrun: this node's ranks finished|Local worker group finished \(\S*SUCCEEDED\)")
+RESTART_LINE = re.compile(r"torchrun restarts this node's ranks|will restart worker group")  # its agent restarting them
+# What a rank says when a peer it shares a collective with has gone (its process ended)
+PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|DistBackendError|"
+                       r"NCCL communicator was aborted|ProcessGroupGloo|ProcessGroupNCCL", re.I)
+
+
+def _last_attempt(log: bytes) -> list[str]:
+    """The lines of a node's log from its last attempt's start (torch elastic's agent lines kept)."""
+    lines = log[-LOG_SCAN:].decode("utf-8", "replace").replace("\r\n", "\n").split("\n")
+    start = max((i for i, line in enumerate(lines) if line.startswith(ATTEMPT_START)), default=-1)
+    return lines[start + 1:]
+
+
+def finished(log: bytes) -> bool:
+    """Whether a node's torchrun said its ranks all finished (it then waits for the other nodes)."""
+    return any(FINISHED_LINE.search(line) for line in _last_attempt(log))
+
+
+def diverged(nodes: Sequence[NodeFacts], per_node: Mapping[str, list[RankError]]) -> Failure | None:
+    """The failure when one node's ranks finished their work while another node's did not: they did
+    not run the same steps (they resumed from different checkpoints, or one node finished early), and
+    what the others then raised or did (a peer gone, a restart, a wait in torchrun's exit barrier) is its
+    echo. None when no node finished, a node was lost, or a rank that did not finish failed on its own
+    (an exception of the job's, not a peer gone)."""
+    done = [n for n in nodes if finished(n.log)]
+    rest = [n for n in nodes if n not in done]
+    if not done or not rest or any(n.state == "lost" for n in nodes):
+        return None
+    for n in rest:
+        for r in per_node[n.host]:
+            if r.kind == "exception" and not PEER_GONE.search(f"{r.exc_type} {r.message} {r.text()}"):
+                return None
+    first = done[0]
+    others = ", ".join(n.host for n in rest)
+    what = ("restarting them" if any(RESTART_LINE.search(line) for n in rest for line in _last_attempt(n.log))
+            else "still running")
+    summary = (f"ranks resumed from different points: {first.host}'s ranks finished their work while "
+               f"{others}'s were {what}\nthe nodes' ranks did not run the same steps (they resumed from "
+               "different checkpoints, or one node's script finished early), so the others lost their peers; "
+               "make every rank load the same checkpoint at start")
+    return Failure(first.host, "diverged", clip(summary, MAX_MESSAGE), log_tail=_tail(first.log))
+
+
 def diagnose(nodes: Sequence[NodeFacts], first_failed: str | None) -> Failure:
     """The failure of the rank that failed first, and a line for every other node."""
     sizes = {n.nproc for n in nodes}
     uniform = next(iter(sizes)) if len(sizes) == 1 and None not in sizes else None
     per_node = {n.host: [_with_rank(r, n, uniform) for r in rank_errors(n)] for n in nodes}
+    split = diverged(nodes, per_node)
+    if split is not None:
+        others = tuple((n.host, _note(n, per_node[n.host], uniform)) for n in nodes if n.host != split.host)
+        return replace(split, others=others[:MAX_OTHERS])
     candidates = []
     for n in nodes:
         for r in per_node[n.host]:

@@ -86,6 +86,10 @@ OPTIONS: tuple[Option, ...] = (
            "shell's value, @FILE reads NAME=VALUE lines: values on the command line show in `ps`.", recorded="env"),
     Option("collect", ("--collect",), "texts", [], "Glob to bring back, relative to the run folder.",
            recorded="collect"),
+    Option("checkpoints", ("--checkpoints",), "texts", [], "Glob of the files that are the job's checkpoints, "
+           "relative to the run folder (repeatable; over the inventory's checkpoints:): what is mirrored while an "
+           "attached run goes on and what every node of a new attempt starts with. Default: *.pt, *.pth, *.ckpt, "
+           "*.safetensors, snapshot* and checkpoint*/ files the job writes (docs/failures.md).", metavar="GLOB"),
     Option("max_restarts", ("--max-restarts",), "int", 0, "Passed to torchrun; an attached SSH run also starts again "
            "up to N times after a machine's failure, a spare in place of each lost host (inventory spares:).",
            recorded="max_restarts", low=0),

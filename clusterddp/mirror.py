@@ -3,34 +3,44 @@
 While an attached run goes on, :class:`Mirror` brings the newest complete checkpoint of its rank 0's
 node back to this machine as it appears, verified, into ``<run>/artifacts/<host>/<path>`` (where
 ``collect`` puts it: the end-of-run collect then finds it whole and fetches only the rest), and keeps
-``<run>/mirror.json``, the list of what it holds. :func:`seed` sends that checkpoint to a new attempt's
-rank 0 (the same path under its run folder) before the attempt's job starts, so
-``clusterddp.train.load_latest`` (or any script reading its checkpoint folder) resumes from it.
+``<run>/mirror.json``, the list of what it holds. Before a new attempt starts, :func:`seed_all` sends
+that checkpoint to every node of it (hosts that stay and hosts that come in alike; the same path under
+its run folder), after a last look at rank 0 when its host stays (:meth:`Mirror.last_look`), so every
+rank resumes from the same point (``clusterddp.train.load_latest``, or a script's own
+``torch.load("snapshot.pt")``).
 
 It reuses the collect protocol (:mod:`clusterddp.node.collect`): every ``interval_s`` one command on
-rank 0's node lists the checkpoint files with their sizes and modification times (``"list"``: nothing
-is read or hashed there), and a checkpoint that is new or changed is fetched by path, streamed and
-hashed in one pass, and renamed into place here only when size, sha256 and the node's "stable" flag
-(the file did not change while read) agree. A checkpoint is taken only once it is *settled*: listed
-the same (names, sizes, times) by two looks in a row, so a file still being written, or a folder of
-files still filling up, is never taken; ``clusterddp.train.save_checkpoint`` writes atomically as well.
+rank 0's node lists the checkpoint files the job wrote with their sizes and modification times
+(``"list"``: nothing is read or hashed there), and a checkpoint that is new or changed is fetched by
+path into ``<run>/mirror.incoming``, streamed and hashed in one pass. A copy is taken only when it is
+consistent: each file unchanged (inode, size, time) from before its read to after it (the node's
+"stable" flag), last modified at least QUIET_S before the read (a writer pausing mid-save is not done),
+and whole for its format (:func:`whole_problem`: a ``torch.save`` zip's end record, a safetensors
+header's length); a file rewritten while read is fetched again, up to FETCH_TRIES times a look. So a
+snapshot overwritten in place every few seconds by a plain ``torch.save`` is taken, and a half-written
+one never is. What is held is what came (its size and sha256), even when the file changed between the
+look and the fetch. A checkpoint of several files (a folder per step) is taken only once two looks in a
+row list it alike, so a folder still filling up is never taken.
 
-What a checkpoint is (:func:`choose`): the files the run's ``collect`` globs match (else
-``checkpoints/**``, where ``clusterddp.train`` saves by default). The first part of a path after its
-glob's literal folders that holds a number makes the checkpoint's step: ``step-48.pt``,
+What a checkpoint is (:func:`checkpoint_globs`): ``up --checkpoints`` globs, else the inventory's
+``checkpoints:``, else :data:`DEFAULT_GLOBS` (files that look like checkpoints, anywhere in the run
+folder, written by the job: modified since the script's folder was unpacked). The first part of a path
+after its glob's literal folders that holds a number makes the checkpoint's step: ``step-48.pt``,
 ``ckpt_000100.pt``, ``checkpoint-500/`` (all the files under it, as Hugging Face's Trainer writes),
 ``global_step100/`` (DeepSpeed), ``iter_0001000/`` (Megatron). Names alike but for their numbers are
 one *series* (``step-#.pt``); of each series only the highest step is the newest. A file with no
-number (``latest.pt``) is a series of its own, mirrored whenever it has changed.
+number (``snapshot.pt``) is a series of its own, mirrored whenever it has changed.
 
 Bounded: one look every ``interval_s`` (a shell and a python start on the node), each answer bounded
 by the collect protocol's limits and a per-chunk timeout, at most MAX_FILES files in one checkpoint,
-never more than the free space here allows (DISK_MARGIN kept free), local copies of older checkpoints
-of a series removed once the node has removed them. A mirror that fails never changes the run's
-outcome: each problem is said once, as one warning line, and the mirror carries on trying.
+never more than the free space here allows (DISK_MARGIN kept free; checked against the sizes the node
+sends), local copies of older checkpoints of a series removed once the node has removed them. A mirror
+that fails never changes the run's outcome: each problem is said once, as one warning line, and the
+mirror carries on trying.
 
 Not protected: a ``--detach``ed run, which has no launcher watching it (:func:`unprotected` says so at
-detach), and checkpoints written on a node other than rank 0's.
+detach), and checkpoints written on a node other than rank 0's (DDP ranks hold the same weights: rank
+0's checkpoint is the run's, and its copy here survives the loss of rank 0's host).
 """
 
 from __future__ import annotations
@@ -59,7 +69,15 @@ if TYPE_CHECKING:
     from .store import RunStore
     from .transport import Transport
 
-DEFAULT_GLOBS = ("checkpoints/**",)  # clusterddp.train.save_checkpoint's default folder
+# What a checkpoint is for a run that says nothing (`checkpoints:` in the inventory or `up --checkpoints`
+# say otherwise): the files the job writes under its run folder that look like one. checkpoints/** is
+# clusterddp.train.save_checkpoint's folder; checkpoint*/ is Hugging Face's and Lightning's; the
+# suffixes are torch.save's, Lightning's and safetensors' usual ones; snapshot* is the PyTorch DDP
+# tutorial's. Only files modified since the script's folder was unpacked count ("written").
+DEFAULT_GLOBS = ("checkpoints/**", "**/checkpoint*/**", "**/*.pt", "**/*.pth", "**/*.ckpt", "**/*.safetensors",
+                 "**/snapshot*")
+QUIET_S = 1.0           # a file modified less than this before it is read is not taken (its writer may pause)
+FETCH_TRIES = 3         # fetches of a checkpoint that keeps changing, in one look (QUIET_S apart)
 INTERVAL_S = 10.0       # between two looks at rank 0's checkpoints
 INTERVAL_ENV = "CLUSTERDDP_MIRROR_INTERVAL"  # another interval, in seconds; 0: no mirror
 LIST_TIMEOUT_S = 60.0   # the longest wait for a chunk of a list answer
@@ -71,6 +89,7 @@ MAX_INDEX = 4 << 20     # bytes of mirror.json
 INDEX_VERSION = 1
 
 _NUMBER = re.compile(r"\d+")
+INCOMING = "mirror.incoming"  # <run>/mirror.incoming/<host>/<path>: a checkpoint being fetched, until whole
 _REMOVE = "remove the file: the mirror writes it again with its next checkpoint"
 
 
@@ -146,17 +165,25 @@ def groups(listing: Mapping[str, tuple[int, int]], globs: Iterable[str]) -> list
     return [Checkpoint(k[0], steps[k], tuple(sorted(v))) for k, v in files.items()]
 
 
+def checkpoint_globs(plan: LaunchPlan) -> tuple[str, ...]:
+    """What a checkpoint is for this run: ``up --checkpoints`` globs, else the inventory's
+    ``checkpoints:``, else :data:`DEFAULT_GLOBS`."""
+    return plan.spec.checkpoints or getattr(plan.inventory, "checkpoints", ()) or DEFAULT_GLOBS
+
+
 def choose(listing: Mapping[str, tuple[int, int]], globs: Iterable[str],
            before: Mapping[str, tuple[int, int]] | None = None) -> list[Checkpoint]:
     """The newest complete checkpoint of each series among the listed files (path -> (size, mtime in
     ns)) that ``globs`` match, sorted by series. Complete, when ``before`` (the previous look) is given:
-    listed there alike (the same files, sizes and times), so a checkpoint still being written is passed
-    over for the newest one that is not. Newest: the highest step; between two of one step
-    (``step-08.pt``, ``step-8.pt``), the one modified last."""
+    a checkpoint of several files (a folder) must be listed there alike (the same files, sizes and
+    times), so a folder still filling up is passed over for the newest one that is not; a checkpoint of
+    one file is whole when a copy of it is consistent (:meth:`Mirror.look`), however often it is
+    rewritten. Newest: the highest step; between two of one step (``step-08.pt``, ``step-8.pt``), the
+    one modified last."""
     found = groups(listing, globs)
     if before is not None:
         settled = set(groups(before, globs))
-        found = [c for c in found if c in settled]
+        found = [c for c in found if len(c.files) == 1 or c in settled]
     best: dict[str, tuple[tuple[tuple[int, ...], int], Checkpoint]] = {}
     for c in found:
         rank = (c.step, max(m for _, _, m in c.files))
@@ -179,6 +206,39 @@ def interval_from(env: Mapping[str, str]) -> tuple[float, str | None]:
         return value, None
     return INTERVAL_S, (f"mirror: {INTERVAL_ENV}={given!r} is not 0 (off) or a number of seconds from 1 to 3600: "
                         f"every {INTERVAL_S:g}s instead")
+
+
+def whole_problem(path: Path) -> str | None:
+    """Why the file at ``path`` is not a whole checkpoint, when its format says so (None: it is, or its
+    format is not one known here). A zip (``torch.save``'s format since torch 1.6) must end with its
+    end-of-central-directory record, which is written last; a ``.safetensors`` file must be as long as
+    its header says. A copy of a file cut off while written fails here even when it did not change
+    while read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = os.fstat(f.fileno()).st_size
+            if head[:4] == b"PK\x03\x04":
+                tail_at = max(0, size - (65536 + 22))
+                f.seek(tail_at)
+                tail = f.read()
+                at = tail.rfind(b"PK\x05\x06")
+                if at < 0 or len(tail) - at < 22:
+                    return "a zip (torch.save) without its end record: cut off while written"
+                return None
+            if path.name.endswith(".safetensors"):
+                if len(head) < 8:
+                    return "a safetensors file shorter than its header"
+                n = int.from_bytes(head, "little")
+                if n > min(size - 8, 100 << 20):
+                    return "a safetensors file shorter than its header says"
+                header = json.loads(f.read(n))
+                ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+                if 8 + n + max(ends, default=0) != size:
+                    return f"a safetensors file of {size} bytes, not the {8 + n + max(ends, default=0)} its header says"
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+        return f"cannot be read as its format: {type(e).__name__}"
+    return None
 
 
 # ---- mirror.json: what the mirror holds ----
@@ -279,6 +339,10 @@ class _Stopped(Exception):
     """stop() was called while a transfer went on. Private control flow."""
 
 
+class _NoRoom(Exception):
+    """The files a fetch is about to send do not fit here. Private control flow."""
+
+
 class Mirror:
     """Brings rank 0's newest complete checkpoints back while the run goes on (``start``/``stop``).
 
@@ -293,7 +357,7 @@ class Mirror:
         if interval_s is None:
             interval_s, problem = interval_from(os.environ)
         self.interval_s = interval_s
-        self.globs = plan.collect or DEFAULT_GLOBS
+        self.globs = checkpoint_globs(plan)
         self.node = next((n for n in plan.nodes if n.node_rank == 0), None)
         self.fetched = 0  # checkpoints brought back so far
         self._stop = threading.Event()
@@ -353,16 +417,26 @@ class Mirror:
         assert self.node is not None
         return self.node.host.name
 
+    def last_look(self) -> None:
+        """One look now, at the end of an attempt (its job has ended: what it last wrote is whole),
+        with what the mirror holds read back; a problem is said, never raised."""
+        if self.node is None or self.plan.local:
+            return
+        try:
+            self._held = {h.series: h for h in read_index(self.store, self.plan.run_id)}
+            self.look()
+        except Exception as e:  # noqa: BLE001 - the next attempt starts from what the mirror holds
+            why = str(e) if isinstance(e, ClusterDDPError) else f"{type(e).__name__}: {e}"
+            self._say(f"mirror: the last checkpoint of {self.host} was not brought back: {why}")
+
     def look(self) -> list[Held]:
-        """One look at rank 0's checkpoints; fetch each settled one not held yet. What it fetched."""
+        """One look at rank 0's checkpoints; fetch each complete one not held yet. What it fetched."""
         assert self.node is not None
         t = self.fleet.transport(self.node.host)
         listing = self._list(t)
         before, self._before = self._before, listing
-        if before is None:
-            return []
         got = []
-        for chk in choose(listing, self.globs, before):
+        for chk in choose(listing, self.globs, before or {}):
             held = self._held.get(chk.series)
             if held is not None and held.same(chk, self.host):
                 continue
@@ -383,10 +457,26 @@ class Mirror:
             self._prune(listing)
         return got
 
+    def _incoming(self, rel: str) -> Path:
+        """Where a fetched file waits until its whole checkpoint has come and been checked."""
+        base = self.store.run_dir(self.plan.run_id) / INCOMING / self.host
+        p = (base / rel).resolve()
+        if base.resolve() not in p.parents:
+            raise ValueError(f"refusing a path outside the mirror's folder: {rel!r}")
+        return p
+
     def _exchange(self, t: Transport, request: dict, timeout: float) -> Receiver:
         assert self.node is not None
         host, run_id = self.host, self.plan.run_id
-        rx = Receiver(lambda rel: self.store.artifact_path(run_id, host, rel), request=request)
+        if request.get("paths"):  # a fetch: into mirror.incoming, and only what fits here
+            def room(total: int) -> None:
+                free = shutil.disk_usage(self.store.run_dir(run_id)).free
+                if total + DISK_MARGIN > free:
+                    raise _NoRoom(f"{human_bytes(total)} to fetch, {human_bytes(free)} free here, and "
+                                  f"{human_bytes(DISK_MARGIN)} is kept free")
+            rx = Receiver(self._incoming, on_total=room, request=request)
+        else:
+            rx = Receiver(lambda rel: self.store.artifact_path(run_id, host, rel), request=request)
 
         def feed(chunk: bytes) -> None:
             if self._stop.is_set():
@@ -402,7 +492,7 @@ class Mirror:
                 why = f"the node's collect program failed: {lines[-1][:300] if lines else f'exit {code}'}"
         except StreamError as e:
             why = f"its answer was refused: {e}"
-        except _Stopped:
+        except (_Stopped, _NoRoom):
             rx.discard()
             raise
         finally:
@@ -412,7 +502,8 @@ class Mirror:
         return rx
 
     def _list(self, t: Transport) -> dict[str, tuple[int, int]]:
-        rx = self._exchange(t, {"globs": list(self.globs), "have": {}, "list": True}, LIST_TIMEOUT_S)
+        rx = self._exchange(t, {"globs": list(self.globs), "have": {}, "list": True, "written": True},
+                            LIST_TIMEOUT_S)
         if rx.unmatched is None:  # the list did not come whole: a part of it could pass for a whole checkpoint
             raise HostError(self.host, "its list of checkpoint files was cut short: " + "; ".join(rx.errors)[:300])
         if rx.errors:
@@ -420,26 +511,53 @@ class Mirror:
         return rx.listing
 
     def _fetch(self, t: Transport, chk: Checkpoint) -> Held | None:
-        """Bring ``chk``'s files back; the checkpoint held, or None when one of them was not taken whole
-        (changed while read: tried again once it has settled; else said)."""
+        """Bring ``chk``'s files back; the checkpoint held, or None when they were not all taken whole.
+
+        A consistent copy: every file unchanged (inode, size, time) from before its read to after it,
+        and modified at least QUIET_S before it (its writer is not just pausing), and whole for its
+        format (:func:`whole_problem`); a file that keeps changing is fetched again, up to FETCH_TRIES
+        times. The files wait in ``mirror.incoming`` and replace the held copies only once all of them
+        are whole; what is held is what came: its size, sha256 and time as the node sent them (a
+        checkpoint rewritten since the look is kept as the newer copy, never with the look's size)."""
         paths = [p for p, _, _ in chk.files]
-        rx = self._exchange(t, {"paths": paths, "have": {}}, FETCH_TIMEOUT_S)
-        if rx.missing:
-            p, why = rx.missing[0]
-            self._say(f"mirror: {chk.name} on {self.host} is not brought back: {p}: {why}")
-            return None
-        if set(rx.fetched) != set(paths):  # changed while read (or gone): not complete
-            self._before = None  # a new pair of looks alike before it is tried again
-            return None
-        sizes = dict((p, s) for p, s, _ in chk.files)
-        held = Held(chk.series, chk.step, self.host, utcnow(),
-                    tuple((p, sizes[p], rx.digests[p]) for p in paths), tuple(m for _, _, m in chk.files))
+        request = {"paths": paths, "have": {}, "mtimes": True, "quiet": int(QUIET_S * 1e9)}
+        for n in range(FETCH_TRIES):
+            if n and self._stop.wait(QUIET_S):
+                raise _Stopped()
+            try:
+                rx = self._exchange(t, request, FETCH_TIMEOUT_S)
+            except _NoRoom as e:
+                self._say(f"mirror: {chk.name} on {self.host} is not brought back: {e}")
+                return None
+            if rx.missing:
+                p, why = rx.missing[0]
+                self._say(f"mirror: {chk.name} on {self.host} is not brought back: {p}: {why}")
+                self._clear_incoming()
+                return None
+            if set(rx.fetched) == set(paths):
+                problems = [(p, w) for p in paths if (w := whole_problem(self._incoming(p))) is not None]
+                if not problems:
+                    break
+            self._clear_incoming()
+        else:
+            return None  # kept changing (or cut off while written): the next look tries again
+        files = []
+        for p in paths:
+            local = self.store.artifact_path(self.plan.run_id, self.host, p)
+            local.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self._incoming(p), local)
+            files.append((p, rx.listing[p][0], rx.digests[p]))
+        self._clear_incoming()
+        held = Held(chk.series, chk.step, self.host, utcnow(), tuple(files), tuple(rx.listing[p][1] for p in paths))
         old = self._held.get(chk.series)
         self._held[chk.series] = held
         if old is not None:
             self._replaced.append(old)
         self.fetched += 1
         return held
+
+    def _clear_incoming(self) -> None:
+        shutil.rmtree(self.store.run_dir(self.plan.run_id) / INCOMING, ignore_errors=True)
 
     def _prune(self, listing: Mapping[str, object]) -> None:
         """Remove the local copies of checkpoints replaced in the mirror that the node no longer has
@@ -477,8 +595,8 @@ def unprotected(plan: LaunchPlan) -> str | None:
 def seed(fleet: Fleet, node: NodeLaunch, store: RunStore, run_id: str) -> str | None:
     """Put the newest mirrored checkpoint of each series on ``node`` (the same path under its run
     folder) before an attempt starts, each file written beside its place and renamed there only once
-    its sha256 on the node is the mirror's; a one-line description of what was sent, or None when
-    nothing was mirrored.
+    its sha256 on the node is the mirror's (a file the node already has, with that sha256, is not sent
+    again); a one-line description of what was sent, or None when nothing was mirrored.
 
     Raises :class:`~clusterddp.errors.HostError` when the node cannot be reached or does not take a
     file whole, :class:`~clusterddp.errors.MirrorError` when the copies here are damaged (mirror.json,
@@ -486,29 +604,64 @@ def seed(fleet: Fleet, node: NodeLaunch, store: RunStore, run_id: str) -> str | 
     held = read_index(store, run_id)
     if not held:
         return None
+    return _seed(fleet, node, store, run_id, held)
+
+
+def _seed(fleet: Fleet, node: NodeLaunch, store: RunStore, run_id: str, held: list[Held]) -> str:
     t = fleet.transport(node.host)
-    sent, size, steps = 0, 0, []
-    for h in held:
-        for p, s, digest in h.files:
-            local = store.artifact_path(run_id, h.host, p)
-            try:
-                ok = local.stat().st_size == s and sha256_file(local) == digest
-            except OSError:
-                ok = False
-            if not ok:
-                raise MirrorError(f"the mirrored copy {local} ({h.host}'s {p}) is missing or no longer has the "
-                                  f"sha256 it was brought back with: not sent to {node.host.name}",
-                                  f"remove {store.mirror_index_path(run_id)} to start the attempt without it")
-            res = t.run(P.seed_command(node, p, digest), stdin=local, timeout=600)
-            if res.exit_code != 0:
-                detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
-                raise HostError(node.host.name, f"cannot put the mirrored checkpoint {p} there"
-                                f"{': ' + detail[-1][:300] if detail else f' (exit {res.exit_code})'}")
-            sent += 1
-            size += s
-        steps.append(_describe(h) + f" from {h.host} at {h.at}")
+    wanted = [(h, p, s, digest) for h in held for p, s, digest in h.files]
+    res = t.run(P.seed_have_command(node, [p for _, p, _, _ in wanted]), timeout=600)
+    if res.exit_code != 0:
+        detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise HostError(node.host.name, "cannot make its run folder for the mirrored checkpoints"
+                        f"{': ' + detail[-1][:300] if detail else f' (exit {res.exit_code})'}")
+    have = res.stdout.decode("ascii", "replace").split("\n")
+    sent = kept = 0
+    for i, (h, p, s, digest) in enumerate(wanted):
+        if i < len(have) and have[i].strip() == digest:
+            kept += 1
+            continue
+        local = store.artifact_path(run_id, h.host, p)
+        try:
+            ok = local.stat().st_size == s and sha256_file(local) == digest
+        except OSError:
+            ok = False
+        if not ok:
+            raise MirrorError(f"the mirrored copy {local} ({h.host}'s {p}) is missing or no longer has the "
+                              f"sha256 it was brought back with: not sent to {node.host.name}",
+                              f"remove {store.mirror_index_path(run_id)} to start the attempt without it")
+        res = t.run(P.seed_command(node, p, digest), stdin=local, timeout=600)
+        if res.exit_code != 0:
+            detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise HostError(node.host.name, f"cannot put the mirrored checkpoint {p} there"
+                            f"{': ' + detail[-1][:300] if detail else f' (exit {res.exit_code})'}")
+        sent += 1
+    steps = [_describe(h) + f" from {h.host} at {h.at}" for h in held]
+    how = "sha256 checked there" + (f"; {kept} file{'s' if kept > 1 else ''} already there" if kept else "")
     return (f"{node.host.name} seeded with the mirrored checkpoint{'s' if len(held) > 1 else ''} "
-            f"{'; '.join(steps)} (sha256 checked there)")
+            f"{'; '.join(steps)} ({how})")
+
+
+def seed_all(fleet: Fleet, nodes: Iterable[NodeLaunch], store: RunStore, run_id: str
+             ) -> tuple[list[str], list[str]]:
+    """Before a new attempt starts: every one of its ``nodes`` gets the newest mirrored checkpoint of
+    each series at its path under the run folder, hosts that stay and hosts that come in alike (a file
+    a staying host holds that differs, older or newer, is replaced: every rank resumes from the same
+    point), all nodes at once. (lines to say, warnings): a node that could not be seeded is a warning
+    naming it, as is a damaged mirror (then no node is seeded)."""
+    try:
+        held = read_index(store, run_id)
+    except MirrorError as e:
+        return [], [f"mirror: {e}; this attempt starts from what its hosts hold"]
+    if not held:
+        return [], []
+    nodes = list(nodes)
+    by = {n.host.name: n for n in nodes}
+    done = fleet.each(lambda h, t: _seed(fleet, by[h.name], store, run_id, held), [n.host for n in nodes])
+    said = [done.succeeded[n.host.name] for n in nodes if n.host.name in done.succeeded]
+    warned = [f"mirror: the newest checkpoint was not sent to {name}: {e}; that host starts from what it holds"
+              for name, e in done.failed.items()]
+    return said, warned
 
 
 def local_copies(store: RunStore, run_id: str) -> list[Path]:

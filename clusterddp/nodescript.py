@@ -194,6 +194,11 @@ def ship_train_lines(python: str, run_dir: str) -> list[str]:
 # /proc/PID/cmdline (node/watch.py, node/stacks.py).
 STORE_WAIT = "CLUSTERDDP_STORE"
 TORCHRUN_VAR = "cddp_torchrun"
+# What a node's torchrun says of its ranks (clusterddp.failure.FINISHED_LINE, RESTART_LINE): a node that
+# finished while another restarts is a run whose ranks resumed from different points
+RESTART_MARK = "[clusterddp] torchrun restarts this node's ranks"
+FINISHED_MARK = "[clusterddp] torchrun: this node's ranks finished; it waits for the other nodes (its exit barrier)"
+FINISHED_AFTER_S = 3  # said only when the wait lasts that long (as it does not in a run whose nodes end together)
 TORCHRUN = f"""import gc, os, runpy, sys
 w = os.environ.pop("{STORE_WAIT}", "")
 if w:
@@ -211,6 +216,24 @@ if w:
                 time.sleep(0.01)
     except Exception:
         pass
+try:  # torch elastic's agent says at INFO (not shown) that it restarts its ranks, or that they finished
+    import logging, threading
+    import torch.distributed.elastic.agent.server.api as a
+    g = logging.getLogger(a.__name__)
+    shown = g.getEffectiveLevel()
+    def said(r):
+        m = r.getMessage()
+        if "will restart worker group" in m:
+            os.write(2, b"{RESTART_MARK}\\n")
+        elif "Local worker group finished" in m and "SUCCEEDED" in m:  # said if its wait lasts
+            t = threading.Timer({FINISHED_AFTER_S}, os.write, (2, b"{FINISHED_MARK}\\n"))
+            t.daemon = True
+            t.start()
+        return r.levelno >= shown
+    g.addFilter(said)
+    g.setLevel(min(shown, logging.INFO))
+except Exception:
+    pass
 runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
 gc.freeze()"""
 

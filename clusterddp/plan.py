@@ -76,6 +76,7 @@ class RunSpec:
     master_port: int | None = None
     env: tuple[tuple[str, str], ...] = ()        # -e K=V, applied after the inventory's env
     collect: tuple[str, ...] = ()                # --collect, added to the inventory's globs
+    checkpoints: tuple[str, ...] = ()            # --checkpoints: what the mirror takes (over checkpoints:)
     max_restarts: int = 0
     local_rank_arg: str | None = None            # --local-rank-arg: "--local_rank" or "--local-rank", or None
     stall_timeout: float | None = None           # --stall-timeout / stall_timeout: (the flag wins); None: off
@@ -389,13 +390,16 @@ def unpack_command(node: NodeLaunch) -> str:
     the tarball into its own control folder. The first to create ``.clusterddp/unpack`` (mkdir is
     atomic, on NFS too) unpacks, then writes ``done`` there (``failed`` if tar failed); the others
     wait for either, up to UNPACK_WAIT_S. Each host removes only its own tarball, never a file
-    another host may still need."""
+    another host may still need. A file already there is kept (GNU tar's ``--skip-old-files``, where
+    tar has it): in a new run folder, only a checkpoint the mirror put there before a new attempt
+    (:func:`clusterddp.mirror.seed_all`), which a stale copy in the script's folder must not replace."""
     tar = qpath(node.control_dir + "/source.tar.gz")
     u = q(CONTROL + "/unpack")
     by = f"$(cat {u}/by 2>/dev/null)"
     return (f"cd {qpath(node.run_dir)} || exit 3; "
             f"if mkdir {u} 2>/dev/null; then echo {q(node.host.name)} > {u}/by; "
-            f"if tar -xzf {tar}; then rm -f {tar}; : > {u}/done; else : > {u}/failed; exit 1; fi; "
+            f"if tar -xzf {tar} $(tar --help 2>/dev/null | grep -q -- --skip-old-files && echo --skip-old-files); "
+            f"then rm -f {tar}; : > {u}/done; else : > {u}/failed; exit 1; fi; "
             f"elif [ ! -d {u} ]; then echo \"cannot create $PWD/{CONTROL}/unpack\" >&2; exit 1; "
             f"else rm -f {tar}; i=0; while [ ! -e {u}/done ]; do "
             f"if [ -e {u}/failed ]; then echo \"{by} failed to unpack the script folder into this shared run "
@@ -558,6 +562,16 @@ def seed_command(node: NodeLaunch, rel: str, sha256: str) -> str:
             f"mv -f \"$t\" {q(rel)} || {{ rm -f \"$t\"; exit {SEED_NO_FOLDER}; }}; "
             f"else rm -f \"$t\"; echo \"the copy received has sha256 ${{h%% *}}, not the mirror's\" >&2; "
             f"exit {SEED_MISMATCH}; fi")
+
+
+def seed_have_command(node: NodeLaunch, rels: Sequence[str]) -> str:
+    """Print the sha256 of each of ``rels`` under the node's run folder, one line each in order (an
+    empty line for a file it does not have), creating the run folder: what a node already holds of the
+    mirrored checkpoints before they are sent (:func:`clusterddp.mirror.seed`)."""
+    words = " ".join(q(r) for r in rels)
+    return (f"mkdir -p {qpath(node.run_dir)} && cd {qpath(node.run_dir)} || exit {SEED_NO_FOLDER}; "
+            f"for p in {words}; do h=; [ -f \"$p\" ] && [ ! -L \"$p\" ] && h=$(sha256sum < \"$p\" 2>/dev/null); "
+            "echo \"${h%% *}\"; done")
 
 
 def diagnose_command(node: NodeLaunch, mode: str, master: tuple[str, int] | None = None) -> str:

@@ -31,7 +31,7 @@ from .record import NodeState, RunRecord
 
 MACHINE = ("lost", "gpu")
 UNCLEAR = ("signal", "never_joined", "unknown")  # the machine's when it is the machine's second failure in a row
-JOB = ("exception", "exit", "signal", "oom", "timeout", "hang", "never_joined", "unknown")
+JOB = ("exception", "exit", "signal", "oom", "timeout", "hang", "never_joined", "unknown", "diverged")
 MAX_WHY = 400      # characters of a decision's line
 MAX_WHAT = 160     # of the failure's own line in it
 
@@ -99,6 +99,7 @@ _ENDS = {
                "no machine is known at fault",
     "hang": "the job stalled, which another machine would do too",
     "never_joined": "a node never joined the rendezvous, not known to be the machine's",
+    "diverged": "the nodes' ranks did not run the same steps (they resumed from different points)",
 }
 
 

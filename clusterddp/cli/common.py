@@ -85,6 +85,18 @@ def run_spec(script: str, script_args: list[str] | None, name: str | None, gpus:
                    master_port=master_port, env=parse_env(env), collect=tuple(collect), max_restarts=max_restarts)
 
 
+def checkpoint_globs(globs: list[str]) -> tuple[str, ...]:
+    """``--checkpoints`` globs, each checked as ``--collect``'s are (a UsageError naming a bad one)."""
+    from ..errors import UsageError
+    from ..inventory import glob_problem, show
+    for g in globs:
+        problem = glob_problem(g)
+        if problem:
+            raise UsageError(f"--checkpoints {show(g)}: {problem}", "give a glob relative to the run folder, "
+                             "e.g. --checkpoints 'out/*.pt'")
+    return tuple(globs)
+
+
 def local_rank_flag(value: str | None) -> str | None:
     """``--local-rank-arg``'s value as the flag workers get: ``--local_rank`` or ``--local-rank``."""
     if value is None:

@@ -24,6 +24,7 @@ from .common import (
     RUNS_DIR,
     SCRIPT_ARGS,
     PrefixPrinter,
+    checkpoint_globs,
     err,
     exit_quickly_when_done,
     handle_errors,
@@ -68,6 +69,7 @@ def up(
     progress_regex: str | None = option("progress_regex"),
     wait: bool = option("wait"),
     notify: list[str] = option("notify"),
+    checkpoints: list[str] = option("checkpoints"),
     nodes: str | None = option("nodes"),
     resume: str | None = option("resume"),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
@@ -83,6 +85,7 @@ def up(
     limit = parse_size(max_upload)
     loaded = backends.load_inventory(inventory, gpus)
     spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg),
+                               checkpoints=checkpoint_globs(checkpoints),
                                **watchdog(stall_timeout, progress_regex, loaded))
     names, slots = host_slots(hosts)
     req = LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=spec, runs_dir=runs_dir, hosts=names,

@@ -531,6 +531,7 @@ INVENTORY = Model("SSHInventory", {
     "hosts": Field(ListOf(HOST_ENTRY, min_length=1), REQUIRED),
     "spares": Field(ListOf(HOST_ENTRY), []),  # host entries used only to replace a host lost during a run
     "restarts": Field(Maybe(Number(whole=True, ge=0, le=1000))),  # new attempts after a machine's failure
+    "checkpoints": Field(ListOf(Line(_problem(glob_problem))), []),  # what the checkpoint mirror takes
 })
 
 

@@ -43,6 +43,9 @@ DESCRIPTIONS = {
     "retry_job_failures": "true: a failure of the job itself (a Python exception, an exit, OOM, a timeout) also "
                           "moves its host's part to a spare instead of ending the run (default false: it would "
                           "fail there too)",
+    "checkpoints": "Globs relative to the run folder of the files that are the job's checkpoints: mirrored while an "
+                   "attached run goes on, and what every node of a new attempt starts with (default: the *.pt, "
+                   "*.pth, *.ckpt, *.safetensors, snapshot* and checkpoint*/ files the job writes)",
     "restarts": "New attempts an attached run may make after a machine's failure, on a spare or fewer nodes "
                 "(up --max-restarts wins, and is also passed to torchrun; this is not)",
     "spares": "Host entries (the same settings and defaults as hosts) used only to replace a host lost during a run "

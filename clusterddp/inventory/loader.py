@@ -202,7 +202,8 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | Non
                      inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs, notify=_notify(inv.notify, path),
                      quarantine_s=DEFAULT_QUARANTINE_S if inv.quarantine is None else float(inv.quarantine),
                      retry_job_failures=inv.retry_job_failures,
-                     spares=spares, restarts=getattr(inv, "restarts", None), **_watchdog(inv))
+                     spares=spares, restarts=getattr(inv, "restarts", None), checkpoints=tuple(inv.checkpoints),
+                     **_watchdog(inv))
 
 
 def _host(path: str, root: yaml.Node | None, lines: list[int] | None, key: str, i: int, h: Any, d: Any) -> Host:

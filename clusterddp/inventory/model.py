@@ -239,6 +239,7 @@ class Inventory:
     # `spares:`: hosts that replace a host lost during a run (the SSH backend's attempt loop), in order
     spares: tuple[Host, ...] = ()
     restarts: int | None = None  # `restarts:`: new attempts after a machine's failure (--max-restarts wins)
+    checkpoints: tuple[str, ...] = ()  # `checkpoints:`: what the mirror takes (clusterddp.mirror; --checkpoints wins)
 
     def ranked(self) -> list[Host]:
         """The hosts in node-rank order: the master first (node rank 0 serves torchrun's static
@@ -269,7 +270,7 @@ class Inventory:
                          notify=self.notify, quarantine_s=self.quarantine_s,
                          retry_job_failures=self.retry_job_failures,
                          spares=self.spares if spares is None else spares,
-                         restarts=self.restarts)
+                         restarts=self.restarts, checkpoints=self.checkpoints)
 
     def narrow(self, hosts: list[str] | None = None, exclude: list[str] | None = None) -> Inventory:
         """``--hosts`` then ``--exclude``: the chosen hosts (all when None) less the excluded ones,

@@ -18,6 +18,11 @@ request on stdin, {"globs": [...] or "paths": [...], "have": {path: size of the 
 With "list": true in the request (the checkpoint mirror's look, clusterddp.mirror) the answer is the
 file list alone, each line with the file's modification time, and nothing is read or hashed:
   {"file": path, "size": n, "mtime": ns} ... {"files": count}
+With "mtimes": true the file lines of a fetch carry "mtime" too (the time of the copy sent: "stable"
+says it did not change while read). "quiet": n (ns) reports unstable a file modified less than n ns
+before it was opened (a writer may only be pausing: the checkpoint mirror takes no such copy).
+"written": true leaves out, of a glob's matches, the files not modified since the script's folder was
+unpacked into the run folder (``.clusterddp/unpack/done``): what the job wrote, not what it was sent.
 
 "stable" is false when the file changed while it was read (a job still writing it). A file
 that shrank while sent is padded to its announced size so the framing holds; it is unstable.
@@ -325,9 +330,19 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
             if more:
                 emit(error="more than %d files match the collect globs; only %d are sent: narrow the globs"
                      % (MAX_FILES, MAX_FILES))
+        if req.get("written") and not req.get("paths"):
+            try:
+                since = os.stat(os.path.join(CONTROL, "unpack", "done")).st_mtime_ns
+            except OSError:
+                since = None
+            if since is not None:
+                files = {p: st for p, st in files.items() if st.st_mtime_ns > since}
         listing = bool(req.get("list"))
+        mtimes = listing or bool(req.get("mtimes"))
+        quiet = req.get("quiet")
+        quiet = quiet if type(quiet) is int and quiet > 0 else 0  # noqa: E721
         for p, st in files.items():
-            if listing:
+            if mtimes:
                 emit(file=p, size=st.st_size, mtime=st.st_mtime_ns)
             else:
                 emit(file=p, size=st.st_size)
@@ -340,13 +355,15 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
                 emit(path=p, error=str(e)[:MAX_TEXT])
                 continue
             with f:
+                opened = time.time_ns()
                 h = hashlib.sha256()
                 if want:
                     emit(path=p, send=st.st_size)
                 n = send(f, st.st_size, h, write=want)
                 now = os.fstat(f.fileno())
             same = [(s.st_ino, s.st_size, s.st_mtime_ns) for s in (st, now)]
-            emit(path=p, sha256=h.hexdigest(), stable=n == st.st_size and same[0] == same[1])
+            emit(path=p, sha256=h.hexdigest(),
+                 stable=n == st.st_size and same[0] == same[1] and opened - st.st_mtime_ns >= quiet)
     finally:
         os.close(root)
     out.flush()
@@ -432,8 +449,9 @@ class Receiver:
         self.errors: list[str] = []  # about the answer as a whole
         self.bytes = 0
         self.digests: dict[str, str] = {}  # the sha256 of each fetched file, as the node's and this copy's agree
-        self.listing: dict[str, tuple[int, int]] = {}  # a "list" answer: path -> (size, mtime in ns)
+        self.listing: dict[str, tuple[int, int]] = {}  # with mtimes (a "list"): path -> (size, mtime in ns)
         self._list_only = bool(request is not None and request.get("list"))
+        self._mtimes = self._list_only or bool(request is not None and request.get("mtimes"))
         self.broken: str | None = None
         self._globs: list[list[str]] | None = None
         self._paths: set | None = None
@@ -530,7 +548,7 @@ class Receiver:
             self._sink, self._want = self._log_bytes, n
             if not n:
                 self._payload_done()
-        elif keys == (_LISTED if self._list_only else _FILE) and self._stage in ("start", "list"):
+        elif keys == (_LISTED if self._mtimes else _FILE) and self._stage in ("start", "list"):
             self._stage = "list"
             self._list(rec)
         elif keys == _FILES and self._stage in ("start", "list"):
@@ -577,7 +595,7 @@ class Receiver:
         if self._listed_chars > MAX_LISTED:
             raise StreamError("the file list is longer than %d characters" % MAX_LISTED)
         self._listed[path] = size
-        if self._list_only:
+        if self._mtimes:
             mtime = rec["mtime"]
             if type(mtime) is not int or not -(1 << 63) <= mtime < 1 << 63:  # noqa: E721 - a bool is not a time
                 raise StreamError("mtime: %s is not a time in ns" % _shown(repr(mtime)))

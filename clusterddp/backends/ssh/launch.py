@@ -20,7 +20,7 @@ from ... import inventory as inv_mod
 from ... import plan as P
 from ... import upload
 from ...artifacts import CollectResult, collect_nodes
-from ...errors import HostError, MirrorError, RunFailed, UsageError
+from ...errors import HostError, RunFailed, UsageError
 from ...failure import Failure
 from ...fleet import Fleet
 from ...mirror import Mirror, unprotected
@@ -719,15 +719,16 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
         events.say(f"[clusterddp] attempt {attempt + 1} of run {run_id}: {nxt.says()} ({decision.why}); "
                    f"node 0 on {plan.nodes[0].host.name}, master {plan.master_addr}:{plan.master_port}")
         events.hosts([n.host.name for n in plan.nodes])
-        if plan.nodes[0].host.name != old.nodes[0].host.name:  # rank 0 moved: it may lack the checkpoints
-            try:
-                seeded = mirror.seed(fleet, plan.nodes[0], store, run_id)
-            except (HostError, MirrorError) as e:  # the attempt still runs: from scratch, said so
-                events.warn(f"mirror: the newest checkpoint was not sent to {plan.nodes[0].host.name}: {e}; "
-                            "this attempt starts from what that host holds")
-                seeded = None
-            if seeded:
-                events.say(f"[clusterddp] {seeded}")
+        # Every node starts from the same checkpoint: rank 0's last one if its host stays, else the mirror's
+        m = mirror.Mirror(fleet, old, store, warn=events.warn)
+        if m.active and m.host not in nxt.out:
+            m.last_look()
+        if m.active:
+            said, warned = mirror.seed_all(fleet, plan.nodes, store, run_id)
+            for line in said:
+                events.say(f"[clusterddp] {line}")
+            for line in warned:
+                events.warn(line)
         return new, fleet
     except BaseException:
         if lease is not None:

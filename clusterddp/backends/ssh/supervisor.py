@@ -70,6 +70,9 @@ class Node:
     answered_at: float = 0.0          # the supervisor's clock when it last heard from the node
     last_miss: str | None = None      # why the latest heartbeat got no answer
     whole: nodeops.Whole | None = None  # the whole log, as its follower sent it (then the collect need not)
+    finished: bool = False            # its torchrun said its ranks all finished (it waits for the others)
+    restarts: int = 0                 # how many times its torchrun said it restarts its ranks
+    tail: bytes = b""                 # the end of its output so far (a line cut between two chunks)
 
     @property
     def name(self) -> str:
@@ -91,6 +94,13 @@ class _Beat:
 
     host: str
     error: str | None
+
+
+@dataclass(frozen=True)
+class _Said:
+    """A node's torchrun said its ranks finished, or that it restarts them (:meth:`Supervisor._scan`)."""
+
+    host: str
 
 
 @dataclass(frozen=True)
@@ -132,7 +142,7 @@ class Supervisor:
             self.fleet = Fleet([n.host for n in self.plan.nodes], fanout=self.plan.inventory.fanout,
                                connect=self.connect)
         self._fleet: Fleet = self.fleet
-        self._events: queue.Queue[_Ended | _Beat | _NotJoined] = queue.Queue()
+        self._events: queue.Queue[_Ended | _Beat | _NotJoined | _Said] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._done = threading.Event()  # set when the run is over: the heartbeats stop
         self._interrupted = False  # Ctrl-C while starting: no further start command is sent
@@ -276,6 +286,10 @@ class Supervisor:
                     self._set(n, NodeState.FAILED)
                 if named:
                     return named[0][0].name
+            elif isinstance(event, _Said):
+                split = self._split()
+                if split is not None:
+                    return split
             elif event is not None and node is not None and node.state in ACTIVE:
                 if isinstance(event, _Beat):
                     if event.error is None:
@@ -291,6 +305,36 @@ class Supervisor:
             if silent is not None:
                 return silent
         return None
+
+    def _scan(self, node: Node, data: bytes) -> None:
+        """Watch a node's output for torchrun's word that its ranks all finished, or that it restarts
+        them: one node finished while another restarts is a split (:meth:`_split`)."""
+        from ...failure import FINISHED_LINE, RESTART_LINE
+        text = (node.tail + data).decode("utf-8", "replace")
+        node.tail = (node.tail + data).rsplit(b"\n", 1)[-1][-512:]  # a line cut between two chunks
+        lines = text.split("\n")[:-1]  # whole lines only: the last one comes again, whole, with the next chunk
+        finished = any(FINISHED_LINE.search(line) for line in lines)
+        restarts = sum(1 for line in lines if RESTART_LINE.search(line))
+        if (finished and not node.finished) or restarts:
+            node.finished, node.restarts = node.finished or finished, node.restarts + restarts
+            self._events.put(_Said(node.name))
+
+    def _split(self) -> str | None:
+        """A node whose torchrun finished (and waits in its exit barrier, for up to 5 minutes) while
+        another node's restarts its ranks: they did not run the same steps, and nothing would end
+        the wait. Marked FAILED (its name returned) so the attempt ends now; the root cause says why
+        (:func:`clusterddp.failure.diverged`). None when no node is in that state."""
+        done = [n for n in self.nodes if n.finished and n.state in ACTIVE]
+        if not done:
+            return None
+        node = done[0]  # a restart of every node at once (a rank failed) is torchrun's own: not a split
+        again = [n for n in self.nodes if not n.finished and n.restarts > node.restarts and n.state in ACTIVE]
+        if not again:
+            return None
+        node.error = (f"its ranks finished while {', '.join(n.name for n in again)} restarts its ranks: "
+                      "they resumed from different points")
+        self._set(node, NodeState.FAILED)
+        return node.name
 
     @property
     def _beats(self) -> bool:
@@ -319,7 +363,10 @@ class Supervisor:
     def _stream(self, node: Node, t: Transport) -> None:
         """A node's thread: follow its log to the end, then post how its job ended."""
         try:
-            followed = nodeops.follow(t, node.launch, lambda b: self.on_output(node.name, b))
+            def output(b: bytes) -> None:
+                self._scan(node, b)
+                self.on_output(node.name, b)
+            followed = nodeops.follow(t, node.launch, output)
             st, node.whole = followed.status, followed.whole  # set before _Ended is posted, read after it
             if st.state is NodeState.RUNNING:  # the follower ended early (e.g. log rotated); count it as lost
                 self._events.put(_Ended(node.name, None, "log stream ended while the job still runs"))
