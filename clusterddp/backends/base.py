@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from .. import __version__
 from ..errors import NodeOutcome, RunFailed, UsageError
 from ..inventory import LOCAL, Inventory, NotifyTarget
+from ..nodeops import Reach
 from ..plan import RunSpec
 from ..record import NodeRecord, NodeState, RunRecord, RunStatus
 from ..store import RunStore, utcnow
@@ -132,6 +133,12 @@ class Prepared(Protocol):
     def store(self) -> RunStore: ...
 
 
+def cannot(backend: str, verb: str, rec: RunRecord, why: str, instead: str) -> UsageError:
+    """The refusal of a verb a backend cannot do for a run (exit 2): which run, which backend, why, and
+    what to do instead; never an internal error about how a node would be reached."""
+    return UsageError(f"{verb}: run {rec.run_id} is a {backend} run, {why}", instead)
+
+
 class Backend(Protocol):
     """One way of running jobs (SSH and `local`; Slurm). Every method raises the errors of
     :mod:`clusterddp.errors` (UsageError for bad input, RunFailed for a failed run, HostError...)."""
@@ -192,6 +199,12 @@ class Backend(Protocol):
         ``stacks`` (:func:`clusterddp.stacks.node_command`), all at once, each bounded in time; the
         answers as :func:`clusterddp.stacks.taken_from` reads them (a node that did not answer named).
         A UsageError when the run turns out to have ended (:func:`clusterddp.stacks.ended_error`)."""
+        ...
+
+    def reach(self, store: RunStore, rec: RunRecord, verb: str) -> Reach:
+        """The nodes of the run ``rec`` records, for ``verb`` (``top``, ``prune``) to send each one
+        command; the record is not written. A UsageError (:func:`cannot`) when this backend cannot do
+        ``verb`` for this run now (a Slurm job that has not started, or has ended: no node to reach)."""
         ...
 
 

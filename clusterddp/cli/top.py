@@ -66,6 +66,9 @@ def table(snap: Snapshot):
     t.add_column("last line", min_width=10)
     style = {"running": "green", "exited": "cyan", "lost": "red", "missing": "red", "unreachable": "bold red"}
     for run in snap.runs:
+        if run.error is not None:  # its backend could not reach its nodes now (a Slurm job not started yet)
+            t.add_row(Text(run.run_id), "-", "-", Text("-"), *["-"] * 8,
+                      Text(visible(run.error), no_wrap=True, overflow="ellipsis"))
         for v in run.nodes:
             bad = v.state == "exited" and v.exit_code not in (0, None)
             line = v.error if v.state == "unreachable" else v.last_line
@@ -124,7 +127,11 @@ def top(
     if inventory is not None:
         from .common import load_inventory
         lab = load_inventory(inventory, None, None).hosts
-    with Watch(recs, regex, lab=lab, store=store) as watch:
+    from ..backends import for_record
+    with Watch(recs, regex, lab=lab, store=store,
+               reach=lambda rec: for_record(rec).reach(store, rec, "top")) as watch:
+        if run is not None and watch.refusals:  # the one run asked for cannot be looked at: say why (exit 2)
+            raise next(iter(watch.refusals.values()))
         if once:
             if recs:
                 watch.look()

@@ -90,5 +90,9 @@ class SlurmBackend:
         from . import control
         return control.stacks(store, rec.run_id, wait)
 
+    def reach(self, store: RunStore, rec: RunRecord, verb: str) -> base.Reach:
+        from . import control
+        return control.reach(rec, verb)
+
 
 BACKEND: base.Backend = SlurmBackend()

@@ -82,5 +82,9 @@ class SSHBackend:
         from ... import stacks
         return stacks.take(rec, wait=wait)
 
+    def reach(self, store: RunStore, rec: RunRecord, verb: str) -> base.Reach:
+        from ...nodeops import HostsReach, nodes_of
+        return HostsReach(tuple(nodes_of(rec)))
+
 
 BACKEND: base.Backend = SSHBackend()
