@@ -22,6 +22,7 @@ from . import plan as P
 from .errors import RecordError, UsageError
 from .fleet import Fleet
 from .inventory import Host
+from .nodeops import Reach
 from .record import RunRecord, RunStatus
 from .store import RunStore
 from .transport import connect as default_connect
@@ -308,13 +309,37 @@ def _node_folders(records: tuple[RunRecord, ...], dry_run: bool, connect: Callab
 
 
 def prune(store: RunStore, selection: Selection, dry_run: bool = False,
-          connect: Callable = default_connect) -> list[RunResult]:
+          connect: Callable = default_connect, reach: Callable[[RunRecord], Reach] | None = None) -> list[RunResult]:
     """Remove (``dry_run``: only look at) every run of ``selection``: node folders, then, once they
-    are all gone, the local run folder and its row in runs.db."""
-    node_results = _node_folders(selection.remove, dry_run, connect)
+    are all gone, the local run folder and its row in runs.db.
+
+    ``reach(rec)``: how the run's backend reaches its nodes (the CLI and keep_runs pass the
+    backend's :meth:`~clusterddp.backends.base.Backend.reach`); a run it refuses keeps its folders
+    and record, with the backend's words as why. Without it, the recorded hosts through ``connect``."""
+    refused: dict[str, str] = {}
+    connect_of: dict[Host, Callable] = {}
+    reaches: list[Reach] = []
+    try:
+        for rec in selection.remove:
+            if reach is None or rec.local:
+                continue
+            try:
+                reaches.append(reach(rec))
+            except UsageError as e:
+                refused[rec.run_id] = str(e).replace("\n", "; ")
+                continue
+            connect_of.update({n.host: reaches[-1].connect for n in reaches[-1].nodes})
+        node_results = _node_folders(tuple(r for r in selection.remove if r.run_id not in refused), dry_run,
+                                     lambda h: connect_of.get(h, connect)(h))
+    finally:
+        for r in reaches:
+            r.close()
     ok = WOULD_GO if dry_run else GONE
     out = []
     for rec in selection.remove:
+        if rec.run_id in refused:
+            out.append(RunResult(rec, (), disk_usage(store.run_dir(rec.run_id)), False, refused[rec.run_id]))
+            continue
         nodes = tuple(node_results[(rec.run_id, n.host)] for n in rec.nodes if (rec.run_id, n.host) in node_results)
         size = disk_usage(store.run_dir(rec.run_id))
         stuck = [n for n in nodes if n.word not in ok]

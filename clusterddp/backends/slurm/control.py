@@ -318,6 +318,11 @@ def reach(rec: RunRecord, verb: str) -> SlurmReach:
     A run that was never submitted, has not started or has ended has no node to reach: refused,
     saying so (``verb`` names the command)."""
     from ..base import cannot
+    if verb == "prune":  # its nodes keep nothing: the run's folder is one, in the shared dir
+        where = rec.slurm.run_dir if rec.slurm else "the shared dir"
+        raise cannot("slurm", verb, rec, f"whose folder {where} is in the cluster's shared dir, which prune "
+                     "does not remove", f"remove that folder on the login host, then this run's folder in the "
+                     f"runs folder here ({rec.run_id})")
     job_id, ctl = _job(rec)
     login = open_login(rec.slurm.login if rec.slurm else None)
     try:
