@@ -321,9 +321,11 @@ def failed_run(store: RunStore, run_id: str) -> None:
                  if rec.status is RunStatus.RUNNING else rec)
 
 
-def keep_runs(inventory: Inventory, runs_dir: str) -> KeptRuns | None:
-    """After `up`: prune the inventory's runs to its ``keep_runs`` newest. Best effort: what goes wrong
-    is in the answer, never the run's outcome. None when the inventory keeps every run."""
+def keep_runs(inventory: Inventory, runs_dir: str,
+              reach: Callable[[RunStore, RunRecord], Reach] | None = None) -> KeptRuns | None:
+    """After `up`: prune the inventory's runs to its ``keep_runs`` newest, their nodes reached as
+    ``reach`` says (the backend's :meth:`Backend.reach`; None: the recorded hosts). Best effort: what
+    goes wrong is in the answer, never the run's outcome. None when the inventory keeps every run."""
     if not inventory.keep_runs:
         return None
     lead = f"keep_runs {inventory.keep_runs}: "
@@ -333,7 +335,8 @@ def keep_runs(inventory: Inventory, runs_dir: str) -> KeptRuns | None:
         sel = pr.select(store, pr.Policy(keep=inventory.keep_runs, inventory=str(Path(inventory.path).resolve())))
         if not (sel.remove or sel.running or sel.damaged):
             return KeptRuns(lead)
-        return KeptRuns(lead, pr.prune(store, sel), sel)
+        reached = None if reach is None else lambda rec: reach(store, rec)
+        return KeptRuns(lead, pr.prune(store, sel, reach=reached), sel)
     except KeyboardInterrupt:
         return KeptRuns(lead, interrupted=True)
     except Exception as e:  # noqa: BLE001 - never the run's outcome

@@ -48,9 +48,21 @@ class SlurmBackend:
             prep.login.close()
 
     def launch(self, prep: base.Prepared, req: base.LaunchRequest, events: base.Events) -> base.RunOutcome | None:
+        from ...errors import RunFailed
         from . import job
         assert isinstance(prep, job.Prepared)
-        return job.up(prep, req, events)
+        try:
+            outcome = job.up(prep, req, events)
+        except RunFailed:
+            self._keep_runs(req, events)  # a failed run is a run: it counts among the kept
+            raise
+        self._keep_runs(req, events)
+        return outcome
+
+    def _keep_runs(self, req: base.LaunchRequest, events: base.Events) -> None:
+        kept = base.keep_runs(req.inventory, req.runs_dir, lambda store, rec: self.reach(store, rec, "prune"))
+        if kept is not None:
+            events.kept(kept)
 
     def follow(self, store: RunStore, run_id: str, on_output: Callable[[str, bytes], None],
                hosts: list[str] | None, from_lines: dict[str, int]) -> dict[str, int | None]:

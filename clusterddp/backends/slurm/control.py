@@ -313,16 +313,50 @@ class SlurmReach:
         self._login.close()
 
 
-def reach(rec: RunRecord, verb: str) -> SlurmReach:
+class FolderReach:
+    """The :class:`~clusterddp.backends.base.Reach` of `prune` for a Slurm run: its one folder, in the
+    shared dir, reached where that is (the login host), as ``<shared dir>/runs/<run id>``."""
+
+    def __init__(self, login: Login, rec: RunRecord, run_dir: str) -> None:
+        self._login = login
+        self.key = f"slurm {rec.run_id}"
+        self._t, where = login.collect_host(run_dir)
+        host = replace(where, workdir=posixpath.dirname(posixpath.dirname(run_dir)))
+        marker = rec.nodes[0].marker if rec.nodes else f"{rec.run_id}/"
+        self.nodes = (NodeLaunch(host, 0, 1, run_dir, posixpath.join(run_dir, NS.CONTROL), marker, (), (), ""),)
+
+    def connect(self, host: Host) -> Transport:
+        return self._t
+
+    def close(self) -> None:
+        self._login.close()
+
+
+def _folder(rec: RunRecord) -> FolderReach:
+    """A Slurm run's folder for `prune`; refused while Slurm still runs its job (whatever the record says)."""
+    from ..base import cannot
+    assert rec.slurm is not None
+    login = open_login(rec.slurm.login)
+    try:
+        if rec.slurm.job_id is not None:
+            info = slurm.job_info(login, rec.slurm.job_id)
+            if info is not None and not info.ended:
+                raise cannot("slurm", "prune", rec, f"and its slurm job {rec.slurm.job_id} is still "
+                             f"{info.state.lower()}: its folder is in use",
+                             f"`clusterddp stop {rec.run_id}` ends it; then prune again")
+        return FolderReach(login, rec, rec.slurm.run_dir)
+    except BaseException:
+        login.close()
+        raise
+
+
+def reach(rec: RunRecord, verb: str) -> SlurmReach | FolderReach:
     """The running job's nodes as Slurm allocated them (one look at the job; the record is not written).
     A run that was never submitted, has not started or has ended has no node to reach: refused,
     saying so (``verb`` names the command)."""
     from ..base import cannot
-    if verb == "prune":  # its nodes keep nothing: the run's folder is one, in the shared dir
-        where = rec.slurm.run_dir if rec.slurm else "the shared dir"
-        raise cannot("slurm", verb, rec, f"whose folder {where} is in the cluster's shared dir, which prune "
-                     "does not remove", f"remove that folder on the login host, then this run's folder in the "
-                     f"runs folder here ({rec.run_id})")
+    if verb == "prune":  # its nodes keep nothing of it: its folder is one, in the shared dir
+        return _folder(rec)
     job_id, ctl = _job(rec)
     login = open_login(rec.slurm.login if rec.slurm else None)
     try:

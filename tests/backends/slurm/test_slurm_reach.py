@@ -1,7 +1,8 @@
-"""`clusterddp top` of a Slurm run goes through the backend seam (Backend.reach): on the real Slurm bed
-(tests/slurmbed.py) a detached run's nodes are shown, each looked at by one job step beside the job's
-own, though no `status` has yet written the allocation into the record; a run whose nodes cannot be
-reached says why in its row, never "cannot connect: 'slurm'"."""
+"""The verbs that reach a run's nodes go through the backend seam (Backend.reach), on the real Slurm
+bed (tests/slurmbed.py): `top` of a detached Slurm run shows its nodes, each looked at by one job step
+beside the job's own, though no `status` has yet written the allocation into the record; `prune` and
+the inventory's `keep_runs` remove a Slurm run's folder in the shared dir, then its record. A run
+whose nodes cannot be reached is refused saying why (exit 2), never "cannot connect: 'slurm'"."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import json
 
 import pytest
 
+import yaml
+
 from helpers import cddp, eventually, record, run_id_of
-from test_up_slurm import gone, ranks_ready, up
+from test_up_slurm import gone, ranks_ready, slurm_inv, up
 
 pytestmark = pytest.mark.integration
 
@@ -47,8 +50,9 @@ def test_top_shows_every_node_of_a_detached_slurm_run(slurm, tmp_path):
             [snap] = [json.loads(line) for line in out.splitlines() if line.strip()]
             [run] = snap["runs"]
             nodes = {n["host"]: n for n in run["nodes"]}
-            return (sorted(nodes) == ["node-1", "node-2"] and all(n["state"] == "running" for n in nodes.values())
-                    and all(n["step"] is not None for n in nodes.values()) and all(n["procs"] > 0 for n in nodes.values()))
+            return (sorted(nodes) == ["node-1", "node-2"]
+                    and all(n["state"] == "running" and n["step"] is not None and n["procs"] > 0
+                            for n in nodes.values()))
         assert eventually(both_running, 120, interval=1), seen[-1]
         text = cddp("top", run_id, "--once", "--interval", "0.2", "--runs-dir", str(runs), env=slurm.env(),
                     check_rc=0, timeout=180).stdout
@@ -63,3 +67,38 @@ def test_top_shows_every_node_of_a_detached_slurm_run(slurm, tmp_path):
     e = cddp("top", run_id, "--once", "--runs-dir", str(runs), env=slurm.env(), check_rc=2, timeout=120)
     assert f"top: run {run_id} is a slurm run, and its slurm job {job_id} has ended" in e.stderr, e.stderr
     assert "Traceback" not in e.stderr
+
+
+QUICK = """
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()} done", flush=True)
+"""
+
+
+def test_keep_runs_and_prune_remove_a_slurm_runs_shared_folder_then_its_record(slurm, tmp_path):
+    runs = tmp_path / "runs"
+    inv = slurm_inv(tmp_path)
+    doc = yaml.safe_load(inv.read_text())
+    doc["keep_runs"] = 1
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    (tmp_path / "job").mkdir()
+    script = tmp_path / "job" / "quick.py"
+    script.write_text(QUICK)
+    shared = tmp_path / "shared" / "runs"
+
+    def run_once() -> str:
+        r = cddp("up", str(inv), str(script), "--runs-dir", str(runs), env=slurm.env(), check_rc=0, timeout=300)
+        return run_id_of(r.stdout)
+    first = run_once()
+    assert (shared / first / ".clusterddp").is_dir() and (runs / first).is_dir()
+    second = run_once()  # keep_runs 1: the first run goes, its folder in the shared dir first
+    assert not (shared / first).exists() and not (runs / first).exists()
+    assert (shared / second / ".clusterddp").is_dir() and (runs / second).is_dir()
+    dry = cddp("prune", "--keep", "0", "--dry-run", "--runs-dir", str(runs), env=slurm.env(), check_rc=0)
+    assert second in dry.stdout and "cannot connect" not in dry.stdout + dry.stderr, dry
+    assert (shared / second).is_dir()
+    done = cddp("prune", "--keep", "0", "--runs-dir", str(runs), env=slurm.env(), check_rc=0)
+    assert "cannot connect" not in done.stdout + done.stderr, done
+    assert not (shared / second).exists() and not (runs / second).exists()
