@@ -332,7 +332,7 @@ def prune(store: RunStore, selection: Selection, dry_run: bool = False,
             try:
                 reaches.append(reach(rec))
             except Exception as e:  # noqa: BLE001 - refused by its backend (UsageError), or its login host unreachable
-                refused[rec.run_id] = str(e).replace("\n", "; ")
+                refused[rec.run_id] = "; ".join(line.strip() for line in str(e).splitlines())
                 continue
             connect_of.update({n.host: reaches[-1].connect for n in reaches[-1].nodes})
             reached[rec.run_id] = replace(rec, nodes=tuple(_node_record(n) for n in reaches[-1].nodes))

@@ -191,7 +191,7 @@ class Watch:
             try:
                 r = self._reach(rec) if self._reach is not None else _Recorded(rec, self._connect)
             except Exception as e:  # noqa: BLE001 - the backend's refusal, or its login host unreachable
-                self._refused[rec.run_id] = str(e).replace("\n", "; ")
+                self._refused[rec.run_id] = "; ".join(line.strip() for line in str(e).splitlines())
                 self.refusals[rec.run_id] = e
                 continue
             g = self._groups.get(r.key)

@@ -133,6 +133,14 @@ class Prepared(Protocol):
     def store(self) -> RunStore: ...
 
 
+def on_hosts(backend: Backend, verb: str, inventory: Inventory) -> None:
+    """A UsageError (exit 2) when ``verb`` (a command that runs on an inventory's hosts themselves:
+    :attr:`Backend.host_verbs`) is not one ``backend`` can do for ``inventory``."""
+    if verb not in backend.host_verbs:
+        raise UsageError(f"{verb}: not available for a `{backend.name}:` inventory ({inventory.path}): it lists "
+                         "no hosts to run it on", "run it on an inventory that lists the hosts")
+
+
 def cannot(backend: str, verb: str, rec: RunRecord, why: str, instead: str) -> UsageError:
     """The refusal of a verb a backend cannot do for a run (exit 2): which run, which backend, why, and
     what to do instead; never an internal error about how a node would be reached."""
@@ -146,6 +154,7 @@ class Backend(Protocol):
     name: str
     checks: frozenset[str]  # the checks besides the default one it runs: "collective", "diff"
     detached_notify: bool   # a detached run's node 0 tells its end to the request's webhooks (`notify`)
+    host_verbs: frozenset[str]  # the commands that run on its inventory's hosts themselves: "exec", "leases"
 
     def prepare(self, req: LaunchRequest, *, contact: bool = False) -> Prepared:
         """Validate the request and plan the run; no network unless ``contact`` (then only what the

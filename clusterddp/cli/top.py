@@ -126,7 +126,10 @@ def top(
     lab = ()
     if inventory is not None:
         from .common import load_inventory
-        lab = load_inventory(inventory, None, None).hosts
+        from ..backends import for_inventory, on_hosts
+        loaded = load_inventory(inventory, None, None)
+        on_hosts(for_inventory(loaded), "top --inventory", loaded)
+        lab = loaded.hosts
     from ..backends import for_record
     with Watch(recs, regex, lab=lab, store=store,
                reach=lambda rec: for_record(rec).reach(store, rec, "top")) as watch:

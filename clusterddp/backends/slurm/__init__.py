@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 class SlurmBackend:
     name = "slurm"
     checks: frozenset[str] = frozenset()  # check --collective and --diff need an inventory that lists the hosts
+    host_verbs: frozenset[str] = frozenset()  # Slurm's nodes are its to allocate: nothing runs on them outside a job
     detached_notify = True  # a detached run's batch script tells its end, on node 0 (plan.notify_lines)
 
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:

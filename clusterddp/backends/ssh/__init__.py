@@ -22,6 +22,7 @@ class SSHBackend:
     name = "ssh"
     checks: frozenset[str] = frozenset({"collective", "diff"})  # check --collective and --diff run on its hosts
     detached_notify = True  # node 0 tells a detached run's end (clusterddp.notify.arm)
+    host_verbs: frozenset[str] = frozenset({"exec", "leases", "top --inventory"})
 
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
         from ... import upload
