@@ -11,8 +11,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 from .. import inventory as inv_mod
-from .base import load_inventory  # noqa: F401 - the inventory loader of `up` and `schedule add`
-from .base import on_hosts  # noqa: F401 - the refusal of exec, leases, top --inventory where nothing lists hosts
+from .base import (
+    load_inventory,  # noqa: F401 - the inventory loader of `up` and `schedule add`
+    on_hosts,  # noqa: F401 - the refusal of exec, leases, top --inventory where nothing lists hosts
+)
 
 if TYPE_CHECKING:
     from ..record import RunRecord

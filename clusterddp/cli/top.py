@@ -125,8 +125,8 @@ def top(
     recs = records(store, run)
     lab = ()
     if inventory is not None:
-        from .common import load_inventory
         from ..backends import for_inventory, on_hosts
+        from .common import load_inventory
         loaded = load_inventory(inventory, None, None)
         on_hosts(for_inventory(loaded), "top --inventory", loaded)
         lab = loaded.hosts

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 import yaml
 
 from helpers import cddp, eventually, record, run_id_of

@@ -38,8 +38,8 @@ def test_prune_keeps_a_slurm_runs_folder_while_slurm_still_runs_its_job(tmp_path
     sel = pr.select(prep.store, pr.Policy(keep=0))
     [res] = pr.prune(prep.store, sel, reach=lambda r: for_record(r).reach(prep.store, r, "prune"))
     assert not res.removed
-    assert res.why_kept == (f"prune: run {run_id} is a slurm run, and its slurm job 4242 is still running: its folder is "
-                       f"in use; hint: `clusterddp stop {run_id}` ends it; then prune again"), res.why_kept
+    assert res.why_kept == (f"prune: run {run_id} is a slurm run, and its slurm job 4242 is still running: its "
+                            f"folder is in use; hint: `clusterddp stop {run_id}` ends it; then prune again")
     assert prep.store.load(run_id).run_id == run_id
 
 
