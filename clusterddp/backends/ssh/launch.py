@@ -826,6 +826,7 @@ def _end_lost(prep: Prepared, events: base.Events) -> None:
 
 
 def _keep_runs(inventory: inv_mod.Inventory, req: base.LaunchRequest, events: base.Events) -> None:
-    kept = base.keep_runs(inventory, req.runs_dir)
+    from ...nodeops import HostsReach, nodes_of
+    kept = base.keep_runs(inventory, req.runs_dir, lambda store, rec: HostsReach(tuple(nodes_of(rec))))
     if kept is not None:
         events.kept(kept)

@@ -28,6 +28,13 @@ def test_top_of_a_slurm_job_not_started_yet_says_so_in_its_row(tmp_path, monkeyp
     assert run.error.startswith(f"top: run {rec.run_id} is a slurm run, and its slurm job 4242 has not started yet "
                                 "(pending)"), run.error
     assert login.srun == {}  # no step asked for
+    from rich.console import Console
+
+    from clusterddp.cli.top import table
+    console = Console(width=400, record=True)
+    console.print(table(T.Snapshot(0.0, [run])))
+    row = next(ln for ln in console.export_text().splitlines() if ln.startswith(rec.run_id))
+    assert "has not started yet (pending)" in row, row  # the row says why, where a node's last line goes
 
 
 def test_prune_keeps_a_slurm_runs_folder_while_slurm_still_runs_its_job(tmp_path, monkeypatch):
