@@ -17,7 +17,9 @@ from .base import (
 )
 
 if TYPE_CHECKING:
+    from ..nodeops import Reach
     from ..record import RunRecord
+    from ..store import RunStore
     from .base import Backend
 
 BACKENDS = {
@@ -49,3 +51,9 @@ def for_record(rec: RunRecord) -> Backend:
     """The backend that ran the run ``rec`` records (a run is reached as recorded, whatever its
     inventory says now)."""
     return get(name_of_record(rec))
+
+
+def reach(store: RunStore, rec: RunRecord, verb: str) -> Reach:
+    """The nodes of the run ``rec`` records, as the backend that ran it reaches them, for ``verb``
+    (``top``, ``prune``): :meth:`base.Backend.reach`, which refuses what that backend cannot do."""
+    return for_record(rec).reach(store, rec, verb)

@@ -130,9 +130,8 @@ def top(
         loaded = load_inventory(inventory, None, None)
         on_hosts(for_inventory(loaded), "top --inventory", loaded)
         lab = loaded.hosts
-    from ..backends import for_record
-    with Watch(recs, regex, lab=lab, store=store,
-               reach=lambda rec: for_record(rec).reach(store, rec, "top")) as watch:
+    from ..backends import reach
+    with Watch(recs, regex, lab=lab, store=store, reach=lambda rec: reach(store, rec, "top")) as watch:
         if run is not None and watch.refusals:  # the one run asked for cannot be looked at: say why (exit 2)
             raise next(iter(watch.refusals.values()))
         if once:

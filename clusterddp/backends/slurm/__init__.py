@@ -61,7 +61,8 @@ class SlurmBackend:
         return outcome
 
     def _keep_runs(self, req: base.LaunchRequest, events: base.Events) -> None:
-        kept = base.keep_runs(req.inventory, req.runs_dir, lambda store, rec: self.reach(store, rec, "prune"))
+        from .. import reach  # each run reached by the backend that ran it
+        kept = base.keep_runs(req.inventory, req.runs_dir, lambda store, rec: reach(store, rec, "prune"))
         if kept is not None:
             events.kept(kept)
 

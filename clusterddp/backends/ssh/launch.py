@@ -826,7 +826,7 @@ def _end_lost(prep: Prepared, events: base.Events) -> None:
 
 
 def _keep_runs(inventory: inv_mod.Inventory, req: base.LaunchRequest, events: base.Events) -> None:
-    from ...nodeops import HostsReach, nodes_of
-    kept = base.keep_runs(inventory, req.runs_dir, lambda store, rec: HostsReach(tuple(nodes_of(rec))))
+    from .. import reach  # each run reached by the backend that ran it
+    kept = base.keep_runs(inventory, req.runs_dir, lambda store, rec: reach(store, rec, "prune"))
     if kept is not None:
         events.kept(kept)
