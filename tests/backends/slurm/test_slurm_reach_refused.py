@@ -60,3 +60,16 @@ def test_commands_on_an_inventorys_hosts_refuse_a_slurm_inventory(tmp_path, verb
     name = "top --inventory" if verb[0] == "top" else verb[0]
     assert f"error: {name}: not available for a `slurm:` inventory ({inv}): it lists no hosts" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_slurm_nodes_settings_handed_to_a_transport_say_why_not_cannot_connect_slurm(tmp_path):
+    from clusterddp import inventory
+    from clusterddp.backends.slurm import plan as slurm_plan
+    from clusterddp.errors import HostError
+    from clusterddp.transport import connect
+    inv = inventory.parse("slurm:\n  nodes: 2\n", "c.yaml")
+    assert inv.slurm is not None
+    node = slurm_plan.node_host(inv.slurm, "n1")
+    with pytest.raises(HostError) as e:
+        connect(node)
+    assert str(e.value).startswith("n1: not reached by a transport of its own (its settings say 'slurm')"), e.value
