@@ -186,33 +186,52 @@ class Watch:
         self._shown: dict[str, tuple[P.NodeLaunch, ...]] = {}  # run id -> its nodes, as reached
         self._refused: dict[str, str] = {}                      # run id -> why its nodes cannot be reached
         self.refusals: dict[str, Exception] = {}                 # run id -> the error that said it
-        self._taken_at = self._clock()
         for rec in self.recs:
-            try:
-                r = self._reach(rec) if self._reach is not None else _Recorded(rec, self._connect)
-            except Exception as e:  # noqa: BLE001 - the backend's refusal, or its login host unreachable
-                self._refused[rec.run_id] = "; ".join(line.strip() for line in str(e).splitlines())
-                self.refusals[rec.run_id] = e
-                continue
-            g = self._groups.get(r.key)
-            if g is None:
-                g = self._groups[r.key] = _Group(r)
-            else:
-                r.close()  # reached alike: the group's first reach connects for it
-            self._shown[rec.run_id] = r.nodes
-            # host name -> [(run id, node)], hosts in first-seen order; one command per host covers all
-            for n in r.nodes:
-                g.hosts.setdefault(n.host.name, n.host)
-                g.jobs.setdefault(n.host.name, []).append((rec.run_id, n))
+            self._add(rec)
+        self._taken_at = self._clock()
         self._new_fleets()
+
+    def _add(self, rec: RunRecord) -> _Group | None:
+        """``rec``'s nodes, reached, into the group of its reach (None: refused, and why kept)."""
+        try:
+            r = self._reach(rec) if self._reach is not None else _Recorded(rec, self._connect)
+        except Exception as e:  # noqa: BLE001 - the backend's refusal, or its login host unreachable
+            self._refused[rec.run_id] = "; ".join(line.strip() for line in str(e).splitlines())
+            self.refusals[rec.run_id] = e
+            return None
+        self._refused.pop(rec.run_id, None)
+        self.refusals.pop(rec.run_id, None)
+        g = self._groups.get(r.key)
+        if g is None:
+            g = self._groups[r.key] = _Group(r)
+        else:
+            r.close()  # reached alike: the group's first reach connects for it
+        self._shown[rec.run_id] = r.nodes
+        # host name -> [(run id, node)], hosts in first-seen order; one command per host covers all
+        for n in r.nodes:
+            g.hosts.setdefault(n.host.name, n.host)
+            g.jobs.setdefault(n.host.name, []).append((rec.run_id, n))
+        return g
+
+    def _retry_refused(self) -> None:
+        """The runs whose nodes could not be reached, reached again (every :data:`RETRY_AFTER` seconds);
+        only the groups they join get new connections."""
+        if not self._refused or self._clock() - self._taken_at < RETRY_AFTER:
+            return
+        self._taken_at = self._clock()
+        for rec in [r for r in self.recs if r.run_id in self._refused]:
+            g = self._add(rec)
+            if g is not None:
+                if g.fleet is not None:
+                    g.fleet.close()
+                g.fleet = Fleet(g.hosts.values(), fanout=self._fanout, connect=g.reach.connect)
 
     def _reread(self) -> None:
         """The runs' records read again: a run whose next attempt runs on other hosts (a spare in, a
         host out) is watched on its current ones. A record that cannot be read now keeps the last one.
         Runs whose nodes could not be reached are reached again every :data:`RETRY_AFTER` seconds."""
         if self._store is None:
-            if self._refused and self._clock() - self._taken_at >= RETRY_AFTER:
-                self._take(self.recs)
+            self._retry_refused()
             return
         fresh = []
         for rec in self.recs:
@@ -221,11 +240,11 @@ class Watch:
             except Exception:  # noqa: BLE001 - being written, or damaged: the view keeps what it had
                 fresh.append(rec)
         where = [[(n.host, n.control_dir) for n in r.nodes] for r in self.recs]
-        if ([[(n.host, n.control_dir) for n in r.nodes] for r in fresh] != where
-                or (self._refused and self._clock() - self._taken_at >= RETRY_AFTER)):
+        if [[(n.host, n.control_dir) for n in r.nodes] for r in fresh] != where:
             self._take(fresh)
         else:
             self.recs = fresh
+            self._retry_refused()
 
     def _new_fleets(self) -> None:
         for g in self._groups.values():
