@@ -1,5 +1,6 @@
 """The seam every backend implements: what `up` asks of it (plan, render, launch), what the commands
-that start from a run record ask (follow, status, stop, logs, collect), and `check`; the types they
+that start from a run record ask (follow, status, stop, logs, collect, stacks, and ``reach``: the
+run's nodes for `top` and `prune`), and `check`; the types they
 share (the launch request, the events a launch reports, the run outcome) and the steps every backend
 takes alike (the run record's first and last write, keep_runs).
 
