@@ -23,9 +23,10 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 os.write(1, f"rank {rank} ready\\n".encode())
-for step in range(100000):
+for step in range(100000):  # ended by `stop`; the group is ended if it ever gets here
     print(f"step {step}", flush=True)
     time.sleep(0.5)
+dist.destroy_process_group()
 """
 
 
@@ -73,6 +74,7 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 print(f"rank {dist.get_rank()} done", flush=True)
+dist.destroy_process_group()
 """
 
 
