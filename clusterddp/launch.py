@@ -8,7 +8,7 @@ The CLI makes its Typer options from :data:`OPTIONS` (``cli.common.option``), so
 one), or ``None`` for the few a schedule does not record (and why, in ``help``).
 
 Adding an option to `up`: one entry here, and its use in `up` (a parameter ``= option("name")``).
-``tests/test_launch_options.py`` checks that every `up` option is here and round-trips through a spec.
+``tests/launch/test_launch_options.py`` checks that every `up` option is here and round-trips through a spec.
 """
 
 from __future__ import annotations

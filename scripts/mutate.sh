@@ -13,13 +13,13 @@ repo=$(pwd)
 
 # module -> the tests that own it (mutmut runs, for each mutant, only those of them that reach it)
 declare -A TESTS=(
-  [clusterddp/policy.py]="tests/test_policy.py"
+  [clusterddp/policy.py]="tests/policy/test_policy.py"
   [clusterddp/backends/ssh/attempts.py]="tests/backends/ssh/test_attempts.py"
-  [clusterddp/quarantine.py]="tests/test_quarantine.py tests/test_quarantine_bounds.py"
-  [clusterddp/mirror.py]="tests/test_mirror.py"
-  [clusterddp/failure.py]="tests/test_failure.py tests/test_failure_interleaved.py"
-  [clusterddp/notify.py]="tests/test_notify.py tests/test_notify_hostile.py"
-  [clusterddp/node/watch.py]="tests/test_watch.py tests/node/test_node_watch.py"
+  [clusterddp/quarantine.py]="tests/quarantine/test_quarantine.py tests/quarantine/test_quarantine_bounds.py"
+  [clusterddp/mirror.py]="tests/mirror/test_mirror.py"
+  [clusterddp/failure.py]="tests/failure/test_failure.py tests/failure/test_failure_interleaved.py"
+  [clusterddp/notify.py]="tests/notify/test_notify.py tests/notify/test_notify_hostile.py"
+  [clusterddp/node/watch.py]="tests/hang/test_watch.py tests/node/test_node_watch.py"
 )
 ORDER=(clusterddp/policy.py clusterddp/backends/ssh/attempts.py clusterddp/quarantine.py clusterddp/mirror.py
        clusterddp/failure.py clusterddp/notify.py clusterddp/node/watch.py)

@@ -7,7 +7,7 @@
 #      (it installs torch and the project), checked for success and a collected checkpoint;
 #   4. `pip check`, the test extras, ruff, mypy, the import contracts (lint-imports), the docs site
 #      (mkdocs build --strict), and the whole test suite in that same virtualenv.
-# Arguments go to pytest (e.g. `bash scripts/test.sh tests/test_plan.py -x`).
+# Arguments go to pytest (e.g. `bash scripts/test.sh tests/plan/test_plan.py -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)

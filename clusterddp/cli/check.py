@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import typer
 
 from ..errors import UsageError
 from .common import EXIT_FAILED, RUNS_DIR, handle_errors, is_tty, load_inventory, visible
+
+if TYPE_CHECKING:
+    from ..check import Report
+    from ..inventory import Inventory
 
 HOSTS = typer.Option(None, "--hosts", help="Only these hosts: a,b,c.")
 EXCLUDE = typer.Option(None, "--exclude", help="Leave these hosts out: a,b (after --hosts).")
@@ -90,7 +95,7 @@ def check(
         raise typer.Exit(EXIT_FAILED)
 
 
-def notify_reach(inv) -> list:
+def notify_reach(inv: Inventory) -> list:
     """Whether node 0 reaches each webhook of the inventory's notify: (node 0 tells a detached run's end):
     (host, Finding) each; a target that cannot be read is a warning here (`up` refuses it, exit 2)."""
     from .. import notify
@@ -103,7 +108,7 @@ def notify_reach(inv) -> list:
     return receiver_reach(inv, notify.receivers(targets))
 
 
-def print_report(report, took: float) -> bool:
+def print_report(report: Report, took: float) -> bool:
     """The report as a table, then each problem and its fix as plain lines, then the verdict;
     True when every host passed. Values and problems quote nodes (versions, errors): escaped."""
     from rich.console import Console

@@ -44,7 +44,7 @@ def _progress() -> Iterator[Progress | None]:
         yield P()
 
 
-def _report(results) -> int:
+def _report(results: Sequence[CollectResult]) -> int:
     """Each host's collect: counts, then (on stderr) its error and every file not brought back.
     Returns how many hosts had a problem."""
     failed = 0

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from .common import visible
 
+if TYPE_CHECKING:
+    from ..collective import CollectiveReport
 
-def show(report, took: float, as_json: bool) -> bool:
+
+def show(report: CollectiveReport, took: float, as_json: bool) -> bool:
     """Print the report (a table or JSON); True when every host joined and none is slow."""
     if as_json:
         print(json.dumps({**report.to_dict(), "seconds": round(took, 2)}, indent=2))

@@ -9,13 +9,19 @@ import re
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import typer
 
 from .. import launch
 from ..errors import ClusterDDPError, StdoutClosed
 from .pipes import stop_if_closed
+
+if TYPE_CHECKING:
+    from ..inventory import Inventory
+    from ..noise import NoiseFilter, Teardown
+    from ..plan import RunSpec
 
 F = TypeVar("F", bound=Callable)
 
@@ -47,7 +53,7 @@ def with_recorded_options(fn: F) -> F:
              for o in launch.RECORDED]
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         values = {o.name: kwargs.pop(o.name) for o in launch.RECORDED}
         return fn(*args, up_options=values, **kwargs)
     wrapper.__signature__ = sig.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
@@ -71,7 +77,7 @@ MAX_UPLOAD = option("max_upload")
 
 
 def run_spec(script: str, script_args: list[str] | None, name: str | None, gpus: int | None,
-             master_port: int | None, env: list[str], collect: list[str], max_restarts: int):
+             master_port: int | None, env: list[str], collect: list[str], max_restarts: int) -> RunSpec:
     """The RunSpec those options describe (``-e`` and ``--collect`` checked here)."""
     from ..errors import UsageError
     from ..inventory import glob_problem, show
@@ -123,7 +129,7 @@ def host_list(hosts: str | None, flag: str = "--hosts") -> list[str] | None:
 
 
 def load_inventory(arg: str, hosts: str | None = None, fanout: int | None = None, exclude: str | None = None,
-                   gpus: int | None = None):
+                   gpus: int | None = None) -> Inventory:
     """The inventory a command names (a file, or `local`), narrowed to ``--hosts`` less ``--exclude``,
     with ``--fanout`` applied (the flag wins): :func:`clusterddp.inventory.load_named`, from the flags' text."""
     from ..inventory import load_named
@@ -200,7 +206,7 @@ def tell_missing(lead: str, missing: tuple[tuple[str, str], ...]) -> None:
 QUIET = option("quiet")
 
 
-def quiet_filter(quiet: bool):
+def quiet_filter(quiet: bool) -> NoiseFilter | None:
     """The line filter ``--quiet`` asks for (a :class:`~clusterddp.noise.NoiseFilter`), or None."""
     if not quiet:
         return None
@@ -208,7 +214,7 @@ def quiet_filter(quiet: bool):
     return NoiseFilter()
 
 
-def tell_hidden(hide, where: str) -> None:
+def tell_hidden(hide: NoiseFilter | Teardown | None, where: str) -> None:
     """After the output: how many lines ``--quiet`` hid, and where they still are (stderr)."""
     said = hide.summary(where) if hide is not None else None
     if said:
@@ -221,7 +227,7 @@ RAW = option("raw")
 def handle_errors(fn: F) -> F:
     """The single exit: map clusterddp errors to a message and an exit code, never a traceback."""
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except ClusterDDPError as e:
@@ -281,7 +287,7 @@ def exit_at_interrupt(code: int) -> None:
 
     from .pipes import guarded
 
-    def now(signum, frame) -> None:
+    def now(signum: int, frame: FrameType | None) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -367,9 +373,9 @@ class PrefixPrinter:
 
     MAX_PARTIAL = 64 * 1024  # bytes of one host's unfinished line held before it is printed anyway
 
-    def __init__(self, hosts: list[str], stream=None, raw: bool = False,
+    def __init__(self, hosts: list[str], stream: TextIO | None = None, raw: bool = False,
                  hide: Callable[[str, bytes], bool] | None = None, *, redraw_every: float = 10.0,
-                 clock: Callable[[], float] | None = None, teardown=None) -> None:
+                 clock: Callable[[], float] | None = None, teardown: Teardown | None = None) -> None:
         import time
         self.stream = stream or sys.stdout
         self.raw = raw
@@ -490,7 +496,7 @@ def sigterm_as_interrupt() -> None:
     """Make SIGTERM end an attached run like Ctrl-C does (teardown everywhere, exit 130)."""
     import signal
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
 

@@ -18,6 +18,10 @@ from __future__ import annotations
 import io
 import os
 import sys
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 import threading
 
 from ..errors import StdoutClosed
@@ -73,7 +77,7 @@ class _PipeSafe(io.RawIOBase):
     def isatty(self) -> bool:
         return os.isatty(self._fd)
 
-    def write(self, b) -> int:
+    def write(self, b: ReadableBuffer) -> int:
         try:
             return os.write(self._fd, b)
         except BrokenPipeError:
@@ -81,7 +85,7 @@ class _PipeSafe(io.RawIOBase):
             return len(memoryview(b))  # dropped, as /dev/null drops it
 
 
-def _guarded(stream, fd: int):
+def _guarded(stream: TextIO, fd: int) -> io.TextIOWrapper:
     """``stream`` (sys.stdout or sys.stderr on ``fd``) again, on a :class:`_PipeSafe` descriptor."""
     line_buffering = getattr(stream, "line_buffering", False)
     buffered = io.BufferedWriter(_PipeSafe(fd))

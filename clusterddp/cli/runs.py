@@ -23,11 +23,12 @@ from .common import (
 
 if TYPE_CHECKING:
     from ..record import NodeRecord
+    from ..store import RunStore
 
 RUN = typer.Argument(..., help="A run id, or a unique prefix or suffix of one (its random end: 3f9a).")
 
 
-def _store(runs_dir: str, read_only: bool = False):
+def _store(runs_dir: str, read_only: bool = False) -> RunStore:
     from ..store import RunStore
     return RunStore(runs_dir, read_only=read_only)
 

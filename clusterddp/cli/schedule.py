@@ -6,7 +6,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -38,6 +38,9 @@ from .common import (
 )
 from .examples import epilog
 from .script_args import NoSuchOption, ScriptCommand
+
+if TYPE_CHECKING:
+    from ..schedule import Entry, Firing, ScheduleSpec
 
 # The `up` options a schedule does not record (launch.Option.recorded is None), and why: `schedule add`
 # says so, instead of calling them the script's arguments (they are `up`'s). Every one has a reason here
@@ -176,14 +179,14 @@ SCHEDULES_RUNS_DIR = typer.Option(None, "--runs-dir", envvar="CLUSTERDDP_RUNS_DI
                                        "in your crontab; each line names its own runs folder).")
 
 
-def _in_runs_dir(entry, runs_dir: str | None) -> bool:
+def _in_runs_dir(entry: Entry, runs_dir: str | None) -> bool:
     """Whether ``entry`` keeps its runs in ``runs_dir`` (always, when no --runs-dir was given)."""
     from ..store import RunStore
     return runs_dir is None or (entry.runs_dir is not None
                                 and os.path.normpath(entry.runs_dir) == str(RunStore(runs_dir).root))
 
 
-def _entry(text: str, name: str, runs_dir: str | None):
+def _entry(text: str, name: str, runs_dir: str | None) -> Entry:
     """Schedule ``name``'s crontab entry; UnknownSchedule if none, UsageError if --runs-dir names another folder."""
     from .. import schedule as S
     from ..errors import UnknownSchedule, UsageError
@@ -342,7 +345,7 @@ def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file."))
     raise typer.Exit(rc)
 
 
-def _record_skip(name: str, runs_dir: str):
+def _record_skip(name: str, runs_dir: str) -> Firing:
     from .. import schedule as S
     from ..record import RunStatus
     from ..store import RunStore, utcnow
@@ -356,7 +359,7 @@ def _record_skip(name: str, runs_dir: str):
     return firing
 
 
-def _record_end(spec, since: str, rc: int) -> None:
+def _record_end(spec: ScheduleSpec, since: str, rc: int) -> None:
     """Record and say what the firing came to; a runs folder that cannot take it is said, and the
     exit code stays `up`'s."""
     from .. import schedule as S

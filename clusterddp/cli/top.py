@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import typer
@@ -12,7 +13,10 @@ from .common import RUNS_DIR, exit_at_interrupt, exit_quickly_when_done, handle_
 from .pipes import stop_if_closed
 
 if TYPE_CHECKING:
-    from ..top import NodeView, Snapshot
+    from rich.console import Group
+
+    from ..inventory import Host
+    from ..top import NodeView, Snapshot, Watch
 
 
 def _size(n: float | None) -> str:
@@ -50,7 +54,7 @@ STEP_HINT = ("step -: no line of the job's output has a step the progress regex 
              "Epoch N); `clusterddp top --progress-regex REGEX` says what a step line is, e.g. 'batch (\\d+)'")
 
 
-def table(snap: Snapshot):
+def table(snap: Snapshot) -> Group:
     """The snapshot as a rich renderable: a table of every run's nodes (and the lab's leases, when
     clusterddp keeps any). Text from nodes is escaped and never read as markup."""
     from rich.console import Group
@@ -123,7 +127,7 @@ def top(
     regex = check_progress_regex(progress_regex) if progress_regex is not None else DEFAULT_PROGRESS
     store = RunStore(runs_dir, read_only=True)  # top only looks
     recs = records(store, run)
-    lab = ()
+    lab: tuple[Host, ...] = ()
     if inventory is not None:
         from ..backends import for_inventory, on_hosts
         from .common import load_inventory
@@ -158,7 +162,7 @@ def _show(snap: Snapshot, as_json: bool) -> None:
     Console(highlight=False, width=None if is_tty() else 200).print(table(snap))
 
 
-def _loop(watch, interval: float, show) -> None:
+def _loop(watch: Watch, interval: float, show: Callable[[Snapshot], object]) -> None:
     """Look, show, wait out the rest of the interval; until Ctrl-C, which ends the view quietly.
 
     The view has nothing to undo: in its own process, Ctrl-C ends it at once from the first look on

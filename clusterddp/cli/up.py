@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -39,6 +41,12 @@ from .common import (
     tell_missing,
     visible,
 )
+
+if TYPE_CHECKING:
+    from ..artifacts import CollectResult
+    from ..backends.base import KeptRuns, LaunchRequest
+    from ..inventory import Inventory
+    from ..noise import NoiseFilter
 
 
 @handle_errors
@@ -141,7 +149,7 @@ def _said(lines: list[str]) -> None:
         err(visible(line))
 
 
-def watchdog(stall_timeout: float | None, progress_regex: str | None, inv) -> dict:
+def watchdog(stall_timeout: float | None, progress_regex: str | None, inv: Inventory) -> dict:
     """The run's stall timeout and progress regex: the flags over the inventory's (``--stall-timeout 0``:
     off for this run); bad values are bad input (exit 2)."""
     from ..errors import UsageError
@@ -161,7 +169,7 @@ DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run,
 MASK = "***"
 
 
-def secrets(req) -> tuple[tuple[str, str], ...]:
+def secrets(req: LaunchRequest) -> tuple[tuple[str, str], ...]:
     """The env values a dry run hides: ``-e``'s and the inventory's (every host's, a Slurm cluster's)."""
     inv = req.inventory
     slurm = getattr(inv, "slurm", None)
@@ -193,7 +201,7 @@ class Printed:
     """What a launch tells (:class:`clusterddp.backends.base.Events`), printed: lines, node output
     with ``[host]`` prefixes, what was collected, what keep_runs did."""
 
-    def __init__(self, raw: bool, hide) -> None:
+    def __init__(self, raw: bool, hide: NoiseFilter | None) -> None:
         from ..noise import Teardown
         self.hide = hide
         self.teardown = Teardown()  # torchrun's teardown on a failure or a stop: the summary says it
@@ -206,13 +214,13 @@ class Printed:
     def warn(self, line: str) -> None:
         err(line)
 
-    def hosts(self, names) -> None:
+    def hosts(self, names: Sequence[str]) -> None:
         self.printer.width = max((len(h) for h in names), default=0)
 
     def output(self, host: str, data: bytes) -> None:
         self.printer(host, data)
 
-    def collected(self, r, source: str | None = None) -> None:
+    def collected(self, r: CollectResult, source: str | None = None) -> None:
         self.results.append(r)
         lead = f"collect {r.host}: " if source is None else "collect: "
         if r.error:
@@ -222,7 +230,7 @@ class Printed:
                   + (f", skipped {len(r.skipped)} still being written" if r.skipped else ""), flush=True)
         tell_missing(lead, r.missing)
 
-    def kept(self, kept) -> None:
+    def kept(self, kept: KeptRuns) -> None:
         from ..errors import ClusterDDPError
         from .common import crash_report
         from .prune import report

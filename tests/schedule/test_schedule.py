@@ -1,7 +1,7 @@
 """Scheduled runs without a crontab: the spec file, the rendered line, `schedule fire`, cron's
 rules and editing crontab text.
 
-No crontab is touched here (tests/test_schedule_cron.py does that); lines are run through a
+No crontab is touched here (tests/schedule/test_schedule_cron.py does that); lines are run through a
 real /bin/sh as cron would, with a stand-in clusterddp that records what `up` was given and
 hands `schedule fire` to the real one.
 """

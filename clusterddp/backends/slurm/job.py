@@ -357,7 +357,7 @@ def _interrupts_held() -> Iterator[None]:
         return
     got: list[int] = []
 
-    def hold(signum, frame) -> None:
+    def hold(signum: int, frame: object) -> None:
         got.append(signum)
     old = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -32,7 +32,7 @@ from ...errors import HostError, NodeOutcome
 from ...fleet import Fleet, GroupResult, as_host_error
 from ...inventory import Host
 from ...record import NodeState, RunStatus
-from ...transport import Transport
+from ...transport import CommandResult, Transport
 from ...transport import connect as default_connect
 from ..base import RunOutcome
 
@@ -231,7 +231,7 @@ class Supervisor:
                 node.error = "not started: interrupted"
         self.teardown()
 
-    def _check(self, node: Node, res, steps: tuple[str, ...]) -> None:
+    def _check(self, node: Node, res: CommandResult, steps: tuple[str, ...]) -> None:
         if res.exit_code != 0:
             detail = res.stderr.decode("utf-8", "replace").strip() or f"exit {res.exit_code}"
             raise HostError(node.name, f"{P.failed_step(steps, res.exit_code)}: {detail}")

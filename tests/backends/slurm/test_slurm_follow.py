@@ -4,7 +4,7 @@ Following it while the login host (or Slurm's controller) is out of reach: `up` 
 again with a new connection for a grace period, then stops following with an error that says the
 job goes on and how to reach it; the run stays recorded as running. A login host stands in here
 (pure control flow, a short grace); the real outage and recovery over SSH is in
-tests/test_up_slurm_login.py. And `status` reads the shared folder before it locks the run record.
+tests/backends/slurm/test_up_slurm_login.py. And `status` reads the shared folder before it locks the run record.
 """
 
 from __future__ import annotations

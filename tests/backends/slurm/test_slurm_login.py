@@ -3,7 +3,7 @@
 The commands are golden-tested as text, then run for real: :class:`SSHLogin` is given a transport that
 runs them with this machine's bash (the same text an SSH channel would carry), so the quoting, the
 exit codes and the parsing of the answers are exercised without a network. Over real SSH and Slurm:
-tests/test_up_slurm_login.py.
+tests/backends/slurm/test_up_slurm_login.py.
 """
 
 from __future__ import annotations

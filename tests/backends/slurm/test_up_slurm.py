@@ -311,7 +311,7 @@ def test_a_schedule_with_a_slurm_inventory_fires_a_slurm_run(slurm, tmp_path, jo
         cddp("schedule", "add", name, "--cron", "0 3 * * *", str(slurm_inv(tmp_path)), str(job / "probe.py"),
              "--runs-dir", str(runs), "--gpus", "1", "--", "a b", check_rc=0)
         spec = runs / "schedules" / f"{name}.json"
-        # what cron's line runs (cron itself fires once a minute at best: tests/test_schedule_cron.py waits for it)
+        # what cron's line runs (cron itself fires once a minute at best: test_schedule_cron.py waits for it)
         cddp("schedule", "fire", str(spec), env=slurm.env(), timeout=300, check_rc=0)
     finally:
         cddp("schedule", "remove", name, "--runs-dir", str(runs))

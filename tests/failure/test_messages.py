@@ -88,7 +88,7 @@ def test_a_nodes_log_tail_is_its_last_words_not_torchruns_teardown():
     """A node whose rank was ended by the stop: its tail shows what it printed last, not the rows of
     torchrun's ChildFailedError table (real node output, tests/fixtures/teardown)."""
     from pathlib import Path
-    log = (Path(__file__).parent / "fixtures" / "teardown" / "crash-node2.log").read_bytes()
+    log = (Path(__file__).parent.parent / "fixtures" / "teardown" / "crash-node2.log").read_bytes()
     tail = F._tail(log)
     assert tail and not any("=====" in line or "exitcode" in line or "ChildFailedError" in line for line in tail)
     assert any("Connection closed by peer" in line for line in tail), tail

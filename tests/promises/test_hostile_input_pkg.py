@@ -1,6 +1,6 @@
 """Issue 23's hostile inputs for the inventory, schedule and store side: each a located refusal
 (exit 2, naming the file, field or flag) or a fix, never a traceback. (FIFOs and devices as the
-inventory, `-e @FILE` and known_hosts: tests/test_files.py.)"""
+inventory, `-e @FILE` and known_hosts: tests/files/test_files.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Planning is pure: the rendered per-node scripts and commands are compared to golden files.
 
-Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_plan.py`` (never in
+Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/plan/test_plan.py`` (never in
 CI: there it fails) and read the diff before committing it; the tests that rewrote a file xfail,
 naming it.
 """
@@ -18,7 +18,7 @@ from clusterddp import inventory, node, plan
 from clusterddp import nodescript as NS
 from clusterddp.plan import RunSpec, build_plan
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent.parent / "golden"
 RUN_ID = "20261129-120000-abcd"
 INV = """
 defaults:
@@ -144,7 +144,7 @@ def test_restarts_use_c10d_rendezvous_and_a_fresh_store_per_attempt():
 
 def test_only_the_nodes_that_do_not_serve_the_rendezvous_store_wait_for_it(tmp_path):
     """Node 0 (the master) serves the store; every other node's torchrun line waits for it
-    (tests/test_torchrun_start.py runs that line); a local run has no one to wait for."""
+    (tests/nodescript/test_torchrun_start.py runs that line); a local run has no one to wait for."""
     for p in (two_node_plan(), two_node_plan(max_restarts=1)):
         a, b = p.nodes
         start = " ".join(map(plan.shell_word, plan.torchrun_start(a.host.python)))
@@ -333,7 +333,7 @@ def test_a_leased_plan_runs_one_process_per_slot_on_its_gpus_and_port():
 
 
 def test_node_commands_match_golden():
-    parts = ["# Every command clusterddp sends to a node, rendered by tests/test_plan.py:node_commands().",
+    parts = ["# Every command clusterddp sends to a node, rendered by tests/plan/test_plan.py:node_commands().",
              "# The node-side Python snippets are shown once, at the end, as sent (quoted)."]
     for header, command in node_commands():
         text, stdin = (command, None) if isinstance(command, str) else command

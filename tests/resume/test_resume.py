@@ -1,7 +1,7 @@
 """`up --resume RUN` (issue 39, section 2), the pure parts and what reads this machine only: which
 checkpoint is the newest, where it is found here, which runs may be resumed from (exit 2 otherwise),
 the record's ``resumed_from``, the note for a run that starts without an earlier run's checkpoint, and
-the CLI's refusals. The transfer itself is tested on the SSH bed (tests/test_resume_runs_ssh.py)."""
+the CLI's refusals. The transfer itself is tested on the SSH bed (tests/resume/test_resume_runs_ssh.py)."""
 
 from __future__ import annotations
 

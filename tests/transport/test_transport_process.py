@@ -51,7 +51,10 @@ def test_import_changes_nothing_process_wide_and_the_first_transport_does_it_onc
         print(state())
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=REPO / "tests", timeout=60).stdout.splitlines()
+                         cwd=REPO / "tests" / "transport", timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"),
+                                                                                   os.environ.get("PYTHONPATH")]))}
+                         ).stdout.splitlines()
     at_import, after = map(ast.literal_eval, out)
     assert at_import == [1, False, 1 << 29, []]
     assert after == [0, True, 1 << 29, ["NullHandler"]]  # re-keying is per transport: paramiko's class untouched

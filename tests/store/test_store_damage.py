@@ -29,7 +29,7 @@ from clusterddp.store import RunStore
 from helpers import make_record
 
 RID = "20261129-100000-aaaa"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 
 # The commands, as the user types them (after `clusterddp`); --runs-dir is added.
 COMMANDS = {
@@ -176,7 +176,7 @@ def test_a_damaged_store_gives_exit_2_naming_the_path(damage, command, tmp_path,
 # Run inside a private mount namespace where the runs folder is a read-only bind mount.
 _READ_ONLY_DRIVER = textwrap.dedent("""
     import json, sys
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {root!r}]
     import pytest
     from pathlib import Path
     import test_store_damage as T
@@ -202,7 +202,7 @@ def read_only_results(tmp_path_factory):
     before = {p.name for p in made["runs"].iterdir() if p.is_dir()}
     r = made["runs"]
     commands = [c for d, c in CASES if d == "runs dir read-only"]
-    driver = _READ_ONLY_DRIVER.format(tests=str(Path(__file__).parent))
+    driver = _READ_ONLY_DRIVER.format(tests=str(Path(__file__).parent), root=str(REPO / "tests"))
     sh = ('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" "$1" || exit 98; '
           'if touch "$1/probe" 2>/dev/null; then exit 99; fi; shift; exec "$@"')  # really read-only, or no test
     p = subprocess.run(["unshare", "-m", "sh", "-c", sh, "sh", str(r), sys.executable, "-c", driver,

@@ -23,7 +23,7 @@ from clusterddp.store import RunStore
 from clusterddp.transport import CommandResult
 from helpers import make_record
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 V0_SSH = FIXTURES / "run-v0-ssh-status.json"
 V0_LOCAL = FIXTURES / "run-v0-local-succeeded.json"
 

@@ -2,7 +2,7 @@
 nvidia-smi, collective timeouts in torch's own words), the decision after a failed attempt
 (clusterddp.policy) and what it sets aside (clusterddp.quarantine), the inventory's `quarantine:` and
 `retry_job_failures:`, and the node's side (its kernel lines stamped, its job's times). On real sshd
-hosts with a real kernel log line: tests/test_quarantine_ssh.py."""
+hosts with a real kernel log line: tests/quarantine/test_quarantine_ssh.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from clusterddp.cli.common import PrefixPrinter
 from clusterddp.noise import Teardown, without_teardown
 
-FIXTURES = Path(__file__).parent / "fixtures" / "teardown"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "teardown"
 MARKERS = ("ChildFailedError", "SignalException", "closing signal", "death signal", "torch/distributed/run.py",
            "Root Cause (first observed failure)", "failed (exitcode: ", "=" * 60)
 
