@@ -21,6 +21,7 @@ from clusterddp.inventory import Host
 from clusterddp.node import collect
 from clusterddp.plan import LaunchPlan, NodeLaunch, RunSpec
 from clusterddp.store import RunStore
+from helpers import eventually
 
 G = mirror.DEFAULT_GLOBS
 
@@ -514,3 +515,21 @@ def test_whole_problem_never_raises_on_any_bytes(data, name):
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "y.pt").write_bytes(p2)
         mirror.whole_problem(Path(d) / "y.pt")
+
+
+def test_the_mirrors_own_loop_says_a_failure_once_and_only_when_it_comes_twice_in_a_row(tmp_path):
+    """Through the real loop (start/stop), not a copy of it: a problem one look has and the next does
+    not is never said; one that keeps coming is said once, however many looks it lasts."""
+    said: list[str] = []
+    fleet = _Fleet([HostError("node1", "no data for 60s"), listing(), *[HostError("node1", "cannot connect")] * 6])
+    store = RunStore(tmp_path)
+    store.run_dir("r1").mkdir(parents=True)
+    m = mirror.Mirror(fleet, plan(), store, warn=said.append, interval_s=0.01)  # type: ignore[arg-type]
+    m.start()
+    try:
+        assert eventually(lambda: len(fleet.asked) >= 8, timeout=60), fleet.asked
+    finally:
+        m.stop()
+    assert not any("no data for 60s" in s for s in said), said
+    assert sum("cannot connect" in s for s in said) == 1, said
+    assert len(said) == len(set(said)), said  # the same line never twice

@@ -24,7 +24,7 @@ from ...errors import HostError, RunFailed, UsageError
 from ...failure import Failure
 from ...fleet import Fleet
 from ...mirror import Mirror, unprotected
-from ...record import NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
+from ...record import Attempt, NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
 from .. import base
@@ -615,6 +615,15 @@ def _resume(prep: Prepared, req: base.LaunchRequest, events: base.Events, chosen
             events.warn(note)
 
 
+def next_attempt_record(r: RunRecord, plan: P.LaunchPlan, entry: Attempt, lost: tuple[NodeRecord, ...]) -> RunRecord:
+    """The record as a new attempt starts: its nodes and master, running again, the decision appended to
+    ``attempts``, and the hosts it lost added to those every earlier attempt lost (``stop`` reaches each
+    once it answers: none is forgotten when a later attempt loses another)."""
+    return replace(r, nodes=tuple(node_records(plan)), master_addr=plan.master_addr, master_port=plan.master_port,
+                   status=RunStatus.RUNNING, failed_host=None, ended_at=None, failure=None,
+                   attempts=(*r.attempts, entry), lost=(*r.lost, *lost))
+
+
 def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, attempt: int
                   ) -> tuple[Prepared, Fleet] | None:
     """After attempt ``attempt`` of an attached run failed (its record says how): the next attempt
@@ -656,7 +665,7 @@ def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, 
 
 def _ends(prep: Prepared, events: base.Events, attempt: int, why: str, out: tuple[str, ...] = ()) -> None:
     """The run ends after attempt ``attempt``: said in one line and kept in run.json's ``attempts``."""
-    from ...record import MAX_WHY, Attempt
+    from ...record import MAX_WHY
     from ...store import utcnow
     events.warn(f"[clusterddp] attempt {attempt} failed; the run ends: {why}")
     entry = Attempt(None, utcnow(), out, (), why[:MAX_WHY])
@@ -669,7 +678,6 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
     stay readied, the plan leased and recorded; None when no choice of hosts lets it go on."""
     from ... import mirror, policy, quarantine
     from ...errors import QuarantineError
-    from ...record import Attempt
     from ...store import utcnow
     store, run_id, old = prep.store, prep.plan.run_id, prep.plan
     inv = old.inventory
@@ -712,10 +720,7 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
         entry = Attempt(attempt + 1, utcnow(), nxt.out, nxt.in_, decision.why)
         # a lost host's job may run on there: kept in the record, for `stop` to end once it answers
         lost = tuple(n for n in rec.nodes if n.state is NodeState.LOST and n.host in nxt.out)
-        store.update(run_id, lambda r: replace(
-            r, nodes=tuple(node_records(plan)), master_addr=plan.master_addr, master_port=plan.master_port,
-            status=RunStatus.RUNNING, failed_host=None, ended_at=None, failure=None, attempts=(*r.attempts, entry),
-            lost=(*r.lost, *lost)))
+        store.update(run_id, lambda r: next_attempt_record(r, plan, entry, lost))
         events.say(f"[clusterddp] attempt {attempt + 1} of run {run_id}: {nxt.says()} ({decision.why}); "
                    f"node 0 on {plan.nodes[0].host.name}, master {plan.master_addr}:{plan.master_port}")
         events.hosts([n.host.name for n in plan.nodes])

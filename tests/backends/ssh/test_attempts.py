@@ -180,3 +180,29 @@ def test_lost_nodes_of_earlier_attempts_round_trip_and_damage_is_a_located_error
         with pytest.raises(RecordError) as e:
             RunRecord.from_json({**data, "lost_nodes": bad}, "run.json")
         assert f"run.json: {field}" in str(e.value), str(e.value)
+
+
+def test_each_attempt_adds_its_lost_hosts_to_every_earlier_attempts(inv):
+    """run.json's ``lost_nodes`` keeps the lost hosts of every attempt, not only the last one's: each
+    still runs its part of the job, out of reach, until `stop` or the end of the run reaches it."""
+    from dataclasses import replace
+
+    from clusterddp.backends.ssh.launch import next_attempt_record, node_records
+    from clusterddp.record import NodeState
+    first = P.build_plan(inv, P.RunSpec("t.py"), "r1")
+    rec = make_record("r1", nodes=tuple(node_records(first)))
+    a = next(n for n in rec.nodes if n.host == "a")
+    # attempt 1 loses a: attempt 2 runs on s1, b, c
+    by = {h.name: h for h in (*inv.hosts, *inv.spares)}
+    second = P.build_plan(inv.in_use(tuple(by[h] for h in ("b", "c", "s1"))), P.RunSpec("t.py"), "r1", attempt=2)
+    rec = next_attempt_record(rec, second, Attempt(2, "t2", ("a",), ("s1",), "a lost"),
+                              (replace(a, state=NodeState.LOST),))
+    assert [n.host for n in rec.lost] == ["a"] and [n.host for n in rec.nodes] == ["b", "c", "s1"]
+    # attempt 2 loses c: a is still out there, and so is c now
+    third = P.build_plan(inv.in_use(tuple(by[h] for h in ("b", "s1", "s2"))), P.RunSpec("t.py"), "r1", attempt=3)
+    lost_c = replace(next(n for n in rec.nodes if n.host == "c"), state=NodeState.LOST)
+    rec = next_attempt_record(rec, third, Attempt(3, "t3", ("c",), ("s2",), "c lost"), (lost_c,))
+    assert [n.host for n in rec.lost] == ["a", "c"]
+    assert [x.attempt for x in rec.attempts] == [2, 3] and [n.host for n in rec.nodes] == ["b", "s1", "s2"]
+    back = RunRecord.from_json(json.loads(json.dumps(rec.to_json())), "run.json")
+    assert [n.host for n in back.lost] == ["a", "c"]
