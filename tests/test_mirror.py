@@ -19,7 +19,8 @@ from clusterddp import plan as P
 from clusterddp.errors import HostError, MirrorError
 from clusterddp.inventory import Host
 from clusterddp.node import collect
-from clusterddp.plan import LaunchPlan, NodeLaunch, RunSpec
+from clusterddp.plan import LaunchPlan, NodeLaunch
+from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 
 G = mirror.DEFAULT_GLOBS

@@ -16,7 +16,8 @@ import pytest
 
 from clusterddp import inventory, node, plan
 from clusterddp import nodescript as NS
-from clusterddp.plan import RunSpec, build_plan
+from clusterddp.plan import build_plan
+from clusterddp.runspec import RunSpec
 
 GOLDEN = Path(__file__).parent / "golden"
 RUN_ID = "20261129-120000-abcd"

@@ -26,6 +26,7 @@ from clusterddp.fleet import HostResult
 from clusterddp.node import diagnose as D
 from clusterddp.node.collective import MARK
 from clusterddp.record import RunStatus
+from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore, new_run_id
 from clusterddp.transport import CommandResult
 from helpers import cddp, make_record, record, run_id_of
@@ -277,7 +278,7 @@ class _Node:
 def _plan(tmp_path: Path) -> P.LaunchPlan:
     hosts = tuple(replace(inventory.local().hosts[0], name=name, workdir=str(tmp_path / name)) for name in "ab")
     inv = inventory.Inventory("t", "t", hosts, inventory.Master("a", "127.0.0.1", 29500))
-    return P.build_plan(inv, P.RunSpec("t.py"), new_run_id())
+    return P.build_plan(inv, RunSpec("t.py"), new_run_id())
 
 
 def test_a_node_whose_heartbeats_fail_at_once_is_lost_within_the_tests_own_deadline(tmp_path):

@@ -27,7 +27,7 @@ def test_runs_started_in_one_second_are_listed_in_the_order_they_started(tmp_pat
     """keep_runs and prune keep the newest runs: two runs of one second must not be ordered by their
     ids' random ends (a long run started just before a short one was taken for the newer)."""
     from clusterddp.backends.base import new_record
-    from clusterddp.plan import RunSpec
+    from clusterddp.runspec import RunSpec
     s = RunStore(tmp_path)
     first = new_record("inv.yaml", RunSpec("t.py"), "20261204-035057-ffff", schedule=None, local=False,
                        master_addr="a", master_port=1, collect=())

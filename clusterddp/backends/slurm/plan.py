@@ -27,8 +27,10 @@ from dataclasses import dataclass
 
 from ... import nodescript as NS
 from ... import plan as P
+from ... import runspec
 from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
 from ...node import notify as node_notify
+from ...runspec import RunSpec
 
 BATCH = "job.sbatch"
 NODE_SCRIPT = "node.sh"
@@ -45,7 +47,7 @@ _PORT_FROM_JOB = "$((20000 + SLURM_JOB_ID % 20000))"
 class SlurmPlan:
     run_id: str
     inventory: Inventory
-    spec: P.RunSpec
+    spec: RunSpec
     settings: SlurmSettings
     run_dir: str                 # <shared_dir>/runs/<run_id>: the staged code; where the script runs
     control_dir: str
@@ -87,7 +89,7 @@ def node_host(s: SlurmSettings, name: str = "slurm") -> Host:
                 connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
 
 
-def build(inventory: Inventory, spec: P.RunSpec, run_id: str, shared_dir: str, notify: bool = False) -> SlurmPlan:
+def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, notify: bool = False) -> SlurmPlan:
     """Plan a Slurm run; ``shared_dir`` is the inventory's, with ``~`` already expanded by the caller.
     ``notify``: the batch script tells the run's end (:func:`notify_lines`; `up --detach` with webhooks)."""
     s = inventory.slurm
@@ -100,7 +102,7 @@ def build(inventory: Inventory, spec: P.RunSpec, run_id: str, shared_dir: str, n
     return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, collect, notify)
 
 
-def _batch_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, ctl: str, notify: bool = False) -> str:
+def _batch_script(s: SlurmSettings, spec: RunSpec, run_id: str, ctl: str, notify: bool = False) -> str:
     lo, hi = s.nodes
     opts = [f"--job-name=clusterddp-{run_id}", f"--nodes={lo}" if lo == hi else f"--nodes={lo}-{hi}",
             "--ntasks-per-node=1", f"--output={ctl}/{BATCH_LOG}", f"--chdir={ctl}"]
@@ -178,7 +180,7 @@ def notify_lines(s: SlurmSettings) -> list[str]:
     ]
 
 
-def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
+def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
     host = node_host(s)
     env = tuple({**dict(s.env), **dict(spec.env)}.items())
     port = str(spec.master_port) if spec.master_port else _PORT_FROM_JOB
@@ -242,12 +244,12 @@ def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, c
     return "\n".join(lines)
 
 
-def watch_args(s: SlurmSettings, spec: P.RunSpec) -> dict | None:
+def watch_args(s: SlurmSettings, spec: RunSpec) -> dict | None:
     """The stall watchdog's argument in node.sh (None: the run has none): as an SSH run's
-    (:func:`clusterddp.plan.watch_args`), but the store is the one the node script finds
+    (:func:`clusterddp.runspec.watch_args`), but the store is the one the node script finds
     (``$MASTER_ADDR``/``$MASTER_PORT``: the allocation's first host, the job's port). The node count
     must be fixed (the caller refuses a range): the nodes wait for each other's watchdogs."""
-    args = P.watch_args(spec, s.nodes[0], "", 0)
+    args = runspec.watch_args(spec, s.nodes[0], "", 0)
     return None if args is None else {**args, "store": None}
 
 

@@ -13,6 +13,7 @@ from clusterddp.backends.ssh import leftovers as L
 from clusterddp.fleet import Fleet
 from clusterddp.leases import Holding
 from clusterddp.record import NodeState, RunStatus
+from clusterddp.runspec import RunSpec
 from clusterddp.transport.base import CommandResult
 from helpers import make_record
 
@@ -153,7 +154,7 @@ def seam(monkeypatch, tmp_path):
     store = RunStore(str(tmp_path / "runs"))
     store.create(ended_with_lost("r1"))  # lost b in attempt 1, then succeeded on a and c
     store.create(make_record("r2", ("a", "b")))  # running
-    plan = P.build_plan(parse(INV, "lab.yaml"), P.RunSpec("t.py"), "r3")
+    plan = P.build_plan(parse(INV, "lab.yaml"), RunSpec("t.py"), "r3")
     prep = launch.Prepared(plan, store, tmp_path)
     st = {"refusals": [], "waits": [], "ended": [], "problem": None}
 
