@@ -35,12 +35,14 @@ from .node import envinfo as node_envinfo
 from .node import notify as node_notify
 from .node import probe as node_probe
 from .node import reply as node_reply
-from .node import source as node_source
 from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER: plan's callers quote through them
     CONTROL,
+    ERRORS_DIR,
     IFACE_FN,
+    LOCAL_ADDR,
     MARKED_FN,
     MARKER,
+    NPROC,
     SHIPPED_LIB,
     STOP_TRAP,
     STORE_WAIT,
@@ -51,13 +53,18 @@ from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER
     iface_lines,
     marker_word,
     preamble,
+    probes,
     python_command,
     q,
     qpath,
     setup_failed,
+    shell_word,
     ship_train_lines,
     stack_hook_lines,
+    store_wait,
+    torchrun_entry,
     torchrun_lines,
+    torchrun_start,
     watch_lines,
 )
 from .runspec import RunSpec, watch_args
@@ -110,21 +117,6 @@ def _helper(node: NodeLaunch, program: str, *args: str) -> str:
 
 
 # ---- the plan ----
-
-class _Probed(str):
-    """An argv word of clusterddp's own whose value launch.sh finds on the node: rendered in double
-    quotes so it expands. Only these words expand; every user word (a script argument that reads
-    ``$NPROC`` included) is an ordinary ``str`` and is quoted to stay literal."""
-
-
-NPROC, LOCAL_ADDR = _Probed("$NPROC"), _Probed("$LOCAL_ADDR")
-TORCHRUN_SOURCE = _Probed(f"${TORCHRUN_VAR}")  # nodescript.torchrun_lines
-# torchrun's --log-dir: where each worker's TORCHELASTIC_ERROR_FILE goes (clusterddp.node.diagnose reads them).
-ERRORS_DIR = _Probed("$CTL/errors")
-
-
-def _probes(argv: Iterable[str], word: _Probed) -> bool:
-    return any(isinstance(a, _Probed) and a == word for a in argv)
 
 
 def static_local(spec: RunSpec) -> bool:
@@ -209,49 +201,6 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
 
 # ---- what each worker process runs ----
 
-def worker_command(python: str, script: str, args: Iterable[str], local_rank_arg: str | None = None
-                   ) -> tuple[str, ...]:
-    """The command line of one worker process: ``python -u SCRIPT ARGS``, as torchrun runs it; with
-    ``local_rank_arg`` (``--local_rank`` or ``--local-rank``) the node program ``worker`` first, which
-    puts ``--local_rank=<LOCAL_RANK>`` (``SLURM_LOCALID`` under srun) before ARGS and execs that.
-
-    The words are argv, not shell text: a launcher that writes them into a script quotes each one
-    with :func:`q`. A Slurm backend that starts workers with srun, without torchrun, runs this."""
-    if local_rank_arg is None:
-        return (python, "-u", script, *args)
-    # -c and its source as one word: torchrun names a failed job by the first word after the python
-    # that does not start with "-", which is then the script, not 40 lines of source.
-    return (python, "-S", "-c" + node_source("worker"), local_rank_arg, script, *args)
-
-
-def torchrun_start(python: str) -> tuple[str, ...]:
-    """The start of a node's torchrun command line, before its options (SSH and Slurm runs alike):
-    torchrun's module run by the script that :func:`~clusterddp.nodescript.torchrun_lines` puts in
-    launch.sh (node.sh) first. A node that does not serve the run's rendezvous store runs it after
-    :func:`store_wait`."""
-    return (python, "-c", TORCHRUN_SOURCE, "torch.distributed.run")
-
-
-def store_wait(where: str) -> str:
-    """The assignment that goes before the torchrun command line of a node that does not serve the
-    run's rendezvous store at ``where`` (``HOST:PORT``, a shell word, already quoted)."""
-    return f"{STORE_WAIT}={where}"
-
-
-def shell_word(word: str) -> str:
-    """An argv word as launch.sh (node.sh) writes it: clusterddp's own expanded words (:class:`_Probed`)
-    in double quotes, every other word quoted to stay literal."""
-    return f'"{word}"' if isinstance(word, _Probed) else q(word)
-
-
-def torchrun_entry(python: str, script: str, args: Iterable[str], local_rank_arg: str | None = None
-                   ) -> tuple[str, ...]:
-    """The end of a torchrun command line, after its options: the script and its arguments, or, with
-    ``local_rank_arg``, ``--no-python`` and :func:`worker_command`, which torchrun then runs as is."""
-    if local_rank_arg is None:
-        return (script, *args)
-    return ("--no-python", *worker_command(python, script, args, local_rank_arg))
-
 
 # ---- launch.sh ----
 
@@ -279,7 +228,7 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, m
     lines += preamble(h, node.env, stdout_to="", on_fail=setup_failed())
     lines += flight.env_lines()  # after the user's env, whose values win
     if not local:
-        lines += iface_lines({k for k, _ in node.env}, master_addr, _probes(node.argv, LOCAL_ADDR))
+        lines += iface_lines({k for k, _ in node.env}, master_addr, probes(node.argv, LOCAL_ADDR))
     if not local and (train_lookup or any(k == "PYTHONPATH" for k, _ in node.env)):
         lines += ship_train_lines(h.python, node.run_dir)
     elif not local:

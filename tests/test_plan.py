@@ -16,6 +16,7 @@ import pytest
 
 from clusterddp import inventory, node, plan
 from clusterddp import nodescript as NS
+from clusterddp.nodescript import shell_word, torchrun_start, worker_command
 from clusterddp.plan import build_plan
 from clusterddp.runspec import RunSpec
 
@@ -81,8 +82,8 @@ def test_two_node_plan_summary_matches_golden():
 
 
 def test_the_summary_command_reads_as_torchrun_and_names_clusterddps_own_python():
-    argv = (*plan.torchrun_start("/py"), "--nnodes", "2", "--no-python",
-            *plan.worker_command("/py", "t.py", ["a b"], "--local_rank"))
+    argv = (*torchrun_start("/py"), "--nnodes", "2", "--no-python",
+            *worker_command("/py", "t.py", ["a b"], "--local_rank"))
     assert plan.readable_command(argv) == ("/py -m torch.distributed.run --nnodes 2 --no-python /py -S "
                                            "<clusterddp's Python: --dry-run --full shows it> --local_rank t.py 'a b'")
 
@@ -148,7 +149,7 @@ def test_only_the_nodes_that_do_not_serve_the_rendezvous_store_wait_for_it(tmp_p
     (tests/test_torchrun_start.py runs that line); a local run has no one to wait for."""
     for p in (two_node_plan(), two_node_plan(max_restarts=1)):
         a, b = p.nodes
-        start = " ".join(map(plan.shell_word, plan.torchrun_start(a.host.python)))
+        start = " ".join(map(shell_word, torchrun_start(a.host.python)))
 
         def line(node: plan.NodeLaunch, start: str = start) -> str:
             return next(ln for ln in node.launch_script.splitlines() if start in ln)

@@ -14,6 +14,7 @@ from clusterddp.backends import base
 from clusterddp.errors import InventoryError, SpecError
 from clusterddp.inventory import _hostfile
 from clusterddp.node import worker
+from clusterddp.nodescript import torchrun_entry, worker_command
 from clusterddp.runspec import RunSpec
 from helpers import REPO
 
@@ -128,9 +129,9 @@ def test_exclude_after_hosts_refuses_unknown_names_and_an_empty_result(tmp_path)
 
 
 def test_worker_command_puts_the_local_rank_before_the_users_arguments():
-    assert plan.worker_command("py", "t.py", ["--x", "a b"]) == ("py", "-u", "t.py", "--x", "a b")
-    assert plan.torchrun_entry("py", "t.py", ["--x"]) == ("t.py", "--x")
-    entry = plan.torchrun_entry("/opt/py", "t.py", ["--x", "$HOME"], "--local_rank")
+    assert worker_command("py", "t.py", ["--x", "a b"]) == ("py", "-u", "t.py", "--x", "a b")
+    assert torchrun_entry("py", "t.py", ["--x"]) == ("t.py", "--x")
+    entry = torchrun_entry("/opt/py", "t.py", ["--x", "$HOME"], "--local_rank")
     assert entry[:3] == ("--no-python", "/opt/py", "-S") and entry[3].startswith("-c")
     assert entry[4:] == ("--local_rank", "t.py", "--x", "$HOME")
     assert worker.command(["--local_rank", "t.py", "--x"], {"LOCAL_RANK": "3"}, "py") == [

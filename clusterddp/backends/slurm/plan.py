@@ -26,10 +26,10 @@ import posixpath
 from dataclasses import dataclass
 
 from ... import nodescript as NS
-from ... import plan as P
 from ... import runspec
 from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
 from ...node import notify as node_notify
+from ...nodescript import shell_word, store_wait, torchrun_entry, torchrun_start
 from ...runspec import RunSpec
 
 BATCH = "job.sbatch"
@@ -227,7 +227,7 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
         lines += ["# the stall watchdog (--stall-timeout): the run's rendezvous store, for it alone",
                   f"export MASTER_ADDR MASTER_PORT={port}", *watch_start, "export -n MASTER_ADDR MASTER_PORT"]
     nproc = spec.gpus or s.gpus_per_node
-    argv = [P.store_wait('"$cddp_store"'), *map(P.shell_word, P.torchrun_start(s.python))]
+    argv = [store_wait('"$cddp_store"'), *map(shell_word, torchrun_start(s.python))]
     argv += [NS.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
                                "--rdzv-backend", "c10d")]
     argv += ["--rdzv-endpoint", f'"$MASTER_ADDR:{port}"', "--rdzv-id", '"$SLURM_JOB_ID"',
@@ -238,8 +238,8 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
     # (TORCHELASTIC_ERROR_FILE), which the diagnosis reads as for SSH runs.
     argv += [NS.q(w) for w in ("--max-restarts", "0")]
     argv += ["--log-dir", '"$CTL/errors"']
-    argv += [NS.q(w) for w in P.torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
-                                               spec.local_rank_arg)]
+    argv += [NS.q(w) for w in torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
+                                             spec.local_rank_arg)]
     lines += [" ".join(argv), *watch_end, "cddp_exit $cddp_rc" if watch is not None else "cddp_exit $?", ""]
     return "\n".join(lines)
 
@@ -273,7 +273,7 @@ def summary(p: SlurmPlan) -> str:
     s = p.settings
     head = render(p).split("\n", 3)[:3]
     command = next((line for line in p.node_script.splitlines() if " torch.distributed.run " in line), "")
-    wrapped = " ".join(P.shell_word(w) for w in P.torchrun_start(s.python))
+    wrapped = " ".join(shell_word(w) for w in torchrun_start(s.python))
     command = command.replace(wrapped, f"{NS.q(s.python)} -m torch.distributed.run")
     env = tuple({**dict(s.env), **dict(p.spec.env)}.items())
     out = [*head, "sbatch options: " + " ".join(line[len("#SBATCH "):] for line in p.batch_script.splitlines()
