@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -603,72 +602,6 @@ def exec_command(host: Host, words: list[str] | tuple[str, ...], limit: float | 
 
 
 # ---- prune: removing old runs' node folders ----
-
-_RUN_ID_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def prune_target_problem(run_id: str, workdir: str, run_dir: str, control_dir: str) -> str | None:
-    """Why a recorded node folder is not one ``prune`` may delete, or None when it is.
-
-    run.json is data a person (or a bug) can damage, so the folder must have exactly the shape
-    :func:`build_plan` gives it, ``<workdir>/runs/<run_id>`` with the control folder inside, and
-    no component that climbs (``..``) or hides (``.``, an empty one). On the node,
-    :func:`prune_command` also refuses a folder that is a symlink or holds no ``.clusterddp``."""
-    if not _RUN_ID_SHAPE.fullmatch(run_id):
-        return f"the run id {run_id!r} is not one clusterddp makes"
-    if run_dir != posixpath.join(workdir, "runs", run_id):
-        return f"run folder {run_dir!r} is not <workdir>/runs/{run_id} (workdir {workdir!r})"
-    if not control_dir.startswith(run_dir + "/"):
-        return f"control folder {control_dir!r} is not inside the run folder {run_dir!r}"
-    parts = run_dir.split("/")
-    if parts[0] == "":  # absolute
-        parts = parts[1:]
-    elif parts[0] == "~":  # the remote home, as qpath expands it
-        parts = parts[1:]
-    bad = [p for p in parts if p in ("", ".", "..")]
-    if bad or any(c in run_dir for c in "\0\n\r"):
-        return f"run folder {run_dir!r} has an empty, '.' or '..' component or a control character"
-    return None
-
-
-_PRUNE_FN = r"""cddp_prune() {  # $1 index, $2 run folder, $3 the job's marker, $4 "dry": look only (else "go"),
-  # $5 this host's control folder name in $2/.clusterddp (or ""), then the run's other hosts' names
-  if [ -n "$(cddp_marked "$3")" ]; then echo "$1 running"; return; fi
-  if [ ! -e "$2" ] && [ ! -L "$2" ]; then echo "$1 missing"; return; fi
-  if [ -L "$2" ] || [ ! -d "$2" ] || [ -L "$2/.clusterddp" ] || [ ! -d "$2/.clusterddp" ]; then
-    echo "$1 refused"; return
-  fi
-  local i=$1 d=$2 dry=$4 own=$5 o kb; shift 5
-  kb=$(du -sk -- "$d" 2>/dev/null | cut -f1)
-  for o in "$@"; do  # another host of the run shares this folder (one NFS workdir) and has not let go of it
-    if [ -e "$d/.clusterddp/$o" ] || [ -L "$d/.clusterddp/$o" ]; then
-      if [ "$dry" != dry ] && [ -n "$own" ]; then rm -rf -- "$d/.clusterddp/$own" 2>/dev/null; fi
-      echo "$i shared ${kb:--} $o"; return
-    fi
-  done
-  if [ "$dry" = dry ]; then echo "$i would ${kb:--}"; return; fi
-  rm -rf -- "$d" 2>/dev/null
-  if [ -e "$d" ]; then echo "$i failed ${kb:--}"; else echo "$i removed ${kb:--}"; fi
-}"""
-
-
-def prune_command(targets: Sequence[tuple[str, str] | tuple[str, str, str, Sequence[str]]],
-                  dry_run: bool = False) -> str:
-    """Remove run folders on one node: ``targets`` are (run folder, marker[, this host's control
-    folder name, the run's other hosts' control folder names]), each already accepted by
-    :func:`prune_target_problem`. One line per target, ``<index> <word> [KiB]``: ``removed`` (or
-    ``would`` with ``dry_run``: nothing is touched), ``missing`` (nothing there), ``running`` (a
-    process still carries the run's marker: left alone, whatever the record says), ``shared
-    <KiB> <host>`` (another host's control folder is in it: the folder is one shared workdir's and
-    that host may still use it; this host's own control folder is let go of, the rest is left),
-    ``refused`` (a symlink, or not a folder holding ``.clusterddp``) or ``failed``."""
-    lines = [MARKED_FN, _PRUNE_FN]
-    for i, t in enumerate(targets):
-        run_dir, marker = t[0], t[1]
-        own, others = (t[2], t[3]) if len(t) == 4 else ("", ())
-        lines.append(" ".join([f"cddp_prune {i} {qpath(run_dir)} {marker_word(marker)}",
-                               "dry" if dry_run else "go", q(own), *map(q, others)]))
-    return "\n".join(lines)
 
 
 # ---- `clusterddp top` ----

@@ -25,6 +25,7 @@ from clusterddp.errors import HostError
 from clusterddp.fleet import HostResult
 from clusterddp.node import diagnose as D
 from clusterddp.node.collective import MARK
+from clusterddp.prune import prune_target_problem
 from clusterddp.record import RunStatus
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore, new_run_id
@@ -113,7 +114,7 @@ def test_the_diagnosis_sends_the_newest_attempts_error_files_first_under_its_cap
 ])
 def test_prune_refuses_a_run_folder_under_another_workdir(run_id, workdir, run_dir, control_dir):
     """Mutation: ``run_dir != join(workdir, "runs", run_id)`` -> ``not run_dir.endswith("/runs/" + run_id)``."""
-    assert P.prune_target_problem(run_id, workdir, run_dir, control_dir)
+    assert prune_target_problem(run_id, workdir, run_dir, control_dir)
 
 
 def _damaged(run_id: str, run_dir: str):
