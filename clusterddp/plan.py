@@ -606,18 +606,6 @@ def exec_command(host: Host, words: list[str] | tuple[str, ...], limit: float | 
 
 # ---- `clusterddp top` ----
 
-TOP_TAIL = 65536  # bytes of each node.log read for its last line and last step
-
-
-def top_command(host: Host, nodes: Iterable[NodeLaunch], progress_regex: str, skip: Sequence[str] = ()) -> str:
-    """One look at ``host`` for ``clusterddp top``: every job of ``nodes`` (all on this host, of any
-    runs) in one command (the node program ``clusterddp/node/top.py``), after the host's setup lines.
-    ``skip``: patterns of lines never shown as a job's last line (:data:`clusterddp.noise.LINE_PATTERNS`)."""
-    args = {"jobs": [[n.control_dir, n.marker] for n in nodes], "regex": progress_regex, "tail": TOP_TAIL,
-            **({"skip": list(skip)} if skip else {})}
-    lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
-    return "\n".join([*lines, python_command(host.python, "top", [q(json.dumps(args))])])
-
 
 # ---- leases (the node program ``clusterddp/node/lease.py``) ----
 
