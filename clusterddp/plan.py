@@ -612,31 +612,6 @@ def exec_command(host: Host, words: list[str] | tuple[str, ...], limit: float | 
 GO_FILE = "lease-go"   # in the control folder: the launcher's word to a node's lease holder to start the job
 
 
-NODE_HOSTNAME = "%h"  # in a lease folder's path: the node's own hostname, filled in on the node
-
-
-def lease_dir(host: Host) -> str:
-    """The node's lease folder: the host's ``lease_dir``, or ``<workdir>/leases/%h``, where ``%h``
-    (:data:`NODE_HOSTNAME`) is the node's hostname: hosts that share a workdir (NFS homes) keep
-    their slots apart, and every inventory naming the machine finds the same folder."""
-    return host.lease_dir or posixpath.join(host.workdir, "leases", NODE_HOSTNAME)
-
-
-def _qlease(path: str) -> str:
-    """A lease folder path (or one below it) as one shell word, ``%h`` as the node's hostname."""
-    head, sep, tail = path.partition(NODE_HOSTNAME)
-    if not sep:
-        return qpath(path)
-    return (qpath(head) if head else "") + '"$(hostname)"' + (_qlease(tail) if tail else "")
-
-
-def lease_command(host: Host, mode: str) -> str:
-    """Run node program ``lease`` in ``mode`` (``hold``, ``queue`` or ``list``); its request, JSON,
-    goes on stdin (a setup line's stdin is /dev/null, so none can eat it)."""
-    lines = preamble(host, (), stdout_to=">/dev/null 2>&1 </dev/null", on_fail=lambda line: "true")
-    return "\n".join([*lines, python_command(host.python, "lease", [mode])])
-
-
 def go_command(node: NodeLaunch) -> str:
     """Tell the node's lease holder to start the job (it runs :func:`start_command` with the lock
     files open); print the job's pid once it is written, as :func:`start_command` does."""
@@ -645,18 +620,6 @@ def go_command(node: NodeLaunch) -> str:
             "for i in $(seq 645); do [ -s pid ] && exec cat pid; if [ $i -le 50 ]; then sleep 0.01; "
             "else sleep 0.1; fi; done; "
             "echo 'the lease holder did not start the job (it ended; is the node overloaded?)' >&2; exit 3")
-
-
-def lease_release_command(host: Host, run_id: str, control_dir: str) -> str:
-    """Release the lease of a run whose job was not started: remove its record, which its holder
-    watches. A job told to start keeps its lease (the go file exists)."""
-    return (f"cd {_qlease(lease_dir(host))} 2>/dev/null || exit 0; "
-            f"[ -e {qpath(posixpath.join(control_dir, GO_FILE))} ] || rm -f {q(f'lease-{run_id}.json')}")
-
-
-def queue_leave_command(host: Host, ticket: str) -> str:
-    """Leave the queue: remove the entry, which its waiter process watches (it then ends)."""
-    return f"rm -f {_qlease(posixpath.join(lease_dir(host), f'queue-{ticket}.json'))}"
 
 
 def collective_command(host: Host, master_addr: str, args: dict) -> NodeCommand:

@@ -16,6 +16,7 @@ import pytest
 
 from clusterddp import inventory, node, plan
 from clusterddp import nodescript as NS
+from clusterddp.leases import lease_command, lease_release_command, queue_leave_command
 from clusterddp.nodescript import shell_word, torchrun_start, worker_command
 from clusterddp.plan import build_plan
 from clusterddp.runspec import RunSpec
@@ -292,7 +293,7 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
              plan.seed_command(n, "checkpoints/step 8.pt", "0123456789abcdef" * 4)),
             (f"node_log_command({h})", plan.node_log_command(n)),
             (f"lease_release_command({h}, {RUN_ID!r}, <control dir>)",
-             plan.lease_release_command(n.host, RUN_ID, n.control_dir)),
+             lease_release_command(n.host, RUN_ID, n.control_dir)),
         ]
     (a, b), addr = inv.hosts, inv.master.addr
     ea, eb = (n.env for n in p.nodes)
@@ -306,10 +307,10 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
         (f"exec_command({a.name}, {EXEC_WORDS!r})", plan.exec_command(a, EXEC_WORDS)),
         (f"exec_command({b.name}, {EXEC_WORDS!r})", plan.exec_command(b, EXEC_WORDS)),
         (f"exec_command({a.name}, {EXEC_WORDS!r}, limit=2.5)", plan.exec_command(a, EXEC_WORDS, 2.5)),
-        (f"lease_command({a.name}, 'hold')", plan.lease_command(a, "hold")),
-        (f"lease_command({b.name}, 'queue')", plan.lease_command(b, "queue")),
-        (f"lease_command({b.name}, 'list')", plan.lease_command(b, "list")),
-        (f"queue_leave_command({a.name}, <ticket>)", plan.queue_leave_command(a, f"{'1' * 19}-{RUN_ID}")),
+        (f"lease_command({a.name}, 'hold')", lease_command(a, "hold")),
+        (f"lease_command({b.name}, 'queue')", lease_command(b, "queue")),
+        (f"lease_command({b.name}, 'list')", lease_command(b, "list")),
+        (f"queue_leave_command({a.name}, <ticket>)", queue_leave_command(a, f"{'1' * 19}-{RUN_ID}")),
         (f"collective_command({b.name}, {addr!r}, {COLLECTIVE_ARGS})  # check --collective",
          plan.collective_command(b, addr, COLLECTIVE_ARGS)),
         (f"envinfo_command({a.name})  # check --diff, no previous run", plan.envinfo_command(a)),
