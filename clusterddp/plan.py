@@ -30,9 +30,7 @@ from dataclasses import dataclass, field
 
 from . import flight
 from .inventory import Host, Inventory
-from .node import envinfo as node_envinfo
 from .node import notify as node_notify
-from .node import probe as node_probe
 from .node import reply as node_reply
 from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER: plan's callers quote through them
     CONTROL,
@@ -431,14 +429,6 @@ def notify_arm_command(node: NodeLaunch) -> str:
     ])
 
 
-def reach_command(host: Host, address: str, port: int, seconds: float) -> str:
-    """Can ``host`` open a TCP connection to a notification receiver (``address:port``) within
-    ``seconds``: the node program ``notify reach``, after the host's setup lines."""
-    lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
-    return "\n".join([*lines, python_command(host.python, "notify", ["reach", q(address), str(int(port)),
-                                                                     f"{seconds:g}"])])
-
-
 def kill_marked_command(marker: str, grace: float = DEFAULT_GRACE) -> str:
     """:func:`teardown_command` for every process whose environment holds ``CLUSTERDDP_JOB=marker``."""
     steps = max(1, int(grace * 10))
@@ -550,23 +540,6 @@ def summary(plan: LaunchPlan) -> str:
 
 # ---- fleet commands: the preflight probe and `clusterddp exec` ----
 
-def probe_command(host: Host, master_addr: str, master_port: int | None, *, full: bool = True,
-                  env: tuple[tuple[str, str], ...] | None = None) -> NodeCommand:
-    """One command that reports what the preflight checks need about ``host``, as one JSON line.
-
-    It runs the host's setup lines and exports its env first (read from its stdin), as launch.sh does, then its
-    ``python``. ``master_port`` is given for the master only (it tries to bind it). ``full``
-    also imports torch (NCCL version, a broken install) and asks nvidia-smi for the GPUs;
-    without it the probe takes a fraction of a second (what ``up`` runs before starting).
-    """
-    args = {"full": full, "port": master_port, "workdir": host.workdir}
-    env = host.env if env is None else env
-    lines = preamble(host, env, stdout_to=">&2", env_on_stdin=True,
-                      on_fail=lambda line: f"echo {q(node_probe.setup_failed_reply(line))}; exit 0")
-    lines += [IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
-              "exec " + python_command(host.python, "probe", [q(json.dumps(args)), '"$IFACE"'], site=True)]
-    return NodeCommand("\n".join(lines), env_stdin(env))
-
 
 EXEC_TIMED_OUT = 124  # what coreutils' timeout exits with when it ended the command
 
@@ -622,24 +595,3 @@ def go_command(node: NodeLaunch) -> str:
             "echo 'the lease holder did not start the job (it ended; is the node overloaded?)' >&2; exit 3")
 
 
-def collective_command(host: Host, master_addr: str, args: dict) -> NodeCommand:
-    """The node side of ``check --collective`` (``clusterddp/node/collective.py``; ``args`` is its
-    JSON argument: rank, world, sizes, bounds). Set up as launch.sh sets up a job: the host's setup
-    lines and env (on stdin), the same interface choice (:func:`_iface_lines`), the host's python
-    with its site-packages (torch)."""
-    lines = preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
-                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
-    lines += iface_lines({k for k, _ in host.env}, master_addr)
-    lines.append("exec " + python_command(host.python, "collective", [q(json.dumps(args, sort_keys=True))], site=True))
-    return NodeCommand("\n".join(lines), env_stdin(host.env))
-
-
-def envinfo_command(host: Host, run_dir: str | None = None, files: Iterable[str] = ()) -> NodeCommand:
-    """The node side of ``check --diff`` (``clusterddp/node/envinfo.py``): after the host's setup
-    lines and env (on stdin), its python with site-packages reports versions, packages and, when
-    ``run_dir`` (a previous run's folder there) is given, a hash of ``files`` below it."""
-    lines = preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
-                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
-    args = [qpath(run_dir), q(node_envinfo.files_arg(list(files)))] if run_dir else []
-    lines.append("exec " + python_command(host.python, "envinfo", args, site=True))
-    return NodeCommand("\n".join(lines), env_stdin(host.env))

@@ -19,7 +19,7 @@ from dataclasses import replace
 import pytest
 
 from clusterddp import check, inventory, plan
-from clusterddp.check import FAIL, OK, WARN, evaluate
+from clusterddp.check import FAIL, OK, WARN, evaluate, probe_command
 from clusterddp.errors import HostError, HostErrorKind, InventoryError, PreflightFailed
 from clusterddp.fleet import Fleet, HostResult, fan_out
 from clusterddp.node.probe import MARK, parse_reply
@@ -290,7 +290,7 @@ def test_probe_reports_this_machine(tmp_path):
     with socket.socket() as s:  # a free port, then check the probe agrees
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    p = bash(plan.probe_command(h, "127.0.0.1", port, full=False))
+    p = bash(probe_command(h, "127.0.0.1", port, full=False))
     f = parse_reply(p.stdout, p.stderr, p.returncode)
     assert f["python"] == ".".join(map(str, sys.version_info[:3])) and f["executable"] == sys.executable
     from importlib.metadata import version
@@ -307,13 +307,13 @@ def test_probe_finds_the_master_port_taken():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        p = bash(plan.probe_command(local_host(), "127.0.0.1", port, full=False))
+        p = bash(probe_command(local_host(), "127.0.0.1", port, full=False))
     f = parse_reply(p.stdout, p.stderr, p.returncode)
     assert f["port_free"] is False and "in use" in f["port_error"]
 
 
 def test_probe_reports_a_failing_setup_line():
-    p = bash(plan.probe_command(local_host(setup=("true", "echo 'it''s' >&2; false")), "127.0.0.1", None))
+    p = bash(probe_command(local_host(setup=("true", "echo 'it''s' >&2; false")), "127.0.0.1", None))
     f = parse_reply(p.stdout, p.stderr, p.returncode)
     assert f == {"setup_failed": "echo 'it''s' >&2; false"} and b"its" in p.stderr
 

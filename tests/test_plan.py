@@ -16,6 +16,9 @@ import pytest
 
 from clusterddp import inventory, node, plan
 from clusterddp import nodescript as NS
+from clusterddp.check import probe_command, reach_command
+from clusterddp.collective import collective_command
+from clusterddp.envdiff import envinfo_command
 from clusterddp.leases import lease_command, lease_release_command, queue_leave_command
 from clusterddp.nodescript import shell_word, torchrun_start, worker_command
 from clusterddp.plan import build_plan
@@ -298,12 +301,12 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
     (a, b), addr = inv.hosts, inv.master.addr
     ea, eb = (n.env for n in p.nodes)
     out += [
-        (f"probe_command({a.name}, {addr!r}, 29500)  # check, master", plan.probe_command(a, addr, 29500)),
-        (f"probe_command({b.name}, {addr!r}, None)  # check, not the master", plan.probe_command(b, addr, None)),
+        (f"probe_command({a.name}, {addr!r}, 29500)  # check, master", probe_command(a, addr, 29500)),
+        (f"probe_command({b.name}, {addr!r}, None)  # check, not the master", probe_command(b, addr, None)),
         (f"probe_command({a.name}, {addr!r}, 29500, full=False, env=<node env>)  # up's preflight, master",
-         plan.probe_command(a, addr, 29500, full=False, env=ea)),
+         probe_command(a, addr, 29500, full=False, env=ea)),
         (f"probe_command({b.name}, {addr!r}, None, full=False, env=<node env>)  # up's preflight, not the master",
-         plan.probe_command(b, addr, None, full=False, env=eb)),
+         probe_command(b, addr, None, full=False, env=eb)),
         (f"exec_command({a.name}, {EXEC_WORDS!r})", plan.exec_command(a, EXEC_WORDS)),
         (f"exec_command({b.name}, {EXEC_WORDS!r})", plan.exec_command(b, EXEC_WORDS)),
         (f"exec_command({a.name}, {EXEC_WORDS!r}, limit=2.5)", plan.exec_command(a, EXEC_WORDS, 2.5)),
@@ -312,12 +315,12 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
         (f"lease_command({b.name}, 'list')", lease_command(b, "list")),
         (f"queue_leave_command({a.name}, <ticket>)", queue_leave_command(a, f"{'1' * 19}-{RUN_ID}")),
         (f"collective_command({b.name}, {addr!r}, {COLLECTIVE_ARGS})  # check --collective",
-         plan.collective_command(b, addr, COLLECTIVE_ARGS)),
-        (f"envinfo_command({a.name})  # check --diff, no previous run", plan.envinfo_command(a)),
+         collective_command(b, addr, COLLECTIVE_ARGS)),
+        (f"envinfo_command({a.name})  # check --diff, no previous run", envinfo_command(a)),
         (f"reach_command({a.name}, 'hooks.example.org', 443, 5)  # check, a notify: webhook",
-         plan.reach_command(a, "hooks.example.org", 443, 5)),
+         reach_command(a, "hooks.example.org", 443, 5)),
         (f"envinfo_command({b.name}, {p.nodes[1].run_dir!r}, ['t.py', 'lib/a b.py'])  # check --diff",
-         plan.envinfo_command(b, p.nodes[1].run_dir, ["t.py", "lib/a b.py"])),
+         envinfo_command(b, p.nodes[1].run_dir, ["t.py", "lib/a b.py"])),
     ]
     return out
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp import inventory, node, plan
+from clusterddp.check import probe_command
 from clusterddp.runspec import RunSpec
 
 # The oldest Python each must parse on (see clusterddp/node/__init__.py).
@@ -97,5 +98,5 @@ def test_plan_sends_the_whole_source_after_the_setup_lines():
     assert plan.follow_command(n, 3) == setup + (f"/opt/py -S -c {plan.q(node.source('follow'))} "
                                                  f"\"$HOME\"/clusterddp/runs/20261129-120000-abcd/.clusterddp/a 3 0.1")
     assert plan.collect_command(n).startswith(setup + f"/opt/py -S -c {plan.q(node.source('collect'))} ")
-    probe = plan.probe_command(inv.hosts[0], "10.0.0.1", None)
+    probe = probe_command(inv.hosts[0], "10.0.0.1", None)
     assert probe.stdin == b"export K=v\n" and f"\nexec /opt/py -c {plan.q(node.source('probe'))} " in probe.text
