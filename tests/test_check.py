@@ -21,6 +21,7 @@ import pytest
 from clusterddp import check, inventory, plan
 from clusterddp.check import FAIL, OK, WARN, evaluate, probe_command
 from clusterddp.errors import HostError, HostErrorKind, InventoryError, PreflightFailed
+from clusterddp.exec_ import exec_command
 from clusterddp.fleet import Fleet, HostResult, fan_out
 from clusterddp.node.probe import MARK, parse_reply
 from clusterddp.runspec import RunSpec
@@ -320,9 +321,9 @@ def test_probe_reports_a_failing_setup_line():
 
 def test_exec_command_runs_setup_and_env_then_the_words():
     h = local_host(name="gpu-01", env=(("GREETING", "a 'b' $c"),), setup=("export S=from-setup", "echo quiet"))
-    p = bash(plan.exec_command(h, ["echo", '"$GREETING|$S|$CLUSTERDDP_HOST"', "|", "tr", "a", "A"]))
+    p = bash(exec_command(h, ["echo", '"$GREETING|$S|$CLUSTERDDP_HOST"', "|", "tr", "a", "A"]))
     assert (p.returncode, p.stdout) == (0, b"A 'b' $c|from-setup|gpu-01\n")
-    p = bash(plan.exec_command(local_host(setup=("false",)), ["echo", "never"]))
+    p = bash(exec_command(local_host(setup=("false",)), ["echo", "never"]))
     assert p.returncode == 98 and p.stdout == b"" and b"setup failed: false" in p.stderr
 
 

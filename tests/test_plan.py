@@ -19,6 +19,7 @@ from clusterddp import nodescript as NS
 from clusterddp.check import probe_command, reach_command
 from clusterddp.collective import collective_command
 from clusterddp.envdiff import envinfo_command
+from clusterddp.exec_ import exec_command
 from clusterddp.leases import lease_command, lease_release_command, queue_leave_command
 from clusterddp.nodescript import shell_word, torchrun_start, worker_command
 from clusterddp.plan import build_plan
@@ -307,9 +308,9 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
          probe_command(a, addr, 29500, full=False, env=ea)),
         (f"probe_command({b.name}, {addr!r}, None, full=False, env=<node env>)  # up's preflight, not the master",
          probe_command(b, addr, None, full=False, env=eb)),
-        (f"exec_command({a.name}, {EXEC_WORDS!r})", plan.exec_command(a, EXEC_WORDS)),
-        (f"exec_command({b.name}, {EXEC_WORDS!r})", plan.exec_command(b, EXEC_WORDS)),
-        (f"exec_command({a.name}, {EXEC_WORDS!r}, limit=2.5)", plan.exec_command(a, EXEC_WORDS, 2.5)),
+        (f"exec_command({a.name}, {EXEC_WORDS!r})", exec_command(a, EXEC_WORDS)),
+        (f"exec_command({b.name}, {EXEC_WORDS!r})", exec_command(b, EXEC_WORDS)),
+        (f"exec_command({a.name}, {EXEC_WORDS!r}, limit=2.5)", exec_command(a, EXEC_WORDS, 2.5)),
         (f"lease_command({a.name}, 'hold')", lease_command(a, "hold")),
         (f"lease_command({b.name}, 'queue')", lease_command(b, "queue")),
         (f"lease_command({b.name}, 'list')", lease_command(b, "list")),
@@ -369,7 +370,7 @@ def test_exec_runs_setup_first_and_keeps_env_values_byte_for_byte(tmp_path):
     (tmp_path / "venv" / "bin" / "activate").write_text("ACTIVATED=yes\n")
     host = inventory.parse(CMD_INV, "cmd.yaml").hosts[0]
     words = ["printf", "'%s\\0'", '"$CLUSTERDDP_HOST"', '"$ACTIVATED"', '"$STAGE"', '"$QUOTED"', '"$DQ"']
-    cmd = plan.exec_command(host, words)
+    cmd = exec_command(host, words)
     for _, v in host.env:  # the values travel on stdin, never in the command's text (a process argument)
         assert v not in cmd.text and plan.q(v) not in cmd.text
     out = subprocess.run(["bash", "-c", cmd.text], input=cmd.stdin, capture_output=True, check=True,
