@@ -446,38 +446,6 @@ def collect_command(node: NodeLaunch) -> str:
     return _helper(node, "collect", qpath(node.run_dir), qpath(node.control_dir + "/node.log"))
 
 
-SEED_NO_FOLDER, SEED_MISMATCH = 3, 4  # how a seed_command says it failed (exit codes)
-
-
-def seed_command(node: NodeLaunch, rel: str, sha256: str) -> str:
-    """Write standard input to ``<run folder>/<rel>`` on the node (a mirrored checkpoint, before an
-    attempt starts: :func:`clusterddp.mirror.seed`): into a hidden temp file beside it, renamed into
-    place only when its sha256 is ``sha256``, so a cut-off or damaged upload never leaves a file that
-    looks like a checkpoint (the temp file is removed). Exits SEED_NO_FOLDER when the folder cannot be
-    made or written, SEED_MISMATCH when the copy does not match. ``rel``: a normalised relative path
-    (the mirror checks it); ``sha256``: 64 hex digits."""
-    assert len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256), sha256
-    folder, name = posixpath.split(rel)
-    where = posixpath.join(node.run_dir, folder) if folder else node.run_dir
-    tmp = q(posixpath.join(folder, "." + name)) + ".$$.seed"
-    return (f"mkdir -p {qpath(where)} && cd {qpath(node.run_dir)} || exit {SEED_NO_FOLDER}; t={tmp}; "
-            f"cat > \"$t\" || {{ rm -f \"$t\"; exit {SEED_NO_FOLDER}; }}; h=$(sha256sum < \"$t\"); "
-            f"if [ \"${{h%% *}}\" = {sha256} ]; then "
-            f"mv -f \"$t\" {q(rel)} || {{ rm -f \"$t\"; exit {SEED_NO_FOLDER}; }}; "
-            f"else rm -f \"$t\"; echo \"the copy received has sha256 ${{h%% *}}, not the mirror's\" >&2; "
-            f"exit {SEED_MISMATCH}; fi")
-
-
-def seed_have_command(node: NodeLaunch, rels: Sequence[str]) -> str:
-    """Print the sha256 of each of ``rels`` under the node's run folder, one line each in order (an
-    empty line for a file it does not have), creating the run folder: what a node already holds of the
-    mirrored checkpoints before they are sent (:func:`clusterddp.mirror.seed`)."""
-    words = " ".join(q(r) for r in rels)
-    return (f"mkdir -p {qpath(node.run_dir)} && cd {qpath(node.run_dir)} || exit {SEED_NO_FOLDER}; "
-            f"for p in {words}; do h=; [ -f \"$p\" ] && [ ! -L \"$p\" ] && h=$(sha256sum < \"$p\" 2>/dev/null); "
-            "echo \"${h%% *}\"; done")
-
-
 def diagnose_command(node: NodeLaunch, mode: str, master: tuple[str, int] | None = None) -> str:
     """What the node knows of a failure (``clusterddp/node/diagnose.py``): ``joined`` (did its torchrun
     join the rendezvous; can it reach ``master``) or ``report`` (that, its ranks' error files, kernel

@@ -21,6 +21,7 @@ from clusterddp.collective import collective_command
 from clusterddp.envdiff import envinfo_command
 from clusterddp.exec_ import exec_command
 from clusterddp.leases import lease_command, lease_release_command, queue_leave_command
+from clusterddp.mirror import seed_command
 from clusterddp.nodescript import shell_word, torchrun_start, worker_command
 from clusterddp.plan import build_plan
 from clusterddp.runspec import RunSpec
@@ -294,7 +295,7 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
             (f"notify_arm_command({h})  # up --detach, node 0", plan.notify_arm_command(n)),
             (f"collect_command({h})", plan.collect_command(n)),
             (f"seed_command({h}, 'checkpoints/step 8.pt', <sha256>)",
-             plan.seed_command(n, "checkpoints/step 8.pt", "0123456789abcdef" * 4)),
+             seed_command(n, "checkpoints/step 8.pt", "0123456789abcdef" * 4)),
             (f"node_log_command({h})", plan.node_log_command(n)),
             (f"lease_release_command({h}, {RUN_ID!r}, <control dir>)",
              lease_release_command(n.host, RUN_ID, n.control_dir)),
