@@ -32,20 +32,14 @@ from . import flight
 from .inventory import Host, Inventory
 from .node import notify as node_notify
 from .node import reply as node_reply
-from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER: plan's callers quote through them
+from .nodescript import (
     CONTROL,
     ERRORS_DIR,
-    IFACE_FN,
     LOCAL_ADDR,
     MARKED_FN,
     MARKER,
     NPROC,
-    SHIPPED_LIB,
     STOP_TRAP,
-    STORE_WAIT,
-    TORCHRUN_VAR,
-    NodeCommand,
-    env_stdin,
     exit_function,
     iface_lines,
     marker_word,

@@ -24,6 +24,7 @@ from clusterddp.errors import HostError, HostErrorKind, InventoryError, Prefligh
 from clusterddp.exec_ import exec_command
 from clusterddp.fleet import Fleet, HostResult, fan_out
 from clusterddp.node.probe import MARK, parse_reply
+from clusterddp.nodescript import NodeCommand
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from clusterddp.transport import CommandResult
@@ -281,7 +282,7 @@ def local_host(**over) -> inventory.Host:
     return replace(inventory.local(python=sys.executable).hosts[0], **over)
 
 
-def bash(cmd: plan.NodeCommand) -> subprocess.CompletedProcess:
+def bash(cmd: NodeCommand) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", cmd.text], input=cmd.stdin, capture_output=True, timeout=60)
 
 

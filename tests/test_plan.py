@@ -22,7 +22,7 @@ from clusterddp.envdiff import envinfo_command
 from clusterddp.exec_ import exec_command
 from clusterddp.leases import lease_command, lease_release_command, queue_leave_command
 from clusterddp.mirror import seed_command
-from clusterddp.nodescript import shell_word, torchrun_start, worker_command
+from clusterddp.nodescript import NodeCommand, q, qpath, shell_word, torchrun_start, worker_command
 from clusterddp.plan import build_plan
 from clusterddp.runspec import RunSpec
 
@@ -180,7 +180,7 @@ def test_rendered_argv_survives_the_shell_byte_for_byte(tmp_path):
     fake.chmod(0o755)
     inv = inventory.parse(INV.replace("/opt/venv/bin/python", str(fake)), "inv.yaml")
     node = build_plan(inv, RunSpec("t.py", HOSTILE), RUN_ID).nodes[0]
-    line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(plan.q(str(fake))))
+    line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(q(str(fake))))
     out = subprocess.run(["bash", "-c", line], capture_output=True, check=True, cwd=tmp_path).stdout
     argv = out.split(b"\0")[:-1]
     assert [a.decode() for a in argv[-len(HOSTILE):]] == list(HOSTILE)
@@ -196,7 +196,7 @@ def test_only_clusterddps_own_words_expand_a_script_argument_nproc_stays_literal
     inv = inventory.parse(INV.replace("/opt/venv/bin/python", str(fake)), "inv.yaml")
     user = ("$NPROC", "$LOCAL_ADDR", "${NPROC}")
     node = build_plan(inv, RunSpec("t.py", user, max_restarts=1), RUN_ID).nodes[1]  # gpus: auto
-    line = next(ln for ln in node.launch_script.splitlines() if f" {plan.q(str(fake))} -c " in ln)
+    line = next(ln for ln in node.launch_script.splitlines() if f" {q(str(fake))} -c " in ln)
     assert line.startswith("CLUSTERDDP_STORE=10.0.0.11:29500 ")  # node 1 waits for the master's store
     out = subprocess.run(["bash", "-c", f"NPROC=7 LOCAL_ADDR=10.9.9.9\n{line}"], capture_output=True, check=True,
                          cwd=tmp_path).stdout
@@ -220,7 +220,7 @@ def test_env_values_survive_the_shell_byte_for_byte():
     ("~/a b", '"$HOME"/\'a b\''), ("~", '"$HOME"'), ("/abs/x", "/abs/x"), ("rel;x", "'rel;x'"),
 ])
 def test_qpath_expands_only_a_leading_home(path, rendered):
-    assert plan.qpath(path) == rendered
+    assert qpath(path) == rendered
 
 
 def test_launch_script_is_valid_bash():
@@ -272,7 +272,7 @@ COLLECTIVE_ARGS = {"rank": 1, "world": 2, "addr": "10.0.0.11", "port": 29500, "s
                    "join_s": 20.0, "op_s": 0.5, "budget_s": 0.1, "limit_s": 100.0}
 
 
-def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
+def node_commands() -> list[tuple[str, str | NodeCommand]]:
     """(header naming the function and its arguments, the command) for every command clusterddp
     sends to a node: a run's steps (supervisor, control, artifacts), check's and up's probe, exec
     (those two with the stdin that carries their env)."""
@@ -346,12 +346,12 @@ def test_node_commands_match_golden():
     for header, command in node_commands():
         text, stdin = (command, None) if isinstance(command, str) else command
         for name, code in SNIPPETS.items():
-            text = text.replace(plan.q(code), f"<{name}>")
+            text = text.replace(q(code), f"<{name}>")
         parts += ["", f"== {header} ==", text]
         if stdin is not None:
             parts += ["-- stdin --", stdin.decode() + "-- end of stdin --"]
     for name, code in SNIPPETS.items():
-        parts += ["", f"== <{name}> ==", plan.q(code)]
+        parts += ["", f"== <{name}> ==", q(code)]
     golden("node_commands.txt", "\n".join(parts) + "\n")
 
 
@@ -373,7 +373,7 @@ def test_exec_runs_setup_first_and_keeps_env_values_byte_for_byte(tmp_path):
     words = ["printf", "'%s\\0'", '"$CLUSTERDDP_HOST"', '"$ACTIVATED"', '"$STAGE"', '"$QUOTED"', '"$DQ"']
     cmd = exec_command(host, words)
     for _, v in host.env:  # the values travel on stdin, never in the command's text (a process argument)
-        assert v not in cmd.text and plan.q(v) not in cmd.text
+        assert v not in cmd.text and q(v) not in cmd.text
     out = subprocess.run(["bash", "-c", cmd.text], input=cmd.stdin, capture_output=True, check=True,
                          cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]}).stdout
     assert out.decode().split("\0")[:-1] == [

@@ -13,6 +13,7 @@ import pytest
 from clusterddp import inventory, plan
 from clusterddp.node import reply
 from clusterddp.node.reply import STATUS_MARK, ReplyError, parse_status
+from clusterddp.nodescript import MARKER
 from clusterddp.runspec import RunSpec
 from clusterddp.store import new_run_id
 
@@ -124,7 +125,7 @@ def test_teardown_reads_its_word_after_a_login_banner(tmp_path):
                                timeout=60)
             return CommandResult(p.returncode, p.stdout, p.stderr)
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
-                           env={**os.environ, plan.MARKER: node.marker})
+                           env={**os.environ, MARKER: node.marker})
     try:
         td = nodeops.teardown(Bannered(), node, grace=5)  # type: ignore[arg-type]
     finally:

@@ -27,6 +27,7 @@ from clusterddp.errors import HostError
 from clusterddp.node.follow import WHOLE_MARK
 from clusterddp.node.reply import STATUS_MARK
 from clusterddp.nodeops import parse_status
+from clusterddp.nodescript import MARKER
 from clusterddp.runspec import RunSpec
 from clusterddp.store import new_run_id
 from clusterddp.transport import CommandResult, connect
@@ -64,7 +65,7 @@ def make_plan(tmp_path: Path, modes: dict[str, str]) -> plan.LaunchPlan:
 def job_pids(p: plan.LaunchPlan) -> list[str]:
     out = []
     for n in p.nodes:
-        r = subprocess.run(["bash", "-c", f"grep -lzxF {plan.MARKER}={n.marker} /proc/[0-9]*/environ"],
+        r = subprocess.run(["bash", "-c", f"grep -lzxF {MARKER}={n.marker} /proc/[0-9]*/environ"],
                            capture_output=True, text=True)
         out += r.stdout.split()
     return out
