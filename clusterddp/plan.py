@@ -1,11 +1,15 @@
-"""Pure launch planning: inventory + run spec -> one :class:`NodeLaunch` per host.
+"""The SSH plan: inventory + run spec -> one :class:`NodeLaunch` per host, and every command an
+SSH run (``up`` over SSH, and ``up local``) sends to its nodes: make the run folder, upload and
+unpack, start (or tell the lease holder to start), follow, status, teardown, collect, the
+postmortem's looks, node 0's notifier, ``--dry-run``'s text.
 
-Every shell command clusterddp sends to a node is rendered here, and all quoting
-happens here, once (``shlex.quote``); the Python programs some of them run on the node
-are modules of :mod:`clusterddp.node`, sent as source. Nothing in this module touches the
-network, the clock or the filesystem (beyond reading those modules' source from this
-package): the run id and facts are passed in, so ``--dry-run`` shows exactly what a real
-run executes and tests compare it to golden files.
+What is not the SSH plan lives elsewhere: the run spec every backend reads in
+:mod:`clusterddp.runspec`; quoting (the one place), the node-script pieces and the torchrun line
+in :mod:`clusterddp.nodescript`; each feature's own node command in its module (``check``'s probe,
+``exec``, ``prune``, ``top``, the leases, ``check --collective``, ``check --diff``, the mirror's
+seed). Nothing in this module touches the network, the clock or the filesystem (beyond reading
+the node programs' source from this package): the run id and facts are passed in, so
+``--dry-run`` shows exactly what a real run executes and tests compare it to golden files.
 
 On each node a run lives in ``<workdir>/runs/<run_id>/`` (the script's folder is
 unpacked there, once, even when several hosts' workdirs are one shared folder) with a control
@@ -13,14 +17,12 @@ folder ``.clusterddp/<host>/`` holding ``launch.sh``,
 ``node.log`` (all output), ``pid`` and, once the job ends, ``exit_code``: the folders 0700 and
 its files 0600 whatever the node's umask (launch.sh holds the env values), while the job itself
 keeps the node's umask. Env values never appear on a command line, where every user of the
-node could read them in ``/proc/PID/cmdline``: launch.sh is uploaded over stdin, and the probe
-and ``exec`` read their exports from stdin (:class:`NodeCommand`). The job
+node could read them in ``/proc/PID/cmdline``: launch.sh is uploaded over stdin. The job
 runs in its own session, detached from SSH, and every process of it carries the
 environment marker ``CLUSTERDDP_JOB=<run_id>/<host>``, which is how teardown finds
 exactly this node's processes (torchrun puts its workers in sessions of their own,
 so a process group alone would miss them).
 """
-
 from __future__ import annotations
 
 import json
@@ -188,9 +190,6 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
                       collect, upload=not local, local=local, leased=grants is not None,
                       train_lookup=train_lookup, attempt=attempt)
-
-
-# ---- what each worker process runs ----
 
 
 # ---- launch.sh ----
@@ -500,16 +499,7 @@ def summary(plan: LaunchPlan) -> str:
     return "\n".join(out)
 
 
-# ---- fleet commands: the preflight probe and `clusterddp exec` ----
-
-
-# ---- prune: removing old runs' node folders ----
-
-
-# ---- `clusterddp top` ----
-
-
-# ---- leases (the node program ``clusterddp/node/lease.py``) ----
+# ---- a leased start (the rest of the leases: clusterddp/leases.py) ----
 
 GO_FILE = "lease-go"   # in the control folder: the launcher's word to a node's lease holder to start the job
 
