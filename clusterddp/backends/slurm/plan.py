@@ -60,10 +60,6 @@ class SlurmPlan:
     def batch_path(self) -> str:
         return posixpath.join(self.control_dir, BATCH)
 
-    @property
-    def node_script_path(self) -> str:
-        return posixpath.join(self.control_dir, NODE_SCRIPT)
-
 
 def node_control(control_dir: str, host: str) -> str:
     """``host``'s own control folder in a run's shared control folder: its log, exit code and torchrun's
