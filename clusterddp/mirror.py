@@ -173,6 +173,20 @@ def checkpoint_globs(plan: LaunchPlan) -> tuple[str, ...]:
     return plan.spec.checkpoints or getattr(plan.inventory, "checkpoints", ()) or DEFAULT_GLOBS
 
 
+def ranked(listing: Mapping[str, tuple[int, int]], globs: Iterable[str],
+           before: Mapping[str, tuple[int, int]] | None = None) -> dict[str, list[Checkpoint]]:
+    """Every complete checkpoint among the listed files, by series, newest first (what :func:`choose`
+    picks from; the mirror falls back along a series when its newest cannot be copied whole)."""
+    found = groups(listing, globs)
+    if before is not None:
+        settled = set(groups(before, globs))
+        found = [c for c in found if len(c.files) == 1 or c in settled]
+    by: dict[str, list[Checkpoint]] = {}
+    for c in sorted(found, key=lambda c: (c.step, max(m for _, _, m in c.files)), reverse=True):
+        by.setdefault(c.series, []).append(c)
+    return {k: by[k] for k in sorted(by)}
+
+
 def choose(listing: Mapping[str, tuple[int, int]], globs: Iterable[str],
            before: Mapping[str, tuple[int, int]] | None = None) -> list[Checkpoint]:
     """The newest complete checkpoint of each series among the listed files (path -> (size, mtime in
@@ -182,16 +196,7 @@ def choose(listing: Mapping[str, tuple[int, int]], globs: Iterable[str],
     one file is whole when a copy of it is consistent (:meth:`Mirror.look`), however often it is
     rewritten. Newest: the highest step; between two of one step (``step-08.pt``, ``step-8.pt``), the
     one modified last."""
-    found = groups(listing, globs)
-    if before is not None:
-        settled = set(groups(before, globs))
-        found = [c for c in found if len(c.files) == 1 or c in settled]
-    best: dict[str, tuple[tuple[tuple[int, ...], int], Checkpoint]] = {}
-    for c in found:
-        rank = (c.step, max(m for _, _, m in c.files))
-        if c.series not in best or rank > best[c.series][0]:
-            best[c.series] = (rank, c)
-    return [best[s][1] for s in sorted(best)]
+    return [series[0] for series in ranked(listing, globs, before).values()]
 
 
 def interval_from(env: Mapping[str, str]) -> tuple[float, str | None]:
@@ -438,23 +443,27 @@ class Mirror:
         listing = self._list(t)
         before, self._before = self._before, listing
         got = []
-        for chk in choose(listing, self.globs, before or {}):
-            held = self._held.get(chk.series)
-            if held is not None and held.same(chk, self.host):
-                continue
-            if len(chk.files) > MAX_FILES:
-                self._say(f"mirror: {chk.name} on {self.host} has {len(chk.files)} files, more than the "
-                          f"{MAX_FILES} a checkpoint may have: not brought back")
-                continue
-            free = shutil.disk_usage(self.store.run_dir(self.plan.run_id)).free
-            if chk.size + DISK_MARGIN > free:
-                self._say(f"mirror: {chk.name} on {self.host} ({human_bytes(chk.size)}) is not brought back: "
-                          f"{human_bytes(free)} free here, and {human_bytes(DISK_MARGIN)} is kept free")
-                continue
-            new = self._fetch(t, chk)
-            if new is not None:
-                got.append(new)
-                _write_index(self.store, self.plan.run_id, self._held.values())
+        for series in ranked(listing, self.globs, before or {}).values():
+            # the newest first; one that cannot be copied whole (a file its writer keeps rewriting) gives way
+            # to the next newest of its series, down to the one already held
+            for chk in series:
+                held = self._held.get(chk.series)
+                if held is not None and (held.same(chk, self.host) or held.step > chk.step):
+                    break
+                if len(chk.files) > MAX_FILES:
+                    self._say(f"mirror: {chk.name} on {self.host} has {len(chk.files)} files, more than the "
+                              f"{MAX_FILES} a checkpoint may have: not brought back")
+                    break
+                free = shutil.disk_usage(self.store.run_dir(self.plan.run_id)).free
+                if chk.size + DISK_MARGIN > free:
+                    self._say(f"mirror: {chk.name} on {self.host} ({human_bytes(chk.size)}) is not brought back: "
+                              f"{human_bytes(free)} free here, and {human_bytes(DISK_MARGIN)} is kept free")
+                    break
+                new = self._fetch(t, chk)
+                if new is not None:
+                    got.append(new)
+                    _write_index(self.store, self.plan.run_id, self._held.values())
+                    break
         if got:
             self._prune(listing)
         return got

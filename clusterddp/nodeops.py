@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, Protocol, TypeVar
 
 from . import plan as P
 from .fleet import Fleet, GroupResult
@@ -19,6 +19,9 @@ from .node import follow as node_follow
 from .node import reply as node_reply
 from .record import NodeRecord, NodeState, RunRecord, from_report
 from .transport import Tail, Transport
+
+if TYPE_CHECKING:
+    from .inventory import Host
 
 R = TypeVar("R")
 
@@ -36,6 +39,43 @@ def nodes_of(rec: RunRecord, hosts: list[str] | None = None) -> list[P.NodeLaunc
 def launch_of(n: NodeRecord) -> P.NodeLaunch:
     """The NodeLaunch of one recorded node (a run's, or a lost one of an earlier attempt's)."""
     return P.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
+
+
+# ---- a run's nodes, as its backend reaches them ----
+
+class Reach(Protocol):
+    """A run's nodes as its backend reaches them, for the verbs that send each node one command of
+    their own (``top``; ``prune``). ``nodes``: each node as that command sees it (its host's python and
+    setup lines, its run and control folders, its marker); ``connect(node.host)``: a transport that
+    runs a command on that node (an SSH host: a connection; a Slurm node: a job step beside the
+    job's own), raising HostError when it cannot; ``key``: reaches with one key connect alike, so a
+    verb may share one connection per host among their runs. Closed when the verb is done."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def nodes(self) -> tuple[P.NodeLaunch, ...]: ...
+
+    def connect(self, host: Host) -> Transport: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class HostsReach:
+    """The :class:`Reach` of a run on hosts an inventory lists (SSH, `local`): the recorded nodes,
+    reached as their hosts' transports say."""
+
+    nodes: tuple[P.NodeLaunch, ...]
+    key: str = "hosts"
+
+    def connect(self, host: Host) -> Transport:
+        from .transport import connect
+        return connect(host)
+
+    def close(self) -> None:
+        pass
 
 
 def each(fleet: Fleet, nodes: Sequence[P.NodeLaunch], fn: Callable[[P.NodeLaunch, Transport], R],

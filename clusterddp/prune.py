@@ -15,15 +15,17 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import RecordError, UsageError
 from .fleet import Fleet
 from .inventory import Host
+from .nodeops import Reach
 from .nodescript import CONTROL, MARKED_FN, MARKER, marker_word, q, qpath
-from .record import RunRecord, RunStatus
+from .plan import NodeLaunch
+from .record import NodeRecord, RunRecord, RunStatus
 from .store import RunStore
 from .transport import connect as default_connect
 
@@ -308,15 +310,48 @@ def _node_folders(records: tuple[RunRecord, ...], dry_run: bool, connect: Callab
     return results
 
 
+def _node_record(n: NodeLaunch) -> NodeRecord:
+    """A node as its backend reaches it, in the record's words (what :func:`_node_folders` reads)."""
+    return NodeRecord(n.host.name, n.host.address, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, n.host)
+
+
 def prune(store: RunStore, selection: Selection, dry_run: bool = False,
-          connect: Callable = default_connect) -> list[RunResult]:
+          connect: Callable = default_connect, reach: Callable[[RunRecord], Reach] | None = None) -> list[RunResult]:
     """Remove (``dry_run``: only look at) every run of ``selection``: node folders, then, once they
-    are all gone, the local run folder and its row in runs.db."""
-    node_results = _node_folders(selection.remove, dry_run, connect)
+    are all gone, the local run folder and its row in runs.db.
+
+    ``reach(rec)``: how the run's backend reaches its nodes (the CLI and keep_runs pass the
+    backend's :meth:`~clusterddp.backends.base.Backend.reach`); a run it refuses keeps its folders
+    and record, with the backend's words as why. Without it, the recorded hosts through ``connect``."""
+    refused: dict[str, str] = {}
+    connect_of: dict[Host, Callable] = {}
+    reaches: list[Reach] = []
+    reached: dict[str, RunRecord] = {}  # run id -> its record with its nodes as its backend reaches them
+    try:
+        for rec in selection.remove:
+            if reach is None or rec.local:
+                continue
+            try:
+                reaches.append(reach(rec))
+            except Exception as e:  # noqa: BLE001 - refused by its backend (UsageError), or its login host unreachable
+                refused[rec.run_id] = "; ".join(line.strip() for line in str(e).splitlines())
+                continue
+            connect_of.update({n.host: reaches[-1].connect for n in reaches[-1].nodes})
+            reached[rec.run_id] = replace(rec, nodes=tuple(_node_record(n) for n in reaches[-1].nodes))
+        node_results = _node_folders(tuple(reached.get(r.run_id, r) for r in selection.remove
+                                           if r.run_id not in refused), dry_run,
+                                     lambda h: connect_of.get(h, connect)(h))
+    finally:
+        for r in reaches:
+            r.close()
     ok = WOULD_GO if dry_run else GONE
     out = []
     for rec in selection.remove:
-        nodes = tuple(node_results[(rec.run_id, n.host)] for n in rec.nodes if (rec.run_id, n.host) in node_results)
+        if rec.run_id in refused:
+            out.append(RunResult(rec, (), disk_usage(store.run_dir(rec.run_id)), False, refused[rec.run_id]))
+            continue
+        nodes = tuple(node_results[(rec.run_id, n.host)] for n in reached.get(rec.run_id, rec).nodes
+                      if (rec.run_id, n.host) in node_results)
         size = disk_usage(store.run_dir(rec.run_id))
         stuck = [n for n in nodes if n.word not in ok]
         if stuck:

@@ -25,12 +25,12 @@ from typing import cast
 from . import noise
 from . import plan as P
 from .errors import UsageError
-from .fleet import Fleet, as_host_error
+from .fleet import Fleet, GroupResult, as_host_error, fan_out
 from .inventory import Host
 from .node import reply as node_reply
 from .node import top as node_top
 from .node.watch import regex_problem
-from .nodeops import nodes_of
+from .nodeops import Reach, nodes_of
 from .nodescript import preamble, python_command, q
 from .record import RunRecord, RunStatus
 from .store import RunStore
@@ -107,6 +107,7 @@ class RunView:
     name: str | None
     status: str
     nodes: list[NodeView] = field(default_factory=list)
+    error: str | None = None   # why its nodes could not be reached (its backend's words), when they could not
 
 
 @dataclass
@@ -129,21 +130,51 @@ def records(store: RunStore, run: str | None) -> list[RunRecord]:
     return [store.load(row["run_id"]) for row in store.list() if row["status"] == RunStatus.RUNNING.value]
 
 
+@dataclass
+class _Group:
+    """The runs reached alike (one :class:`~clusterddp.nodeops.Reach` key): one connection per host,
+    one command per host for all their jobs on it."""
+
+    reach: Reach
+    jobs: dict[str, list[tuple[str, P.NodeLaunch]]] = field(default_factory=dict)  # host -> [(run id, node)]
+    hosts: dict[str, Host] = field(default_factory=dict)
+    fleet: Fleet | None = None
+
+
+class _Recorded:
+    """A run's recorded hosts, reached through ``connect`` (when no backend's reach is given)."""
+
+    key = "hosts"
+
+    def __init__(self, rec: RunRecord, connect: Callable[[Host], Transport]) -> None:
+        self.nodes = tuple(nodes_of(rec))
+        self.connect = connect
+
+    def close(self) -> None:
+        pass
+
+
 class Watch:
-    """Repeated looks at the nodes of ``recs``, through one fleet of connections (reopened for hosts
-    that failed, at most every :data:`RETRY_AFTER` seconds)."""
+    """Repeated looks at the nodes of ``recs``, through one fleet of connections per way of reaching
+    them (reopened for hosts that failed, at most every :data:`RETRY_AFTER` seconds).
+
+    ``reach(rec)``: the run's nodes as its backend reaches them (the CLI passes the backend's
+    :meth:`~clusterddp.backends.base.Backend.reach`); a run it refuses (a Slurm job not started yet)
+    is shown with why, and asked again after :data:`RETRY_AFTER` seconds. Without it, each run's
+    recorded hosts, through ``connect``."""
 
     def __init__(self, recs: Sequence[RunRecord], progress_regex: str = DEFAULT_PROGRESS,
                  connect: Callable[[Host], Transport] = default_connect,
                  clock: Callable[[], float] = time.monotonic, lab: Sequence[Host] = (),
-                 store: RunStore | None = None) -> None:
+                 store: RunStore | None = None, reach: Callable[[RunRecord], Reach] | None = None) -> None:
         self.lab = list(lab)  # the hosts whose GPU leases are listed too (one more command per host)
         self.regex = progress_regex
         self._connect = connect
+        self._reach = reach
         self._clock = clock
         self._store = store  # given: each look reads the records again (a new attempt moves a run's nodes)
+        self._groups: dict[str, _Group] = {}
         self._take(recs)
-        self._fleet = self._new_fleet()
         self._lab_fleet = Fleet(self.lab, fanout=self._fanout, connect=self._connect) if self.lab else None
         self._failed_at: float | None = None
         self._steps: dict[tuple[str, str], deque[tuple[float, int]]] = {}
@@ -151,20 +182,58 @@ class Watch:
         self._node_cpu: dict[str, tuple[int, int]] = {}
 
     def _take(self, recs: Sequence[RunRecord]) -> None:
+        self._close_groups()
         self.recs = list(recs)
-        # host name -> [(run id, node)], hosts in first-seen order; one command per host covers all
-        self._jobs: dict[str, list[tuple[str, P.NodeLaunch]]] = {}
-        self._hosts: dict[str, Host] = {}
-        for rec in self.recs:
-            for n in nodes_of(rec):
-                self._hosts.setdefault(n.host.name, n.host)
-                self._jobs.setdefault(n.host.name, []).append((rec.run_id, n))
         self._fanout = min((r.fanout for r in self.recs), default=32)
+        self._shown: dict[str, tuple[P.NodeLaunch, ...]] = {}  # run id -> its nodes, as reached
+        self._refused: dict[str, str] = {}                      # run id -> why its nodes cannot be reached
+        self.refusals: dict[str, Exception] = {}                 # run id -> the error that said it
+        for rec in self.recs:
+            self._add(rec)
+        self._taken_at = self._clock()
+        self._new_fleets()
+
+    def _add(self, rec: RunRecord) -> _Group | None:
+        """``rec``'s nodes, reached, into the group of its reach (None: refused, and why kept)."""
+        try:
+            r = self._reach(rec) if self._reach is not None else _Recorded(rec, self._connect)
+        except Exception as e:  # noqa: BLE001 - the backend's refusal, or its login host unreachable
+            self._refused[rec.run_id] = "; ".join(line.strip() for line in str(e).splitlines())
+            self.refusals[rec.run_id] = e
+            return None
+        self._refused.pop(rec.run_id, None)
+        self.refusals.pop(rec.run_id, None)
+        g = self._groups.get(r.key)
+        if g is None:
+            g = self._groups[r.key] = _Group(r)
+        else:
+            r.close()  # reached alike: the group's first reach connects for it
+        self._shown[rec.run_id] = r.nodes
+        # host name -> [(run id, node)], hosts in first-seen order; one command per host covers all
+        for n in r.nodes:
+            g.hosts.setdefault(n.host.name, n.host)
+            g.jobs.setdefault(n.host.name, []).append((rec.run_id, n))
+        return g
+
+    def _retry_refused(self) -> None:
+        """The runs whose nodes could not be reached, reached again (every :data:`RETRY_AFTER` seconds);
+        only the groups they join get new connections."""
+        if not self._refused or self._clock() - self._taken_at < RETRY_AFTER:
+            return
+        self._taken_at = self._clock()
+        for rec in [r for r in self.recs if r.run_id in self._refused]:
+            g = self._add(rec)
+            if g is not None:
+                if g.fleet is not None:
+                    g.fleet.close()
+                g.fleet = Fleet(g.hosts.values(), fanout=self._fanout, connect=g.reach.connect)
 
     def _reread(self) -> None:
         """The runs' records read again: a run whose next attempt runs on other hosts (a spare in, a
-        host out) is watched on its current ones. A record that cannot be read now keeps the last one."""
+        host out) is watched on its current ones. A record that cannot be read now keeps the last one.
+        Runs whose nodes could not be reached are reached again every :data:`RETRY_AFTER` seconds."""
         if self._store is None:
+            self._retry_refused()
             return
         fresh = []
         for rec in self.recs:
@@ -174,17 +243,28 @@ class Watch:
                 fresh.append(rec)
         where = [[(n.host, n.control_dir) for n in r.nodes] for r in self.recs]
         if [[(n.host, n.control_dir) for n in r.nodes] for r in fresh] != where:
-            self._fleet.close()
             self._take(fresh)
-            self._fleet = self._new_fleet()
         else:
             self.recs = fresh
+            self._retry_refused()
 
-    def _new_fleet(self) -> Fleet:
-        return Fleet(self._hosts.values(), fanout=self._fanout, connect=self._connect)
+    def _new_fleets(self) -> None:
+        for g in self._groups.values():
+            g.fleet = Fleet(g.hosts.values(), fanout=self._fanout, connect=g.reach.connect)
+
+    def _close_fleets(self) -> None:
+        for g in self._groups.values():
+            if g.fleet is not None:
+                g.fleet.close()
+
+    def _close_groups(self) -> None:
+        self._close_fleets()
+        for g in self._groups.values():
+            g.reach.close()
+        self._groups = {}
 
     def close(self) -> None:
-        self._fleet.close()
+        self._close_groups()
         if self._lab_fleet is not None:
             self._lab_fleet.close()
 
@@ -198,28 +278,37 @@ class Watch:
         """One round: every host asked once, in parallel; a snapshot of every run's nodes."""
         self._reread()
         if self._failed_at is not None and self._clock() - self._failed_at >= RETRY_AFTER:
-            self._fleet.close()
-            self._fleet = self._new_fleet()
+            self._close_fleets()
+            self._new_fleets()
             self._failed_at = None
 
-        def one(host: Host, t: Transport) -> dict:
-            jobs = [n for _, n in self._jobs[host.name]]
-            res = t.run(top_command(host, jobs, self.regex, noise.LINE_PATTERNS), timeout=host.connect_timeout)
-            return cast(dict, node_reply.one_line_each(node_top.parse_reply(res.stdout, len(jobs))))
-        answers = self._fleet.each(one)
-        if answers.failed and self._failed_at is None:
-            self._failed_at = self._clock()
+        def ask(g: _Group) -> GroupResult[str, dict]:
+            def one(host: Host, t: Transport) -> dict:
+                jobs = [n for _, n in g.jobs[host.name]]
+                res = t.run(top_command(host, jobs, self.regex, noise.LINE_PATTERNS), timeout=host.connect_timeout)
+                return cast(dict, node_reply.one_line_each(node_top.parse_reply(res.stdout, len(jobs))))
+            assert g.fleet is not None
+            return g.fleet.each(one)
+        asked = fan_out(self._groups.values(), ask, key=lambda g: g.reach.key)
         views: dict[tuple[str, str], NodeView] = {}
-        for name, jobs in self._jobs.items():
-            got = answers.get(name)
-            node = None if isinstance(got, Exception) or got is None else self._node(name, got)
-            for i, (run_id, n) in enumerate(jobs):
-                if isinstance(got, Exception) or got is None or node is None:
-                    why = str(as_host_error(name, got)) if isinstance(got, Exception) else "not asked"
-                    views[(run_id, name)] = NodeView(name, n.node_rank, "unreachable", error=why)
-                else:
-                    views[(run_id, name)] = self._view(run_id, n, got["time"], got["jobs"][i], node)
-        runs = [RunView(r.run_id, r.name, str(r.status), [views[(r.run_id, n.host)] for n in r.nodes])
+        for key, g in self._groups.items():
+            group = asked[key]
+            answers: GroupResult[str, dict] = group if not isinstance(group, Exception) else GroupResult(
+                {name: group for name in g.jobs})
+            if answers.failed and self._failed_at is None:
+                self._failed_at = self._clock()
+            for name, jobs in g.jobs.items():
+                got = answers.get(name)
+                node = None if isinstance(got, Exception) or got is None else self._node(name, got)
+                for i, (run_id, n) in enumerate(jobs):
+                    if isinstance(got, Exception) or got is None or node is None:
+                        why = str(as_host_error(name, got)) if isinstance(got, Exception) else "not asked"
+                        views[(run_id, name)] = NodeView(name, n.node_rank, "unreachable", error=why)
+                    else:
+                        views[(run_id, name)] = self._view(run_id, n, got["time"], got["jobs"][i], node)
+        runs = [RunView(r.run_id, r.name, str(r.status),
+                        [views[(r.run_id, n.host.name)] for n in self._shown.get(r.run_id, ())],
+                        self._refused.get(r.run_id))
                 for r in self.recs]
         return Snapshot(time.time(), runs, self._leases() if self._lab_fleet is not None else None)
 

@@ -16,7 +16,7 @@ ALLOWED = {("node/probe.py", "ProbeError"), ("node/collect.py", "StreamError"), 
            ("node/collective.py", "CollectiveReplyError"), ("node/collective.py", "_Stop"),
            ("node/reply.py", "ReplyError"),  # beside the node programs, which import nothing of clusterddp
            ("artifacts.py", "_KeepOldLog"), ("backends/ssh/control.py", "_NoLog"), ("transport/ssh.py", "_TooMuch"),
-           ("transport/ssh.py", "_NoGreeting"), ("mirror.py", "_Stopped"),
+           ("transport/ssh.py", "_NoGreeting"), ("mirror.py", "_Stopped"), ("mirror.py", "_NoRoom"),
            ("transport/ssh.py", "_LocalError"), ("transport/ssh.py", "_UnknownHostKey"),
            ("transport/ssh.py", "_RevokedHostKey"), ("schedule/crontab.py", "Mismatch"),
            ("inventory/_inventory_yaml.py", "Refused"),  # private; inventory/loader.py turns it into InventoryError

@@ -315,6 +315,26 @@ def test_a_snapshot_being_written_is_not_taken_until_a_copy_is_consistent(tmp_pa
     assert not (store.run_dir("r1") / mirror.INCOMING).exists()
 
 
+def test_the_newest_of_a_series_being_written_gives_way_to_the_next_newest_whole_one(tmp_path, monkeypatch):
+    run = tmp_path / "node"
+    (run / "checkpoints").mkdir(parents=True)
+    _zip(run / "checkpoints" / "ckpt-3.pt", b"step 3")
+    _zip(run / "checkpoints" / "ckpt-7.pt", b"step 7" * 100, cut=200)  # still being written: never whole
+    _zip(run / "checkpoints" / "step-5.pt", b"step 5")
+    assert [c.name for c in mirror.ranked({  # newest first within a series
+        "checkpoints/ckpt-3.pt": (1, 1), "checkpoints/ckpt-7.pt": (1, 2)}, mirror.DEFAULT_GLOBS)[
+        "checkpoints/ckpt-#.pt"]] == ["checkpoints/ckpt-7.pt", "checkpoints/ckpt-3.pt"]
+    node = _Node(run)
+    m, store = _mirror(tmp_path, node, monkeypatch)
+    got = m.look()
+    assert sorted(h.files[0][0] for h in got) == ["checkpoints/ckpt-3.pt", "checkpoints/step-5.pt"]
+    assert store.artifact_path("r1", "node1", "checkpoints/ckpt-3.pt").read_bytes() == (
+        run / "checkpoints" / "ckpt-3.pt").read_bytes()
+    # the next look tries the newest again, then stops at the one it holds: nothing fetched twice
+    fetches = node.fetches
+    assert m.look() == [] and node.fetches == fetches + mirror.FETCH_TRIES
+
+
 def test_a_snapshot_rewritten_between_the_look_and_the_fetch_is_held_as_fetched(tmp_path, monkeypatch):
     run = tmp_path / "node"
     run.mkdir()

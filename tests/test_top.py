@@ -356,3 +356,45 @@ def test_top_says_which_option_to_set_when_a_running_node_prints_no_step_it_read
         return out.getvalue()
     assert "--progress-regex REGEX" in shown(None) and "--progress-regex" in STEP_HINT
     assert "--progress-regex" not in shown(7) and "--progress-regex" not in shown(None, line=None)
+
+
+def test_a_run_its_backend_refused_is_reached_again_after_a_while_not_at_every_look():
+    """A Slurm job that pends is refused by its backend's reach, its row saying why; top asks again
+    every RETRY_AFTER (not at every look), and shows its nodes once reached."""
+    from clusterddp.nodeops import nodes_of
+    now = [0.0]
+    connects: list[str] = []
+    asked: list[str] = []
+    waiting, ready = make_record("run-1", hosts=("a",)), make_record("run-2", hosts=("b",))
+
+    class Reached:
+        def __init__(self, rec) -> None:
+            self.key, self.nodes = "hosts", tuple(nodes_of(rec))
+
+        def connect(self, h):
+            connects.append(h.name)
+            return FakeNode(h.name, [node_reply(10.0, [(1, 0.0)])] * 10)
+
+        def close(self) -> None:
+            pass
+
+    def reach(rec):
+        asked.append(rec.run_id)
+        if rec.run_id == "run-1" and now[0] < T.RETRY_AFTER:
+            raise UsageError("top: run run-1 is a slurm run, and its slurm job 7 has not started yet (pending)",
+                             "`clusterddp status run-1` says when it starts")
+        return Reached(rec)
+    with T.Watch([waiting, ready], reach=reach, clock=lambda: now[0]) as w:
+        one, two = w.look().runs
+        assert one.nodes == [] and one.error == ("top: run run-1 is a slurm run, and its slurm job 7 has not started "
+                                                 "yet (pending); hint: `clusterddp status run-1` says when it starts")
+        assert [v.state for v in two.nodes] == ["running"] and two.error is None
+        now[0] = T.RETRY_AFTER - 1
+        w.look()
+        assert asked == ["run-1", "run-2"]  # not yet
+        now[0] = T.RETRY_AFTER
+        one, two = w.look().runs
+        assert asked == ["run-1", "run-2", "run-1"]
+        assert [v.state for v in one.nodes] == ["running"] and one.error is None
+        assert connects.count("b") == 2 and connects.count("a") == 1  # its group's fleet renewed once, for a
+        assert w.refusals == {}

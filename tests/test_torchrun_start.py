@@ -116,17 +116,52 @@ def _listen_later(delay: float) -> tuple[int, dict, threading.Thread]:
     return port, state, t
 
 
+# Loaded by every python of the test through PYTHONPATH: each connect attempt of the wait, timed, in $OUT.connects
+CONNECTS = """import os, socket, time
+_real = socket.create_connection
+def create_connection(*args, **kwargs):
+    try:
+        s = _real(*args, **kwargs)
+    except OSError:
+        _note("refused")
+        raise
+    _note("ok")
+    return s
+def _note(what):
+    if os.environ.get("OUT"):
+        with open(os.environ["OUT"] + ".connects", "a") as f:
+            f.write("%r %s\\n" % (time.time(), what))
+socket.create_connection = create_connection
+"""
+
+
 def test_a_node_that_does_not_serve_the_store_starts_torchrun_once_the_store_listens(tmp_path):
-    port, state, t = _listen_later(1.0)
-    r, seen, _ = _run(tmp_path, "x", prefix=store_wait(f"127.0.0.1:{port}") + " ")
-    t.join(30)
-    assert r.returncode == 0, r.stderr
+    # Timed from the wait's own tries (each connect, stamped in the process): the first refused one
+    # before the store listened, then the one that got through soon after. How long python took to
+    # start on a loaded machine is not the wait's: a try that came only after the store listened
+    # proves nothing, and the store listens later the next time.
+    (_module(tmp_path) / "sitecustomize.py").write_text(CONNECTS)
+    for delay in (1.0, 3.0, 9.0, 27.0):
+        connects = tmp_path / "shim.connects"
+        connects.unlink(missing_ok=True)
+        port, state, t = _listen_later(delay)
+        r, seen, _ = _run(tmp_path, "x", prefix=store_wait(f"127.0.0.1:{port}") + " ")
+        t.join(30)
+        assert r.returncode == 0, r.stderr
+        tries = [(float(at), what) for at, what in (line.split() for line in connects.read_text().splitlines())]
+        if tries and tries[0][0] < state["listening"]:
+            break
+    else:
+        raise AssertionError(f"the wait never tried before the store listened, even {delay:g}s later: {tries}")
     assert "listening" in state and seen["started"] >= state["listening"]  # not before the store listened
-    # ... and soon after: it looks every 10 ms (torchrun's own client waited 0.3-0.75 s between tries)
-    assert seen["started"] - state["listening"] < 1.0, seen["started"] - state["listening"]
+    assert tries[-1][1] == "ok" and all(what == "refused" for _, what in tries[:-1]), tries
+    # ... and soon after: it tries every 10 ms (torchrun's own client waited 0.3-0.75 s between tries)
+    assert tries[-1][0] - state["listening"] < 1.0, (tries[-1][0] - state["listening"], tries[-3:])
     assert seen["store"] is None  # taken out of the environment: the workers never see it
     assert seen["argv"][1:] == ["x"] and seen["name"] == "__main__"
-    assert r.stderr == ""  # imported before it runs, yet no warning from runpy about that
+    # imported before it runs, yet no warning from runpy about that (torch, imported by the shim's watch
+    # of the agent's log as torchrun imports it, may warn of its own: numpy missing)
+    assert "runpy" not in r.stderr and "RuntimeWarning" not in r.stderr, r.stderr
 
 
 def test_the_wait_is_bounded_and_a_bad_address_is_no_wait(tmp_path):

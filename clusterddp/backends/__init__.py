@@ -11,10 +11,15 @@ import importlib
 from typing import TYPE_CHECKING
 
 from .. import inventory as inv_mod
-from .base import load_inventory  # noqa: F401 - the inventory loader of `up` and `schedule add`
+from .base import (
+    load_inventory,  # noqa: F401 - the inventory loader of `up` and `schedule add`
+    on_hosts,  # noqa: F401 - the refusal of exec, leases, top --inventory where nothing lists hosts
+)
 
 if TYPE_CHECKING:
+    from ..nodeops import Reach
     from ..record import RunRecord
+    from ..store import RunStore
     from .base import Backend
 
 BACKENDS = {
@@ -46,3 +51,9 @@ def for_record(rec: RunRecord) -> Backend:
     """The backend that ran the run ``rec`` records (a run is reached as recorded, whatever its
     inventory says now)."""
     return get(name_of_record(rec))
+
+
+def reach(store: RunStore, rec: RunRecord, verb: str) -> Reach:
+    """The nodes of the run ``rec`` records, as the backend that ran it reaches them, for ``verb``
+    (``top``, ``prune``): :meth:`base.Backend.reach`, which refuses what that backend cannot do."""
+    return for_record(rec).reach(store, rec, verb)

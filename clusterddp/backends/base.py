@@ -1,5 +1,6 @@
 """The seam every backend implements: what `up` asks of it (plan, render, launch), what the commands
-that start from a run record ask (follow, status, stop, logs, collect), and `check`; the types they
+that start from a run record ask (follow, status, stop, logs, collect, stacks, and ``reach``: the
+run's nodes for `top` and `prune`), and `check`; the types they
 share (the launch request, the events a launch reports, the run outcome) and the steps every backend
 takes alike (the run record's first and last write, keep_runs).
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from .. import __version__
 from ..errors import NodeOutcome, RunFailed, UsageError
 from ..inventory import LOCAL, Inventory, NotifyTarget
+from ..nodeops import Reach
 from ..record import NodeRecord, NodeState, RunRecord, RunStatus
 from ..runspec import RunSpec
 from ..store import RunStore, utcnow
@@ -132,6 +134,20 @@ class Prepared(Protocol):
     def store(self) -> RunStore: ...
 
 
+def on_hosts(backend: Backend, verb: str, inventory: Inventory) -> None:
+    """A UsageError (exit 2) when ``verb`` (a command that runs on an inventory's hosts themselves:
+    :attr:`Backend.host_verbs`) is not one ``backend`` can do for ``inventory``."""
+    if verb not in backend.host_verbs:
+        raise UsageError(f"{verb}: not available for a `{backend.name}:` inventory ({inventory.path}): it lists "
+                         "no hosts to run it on", "run it on an inventory that lists the hosts")
+
+
+def cannot(backend: str, verb: str, rec: RunRecord, why: str, instead: str) -> UsageError:
+    """The refusal of a verb a backend cannot do for a run (exit 2): which run, which backend, why, and
+    what to do instead; never an internal error about how a node would be reached."""
+    return UsageError(f"{verb}: run {rec.run_id} is a {backend} run, {why}", instead)
+
+
 class Backend(Protocol):
     """One way of running jobs (SSH and `local`; Slurm). Every method raises the errors of
     :mod:`clusterddp.errors` (UsageError for bad input, RunFailed for a failed run, HostError...)."""
@@ -139,6 +155,7 @@ class Backend(Protocol):
     name: str
     checks: frozenset[str]  # the checks besides the default one it runs: "collective", "diff"
     detached_notify: bool   # a detached run's node 0 tells its end to the request's webhooks (`notify`)
+    host_verbs: frozenset[str]  # the commands that run on its inventory's hosts themselves: "exec", "leases"
 
     def prepare(self, req: LaunchRequest, *, contact: bool = False) -> Prepared:
         """Validate the request and plan the run; no network unless ``contact`` (then only what the
@@ -192,6 +209,12 @@ class Backend(Protocol):
         ``stacks`` (:func:`clusterddp.stacks.node_command`), all at once, each bounded in time; the
         answers as :func:`clusterddp.stacks.taken_from` reads them (a node that did not answer named).
         A UsageError when the run turns out to have ended (:func:`clusterddp.stacks.ended_error`)."""
+        ...
+
+    def reach(self, store: RunStore, rec: RunRecord, verb: str) -> Reach:
+        """The nodes of the run ``rec`` records, for ``verb`` (``top``, ``prune``) to send each one
+        command; the record is not written. A UsageError (:func:`cannot`) when this backend cannot do
+        ``verb`` for this run now (a Slurm job that has not started, or has ended: no node to reach)."""
         ...
 
 
@@ -308,9 +331,11 @@ def failed_run(store: RunStore, run_id: str) -> None:
                  if rec.status is RunStatus.RUNNING else rec)
 
 
-def keep_runs(inventory: Inventory, runs_dir: str) -> KeptRuns | None:
-    """After `up`: prune the inventory's runs to its ``keep_runs`` newest. Best effort: what goes wrong
-    is in the answer, never the run's outcome. None when the inventory keeps every run."""
+def keep_runs(inventory: Inventory, runs_dir: str,
+              reach: Callable[[RunStore, RunRecord], Reach] | None = None) -> KeptRuns | None:
+    """After `up`: prune the inventory's runs to its ``keep_runs`` newest, their nodes reached as
+    ``reach`` says (the backend's :meth:`Backend.reach`; None: the recorded hosts). Best effort: what
+    goes wrong is in the answer, never the run's outcome. None when the inventory keeps every run."""
     if not inventory.keep_runs:
         return None
     lead = f"keep_runs {inventory.keep_runs}: "
@@ -320,7 +345,8 @@ def keep_runs(inventory: Inventory, runs_dir: str) -> KeptRuns | None:
         sel = pr.select(store, pr.Policy(keep=inventory.keep_runs, inventory=str(Path(inventory.path).resolve())))
         if not (sel.remove or sel.running or sel.damaged):
             return KeptRuns(lead)
-        return KeptRuns(lead, pr.prune(store, sel), sel)
+        reached = None if reach is None else lambda rec: reach(store, rec)
+        return KeptRuns(lead, pr.prune(store, sel, reach=reached), sel)
     except KeyboardInterrupt:
         return KeptRuns(lead, interrupted=True)
     except Exception as e:  # noqa: BLE001 - never the run's outcome

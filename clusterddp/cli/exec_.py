@@ -45,6 +45,8 @@ def exec_(
         raise UsageError(f"--timeout must be a positive number of seconds, got {timeout:g}",
                          "e.g. --timeout 30, or leave it out for no limit")
     inv = load_inventory(inventory, hosts, fanout, exclude)
+    from ..backends import for_inventory, on_hosts
+    on_hosts(for_inventory(inv), "exec", inv)
     from ..fleet import Fleet
     from .common import PrefixPrinter
 

@@ -21,6 +21,8 @@ def leases(
     from ..fleet import Fleet
     from ..leases import read_views
     inv = load_inventory(inventory, hosts, fanout)
+    from ..backends import for_inventory, on_hosts
+    on_hosts(for_inventory(inv), "leases", inv)
     from ..quarantine import quarantined, stamp
     aside = quarantined(inv.hosts)  # set aside on this machine: no run of ours takes their slots
     with Fleet(inv.hosts, fanout=inv.fanout) as fleet:

@@ -84,5 +84,6 @@ def prune(keep: int | None = typer.Option(None, "--keep", min=0, metavar="N", he
     sel = pr.select(store, pr.Policy(keep, age, inv))
     if not dry_run and sel.remove:
         store.check_writable()  # a record that cannot be deleted must not lose its node folders first
-    if report(pr.prune(store, sel, dry_run), sel, dry_run):
+    from ..backends import reach
+    if report(pr.prune(store, sel, dry_run, reach=lambda rec: reach(store, rec, "prune")), sel, dry_run):
         raise typer.Exit(1)

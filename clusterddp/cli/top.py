@@ -66,6 +66,9 @@ def table(snap: Snapshot):
     t.add_column("last line", min_width=10)
     style = {"running": "green", "exited": "cyan", "lost": "red", "missing": "red", "unreachable": "bold red"}
     for run in snap.runs:
+        if run.error is not None:  # its backend could not reach its nodes now (a Slurm job not started yet)
+            t.add_row(Text(run.run_id), "-", "-", Text("-"), *["-"] * 8,
+                      Text(visible(run.error), no_wrap=True, overflow="ellipsis"))
         for v in run.nodes:
             bad = v.state == "exited" and v.exit_code not in (0, None)
             line = v.error if v.state == "unreachable" else v.last_line
@@ -122,9 +125,15 @@ def top(
     recs = records(store, run)
     lab = ()
     if inventory is not None:
+        from ..backends import for_inventory, on_hosts
         from .common import load_inventory
-        lab = load_inventory(inventory, None, None).hosts
-    with Watch(recs, regex, lab=lab, store=store) as watch:
+        loaded = load_inventory(inventory, None, None)
+        on_hosts(for_inventory(loaded), "top --inventory", loaded)
+        lab = loaded.hosts
+    from ..backends import reach
+    with Watch(recs, regex, lab=lab, store=store, reach=lambda rec: reach(store, rec, "top")) as watch:
+        if run is not None and watch.refusals:  # the one run asked for cannot be looked at: say why (exit 2)
+            raise next(iter(watch.refusals.values()))
         if once:
             if recs:
                 watch.look()

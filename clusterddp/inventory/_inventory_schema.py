@@ -512,6 +512,7 @@ _COMMON = {
                                         low="must be at least 1 second (leave it out for no stall watchdog)"))),
     "progress_regex": Field(Maybe(Line(_progress_regex))),
     "notify": Field(ListOf(NOTIFY_ENTRY), []),
+    "keep_runs": Field(Maybe(Number(whole=True, ge=1))),
 }
 
 INVENTORY = Model("SSHInventory", {
@@ -520,7 +521,7 @@ INVENTORY = Model("SSHInventory", {
     "master": Field(MASTER, MASTER),
     "collect": _COMMON["collect"],
     "fanout": Field(Maybe(Number(whole=True, ge=1, le=1024))),
-    "keep_runs": Field(Maybe(Number(whole=True, ge=1))),
+    "keep_runs": _COMMON["keep_runs"],
     "stall_timeout": _COMMON["stall_timeout"],
     "progress_regex": _COMMON["progress_regex"],
     "notify": _COMMON["notify"],

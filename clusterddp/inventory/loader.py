@@ -148,7 +148,7 @@ def _parse_slurm(data: dict, path: str, root: yaml.Node | None) -> Inventory:
         sbatch=tuple(s.sbatch), shared_dir=s.shared_dir, python=s.python, setup=tuple(s.setup),
         env=tuple(s.env.items()))
     return Inventory(path, inv.name or Path(path).stem, (), Master("", "", 29500), tuple(inv.collect),
-                     slurm=settings, notify=_notify(inv.notify, path), **_watchdog(inv))
+                     keep_runs=inv.keep_runs, slurm=settings, notify=_notify(inv.notify, path), **_watchdog(inv))
 
 
 def _login_host(data: dict, path: str, root: yaml.Node | None) -> Host:

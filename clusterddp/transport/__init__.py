@@ -14,5 +14,9 @@ _BACKENDS = {"ssh": "clusterddp.transport.ssh", "local": "clusterddp.transport.l
 
 def connect(host: Host) -> Transport:
     """Open a transport to ``host`` (raises :class:`~clusterddp.errors.HostError` naming it)."""
+    if host.transport not in _BACKENDS:  # a Slurm node: reached through its run's backend (backends.reach) only
+        from ..errors import HostError
+        raise HostError(host.name, f"not reached by a transport of its own (its settings say {host.transport!r}); "
+                        "a command for a run's nodes goes through the run's backend")
     module = import_module(_BACKENDS[host.transport])
     return module.open(host)

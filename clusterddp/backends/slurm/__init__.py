@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 class SlurmBackend:
     name = "slurm"
     checks: frozenset[str] = frozenset()  # check --collective and --diff need an inventory that lists the hosts
+    host_verbs: frozenset[str] = frozenset()  # Slurm's nodes are its to allocate: nothing runs on them outside a job
     detached_notify = True  # a detached run's batch script tells its end, on node 0 (plan.notify_lines)
 
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
@@ -48,9 +49,22 @@ class SlurmBackend:
             prep.login.close()
 
     def launch(self, prep: base.Prepared, req: base.LaunchRequest, events: base.Events) -> base.RunOutcome | None:
+        from ...errors import RunFailed
         from . import job
         assert isinstance(prep, job.Prepared)
-        return job.up(prep, req, events)
+        try:
+            outcome = job.up(prep, req, events)
+        except RunFailed:
+            self._keep_runs(req, events)  # a failed run is a run: it counts among the kept
+            raise
+        self._keep_runs(req, events)
+        return outcome
+
+    def _keep_runs(self, req: base.LaunchRequest, events: base.Events) -> None:
+        from .. import reach  # each run reached by the backend that ran it
+        kept = base.keep_runs(req.inventory, req.runs_dir, lambda store, rec: reach(store, rec, "prune"))
+        if kept is not None:
+            events.kept(kept)
 
     def follow(self, store: RunStore, run_id: str, on_output: Callable[[str, bytes], None],
                hosts: list[str] | None, from_lines: dict[str, int]) -> dict[str, int | None]:
@@ -89,6 +103,10 @@ class SlurmBackend:
     def stacks(self, store: RunStore, rec: RunRecord, wait: float) -> Taken:
         from . import control
         return control.stacks(store, rec.run_id, wait)
+
+    def reach(self, store: RunStore, rec: RunRecord, verb: str) -> base.Reach:
+        from . import control
+        return control.reach(rec, verb)
 
 
 BACKEND: base.Backend = SlurmBackend()

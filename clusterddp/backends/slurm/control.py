@@ -20,9 +20,12 @@ from ... import nodescript as NS
 from ...artifacts import CollectResult
 from ...errors import HostError, SlurmAnswerError, UsageError
 from ...fleet import fan_out
+from ...inventory import Host
 from ...node import notify as node_notify
+from ...plan import NodeLaunch
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus, ended_at
 from ...store import RunStore
+from ...transport.base import CommandResult, Stdin, Transport
 from ..base import RunOutcome, Stopped
 from . import commands as SC
 from . import job as slurm
@@ -256,3 +259,121 @@ def _step_failed(code: int, stderr: bytes, limit: float, e: Exception) -> str:
     if code != 0 and said:
         return f"its job step failed (exit {code}): {said[-1][:300]}"
     return f"no stacks reply from its job step (exit {code}): {e}"
+
+
+# What one node's command may answer through its job step (`top`'s reply: a few KiB per job).
+STEP_MOST_REPLY = 1 << 20
+
+
+class StepTransport:
+    """A :class:`~clusterddp.transport.Transport` to one node of a running Slurm job: each command runs
+    as a job step there (:func:`.commands.node_step_command`, beside the job's own), through the login
+    host; bounded by the command's timeout plus :data:`STEP_START_S`, its answer cut at
+    :data:`STEP_MOST_REPLY` bytes. A step that failed without a word, or timed out, is a HostError."""
+
+    def __init__(self, login: Login, job_id: str, host: str) -> None:
+        self._login, self._job_id, self.name = login, job_id, host
+
+    def run(self, command: str, *, timeout: float | None = None, stdin: Stdin = None) -> CommandResult:
+        if stdin is not None:  # a step's standard input is none: nothing secret travels this way
+            raise HostError(self.name, "a Slurm node's job step takes no standard input")
+        limit = STEP_START_S + (timeout if timeout is not None else COMMAND_S)
+        r = self._login.run(SC.node_step_command(self._job_id, self.name, command, limit, STEP_MOST_REPLY),
+                            timeout=limit + 2 * SC.STEP_KILL_AFTER)
+        if r.exit_code == 124 or (r.exit_code != 0 and not r.stdout):
+            raise HostError(self.name, _step_failed(r.exit_code, r.stderr, limit, ValueError("no answer")))
+        return r
+
+    def stream(self, command: str, on_data: Callable[[bytes], None], *, timeout: float | None = None,
+               stderr_to: bytearray | None = None, stdin: bytes | None = None) -> int:
+        raise HostError(self.name, "a Slurm node's job step is not streamed")
+
+    def ping(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+COMMAND_S = 60.0  # a node command's own bound when its verb gives none
+
+
+class SlurmReach:
+    """The :class:`~clusterddp.backends.base.Reach` of a running Slurm job: its allocated nodes, each with
+    its own control folder in the shared one (as node.sh set it) and reached by a job step."""
+
+    def __init__(self, login: Login, rec: RunRecord, job_id: str, nodes: tuple[NodeLaunch, ...]) -> None:
+        self._login, self._job_id, self.nodes = login, job_id, nodes
+        self.key = f"slurm {rec.run_id}"
+
+    def connect(self, host: Host) -> Transport:
+        return StepTransport(self._login, self._job_id, host.name)
+
+    def close(self) -> None:
+        self._login.close()
+
+
+class FolderReach:
+    """The :class:`~clusterddp.backends.base.Reach` of `prune` for a Slurm run: its one folder, in the
+    shared dir, reached where that is (the login host), as ``<shared dir>/runs/<run id>``."""
+
+    def __init__(self, login: Login, rec: RunRecord, run_dir: str) -> None:
+        self._login = login
+        self.key = f"slurm {rec.run_id}"
+        self._t, where = login.collect_host(run_dir)
+        host = replace(where, workdir=posixpath.dirname(posixpath.dirname(run_dir)))
+        marker = rec.nodes[0].marker if rec.nodes else f"{rec.run_id}/"
+        self.nodes = (NodeLaunch(host, 0, 1, run_dir, posixpath.join(run_dir, NS.CONTROL), marker, (), (), ""),)
+
+    def connect(self, host: Host) -> Transport:
+        return self._t
+
+    def close(self) -> None:
+        self._login.close()
+
+
+def _folder(rec: RunRecord) -> FolderReach:
+    """A Slurm run's folder for `prune`; refused while Slurm still runs its job (whatever the record says)."""
+    from ..base import cannot
+    assert rec.slurm is not None
+    login = open_login(rec.slurm.login)
+    try:
+        if rec.slurm.job_id is not None:
+            info = slurm.job_info(login, rec.slurm.job_id)
+            if info is not None and not info.ended:
+                raise cannot("slurm", "prune", rec, f"and its slurm job {rec.slurm.job_id} is still "
+                             f"{info.state.lower()}: its folder is in use",
+                             f"`clusterddp stop {rec.run_id}` ends it; then prune again")
+        return FolderReach(login, rec, rec.slurm.run_dir)
+    except BaseException:
+        login.close()
+        raise
+
+
+def reach(rec: RunRecord, verb: str) -> SlurmReach | FolderReach:
+    """The running job's nodes as Slurm allocated them (one look at the job; the record is not written).
+    A run that was never submitted, has not started or has ended has no node to reach: refused,
+    saying so (``verb`` names the command)."""
+    from ..base import cannot
+    if verb == "prune":  # its nodes keep nothing of it: its folder is one, in the shared dir
+        return _folder(rec)
+    job_id, ctl = _job(rec)
+    login = open_login(rec.slurm.login if rec.slurm else None)
+    try:
+        info = slurm.job_info(login, job_id)
+        if rec.status is not RunStatus.RUNNING or info is None or info.ended:
+            said = f"{info.state.lower()}" if info is not None else "no longer known to Slurm"
+            raise cannot("slurm", verb, rec, f"and its slurm job {job_id} has ended ({said}): no node runs it",
+                         f"`clusterddp status {rec.run_id}` and `clusterddp logs {rec.run_id}` read what it left")
+        if not info.hosts:
+            reason = f", {info.reason}" if info.reason not in ("None", "") else ""
+            raise cannot("slurm", verb, rec, f"and its slurm job {job_id} has not started yet "
+                         f"({info.state.lower()}{reason}): no node runs it",
+                         f"`clusterddp status {rec.run_id}` says when it starts")
+        now = slurm.allocated(rec, info)
+        nodes = tuple(NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, SP.node_control(ctl, n.host),
+                                   n.marker, (), (), "") for n in now.nodes)
+    except BaseException:
+        login.close()
+        raise
+    return SlurmReach(login, rec, job_id, nodes)

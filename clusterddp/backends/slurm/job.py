@@ -588,8 +588,6 @@ def _up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutc
             events.hosts(info.hosts)
     rd = req.runs_dir_flag
     request = _notify_request(prep, req, events)
-    # keep_runs is not applied to Slurm runs: prune reaches a run's nodes over SSH, which a Slurm
-    # run's nodes are not (its folder is in the shared dir, under the login host).
     result = execute(prep, events.output, detach=req.detach, on_state=on_state, folder=folder,
                      on_collect=lambda r: events.collected(r, "the run folder"), on_note=events.warn,
                      runs_dir_flag=rd, notify_request=request)

@@ -22,6 +22,7 @@ class SSHBackend:
     name = "ssh"
     checks: frozenset[str] = frozenset({"collective", "diff"})  # check --collective and --diff run on its hosts
     detached_notify = True  # node 0 tells a detached run's end (clusterddp.notify.arm)
+    host_verbs: frozenset[str] = frozenset({"exec", "leases", "top --inventory"})
 
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
         from ... import upload
@@ -81,6 +82,10 @@ class SSHBackend:
     def stacks(self, store: RunStore, rec: RunRecord, wait: float) -> Taken:
         from ... import stacks
         return stacks.take(rec, wait=wait)
+
+    def reach(self, store: RunStore, rec: RunRecord, verb: str) -> base.Reach:
+        from ...nodeops import HostsReach, nodes_of
+        return HostsReach(tuple(nodes_of(rec)))
 
 
 BACKEND: base.Backend = SSHBackend()

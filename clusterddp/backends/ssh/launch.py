@@ -827,6 +827,7 @@ def _end_lost(prep: Prepared, events: base.Events) -> None:
 
 
 def _keep_runs(inventory: inv_mod.Inventory, req: base.LaunchRequest, events: base.Events) -> None:
-    kept = base.keep_runs(inventory, req.runs_dir)
+    from .. import reach  # each run reached by the backend that ran it
+    kept = base.keep_runs(inventory, req.runs_dir, lambda store, rec: reach(store, rec, "prune"))
     if kept is not None:
         events.kept(kept)

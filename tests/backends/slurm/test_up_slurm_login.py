@@ -8,6 +8,7 @@ inventory) says where the cluster is, so every Slurm command that worked went ov
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cddp, cddp_popen, job_pids, record, run_id_of, wait_for_line
+from helpers import REPO, cddp, cddp_popen, eventually, job_pids, record, run_id_of, wait_for_line
 from test_up_slurm import gone, job, ranks_ready, slurm_inv  # noqa: F401  (job: a fixture)
 
 pytestmark = pytest.mark.integration
@@ -82,6 +83,13 @@ def test_a_remote_login_runs_collects_and_detaches_with_every_slurm_command_over
     assert "[node-2] rank 1 ready" in out and "[node-1] rank 0 ready" in out, out
     st = cddp("status", run_id, "--runs-dir", str(runs), env=env, check_rc=0).stdout
     assert f"slurm job {job_id}: running, partition main" in st and "node-2: running" in st, st
+
+    def top_sees_both() -> bool:  # top: each node looked at by a job step, through the login host
+        out = cddp("top", run_id, "--once", "--json", "--interval", "0.2", "--runs-dir", str(runs), env=env,
+                   check_rc=0, timeout=180).stdout
+        [run] = json.loads(out)["runs"]
+        return [(n["host"], n["state"]) for n in run["nodes"]] == [("node-1", "running"), ("node-2", "running")]
+    assert eventually(top_sees_both, 120, interval=1)
     follower = cddp_popen("logs", run_id, "--follow", "--runs-dir", str(runs), env=env)
     try:
         wait_for_line(follower, "[node-2] rank 1 ready", timeout=60)
@@ -94,6 +102,10 @@ def test_a_remote_login_runs_collects_and_detaches_with_every_slurm_command_over
     assert not job_pids(run_id)
     assert "rank 1 ready" in (runs / run_id / "logs" / "node-2.log").read_text()
     gone(slurm, run_id, job_id)
+    # prune: both runs' folders in the shared dir removed over SSH on the login host, then their records
+    done = cddp("prune", "--keep", "0", "--runs-dir", str(runs), env=env, check_rc=0)
+    assert "cannot connect" not in done.stdout + done.stderr, done
+    assert not list((tmp_path / "shared" / "runs").iterdir()) and not (runs / run_id).exists()
     assert not tried.exists(), f"a local Slurm command was run: {tried.read_text()}"
 
 
