@@ -3,7 +3,7 @@
 Most failed multi-node runs fail before training starts: a host that does not answer, a
 changed host key, another torch or Python on one node, fewer GPUs than the inventory says,
 the master port in use, no route to the master, a full disk. Each host runs one probe
-(:func:`clusterddp.plan.probe_command`, a single SSH command, whose node side and reply parser
+(:func:`probe_command`, a single SSH command, whose node side and reply parser
 are :mod:`clusterddp.node.probe`); everything else here is pure: :func:`evaluate` turns every host's facts into
 findings, comparing the hosts with each other (versions must be identical everywhere; the
 majority, or on a tie the earliest host, is the reference that the odd ones are named against).
@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
 
 from . import __version__
-from . import plan as P
 from .errors import HostError, HostErrorKind, PreflightFailed
 from .fleet import Fleet, HostResult
 from .inventory import Host, Inventory
+from .node import probe as node_probe
 from .node import reply as node_reply
 from .node.probe import ProbeError, parse_reply
+from .nodescript import CONTROL, IFACE_FN, NodeCommand, env_stdin, preamble, python_command, q
 from .sizes import human_size
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -289,7 +291,7 @@ def _workdirs(hosts: dict[str, Host], facts: dict[str, dict]) -> dict[str, Findi
                         f"wrote there is seen by the others). clusterddp handles it: each run's code is unpacked "
                         f"into <workdir>/runs/<run_id>/ once, by the first host to get there; each host keeps "
                         f"its own control files (launch.sh, node.log, pid, exit_code) in "
-                        f"<workdir>/runs/<run_id>/{P.CONTROL}/<host>/; `collect` brings the run folder's files "
+                        f"<workdir>/runs/<run_id>/{CONTROL}/<host>/; `collect` brings the run folder's files "
                         f"back from each host, so shared files arrive once per host")
             out[h] = Finding("workdir", OK, f"shared ({len(group)} hosts)", note=note)
     return out
@@ -423,9 +425,9 @@ def run_checks(inventory: Inventory, *, full: bool = True, master_port: int | No
     master port is not probed (`up` chooses a free one with its lease)."""
     port = master_port or inventory.master.port
 
-    def command(h: Host) -> P.NodeCommand:  # the env goes on stdin, off the command line
+    def command(h: Host) -> NodeCommand:  # the env goes on stdin, off the command line
         probe_port = port if check_port and h.name == inventory.master.host else None
-        return P.probe_command(h, inventory.master.addr, probe_port, full=full, env=(env or {}).get(h.name))
+        return probe_command(h, inventory.master.addr, probe_port, full=full, env=(env or {}).get(h.name))
     own = fleet is None
     fleet = fleet or Fleet(inventory.hosts, fanout=inventory.fanout)
     try:
@@ -459,7 +461,7 @@ def receiver_reach(inventory: Inventory, receivers: Iterable[tuple[str, str, int
             where = f"{host}:{port}"
             fix = (f"let {master.name} open connections to {where} (a firewall rule, or a proxy: HTTPS_PROXY in the "
                    "host's setup lines); until then leave --detach out, so that this machine tells the run's end")
-            (r,) = fleet.run(P.reach_command(master, host, port, seconds), timeout=seconds + 30)
+            (r,) = fleet.run(reach_command(master, host, port, seconds), timeout=seconds + 30)
             if r.error is not None:
                 out.append((master.name, Finding("notify", WARN, "?", f"{what}: cannot ask whether it reaches "
                                                  f"{where}: {r.error}", "run `clusterddp check` again once it "
@@ -478,3 +480,31 @@ def receiver_reach(inventory: Inventory, receivers: Iterable[tuple[str, str, int
                     "notify", WARN, "unreachable", f"{what}: node 0 cannot reach {where} ({got['said']}), so a "
                     "detached run's end, which node 0 tells, would not arrive", fix)))
     return out
+
+
+def reach_command(host: Host, address: str, port: int, seconds: float) -> str:
+    """Can ``host`` open a TCP connection to a notification receiver (``address:port``) within
+    ``seconds``: the node program ``notify reach``, after the host's setup lines."""
+    lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    return "\n".join([*lines, python_command(host.python, "notify", ["reach", q(address), str(int(port)),
+                                                                     f"{seconds:g}"])])
+
+
+# ---- the node side: the probe, and a receiver's reach (moved from plan.py) ----
+
+def probe_command(host: Host, master_addr: str, master_port: int | None, *, full: bool = True,
+                  env: tuple[tuple[str, str], ...] | None = None) -> NodeCommand:
+    """One command that reports what the preflight checks need about ``host``, as one JSON line.
+
+    It runs the host's setup lines and exports its env first (read from its stdin), as launch.sh does, then its
+    ``python``. ``master_port`` is given for the master only (it tries to bind it). ``full``
+    also imports torch (NCCL version, a broken install) and asks nvidia-smi for the GPUs;
+    without it the probe takes a fraction of a second (what ``up`` runs before starting).
+    """
+    args = {"full": full, "port": master_port, "workdir": host.workdir}
+    env = host.env if env is None else env
+    lines = preamble(host, env, stdout_to=">&2", env_on_stdin=True,
+                      on_fail=lambda line: f"echo {q(node_probe.setup_failed_reply(line))}; exit 0")
+    lines += [IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
+              "exec " + python_command(host.python, "probe", [q(json.dumps(args)), '"$IFACE"'], site=True)]
+    return NodeCommand("\n".join(lines), env_stdin(env))

@@ -1,7 +1,7 @@
 """`check --collective`: can these hosts run a collective together, and how fast?
 
 A short real job: :func:`run_collective` starts the node program
-:mod:`clusterddp.node.collective` on every host at once (``plan.collective_command``: the host's
+:mod:`clusterddp.node.collective` on every host at once (:func:`collective_command`: the host's
 setup lines, env and python, and the interface a run would use), one process per host, NCCL when
 every host has a GPU and gloo otherwise. It times ``all_reduce`` over all hosts at each size,
 then over each pair of ring neighbours: a host's figures are those of its better pair, so a slow
@@ -14,14 +14,15 @@ than the median (:data:`RULE`).
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 from dataclasses import dataclass, field
 
-from . import plan as P
 from .fleet import Fleet, HostResult
-from .inventory import Inventory
+from .inventory import Host, Inventory
 from .node.collective import CollectiveReplyError, busbw, parse_output
+from .nodescript import NodeCommand, env_stdin, iface_lines, preamble, python_command, q
 from .sizes import human_size
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -323,8 +324,8 @@ def run_collective(inventory: Inventory, *, master_port: int | None = None, join
     # torch's import, the join, forming the group, then each group's sweep: the node ends itself after this
     limit_s = 60 + 3 * join_s + (n + 1) * len(sizes) * (BUDGET_S + 3 * OP_S)
 
-    def command(h) -> P.NodeCommand:
-        return P.collective_command(h, inventory.master.addr, {
+    def command(h) -> NodeCommand:
+        return collective_command(h, inventory.master.addr, {
             "rank": rank[h.name], "world": n, "addr": inventory.master.addr, "port": port, "sizes": list(sizes),
             "gloo_max": GLOO_MAX, "join_s": join_s, "op_s": OP_S, "budget_s": BUDGET_S, "limit_s": limit_s})
     outputs: dict[str, bytearray] = {h.name: bytearray() for h in hosts}
@@ -340,3 +341,17 @@ def run_collective(inventory: Inventory, *, master_port: int | None = None, join
         results = fleet.run(command, on_output=on_output, timeout=limit_s + 15, limit=limit_s + 15)
     return evaluate(inventory, results, {k: bytes(v) for k, v in outputs.items()}, join_s=join_s,
                     master_port=port)
+
+
+# ---- the node side (moved from plan.py) ----
+
+def collective_command(host: Host, master_addr: str, args: dict) -> NodeCommand:
+    """The node side of ``check --collective`` (``clusterddp/node/collective.py``; ``args`` is its
+    JSON argument: rank, world, sizes, bounds). Set up as launch.sh sets up a job: the host's setup
+    lines and env (on stdin), the same interface choice (:func:`_iface_lines`), the host's python
+    with its site-packages (torch)."""
+    lines = preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
+                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
+    lines += iface_lines({k for k, _ in host.env}, master_addr)
+    lines.append("exec " + python_command(host.python, "collective", [q(json.dumps(args, sort_keys=True))], site=True))
+    return NodeCommand("\n".join(lines), env_stdin(host.env))

@@ -1,6 +1,6 @@
 """`check --diff`: what differs between each host's environment and the master's.
 
-Each host runs the node program :mod:`clusterddp.node.envinfo` once (``plan.envinfo_command``):
+Each host runs the node program :mod:`clusterddp.node.envinfo` once (:func:`envinfo_command`):
 python, torch, CUDA, NCCL, the NVIDIA driver, the installed distributions of the inventory's
 python (what ``pip freeze`` lists), and, where a previous run of this inventory (the newest in
 the runs folder) left the script's folder on the node, a hash of the files that run uploaded.
@@ -9,16 +9,18 @@ the runs folder) left the script's folder on the node, a hash of the files that 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from . import plan as P
 from .errors import ClusterDDPError
 from .fleet import Fleet, HostResult
-from .inventory import Inventory
+from .inventory import Host, Inventory
+from .node import envinfo as node_envinfo
 from .node import reply as node_reply
 from .node.envinfo import EnvInfoError, parse_reply
+from .nodescript import NodeCommand, env_stdin, preamble, python_command, q, qpath
 from .record import RunRecord
 from .store import RunStore
 
@@ -129,8 +131,8 @@ def run_diff(inventory: Inventory, runs_dir: str) -> DiffReport:
             note = f"the script's folder of run {rec.run_id} ({source}) cannot be read here: {e}"
             rec = None
 
-    def command(h) -> P.NodeCommand:
-        return P.envinfo_command(h, run_dirs.get(h.name), files)
+    def command(h) -> NodeCommand:
+        return envinfo_command(h, run_dirs.get(h.name), files)
     with Fleet(inventory.hosts, fanout=inventory.fanout) as fleet:
         results = fleet.run(command, timeout=TIMEOUT_S)
     facts, errors = facts_of(results)
@@ -155,3 +157,16 @@ def facts_of(results: list[HostResult]) -> tuple[dict[str, dict], dict[str, str]
         except EnvInfoError as e:
             errors[r.host] = node_reply.one_line(str(e))
     return facts, errors
+
+
+# ---- the node side (moved from plan.py) ----
+
+def envinfo_command(host: Host, run_dir: str | None = None, files: Iterable[str] = ()) -> NodeCommand:
+    """The node side of ``check --diff`` (``clusterddp/node/envinfo.py``): after the host's setup
+    lines and env (on stdin), its python with site-packages reports versions, packages and, when
+    ``run_dir`` (a previous run's folder there) is given, a hash of ``files`` below it."""
+    lines = preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
+                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
+    args = [qpath(run_dir), q(node_envinfo.files_arg(list(files)))] if run_dir else []
+    lines.append("exec " + python_command(host.python, "envinfo", args, site=True))
+    return NodeCommand("\n".join(lines), env_stdin(host.env))

@@ -191,7 +191,7 @@ class Fleet:
             on_output: Callable[[str, bytes], None] | None = None, limit: float | None = None,
             timed_out_code: int | None = None) -> list[HostResult]:
         """Run ``command`` (shell text, or a function rendering it per host, alone or with the bytes
-        for its stdin: a ``plan.NodeCommand``) on every host.
+        for its stdin: a ``nodescript.NodeCommand``) on every host.
 
         With ``on_output`` the output (stdout and stderr merged) is passed on as it arrives and
         the results hold no output; otherwise it is captured. Results come in host order.

@@ -29,7 +29,7 @@ from .fleet import Fleet
 from .node import stacks as node_stacks
 from .node.reply import ReplyError, loads
 from .nodeops import each
-from .nodescript import HANG
+from .nodescript import HANG, qpath
 from .record import RunRecord
 from .store import RunStore
 from .transport import CommandResult
@@ -43,7 +43,7 @@ READ_TIMEOUT = 60.0
 def read_command(node: P.NodeLaunch) -> str:
     """Print the node's hang.json (nothing when there is none), then, after a :data:`SEPARATOR` line,
     its stacks reply; each bounded."""
-    return (f"cd {P.qpath(node.control_dir)} 2>/dev/null || exit 0; [ -f {HANG} ] || exit 0; "
+    return (f"cd {qpath(node.control_dir)} 2>/dev/null || exit 0; [ -f {HANG} ] || exit 0; "
             f"head -c {HANG_MOST} {HANG}; echo; echo {SEPARATOR}; head -c {STACKS_MOST} hang-stacks.txt 2>/dev/null")
 
 

@@ -34,6 +34,8 @@ from .errors import HostError, LeaseBusy, UsageError
 from .fleet import Fleet, GroupResult, as_host_error
 from .inventory import Host
 from .node import lease as node_lease
+from .nodescript import preamble, python_command, q, qpath
+from .plan import GO_FILE
 from .transport import Transport
 
 REPLY_TIMEOUT_S = 60.0    # a node's first answer (its mutex waits at most 30 s)
@@ -165,7 +167,7 @@ def asks(plan: P.LaunchPlan, port_fixed: bool) -> list[Ask]:
 
 
 def _request(a: Ask, run_id: str, user: str, since: str, name: str | None = None, **extra: object) -> bytes:
-    return json.dumps({"dir": P.lease_dir(a.host), "run": run_id, "name": name, "user": user, "host": a.host.name,
+    return json.dumps({"dir": lease_dir(a.host), "run": run_id, "name": name, "user": user, "host": a.host.name,
                        "since": since, "need": a.need, "slots": list(a.slots) if a.slots else None,
                        "fallback": a.host.gpus if isinstance(a.host.gpus, int) else 1, **extra}).encode()
 
@@ -268,7 +270,7 @@ class Lease:
 
         def one(h: Host, t: Transport) -> None:
             a = next(x for x in held if x.host.name == h.name)
-            t.run(P.lease_release_command(h, self.run_id, a.control_dir), timeout=30)
+            t.run(lease_release_command(h, self.run_id, a.control_dir), timeout=30)
         self.fleet.each(one, [a.host for a in held])
 
 
@@ -286,7 +288,7 @@ def _busy(run_id: str, a: Ask, view: NodeView, why: str | None, never: bool) -> 
         lines.append(f"  {h}: {w.who} waits since {w.since} for "
                      + (f"slots {','.join(map(str, w.slots))}" if w.slots else f"{w.need or 'every'} slot(s)"))
     if view.garbled:
-        lines.append(f"  {h}: {view.garbled} unreadable lease file(s) in {P.lease_dir(a.host)}")
+        lines.append(f"  {h}: {view.garbled} unreadable lease file(s) in {lease_dir(a.host)}")
     return LeaseBusy("\n".join(lines), "wait for a turn with `up --wait`, or choose other hosts (--hosts) or fewer "
                      "processes (--gpus); `clusterddp leases INVENTORY` lists every lease", holders=view.holders,
                      run_id=run_id, host=h)
@@ -306,7 +308,7 @@ def try_acquire(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], *, us
         req = _request(a, plan.run_id, user, since, plan.spec.name, ticket=ticket, port=a.port,
                        go=posixpath.join(a.control_dir, P.GO_FILE), start=P.start_command(
                            next(n for n in plan.nodes if n.host.name == a.host.name)))
-        return _Channel(a.host.name, fleet.transport(a.host), P.lease_command(a.host, "hold"), req)
+        return _Channel(a.host.name, fleet.transport(a.host), lease_command(a.host, "hold"), req)
 
     def took(a: Ask, reply: dict) -> Exception | None:
         if not reply.get("ok"):
@@ -380,7 +382,7 @@ def _wait(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], user: str, 
     entries: list[Host] = []
     try:
         for a in ask_list:
-            ch = _Channel(a.host.name, fleet.transport(a.host), P.lease_command(a.host, "queue"),
+            ch = _Channel(a.host.name, fleet.transport(a.host), lease_command(a.host, "queue"),
                           _request(a, plan.run_id, user, since, plan.spec.name, ticket=ticket))
             if not ch.reply().get("queued"):
                 raise HostError(a.host.name, "the lease program did not queue the run")
@@ -399,7 +401,7 @@ def _wait(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], user: str, 
                     pass
             sleep(WAIT_POLL_S)
     finally:
-        fleet.each(lambda h, t: t.run(P.queue_leave_command(h, ticket), timeout=30), entries)
+        fleet.each(lambda h, t: t.run(queue_leave_command(h, ticket), timeout=30), entries)
 
 
 def _position(ask_list: Sequence[Ask], views: dict[str, NodeView], ticket: str) -> str:
@@ -439,8 +441,8 @@ def _may_fit(ask_list: Sequence[Ask], views: dict[str, NodeView], ticket: str) -
 def read_views(fleet: Fleet, hosts: Sequence[Host]) -> GroupResult[str, NodeView]:
     """Every host's lease folder, read in parallel; a host that cannot be read fails on its own."""
     def one(h: Host, t: Transport) -> NodeView:
-        req = json.dumps({"dir": P.lease_dir(h), "fallback": h.gpus if isinstance(h.gpus, int) else 1}).encode()
-        res = t.run(P.lease_command(h, "list"), stdin=req, timeout=REPLY_TIMEOUT_S)
+        req = json.dumps({"dir": lease_dir(h), "fallback": h.gpus if isinstance(h.gpus, int) else 1}).encode()
+        res = t.run(lease_command(h, "list"), stdin=req, timeout=REPLY_TIMEOUT_S)
         try:
             return _view(h.name, node_lease.parse_reply(res.text))
         except ValueError as e:
@@ -455,3 +457,42 @@ def list_views(fleet: Fleet, hosts: Sequence[Host]) -> dict[str, NodeView]:
     if first:
         raise as_host_error(*first)
     return dict(res.succeeded)
+
+
+# ---- the node side (the node program ``clusterddp/node/lease.py``; moved from plan.py) ----
+
+NODE_HOSTNAME = "%h"  # in a lease folder's path: the node's own hostname, filled in on the node
+
+
+def lease_dir(host: Host) -> str:
+    """The node's lease folder: the host's ``lease_dir``, or ``<workdir>/leases/%h``, where ``%h``
+    (:data:`NODE_HOSTNAME`) is the node's hostname: hosts that share a workdir (NFS homes) keep
+    their slots apart, and every inventory naming the machine finds the same folder."""
+    return host.lease_dir or posixpath.join(host.workdir, "leases", NODE_HOSTNAME)
+
+
+def _qlease(path: str) -> str:
+    """A lease folder path (or one below it) as one shell word, ``%h`` as the node's hostname."""
+    head, sep, tail = path.partition(NODE_HOSTNAME)
+    if not sep:
+        return qpath(path)
+    return (qpath(head) if head else "") + '"$(hostname)"' + (_qlease(tail) if tail else "")
+
+
+def lease_command(host: Host, mode: str) -> str:
+    """Run node program ``lease`` in ``mode`` (``hold``, ``queue`` or ``list``); its request, JSON,
+    goes on stdin (a setup line's stdin is /dev/null, so none can eat it)."""
+    lines = preamble(host, (), stdout_to=">/dev/null 2>&1 </dev/null", on_fail=lambda line: "true")
+    return "\n".join([*lines, python_command(host.python, "lease", [mode])])
+
+
+def lease_release_command(host: Host, run_id: str, control_dir: str) -> str:
+    """Release the lease of a run whose job was not started: remove its record, which its holder
+    watches. A job told to start keeps its lease (the go file exists)."""
+    return (f"cd {_qlease(lease_dir(host))} 2>/dev/null || exit 0; "
+            f"[ -e {qpath(posixpath.join(control_dir, GO_FILE))} ] || rm -f {q(f'lease-{run_id}.json')}")
+
+
+def queue_leave_command(host: Host, ticket: str) -> str:
+    """Leave the queue: remove the entry, which its waiter process watches (it then ends)."""
+    return f"rm -f {_qlease(posixpath.join(lease_dir(host), f'queue-{ticket}.json'))}"

@@ -47,10 +47,11 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,6 +60,7 @@ from . import plan as P
 from .errors import ClusterDDPError, FileRefused, HostError, MirrorError
 from .files import read_bounded
 from .node.collect import HEX, Receiver, StreamError, glob_parts, matches, path_problem, sha256_file
+from .nodescript import q, qpath
 from .sizes import human_size as human_bytes
 from .store import utcnow
 from .transport import Tail
@@ -619,7 +621,7 @@ def seed(fleet: Fleet, node: NodeLaunch, store: RunStore, run_id: str) -> str | 
 def _seed(fleet: Fleet, node: NodeLaunch, store: RunStore, run_id: str, held: list[Held]) -> str:
     t = fleet.transport(node.host)
     wanted = [(h, p, s, digest) for h in held for p, s, digest in h.files]
-    res = t.run(P.seed_have_command(node, [p for _, p, _, _ in wanted]), timeout=600)
+    res = t.run(seed_have_command(node, [p for _, p, _, _ in wanted]), timeout=600)
     if res.exit_code != 0:
         detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
         raise HostError(node.host.name, "cannot make its run folder for the mirrored checkpoints"
@@ -639,7 +641,7 @@ def _seed(fleet: Fleet, node: NodeLaunch, store: RunStore, run_id: str, held: li
             raise MirrorError(f"the mirrored copy {local} ({h.host}'s {p}) is missing or no longer has the "
                               f"sha256 it was brought back with: not sent to {node.host.name}",
                               f"remove {store.mirror_index_path(run_id)} to start the attempt without it")
-        res = t.run(P.seed_command(node, p, digest), stdin=local, timeout=600)
+        res = t.run(seed_command(node, p, digest), stdin=local, timeout=600)
         if res.exit_code != 0:
             detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
             raise HostError(node.host.name, f"cannot put the mirrored checkpoint {p} there"
@@ -676,3 +678,37 @@ def seed_all(fleet: Fleet, nodes: Iterable[NodeLaunch], store: RunStore, run_id:
 def local_copies(store: RunStore, run_id: str) -> list[Path]:
     """Where the mirror's checkpoints are on this machine."""
     return [store.artifact_path(run_id, h.host, p) for h in read_index(store, run_id) for p, _, _ in h.files]
+
+
+# ---- the node side of a seed (moved from plan.py) ----
+
+SEED_NO_FOLDER, SEED_MISMATCH = 3, 4  # how a seed_command says it failed (exit codes)
+
+
+def seed_command(node: NodeLaunch, rel: str, sha256: str) -> str:
+    """Write standard input to ``<run folder>/<rel>`` on the node (a mirrored checkpoint, before an
+    attempt starts: :func:`clusterddp.mirror.seed`): into a hidden temp file beside it, renamed into
+    place only when its sha256 is ``sha256``, so a cut-off or damaged upload never leaves a file that
+    looks like a checkpoint (the temp file is removed). Exits SEED_NO_FOLDER when the folder cannot be
+    made or written, SEED_MISMATCH when the copy does not match. ``rel``: a normalised relative path
+    (the mirror checks it); ``sha256``: 64 hex digits."""
+    assert len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256), sha256
+    folder, name = posixpath.split(rel)
+    where = posixpath.join(node.run_dir, folder) if folder else node.run_dir
+    tmp = q(posixpath.join(folder, "." + name)) + ".$$.seed"
+    return (f"mkdir -p {qpath(where)} && cd {qpath(node.run_dir)} || exit {SEED_NO_FOLDER}; t={tmp}; "
+            f"cat > \"$t\" || {{ rm -f \"$t\"; exit {SEED_NO_FOLDER}; }}; h=$(sha256sum < \"$t\"); "
+            f"if [ \"${{h%% *}}\" = {sha256} ]; then "
+            f"mv -f \"$t\" {q(rel)} || {{ rm -f \"$t\"; exit {SEED_NO_FOLDER}; }}; "
+            f"else rm -f \"$t\"; echo \"the copy received has sha256 ${{h%% *}}, not the mirror's\" >&2; "
+            f"exit {SEED_MISMATCH}; fi")
+
+
+def seed_have_command(node: NodeLaunch, rels: Sequence[str]) -> str:
+    """Print the sha256 of each of ``rels`` under the node's run folder, one line each in order (an
+    empty line for a file it does not have), creating the run folder: what a node already holds of the
+    mirrored checkpoints before they are sent (:func:`clusterddp.mirror.seed`)."""
+    words = " ".join(q(r) for r in rels)
+    return (f"mkdir -p {qpath(node.run_dir)} && cd {qpath(node.run_dir)} || exit {SEED_NO_FOLDER}; "
+            f"for p in {words}; do h=; [ -f \"$p\" ] && [ ! -L \"$p\" ] && h=$(sha256sum < \"$p\" 2>/dev/null); "
+            "echo \"${h%% *}\"; done")

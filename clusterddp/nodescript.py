@@ -240,7 +240,7 @@ gc.freeze()"""
 
 def torchrun_lines() -> list[str]:
     """The lines that define ``$cddp_torchrun``, the source that ``python -c`` runs torchrun with
-    (:data:`TORCHRUN`; ``plan.torchrun_start``)."""
+    (:data:`TORCHRUN`; :func:`torchrun_start`)."""
     return ["# torchrun as `python -m` runs it, with a wait for the rendezvous store and a quicker exit "
             "(clusterddp/nodescript.py)", f"{TORCHRUN_VAR}={q(TORCHRUN)}"]
 
@@ -302,3 +302,65 @@ MARKED_FN = 'cddp_marked() { grep -lzxF "$1" /proc/[0-9]*/environ 2>/dev/null | 
 def marker_word(marker: str) -> str:
     """The ``CLUSTERDDP_JOB=marker`` line of a job's environment, as one quoted word."""
     return q(f"{MARKER}={marker}")
+
+
+# ---- the torchrun line, for every backend (moved from plan.py) ----
+
+class _Probed(str):
+    """An argv word of clusterddp's own whose value launch.sh finds on the node: rendered in double
+    quotes so it expands. Only these words expand; every user word (a script argument that reads
+    ``$NPROC`` included) is an ordinary ``str`` and is quoted to stay literal."""
+
+
+NPROC, LOCAL_ADDR = _Probed("$NPROC"), _Probed("$LOCAL_ADDR")
+TORCHRUN_SOURCE = _Probed(f"${TORCHRUN_VAR}")  # nodescript.torchrun_lines
+# torchrun's --log-dir: where each worker's TORCHELASTIC_ERROR_FILE goes (clusterddp.node.diagnose reads them).
+ERRORS_DIR = _Probed("$CTL/errors")
+
+
+def probes(argv: Iterable[str], word: _Probed) -> bool:
+    return any(isinstance(a, _Probed) and a == word for a in argv)
+
+
+def worker_command(python: str, script: str, args: Iterable[str], local_rank_arg: str | None = None
+                   ) -> tuple[str, ...]:
+    """The command line of one worker process: ``python -u SCRIPT ARGS``, as torchrun runs it; with
+    ``local_rank_arg`` (``--local_rank`` or ``--local-rank``) the node program ``worker`` first, which
+    puts ``--local_rank=<LOCAL_RANK>`` (``SLURM_LOCALID`` under srun) before ARGS and execs that.
+
+    The words are argv, not shell text: a launcher that writes them into a script quotes each one
+    with :func:`q`. A Slurm backend that starts workers with srun, without torchrun, runs this."""
+    if local_rank_arg is None:
+        return (python, "-u", script, *args)
+    # -c and its source as one word: torchrun names a failed job by the first word after the python
+    # that does not start with "-", which is then the script, not 40 lines of source.
+    return (python, "-S", "-c" + node_source("worker"), local_rank_arg, script, *args)
+
+
+def torchrun_start(python: str) -> tuple[str, ...]:
+    """The start of a node's torchrun command line, before its options (SSH and Slurm runs alike):
+    torchrun's module run by the script that :func:`~clusterddp.nodescript.torchrun_lines` puts in
+    launch.sh (node.sh) first. A node that does not serve the run's rendezvous store runs it after
+    :func:`store_wait`."""
+    return (python, "-c", TORCHRUN_SOURCE, "torch.distributed.run")
+
+
+def store_wait(where: str) -> str:
+    """The assignment that goes before the torchrun command line of a node that does not serve the
+    run's rendezvous store at ``where`` (``HOST:PORT``, a shell word, already quoted)."""
+    return f"{STORE_WAIT}={where}"
+
+
+def shell_word(word: str) -> str:
+    """An argv word as launch.sh (node.sh) writes it: clusterddp's own expanded words (:class:`_Probed`)
+    in double quotes, every other word quoted to stay literal."""
+    return f'"{word}"' if isinstance(word, _Probed) else q(word)
+
+
+def torchrun_entry(python: str, script: str, args: Iterable[str], local_rank_arg: str | None = None
+                   ) -> tuple[str, ...]:
+    """The end of a torchrun command line, after its options: the script and its arguments, or, with
+    ``local_rank_arg``, ``--no-python`` and :func:`worker_command`, which torchrun then runs as is."""
+    if local_rank_arg is None:
+        return (script, *args)
+    return ("--no-python", *worker_command(python, script, args, local_rank_arg))

@@ -1,11 +1,15 @@
-"""Pure launch planning: inventory + run spec -> one :class:`NodeLaunch` per host.
+"""The SSH plan: inventory + run spec -> one :class:`NodeLaunch` per host, and every command an
+SSH run (``up`` over SSH, and ``up local``) sends to its nodes: make the run folder, upload and
+unpack, start (or tell the lease holder to start), follow, status, teardown, collect, the
+postmortem's looks, node 0's notifier, ``--dry-run``'s text.
 
-Every shell command clusterddp sends to a node is rendered here, and all quoting
-happens here, once (``shlex.quote``); the Python programs some of them run on the node
-are modules of :mod:`clusterddp.node`, sent as source. Nothing in this module touches the
-network, the clock or the filesystem (beyond reading those modules' source from this
-package): the run id and facts are passed in, so ``--dry-run`` shows exactly what a real
-run executes and tests compare it to golden files.
+What is not the SSH plan lives elsewhere: the run spec every backend reads in
+:mod:`clusterddp.runspec`; quoting (the one place), the node-script pieces and the torchrun line
+in :mod:`clusterddp.nodescript`; each feature's own node command in its module (``check``'s probe,
+``exec``, ``prune``, ``top``, the leases, ``check --collective``, ``check --diff``, the mirror's
+seed). Nothing in this module touches the network, the clock or the filesystem (beyond reading
+the node programs' source from this package): the run id and facts are passed in, so
+``--dry-run`` shows exactly what a real run executes and tests compare it to golden files.
 
 On each node a run lives in ``<workdir>/runs/<run_id>/`` (the script's folder is
 unpacked there, once, even when several hosts' workdirs are one shared folder) with a control
@@ -13,74 +17,52 @@ folder ``.clusterddp/<host>/`` holding ``launch.sh``,
 ``node.log`` (all output), ``pid`` and, once the job ends, ``exit_code``: the folders 0700 and
 its files 0600 whatever the node's umask (launch.sh holds the env values), while the job itself
 keeps the node's umask. Env values never appear on a command line, where every user of the
-node could read them in ``/proc/PID/cmdline``: launch.sh is uploaded over stdin, and the probe
-and ``exec`` read their exports from stdin (:class:`NodeCommand`). The job
+node could read them in ``/proc/PID/cmdline``: launch.sh is uploaded over stdin. The job
 runs in its own session, detached from SSH, and every process of it carries the
 environment marker ``CLUSTERDDP_JOB=<run_id>/<host>``, which is how teardown finds
 exactly this node's processes (torchrun puts its workers in sessions of their own,
 so a process group alone would miss them).
 """
-
 from __future__ import annotations
 
 import json
 import posixpath
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from . import flight, noise
-from .failure import AGENT_LINE
+from . import flight
 from .inventory import Host, Inventory
-from .node import envinfo as node_envinfo
 from .node import notify as node_notify
-from .node import probe as node_probe
 from .node import reply as node_reply
-from .node import source as node_source
-from .nodescript import (  # noqa: F401 - q, qpath, NodeCommand, CONTROL, MARKER: plan's callers quote through them
+from .nodescript import (
     CONTROL,
-    IFACE_FN,
+    ERRORS_DIR,
+    LOCAL_ADDR,
     MARKED_FN,
     MARKER,
-    SHIPPED_LIB,
+    NPROC,
     STOP_TRAP,
-    STORE_WAIT,
-    TORCHRUN_VAR,
-    NodeCommand,
-    env_stdin,
     exit_function,
     iface_lines,
     marker_word,
     preamble,
+    probes,
     python_command,
     q,
     qpath,
     setup_failed,
+    shell_word,
     ship_train_lines,
     stack_hook_lines,
+    store_wait,
+    torchrun_entry,
     torchrun_lines,
+    torchrun_start,
     watch_lines,
 )
+from .runspec import RunSpec, watch_args
 
 DEFAULT_GRACE = 10.0
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """What the user asked for on the command line (flags win over the inventory)."""
-
-    script: str                                  # as given, relative to the launch directory or absolute
-    script_args: tuple[str, ...] = ()
-    name: str | None = None
-    gpus: int | None = None                      # --gpus: processes per node, for every node
-    master_port: int | None = None
-    env: tuple[tuple[str, str], ...] = ()        # -e K=V, applied after the inventory's env
-    collect: tuple[str, ...] = ()                # --collect, added to the inventory's globs
-    checkpoints: tuple[str, ...] = ()            # --checkpoints: what the mirror takes (over checkpoints:)
-    max_restarts: int = 0
-    local_rank_arg: str | None = None            # --local-rank-arg: "--local_rank" or "--local-rank", or None
-    stall_timeout: float | None = None           # --stall-timeout / stall_timeout: (the flag wins); None: off
-    progress_regex: str | None = None            # --progress-regex / progress_regex:; None: any line of output
 
 
 @dataclass(frozen=True)
@@ -128,21 +110,6 @@ def _helper(node: NodeLaunch, program: str, *args: str) -> str:
 
 
 # ---- the plan ----
-
-class _Probed(str):
-    """An argv word of clusterddp's own whose value launch.sh finds on the node: rendered in double
-    quotes so it expands. Only these words expand; every user word (a script argument that reads
-    ``$NPROC`` included) is an ordinary ``str`` and is quoted to stay literal."""
-
-
-NPROC, LOCAL_ADDR = _Probed("$NPROC"), _Probed("$LOCAL_ADDR")
-TORCHRUN_SOURCE = _Probed(f"${TORCHRUN_VAR}")  # nodescript.torchrun_lines
-# torchrun's --log-dir: where each worker's TORCHELASTIC_ERROR_FILE goes (clusterddp.node.diagnose reads them).
-ERRORS_DIR = _Probed("$CTL/errors")
-
-
-def _probes(argv: Iterable[str], word: _Probed) -> bool:
-    return any(isinstance(a, _Probed) and a == word for a in argv)
 
 
 def static_local(spec: RunSpec) -> bool:
@@ -225,72 +192,10 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
                       train_lookup=train_lookup, attempt=attempt)
 
 
-# ---- what each worker process runs ----
-
-def worker_command(python: str, script: str, args: Iterable[str], local_rank_arg: str | None = None
-                   ) -> tuple[str, ...]:
-    """The command line of one worker process: ``python -u SCRIPT ARGS``, as torchrun runs it; with
-    ``local_rank_arg`` (``--local_rank`` or ``--local-rank``) the node program ``worker`` first, which
-    puts ``--local_rank=<LOCAL_RANK>`` (``SLURM_LOCALID`` under srun) before ARGS and execs that.
-
-    The words are argv, not shell text: a launcher that writes them into a script quotes each one
-    with :func:`q`. A Slurm backend that starts workers with srun, without torchrun, runs this."""
-    if local_rank_arg is None:
-        return (python, "-u", script, *args)
-    # -c and its source as one word: torchrun names a failed job by the first word after the python
-    # that does not start with "-", which is then the script, not 40 lines of source.
-    return (python, "-S", "-c" + node_source("worker"), local_rank_arg, script, *args)
-
-
-def torchrun_start(python: str) -> tuple[str, ...]:
-    """The start of a node's torchrun command line, before its options (SSH and Slurm runs alike):
-    torchrun's module run by the script that :func:`~clusterddp.nodescript.torchrun_lines` puts in
-    launch.sh (node.sh) first. A node that does not serve the run's rendezvous store runs it after
-    :func:`store_wait`."""
-    return (python, "-c", TORCHRUN_SOURCE, "torch.distributed.run")
-
-
-def store_wait(where: str) -> str:
-    """The assignment that goes before the torchrun command line of a node that does not serve the
-    run's rendezvous store at ``where`` (``HOST:PORT``, a shell word, already quoted)."""
-    return f"{STORE_WAIT}={where}"
-
-
-def shell_word(word: str) -> str:
-    """An argv word as launch.sh (node.sh) writes it: clusterddp's own expanded words (:class:`_Probed`)
-    in double quotes, every other word quoted to stay literal."""
-    return f'"{word}"' if isinstance(word, _Probed) else q(word)
-
-
-def torchrun_entry(python: str, script: str, args: Iterable[str], local_rank_arg: str | None = None
-                   ) -> tuple[str, ...]:
-    """The end of a torchrun command line, after its options: the script and its arguments, or, with
-    ``local_rank_arg``, ``--no-python`` and :func:`worker_command`, which torchrun then runs as is."""
-    if local_rank_arg is None:
-        return (script, *args)
-    return ("--no-python", *worker_command(python, script, args, local_rank_arg))
-
-
 # ---- launch.sh ----
 
 _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                "[ \"${NPROC:-0}\" -gt 0 ] 2>/dev/null || NPROC=1")
-
-
-def watch_args(spec: RunSpec, nnodes: int, master_addr: str | None, master_port: int | None) -> dict | None:
-    """The stall watchdog's argument (the node program ``watch``, started by
-    :func:`~clusterddp.nodescript.watch_lines`), or None when the run has no stall timeout. Several
-    nodes agree through the run's rendezvous store, at the master's address and port (torchrun's static
-    and c10d rendezvous both serve it there from the master's torchrun); None for either: the node's
-    ``$MASTER_ADDR``/``$MASTER_PORT`` (a node script that finds the master on the node)."""
-    if not spec.stall_timeout:
-        return None
-    # not progress: known torch noise (the lines, and those whose indented next line is theirs too)
-    # and torch elastic's agent, whose log records say nothing of the ranks
-    skip = [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern]
-    return {"timeout": spec.stall_timeout, "regex": spec.progress_regex, "skip": skip,
-            "tails": [p for p, tail in noise.LINES if tail], "nnodes": nnodes,
-            "store": [master_addr, master_port] if nnodes > 1 else None}
 
 
 def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, master_port: int, local: bool,
@@ -313,7 +218,7 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, m
     lines += preamble(h, node.env, stdout_to="", on_fail=setup_failed())
     lines += flight.env_lines()  # after the user's env, whose values win
     if not local:
-        lines += iface_lines({k for k, _ in node.env}, master_addr, _probes(node.argv, LOCAL_ADDR))
+        lines += iface_lines({k for k, _ in node.env}, master_addr, probes(node.argv, LOCAL_ADDR))
     if not local and (train_lookup or any(k == "PYTHONPATH" for k, _ in node.env)):
         lines += ship_train_lines(h.python, node.run_dir)
     elif not local:
@@ -517,14 +422,6 @@ def notify_arm_command(node: NodeLaunch) -> str:
     ])
 
 
-def reach_command(host: Host, address: str, port: int, seconds: float) -> str:
-    """Can ``host`` open a TCP connection to a notification receiver (``address:port``) within
-    ``seconds``: the node program ``notify reach``, after the host's setup lines."""
-    lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
-    return "\n".join([*lines, python_command(host.python, "notify", ["reach", q(address), str(int(port)),
-                                                                     f"{seconds:g}"])])
-
-
 def kill_marked_command(marker: str, grace: float = DEFAULT_GRACE) -> str:
     """:func:`teardown_command` for every process whose environment holds ``CLUSTERDDP_JOB=marker``."""
     steps = max(1, int(grace * 10))
@@ -540,38 +437,6 @@ def kill_marked_command(marker: str, grace: float = DEFAULT_GRACE) -> str:
 def collect_command(node: NodeLaunch) -> str:
     """The node side of ``collect`` (``clusterddp/node/collect.py``): request on stdin, log and files on stdout."""
     return _helper(node, "collect", qpath(node.run_dir), qpath(node.control_dir + "/node.log"))
-
-
-SEED_NO_FOLDER, SEED_MISMATCH = 3, 4  # how a seed_command says it failed (exit codes)
-
-
-def seed_command(node: NodeLaunch, rel: str, sha256: str) -> str:
-    """Write standard input to ``<run folder>/<rel>`` on the node (a mirrored checkpoint, before an
-    attempt starts: :func:`clusterddp.mirror.seed`): into a hidden temp file beside it, renamed into
-    place only when its sha256 is ``sha256``, so a cut-off or damaged upload never leaves a file that
-    looks like a checkpoint (the temp file is removed). Exits SEED_NO_FOLDER when the folder cannot be
-    made or written, SEED_MISMATCH when the copy does not match. ``rel``: a normalised relative path
-    (the mirror checks it); ``sha256``: 64 hex digits."""
-    assert len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256), sha256
-    folder, name = posixpath.split(rel)
-    where = posixpath.join(node.run_dir, folder) if folder else node.run_dir
-    tmp = q(posixpath.join(folder, "." + name)) + ".$$.seed"
-    return (f"mkdir -p {qpath(where)} && cd {qpath(node.run_dir)} || exit {SEED_NO_FOLDER}; t={tmp}; "
-            f"cat > \"$t\" || {{ rm -f \"$t\"; exit {SEED_NO_FOLDER}; }}; h=$(sha256sum < \"$t\"); "
-            f"if [ \"${{h%% *}}\" = {sha256} ]; then "
-            f"mv -f \"$t\" {q(rel)} || {{ rm -f \"$t\"; exit {SEED_NO_FOLDER}; }}; "
-            f"else rm -f \"$t\"; echo \"the copy received has sha256 ${{h%% *}}, not the mirror's\" >&2; "
-            f"exit {SEED_MISMATCH}; fi")
-
-
-def seed_have_command(node: NodeLaunch, rels: Sequence[str]) -> str:
-    """Print the sha256 of each of ``rels`` under the node's run folder, one line each in order (an
-    empty line for a file it does not have), creating the run folder: what a node already holds of the
-    mirrored checkpoints before they are sent (:func:`clusterddp.mirror.seed`)."""
-    words = " ".join(q(r) for r in rels)
-    return (f"mkdir -p {qpath(node.run_dir)} && cd {qpath(node.run_dir)} || exit {SEED_NO_FOLDER}; "
-            f"for p in {words}; do h=; [ -f \"$p\" ] && [ ! -L \"$p\" ] && h=$(sha256sum < \"$p\" 2>/dev/null); "
-            "echo \"${h%% *}\"; done")
 
 
 def diagnose_command(node: NodeLaunch, mode: str, master: tuple[str, int] | None = None) -> str:
@@ -634,171 +499,9 @@ def summary(plan: LaunchPlan) -> str:
     return "\n".join(out)
 
 
-# ---- fleet commands: the preflight probe and `clusterddp exec` ----
-
-def probe_command(host: Host, master_addr: str, master_port: int | None, *, full: bool = True,
-                  env: tuple[tuple[str, str], ...] | None = None) -> NodeCommand:
-    """One command that reports what the preflight checks need about ``host``, as one JSON line.
-
-    It runs the host's setup lines and exports its env first (read from its stdin), as launch.sh does, then its
-    ``python``. ``master_port`` is given for the master only (it tries to bind it). ``full``
-    also imports torch (NCCL version, a broken install) and asks nvidia-smi for the GPUs;
-    without it the probe takes a fraction of a second (what ``up`` runs before starting).
-    """
-    args = {"full": full, "port": master_port, "workdir": host.workdir}
-    env = host.env if env is None else env
-    lines = preamble(host, env, stdout_to=">&2", env_on_stdin=True,
-                      on_fail=lambda line: f"echo {q(node_probe.setup_failed_reply(line))}; exit 0")
-    lines += [IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
-              "exec " + python_command(host.python, "probe", [q(json.dumps(args)), '"$IFACE"'], site=True)]
-    return NodeCommand("\n".join(lines), env_stdin(env))
-
-
-EXEC_TIMED_OUT = 124  # what coreutils' timeout exits with when it ended the command
-
-
-def exec_command(host: Host, words: list[str] | tuple[str, ...], limit: float | None = None,
-                 marker: str | None = None) -> NodeCommand:
-    """The user's command for ``clusterddp exec``, after the host's setup lines and env.
-
-    Like ssh and pdsh, the words are joined with spaces and the remote shell interprets
-    them (pipes, globs, ``$VAR``): ``exec inv -- 'ls runs | wc -l'`` works, and arguments
-    that must stay one word need quoting for the remote shell. The env arrives on stdin, which
-    is read to its end first: the user's command finds its stdin empty (it never was interactive).
-
-    With ``limit`` (``exec --timeout``) the node ends the command itself after that many seconds
-    (coreutils' ``timeout``: SIGTERM to its whole process group, SIGKILL 5 s later), since closing
-    the connection does not stop a command that has no terminal. It then runs in a child of the
-    same shell (bash where the node's shell is bash), which sees the exported env and PATH but
-    not shell functions the setup lines did not export.
-
-    With ``marker`` every process the command starts carries ``CLUSTERDDP_JOB=marker`` in its
-    environment, so :func:`kill_marked_command` can end them after a Ctrl-C.
-    """
-    lines = [f"export CLUSTERDDP_HOST={q(host.name)}"]
-    if marker is not None:
-        lines.append(f"export {MARKER}={q(marker)}")
-    lines += preamble(host, host.env, stdout_to=">/dev/null", env_on_stdin=True,
-                       on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
-    text = " ".join(words)
-    if limit is not None:
-        text = f'timeout -k 5 {limit:.3f} "${{BASH:-sh}}" -c {q(text)}'
-    lines.append(text)
-    return NodeCommand("\n".join(lines), env_stdin(host.env))
-
-
-# ---- prune: removing old runs' node folders ----
-
-_RUN_ID_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def prune_target_problem(run_id: str, workdir: str, run_dir: str, control_dir: str) -> str | None:
-    """Why a recorded node folder is not one ``prune`` may delete, or None when it is.
-
-    run.json is data a person (or a bug) can damage, so the folder must have exactly the shape
-    :func:`build_plan` gives it, ``<workdir>/runs/<run_id>`` with the control folder inside, and
-    no component that climbs (``..``) or hides (``.``, an empty one). On the node,
-    :func:`prune_command` also refuses a folder that is a symlink or holds no ``.clusterddp``."""
-    if not _RUN_ID_SHAPE.fullmatch(run_id):
-        return f"the run id {run_id!r} is not one clusterddp makes"
-    if run_dir != posixpath.join(workdir, "runs", run_id):
-        return f"run folder {run_dir!r} is not <workdir>/runs/{run_id} (workdir {workdir!r})"
-    if not control_dir.startswith(run_dir + "/"):
-        return f"control folder {control_dir!r} is not inside the run folder {run_dir!r}"
-    parts = run_dir.split("/")
-    if parts[0] == "":  # absolute
-        parts = parts[1:]
-    elif parts[0] == "~":  # the remote home, as qpath expands it
-        parts = parts[1:]
-    bad = [p for p in parts if p in ("", ".", "..")]
-    if bad or any(c in run_dir for c in "\0\n\r"):
-        return f"run folder {run_dir!r} has an empty, '.' or '..' component or a control character"
-    return None
-
-
-_PRUNE_FN = r"""cddp_prune() {  # $1 index, $2 run folder, $3 the job's marker, $4 "dry": look only (else "go"),
-  # $5 this host's control folder name in $2/.clusterddp (or ""), then the run's other hosts' names
-  if [ -n "$(cddp_marked "$3")" ]; then echo "$1 running"; return; fi
-  if [ ! -e "$2" ] && [ ! -L "$2" ]; then echo "$1 missing"; return; fi
-  if [ -L "$2" ] || [ ! -d "$2" ] || [ -L "$2/.clusterddp" ] || [ ! -d "$2/.clusterddp" ]; then
-    echo "$1 refused"; return
-  fi
-  local i=$1 d=$2 dry=$4 own=$5 o kb; shift 5
-  kb=$(du -sk -- "$d" 2>/dev/null | cut -f1)
-  for o in "$@"; do  # another host of the run shares this folder (one NFS workdir) and has not let go of it
-    if [ -e "$d/.clusterddp/$o" ] || [ -L "$d/.clusterddp/$o" ]; then
-      if [ "$dry" != dry ] && [ -n "$own" ]; then rm -rf -- "$d/.clusterddp/$own" 2>/dev/null; fi
-      echo "$i shared ${kb:--} $o"; return
-    fi
-  done
-  if [ "$dry" = dry ]; then echo "$i would ${kb:--}"; return; fi
-  rm -rf -- "$d" 2>/dev/null
-  if [ -e "$d" ]; then echo "$i failed ${kb:--}"; else echo "$i removed ${kb:--}"; fi
-}"""
-
-
-def prune_command(targets: Sequence[tuple[str, str] | tuple[str, str, str, Sequence[str]]],
-                  dry_run: bool = False) -> str:
-    """Remove run folders on one node: ``targets`` are (run folder, marker[, this host's control
-    folder name, the run's other hosts' control folder names]), each already accepted by
-    :func:`prune_target_problem`. One line per target, ``<index> <word> [KiB]``: ``removed`` (or
-    ``would`` with ``dry_run``: nothing is touched), ``missing`` (nothing there), ``running`` (a
-    process still carries the run's marker: left alone, whatever the record says), ``shared
-    <KiB> <host>`` (another host's control folder is in it: the folder is one shared workdir's and
-    that host may still use it; this host's own control folder is let go of, the rest is left),
-    ``refused`` (a symlink, or not a folder holding ``.clusterddp``) or ``failed``."""
-    lines = [MARKED_FN, _PRUNE_FN]
-    for i, t in enumerate(targets):
-        run_dir, marker = t[0], t[1]
-        own, others = (t[2], t[3]) if len(t) == 4 else ("", ())
-        lines.append(" ".join([f"cddp_prune {i} {qpath(run_dir)} {marker_word(marker)}",
-                               "dry" if dry_run else "go", q(own), *map(q, others)]))
-    return "\n".join(lines)
-
-
-# ---- `clusterddp top` ----
-
-TOP_TAIL = 65536  # bytes of each node.log read for its last line and last step
-
-
-def top_command(host: Host, nodes: Iterable[NodeLaunch], progress_regex: str, skip: Sequence[str] = ()) -> str:
-    """One look at ``host`` for ``clusterddp top``: every job of ``nodes`` (all on this host, of any
-    runs) in one command (the node program ``clusterddp/node/top.py``), after the host's setup lines.
-    ``skip``: patterns of lines never shown as a job's last line (:data:`clusterddp.noise.LINE_PATTERNS`)."""
-    args = {"jobs": [[n.control_dir, n.marker] for n in nodes], "regex": progress_regex, "tail": TOP_TAIL,
-            **({"skip": list(skip)} if skip else {})}
-    lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
-    return "\n".join([*lines, python_command(host.python, "top", [q(json.dumps(args))])])
-
-
-# ---- leases (the node program ``clusterddp/node/lease.py``) ----
+# ---- a leased start (the rest of the leases: clusterddp/leases.py) ----
 
 GO_FILE = "lease-go"   # in the control folder: the launcher's word to a node's lease holder to start the job
-
-
-NODE_HOSTNAME = "%h"  # in a lease folder's path: the node's own hostname, filled in on the node
-
-
-def lease_dir(host: Host) -> str:
-    """The node's lease folder: the host's ``lease_dir``, or ``<workdir>/leases/%h``, where ``%h``
-    (:data:`NODE_HOSTNAME`) is the node's hostname: hosts that share a workdir (NFS homes) keep
-    their slots apart, and every inventory naming the machine finds the same folder."""
-    return host.lease_dir or posixpath.join(host.workdir, "leases", NODE_HOSTNAME)
-
-
-def _qlease(path: str) -> str:
-    """A lease folder path (or one below it) as one shell word, ``%h`` as the node's hostname."""
-    head, sep, tail = path.partition(NODE_HOSTNAME)
-    if not sep:
-        return qpath(path)
-    return (qpath(head) if head else "") + '"$(hostname)"' + (_qlease(tail) if tail else "")
-
-
-def lease_command(host: Host, mode: str) -> str:
-    """Run node program ``lease`` in ``mode`` (``hold``, ``queue`` or ``list``); its request, JSON,
-    goes on stdin (a setup line's stdin is /dev/null, so none can eat it)."""
-    lines = preamble(host, (), stdout_to=">/dev/null 2>&1 </dev/null", on_fail=lambda line: "true")
-    return "\n".join([*lines, python_command(host.python, "lease", [mode])])
 
 
 def go_command(node: NodeLaunch) -> str:
@@ -811,36 +514,3 @@ def go_command(node: NodeLaunch) -> str:
             "echo 'the lease holder did not start the job (it ended; is the node overloaded?)' >&2; exit 3")
 
 
-def lease_release_command(host: Host, run_id: str, control_dir: str) -> str:
-    """Release the lease of a run whose job was not started: remove its record, which its holder
-    watches. A job told to start keeps its lease (the go file exists)."""
-    return (f"cd {_qlease(lease_dir(host))} 2>/dev/null || exit 0; "
-            f"[ -e {qpath(posixpath.join(control_dir, GO_FILE))} ] || rm -f {q(f'lease-{run_id}.json')}")
-
-
-def queue_leave_command(host: Host, ticket: str) -> str:
-    """Leave the queue: remove the entry, which its waiter process watches (it then ends)."""
-    return f"rm -f {_qlease(posixpath.join(lease_dir(host), f'queue-{ticket}.json'))}"
-
-
-def collective_command(host: Host, master_addr: str, args: dict) -> NodeCommand:
-    """The node side of ``check --collective`` (``clusterddp/node/collective.py``; ``args`` is its
-    JSON argument: rank, world, sizes, bounds). Set up as launch.sh sets up a job: the host's setup
-    lines and env (on stdin), the same interface choice (:func:`_iface_lines`), the host's python
-    with its site-packages (torch)."""
-    lines = preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
-                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
-    lines += iface_lines({k for k, _ in host.env}, master_addr)
-    lines.append("exec " + python_command(host.python, "collective", [q(json.dumps(args, sort_keys=True))], site=True))
-    return NodeCommand("\n".join(lines), env_stdin(host.env))
-
-
-def envinfo_command(host: Host, run_dir: str | None = None, files: Iterable[str] = ()) -> NodeCommand:
-    """The node side of ``check --diff`` (``clusterddp/node/envinfo.py``): after the host's setup
-    lines and env (on stdin), its python with site-packages reports versions, packages and, when
-    ``run_dir`` (a previous run's folder there) is given, a hash of ``files`` below it."""
-    lines = preamble(host, host.env, stdout_to=">&2", env_on_stdin=True,
-                      on_fail=lambda line: f"echo {q('[clusterddp] setup failed: ' + line)} >&2; exit 98")
-    args = [qpath(run_dir), q(node_envinfo.files_arg(list(files)))] if run_dir else []
-    lines.append("exec " + python_command(host.python, "envinfo", args, site=True))
-    return NodeCommand("\n".join(lines), env_stdin(host.env))

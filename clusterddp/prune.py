@@ -2,7 +2,7 @@
 after each run when the inventory sets ``keep_runs``).
 
 Which runs go is decided from the run records alone (:func:`select`); how a node folder goes is
-:func:`clusterddp.plan.prune_command`, one command per host for all its folders. Two guards keep a
+:func:`prune_command`, one command per host for all its folders. Two guards keep a
 running job's files: a run whose record says running is never chosen, and on the node a folder is
 left alone while any process carries the run's marker, whatever the record says. A run's local
 folder (its record) goes only once every node folder is gone: it is the only pointer to them, so
@@ -12,17 +12,19 @@ a node that cannot be reached now is pruned by a later `prune`.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import plan as P
 from .errors import RecordError, UsageError
 from .fleet import Fleet
 from .inventory import Host
 from .nodeops import Reach
+from .nodescript import CONTROL, MARKED_FN, MARKER, marker_word, q, qpath
+from .plan import NodeLaunch
 from .record import NodeRecord, RunRecord, RunStatus
 from .store import RunStore
 from .transport import connect as default_connect
@@ -96,7 +98,7 @@ def select(store: RunStore, policy: Policy, now: datetime | None = None) -> Sele
 
 @dataclass(frozen=True)
 class NodeResult:
-    """One node folder: ``word`` is :func:`plan.prune_command`'s (removed, would, missing, running,
+    """One node folder: ``word`` is :func:`prune_command`'s (removed, would, missing, running,
     refused, failed), or ``unreachable`` / ``damaged`` (the record's path was refused: ``detail``)."""
 
     host: str
@@ -154,7 +156,7 @@ def disk_usage(path: Path) -> int | None:
 
 def _local_job_running(marker: str) -> bool:
     """Whether a process on this machine carries ``marker`` (an ``up local`` job still going)."""
-    needle = f"{P.MARKER}={marker}".encode()
+    needle = f"{MARKER}={marker}".encode()
     for env in Path("/proc").glob("[0-9]*/environ"):
         try:
             if needle in env.read_bytes().split(b"\0"):
@@ -165,7 +167,7 @@ def _local_job_running(marker: str) -> bool:
 
 
 def parse_reply(text: str, count: int) -> dict[int, tuple[str, int | None]]:
-    """:func:`plan.prune_command`'s lines as ``{index: (word, KiB)}``; lines that are not one are skipped."""
+    """:func:`prune_command`'s lines as ``{index: (word, KiB)}``; lines that are not one are skipped."""
     out: dict[int, tuple[str, int | None]] = {}
     for line in text.splitlines():
         m = re.fullmatch(r"([0-9]{1,9}) (removed|would|missing|running|refused|failed|shared)(?: ([0-9]{1,15}|-))?"
@@ -180,13 +182,13 @@ PRUNE_COMMAND_MAX = 64 * 1024  # bytes of one node command: the kernel takes at 
 
 
 def batches(targets: list[tuple[str, str, str, tuple[str, ...]]]) -> Iterator[list[int]]:
-    """Indexes of ``targets`` in groups whose :func:`plan.prune_command` stays under PRUNE_COMMAND_MAX
+    """Indexes of ``targets`` in groups whose :func:`prune_command` stays under PRUNE_COMMAND_MAX
     (``bash -c`` gets it as one argument; 1,100 runs on one host were over the limit)."""
-    base = len(P.prune_command([]))
+    base = len(prune_command([]))
     group: list[int] = []
     size = base
     for i, t in enumerate(targets):
-        n = len(P.prune_command([t])) - base + 1
+        n = len(prune_command([t])) - base + 1
         if group and size + n > PRUNE_COMMAND_MAX:
             yield group
             group, size = [], base
@@ -203,7 +205,7 @@ def _control_name(run_dir: str, control_dir: str) -> str:
     """The name of a host's control folder in ``<run folder>/.clusterddp``, or "" when the record
     holds another layout (then nothing of it is treated as shared)."""
     name = control_dir.rpartition("/")[2]
-    ok = _CONTROL_NAME.fullmatch(name) and control_dir == f"{run_dir}/{P.CONTROL}/{name}"
+    ok = _CONTROL_NAME.fullmatch(name) and control_dir == f"{run_dir}/{CONTROL}/{name}"
     return name if ok else ""
 
 
@@ -224,7 +226,7 @@ def _rounds(targets: dict[Host, list[tuple[str, _Target]]]) -> Iterator[list[Hos
 
 def _run_on_nodes(targets: dict[Host, list[tuple[str, _Target]]], dry_run: bool, fanout: int, connect: Callable,
                   results: dict[tuple[str, str], NodeResult]) -> None:
-    """:func:`plan.prune_command` for each host's targets (in :func:`batches`), answers into ``results``."""
+    """:func:`prune_command` for each host's targets (in :func:`batches`), answers into ``results``."""
     for hosts in _rounds(targets):
         by_name = {h.name: h for h in hosts}
 
@@ -232,7 +234,7 @@ def _run_on_nodes(targets: dict[Host, list[tuple[str, _Target]]], dry_run: bool,
             todo = [target for _, target in targets[by_name[h.name]]]
             out = []
             for group in batches(todo):
-                r = t.run(P.prune_command([todo[i] for i in group], dry_run), timeout=PRUNE_TIMEOUT)
+                r = t.run(prune_command([todo[i] for i in group], dry_run), timeout=PRUNE_TIMEOUT)
                 out.append((r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")))
             return out
         with Fleet(hosts, fanout=fanout, connect=connect) as fleet:
@@ -276,7 +278,7 @@ def _node_folders(records: tuple[RunRecord, ...], dry_run: bool, connect: Callab
             continue
         names = {n.host: _control_name(n.run_dir, n.control_dir) for n in rec.nodes}
         for n in rec.nodes:
-            problem = P.prune_target_problem(rec.run_id, n.settings.workdir, n.run_dir, n.control_dir)
+            problem = prune_target_problem(rec.run_id, n.settings.workdir, n.run_dir, n.control_dir)
             if problem:
                 results[(rec.run_id, n.host)] = NodeResult(n.host, "damaged", detail=problem)
                 continue
@@ -308,7 +310,7 @@ def _node_folders(records: tuple[RunRecord, ...], dry_run: bool, connect: Callab
     return results
 
 
-def _node_record(n: P.NodeLaunch) -> NodeRecord:
+def _node_record(n: NodeLaunch) -> NodeRecord:
     """A node as its backend reaches it, in the record's words (what :func:`_node_folders` reads)."""
     return NodeRecord(n.host.name, n.host.address, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, n.host)
 
@@ -366,3 +368,72 @@ def prune(store: RunStore, selection: Selection, dry_run: bool = False,
             continue
         out.append(RunResult(rec, nodes, size, gone, None if gone else "its record says running"))
     return out
+
+
+# ---- the node side: removing old runs' node folders (moved from plan.py) ----
+
+_RUN_ID_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def prune_target_problem(run_id: str, workdir: str, run_dir: str, control_dir: str) -> str | None:
+    """Why a recorded node folder is not one ``prune`` may delete, or None when it is.
+
+    run.json is data a person (or a bug) can damage, so the folder must have exactly the shape
+    :func:`build_plan` gives it, ``<workdir>/runs/<run_id>`` with the control folder inside, and
+    no component that climbs (``..``) or hides (``.``, an empty one). On the node,
+    :func:`prune_command` also refuses a folder that is a symlink or holds no ``.clusterddp``."""
+    if not _RUN_ID_SHAPE.fullmatch(run_id):
+        return f"the run id {run_id!r} is not one clusterddp makes"
+    if run_dir != posixpath.join(workdir, "runs", run_id):
+        return f"run folder {run_dir!r} is not <workdir>/runs/{run_id} (workdir {workdir!r})"
+    if not control_dir.startswith(run_dir + "/"):
+        return f"control folder {control_dir!r} is not inside the run folder {run_dir!r}"
+    parts = run_dir.split("/")
+    if parts[0] == "":  # absolute
+        parts = parts[1:]
+    elif parts[0] == "~":  # the remote home, as qpath expands it
+        parts = parts[1:]
+    bad = [p for p in parts if p in ("", ".", "..")]
+    if bad or any(c in run_dir for c in "\0\n\r"):
+        return f"run folder {run_dir!r} has an empty, '.' or '..' component or a control character"
+    return None
+
+
+_PRUNE_FN = r"""cddp_prune() {  # $1 index, $2 run folder, $3 the job's marker, $4 "dry": look only (else "go"),
+  # $5 this host's control folder name in $2/.clusterddp (or ""), then the run's other hosts' names
+  if [ -n "$(cddp_marked "$3")" ]; then echo "$1 running"; return; fi
+  if [ ! -e "$2" ] && [ ! -L "$2" ]; then echo "$1 missing"; return; fi
+  if [ -L "$2" ] || [ ! -d "$2" ] || [ -L "$2/.clusterddp" ] || [ ! -d "$2/.clusterddp" ]; then
+    echo "$1 refused"; return
+  fi
+  local i=$1 d=$2 dry=$4 own=$5 o kb; shift 5
+  kb=$(du -sk -- "$d" 2>/dev/null | cut -f1)
+  for o in "$@"; do  # another host of the run shares this folder (one NFS workdir) and has not let go of it
+    if [ -e "$d/.clusterddp/$o" ] || [ -L "$d/.clusterddp/$o" ]; then
+      if [ "$dry" != dry ] && [ -n "$own" ]; then rm -rf -- "$d/.clusterddp/$own" 2>/dev/null; fi
+      echo "$i shared ${kb:--} $o"; return
+    fi
+  done
+  if [ "$dry" = dry ]; then echo "$i would ${kb:--}"; return; fi
+  rm -rf -- "$d" 2>/dev/null
+  if [ -e "$d" ]; then echo "$i failed ${kb:--}"; else echo "$i removed ${kb:--}"; fi
+}"""
+
+
+def prune_command(targets: Sequence[tuple[str, str] | tuple[str, str, str, Sequence[str]]],
+                  dry_run: bool = False) -> str:
+    """Remove run folders on one node: ``targets`` are (run folder, marker[, this host's control
+    folder name, the run's other hosts' control folder names]), each already accepted by
+    :func:`prune_target_problem`. One line per target, ``<index> <word> [KiB]``: ``removed`` (or
+    ``would`` with ``dry_run``: nothing is touched), ``missing`` (nothing there), ``running`` (a
+    process still carries the run's marker: left alone, whatever the record says), ``shared
+    <KiB> <host>`` (another host's control folder is in it: the folder is one shared workdir's and
+    that host may still use it; this host's own control folder is let go of, the rest is left),
+    ``refused`` (a symlink, or not a folder holding ``.clusterddp``) or ``failed``."""
+    lines = [MARKED_FN, _PRUNE_FN]
+    for i, t in enumerate(targets):
+        run_dir, marker = t[0], t[1]
+        own, others = (t[2], t[3]) if len(t) == 4 else ("", ())
+        lines.append(" ".join([f"cddp_prune {i} {qpath(run_dir)} {marker_word(marker)}",
+                               "dry" if dry_run else "go", q(own), *map(q, others)]))
+    return "\n".join(lines)

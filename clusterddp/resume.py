@@ -15,7 +15,7 @@ protocol; a node that does not answer is said and passed over). Of all, the newe
 the highest step, then the latest modification; a tie goes to a copy already here). One found only on
 a node is first brought here through the collect protocol, verified (:func:`fetch`), into RUN's
 artifacts, as ``clusterddp collect`` would. Then each file goes to every node with
-:func:`clusterddp.plan.seed_command` (the mirror's transfer: written beside its place and renamed
+:func:`clusterddp.mirror.seed_command` (the mirror's transfer: written beside its place and renamed
 there only once its sha256 on the node is the one here; :func:`send`).
 
 RUN: a run id (or its unique start or end, as every command takes it), ``last`` (the newest earlier
@@ -42,7 +42,7 @@ from . import plan as P
 from .artifacts import exchange
 from .errors import HostError, MirrorError, UsageError
 from .fleet import Fleet
-from .mirror import DEFAULT_GLOBS, MAX_FILES, Checkpoint, choose, read_index
+from .mirror import DEFAULT_GLOBS, MAX_FILES, Checkpoint, choose, read_index, seed_command
 from .node.collect import Receiver, StreamError, path_problem, sha256_file
 from .nodeops import nodes_of
 from .record import ResumedFrom, RunRecord, RunStatus
@@ -329,7 +329,7 @@ def paths(chosen: Iterable[Found]) -> set[str]:
 
 def send(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, run_id: str, chosen: Sequence[Found]) -> None:
     """Put every file of ``chosen`` (run ``run_id``'s, here) on every one of ``nodes`` at the same path
-    under its run folder, with :func:`clusterddp.plan.seed_command` (renamed into place only once its
+    under its run folder, with :func:`clusterddp.mirror.seed_command` (renamed into place only once its
     sha256 there is the one here). HostError naming the first node that did not take a file whole;
     MirrorError when a copy here no longer has the sha256 it was brought back with."""
     files: list[tuple[str, Path, str]] = []
@@ -348,7 +348,7 @@ def send(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, run_id: s
 
     def put(n: P.NodeLaunch, t: Transport) -> None:
         for p, local, digest in files:
-            res = t.run(P.seed_command(n, p, digest), stdin=local, timeout=SEND_TIMEOUT_S)
+            res = t.run(seed_command(n, p, digest), stdin=local, timeout=SEND_TIMEOUT_S)
             if res.exit_code != 0:
                 detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
                 raise HostError(n.host.name, f"cannot put the checkpoint {p} there"

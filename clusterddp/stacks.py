@@ -31,7 +31,7 @@ from .fleet import Fleet, as_host_error
 from .inventory import Host
 from .node import stacks as node_stacks
 from .nodeops import nodes_of
-from .nodescript import HostLike
+from .nodescript import HostLike, preamble, python_command, q
 from .record import RunRecord, RunStatus
 from .store import RunStore
 from .transport import Transport
@@ -89,8 +89,8 @@ def node_command(host: HostLike, control_dir: str, marker: str, wait: float = WA
     whose control folder is ``control_dir``), after the host's setup lines. Every backend runs this
     on each node, however it reaches the node."""
     args = {"ctl": control_dir, "marker": marker, "wait": wait}
-    lines = P.preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
-    return "\n".join([*lines, P.python_command(host.python, "stacks", [P.q(json.dumps(args))])])
+    lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    return "\n".join([*lines, python_command(host.python, "stacks", [q(json.dumps(args))])])
 
 
 def stacks_command(host: Host, node: P.NodeLaunch, wait: float = WAIT_S) -> str:

@@ -646,14 +646,6 @@ class RunStore:
         finally:
             os.close(fd)
 
-    def write_log(self, run_id: str, host: str, data: bytes) -> None:
-        """Replace the local log with the node's complete copy (atomically: readers see the old or
-        the new copy, and writers at once each leave a whole one). A read-only store keeps the old copy."""
-        if self.read_only:
-            return
-        with self.log_writer(run_id, host) as f:
-            f.write(data)
-
     def copy_log(self, run_id: str, host: str, src: Path) -> None:
         """Replace the local log with the file ``src`` (a log on a shared folder), copied in chunks.
         Raises FileNotFoundError when there is none; a read-only store keeps the old copy."""

@@ -1,7 +1,7 @@
 """`clusterddp top`: what each node of running runs is doing now, one SSH round per node per look.
 
 A :class:`Watch` holds one :class:`~clusterddp.fleet.Fleet` for the whole view and, at each
-:meth:`Watch.look`, sends every node one command (:func:`plan.top_command`, which covers all of
+:meth:`Watch.look`, sends every node one command (:func:`top_command`, which covers all of
 that node's jobs, of every run shown) and reads the answers into a :class:`Snapshot`. Rates are
 differences between looks, timed by each node's own clock (SSH latency does not bend them):
 steps per second over the last :data:`RATE_WINDOW` seconds of progress lines, CPU % since the
@@ -14,10 +14,11 @@ prints; nothing is written to the run records.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import cast
 
@@ -30,6 +31,7 @@ from .node import reply as node_reply
 from .node import top as node_top
 from .node.watch import regex_problem
 from .nodeops import Reach, nodes_of
+from .nodescript import preamble, python_command, q
 from .record import RunRecord, RunStatus
 from .store import RunStore
 from .transport import Transport
@@ -283,7 +285,7 @@ class Watch:
         def ask(g: _Group) -> GroupResult[str, dict]:
             def one(host: Host, t: Transport) -> dict:
                 jobs = [n for _, n in g.jobs[host.name]]
-                res = t.run(P.top_command(host, jobs, self.regex, noise.LINE_PATTERNS), timeout=host.connect_timeout)
+                res = t.run(top_command(host, jobs, self.regex, noise.LINE_PATTERNS), timeout=host.connect_timeout)
                 return cast(dict, node_reply.one_line_each(node_top.parse_reply(res.stdout, len(jobs))))
             assert g.fleet is not None
             return g.fleet.each(one)
@@ -384,3 +386,18 @@ def _since_progress(v: NodeView, now: float, job: dict) -> None:
                                                      and v.since_progress > watch["timeout"])
     elif job["log_mtime"] is not None:
         v.since_progress, v.progress_from = max(0.0, now - job["log_mtime"]), "log"
+
+
+# ---- the node side: one look at a host (moved from plan.py) ----
+
+TOP_TAIL = 65536  # bytes of each node.log read for its last line and last step
+
+
+def top_command(host: Host, nodes: Iterable[P.NodeLaunch], progress_regex: str, skip: Sequence[str] = ()) -> str:
+    """One look at ``host`` for ``clusterddp top``: every job of ``nodes`` (all on this host, of any
+    runs) in one command (the node program ``clusterddp/node/top.py``), after the host's setup lines.
+    ``skip``: patterns of lines never shown as a job's last line (:data:`clusterddp.noise.LINE_PATTERNS`)."""
+    args = {"jobs": [[n.control_dir, n.marker] for n in nodes], "regex": progress_regex, "tail": TOP_TAIL,
+            **({"skip": list(skip)} if skip else {})}
+    lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    return "\n".join([*lines, python_command(host.python, "top", [q(json.dumps(args))])])

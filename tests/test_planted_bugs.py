@@ -25,7 +25,9 @@ from clusterddp.errors import HostError
 from clusterddp.fleet import HostResult
 from clusterddp.node import diagnose as D
 from clusterddp.node.collective import MARK
+from clusterddp.prune import prune_target_problem
 from clusterddp.record import RunStatus
+from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore, new_run_id
 from clusterddp.transport import CommandResult
 from helpers import cddp, make_record, record, run_id_of
@@ -112,7 +114,7 @@ def test_the_diagnosis_sends_the_newest_attempts_error_files_first_under_its_cap
 ])
 def test_prune_refuses_a_run_folder_under_another_workdir(run_id, workdir, run_dir, control_dir):
     """Mutation: ``run_dir != join(workdir, "runs", run_id)`` -> ``not run_dir.endswith("/runs/" + run_id)``."""
-    assert P.prune_target_problem(run_id, workdir, run_dir, control_dir)
+    assert prune_target_problem(run_id, workdir, run_dir, control_dir)
 
 
 def _damaged(run_id: str, run_dir: str):
@@ -277,7 +279,7 @@ class _Node:
 def _plan(tmp_path: Path) -> P.LaunchPlan:
     hosts = tuple(replace(inventory.local().hosts[0], name=name, workdir=str(tmp_path / name)) for name in "ab")
     inv = inventory.Inventory("t", "t", hosts, inventory.Master("a", "127.0.0.1", 29500))
-    return P.build_plan(inv, P.RunSpec("t.py"), new_run_id())
+    return P.build_plan(inv, RunSpec("t.py"), new_run_id())
 
 
 def test_a_node_whose_heartbeats_fail_at_once_is_lost_within_the_tests_own_deadline(tmp_path):

@@ -22,8 +22,8 @@ from .. import __version__
 from ..errors import NodeOutcome, RunFailed, UsageError
 from ..inventory import LOCAL, Inventory, NotifyTarget
 from ..nodeops import Reach
-from ..plan import RunSpec
 from ..record import NodeRecord, NodeState, RunRecord, RunStatus
+from ..runspec import RunSpec
 from ..store import RunStore, utcnow
 from ..upload import DEFAULT_MAX_UPLOAD
 

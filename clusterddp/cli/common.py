@@ -81,7 +81,7 @@ def run_spec(script: str, script_args: list[str] | None, name: str | None, gpus:
     """The RunSpec those options describe (``-e`` and ``--collect`` checked here)."""
     from ..errors import UsageError
     from ..inventory import glob_problem, show
-    from ..plan import RunSpec
+    from ..runspec import RunSpec
     for g in collect:
         problem = glob_problem(g)
         if problem:

@@ -35,8 +35,8 @@ def exec_(
 
     Exit 0 only when every host exited 0; failed and unreachable hosts are listed at the end.
     """  # noqa: E501 - Typer's help keeps the docstring's line breaks, so a paragraph is one line
-    from .. import plan
     from ..errors import UsageError
+    from ..exec_ import EXEC_TIMED_OUT, exec_command
 
     exit_quickly_when_done()
     if not command:
@@ -55,8 +55,8 @@ def exec_(
     try:
         with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
             try:
-                results = fleet.run(lambda h: plan.exec_command(h, command, timeout, marker), on_output=printer,
-                                    limit=timeout, timed_out_code=plan.EXEC_TIMED_OUT)
+                results = fleet.run(lambda h: exec_command(h, command, timeout, marker), on_output=printer,
+                                    limit=timeout, timed_out_code=EXEC_TIMED_OUT)
             except KeyboardInterrupt:  # the command has no terminal: it would outlive its connection
                 from ..nodeops import end_marked
                 ended = end_marked(fleet, marker, INTERRUPT_GRACE_S)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ..errors import ClusterDDPError, UnknownSchedule, UsageError
 from ..files import write_private
-from ..plan import q
+from ..nodescript import q
 from .cron import cron_command
 from .fire import lock_within, open_lock
 from .spec import ScheduleSpec, check_name, log_path, save_spec, search_path

@@ -18,7 +18,7 @@ from typing import Any
 from .. import launch
 from ..errors import ClusterDDPError, FileRefused, SpecError, UsageError
 from ..files import make_folders, read_bounded, write_private
-from ..plan import RunSpec
+from ..runspec import RunSpec
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]+")  # used with fullmatch: "$" would accept a trailing newline
 SPEC_SCHEMA = 1

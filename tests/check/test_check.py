@@ -19,10 +19,13 @@ from dataclasses import replace
 import pytest
 
 from clusterddp import check, inventory, plan
-from clusterddp.check import FAIL, OK, WARN, evaluate
+from clusterddp.check import FAIL, OK, WARN, evaluate, probe_command
 from clusterddp.errors import HostError, HostErrorKind, InventoryError, PreflightFailed
+from clusterddp.exec_ import exec_command
 from clusterddp.fleet import Fleet, HostResult, fan_out
 from clusterddp.node.probe import MARK, parse_reply
+from clusterddp.nodescript import NodeCommand
+from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from clusterddp.transport import CommandResult
 
@@ -279,7 +282,7 @@ def local_host(**over) -> inventory.Host:
     return replace(inventory.local(python=sys.executable).hosts[0], **over)
 
 
-def bash(cmd: plan.NodeCommand) -> subprocess.CompletedProcess:
+def bash(cmd: NodeCommand) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", cmd.text], input=cmd.stdin, capture_output=True, timeout=60)
 
 
@@ -289,7 +292,7 @@ def test_probe_reports_this_machine(tmp_path):
     with socket.socket() as s:  # a free port, then check the probe agrees
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    p = bash(plan.probe_command(h, "127.0.0.1", port, full=False))
+    p = bash(probe_command(h, "127.0.0.1", port, full=False))
     f = parse_reply(p.stdout, p.stderr, p.returncode)
     assert f["python"] == ".".join(map(str, sys.version_info[:3])) and f["executable"] == sys.executable
     from importlib.metadata import version
@@ -306,22 +309,22 @@ def test_probe_finds_the_master_port_taken():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        p = bash(plan.probe_command(local_host(), "127.0.0.1", port, full=False))
+        p = bash(probe_command(local_host(), "127.0.0.1", port, full=False))
     f = parse_reply(p.stdout, p.stderr, p.returncode)
     assert f["port_free"] is False and "in use" in f["port_error"]
 
 
 def test_probe_reports_a_failing_setup_line():
-    p = bash(plan.probe_command(local_host(setup=("true", "echo 'it''s' >&2; false")), "127.0.0.1", None))
+    p = bash(probe_command(local_host(setup=("true", "echo 'it''s' >&2; false")), "127.0.0.1", None))
     f = parse_reply(p.stdout, p.stderr, p.returncode)
     assert f == {"setup_failed": "echo 'it''s' >&2; false"} and b"its" in p.stderr
 
 
 def test_exec_command_runs_setup_and_env_then_the_words():
     h = local_host(name="gpu-01", env=(("GREETING", "a 'b' $c"),), setup=("export S=from-setup", "echo quiet"))
-    p = bash(plan.exec_command(h, ["echo", '"$GREETING|$S|$CLUSTERDDP_HOST"', "|", "tr", "a", "A"]))
+    p = bash(exec_command(h, ["echo", '"$GREETING|$S|$CLUSTERDDP_HOST"', "|", "tr", "a", "A"]))
     assert (p.returncode, p.stdout) == (0, b"A 'b' $c|from-setup|gpu-01\n")
-    p = bash(plan.exec_command(local_host(setup=("false",)), ["echo", "never"]))
+    p = bash(exec_command(local_host(setup=("false",)), ["echo", "never"]))
     assert p.returncode == 98 and p.stdout == b"" and b"setup failed: false" in p.stderr
 
 
@@ -488,7 +491,7 @@ class ProbeTransport(FakeTransport):
 def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):
     from clusterddp.backends.ssh import launch as jobs
     i = inv()
-    p = plan.build_plan(i, plan.RunSpec("t.py", env=(("FROM_CLI", "1"),)), "20261129-000000-test")
+    p = plan.build_plan(i, RunSpec("t.py", env=(("FROM_CLI", "1"),)), "20261129-000000-test")
     log, made = [], {}
 
     def connect_with(over):
@@ -516,7 +519,7 @@ def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):
     starts = {n.host.name: plan.start_node_command(n, False, False, len(n.launch_script.encode()))[0]
               + n.launch_script for n in p.nodes}  # + stdin
     assert sorted(h for h, cmd in log if cmd == starts[h]) == ["a", "b", "c"]
-    local = plan.build_plan(inventory.local(), plan.RunSpec("t.py"), "x", local_run_dir=str(tmp_path),
+    local = plan.build_plan(inventory.local(), RunSpec("t.py"), "x", local_run_dir=str(tmp_path),
                             local_control_dir=str(tmp_path / "c"))
     assert jobs.preflight(local) is None  # `up local` pays nothing
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from clusterddp import schedule
 from clusterddp.errors import SpecError, UsageError
-from clusterddp.plan import RunSpec
+from clusterddp.runspec import RunSpec
 from fuzzing import ANY_TEXT, DEEP_JSON, case, fuzz, hostile_bytes, hostile_text, json_edited, spliced, spliced_bytes
 
 # A known bug (issue 23), fixed by engineer A in parallel: 50,000-deep JSON in a spec file is a

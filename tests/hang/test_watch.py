@@ -17,8 +17,9 @@ from clusterddp import inventory, noise
 from clusterddp.errors import InventoryError, UsageError
 from clusterddp.failure import AGENT_LINE
 from clusterddp.node import watch as W
-from clusterddp.plan import RunSpec, build_plan, watch_args
+from clusterddp.plan import build_plan
 from clusterddp.record import RunRecord
+from clusterddp.runspec import RunSpec, watch_args
 from clusterddp.store import RunStore
 from helpers import make_record
 from test_stacks import STUCK, WAITING, dump, proc, reply

@@ -14,6 +14,8 @@ from clusterddp.backends import base
 from clusterddp.errors import InventoryError, SpecError
 from clusterddp.inventory import _hostfile
 from clusterddp.node import worker
+from clusterddp.nodescript import torchrun_entry, worker_command
+from clusterddp.runspec import RunSpec
 from helpers import REPO
 
 
@@ -127,9 +129,9 @@ def test_exclude_after_hosts_refuses_unknown_names_and_an_empty_result(tmp_path)
 
 
 def test_worker_command_puts_the_local_rank_before_the_users_arguments():
-    assert plan.worker_command("py", "t.py", ["--x", "a b"]) == ("py", "-u", "t.py", "--x", "a b")
-    assert plan.torchrun_entry("py", "t.py", ["--x"]) == ("t.py", "--x")
-    entry = plan.torchrun_entry("/opt/py", "t.py", ["--x", "$HOME"], "--local_rank")
+    assert worker_command("py", "t.py", ["--x", "a b"]) == ("py", "-u", "t.py", "--x", "a b")
+    assert torchrun_entry("py", "t.py", ["--x"]) == ("t.py", "--x")
+    entry = torchrun_entry("/opt/py", "t.py", ["--x", "$HOME"], "--local_rank")
     assert entry[:3] == ("--no-python", "/opt/py", "-S") and entry[3].startswith("-c")
     assert entry[4:] == ("--local_rank", "t.py", "--x", "$HOME")
     assert worker.command(["--local_rank", "t.py", "--x"], {"LOCAL_RANK": "3"}, "py") == [
@@ -142,8 +144,8 @@ def test_worker_command_puts_the_local_rank_before_the_users_arguments():
 
 def test_the_plan_renders_the_shim_quoted_and_only_when_asked(tmp_path):
     inv = load(tmp_path, "a slots=2\nb slots=2\n")
-    off = plan.build_plan(inv, plan.RunSpec("t.py", ("$HOME",)), "r1")
-    on = plan.build_plan(inv, plan.RunSpec("t.py", ("$HOME",), local_rank_arg="--local_rank"), "r1")
+    off = plan.build_plan(inv, RunSpec("t.py", ("$HOME",)), "r1")
+    on = plan.build_plan(inv, RunSpec("t.py", ("$HOME",), local_rank_arg="--local_rank"), "r1")
     assert "--no-python" not in off.nodes[0].launch_script
     assert off.nodes[0].argv[-2:] == ("t.py", "$HOME")
     assert on.nodes[1].argv[-3:] == ("--local_rank", "t.py", "$HOME") and "--no-python" in on.nodes[1].argv
@@ -153,11 +155,11 @@ def test_the_plan_renders_the_shim_quoted_and_only_when_asked(tmp_path):
 def test_up_warns_when_a_script_parses_local_rank_and_the_option_is_off(tmp_path):
     s = tmp_path / "d.py"
     s.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument(\"--local-rank\", type=int)\n")
-    warning = base.local_rank_warning(plan.RunSpec(str(s)))
+    warning = base.local_rank_warning(RunSpec(str(s)))
     assert warning and f"{s}:3 parses --local-rank" in warning and "--local-rank-arg=--local-rank" in warning
-    assert base.local_rank_warning(plan.RunSpec(str(s), local_rank_arg="--local-rank")) is None
+    assert base.local_rank_warning(RunSpec(str(s), local_rank_arg="--local-rank")) is None
     s.write_text("import os\nrank = int(os.environ['LOCAL_RANK'])  # --local_rank is not parsed here\n")
-    assert base.local_rank_warning(plan.RunSpec(str(s))) is None
+    assert base.local_rank_warning(RunSpec(str(s))) is None
 
 
 def test_local_rank_arg_spellings_on_the_command_line():
@@ -184,8 +186,8 @@ def test_a_schedule_keeps_local_rank_arg_and_older_specs_read_as_before():
     from clusterddp import schedule as S
     base = dict(name="nightly", cron="0 2 * * *", launch_dir="/p", runs_dir="/srv/runs", executable=("/v/bin/cddp",),
                 bin_dir="/v/bin", inventory="/p/hostfile", hosts=("gpu-01",))
-    on = S.ScheduleSpec(run=plan.RunSpec(script="/p/t.py", script_args=("x",), local_rank_arg="--local_rank"), **base)
-    off = S.ScheduleSpec(run=plan.RunSpec(script="/p/t.py"), **base)
+    on = S.ScheduleSpec(run=RunSpec(script="/p/t.py", script_args=("x",), local_rank_arg="--local_rank"), **base)
+    off = S.ScheduleSpec(run=RunSpec(script="/p/t.py"), **base)
     assert S.spec_from_json(on.to_json(), on.spec_path) == on
     assert "local_rank_arg" not in off.to_json() and S.spec_from_json(off.to_json(), off.spec_path) == off
     assert S.up_argv(on)[-3:] == ["--local-rank-arg=--local_rank", "--", "x"]

@@ -7,7 +7,8 @@ import pytest
 
 from clusterddp import inventory, leases
 from clusterddp.errors import LeaseBusy, UsageError
-from clusterddp.plan import RunSpec, build_plan
+from clusterddp.plan import build_plan
+from clusterddp.runspec import RunSpec
 
 INV = """
 master: {host: b}

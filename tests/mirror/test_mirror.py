@@ -18,8 +18,10 @@ from clusterddp import mirror
 from clusterddp import plan as P
 from clusterddp.errors import HostError, MirrorError
 from clusterddp.inventory import Host
+from clusterddp.mirror import SEED_MISMATCH, seed_command
 from clusterddp.node import collect
-from clusterddp.plan import LaunchPlan, NodeLaunch, RunSpec
+from clusterddp.plan import LaunchPlan, NodeLaunch
+from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from helpers import eventually
 
@@ -214,11 +216,11 @@ def test_a_seeded_file_takes_its_place_only_with_the_mirror_sha256(tmp_path):
     node = replace(plan().nodes[0], run_dir=str(tmp_path / "run 1"))
     data = b"checkpoint bytes"
     good, bad = hashlib.sha256(data).hexdigest(), hashlib.sha256(b"other").hexdigest()
-    r = subprocess.run(["bash", "-c", P.seed_command(node, "checkpoints/step-8.pt", bad)], input=data,
+    r = subprocess.run(["bash", "-c", seed_command(node, "checkpoints/step-8.pt", bad)], input=data,
                        capture_output=True)
-    assert r.returncode == P.SEED_MISMATCH and b"not the mirror's" in r.stderr
+    assert r.returncode == SEED_MISMATCH and b"not the mirror's" in r.stderr
     assert list((tmp_path / "run 1" / "checkpoints").iterdir()) == []  # no temp file, no checkpoint
-    r = subprocess.run(["bash", "-c", P.seed_command(node, "checkpoints/step-8.pt", good)], input=data)
+    r = subprocess.run(["bash", "-c", seed_command(node, "checkpoints/step-8.pt", good)], input=data)
     assert r.returncode == 0 and (tmp_path / "run 1" / "checkpoints" / "step-8.pt").read_bytes() == data
     assert [f.name for f in (tmp_path / "run 1" / "checkpoints").iterdir()] == ["step-8.pt"]
 

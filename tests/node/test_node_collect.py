@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import plan
 from clusterddp.node import collect
 from clusterddp.node.collect import Receiver
+from clusterddp.nodescript import CONTROL
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_an_unreadable_file_is_named_and_a_changing_one_is_not_called_whole(tmp_
 
 
 def test_the_control_folder_name_is_the_plans():
-    assert collect.CONTROL == plan.CONTROL
+    assert collect.CONTROL == CONTROL
 
 
 # ---- hostile answers: every byte from a node is untrusted ----

@@ -13,6 +13,8 @@ import pytest
 from clusterddp import inventory, plan
 from clusterddp.node import reply
 from clusterddp.node.reply import STATUS_MARK, ReplyError, parse_status
+from clusterddp.nodescript import MARKER
+from clusterddp.runspec import RunSpec
 from clusterddp.store import new_run_id
 
 
@@ -34,7 +36,7 @@ def test_the_status_command_run_by_a_shell_that_prints_a_banner_is_read(tmp_path
     base = inventory.local(python=sys.executable).hosts[0]
     inv = inventory.Inventory("t", "t", (replace(base, name="a", workdir=str(tmp_path)),),
                               inventory.Master("a", "127.0.0.1", 29500))
-    node = plan.build_plan(inv, plan.RunSpec("t.py"), new_run_id()).nodes[0]
+    node = plan.build_plan(inv, RunSpec("t.py"), new_run_id()).nodes[0]
     Path(node.control_dir).mkdir(parents=True)
     (Path(node.control_dir) / "exit_code").write_text("7\n")
 
@@ -114,7 +116,7 @@ def test_teardown_reads_its_word_after_a_login_banner(tmp_path):
     base = inventory.local(python=sys.executable).hosts[0]
     inv = inventory.Inventory("t", "t", (replace(base, name="a", workdir=str(tmp_path)),),
                               inventory.Master("a", "127.0.0.1", 29500))
-    node = plan.build_plan(inv, plan.RunSpec("t.py"), new_run_id()).nodes[0]
+    node = plan.build_plan(inv, RunSpec("t.py"), new_run_id()).nodes[0]
     Path(node.control_dir).mkdir(parents=True)
 
     class Bannered:
@@ -123,7 +125,7 @@ def test_teardown_reads_its_word_after_a_login_banner(tmp_path):
                                timeout=60)
             return CommandResult(p.returncode, p.stdout, p.stderr)
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
-                           env={**os.environ, plan.MARKER: node.marker})
+                           env={**os.environ, MARKER: node.marker})
     try:
         td = nodeops.teardown(Bannered(), node, grace=5)  # type: ignore[arg-type]
     finally:

@@ -1,4 +1,4 @@
-"""How launch.sh and node.sh start torchrun (nodescript.TORCHRUN, plan.torchrun_start): its module run as
+"""How launch.sh and node.sh start torchrun (nodescript.TORCHRUN, nodescript.torchrun_start): its module run as
 `python -m` runs it, a wait for the rendezvous store on the nodes that do not serve it, gc.freeze() once
 it returned. Real processes through bash, with a stand-in module in place of torch.distributed.run
 (the real one runs under every SSH and Slurm test)."""
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from clusterddp import nodescript as NS
-from clusterddp import plan
+from clusterddp.nodescript import TORCHRUN_SOURCE, shell_word, store_wait
 
 # What the stand-in module reports: how it was run, and (at exit) whether its objects were frozen.
 MODULE = """import atexit, gc, json, os, sys, threading, time
@@ -52,10 +52,10 @@ def _run(tmp_path: Path, *args: str, env: dict | None = None, prefix: str = "", 
          shim: bool = True) -> tuple[subprocess.CompletedProcess, dict, dict]:
     """Run the stand-in as launch.sh runs torchrun (``shim``), or as ``python -m`` does."""
     out = tmp_path / ("shim" if shim else "plain")
-    words = (sys.executable, "-c", plan.TORCHRUN_SOURCE, "standin.run") if shim else \
+    words = (sys.executable, "-c", TORCHRUN_SOURCE, "standin.run") if shim else \
         (sys.executable, "-m", "standin.run")
     script = "\n".join([f"{NS.TORCHRUN_VAR}={NS.q(source)}",
-                        f"{prefix}{' '.join(map(plan.shell_word, (*words, *args)))}"])
+                        f"{prefix}{' '.join(map(shell_word, (*words, *args)))}"])
     full = {**os.environ, "PYTHONPATH": str(_module(tmp_path)), "OUT": str(out), **(env or {})}
     r = subprocess.run(["bash", "-c", script], env=full, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     seen = json.loads(out.read_text()) if out.exists() else {}
@@ -145,7 +145,7 @@ def test_a_node_that_does_not_serve_the_store_starts_torchrun_once_the_store_lis
         connects = tmp_path / "shim.connects"
         connects.unlink(missing_ok=True)
         port, state, t = _listen_later(delay)
-        r, seen, _ = _run(tmp_path, "x", prefix=plan.store_wait(f"127.0.0.1:{port}") + " ")
+        r, seen, _ = _run(tmp_path, "x", prefix=store_wait(f"127.0.0.1:{port}") + " ")
         t.join(30)
         assert r.returncode == 0, r.stderr
         tries = [(float(at), what) for at, what in (line.split() for line in connects.read_text().splitlines())]
@@ -169,9 +169,9 @@ def test_the_wait_is_bounded_and_a_bad_address_is_no_wait(tmp_path):
     assert bounded != NS.TORCHRUN
     port = _free_port()  # nothing listens there
     started = time.time()
-    r, seen, _ = _run(tmp_path, prefix=plan.store_wait(f"127.0.0.1:{port}") + " ", source=bounded)
+    r, seen, _ = _run(tmp_path, prefix=store_wait(f"127.0.0.1:{port}") + " ", source=bounded)
     assert r.returncode == 0 and seen["started"] - started >= 1.0  # it waited its bound, then went on
     for bad in ("nonsense", "127.0.0.1:notaport", ":"):
-        r, seen, _ = _run(tmp_path, prefix=plan.store_wait(NS.q(bad)) + " ")
+        r, seen, _ = _run(tmp_path, prefix=store_wait(NS.q(bad)) + " ")
         assert r.returncode == 0 and seen["argv"][1:] == [] and seen["store"] is None, r.stderr
 

@@ -8,7 +8,7 @@ import fcntl
 import json
 
 from clusterddp import schedule as S
-from clusterddp.plan import RunSpec
+from clusterddp.runspec import RunSpec
 from helpers import cddp, run_id_of
 from test_notify import TOKEN, Receiver
 

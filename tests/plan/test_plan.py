@@ -16,7 +16,15 @@ import pytest
 
 from clusterddp import inventory, node, plan
 from clusterddp import nodescript as NS
-from clusterddp.plan import RunSpec, build_plan
+from clusterddp.check import probe_command, reach_command
+from clusterddp.collective import collective_command
+from clusterddp.envdiff import envinfo_command
+from clusterddp.exec_ import exec_command
+from clusterddp.leases import lease_command, lease_release_command, queue_leave_command
+from clusterddp.mirror import seed_command
+from clusterddp.nodescript import NodeCommand, q, qpath, shell_word, torchrun_start, worker_command
+from clusterddp.plan import build_plan
+from clusterddp.runspec import RunSpec
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 RUN_ID = "20261129-120000-abcd"
@@ -80,8 +88,8 @@ def test_two_node_plan_summary_matches_golden():
 
 
 def test_the_summary_command_reads_as_torchrun_and_names_clusterddps_own_python():
-    argv = (*plan.torchrun_start("/py"), "--nnodes", "2", "--no-python",
-            *plan.worker_command("/py", "t.py", ["a b"], "--local_rank"))
+    argv = (*torchrun_start("/py"), "--nnodes", "2", "--no-python",
+            *worker_command("/py", "t.py", ["a b"], "--local_rank"))
     assert plan.readable_command(argv) == ("/py -m torch.distributed.run --nnodes 2 --no-python /py -S "
                                            "<clusterddp's Python: --dry-run --full shows it> --local_rank t.py 'a b'")
 
@@ -147,7 +155,7 @@ def test_only_the_nodes_that_do_not_serve_the_rendezvous_store_wait_for_it(tmp_p
     (tests/nodescript/test_torchrun_start.py runs that line); a local run has no one to wait for."""
     for p in (two_node_plan(), two_node_plan(max_restarts=1)):
         a, b = p.nodes
-        start = " ".join(map(plan.shell_word, plan.torchrun_start(a.host.python)))
+        start = " ".join(map(shell_word, torchrun_start(a.host.python)))
 
         def line(node: plan.NodeLaunch, start: str = start) -> str:
             return next(ln for ln in node.launch_script.splitlines() if start in ln)
@@ -172,7 +180,7 @@ def test_rendered_argv_survives_the_shell_byte_for_byte(tmp_path):
     fake.chmod(0o755)
     inv = inventory.parse(INV.replace("/opt/venv/bin/python", str(fake)), "inv.yaml")
     node = build_plan(inv, RunSpec("t.py", HOSTILE), RUN_ID).nodes[0]
-    line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(plan.q(str(fake))))
+    line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(q(str(fake))))
     out = subprocess.run(["bash", "-c", line], capture_output=True, check=True, cwd=tmp_path).stdout
     argv = out.split(b"\0")[:-1]
     assert [a.decode() for a in argv[-len(HOSTILE):]] == list(HOSTILE)
@@ -188,7 +196,7 @@ def test_only_clusterddps_own_words_expand_a_script_argument_nproc_stays_literal
     inv = inventory.parse(INV.replace("/opt/venv/bin/python", str(fake)), "inv.yaml")
     user = ("$NPROC", "$LOCAL_ADDR", "${NPROC}")
     node = build_plan(inv, RunSpec("t.py", user, max_restarts=1), RUN_ID).nodes[1]  # gpus: auto
-    line = next(ln for ln in node.launch_script.splitlines() if f" {plan.q(str(fake))} -c " in ln)
+    line = next(ln for ln in node.launch_script.splitlines() if f" {q(str(fake))} -c " in ln)
     assert line.startswith("CLUSTERDDP_STORE=10.0.0.11:29500 ")  # node 1 waits for the master's store
     out = subprocess.run(["bash", "-c", f"NPROC=7 LOCAL_ADDR=10.9.9.9\n{line}"], capture_output=True, check=True,
                          cwd=tmp_path).stdout
@@ -212,7 +220,7 @@ def test_env_values_survive_the_shell_byte_for_byte():
     ("~/a b", '"$HOME"/\'a b\''), ("~", '"$HOME"'), ("/abs/x", "/abs/x"), ("rel;x", "'rel;x'"),
 ])
 def test_qpath_expands_only_a_leading_home(path, rendered):
-    assert plan.qpath(path) == rendered
+    assert qpath(path) == rendered
 
 
 def test_launch_script_is_valid_bash():
@@ -264,7 +272,7 @@ COLLECTIVE_ARGS = {"rank": 1, "world": 2, "addr": "10.0.0.11", "port": 29500, "s
                    "join_s": 20.0, "op_s": 0.5, "budget_s": 0.1, "limit_s": 100.0}
 
 
-def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
+def node_commands() -> list[tuple[str, str | NodeCommand]]:
     """(header naming the function and its arguments, the command) for every command clusterddp
     sends to a node: a run's steps (supervisor, control, artifacts), check's and up's probe, exec
     (those two with the stdin that carries their env)."""
@@ -287,34 +295,34 @@ def node_commands() -> list[tuple[str, str | plan.NodeCommand]]:
             (f"notify_arm_command({h})  # up --detach, node 0", plan.notify_arm_command(n)),
             (f"collect_command({h})", plan.collect_command(n)),
             (f"seed_command({h}, 'checkpoints/step 8.pt', <sha256>)",
-             plan.seed_command(n, "checkpoints/step 8.pt", "0123456789abcdef" * 4)),
+             seed_command(n, "checkpoints/step 8.pt", "0123456789abcdef" * 4)),
             (f"node_log_command({h})", plan.node_log_command(n)),
             (f"lease_release_command({h}, {RUN_ID!r}, <control dir>)",
-             plan.lease_release_command(n.host, RUN_ID, n.control_dir)),
+             lease_release_command(n.host, RUN_ID, n.control_dir)),
         ]
     (a, b), addr = inv.hosts, inv.master.addr
     ea, eb = (n.env for n in p.nodes)
     out += [
-        (f"probe_command({a.name}, {addr!r}, 29500)  # check, master", plan.probe_command(a, addr, 29500)),
-        (f"probe_command({b.name}, {addr!r}, None)  # check, not the master", plan.probe_command(b, addr, None)),
+        (f"probe_command({a.name}, {addr!r}, 29500)  # check, master", probe_command(a, addr, 29500)),
+        (f"probe_command({b.name}, {addr!r}, None)  # check, not the master", probe_command(b, addr, None)),
         (f"probe_command({a.name}, {addr!r}, 29500, full=False, env=<node env>)  # up's preflight, master",
-         plan.probe_command(a, addr, 29500, full=False, env=ea)),
+         probe_command(a, addr, 29500, full=False, env=ea)),
         (f"probe_command({b.name}, {addr!r}, None, full=False, env=<node env>)  # up's preflight, not the master",
-         plan.probe_command(b, addr, None, full=False, env=eb)),
-        (f"exec_command({a.name}, {EXEC_WORDS!r})", plan.exec_command(a, EXEC_WORDS)),
-        (f"exec_command({b.name}, {EXEC_WORDS!r})", plan.exec_command(b, EXEC_WORDS)),
-        (f"exec_command({a.name}, {EXEC_WORDS!r}, limit=2.5)", plan.exec_command(a, EXEC_WORDS, 2.5)),
-        (f"lease_command({a.name}, 'hold')", plan.lease_command(a, "hold")),
-        (f"lease_command({b.name}, 'queue')", plan.lease_command(b, "queue")),
-        (f"lease_command({b.name}, 'list')", plan.lease_command(b, "list")),
-        (f"queue_leave_command({a.name}, <ticket>)", plan.queue_leave_command(a, f"{'1' * 19}-{RUN_ID}")),
+         probe_command(b, addr, None, full=False, env=eb)),
+        (f"exec_command({a.name}, {EXEC_WORDS!r})", exec_command(a, EXEC_WORDS)),
+        (f"exec_command({b.name}, {EXEC_WORDS!r})", exec_command(b, EXEC_WORDS)),
+        (f"exec_command({a.name}, {EXEC_WORDS!r}, limit=2.5)", exec_command(a, EXEC_WORDS, 2.5)),
+        (f"lease_command({a.name}, 'hold')", lease_command(a, "hold")),
+        (f"lease_command({b.name}, 'queue')", lease_command(b, "queue")),
+        (f"lease_command({b.name}, 'list')", lease_command(b, "list")),
+        (f"queue_leave_command({a.name}, <ticket>)", queue_leave_command(a, f"{'1' * 19}-{RUN_ID}")),
         (f"collective_command({b.name}, {addr!r}, {COLLECTIVE_ARGS})  # check --collective",
-         plan.collective_command(b, addr, COLLECTIVE_ARGS)),
-        (f"envinfo_command({a.name})  # check --diff, no previous run", plan.envinfo_command(a)),
+         collective_command(b, addr, COLLECTIVE_ARGS)),
+        (f"envinfo_command({a.name})  # check --diff, no previous run", envinfo_command(a)),
         (f"reach_command({a.name}, 'hooks.example.org', 443, 5)  # check, a notify: webhook",
-         plan.reach_command(a, "hooks.example.org", 443, 5)),
+         reach_command(a, "hooks.example.org", 443, 5)),
         (f"envinfo_command({b.name}, {p.nodes[1].run_dir!r}, ['t.py', 'lib/a b.py'])  # check --diff",
-         plan.envinfo_command(b, p.nodes[1].run_dir, ["t.py", "lib/a b.py"])),
+         envinfo_command(b, p.nodes[1].run_dir, ["t.py", "lib/a b.py"])),
     ]
     return out
 
@@ -338,12 +346,12 @@ def test_node_commands_match_golden():
     for header, command in node_commands():
         text, stdin = (command, None) if isinstance(command, str) else command
         for name, code in SNIPPETS.items():
-            text = text.replace(plan.q(code), f"<{name}>")
+            text = text.replace(q(code), f"<{name}>")
         parts += ["", f"== {header} ==", text]
         if stdin is not None:
             parts += ["-- stdin --", stdin.decode() + "-- end of stdin --"]
     for name, code in SNIPPETS.items():
-        parts += ["", f"== <{name}> ==", plan.q(code)]
+        parts += ["", f"== <{name}> ==", q(code)]
     golden("node_commands.txt", "\n".join(parts) + "\n")
 
 
@@ -363,9 +371,9 @@ def test_exec_runs_setup_first_and_keeps_env_values_byte_for_byte(tmp_path):
     (tmp_path / "venv" / "bin" / "activate").write_text("ACTIVATED=yes\n")
     host = inventory.parse(CMD_INV, "cmd.yaml").hosts[0]
     words = ["printf", "'%s\\0'", '"$CLUSTERDDP_HOST"', '"$ACTIVATED"', '"$STAGE"', '"$QUOTED"', '"$DQ"']
-    cmd = plan.exec_command(host, words)
+    cmd = exec_command(host, words)
     for _, v in host.env:  # the values travel on stdin, never in the command's text (a process argument)
-        assert v not in cmd.text and plan.q(v) not in cmd.text
+        assert v not in cmd.text and q(v) not in cmd.text
     out = subprocess.run(["bash", "-c", cmd.text], input=cmd.stdin, capture_output=True, check=True,
                          cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]}).stdout
     assert out.decode().split("\0")[:-1] == [

@@ -17,8 +17,8 @@ from clusterddp import schedule as S
 from clusterddp.cli.app import app
 from clusterddp.cli.common import host_slots, masked_argv
 from clusterddp.errors import InventoryError, SpecError, UsageError
-from clusterddp.plan import RunSpec
 from clusterddp.record import RunStatus
+from clusterddp.runspec import RunSpec
 from clusterddp.schedule import crontab as crontab_mod
 from clusterddp.store import RunStore
 from helpers import make_record

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import plan as P
 from clusterddp import prune as pr
 from clusterddp.errors import RunNotFound, UsageError
+from clusterddp.nodescript import MARKER
+from clusterddp.prune import prune_command, prune_target_problem
 from clusterddp.record import RunStatus
 from clusterddp.store import RunStore
 from helpers import cddp, eventually
@@ -73,7 +74,7 @@ GOOD = ("20261130-120000-ab12", "~/clusterddp", "~/clusterddp/runs/20261130-1200
     ("r1", "w", "w/runs/r1", "w/runs/r1/.clusterddp/node-1"),
 ])
 def test_a_run_folder_of_the_planned_shape_may_be_pruned(run_id, workdir, run_dir, control_dir):
-    assert P.prune_target_problem(run_id, workdir, run_dir, control_dir) is None
+    assert prune_target_problem(run_id, workdir, run_dir, control_dir) is None
 
 
 @pytest.mark.parametrize("run_id, workdir, run_dir, control_dir", [
@@ -89,7 +90,7 @@ def test_a_run_folder_of_the_planned_shape_may_be_pruned(run_id, workdir, run_di
     ("r1", "/w\n", "/w\n/runs/r1", "/w\n/runs/r1/.clusterddp"),
 ])
 def test_a_damaged_record_cannot_point_prune_outside_a_run_folder(run_id, workdir, run_dir, control_dir):
-    assert P.prune_target_problem(run_id, workdir, run_dir, control_dir)
+    assert prune_target_problem(run_id, workdir, run_dir, control_dir)
 
 
 def _bash(cmd: str) -> str:
@@ -110,14 +111,14 @@ def test_the_node_command_removes_only_run_folders_whose_job_has_ended(tmp_path)
     (runs / "link").symlink_to(outside)
     marker = f"prune-test-{os.getpid()}/node"
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
-                           env={**os.environ, P.MARKER: marker})
+                           env={**os.environ, MARKER: marker})
     try:
         targets = [(str(runs / n), marker if n == "running" else f"{n}/node") for n in names]
-        dry = pr.parse_reply(_bash(P.prune_command(targets, dry_run=True)), len(names))
+        dry = pr.parse_reply(_bash(prune_command(targets, dry_run=True)), len(names))
         assert [w for w, _ in dry.values()] == ["would", "would", "refused", "refused", "running", "missing"]
         assert dry[0][1] and dry[0][1] >= 90  # KiB, as du counts them
         assert all((runs / n).exists() for n in names[:5])  # a dry run removes nothing
-        done = pr.parse_reply(_bash(P.prune_command(targets)), len(names))
+        done = pr.parse_reply(_bash(prune_command(targets)), len(names))
         assert [w for w, _ in done.values()] == ["removed", "removed", "refused", "refused", "running", "missing"]
         assert sorted(p.name for p in runs.iterdir()) == ["link", "no-control", "running"]
         assert (outside / ".clusterddp").is_dir() and not (tmp_path / "pwned").exists()
@@ -125,7 +126,7 @@ def test_the_node_command_removes_only_run_folders_whose_job_has_ended(tmp_path)
         job.kill()
         job.wait()
     # the same folder, once its job has ended
-    assert pr.parse_reply(_bash(P.prune_command([(str(runs / "running"), marker)])), 1)[0][0] == "removed"
+    assert pr.parse_reply(_bash(prune_command([(str(runs / "running"), marker)])), 1)[0][0] == "removed"
     assert not (runs / "running").exists()
 
 
@@ -174,7 +175,7 @@ def test_the_command_says_what_to_give_and_a_dry_run_removes_nothing(tmp_path):
 
 def test_the_node_command_matches_its_golden_file():
     from test_plan import golden
-    golden("prune_command.txt", P.prune_command([("~/clusterddp/runs/r1", "r1/gpu-01", "gpu-01", ("gpu-02",)),
+    golden("prune_command.txt", prune_command([("~/clusterddp/runs/r1", "r1/gpu-01", "gpu-01", ("gpu-02",)),
                                                  ("/scratch/it's here/runs/r2", "r2/gpu-01")], dry_run=True))
 
 
@@ -203,7 +204,7 @@ def _local_connect(host):
 
 def _marked_job(marker: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
-                            env={**os.environ, P.MARKER: marker})
+                            env={**os.environ, MARKER: marker})
 
 
 def test_the_node_command_lets_go_of_a_shared_folder_another_host_of_the_run_still_holds(tmp_path):
@@ -211,14 +212,14 @@ def test_the_node_command_lets_go_of_a_shared_folder_another_host_of_the_run_sti
     a, b = r.nodes
     run = Path(a.run_dir)
     # a's job has ended; b's control folder is there: b (whose processes a cannot see) may still use it
-    said = _bash(P.prune_command([(a.run_dir, a.marker, "a", ("b",))], dry_run=True))
+    said = _bash(prune_command([(a.run_dir, a.marker, "a", ("b",))], dry_run=True))
     assert pr.parse_reply(said, 1)[0][0] == "shared" and (run / ".clusterddp" / "a").is_dir()
-    said = _bash(P.prune_command([(a.run_dir, a.marker, "a", ("b",))]))
+    said = _bash(prune_command([(a.run_dir, a.marker, "a", ("b",))]))
     assert pr.parse_reply(said, 1)[0][0] == "shared", said
     assert (run / "ckpt.pt").is_file() and (run / ".clusterddp" / "b").is_dir()
     assert not (run / ".clusterddp" / "a").exists()  # a let go of its own part
     # b, once its job has ended, is the last: it removes the folder
-    said = _bash(P.prune_command([(b.run_dir, b.marker, "b", ("a",))]))
+    said = _bash(prune_command([(b.run_dir, b.marker, "b", ("a",))]))
     assert pr.parse_reply(said, 1)[0][0] == "removed" and not run.exists()
 
 
@@ -301,7 +302,7 @@ def test_prune_of_more_runs_than_one_node_command_holds_is_sent_in_batches(tmp_p
                                                settings=replace(n.settings, workdir=str(work), transport="local")),)))
         os.makedirs(f"{run_dir}/.clusterddp/a")
     sel = pr.select(store, pr.Policy(keep=0), NOW)
-    assert len(P.prune_command([(n.run_dir, n.marker, "a", ()) for r in sel.remove for n in r.nodes])) > 128 * 1024
+    assert len(prune_command([(n.run_dir, n.marker, "a", ()) for r in sel.remove for n in r.nodes])) > 128 * 1024
     results = pr.prune(store, sel, connect=_local_connect)
     assert sum(r.removed for r in results) == count, {r.why_kept for r in results if not r.removed}
     assert os.listdir(work / "runs") == []

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import plan as P
 from clusterddp.backends.base import RunOutcome
 from clusterddp.backends.ssh import control
 from clusterddp.backends.ssh import launch as jobs
@@ -19,6 +18,7 @@ from clusterddp.inventory import Host
 from clusterddp.node.reply import STATUS_MARK
 from clusterddp.nodeops import parse_status
 from clusterddp.record import NodeState, RecordError, RunRecord, RunStatus, from_report
+from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from clusterddp.transport import CommandResult
 from helpers import make_record
@@ -202,7 +202,7 @@ def test_the_inventorys_fanout_is_recorded_and_bounds_every_control_command(tmp_
     (tmp_path / "t.py").write_text("print('hi')\n")
     (tmp_path / "inv.yaml").write_text("fanout: 3\nhosts:\n" + "".join(
         f"  - {{name: n{i}, address: n{i}.invalid}}\n" for i in range(5)))
-    prep = jobs.prepare(str(tmp_path / "inv.yaml"), P.RunSpec(str(tmp_path / "t.py")), str(tmp_path / "runs"))
+    prep = jobs.prepare(str(tmp_path / "inv.yaml"), RunSpec(str(tmp_path / "t.py")), str(tmp_path / "runs"))
     rec = jobs.new_record(prep, str(tmp_path / "inv.yaml"))
     prep.store.create(rec)
     assert prep.store.load(rec.run_id).fanout == 3
@@ -239,7 +239,7 @@ def test_the_inventorys_fanout_is_recorded_and_bounds_every_control_command(tmp_
 def test_the_clusterddp_version_that_started_a_run_is_recorded_and_read_back(tmp_path):
     import clusterddp
     from clusterddp.backends.base import new_record
-    spec = P.RunSpec(script="t.py", script_args=())
+    spec = RunSpec(script="t.py", script_args=())
     rec = new_record("local", spec, "r1", schedule=None, local=True, master_addr="127.0.0.1", master_port=29500,
                      collect=())
     assert rec.version == clusterddp.__version__

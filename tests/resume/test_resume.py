@@ -299,8 +299,8 @@ def test_a_node_that_does_not_take_the_checkpoint_ends_the_run_recorded_failed(t
     from types import SimpleNamespace
 
     from clusterddp.fleet import Fleet
-    from clusterddp.plan import RunSpec
     from clusterddp.record import NodeState
+    from clusterddp.runspec import RunSpec
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").write_text("print('hi')\n")
     (tmp_path / "inv.yaml").write_text("hosts: [{name: a, address: 10.0.0.1}, {name: b, address: 10.0.0.2}]\n")

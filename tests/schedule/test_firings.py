@@ -24,8 +24,8 @@ from clusterddp import notify as N
 from clusterddp import schedule as S
 from clusterddp.cli.app import app
 from clusterddp.errors import LeaseBusy
-from clusterddp.plan import RunSpec
 from clusterddp.record import RunStatus
+from clusterddp.runspec import RunSpec
 from clusterddp.schedule import crontab as crontab_mod
 from clusterddp.store import RunStore, when_of
 from helpers import make_record

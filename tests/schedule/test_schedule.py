@@ -26,8 +26,8 @@ import pytest
 
 from clusterddp import schedule as S
 from clusterddp.errors import ClusterDDPError, LockTimeout, SpecError, UsageError
-from clusterddp.plan import RunSpec
 from clusterddp.record import RunStatus
+from clusterddp.runspec import RunSpec
 from clusterddp.schedule import crontab as crontab_mod
 from clusterddp.store import RunStore
 from helpers import eventually, make_record

@@ -27,7 +27,7 @@ def test_runs_started_in_one_second_are_listed_in_the_order_they_started(tmp_pat
     """keep_runs and prune keep the newest runs: two runs of one second must not be ordered by their
     ids' random ends (a long run started just before a short one was taken for the newer)."""
     from clusterddp.backends.base import new_record
-    from clusterddp.plan import RunSpec
+    from clusterddp.runspec import RunSpec
     s = RunStore(tmp_path)
     first = new_record("inv.yaml", RunSpec("t.py"), "20261204-035057-ffff", schedule=None, local=False,
                        master_addr="a", master_port=1, collect=())
@@ -144,7 +144,8 @@ def _log_writer(root: str, tag: str, n: int, start_at: float) -> None:
     s = RunStore(root)
     time.sleep(max(0.0, start_at - time.time()))  # every writer starts together
     for i in range(n):
-        s.write_log("20261129-140000-dddd", "a", _payload(tag, i))
+        with s.log_writer("20261129-140000-dddd", "a") as f:  # as artifacts writes a node's copy
+            f.write(_payload(tag, i))
 
 
 def test_log_copies_written_at_once_by_threads_and_processes_are_each_whole(tmp_path):
@@ -273,7 +274,8 @@ def test_everything_the_store_writes_is_private_whatever_the_umask(tmp_path):
         s.update("20261129-100000-aaaa", lambda r: r)
         s.append_log("20261129-100000-aaaa", "a", b"token=s3cret\n")
         s.close_logs()
-        s.write_log("20261129-100000-aaaa", "b", b"token=s3cret\n")
+        with s.log_writer("20261129-100000-aaaa", "b") as f:
+            f.write(b"token=s3cret\n")
         s.record_firing("nightly", "skipped: lock held", reason="still running")
         con = sqlite3.connect(tmp_path / "runs" / "runs.db")  # an open reader keeps -wal and -shm there
         con.execute("SELECT count(*) FROM runs").fetchall()

@@ -113,7 +113,7 @@ def _damage(kind: str, runs: Path, hold: list) -> None:
 def _crontab(runs: Path, monkeypatch) -> None:
     """`schedule list` reads a crontab with one schedule in ``runs``; nothing touches the real one."""
     from clusterddp import schedule as S
-    from clusterddp.plan import RunSpec
+    from clusterddp.runspec import RunSpec
     spec = S.ScheduleSpec(name="nightly", cron="0 2 * * *", launch_dir=str(runs.parent), runs_dir=str(runs),
                           executable=("/venv/bin/clusterddp",), bin_dir="/venv/bin", inventory="local",
                           run=RunSpec(script="/x/t.py"), hosts=(), agent_socket=None)

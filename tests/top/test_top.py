@@ -12,16 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterddp import plan
 from clusterddp import top as T
 from clusterddp.errors import UsageError
 from clusterddp.node import top as node_top
+from clusterddp.top import TOP_TAIL
 from clusterddp.transport import CommandResult
 from helpers import make_record
 
 
 def run_node(capsys, jobs, regex=T.DEFAULT_PROGRESS) -> dict:
-    assert node_top.main([json.dumps({"jobs": jobs, "regex": regex, "tail": plan.TOP_TAIL})]) == 0
+    assert node_top.main([json.dumps({"jobs": jobs, "regex": regex, "tail": TOP_TAIL})]) == 0
     return node_top.parse_reply(capsys.readouterr().out.encode(), len(jobs))
 
 
@@ -62,7 +62,7 @@ def test_the_last_line_shown_is_never_torch_noise_nor_the_source_line_of_its_war
         b"named 'numpy' (Triggered internally at tensor_numpy.cpp:84.)\n"
         b'  cpu = _conversion_method_template(device=torch.device("cpu"))\n'
         b"[W1202 02:47:33.5 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n")
-    args = {"jobs": [[str(tmp_path), "m/n1"]], "regex": T.DEFAULT_PROGRESS, "tail": plan.TOP_TAIL,
+    args = {"jobs": [[str(tmp_path), "m/n1"]], "regex": T.DEFAULT_PROGRESS, "tail": TOP_TAIL,
             "skip": list(noise.LINE_PATTERNS)}
     assert node_top.main([json.dumps(args)]) == 0
     job = node_top.parse_reply(capsys.readouterr().out.encode(), 1)["jobs"][0]

@@ -13,7 +13,7 @@ import pytest
 from clusterddp import upload
 from clusterddp.backends.ssh import launch as jobs
 from clusterddp.errors import UsageError
-from clusterddp.plan import RunSpec
+from clusterddp.runspec import RunSpec
 from helpers import REPO, cddp
 
 GOOD_INV = "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n  - {name: gpu-02, address: gpu-02.invalid}\n"

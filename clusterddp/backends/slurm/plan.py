@@ -26,9 +26,11 @@ import posixpath
 from dataclasses import dataclass
 
 from ... import nodescript as NS
-from ... import plan as P
+from ... import runspec
 from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
 from ...node import notify as node_notify
+from ...nodescript import shell_word, store_wait, torchrun_entry, torchrun_start
+from ...runspec import RunSpec
 
 BATCH = "job.sbatch"
 NODE_SCRIPT = "node.sh"
@@ -45,7 +47,7 @@ _PORT_FROM_JOB = "$((20000 + SLURM_JOB_ID % 20000))"
 class SlurmPlan:
     run_id: str
     inventory: Inventory
-    spec: P.RunSpec
+    spec: RunSpec
     settings: SlurmSettings
     run_dir: str                 # <shared_dir>/runs/<run_id>: the staged code; where the script runs
     control_dir: str
@@ -57,10 +59,6 @@ class SlurmPlan:
     @property
     def batch_path(self) -> str:
         return posixpath.join(self.control_dir, BATCH)
-
-    @property
-    def node_script_path(self) -> str:
-        return posixpath.join(self.control_dir, NODE_SCRIPT)
 
 
 def node_control(control_dir: str, host: str) -> str:
@@ -87,7 +85,7 @@ def node_host(s: SlurmSettings, name: str = "slurm") -> Host:
                 connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
 
 
-def build(inventory: Inventory, spec: P.RunSpec, run_id: str, shared_dir: str, notify: bool = False) -> SlurmPlan:
+def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, notify: bool = False) -> SlurmPlan:
     """Plan a Slurm run; ``shared_dir`` is the inventory's, with ``~`` already expanded by the caller.
     ``notify``: the batch script tells the run's end (:func:`notify_lines`; `up --detach` with webhooks)."""
     s = inventory.slurm
@@ -100,7 +98,7 @@ def build(inventory: Inventory, spec: P.RunSpec, run_id: str, shared_dir: str, n
     return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, collect, notify)
 
 
-def _batch_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, ctl: str, notify: bool = False) -> str:
+def _batch_script(s: SlurmSettings, spec: RunSpec, run_id: str, ctl: str, notify: bool = False) -> str:
     lo, hi = s.nodes
     opts = [f"--job-name=clusterddp-{run_id}", f"--nodes={lo}" if lo == hi else f"--nodes={lo}-{hi}",
             "--ntasks-per-node=1", f"--output={ctl}/{BATCH_LOG}", f"--chdir={ctl}"]
@@ -178,7 +176,7 @@ def notify_lines(s: SlurmSettings) -> list[str]:
     ]
 
 
-def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
+def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
     host = node_host(s)
     env = tuple({**dict(s.env), **dict(spec.env)}.items())
     port = str(spec.master_port) if spec.master_port else _PORT_FROM_JOB
@@ -225,7 +223,7 @@ def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, c
         lines += ["# the stall watchdog (--stall-timeout): the run's rendezvous store, for it alone",
                   f"export MASTER_ADDR MASTER_PORT={port}", *watch_start, "export -n MASTER_ADDR MASTER_PORT"]
     nproc = spec.gpus or s.gpus_per_node
-    argv = [P.store_wait('"$cddp_store"'), *map(P.shell_word, P.torchrun_start(s.python))]
+    argv = [store_wait('"$cddp_store"'), *map(shell_word, torchrun_start(s.python))]
     argv += [NS.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
                                "--rdzv-backend", "c10d")]
     argv += ["--rdzv-endpoint", f'"$MASTER_ADDR:{port}"', "--rdzv-id", '"$SLURM_JOB_ID"',
@@ -236,18 +234,18 @@ def _node_script(s: SlurmSettings, spec: P.RunSpec, run_id: str, run_dir: str, c
     # (TORCHELASTIC_ERROR_FILE), which the diagnosis reads as for SSH runs.
     argv += [NS.q(w) for w in ("--max-restarts", "0")]
     argv += ["--log-dir", '"$CTL/errors"']
-    argv += [NS.q(w) for w in P.torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
-                                               spec.local_rank_arg)]
+    argv += [NS.q(w) for w in torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
+                                             spec.local_rank_arg)]
     lines += [" ".join(argv), *watch_end, "cddp_exit $cddp_rc" if watch is not None else "cddp_exit $?", ""]
     return "\n".join(lines)
 
 
-def watch_args(s: SlurmSettings, spec: P.RunSpec) -> dict | None:
+def watch_args(s: SlurmSettings, spec: RunSpec) -> dict | None:
     """The stall watchdog's argument in node.sh (None: the run has none): as an SSH run's
-    (:func:`clusterddp.plan.watch_args`), but the store is the one the node script finds
+    (:func:`clusterddp.runspec.watch_args`), but the store is the one the node script finds
     (``$MASTER_ADDR``/``$MASTER_PORT``: the allocation's first host, the job's port). The node count
     must be fixed (the caller refuses a range): the nodes wait for each other's watchdogs."""
-    args = P.watch_args(spec, s.nodes[0], "", 0)
+    args = runspec.watch_args(spec, s.nodes[0], "", 0)
     return None if args is None else {**args, "store": None}
 
 
@@ -271,7 +269,7 @@ def summary(p: SlurmPlan) -> str:
     s = p.settings
     head = render(p).split("\n", 3)[:3]
     command = next((line for line in p.node_script.splitlines() if " torch.distributed.run " in line), "")
-    wrapped = " ".join(P.shell_word(w) for w in P.torchrun_start(s.python))
+    wrapped = " ".join(shell_word(w) for w in torchrun_start(s.python))
     command = command.replace(wrapped, f"{NS.q(s.python)} -m torch.distributed.run")
     env = tuple({**dict(s.env), **dict(p.spec.env)}.items())
     out = [*head, "sbatch options: " + " ".join(line[len("#SBATCH "):] for line in p.batch_script.splitlines()

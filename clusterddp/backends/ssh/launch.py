@@ -25,6 +25,7 @@ from ...failure import Failure
 from ...fleet import Fleet
 from ...mirror import Mirror, unprotected
 from ...record import Attempt, NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
+from ...runspec import RunSpec
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
 from .. import base
@@ -47,7 +48,7 @@ class Prepared:
     resumes: RunRecord | None = None  # --resume RUN: that run, checked (clusterddp.resume)
 
 
-def prepare(inventory_arg: str, spec: P.RunSpec, runs_dir: str, hosts: list[str] | None = None,
+def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] | None = None,
             run_id: str | None = None, exclude: list[str] | None = None,
             loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None,
             nodes: tuple[int, int] | None = None, secrets: tuple[upload.Secret, ...] = (),

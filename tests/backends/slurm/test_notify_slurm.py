@@ -16,7 +16,7 @@ import yaml
 
 from clusterddp.backends.slurm import plan as SP
 from clusterddp.inventory import load_named
-from clusterddp.plan import RunSpec
+from clusterddp.runspec import RunSpec
 from helpers import cddp, eventually, job_pids, record, run_id_of
 from test_notify import TOKEN, Receiver
 

@@ -15,8 +15,8 @@ from clusterddp.backends.slurm import check as slurm_check
 from clusterddp.backends.slurm import control as slurm_control
 from clusterddp.backends.slurm import job as slurm
 from clusterddp.errors import SlurmAnswerError
-from clusterddp.plan import RunSpec
 from clusterddp.record import RunStatus
+from clusterddp.runspec import RunSpec
 from clusterddp.transport.base import CommandResult
 
 INV = """

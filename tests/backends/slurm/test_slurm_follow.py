@@ -18,7 +18,7 @@ from clusterddp import store as store_mod
 from clusterddp.backends.slurm import control as slurm_control
 from clusterddp.backends.slurm import job as slurm
 from clusterddp.errors import HostError, HostErrorKind, SlurmError
-from clusterddp.plan import RunSpec
+from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from clusterddp.transport.base import CommandResult
 

@@ -6,7 +6,7 @@ import subprocess
 
 from clusterddp import inventory
 from clusterddp.backends.slurm import plan as SP
-from clusterddp.plan import RunSpec
+from clusterddp.runspec import RunSpec
 from helpers import cddp, job_script
 from test_plan import HOSTILE, RUN_ID, golden
 

@@ -20,7 +20,7 @@ from clusterddp.backends.slurm import control as slurm_control
 from clusterddp.backends.slurm import job as slurm
 from clusterddp.errors import UsageError
 from clusterddp.node import stacks as node_stacks
-from clusterddp.plan import RunSpec
+from clusterddp.runspec import RunSpec
 from clusterddp.transport.base import CommandResult
 
 INV = """

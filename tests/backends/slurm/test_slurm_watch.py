@@ -22,8 +22,8 @@ from clusterddp.backends.slurm import plan as SP
 from clusterddp.backends.slurm.login import LocalLogin
 from clusterddp.errors import UsageError
 from clusterddp.node import stacks as node_stacks
-from clusterddp.plan import RunSpec
 from clusterddp.record import RunStatus
+from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 
 INV = """

@@ -13,6 +13,7 @@ from clusterddp.errors import InventoryError, RecordError, UsageError
 from clusterddp.inventory import parse
 from clusterddp.launch import parse_nodes
 from clusterddp.record import Attempt, RunRecord
+from clusterddp.runspec import RunSpec
 from helpers import make_record
 
 INV = """\
@@ -39,7 +40,7 @@ def test_spares_take_the_defaults_like_hosts_and_are_not_run_on(inv):
     s1, s2 = inv.spares
     assert (s1.user, s1.gpus, s1.workdir, s1.python) == ("me", 1, "/w", "/opt/py")
     assert s2.python == "python3"
-    plan = P.build_plan(inv, P.RunSpec("t.py"), "r1")
+    plan = P.build_plan(inv, RunSpec("t.py"), "r1")
     assert [n.host.name for n in plan.nodes] == ["b", "a", "c"]  # no spare while every host is healthy
 
 
@@ -71,7 +72,7 @@ def test_each_host_out_is_replaced_by_the_first_healthy_spare_after_the_hosts(in
     assert names(nxt.hosts) == ["b", "c", "s1"] and nxt.out == ("a",) and nxt.in_ == ("s1",)
     assert nxt.says() == "a out, s1 in"
     # the master b stays rank 0; the others keep their order, the spare last
-    plan = P.build_plan(inv.in_use(nxt.hosts), P.RunSpec("t.py"), "r1", attempt=2)
+    plan = P.build_plan(inv.in_use(nxt.hosts), RunSpec("t.py"), "r1", attempt=2)
     assert [(n.host.name, n.node_rank) for n in plan.nodes] == [("b", 0), ("c", 1), ("s1", 2)]
 
 
@@ -80,7 +81,7 @@ def test_a_lost_master_moves_rank_0_to_the_first_host_left(inv):
     assert isinstance(nxt, A.Next)
     new = inv.in_use(nxt.hosts)
     assert new.master.host == "a" and new.master.addr == "10.0.0.1"
-    plan = P.build_plan(new, P.RunSpec("t.py", max_restarts=1), "r1", attempt=2)
+    plan = P.build_plan(new, RunSpec("t.py", max_restarts=1), "r1", attempt=2)
     assert [(n.host.name, n.node_rank) for n in plan.nodes] == [("a", 0), ("c", 1), ("s2", 2)]
     argv = plan.nodes[0].argv
     assert argv[argv.index("--rdzv-id") + 1] == "r1.attempt-2"  # an old torchrun coming back meets no one
@@ -160,7 +161,7 @@ def test_damaged_attempts_are_a_located_error(bad, field):
 
 
 def test_retire_command_moves_the_old_attempts_control_folder_aside(inv):
-    node = P.build_plan(inv, P.RunSpec("t.py"), "r1").nodes[0]
+    node = P.build_plan(inv, RunSpec("t.py"), "r1").nodes[0]
     ctl = "/w/runs/r1/.clusterddp/b"
     assert P.retire_command(node, 2) == (f"if [ -d {ctl} ]; then rm -rf {ctl}@attempt-1 "
                                          f"&& mv {ctl} {ctl}@attempt-1; fi")

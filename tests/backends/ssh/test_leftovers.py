@@ -12,7 +12,9 @@ from clusterddp import plan as P
 from clusterddp.backends.ssh import leftovers as L
 from clusterddp.fleet import Fleet
 from clusterddp.leases import Holding
+from clusterddp.nodescript import marker_word
 from clusterddp.record import NodeState, RunStatus
+from clusterddp.runspec import RunSpec
 from clusterddp.transport.base import CommandResult
 from helpers import make_record
 
@@ -111,7 +113,7 @@ def test_end_tears_down_the_leftover_by_its_marker_and_says_how_it_went(said, ok
     ((got, problem),) = L.end(Fleet([host], connect=lambda h: node), host, [x])
     assert got is x and (problem is None) == ok, problem
     (command,) = node.ran
-    assert P.marker_word("r1/b@attempt-1") in command, command
+    assert marker_word("r1/b@attempt-1") in command, command
     line = L.taken(x, problem)
     if ok:
         assert line == (f"[clusterddp] {host.name}: slots 0 were held by run r1, which has ended (succeeded): "
@@ -153,7 +155,7 @@ def seam(monkeypatch, tmp_path):
     store = RunStore(str(tmp_path / "runs"))
     store.create(ended_with_lost("r1"))  # lost b in attempt 1, then succeeded on a and c
     store.create(make_record("r2", ("a", "b")))  # running
-    plan = P.build_plan(parse(INV, "lab.yaml"), P.RunSpec("t.py"), "r3")
+    plan = P.build_plan(parse(INV, "lab.yaml"), RunSpec("t.py"), "r3")
     prep = launch.Prepared(plan, store, tmp_path)
     st = {"refusals": [], "waits": [], "ended": [], "problem": None}
 

@@ -27,6 +27,8 @@ from clusterddp.errors import HostError
 from clusterddp.node.follow import WHOLE_MARK
 from clusterddp.node.reply import STATUS_MARK
 from clusterddp.nodeops import parse_status
+from clusterddp.nodescript import MARKER
+from clusterddp.runspec import RunSpec
 from clusterddp.store import new_run_id
 from clusterddp.transport import CommandResult, connect
 from helpers import eventually
@@ -57,13 +59,13 @@ def make_plan(tmp_path: Path, modes: dict[str, str]) -> plan.LaunchPlan:
     inv = inventory.Inventory("t", "t", hosts, inventory.Master(hosts[0].name, "127.0.0.1", 29500))
     # A fresh run id: teardown ends processes by their run marker machine-wide, so a fixed id
     # would let another test session on this machine end this one's jobs (and the reverse).
-    return plan.build_plan(inv, plan.RunSpec("t.py"), new_run_id())
+    return plan.build_plan(inv, RunSpec("t.py"), new_run_id())
 
 
 def job_pids(p: plan.LaunchPlan) -> list[str]:
     out = []
     for n in p.nodes:
-        r = subprocess.run(["bash", "-c", f"grep -lzxF {plan.MARKER}={n.marker} /proc/[0-9]*/environ"],
+        r = subprocess.run(["bash", "-c", f"grep -lzxF {MARKER}={n.marker} /proc/[0-9]*/environ"],
                            capture_output=True, text=True)
         out += r.stdout.split()
     return out
@@ -192,7 +194,7 @@ def test_up_local_runs_without_heartbeats_and_is_never_lost_for_lack_of_them(tmp
     py.chmod(0o755)
     host = replace(inventory.local(python=str(py)).hosts[0], env=(("MODE", "slow"),))
     inv = inventory.Inventory("local", "local", (host,), inventory.Master(host.name, "127.0.0.1", 29500))
-    p = plan.build_plan(inv, plan.RunSpec("t.py"), new_run_id(), local_run_dir=str(tmp_path),
+    p = plan.build_plan(inv, RunSpec("t.py"), new_run_id(), local_run_dir=str(tmp_path),
                         local_control_dir=str(tmp_path / "ctl"))
     assert p.local
     counted: list[_Counting] = []
