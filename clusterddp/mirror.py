@@ -323,6 +323,8 @@ def read_index(store: RunStore, run_id: str) -> list[Held]:
         doc = json.loads(raw)
     except ValueError as e:
         raise MirrorError(f"{path}: not JSON ({e})", _REMOVE) from None
+    except RecursionError:  # nested deeper than the parser goes: no index the mirror writes
+        raise MirrorError(f"{path}: not JSON (nested too deep)", _REMOVE) from None
     if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION or not isinstance(doc.get("checkpoints"), list):
         raise MirrorError(f"{path}: not a mirror index of version {INDEX_VERSION}", _REMOVE)
     return [Held.from_json(d, f"{path}: checkpoints[{i}]") for i, d in enumerate(doc["checkpoints"])]

@@ -111,6 +111,9 @@ def test_a_damaged_mirror_json_is_a_located_error(tmp_path, bad, why):
     store.write_mirror_index("r1", b"[1]")
     with pytest.raises(MirrorError, match="not a mirror index of version 1"):
         mirror.read_index(store, "r1")
+    store.write_mirror_index("r1", b"[" * 200_000)  # deeper than json goes (found by the fuzz campaign)
+    with pytest.raises(MirrorError, match="nested too deep"):
+        mirror.read_index(store, "r1")
     store.mirror_index_path("r1").unlink()
     assert mirror.read_index(store, "r1") == []
 
