@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from .fleet import Fleet
     from .plan import LaunchPlan, NodeLaunch
     from .store import RunStore
-    from .transport import Transport
+    from .transport import CommandResult, Transport
 
 # What a checkpoint is for a run that says nothing (`checkpoints:` in the inventory or `up --checkpoints`
 # say otherwise): the files the job writes under its run folder that look like one. checkpoints/** is
@@ -620,14 +620,28 @@ def seed(fleet: Fleet, node: NodeLaunch, store: RunStore, run_id: str) -> str | 
     return _seed(fleet, node, store, run_id, held)
 
 
+def put(t: Transport, node: NodeLaunch, rel: str, local: Path, digest: str, timeout: float, what: str) -> None:
+    """Write the file ``local`` to ``rel`` under ``node``'s run folder with :func:`seed_command` (renamed
+    into place there only once its sha256 is ``digest``): the one transfer of a checkpoint to a node, for
+    a new attempt (the mirror's) and a resumed run (:mod:`clusterddp.resume`). HostError when the node
+    does not take it whole."""
+    res = t.run(seed_command(node, rel, digest), stdin=local, timeout=timeout)
+    if res.exit_code != 0:
+        raise _refused(node, f"cannot put {what} {rel} there", res)
+
+
+def _refused(node: NodeLaunch, what: str, res: CommandResult) -> HostError:
+    """``what`` failed on ``node``: the last line the node said, else its exit code."""
+    detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
+    return HostError(node.host.name, what + (f": {detail[-1][:300]}" if detail else f" (exit {res.exit_code})"))
+
+
 def _seed(fleet: Fleet, node: NodeLaunch, store: RunStore, run_id: str, held: list[Held]) -> str:
     t = fleet.transport(node.host)
     wanted = [(h, p, s, digest) for h in held for p, s, digest in h.files]
     res = t.run(seed_have_command(node, [p for _, p, _, _ in wanted]), timeout=600)
     if res.exit_code != 0:
-        detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise HostError(node.host.name, "cannot make its run folder for the mirrored checkpoints"
-                        f"{': ' + detail[-1][:300] if detail else f' (exit {res.exit_code})'}")
+        raise _refused(node, "cannot make its run folder for the mirrored checkpoints", res)
     have = res.stdout.decode("ascii", "replace").split("\n")
     sent = kept = 0
     for i, (h, p, s, digest) in enumerate(wanted):
@@ -643,11 +657,7 @@ def _seed(fleet: Fleet, node: NodeLaunch, store: RunStore, run_id: str, held: li
             raise MirrorError(f"the mirrored copy {local} ({h.host}'s {p}) is missing or no longer has the "
                               f"sha256 it was brought back with: not sent to {node.host.name}",
                               f"remove {store.mirror_index_path(run_id)} to start the attempt without it")
-        res = t.run(seed_command(node, p, digest), stdin=local, timeout=600)
-        if res.exit_code != 0:
-            detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise HostError(node.host.name, f"cannot put the mirrored checkpoint {p} there"
-                            f"{': ' + detail[-1][:300] if detail else f' (exit {res.exit_code})'}")
+        put(t, node, p, local, digest, 600, "the mirrored checkpoint")
         sent += 1
     steps = [_describe(h) + f" from {h.host} at {h.at}" for h in held]
     how = "sha256 checked there" + (f"; {kept} file{'s' if kept > 1 else ''} already there" if kept else "")

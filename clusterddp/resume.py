@@ -42,7 +42,7 @@ from . import plan as P
 from .artifacts import exchange
 from .errors import HostError, MirrorError, UsageError
 from .fleet import Fleet
-from .mirror import DEFAULT_GLOBS, MAX_FILES, Checkpoint, choose, read_index, seed_command
+from .mirror import DEFAULT_GLOBS, MAX_FILES, Checkpoint, choose, put, read_index
 from .node.collect import Receiver, StreamError, path_problem, sha256_file
 from .nodeops import nodes_of
 from .record import ResumedFrom, RunRecord, RunStatus
@@ -329,7 +329,7 @@ def paths(chosen: Iterable[Found]) -> set[str]:
 
 def send(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, run_id: str, chosen: Sequence[Found]) -> None:
     """Put every file of ``chosen`` (run ``run_id``'s, here) on every one of ``nodes`` at the same path
-    under its run folder, with :func:`clusterddp.mirror.seed_command` (renamed into place only once its
+    under its run folder, with :func:`clusterddp.mirror.put` (renamed into place only once its
     sha256 there is the one here). HostError naming the first node that did not take a file whole;
     MirrorError when a copy here no longer has the sha256 it was brought back with."""
     files: list[tuple[str, Path, str]] = []
@@ -346,15 +346,11 @@ def send(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, run_id: s
                                   "run the same command again")
             files.append((p, local, digest))
 
-    def put(n: P.NodeLaunch, t: Transport) -> None:
+    def put_all(n: P.NodeLaunch, t: Transport) -> None:
         for p, local, digest in files:
-            res = t.run(seed_command(n, p, digest), stdin=local, timeout=SEND_TIMEOUT_S)
-            if res.exit_code != 0:
-                detail = res.stderr.decode("utf-8", "replace").strip().splitlines()
-                raise HostError(n.host.name, f"cannot put the checkpoint {p} there"
-                                f"{': ' + detail[-1][:300] if detail else f' (exit {res.exit_code})'}")
+            put(t, n, p, local, digest, SEND_TIMEOUT_S, "the checkpoint")
     by_name = {n.host.name: n for n in nodes}
-    failed = fleet.each(lambda h, t: put(by_name[h.name], t), [n.host for n in nodes]).failed
+    failed = fleet.each(lambda h, t: put_all(by_name[h.name], t), [n.host for n in nodes]).failed
     for n in nodes:
         if n.host.name in failed:
             e = failed[n.host.name]
