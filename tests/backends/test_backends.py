@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 import clusterddp
-from clusterddp import backends, inventory
+from clusterddp import backends
 from clusterddp.backends import base
+from helpers import parse_inventory
 
 PACKAGE = Path(clusterddp.__file__).resolve().parent
 DATA = ("inventory.py", "record.py", "_inventory_schema.py", "_inventory_yaml.py", "_hostfile.py", "inventory/")
@@ -31,8 +32,8 @@ def test_every_registered_backend_implements_the_whole_protocol(name):
 
 
 def test_the_registry_picks_by_inventory_and_by_record(tmp_path):
-    ssh = inventory.parse("hosts:\n  - {name: a, address: 10.0.0.1}\n", "i.yaml")
-    slurm = inventory.parse("slurm: {}\n", "c.yaml")
+    ssh = parse_inventory("hosts:\n  - {name: a, address: 10.0.0.1}\n", "i.yaml")
+    slurm = parse_inventory("slurm: {}\n", "c.yaml")
     assert backends.for_inventory(ssh).name == "ssh" and backends.for_inventory(slurm).name == "slurm"
 
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ...artifacts import CollectResult, Progress
     from ...check import Report
     from ...inventory import Inventory
+    from ...inventory.section import Section
     from ...record import NodeRecord, RunRecord
     from ...stacks import Taken
     from ...store import RunStore
@@ -24,6 +25,14 @@ class SlurmBackend:
     checks: frozenset[str] = frozenset()  # check --collective and --diff need an inventory that lists the hosts
     host_verbs: frozenset[str] = frozenset()  # Slurm's nodes are its to allocate: nothing runs on them outside a job
     detached_notify = True  # a detached run's batch script tells its end, on node 0 (plan.notify_lines)
+
+    def section(self) -> Section:
+        from .section import SECTION
+        return SECTION
+
+    def secrets(self, inventory: Inventory) -> tuple[tuple[str, str], ...]:
+        from .section import secrets
+        return secrets(inventory)
 
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
         from . import job
@@ -78,9 +87,10 @@ class SlurmBackend:
 
     def describe(self, rec: RunRecord) -> str | None:
         from . import control
-        assert rec.slurm is not None
+        from .jobpart import job_of
+        job = job_of(rec)
         state = control.job_state(rec) or "ended"
-        return f"slurm job {rec.slurm.job_id}: {state}, partition {rec.slurm.partition or '-'}"
+        return f"slurm job {job.job_id}: {state}, partition {job.partition or '-'}"
 
     def stop(self, store: RunStore, run_id: str, grace: float) -> base.Stopped:
         from . import control

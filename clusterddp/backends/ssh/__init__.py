@@ -24,6 +24,12 @@ class SSHBackend:
     detached_notify = True  # node 0 tells a detached run's end (clusterddp.notify.arm)
     host_verbs: frozenset[str] = frozenset({"exec", "leases", "top --inventory"})
 
+    def section(self) -> None:  # its inventories list their hosts (the inventory's own `hosts:`)
+        return None
+
+    def secrets(self, inventory: Inventory) -> tuple[tuple[str, str], ...]:
+        return tuple(kv for h in inventory.hosts for kv in h.env)
+
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> base.Prepared:
         from ... import upload
         from . import launch
