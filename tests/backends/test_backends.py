@@ -136,3 +136,27 @@ def test_without_its_registry_line_a_backends_section_is_an_unknown_key():
     with pytest.raises(InventoryError) as e:
         parse_inventory("pbs:\n  queue: gpu\n", "p.yaml")
     assert e.value.field in ("pbs", "hosts"), e.value
+
+
+def test_the_independence_contract_lists_every_registered_backend():
+    """The recipe's second line: a backend's name in pyproject.toml's independence contract."""
+    import tomllib
+
+    from helpers import REPO
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (listed,) = [c["modules"] for c in contracts if c["type"] == "independence" and "backends" in c["name"]]
+    assert sorted(listed) == sorted(backends.BACKENDS.values())
+
+
+def test_the_add_a_backend_recipe_names_the_files_outside_the_folder_and_no_shared_model():
+    """docs/architecture.md's recipe: outside its folder, a backend touches the registry, the contract's
+    list and docs; not the shared inventory or record models (they hold its data opaque)."""
+    from helpers import REPO
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    recipe = text.split("- **A backend**", 1)[1].split("\n- **", 1)[0]
+    assert "a folder and a line" in recipe
+    for named in ("backends/__init__.py", "pyproject.toml", "inventory.section.Section", "record.BackendPart",
+                  "secrets"):
+        assert named in recipe, named
+    for shared in ("inventory/model.py", "inventory/loader.py", "record.py`", "cli/up.py"):
+        assert shared not in recipe, shared
