@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clusterddp import backends
 from clusterddp.backends.slurm.jobpart import VERSION, SlurmJob, job_of, with_job
@@ -121,3 +123,29 @@ def test_a_run_of_a_backend_this_clusterddp_lacks_is_refused_with_what_to_do():
     assert data.backend == rec.backend  # read and kept, opaque
     with pytest.raises(UsageError, match="run r1 was run by the backend 'pbs', which this clusterddp does not have"):
         backends.for_record(data)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                    max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(version=st.sampled_from([1, 2]), key=st.sampled_from(["run_dir", "job_id", "partition", "hosts", "nproc",
+                                                             "login", "node", "extra"]),
+       value=JSON, inner=st.sampled_from([None, "python", "setup", "env", "gpus", "port", "transport"]))
+def test_any_value_in_the_slurm_part_is_read_or_refused_at_its_field(version, key, value, inner):
+    """The part read back as untrusted (a parser of bytes from outside): a SlurmJob, or a RecordError
+    located in the `slurm` object, whatever a field holds; never another exception."""
+    data = json.loads(V1_SUCCEEDED.read_text())
+    if version == 2:
+        data = with_job(RunRecord.from_json(data, "run.json"), job_of(RunRecord.from_json(data, "run.json"))).to_json()
+    part = data["slurm"]
+    if inner is not None and isinstance(part.get(key), dict):
+        part[key][inner] = value
+    else:
+        part[key] = value
+    try:
+        job_of(RunRecord.from_json(data, "/r/run.json"))
+    except RecordError as e:
+        assert e.path == "/r/run.json" and (e.field or "").startswith("slurm"), e
