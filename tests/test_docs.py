@@ -147,7 +147,8 @@ def test_the_site_builds_with_no_broken_link_or_missing_page(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     home = (tmp_path / "site" / "index.html").read_text()
     assert "A multi-node run in five minutes" in home and 'href="ssh/"' in home  # the README, its links made relative
-    for page in ("commands", "failures", "inventory", "slurm", "architecture"):
+    for page in ("commands", "run-failed", "run-hangs", "testing-the-network", "machine-dies", "inventory", "slurm",
+                 "architecture", "failure-internals"):
         assert (tmp_path / "site" / page / "index.html").is_file()
     # the API reference, from clusterddp.train's docstrings: each exported name, and no private helper
     api = (tmp_path / "site" / "api" / "index.html").read_text()
