@@ -157,7 +157,8 @@ def watchdog(stall_timeout: float | None, progress_regex: str | None, inv: Inven
     s = stall_timeout if stall_timeout is not None else inv.stall_timeout
     if s is not None and 0 < s < 1:
         raise UsageError(f"--stall-timeout {s:g}: under a second, any pause of the job would end it",
-                         "give it in seconds, at least 1 (see docs/failures.md, \"The stall watchdog\"), or 0 for off")
+                         "give it in seconds, at least 1 (see docs/run-hangs.md, \"Choosing the stall timeout\"), "
+                         "or 0 for off")
     regex = progress_regex if progress_regex is not None else inv.progress_regex
     if progress_regex is not None:
         check_progress_regex(progress_regex)
