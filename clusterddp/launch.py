@@ -75,7 +75,7 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("name", ("--name",), "text", None, "A name for the run.", recorded="run_name"),
-    Option("hosts", ("--hosts",), "text", None, "Run on these hosts only: a,b,c; host:0,1 also picks its GPUs.",
+    Option("hosts", ("--hosts",), "text", None, "Only these hosts: a,b,c; for `up`, host:0,1 also picks its GPUs.",
            recorded="hosts"),
     Option("exclude", ("--exclude",), "text", None, "Leave these hosts out: a,b (after --hosts).",
            recorded="hosts"),  # `schedule add` records the hosts left, as --hosts
