@@ -7,7 +7,10 @@ The CLI makes its Typer options from :data:`OPTIONS` (``cli.common.option``), so
 ``UP`` (the spec's ``up`` object, by name: every option added since; nothing to write for a new
 one), or ``None`` for the few a schedule does not record (and why, in ``help``).
 
-Adding an option to `up`: one entry here, and its use in `up` (a parameter ``= option("name")``).
+Adding an option to `up`: one entry here (`up` takes every option here as a parameter:
+``cli.options.launch_options``); a :class:`~clusterddp.runspec.RunSpec` field of the same name if a
+backend reads it (``cli.flags.run_spec`` fills it by name); its line in :func:`clusterddp.runspec.resolve`
+if the inventory has a say too (flag > host entry > inventory defaults > built-in); and its use.
 ``tests/launch/test_launch_options.py`` checks that every `up` option is here and round-trips through a spec.
 """
 
