@@ -92,7 +92,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("checkpoints", ("--checkpoints",), "texts", [], "Glob of the files that are the job's checkpoints, "
            "relative to the run folder (repeatable; over the inventory's checkpoints:): what is mirrored while an "
            "attached run goes on and what every node of a new attempt starts with. Default: *.pt, *.pth, *.ckpt, "
-           "*.safetensors, snapshot* and checkpoint*/ files the job writes (docs/failures.md).", metavar="GLOB"),
+           "*.safetensors, snapshot* and checkpoint*/ files the job writes (docs/machine-dies.md).", metavar="GLOB"),
     Option("max_restarts", ("--max-restarts",), "int", 0, "Passed to torchrun; an attached SSH run also starts again "
            "up to N times after a machine's failure, a spare in place of each lost host (inventory spares:).",
            recorded="max_restarts", low=0),
@@ -124,7 +124,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("stall_timeout", ("--stall-timeout",), "float", None, "End the run as a hang, with every rank's stacks, "
            "when no rank has printed a progress line for S seconds (nodes watch themselves: detached runs too). "
            "Off by default; over the inventory's stall_timeout (0: off for this run). "
-           "See docs/failures.md, \"The stall watchdog\", for choosing S.", low=0, metavar="S"),
+           "See docs/run-hangs.md, \"Choosing the stall timeout\".", low=0, metavar="S"),
     Option("progress_regex", ("--progress-regex",), "text", None, "With a stall timeout: only a line matching "
            "REGEX counts as progress (default: any line of the ranks' output but clusterddp's own and known "
            "torch noise); over the inventory's progress_regex.", metavar="REGEX"),

@@ -58,7 +58,8 @@ def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
     stall = asked.stall_timeout if asked.stall_timeout is not None else inventory.stall_timeout
     if stall is not None and 0 < stall < 1:
         raise UsageError(f"--stall-timeout {stall:g}: under a second, any pause of the job would end it",
-                         "give it in seconds, at least 1 (see docs/failures.md, \"The stall watchdog\"), or 0 for off")
+                         "give it in seconds, at least 1 (see docs/run-hangs.md, \"Choosing the stall timeout\"), "
+                         "or 0 for off")
     if asked.progress_regex is not None:
         check_progress_regex(asked.progress_regex)
     return replace(asked, resolved=True,

@@ -148,7 +148,8 @@ def test_a_detached_run_that_asked_for_restarts_says_its_checkpoints_are_not_mir
     assert mirror.unprotected(plan(max_restarts=1, local=True)) is None
     assert mirror.unprotected(plan(max_restarts=1)) == (
         "detached: nothing mirrors this run's checkpoints while no launcher watches it: they are on node1's disk "
-        "only, and lost with it (an attached `up` mirrors them: docs/failures.md, \"When a machine dies\")")
+        "only, and lost with it (an attached `up` mirrors them: docs/machine-dies.md, "
+        "\"Checkpoints that survive any one machine\")")
 
 
 class _Fleet:
