@@ -284,6 +284,31 @@ def load_inventory(arg: str, gpus: int | None = None, hosts: list[str] | None = 
     return inv_mod.load_named(arg, gpus, hosts, exclude, fanout, sections=inventory_section)
 
 
+DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run, so it has none
+MASK = "***"
+
+
+def dry_run_text(text: str, run_id: str, hidden: tuple[tuple[str, str], ...]) -> str:
+    """What ``up --dry-run`` prints of the backend's rendering: the run id it planned with (never
+    recorded) as :data:`DRY_RUN_ID`, and each ``export NAME=VALUE`` of ``hidden`` as ``NAME=***``
+    (``--show-secrets`` hides none). The plan is the one a real run executes; only its words change."""
+    import re
+
+    from ..nodescript import q
+    text = text.replace(run_id, DRY_RUN_ID)
+    if text.startswith(f"run {DRY_RUN_ID}\n"):  # the backend's first line names the run
+        text = (f"run {DRY_RUN_ID} (a dry run: nothing is started or recorded; a real run gets an id of its own)"
+                + text[len(f"run {DRY_RUN_ID}"):])
+    masked = 0
+    for name, value in hidden:
+        text, n = re.subn(re.escape(f"export {name}={q(value)}") + r"(?=\s|$)", f"export {name}={MASK}", text,
+                          flags=re.MULTILINE)
+        masked += n
+    if masked:
+        text += f"\n(env values are shown as {MASK}; --show-secrets shows them)"
+    return text
+
+
 def check_script(path: str) -> Path:
     """The training script as a Path; a UsageError (exit 2) naming it when it is a folder or missing."""
     script = Path(path)

@@ -109,7 +109,7 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
         inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=False, master_addr="",
         master_port=plan.spec.master_port or 29500, collect=plan.collect,
         backend=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
-                         nproc=plan.spec.gpus or plan.settings.gpus_per_node, login=prep.login.host,
+                         nproc=SP.procs(plan.settings, plan.spec), login=prep.login.host,
                          node=NodeSettings.of(plan.settings)).part())
 
 

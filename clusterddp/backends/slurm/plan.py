@@ -78,16 +78,22 @@ def exit_code_file(control_dir: str, host: str) -> str:
     return posixpath.join(node_control(control_dir, host), "exit_code")
 
 
+def procs(s: SlurmSettings, spec: RunSpec) -> int:
+    """Processes per node: --gpus over ``slurm.gpus_per_node`` (as :func:`clusterddp.runspec.nproc` has it for
+    a host's entry: the flag wins; every node of the job is alike)."""
+    return spec.gpus or s.gpus_per_node
+
+
 def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, notify: bool = False) -> SlurmPlan:
     """Plan a Slurm run; ``shared_dir`` is the inventory's, with ``~`` already expanded by the caller.
     ``notify``: the batch script tells the run's end (:func:`notify_lines`; `up --detach` with webhooks)."""
     s = settings_of(inventory)
     run_dir = posixpath.join(shared_dir, "runs", run_id)
     ctl = posixpath.join(run_dir, NS.CONTROL)
-    collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
+    spec = runspec.resolve(spec, inventory)  # as it is when `up` resolved it (tests may give the flags alone)
     node = _node_script(s, spec, run_id, run_dir, ctl)
     batch = _batch_script(s, spec, run_id, ctl, notify)
-    return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, collect, notify)
+    return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, spec.collect, notify)
 
 
 def _batch_script(s: SlurmSettings, spec: RunSpec, run_id: str, ctl: str, notify: bool = False) -> str:
@@ -171,7 +177,7 @@ def notify_lines(s: SlurmSettings) -> list[str]:
 def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
     host = s  # its python and setup lines are every node's (nodescript.HostLike)
     env = tuple({**dict(s.env), **dict(spec.env)}.items())
-    port = str(spec.master_port) if spec.master_port else _PORT_FROM_JOB
+    port = str(spec.master_port) if spec.port_fixed else _PORT_FROM_JOB
     lines = [
         "#!/usr/bin/env bash",
         f"# clusterddp run {run_id}: one node's part, started by srun on every node of the allocation",
@@ -214,7 +220,7 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
         # here on the node: given to it alone (exported for it, then not), torchrun's env unchanged.
         lines += ["# the stall watchdog (--stall-timeout): the run's rendezvous store, for it alone",
                   f"export MASTER_ADDR MASTER_PORT={port}", *watch_start, "export -n MASTER_ADDR MASTER_PORT"]
-    nproc = spec.gpus or s.gpus_per_node
+    nproc = procs(s, spec)
     argv = [store_wait('"$cddp_store"'), *map(shell_word, torchrun_start(s.python))]
     argv += [NS.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
                                "--rdzv-backend", "c10d")]
@@ -246,7 +252,7 @@ def render(p: SlurmPlan) -> str:
     s = p.settings
     count = str(s.nodes[0]) if s.nodes[0] == s.nodes[1] else f"{s.nodes[0]}-{s.nodes[1]}"
     out = [f"run {p.run_id}: Slurm job, {count} node(s) "
-           f"x {p.spec.gpus or s.gpus_per_node} process(es), partition {s.partition or '(default)'}",
+           f"x {procs(s, p.spec)} process(es), partition {s.partition or '(default)'}",
            f"run folder (shared): {p.run_dir}", f"submit: sbatch --parsable {p.batch_path}",
            "", f"== {BATCH} ==", p.batch_script, f"== {NODE_SCRIPT} ==", p.node_script]
     if p.collect:

@@ -25,7 +25,7 @@ from ...failure import Failure
 from ...fleet import Fleet
 from ...mirror import Mirror, unprotected
 from ...record import Attempt, NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
-from ...runspec import RunSpec
+from ...runspec import RunSpec, resolve
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
 from .. import base, lifecycle
@@ -62,6 +62,7 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     store (:func:`clusterddp.resume.resolve`)."""
     script = base.check_script(spec.script)
     inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
+    spec = resolve(spec, inventory)  # as `up` resolved it (a caller may give the flags alone)
     secrets = (*upload.secret_files(inventory), *secrets)  # every host's, before --hosts narrows them
     if not inventory.hosts:
         raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
@@ -97,7 +98,7 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     if inventory_arg == inv_mod.LOCAL:
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
         if P.static_local(spec):  # its rendezvous needs a port, free now
-            spec = replace(spec, master_port=local_port(spec.master_port))
+            spec = replace(spec, master_port=local_port(spec.master_port if spec.port_fixed else None))
     source_dir = script.resolve().parent
     # A script whose folder never names clusterddp cannot import clusterddp.train: its nodes need not
     # look for one (a python start on each node before torchrun; issue 24, section 7).
@@ -269,7 +270,7 @@ class _Beside:
 def port_fixed(plan: P.LaunchPlan) -> bool:
     """The master port was given (--master-port, or master.port in the inventory); otherwise the
     lease chooses a free one, from the inventory's (29500 by default)."""
-    return plan.spec.master_port is not None or plan.inventory.master.port_fixed
+    return plan.spec.port_fixed  # clusterddp.runspec.resolve
 
 
 def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
