@@ -234,8 +234,8 @@ def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None,
     # (lease, start, follower, status, collect; launch.sh's own lines run in the job and are not in it).
     job = statistics.median(c[1] for c in b.cpu["hand-typed"])
     hand = statistics.median(c[0] for c in b.cpu["hand-typed"])
-    print(f"\nCPU seconds (medians): the job itself, hand-typed (its node side, two SSH sessions included): "
-          f"{job:.2f}; the two ssh clients: {hand:.2f}")
+    print(f"\nCPU seconds (medians): the job itself, hand-typed (its node side, its SSH sessions included): "
+          f"{job:.2f}; the ssh clients: {hand:.2f}")
     print("| command | this machine (launcher) | nodes (clusterddp's sessions) | CPU ratio to hand-typed |")
     print("|---|---|---|---|")
     for k in list(times)[1:]:
