@@ -143,7 +143,7 @@ def main() -> None:
     args = ap.parse_args()
     compileall.compile_dir(str(HERE.parent / "clusterddp"), quiet=1)
     root = Path(tempfile.mkdtemp(prefix="cddp-bench-"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_STATE_HOME": str(root / "state")}  # not this machine's quarantine
     cli = [sys.executable, "-m", "clusterddp"]
     try:
         with TestBed(1, root / "bed", prefix=f"cd{session_slot()}c", subnet=f"10.{100 + session_slot()}.251",

@@ -117,7 +117,9 @@ class Bench:
         self.inv = bed.write_inventory(root / "inv.yaml", defaults_extra={"gpus": nproc})
         self.runs = root / "runs"
         self.marks = root / "marks"
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        # A state folder of its own: a run cut short (a bench stopped with Ctrl-C) must not quarantine
+        # the bed's addresses in this machine's list, nor that list refuse the bed's nodes.
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_STATE_HOME": str(root / "state")}
         self.ssh = ["ssh", "-i", str(bed.identity_file), "-o", f"UserKnownHostsFile={bed.known_hosts}",
                     "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
         self.port = 29600
