@@ -292,6 +292,31 @@ def watch_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
     return start, end
 
 
+SAMPLER = "sampler"  # in a node's control folder: the metrics sampler's programs (node programs sampler and watch)
+SAMPLES = "metrics.jsonl"  # in a node's control folder: the sampler's samples (clusterddp.metrics.samples reads them)
+
+
+def sampler_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
+    """The metrics sampler (on unless ``up --metrics-interval 0``): the lines that start the node program
+    ``sampler`` beside the job, in the background (``args``: its JSON argument; the node program ``watch``
+    written beside it, whose line reader it uses), and the line right after the job that ends it (its last
+    sample taken) and leaves ``$?`` the job's. Its stderr goes to ``$CTL/sampler.log``."""
+    d = f'"$CTL/{SAMPLER}"'
+    start = [
+        f"(umask 077 && mkdir -p {d} && : >> \"$CTL/sampler.log\" && cat > {d}/sampler.py) <<'CDDP_SAMPLER'",
+        node_source("sampler").rstrip("\n"),
+        "CDDP_SAMPLER",
+        f"(umask 077 && cat > {d}/watch.py) <<'CDDP_WATCH'",
+        node_source("watch").rstrip("\n"),
+        "CDDP_WATCH",
+        f'{q(python)} -S {d}/sampler.py "$CTL" {q(json.dumps(args, sort_keys=True))} '
+        '2>>"$CTL/sampler.log" </dev/null &',
+        "CDDP_SAMPLER_PID=$!",
+    ]
+    end = ['cddp_job_rc=$?; kill "$CDDP_SAMPLER_PID" 2>/dev/null; (exit "$cddp_job_rc")  # the sampler ends too']
+    return start, end
+
+
 # ---- finding a job's processes ----
 
 # ``cddp_marked WORD``: the pids of every process whose environment holds the line WORD

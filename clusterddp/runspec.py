@@ -26,6 +26,9 @@ class RunSpec:
     local_rank_arg: str | None = None            # --local-rank-arg: "--local_rank" or "--local-rank", or None
     stall_timeout: float | None = None           # --stall-timeout / stall_timeout: (the flag wins); None: off
     progress_regex: str | None = None            # --progress-regex / progress_regex:; None: any line of output
+    metrics_interval: float = 5.0                # --metrics-interval / metrics_interval: seconds; 0: no sampler
+    metrics_regex: str | None = None             # --metrics-regex / metrics_regex: its named groups name numbers
+    idle_policy: tuple[float, float, bool] | None = None  # idle_policy: (below %, seconds, stop); None: off
 
 
 def watch_args(spec: RunSpec, nnodes: int, master_addr: str | None, master_port: int | None) -> dict | None:
@@ -42,3 +45,20 @@ def watch_args(spec: RunSpec, nnodes: int, master_addr: str | None, master_port:
     return {"timeout": spec.stall_timeout, "regex": spec.progress_regex, "skip": skip,
             "tails": [p for p, tail in noise.LINES if tail], "nnodes": nnodes,
             "store": [master_addr, master_port] if nnodes > 1 else None}
+
+
+SAMPLES_MOST = 2 << 20  # bytes of a node's metrics.jsonl (the sampler thins it to stay below)
+
+
+def sampler_args(spec: RunSpec) -> dict | None:
+    """The metrics sampler's argument (the node program ``sampler``, started by
+    :func:`~clusterddp.nodescript.sampler_lines`), or None when the run samples nothing (interval 0)."""
+    if not spec.metrics_interval:
+        return None
+    skip = [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern]
+    idle = None
+    if spec.idle_policy is not None:
+        below, seconds, stop = spec.idle_policy
+        idle = {"below": below, "seconds": seconds, "stop": stop}
+    return {"interval": spec.metrics_interval, "regex": spec.metrics_regex, "progress_regex": spec.progress_regex,
+            "skip": skip, "tails": [p for p, tail in noise.LINES if tail], "most": SAMPLES_MOST, "idle": idle}
