@@ -231,7 +231,7 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, m
     if not local and node.node_rank > 0:  # the master (node 0) serves the rendezvous store: the others wait for it
         argv = f"{store_wait(q(f'{master_addr}:{master_port}'))} {argv}"
     watch_start, watch_end = watch_lines(h.python, watch) if watch is not None else ([], [])
-    sampler_start, sampler_end = sampler_lines(h.python, sampler) if sampler is not None else ([], [])
+    sampler_start = sampler_lines(h.python, sampler) if sampler is not None else []
     lines += torchrun_lines()
     lines += [
         f"echo \"[clusterddp] node {node.node_rank}/{nnodes} on $(hostname)"
@@ -239,7 +239,6 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, m
         *watch_start,
         *sampler_start,
         argv,
-        *sampler_end,
         *watch_end,
         "cddp_exit " + ("$cddp_rc" if watch is not None else "$?"),
         "",

@@ -41,6 +41,7 @@ from .common import (
     tell_missing,
     visible,
 )
+from .metrics import sampling, write_report
 
 if TYPE_CHECKING:
     from ..artifacts import CollectResult
@@ -75,6 +76,9 @@ def up(
     join_timeout: float = option("join_timeout"),
     stall_timeout: float | None = option("stall_timeout"),
     progress_regex: str | None = option("progress_regex"),
+    metrics_interval: float | None = option("metrics_interval"),
+    metrics_regex: str | None = option("metrics_regex"),
+    report: str | None = option("report"),
     wait: bool = option("wait"),
     notify: list[str] = option("notify"),
     checkpoints: list[str] = option("checkpoints"),
@@ -94,7 +98,8 @@ def up(
     loaded = backends.load_inventory(inventory, gpus)
     spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg),
                                checkpoints=checkpoint_globs(checkpoints),
-                               **watchdog(stall_timeout, progress_regex, loaded))
+                               **watchdog(stall_timeout, progress_regex, loaded),
+                               **sampling(metrics_interval, metrics_regex, loaded))
     names, slots = host_slots(hosts)
     req = LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=spec, runs_dir=runs_dir, hosts=names,
                         slots=slots, exclude=host_list(exclude, "--exclude"), max_upload=limit, detach=detach,
@@ -124,7 +129,11 @@ def up(
     sigterm_as_interrupt()  # SIGTERM ends an attached run as Ctrl-C does (a waiting one leaves the queue)
     told = {"run_id": prep.plan.run_id, "name": spec.name, "schedule": schedule, "inventory": inventory}
     try:
-        backend.launch(prep, req, events)
+        try:
+            backend.launch(prep, req, events)
+        finally:
+            if report and not detach:
+                write_report(prep.store, prep.plan.run_id, report)
     except KeyboardInterrupt:
         _said(N.tell_run_end(targets, prep.store, interrupted=True, **told))
         raise

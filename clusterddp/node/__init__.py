@@ -25,7 +25,10 @@ from importlib import resources
 
 PROGRAMS = ("probe", "collect", "follow", "worker", "top", "diagnose", "lease", "collective", "envinfo", "stacks",
             "stackhook", "watch", "flight", "notify", "sampler")
-LAUNCHER_SIDE = ("reply",)  # modules here that are no program: the readers of node answers, never sent
+LAUNCHER_SIDE = ("reply",)
+# Node programs whose source is written beside another's on the node, which imports it (by name there, relatively
+# in-process): the sampler reads the job's log with the watchdog's reader.
+NEIGHBOURS = {"sampler": ("watch",)}  # modules here that are no program: the readers of node answers, never sent
 
 
 @functools.cache

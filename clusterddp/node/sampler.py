@@ -43,8 +43,13 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # watch.py is written beside this file
-import watch as W  # noqa: E402  (the watchdog's line reader, bounded regex, job ending)
+# The watchdog's line reader, bounded regex and job ending: on the node, its source is written beside this
+# file (nodescript.sampler_lines); in-process (tests), it is this package's module.
+if __package__:
+    from . import watch as W
+else:  # pragma: no cover - on the node
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import watch as W  # type: ignore[no-redef]  # noqa: E402
 
 SCHEMA = 1
 INTERVAL = 5.0           # default seconds between samples

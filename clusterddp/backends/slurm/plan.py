@@ -223,7 +223,7 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
         lines += ["# the stall watchdog (--stall-timeout): the run's rendezvous store, for it alone",
                   f"export MASTER_ADDR MASTER_PORT={port}", *watch_start, "export -n MASTER_ADDR MASTER_PORT"]
     sampler = runspec.sampler_args(spec)
-    sampler_start, sampler_end = NS.sampler_lines(s.python, sampler) if sampler is not None else ([], [])
+    sampler_start = NS.sampler_lines(s.python, sampler) if sampler is not None else []
     lines += sampler_start
     nproc = spec.gpus or s.gpus_per_node
     argv = [store_wait('"$cddp_store"'), *map(shell_word, torchrun_start(s.python))]
@@ -239,7 +239,7 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
     argv += ["--log-dir", '"$CTL/errors"']
     argv += [NS.q(w) for w in torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
                                              spec.local_rank_arg)]
-    lines += [" ".join(argv), *sampler_end, *watch_end,
+    lines += [" ".join(argv), *watch_end,
               "cddp_exit $cddp_rc" if watch is not None else "cddp_exit $?", ""]
     return "\n".join(lines)
 
