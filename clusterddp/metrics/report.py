@@ -75,7 +75,7 @@ def _svg(chart: Chart, nodes: dict[str, NodeSeries], t0: float) -> str:
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
     buf = io.StringIO()
-    fig.savefig(buf, format="svg")
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     text = buf.getvalue()
     return text[text.index("<svg"):]  # the XML prolog and doctype have no place inside HTML
 
