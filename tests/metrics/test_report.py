@@ -50,7 +50,8 @@ def test_the_page_leads_with_the_outcome_and_root_cause_and_draws_each_series(tm
                 "series:gpu-mem:b:gpu0.mem"):
         assert f'id="{gid}"' in page
     assert "c lost; spare b in: c was lost" in page  # the host lost and its spare, on the timeline
-    assert not re.search(r"""(src|href)=["']?(https?:|//)|url\((?!#)|<link|<script src|<img""", page)  # nothing to fetch
+    fetches = r"""(src|href)=["']?(https?:|//)|url\((?!#)|<link|<script src|<img"""
+    assert not re.search(fetches, page)  # nothing to fetch
     assert "not shown" in page  # the NaN is said, not drawn
     data = json.loads(re.search(r'id="clusterddp-data">(.*?)</script>', page, re.S).group(1))
     loss = data["charts"]["metric-loss"]["lines"][0]
