@@ -226,6 +226,9 @@ class Parsed(W.Lines):
         for k, v in rec.items():
             if k == "rank":
                 continue
+            if v is None:  # log_metrics' NaN or inf
+                self.dropped += 1
+                continue
             self.keep(into, k, v)
             if into is not self.values and k in into:
                 into_node = self.values  # the node's own series: the last rank's value

@@ -134,3 +134,17 @@ def test_launch_sh_starts_the_sampler_unless_off_and_is_valid_bash(tmp_path):
         subprocess.run(["bash", "-n", str(tmp_path / "l.sh")], check=True)
     assert sampler_args(RunSpec("t.py", idle_policy=(5.0, 600.0, True)))["idle"] == {
         "below": 5.0, "seconds": 600.0, "stop": True}
+
+
+def test_log_metrics_lines_are_what_the_sampler_reads_by_rank_and_nan_is_said(monkeypatch):
+    import io
+
+    import clusterddp.train as ct
+    monkeypatch.setenv("RANK", "3")
+    buf = io.StringIO()
+    ct.log_metrics(12, file=buf, loss=0.25, lr=1e-3)
+    ct.log_metrics(13, file=buf, loss=float("nan"))
+    p = parsed()
+    assert p.feed(buf.getvalue().encode()) == 2
+    values, ranks, dropped = p.take()
+    assert ranks == {3: {"step": 13.0, "loss": 0.25, "lr": 1e-3}} and dropped == 1
