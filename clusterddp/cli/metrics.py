@@ -113,9 +113,9 @@ def sampling(interval: float | None, regex: str | None, inv: Inventory) -> dict:
             inv.metrics_regex, "idle_policy": inv.idle_policy}
 
 
-def write_report(store: RunStore, run_id: str, path: str) -> None:
-    """`up --report FILE`: the run's report at its end; a report that cannot be written is said, not raised
-    (the run's own outcome is what `up` reports)."""
+def write_report(store: RunStore, run_id: str, path: str) -> str | None:
+    """`up --report FILE`: the run's report at its end (its absolute path, for the run's notification); a report
+    that cannot be written is said, not raised (the run's own outcome is what `up` reports)."""
     from ..metrics import report as H
     from ..metrics.samples import load_run
     from ..metrics.series import series_of, stragglers
@@ -125,5 +125,6 @@ def write_report(store: RunStore, run_id: str, path: str) -> None:
         written = H.write(path, H.render(rec, store.run_dir(run_id), nodes, stragglers(nodes)))
     except Exception as e:  # noqa: BLE001 - a report is a by-product: the run's outcome stands
         err(visible(f"warning: --report {path}: not written: {e}"))
-        return
+        return None
     err(f"report written to {written}")
+    return str(written.absolute())

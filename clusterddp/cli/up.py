@@ -133,7 +133,7 @@ def up(
             backend.launch(prep, req, events)
         finally:
             if report and not detach:
-                write_report(prep.store, prep.plan.run_id, report)
+                told["report"] = write_report(prep.store, prep.plan.run_id, report)
     except KeyboardInterrupt:
         _said(N.tell_run_end(targets, prep.store, interrupted=True, **told))
         raise

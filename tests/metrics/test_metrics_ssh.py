@@ -61,10 +61,14 @@ def test_samples_metrics_report_and_the_idle_policy_on_real_nodes(bed, tmp_path)
     inv = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"setup": [f"export PATH={fake}:$PATH"]},
                               extra={"metrics_interval": 0.5, "metrics_regex": r"loss (?P<loss>[0-9.]+)",
                                      "idle_policy": {"below": 10, "minutes": 0.05, "stop": True}})
-    r = cddp("up", str(inv), str(src / "train.py"), "--runs-dir", str(runs), "--", "40", "0.2", check_rc=0,
-             timeout=300)
+    event = tmp_path / "event.json"
+    r = cddp("up", str(inv), str(src / "train.py"), "--runs-dir", str(runs), "--report", str(tmp_path / "up.html"),
+             "--notify", f"command:cat > {event}", "--", "40", "0.2", check_rc=0, timeout=300)
     run = run_id_of(r.stdout)
     assert "idle:" not in r.stdout
+    # up --report wrote the page at the run's end, and the run's notification names it
+    assert 'id="series:metric-loss:node2:m.loss"' in (tmp_path / "up.html").read_text()
+    assert json.loads(event.read_text())["report"] == str(tmp_path / "up.html")
     m = cddp("metrics", run, "--runs-dir", str(runs), "--json", check_rc=0)
     got = json.loads(m.stdout)
     printed = {round(3.0 * 0.9 ** (k + 1), 4) for k in range(40)}

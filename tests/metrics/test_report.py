@@ -93,3 +93,10 @@ def test_chromium_offline_renders_charts_that_hold_the_runs_numbers(tmp_path):
     chart = re.search(r'<figure id="chart-metric-loss">(.*?)</figure>', dom, re.S).group(1)
     ticks = [float(t) for t in re.findall(r">\s*([0-9]+\.[0-9]+)\s*<", chart)]
     assert ticks and min(ticks) <= 1.0 and max(ticks) >= 2.5
+
+
+def test_a_runs_notification_names_its_report():
+    from clusterddp.notify import run_event
+    ev = run_event(failed_record(), report="/w/run.html")
+    assert ev["report"] == "/w/run.html" and ev["text"].endswith("(report: /w/run.html)")
+    assert "report" not in run_event(failed_record())
