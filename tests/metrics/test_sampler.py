@@ -148,3 +148,27 @@ def test_log_metrics_lines_are_what_the_sampler_reads_by_rank_and_nan_is_said(mo
     assert p.feed(buf.getvalue().encode()) == 2
     values, ranks, dropped = p.take()
     assert ranks == {3: {"step": 13.0, "loss": 0.25, "lr": 1e-3}} and dropped == 1
+
+
+def test_a_catastrophic_or_nameless_metrics_regex_is_refused_where_the_run_is_planned():
+    import pytest
+
+    from clusterddp.cli.metrics import sampling
+    from clusterddp.errors import InventoryError, UsageError
+    inv = inventory.parse("hosts:\n  - {name: a, address: 10.0.0.1}\n", "inv.yaml")
+    with pytest.raises(UsageError, match="exponential time"):
+        sampling(None, r"(?P<x>(a+)+)b", inv)
+    with pytest.raises(UsageError, match="no named group"):
+        sampling(None, r"loss ([0-9.]+)", inv)
+    with pytest.raises(InventoryError) as e:
+        inventory.parse("metrics_regex: '(?P<x>(\\d*)*)'\nhosts:\n  - {name: a, address: 10.0.0.1}\n", "inv.yaml")
+    assert "metrics_regex" in str(e.value) and "exponential" in str(e.value)
+    with pytest.raises(UsageError, match="half a second"):
+        sampling(0.1, None, inv)
+    assert sampling(0, None, inv)["metrics_interval"] == 0  # off
+    assert sampling(None, None, inv)["metrics_interval"] == 5.0
+    inv2 = inventory.parse("metrics_interval: 2\nmetrics_regex: 'l (?P<l>\\S+)'\n"
+                           "idle_policy: {below: 5, minutes: 2}\nhosts:\n  - {name: a, address: 10.0.0.1}\n", "i.yaml")
+    got = sampling(None, None, inv2)
+    assert got == {"metrics_interval": 2.0, "metrics_regex": r"l (?P<l>\S+)", "idle_policy": (5.0, 120.0, False)}
+    assert sampling(7, r"m (?P<m>\S+)", inv2)["metrics_interval"] == 7  # the flags win
