@@ -6,6 +6,7 @@ file the test writes.
 - At 50% utilisation with ``idle_policy: {below: 10, minutes: 0.05, stop: true}``: the run succeeds, its samples
   come back with the logs, `metrics --json` shows each node's loss series (the numbers the script printed,
   decreasing) and its GPUs, `report` writes a page with the loss lines.
+- A detached run still going: `metrics` asks its nodes and shows their latest values.
 - At 0%: the idle policy fires (said in the log, idle.json) and stops the run.
 """
 
@@ -84,6 +85,22 @@ def test_samples_metrics_report_and_the_idle_policy_on_real_nodes(bed, tmp_path)
     h = cddp("report", run, "--runs-dir", str(runs), "-o", str(tmp_path / "run.html"), check_rc=0)
     page = (tmp_path / "run.html").read_text()
     assert 'id="series:metric-loss:node1:m.loss"' in page and 'id="series:metric-loss:node2:m.loss"' in page, h
+
+    # a detached run still going: `metrics` asks its nodes for their latest samples
+    d = cddp("up", str(inv), str(src / "train.py"), "--runs-dir", str(runs), "--detach", "--", "2000", "0.2",
+             check_rc=0, timeout=300)
+    going = run_id_of(d.stdout)
+
+    def latest() -> dict | None:
+        got = json.loads(cddp("metrics", going, "--runs-dir", str(runs), "--json", check_rc=0).stdout)
+        nodes = got["nodes"]
+        ok = got["running"] and set(nodes) == {"node1", "node2"} and all(
+            "m.loss" in n["latest"] for n in nodes.values())
+        return got if ok else None
+    got = eventually(latest, 120, interval=2)
+    assert got, cddp("metrics", going, "--runs-dir", str(runs), "--json").stdout
+    assert got["nodes"]["node2"]["latest"]["gpu0.util"] == 50.0
+    cddp("stop", going, "--runs-dir", str(runs), check_rc=0)
 
     util.write_text("0\n")  # every GPU idle: the policy stops the run after 3 s of it
     r = cddp("up", str(inv), str(src / "train.py"), "--runs-dir", str(runs), "--", "600", "0.2", timeout=300)
