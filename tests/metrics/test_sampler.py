@@ -8,6 +8,9 @@ import json
 import os
 import subprocess
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from clusterddp import inventory, noise
 from clusterddp.failure import AGENT_LINE
 from clusterddp.metrics.samples import parse
@@ -172,3 +175,19 @@ def test_a_catastrophic_or_nameless_metrics_regex_is_refused_where_the_run_is_pl
     got = sampling(None, None, inv2)
     assert got == {"metrics_interval": 2.0, "metrics_regex": r"l (?P<l>\S+)", "idle_policy": (5.0, 120.0, False)}
     assert sampling(7, r"m (?P<m>\S+)", inv2)["metrics_interval"] == 7  # the flags win
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=2000), st.lists(st.binary(max_size=300), max_size=20))
+def test_the_nodes_readers_never_raise_and_keep_only_finite_numbers(smi, chunks):
+    for g in S.parse_smi(smi):
+        assert isinstance(g["index"], int)
+        assert all(v is None or abs(v) < float("inf") for k, v in g.items() if k not in ("index", "throttle"))
+    p = parsed(r"loss (?P<loss>\S+)")
+    for c in chunks:
+        p.feed(c)
+        p.feed(b"[clusterddp.metrics] " + c + b"\n")
+    values, ranks, dropped = p.take()
+    nums = [*values.values(), *(v for r in ranks.values() for v in r.values())]
+    assert all(isinstance(v, float) and abs(v) < float("inf") for v in nums) and dropped >= 0
+    assert len(values) <= S.MAX_METRICS and len(ranks) <= S.MAX_RANKS
