@@ -7,7 +7,10 @@ The CLI makes its Typer options from :data:`OPTIONS` (``cli.common.option``), so
 ``UP`` (the spec's ``up`` object, by name: every option added since; nothing to write for a new
 one), or ``None`` for the few a schedule does not record (and why, in ``help``).
 
-Adding an option to `up`: one entry here, and its use in `up` (a parameter ``= option("name")``).
+Adding an option to `up`: one entry here (`up` takes every option here as a parameter:
+``cli.options.launch_options``); a :class:`~clusterddp.runspec.RunSpec` field of the same name if a
+backend reads it (``cli.flags.run_spec`` fills it by name); its line in :func:`clusterddp.runspec.resolve`
+if the inventory has a say too (flag > host entry > inventory defaults > built-in); and its use.
 ``tests/launch/test_launch_options.py`` checks that every `up` option is here and round-trips through a spec.
 """
 
@@ -75,7 +78,7 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("name", ("--name",), "text", None, "A name for the run.", recorded="run_name"),
-    Option("hosts", ("--hosts",), "text", None, "Run on these hosts only: a,b,c; host:0,1 also picks its GPUs.",
+    Option("hosts", ("--hosts",), "text", None, "Only these hosts: a,b,c; for `up`, host:0,1 also picks its GPUs.",
            recorded="hosts"),
     Option("exclude", ("--exclude",), "text", None, "Leave these hosts out: a,b (after --hosts).",
            recorded="hosts"),  # `schedule add` records the hosts left, as --hosts
@@ -89,7 +92,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("checkpoints", ("--checkpoints",), "texts", [], "Glob of the files that are the job's checkpoints, "
            "relative to the run folder (repeatable; over the inventory's checkpoints:): what is mirrored while an "
            "attached run goes on and what every node of a new attempt starts with. Default: *.pt, *.pth, *.ckpt, "
-           "*.safetensors, snapshot* and checkpoint*/ files the job writes (docs/failures.md).", metavar="GLOB"),
+           "*.safetensors, snapshot* and checkpoint*/ files the job writes (docs/machine-dies.md).", metavar="GLOB"),
     Option("max_restarts", ("--max-restarts",), "int", 0, "Passed to torchrun; an attached SSH run also starts again "
            "up to N times after a machine's failure, a spare in place of each lost host (inventory spares:).",
            recorded="max_restarts", low=0),
@@ -121,7 +124,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("stall_timeout", ("--stall-timeout",), "float", None, "End the run as a hang, with every rank's stacks, "
            "when no rank has printed a progress line for S seconds (nodes watch themselves: detached runs too). "
            "Off by default; over the inventory's stall_timeout (0: off for this run). "
-           "See docs/failures.md, \"The stall watchdog\", for choosing S.", low=0, metavar="S"),
+           "See docs/run-hangs.md, \"Choosing the stall timeout\".", low=0, metavar="S"),
     Option("progress_regex", ("--progress-regex",), "text", None, "With a stall timeout: only a line matching "
            "REGEX counts as progress (default: any line of the ranks' output but clusterddp's own and known "
            "torch noise); over the inventory's progress_regex.", metavar="REGEX"),

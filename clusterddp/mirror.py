@@ -169,8 +169,8 @@ def groups(listing: Mapping[str, tuple[int, int]], globs: Iterable[str]) -> list
 
 def checkpoint_globs(plan: LaunchPlan) -> tuple[str, ...]:
     """What a checkpoint is for this run: ``up --checkpoints`` globs, else the inventory's
-    ``checkpoints:``, else :data:`DEFAULT_GLOBS`."""
-    return plan.spec.checkpoints or getattr(plan.inventory, "checkpoints", ()) or DEFAULT_GLOBS
+    ``checkpoints:`` (:func:`clusterddp.runspec.resolve`), else :data:`DEFAULT_GLOBS`."""
+    return plan.spec.checkpoints or DEFAULT_GLOBS
 
 
 def ranked(listing: Mapping[str, tuple[int, int]], globs: Iterable[str],
@@ -599,8 +599,8 @@ def unprotected(plan: LaunchPlan) -> str | None:
         return None
     rank0 = next((n.host.name for n in plan.nodes if n.node_rank == 0), "rank 0's node")
     return (f"detached: nothing mirrors this run's checkpoints while no launcher watches it: they are on "
-            f"{rank0}'s disk only, and lost with it (an attached `up` mirrors them: docs/failures.md, "
-            f"\"When a machine dies\")")
+            f"{rank0}'s disk only, and lost with it (an attached `up` mirrors them: "
+            f"docs/machine-dies.md, \"Checkpoints that survive any one machine\")")
 
 
 # ---- a new attempt's rank 0 ----

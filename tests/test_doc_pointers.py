@@ -48,6 +48,7 @@ def test_nothing_points_at_a_readme_section():
 
 
 def test_the_check_catches_a_pointer_to_a_heading_that_moved():
-    assert broken('see docs/failures.md, "The stall watchdog"') == []
-    assert broken('see docs/failures.md, "When a run hangs for ever"') != []
+    assert broken('see docs/run-hangs.md, "Choosing the stall timeout"') == []
+    assert broken('see docs/run-hangs.md, "When a run hangs for ever"') != []
+    assert broken('see docs/failures.md, "The stall watchdog"') != []  # the page split in four (issue 44)
     assert broken('see docs/nowhere.md') != []

@@ -147,10 +147,26 @@ def test_the_site_builds_with_no_broken_link_or_missing_page(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     home = (tmp_path / "site" / "index.html").read_text()
     assert "A multi-node run in five minutes" in home and 'href="ssh/"' in home  # the README, its links made relative
-    for page in ("commands", "failures", "inventory", "slurm", "architecture"):
+    for page in ("commands", "run-failed", "run-hangs", "testing-the-network", "machine-dies", "inventory", "slurm",
+                 "architecture", "failure-internals"):
         assert (tmp_path / "site" / page / "index.html").is_file()
     # the API reference, from clusterddp.train's docstrings: each exported name, and no private helper
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     import clusterddp.train as ct
     documented = set(re.findall(r'id="clusterddp\.train\.([A-Za-z_]\w*)"', api))
     assert documented == set(ct.__all__), documented ^ set(ct.__all__)
+
+
+def test_the_home_url_is_kept_in_one_place():
+    """pyproject.toml's [project.urls] is where the project's addresses live; the site's site_url and repo_url
+    repeat them and nothing else. None is set while the project has no public home (issue 44): a made-up one
+    would send readers nowhere."""
+    import tomllib
+    from mkdocs.config import load_config
+    urls = tomllib.loads((REPO / "pyproject.toml").read_text())["project"].get("urls", {})
+    site = load_config(str(REPO / "mkdocs.yml"))
+    def same(a: str | None, b: str | None) -> bool:
+        return (a or "").rstrip("/") == (b or "").rstrip("/")  # mkdocs ends site_url with a slash
+    assert same(site["site_url"], urls.get("Documentation")), (site["site_url"], urls)
+    assert same(site["repo_url"], urls.get("Repository")), (site["repo_url"], urls)
+    assert not site["edit_uri"] or site["repo_url"], "edit links need repo_url"

@@ -11,7 +11,6 @@ from .common import RUNS_DIR, err, handle_errors, visible
 from .runs import RUN
 
 if TYPE_CHECKING:
-    from ..inventory import Inventory
     from ..metrics.series import NodeSeries, Straggler
     from ..record import RunRecord
     from ..store import RunStore
@@ -96,21 +95,6 @@ def report(run: str = RUN, output: str = OUTPUT, runs_dir: str = RUNS_DIR, no_fe
     if nodes and not H.charts_available():
         err(f"note: the report has no charts: they need matplotlib ({H.CHARTS_EXTRA})")
     print(f"run {rec.run_id}: report written to {path}")
-
-
-def sampling(interval: float | None, regex: str | None, inv: Inventory) -> dict:
-    """The run's sampler settings: the flags over the inventory's (``--metrics-interval 0``: no sampler);
-    a bad regex is bad input (exit 2)."""
-    from ..errors import UsageError
-    from ..inventory.loader import metrics_regex_problem
-    if regex is not None and (why := metrics_regex_problem(regex)) is not None:
-        raise UsageError(f"--metrics-regex {regex!r}: {why}", "see docs/watching.md, \"Numbers from the job's output\"")
-    i = interval if interval is not None else inv.metrics_interval
-    if i is not None and 0 < i < 0.5:
-        raise UsageError(f"--metrics-interval {i:g}: under half a second, sampling would cost the job",
-                         "give it in seconds, e.g. 5 (the default), or 0 for no sampler")
-    return {"metrics_interval": 5.0 if i is None else i, "metrics_regex": regex if regex is not None else
-            inv.metrics_regex, "idle_policy": inv.idle_policy}
 
 
 def write_report(store: RunStore, run_id: str, path: str) -> str | None:

@@ -156,8 +156,13 @@ def test_log_metrics_lines_are_what_the_sampler_reads_by_rank_and_nan_is_said(mo
 def test_a_catastrophic_or_nameless_metrics_regex_is_refused_where_the_run_is_planned():
     import pytest
 
-    from clusterddp.cli.metrics import sampling
     from clusterddp.errors import InventoryError, UsageError
+    from clusterddp.runspec import resolve
+
+    def sampling(interval, regex, inv):
+        spec = resolve(RunSpec("t.py", metrics_interval=interval, metrics_regex=regex), inv)
+        return {"metrics_interval": spec.metrics_interval, "metrics_regex": spec.metrics_regex,
+                "idle_policy": spec.idle_policy}
     inv = inventory.parse("hosts:\n  - {name: a, address: 10.0.0.1}\n", "inv.yaml")
     with pytest.raises(UsageError, match="exponential time"):
         sampling(None, r"(?P<x>(a+)+)b", inv)

@@ -3,7 +3,7 @@
 may stand in, and which hosts the next attempt runs on. :mod:`.launch` does the rest (checks the
 spares, leases, sends the code, starts it).
 
-The rules, in the words docs/failures.md uses:
+The rules, in the words docs/machine-dies.md uses:
 
 - New attempts: up to ``--max-restarts N`` (else the inventory's ``restarts: N``); with
   ``--nodes MIN:MAX`` and neither, up to MAX - MIN (each one goes on with a spare or a node fewer).
