@@ -80,6 +80,7 @@ def up(
     checkpoints: list[str] = option("checkpoints"),
     nodes: str | None = option("nodes"),
     resume: str | None = option("resume"),
+    packages: str | None = option("packages"),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
 ) -> None:
@@ -92,6 +93,9 @@ def up(
     spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
     limit = parse_size(max_upload)
     loaded = backends.load_inventory(inventory, gpus)
+    if packages is not None:
+        from ..envs.nodes import with_packages
+        loaded = with_packages(loaded, packages)
     spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg),
                                checkpoints=checkpoint_globs(checkpoints),
                                **watchdog(stall_timeout, progress_regex, loaded))

@@ -481,6 +481,7 @@ SETTINGS = Model("_Settings", {
     "connect_timeout": Field(Maybe(Number(gt=0, le=3600, seconds=True))),
     "keepalive": Field(Maybe(Number(ge=0, le=3600, seconds=True))),
     "lease_dir": Field(Maybe(Line())),
+    "packages": Field(Maybe(Line())),  # a lock file, relative to the inventory's folder (docs/environments.md)
 })
 
 HOST_ENTRY = SETTINGS.extend("_HostEntry", {
@@ -602,7 +603,7 @@ def _not_on_login(v: Any) -> Any:
 
 # `slurm.login` as a host entry: where sbatch, scontrol and scancel run, reached over SSH. The fields a
 # login host has no use for are refused there, and left out of its JSON Schema.
-NOT_ON_LOGIN = ("gpus", "workdir", "lease_dir")
+NOT_ON_LOGIN = ("gpus", "workdir", "lease_dir", "packages")
 LOGIN_ENTRY = Model("_LoginEntry", {k: (Field(f.rule, f.default, before=_not_on_login) if k in NOT_ON_LOGIN else f)
                                     for k, f in HOST_ENTRY.fields.items()})
 # Only `slurm.login`, when it is a host entry: validated by itself, so errors point inside it.

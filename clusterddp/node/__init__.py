@@ -24,7 +24,7 @@ import functools
 from importlib import resources
 
 PROGRAMS = ("probe", "collect", "follow", "worker", "top", "diagnose", "lease", "collective", "envinfo", "stacks",
-            "stackhook", "watch", "flight", "notify")
+            "stackhook", "watch", "flight", "notify", "envbuild")
 LAUNCHER_SIDE = ("reply",)  # modules here that are no program: the readers of node answers, never sent
 
 
