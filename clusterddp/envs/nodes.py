@@ -148,6 +148,20 @@ def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, L.Lock], cach
     return plans
 
 
+def holdings(fleet: Fleet, hosts: Iterable[Host]) -> dict[str, dict | Exception]:
+    """`env list`: each host's envs folder, its environments' sizes and its wheel store's size (or why not)."""
+    def one(h: Host, t: Any) -> dict:
+        res = t.run(_command(h, "look", {"root": f"{h.workdir}/{ENVS}", "sizes": True}), timeout=LOOK_TIMEOUT_S)
+        data = _facts(h.name, _answer(h.name, res, "environment look"))
+        sizes = data.get("sizes")
+        if not isinstance(sizes, dict) or not all(isinstance(v, int) for v in sizes.values()) \
+                or not isinstance(data.get("store"), int):
+            raise HostError(h.name, "environment look: a bad answer (sizes)")
+        return data
+    got = fleet.each(one, hosts)
+    return {h.name: got.succeeded.get(h.name) or got.failed[h.name] for h in hosts}
+
+
 def _send(fleet: Fleet, plan: Plan, cache: Path, wheels: tuple[W.Wheel, ...]) -> dict:
     parts: list[bytes | Path] = []
     for w in wheels:

@@ -101,6 +101,9 @@ def look(args):
     out = facts()
     out.update(root=os.path.abspath(root), free=free_bytes(root), envs=envs[:MAX_LISTED],
                wheels=sorted(store_wheels(root)))
+    if args.get("sizes"):  # `env list`
+        out.update(sizes={i: tree_size(os.path.join(root, i)) for i in envs},
+                   store=tree_size(os.path.join(root, "wheels")))
     reply(out)
     return 0
 
