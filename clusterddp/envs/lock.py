@@ -198,7 +198,7 @@ def _requirement(line: str, n: int, path: str) -> Pin:
                             "from the launcher's index", n, "pin a version from an index instead")
     pin = re.fullmatch(r"===?\s*(\S+)", rest)
     if not pin or not VERSION_RE.fullmatch(pin.group(1)):
-        what = f"{name}{rest}" if rest else name
+        what = req.strip()
         raise LockFileError(path, f"{_show(what)} is not pinned to one version", n,
                             f"pin it (`{name}==<version>`): {HINT}")
     if extras is not None and not re.fullmatch(rf"\s*{_NAME}(\s*,\s*{_NAME})*\s*", extras):
@@ -233,8 +233,8 @@ def parse_pylock(text: str, path: str) -> list[Pin]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"line (\d+)", str(e))
-        raise LockFileError(path, f"is not TOML ({str(e).split('(')[0].strip()})", int(m.group(1)) if m else None,
-                            HINT) from None
+        line = int(m.group(1)) if m else text.count("\n") + 1 if "end of document" in str(e) else None
+        raise LockFileError(path, f"is not TOML ({str(e).split('(')[0].strip()})", line, HINT) from None
     version = doc.get("lock-version")
     if not isinstance(version, str) or version.split(".")[0] != "1":
         raise LockFileError(path, f"lock-version {_show(str(version))}: not a PEP 751 lock this clusterddp reads",
