@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from .common import err, handle_errors, load_inventory, visible
 from .examples import epilog
 
+if TYPE_CHECKING:
+    from ..envs.lock import Lock
+    from ..inventory import Inventory
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="The Python environments built on the nodes from a lock file (packages:).")
 
 
-def _locked(inventory: str, packages: str | None, hosts: str | None):
+def _locked(inventory: str, packages: str | None, hosts: str | None) -> tuple[Inventory, dict[str, Lock]]:
     from ..envs import nodes as E
     from ..errors import UsageError
     inv = E.with_packages(load_inventory(inventory, hosts), packages)

@@ -22,7 +22,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..record import NodeRecord
+    from ..record import NodeRecord, RunRecord
     from ..store import RunStore
 
 RUN = typer.Argument(..., help="A run id, or a unique prefix or suffix of one (its random end: 3f9a).")
@@ -125,7 +125,7 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
               f"stop the run with `clusterddp stop {run_id}`")
 
 
-def _env_lines(rec) -> list[tuple[str, str, list[str]]]:
+def _env_lines(rec: RunRecord) -> list[tuple[str, str, list[str]]]:
     """Each `packages:` environment the run's nodes ran in: (id, lock sha256, hosts)."""
     out: dict[tuple[str, str], list[str]] = {}
     for n in rec.nodes:
@@ -134,7 +134,7 @@ def _env_lines(rec) -> list[tuple[str, str, list[str]]]:
     return [(e, lock, hosts) for (e, lock), hosts in out.items()]
 
 
-def _environments(store, run_id: str) -> dict | None:
+def _environments(store: RunStore, run_id: str) -> dict | None:
     """`runs --json`: each node's environment id and lock sha256 (None for a run without `packages:`)."""
     try:
         rec = store.load(run_id)

@@ -183,8 +183,8 @@ def _show(text: str, limit: int = 60) -> str:
 
 def _requirement(line: str, n: int, path: str) -> Pin:
     hashes = []
-    for m in re.finditer(r"\s--hash[=\s]\s*(\S+)", " " + line):
-        hashes.append(_hash(m.group(1), n, path))
+    for h in re.finditer(r"\s--hash[=\s]\s*(\S+)", " " + line):
+        hashes.append(_hash(h.group(1), n, path))
     body = re.sub(r"\s--hash[=\s]\s*\S+", "", " " + line).strip()
     if re.search(r"\s--?[A-Za-z]", " " + body):
         raise LockFileError(path, f"{_show(body)}: a per-requirement option other than --hash", n, HINT)

@@ -150,11 +150,14 @@ def receive(args, stream=None):
             os.makedirs(os.path.join(top, sha), mode=0o700, exist_ok=True)
             os.replace(tmp, os.path.join(top, sha, name))
             ok.append(sha)
-        except OSError as e:
+        except (OSError, EOFError) as e:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+            if isinstance(e, EOFError):  # the launcher went away mid-wheel: nothing of it is kept
+                reply({"ok": ok, "bad": bad, "error": "the stream ended inside {}".format(name)})
+                return 2
             reply({"ok": ok, "bad": bad, "error": "cannot store {}: {}".format(name, e.strerror or e),
                    "needed": size, "free": free_bytes(top)})
             return 3

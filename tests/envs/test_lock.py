@@ -100,8 +100,8 @@ name = "torch"
 version = "2.13.0"
 marker = "python_version >= '3.10'"
 wheels = [
-  {{ url = "https://example.org/torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl", hashes = {{ sha256 = "{'a' * 64}" }} }},
-  {{ url = "https://example.org/torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl", hashes = {{ sha256 = "{'b' * 64}" }} }},
+  {{ url = "https://example.org/torch-cp311.whl", hashes = {{ sha256 = "{'a' * 64}" }} }},
+  {{ url = "https://example.org/torch-cp312.whl", hashes = {{ sha256 = "{'b' * 64}" }} }},
 ]
 
 [[packages]]

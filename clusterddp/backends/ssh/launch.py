@@ -142,6 +142,8 @@ def _environments(prep: Prepared, fleet: Fleet, events: base.Events) -> Prepared
     events.warn(f"[clusterddp] {E.summary(made)}")
     plan = P.build_plan(E.apply(prep.plan.inventory, made), prep.plan.spec, prep.plan.run_id,
                         train_lookup=prep.plan.train_lookup)
+    # the fleet's own host settings too: the preflight's probe (fleet.run) runs each host's python
+    fleet.hosts = tuple(n.host for n in plan.nodes)
     return replace(prep, plan=plan)
 
 
