@@ -18,6 +18,7 @@ from clusterddp.envs.lock import parse
 from clusterddp.errors import HostError
 from clusterddp.inventory.loader import local
 from clusterddp.node import envbuild
+from helpers import eventually
 from tinywheel import make_wheel, sha256
 
 ID = "0123456789abcdef01234567"
@@ -145,3 +146,25 @@ def test_a_full_disk_while_receiving_is_that_hosts_error_with_the_bytes(tmp_path
                         "needed": 5 << 20, "free": 1 << 20}])
     with pytest.raises(HostError, match=r"local: wheels not stored: .*No space.* \(5.0 MiB needed, 1.0 MiB free\)"):
         E.push(fleet, plan, cache)  # type: ignore[arg-type]
+
+
+def test_a_second_build_of_one_id_waits_for_the_first_and_then_takes_what_it_built(tmp_path, capsys):
+    import fcntl
+    import threading
+    root = tmp_path / "envs"
+    (root / ".locks").mkdir(parents=True)
+    fd = os.open(root / ".locks" / ID, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the first build, still going
+    got: list[int] = []
+    second = threading.Thread(target=lambda: got.append(envbuild.build(
+        {"root": str(root), "id": ID, "wheels": [], "uv": ["c" * 64, "uv-1-py3-none-any.whl"], "expect": [],
+         "imports": []})))
+    second.start()
+    assert eventually(lambda: "another run builds this environment: waiting" in capsys.readouterr().err)
+    assert second.is_alive() and not got
+    (root / ID).mkdir()  # the first build's rename, then its lock let go
+    (root / ID / envbuild.COMPLETE).write_text("{}")
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    second.join(timeout=30)
+    assert got == [0] and answer(capsys) == {"state": "ready"}
