@@ -3,8 +3,8 @@ to both nodes, built, a plain torch job run in the environment, a second run tha
 build cut short by SIGKILL that leaves nothing taken for complete.
 
 Opt-in (CLUSTERDDP_TEST_TORCH_ENV=1): on this project's loaded 2-core machine the first build takes
-about 105 s and the whole test 150-250 s (152 s measured, 07:35 UTC), too much for every CI run; test_envs_ssh.py covers the
-same steps with a tiny wheel in CI.
+about 105 s and the whole test 150-250 s (152 s measured), too much for every CI run; test_envs_ssh.py
+covers the same steps with a tiny wheel in CI.
 """
 
 from __future__ import annotations
