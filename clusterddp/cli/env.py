@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from .common import err, handle_errors, load_inventory, visible
+from .common import RUNS_DIR, err, handle_errors, load_inventory, visible
 from .examples import epilog
 
 if TYPE_CHECKING:
@@ -72,3 +72,39 @@ def list_(
             continue
         envs = ", ".join(f"{i} ({human_size(n)})" for i, n in h["sizes"].items()) or "none"
         print(visible(f"{host}: {h['root']}: environments {envs}; wheel store {human_size(h['store'])}"))
+
+
+@app.command("prune", epilog=epilog("env prune"))
+@handle_errors
+def prune_(
+    inventory: str = typer.Argument(..., help="Inventory YAML file."),
+    runs_dir: str = RUNS_DIR,
+    hosts: str | None = typer.Option(None, "--hosts", help="Only these hosts: a,b,c."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
+) -> None:
+    """Remove the environments on each host that no run recorded in --runs-dir used and that the inventory's
+    lock does not give now; never one a process runs from, or one being built."""
+    from ..envs import nodes as E
+    from ..fleet import Fleet
+    from ..sizes import human_size
+    from ..store import RunStore
+    inv = load_inventory(inventory, hosts)
+    keep = E.recorded(RunStore(runs_dir, read_only=True))
+    with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
+        keep |= E.current(fleet, inv.hosts, E.locks(inv))
+        done = E.prune(fleet, inv.hosts, keep, dry_run)
+    word = "would remove" if dry_run else "removed"
+    failed = False
+    for host, d in done.items():
+        if isinstance(d, Exception):
+            err(visible(f"{host}: {d}"))
+            failed = True
+            continue
+        for env_id, size in d["removed"]:
+            print(visible(f"{host}: {word} environment {env_id} ({human_size(size)})"))
+        for env_id, why in d["kept"]:
+            print(visible(f"{host}: kept environment {env_id} ({why})"))
+        if not d["removed"] and not d["kept"]:
+            print(visible(f"{host}: no environment"))
+    if failed:
+        raise typer.Exit(1)

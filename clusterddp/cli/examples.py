@@ -32,6 +32,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "env build": ("clusterddp env build inventory/lab.yaml",
                   "clusterddp env build inventory/lab.yaml --packages requirements.txt"),
     "env list": ("clusterddp env list inventory/lab.yaml",),
+    "env prune": ("clusterddp env prune inventory/lab.yaml --dry-run", "clusterddp env prune inventory/lab.yaml"),
     "quarantine list": ("clusterddp quarantine list", "clusterddp quarantine list --json"),
     "quarantine add": ('clusterddp quarantine add inventory/lab.yaml gpu-02 --for 1d --why "ECC errors"',),
     "quarantine release": ("clusterddp quarantine release gpu-02",),

@@ -115,18 +115,29 @@ def _facts(host: str, data: dict) -> dict:
     return data
 
 
+def _look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
+    """Each host's facts and holdings (the node program's ``look``); the first HostError raised."""
+    looked = fleet.each(lambda h, t: t.run(_command(h, "look", {"root": f"{h.workdir}/{ENVS}"}),
+                                           timeout=LOOK_TIMEOUT_S), hosts)
+    if looked.failed:
+        host, e = next(iter(looked.failed.items()))
+        raise e if isinstance(e, HostError) else HostError(host, f"environment look: {e}")
+    return {h.name: _facts(h.name, _answer(h.name, looked.succeeded[h.name], "environment look")) for h in hosts}
+
+
+def current(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, L.Lock]) -> set[str]:
+    """The environment ids the hosts' locks give now (whether built or not): what `env prune` keeps."""
+    hosts = [h for h in hosts if h.name in by_host]
+    return {env_id(by_host[n].sha256, f) for n, f in _look(fleet, hosts).items()}
+
+
 def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, L.Lock], cache: Path | None = None
            ) -> dict[str, Plan]:
     """Every host's environment: ready, or the wheels it lacks (fetched here into the cache first).
     HostError for a host that does not answer; UsageError (exit 2) naming host and package for a lock
     with no wheel for a host's Python or platform."""
     hosts = [h for h in hosts if h.name in by_host]
-    looked = fleet.each(lambda h, t: t.run(_command(h, "look", {"root": f"{h.workdir}/{ENVS}"}),
-                                           timeout=LOOK_TIMEOUT_S), hosts)
-    if looked.failed:
-        host, e = next(iter(looked.failed.items()))
-        raise e if isinstance(e, HostError) else HostError(host, f"environment look: {e}")
-    facts = {h.name: _facts(h.name, _answer(h.name, looked.succeeded[h.name], "environment look")) for h in hosts}
+    facts = _look(fleet, hosts)
     plans: dict[str, Plan] = {}
     groups: dict[tuple[str, W.Target], list[Host]] = {}
     for h in hosts:
@@ -160,6 +171,36 @@ def holdings(fleet: Fleet, hosts: Iterable[Host]) -> dict[str, dict | Exception]
         return data
     got = fleet.each(one, hosts)
     return {h.name: got.succeeded.get(h.name) or got.failed[h.name] for h in hosts}
+
+
+def prune(fleet: Fleet, hosts: Iterable[Host], keep: set[str], dry_run: bool = False
+          ) -> dict[str, dict | Exception]:
+    """`env prune`: on each host, the environments not in ``keep`` removed (or, ``dry_run``, named), never
+    one a process runs from or one being built; each host's answer (``removed``: [id, bytes], ``kept``:
+    [id, why]) or why not."""
+    def one(h: Host, t: Any) -> dict:
+        res = t.run(_command(h, "prune", {"root": f"{h.workdir}/{ENVS}", "keep": sorted(keep), "dry": dry_run}),
+                    timeout=BUILD_TIMEOUT_S)
+        data = _answer(h.name, res, "environment prune")
+        ok = all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
+                 for k in ("removed", "kept") for x in data.get(k) or [[""] * 2])
+        if not ok or not isinstance(data.get("removed"), list) or not isinstance(data.get("kept"), list):
+            raise HostError(h.name, "environment prune: a bad answer")
+        return data
+    got = fleet.each(one, hosts)
+    return {h.name: got.succeeded.get(h.name) or got.failed[h.name] for h in hosts}
+
+
+def recorded(store: Any) -> set[str]:
+    """Every environment id a recorded run of ``store`` (a RunStore) ran in."""
+    out = set()
+    for row in store.list():
+        try:
+            rec = store.load(row["run_id"])
+        except Exception:  # noqa: BLE001 - a record that cannot be read protects nothing; prune keeps going
+            continue
+        out |= {n.settings.env_id for n in rec.nodes if n.settings.env_id}
+    return out
 
 
 def _send(fleet: Fleet, plan: Plan, cache: Path, wheels: tuple[W.Wheel, ...]) -> dict:

@@ -307,6 +307,63 @@ def build(args):
     return 0
 
 
+def in_use(path):
+    """Whether a process of this node runs from ``path`` (its command line names it)."""
+    mark = (path.rstrip("/") + "/").encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/{}/cmdline".format(pid), "rb") as f:
+                if mark in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def prune(args):
+    """Remove the complete environments not in ``keep``, unless a process runs from one or it is being built;
+    each renamed aside first, so no look ever lists one half removed."""
+    import fcntl
+    root = os.path.expanduser(args["root"])
+    keep = set(args["keep"])
+    removed, kept = [], []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        names = []
+    for name in names:
+        path = os.path.join(root, name)
+        if not _ID_RE.fullmatch(name) or not complete(path):
+            continue
+        if name in keep:
+            kept.append([name, "recorded"])
+            continue
+        if in_use(path):
+            kept.append([name, "in use"])
+            continue
+        locks = os.path.join(root, ".locks")
+        os.makedirs(locks, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(locks, name), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                kept.append([name, "being built"])
+                continue
+            size = tree_size(path)
+            if not args.get("dry"):
+                aside = os.path.join(root, ".tmp-{}-prune{}".format(name, os.getpid()))
+                os.rename(path, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            removed.append([name, size])
+        finally:
+            os.close(fd)
+    reply({"removed": removed, "kept": kept})
+    return 0
+
+
 def main(argv):
     verb, args = argv[0], json.loads(argv[1])
     if verb == "look":
@@ -315,6 +372,8 @@ def main(argv):
         return receive(args)
     if verb == "build":
         return build(args)
+    if verb == "prune":
+        return prune(args)
     reply({"error": "no verb " + verb})
     return 2
 

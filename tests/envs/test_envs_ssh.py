@@ -55,6 +55,25 @@ def test_env_build_sends_once_builds_once_and_a_changed_lock_builds_anew(bed, wo
     listed = cddp("env", "list", str(inv), check_rc=0, timeout=60).stdout
     assert listed.count("environments ") == 2 and first in listed, listed
 
+    # prune: no run recorded either environment and the lock now gives a third; one a process runs from stays
+    [second] = [e for e in complete(tmp_path, 0) if e != first]
+    busy = subprocess.Popen([str(python), "-c", "import time; time.sleep(300)"])
+    try:
+        runs = ["--runs-dir", str(tmp_path / "runs")]
+        r = cddp("env", "prune", str(inv), *runs, "--dry-run", check_rc=0, timeout=120)
+        assert f"node1: would remove environment {second}" in r.stdout and complete(tmp_path, 0) == sorted(
+            [first, second]), r.stdout
+        r = cddp("env", "prune", str(inv), *runs, check_rc=0, timeout=120)
+        assert f"node1: kept environment {first} (in use)" in r.stdout, r.stdout
+        assert f"node1: removed environment {second}" in r.stdout and f"node2: removed environment {first}" in r.stdout
+        assert complete(tmp_path, 0) == [first] and complete(tmp_path, 1) == []
+    finally:
+        busy.kill()
+        busy.wait()
+    r = cddp("env", "prune", str(inv), *runs, check_rc=0, timeout=120)
+    assert f"node1: removed environment {first}" in r.stdout and complete(tmp_path, 0) == []
+    assert not [p for p in envs_of(tmp_path, 0).iterdir() if p.name.startswith(".tmp-")]
+
 
 def test_a_lock_that_is_not_one_or_names_no_wheel_is_refused_before_anything_starts(bed, world, tmp_path):
     script = job_script(tmp_path, "job.py", "print('never')\n")
