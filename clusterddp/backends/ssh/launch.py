@@ -133,8 +133,8 @@ def _environments(prep: Prepared, fleet: Fleet, events: base.Events) -> Prepared
     """Each node's `packages:` environment made ready (:mod:`clusterddp.envs.nodes`: what it lacks sent,
     built in parallel), said; the run planned with each environment's python."""
     from ...envs import nodes as E
-    assert prep.locks is not None
-    plans = E.survey(fleet, prep.plan.inventory.hosts, prep.locks)
+    # read again for the hosts the run has now: a spare in place of a host down at the start has its own
+    plans = E.survey(fleet, prep.plan.inventory.hosts, E.locks(prep.plan.inventory))
     for p in plans.values():
         if not p.ready:
             events.warn(f"[clusterddp] {p.host.name}: {p.says()}")
