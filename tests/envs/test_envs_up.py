@@ -68,3 +68,21 @@ def test_the_run_is_planned_probed_and_recorded_with_each_environments_python(tm
     assert "[clusterddp] b: environment idbidbidbidb will be built (0 B of wheels to send)" in said.lines
     assert said.lines[-1] == ("[clusterddp] environment idaidaidaida, idbidbidbidb: built on b, ready on the other 1; "
                               "sent 123 B")
+
+
+def test_run_json_keeps_each_nodes_environment_and_an_older_record_reads_without_one(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from clusterddp.record import NodeRecord
+    monkeypatch.chdir(tmp_path)
+    _inventory(tmp_path)
+    prep = L.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    [a, _] = L.node_records(prep.plan)
+    a = replace(a, settings=replace(a.settings, env_id="e" * 24, lock_sha256="f" * 64, python="/w/envs/e/bin/python"))
+    data = a.to_json()
+    assert data["settings"]["env_id"] == "e" * 24 and data["settings"]["lock_sha256"] == "f" * 64
+    assert NodeRecord.from_json(data, "run.json", "nodes[0]") == a
+    for key in ("env_id", "lock_sha256", "packages"):
+        data["settings"].pop(key)
+    old = NodeRecord.from_json(data, "run.json", "nodes[0]")
+    assert old.settings.env_id is None and old.settings.lock_sha256 is None and old.settings.packages is None
