@@ -86,3 +86,23 @@ def test_run_json_keeps_each_nodes_environment_and_an_older_record_reads_without
         data["settings"].pop(key)
     old = NodeRecord.from_json(data, "run.json", "nodes[0]")
     assert old.settings.env_id is None and old.settings.lock_sha256 is None and old.settings.packages is None
+
+
+def test_runs_json_names_each_nodes_environment(tmp_path):
+    import json
+    from dataclasses import replace
+
+    from clusterddp.record import RunStatus
+    from clusterddp.store import RunStore
+    from helpers import cddp, make_record
+    rec = make_record("20261206-070000-e1e1", status=RunStatus.SUCCEEDED, ended_at="2026-11-29T10:01:00+00:00")
+    rec = replace(rec, nodes=tuple(replace(n, settings=replace(n.settings, env_id="e" * 24, lock_sha256="f" * 64))
+                                   for n in rec.nodes))
+    store = RunStore(tmp_path / "runs")
+    store.create(rec)
+    store.create(make_record("20261206-060000-0000", status=RunStatus.SUCCEEDED, ended_at="2026-11-29T10:01:00+00:00"))
+    rows = {r["run_id"]: r for r in json.loads(cddp("runs", "--runs-dir", str(tmp_path / "runs"), "--json",
+                                                    check_rc=0).stdout)}
+    assert rows["20261206-070000-e1e1"]["environments"] == {h: {"env_id": "e" * 24, "lock_sha256": "f" * 64}
+                                                            for h in ("a", "b")}
+    assert rows["20261206-060000-0000"]["environments"] is None
