@@ -130,6 +130,11 @@ def parse(data: bytes, path: str) -> Lock:
     if len(pins) > MAX_PINS:
         raise LockFileError(path, f"lists over {MAX_PINS} packages", hint=HINT)
     _no_twice(pins, path)
+    bare = next((p for p in pins if not p.hashes), None)
+    if bare is not None and any(p.hashes for p in pins):  # pip checks all or none
+        raise LockFileError(path, f"{bare.name} has no --hash while other packages have", bare.line,
+                            "lock it again with hashes for every package (`pip-compile --generate-hashes`, "
+                            "`uv pip compile --generate-hashes`), or with none")
     return Lock(path, fmt, hashlib.sha256(data).hexdigest(), tuple(pins))
 
 

@@ -64,6 +64,7 @@ def test_a_lock_without_hashes_is_read_and_pip_is_not_asked_to_require_them():
     ("a==1\n(garbage)\n", 2, "'(garbage)' is not a requirement"),
     ("a==1\nA==2\n", 2, "A is pinned twice (also line 1)"),
     ("a==1 ; os_name == `rm`\n", 1, "is not an environment marker"),
+    (f"a==1 --hash={H1}\nb==2\n", 2, "b has no --hash while other packages have"),
 ])
 def test_what_is_not_a_lock_is_a_located_error(text, line, says):
     with pytest.raises(LockFileError) as e:
