@@ -44,6 +44,14 @@ class InventoryError(UsageError):
         self.path, self.field, self.line = path, field, line
 
 
+class LockFileError(UsageError):
+    """A `packages:` lock file that is not one, located by file and, where known, line (exit 2)."""
+
+    def __init__(self, path: str, message: str, line: int | None = None, hint: str | None = None) -> None:
+        super().__init__(f"{path}:{line}: {message}" if line else f"{path}: {message}", hint)
+        self.path, self.line = path, line
+
+
 class RunNotFound(UsageError):
     """A run id (or prefix) that names no run, or more than one."""
 

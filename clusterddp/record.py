@@ -533,7 +533,8 @@ _HOST_TYPES: dict[str, Any] = {}
 def _host_json(host: Host) -> dict[str, Any]:
     settings = dataclasses.asdict(host)
     settings["env"], settings["setup"] = dict(host.env), list(host.setup)
-    for key in ("slots", "lease_dir", "identity_from"):  # only where set, so older readers read the rest
+    # only where set, so older readers read the rest
+    for key in ("slots", "lease_dir", "identity_from", "packages", "env_id", "lock_sha256"):
         if settings[key] is None:
             del settings[key]
     return settings

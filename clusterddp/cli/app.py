@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import collect as collect_cmd
+from . import env as env_cmd
 from . import metrics as metrics_cmd
 from . import notify as notify_cmd
 from . import prune as prune_cmd
@@ -33,6 +34,7 @@ app.command("collect", epilog=epilog("collect"))(collect_cmd.collect)
 app.add_typer(schedule_cmd.app, name="schedule")
 app.add_typer(notify_cmd.app, name="notify")
 app.add_typer(quarantine_cmd.app, name="quarantine")
+app.add_typer(env_cmd.app, name="env")
 app.command("check", epilog=epilog("check"))(check_cmd)
 app.command("exec", epilog=epilog("exec"))(exec_cmd)
 app.command("prune", epilog=epilog("prune"))(prune_cmd.prune)

@@ -65,13 +65,14 @@ def check(
         ok = show(run_collective(inv, master_port=master_port, join_s=join_timeout), time.monotonic() - started,
                   as_json)
         raise typer.Exit(0 if ok else EXIT_FAILED)
+    inv, envs = _environments(inv, as_json)
     report = backend.check(inv, master_port=master_port)
     reach = notify_reach(inv) if backend.detached_notify and inv.notify else []
     took = time.monotonic() - started
     from ..quarantine import quarantined, stamp
     aside = quarantined(inv.hosts)  # set aside on this machine: `up` refuses them, whatever the nodes say
     if as_json:
-        print(json.dumps({**report.to_dict(), "seconds": round(took, 2),
+        print(json.dumps({**report.to_dict(), "seconds": round(took, 2), "environments": envs,
                           "quarantined": {h: e.to_json() for h, e in aside.items()},
                           "notify": [{"host": h, **f.__dict__} for h, f in reach]}, indent=2))
         raise typer.Exit(0 if report.ok and not aside else EXIT_FAILED)
@@ -88,6 +89,25 @@ def check(
         print(visible(f"     fix: `clusterddp quarantine release {h}` once the machine is mended, or --exclude {h}"))
     if not ok or aside:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _environments(inv: Inventory, quiet: bool) -> tuple[Inventory, dict]:
+    """With `packages:`: each host's environment, said (ready, or will be built and the bytes it lacks) before
+    the checks, which then look at a ready one's python; a lock that is not one, or a package with no wheel
+    for a host, is refused (exit 2). The JSON report's ``environments``."""
+    from ..envs import nodes as E
+    from ..fleet import Fleet
+    by_host = E.locks(inv)
+    if not by_host:
+        return inv, {}
+    with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
+        plans = E.survey(fleet, inv.hosts, by_host)
+    out = {h: {"env_id": p.env_id, "ready": p.ready, "to_send": p.to_send} for h, p in plans.items()}
+    if not quiet:
+        for h, p in plans.items():
+            print(visible(f"env  {h} {p.says()}"))
+    ready = {h: E.Made(h, p.env_id, p.python, p.lock.sha256, 0, False) for h, p in plans.items() if p.ready}
+    return E.apply(inv, ready), out
 
 
 def notify_reach(inv: Inventory) -> list:

@@ -22,7 +22,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..record import NodeRecord
+    from ..record import NodeRecord, RunRecord
     from ..store import RunStore
 
 RUN = typer.Argument(..., help="A run id, or a unique prefix or suffix of one (its random end: 3f9a).")
@@ -69,6 +69,7 @@ def runs(runs_dir: str = RUNS_DIR, as_json: bool = typer.Option(False, "--json",
         store = _store(runs_dir, read_only=True)
         for r in rows:  # why each failed run failed (clusterddp.failure), from its run.json
             r["failure"] = store.failure_of(r["run_id"]) if r["status"] == "failed" else None
+            r["environments"] = _environments(store, r["run_id"])
         print(json.dumps(rows, indent=2))
         return
     if not rows:
@@ -111,6 +112,8 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
         print(f"  {visible(said)}")
     if rec.resumed_from:
         print(visible(f"  {rec.resumed_from.describe()}"))
+    for env_id, lock, hosts in _env_lines(rec):
+        print(visible(f"  environment {env_id} (lock sha256 {lock[:16]}) on {', '.join(hosts)}"))
     for a in rec.attempts:  # a spare in, a host out, or why the run ended there: the nodes above are the last attempt's
         print(visible(f"  {a.describe()}"))
     if rec.status is RunStatus.FAILED and rec.failure:
@@ -120,6 +123,26 @@ def status(run: str = RUN, runs_dir: str = RUNS_DIR) -> None:
     if rec.status is RunStatus.RUNNING and bad:
         print(f"warning: {', '.join(bad)} ended badly while other nodes still run; "
               f"stop the run with `clusterddp stop {run_id}`")
+
+
+def _env_lines(rec: RunRecord) -> list[tuple[str, str, list[str]]]:
+    """Each `packages:` environment the run's nodes ran in: (id, lock sha256, hosts)."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for n in rec.nodes:
+        if n.settings.env_id:
+            out.setdefault((n.settings.env_id, n.settings.lock_sha256 or "?"), []).append(n.host)
+    return [(e, lock, hosts) for (e, lock), hosts in out.items()]
+
+
+def _environments(store: RunStore, run_id: str) -> dict | None:
+    """`runs --json`: each node's environment id and lock sha256 (None for a run without `packages:`)."""
+    try:
+        rec = store.load(run_id)
+    except Exception:  # noqa: BLE001 - a damaged record is listed as the index has it
+        return None
+    got = {n.host: {"env_id": n.settings.env_id, "lock_sha256": n.settings.lock_sha256}
+           for n in rec.nodes if n.settings.env_id}
+    return got or None
 
 
 def _nodes(n: int) -> str:

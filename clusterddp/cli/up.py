@@ -114,6 +114,9 @@ def request(inventory: str, script: str, script_args: list[str] | None, runs_dir
     asked = run_spec(script, script_args, o)
     limit = parse_size(o["max_upload"])
     loaded = backends.load_inventory(inventory, asked.gpus)
+    if o["packages"] is not None:  # --packages over every host's packages: (docs/environments.md)
+        from ..envs.nodes import with_packages
+        loaded = with_packages(loaded, o["packages"])
     names, slots = host_slots(o["hosts"])
     return LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=resolve(asked, loaded), runs_dir=runs_dir,
                          hosts=names, slots=slots, exclude=host_list(o["exclude"], "--exclude"), max_upload=limit,

@@ -483,6 +483,7 @@ SETTINGS = Model("_Settings", {
     "connect_timeout": Field(Maybe(Number(gt=0, le=3600, seconds=True))),
     "keepalive": Field(Maybe(Number(ge=0, le=3600, seconds=True))),
     "lease_dir": Field(Maybe(Line())),
+    "packages": Field(Maybe(Line())),  # a lock file, relative to the inventory's folder (docs/environments.md)
 })
 
 HOST_ENTRY = SETTINGS.extend("_HostEntry", {

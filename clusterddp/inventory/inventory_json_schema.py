@@ -85,7 +85,10 @@ DESCRIPTIONS = {
     "lease_dir": "The node's folder of GPU slot leases and queue entries (default <workdir>/leases/%h, %h the "
                  "node's hostname; keep it on "
                  "local disk: flock is not reliable over NFS)",
-    "python": "The node's Python with torch; it runs torchrun, torch.distributed.run (default python3)",
+    "python": "The node's Python with torch; it runs torchrun, torch.distributed.run (default python3). With "
+              "packages: the base Python the job's environment is built from",
+    "packages": "A lock file (pinned requirements, or pylock.toml), relative to the inventory's folder: every node "
+                "gets an environment built from it, and the job runs in it (docs/environments.md)",
     "workdir": "A run lives in <workdir>/runs/<run_id>/ on the node (default ~/clusterddp)",
     "env": "Environment variables for the job on the node, values verbatim",
     "setup": "Shell lines run on the node before torchrun (e.g. source ~/venv/bin/activate)",

@@ -221,11 +221,17 @@ def _host(path: str, root: yaml.Node | None, lines: list[int] | None, key: str, 
         known_hosts=pick("known_hosts") or BUILTIN["known_hosts"],
         host_key_policy=pick("host_key_policy") or BUILTIN["host_key_policy"],
         gpus=len(slots) if slots else gpus, slots=slots, lease_dir=pick("lease_dir"),
+        packages=_beside(path, pick("packages")),
         python=pick("python") or BUILTIN["python"],
         workdir=pick("workdir") or BUILTIN["workdir"], env=tuple(env.items()),
         setup=tuple(pick("setup") or ()),
         connect_timeout=float(pick("connect_timeout") or BUILTIN["connect_timeout"]),
         keepalive=float(BUILTIN["keepalive"] if pick("keepalive") is None else pick("keepalive")))
+
+
+def _beside(path: str, value: str | None) -> str | None:
+    """A file the inventory names (`packages:`), absolute, relative to the inventory's folder."""
+    return None if value is None else str((Path(path).parent / Path(value).expanduser()).absolute())
 
 
 def _notify(entries: list[Any], path: str) -> tuple[NotifyTarget, ...]:

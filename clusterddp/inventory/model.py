@@ -122,6 +122,9 @@ class Host:
     # where identity_file was set (`lab.yaml:7: hosts[1].identity_file`), for the message when that
     # file cannot be read; None where it was not set or is not from a file
     identity_from: str | None = None
+    packages: str | None = None  # `packages:`: the lock file (absolute) its job's environment is built from
+    env_id: str | None = None  # the id of the environment its job ran in (set once it is ready: python is its python)
+    lock_sha256: str | None = None  # the sha256 of the lock that environment was built from
 
 
 @dataclass(frozen=True)

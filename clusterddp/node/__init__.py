@@ -24,7 +24,7 @@ import functools
 from importlib import resources
 
 PROGRAMS = ("probe", "collect", "follow", "worker", "top", "diagnose", "lease", "collective", "envinfo", "stacks",
-            "stackhook", "watch", "flight", "notify", "sampler")
+            "stackhook", "watch", "flight", "notify", "sampler", "envbuild")
 LAUNCHER_SIDE = ("reply",)
 # Node programs whose source is written beside another's on the node, which imports it (by name there, relatively
 # in-process): the sampler reads the job's log with the watchdog's reader.

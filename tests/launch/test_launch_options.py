@@ -26,7 +26,8 @@ SAMPLES = {"name": "nightly eval", "hosts": "a,b", "exclude": "b", "gpus": "2", 
            "wait": None, "max_upload": "500M", "skip_check": None, "raw": None, "quiet": None, "join_timeout": "7.5",
            "stall_timeout": "30", "progress_regex": "step (\\d+)", "notify": "command:true",
            "nodes": "1:2", "resume": "previous", "checkpoints": "out/*.pt", "metrics_interval": "2",
-           "metrics_regex": "loss (?P<loss>\\S+)", "report": "run.html"}
+           "metrics_regex": "loss (?P<loss>\\S+)", "report": "run.html",
+           "packages": "requirements.txt"}
 
 
 def _params(cmd) -> dict:

@@ -129,7 +129,7 @@ def _not_on_login(v: Any) -> Any:
 
 # `slurm.login` as a host entry: where sbatch, scontrol and scancel run, reached over SSH. The fields a
 # login host has no use for are refused there, and left out of its JSON Schema.
-NOT_ON_LOGIN = ("gpus", "workdir", "lease_dir")
+NOT_ON_LOGIN = ("gpus", "workdir", "lease_dir", "packages")
 LOGIN_ENTRY = Model("_LoginEntry", {k: (Field(f.rule, f.default, before=_not_on_login) if k in NOT_ON_LOGIN else f)
                                     for k, f in HOST_ENTRY.fields.items()})
 # Only `slurm.login`, when it is a host entry: validated by itself, so errors point inside it.

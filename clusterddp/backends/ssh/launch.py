@@ -46,6 +46,7 @@ class Prepared:
     folder: upload.SourceFolder | None = None  # what the upload sends, as scanned when planning
     notes: tuple[str, ...] = ()  # lines `up` says before anything starts (a spare in place of a quarantined host)
     resumes: RunRecord | None = None  # --resume RUN: that run, checked (clusterddp.resume)
+    locks: dict | None = None  # `packages:`: each host's lock (clusterddp.envs), its environment built before the job
 
 
 def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] | None = None,
@@ -105,7 +106,8 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     folder = None if local else upload.scan(source_dir, store.root, secrets)
     lookup = folder is None or upload.mentions_clusterddp(folder)
     plan = P.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
-    return Prepared(plan, store, source_dir, folder, notes, resumes)
+    from ...envs.nodes import locks  # a lock that is not one is refused before anything starts
+    return Prepared(plan, store, source_dir, folder, notes, resumes, locks(inventory) or None)
 
 
 def _spares_for_quarantined(inventory: inv_mod.Inventory) -> tuple[inv_mod.Inventory, tuple[str, ...]]:
@@ -126,6 +128,24 @@ def _spares_for_quarantined(inventory: inv_mod.Inventory) -> tuple[inv_mod.Inven
                   f"spare {s} runs in its place (`clusterddp quarantine release {h}` lets it back)"
                   for h, s in zip(nxt.out, nxt.in_, strict=True))
     return inventory.in_use(nxt.hosts, spares), notes
+
+
+def _environments(prep: Prepared, fleet: Fleet, events: base.Events) -> Prepared:
+    """Each node's `packages:` environment made ready (:mod:`clusterddp.envs.nodes`: what it lacks sent,
+    built in parallel), said; the run planned with each environment's python."""
+    from ...envs import nodes as E
+    # read again for the hosts the run has now: a spare in place of a host down at the start has its own
+    plans = E.survey(fleet, prep.plan.inventory.hosts, E.locks(prep.plan.inventory))
+    for p in plans.values():
+        if not p.ready:
+            events.warn(f"[clusterddp] {p.host.name}: {p.says()}")
+    made = E.ready(fleet, plans)
+    events.warn(f"[clusterddp] {E.summary(made)}")
+    plan = P.build_plan(E.apply(prep.plan.inventory, made), prep.plan.spec, prep.plan.run_id,
+                        train_lookup=prep.plan.train_lookup)
+    # the fleet's own host settings too: the preflight's probe (fleet.run) runs each host's python
+    fleet.hosts = tuple(n.host for n in plan.nodes)
+    return replace(prep, plan=plan)
 
 
 def _spares_for_down(prep: Prepared, fleet: Fleet, failed: dict[str, Exception], events: base.Events
@@ -491,6 +511,8 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
             if opened.failed and prep.plan.inventory.spares:
                 prep, fleet = _spares_for_down(prep, fleet, opened.failed, events)
                 self.fleet = fleet
+            if prep.locks:  # before the preflight, which then checks torch in each node's environment
+                prep = _environments(prep, fleet, events)
             planned = prep.plan
             checked = None if req.skip_check else _Beside(lambda: preflight(planned, fleet=fleet))
             if checked is not None and req.wait:

@@ -47,7 +47,7 @@ def test_node_script_hands_torchrun_every_argument_verbatim(tmp_path):
     """The node script's torchrun line, run by bash with torchrun replaced by a printer, yields the
     exact argument vector: hostile arguments stay literal; only clusterddp's own words expand."""
     p = slurm_plan()
-    line = next(x for x in p.node_script.splitlines() if "torch.distributed.run" in x)
+    line = next(x for x in p.node_script.splitlines() if "--rdzv-endpoint" in x)
     shim = tmp_path / "python"
     shim.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
     shim.chmod(0o755)

@@ -1,0 +1,110 @@
+"""`clusterddp env build|list`: the nodes' `packages:` environments (docs/environments.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+from .common import RUNS_DIR, err, handle_errors, load_inventory, visible
+from .examples import epilog
+
+if TYPE_CHECKING:
+    from ..envs.lock import Lock
+    from ..inventory import Inventory
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="The Python environments built on the nodes from a lock file (packages:).")
+
+
+def _locked(inventory: str, packages: str | None, hosts: str | None) -> tuple[Inventory, dict[str, Lock]]:
+    from ..envs import nodes as E
+    from ..errors import UsageError
+    inv = E.with_packages(load_inventory(inventory, hosts), packages)
+    by_host = E.locks(inv)
+    if not by_host:
+        raise UsageError(f"{inv.path}: no host has packages:", "add `packages: requirements.txt` to its defaults "
+                         "or hosts, or give --packages FILE")
+    return inv, by_host
+
+
+@app.command("build", epilog=epilog("env build"))
+@handle_errors
+def build(
+    inventory: str = typer.Argument(..., help="Inventory YAML file."),
+    packages: str | None = typer.Option(None, "--packages", metavar="FILE",
+                                        help="The lock file, over the inventory's packages:."),
+    hosts: str | None = typer.Option(None, "--hosts", help="Only these hosts: a,b,c."),
+) -> None:
+    """Build every host's environment now (what `up` does before its job): wheels fetched here once, each
+    node sent only those it lacks, built in parallel; a ready one is left as it is."""
+    from ..envs import nodes as E
+    from ..fleet import Fleet
+    inv, by_host = _locked(inventory, packages, hosts)
+    with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
+        plans = E.survey(fleet, inv.hosts, by_host)
+        for p in plans.values():
+            if not p.ready:
+                err(visible(f"[clusterddp] {p.host.name}: {p.says()}"))
+        made = E.ready(fleet, plans)
+    for m in made.values():
+        state = "built" if m.built else "ready"
+        print(visible(f"{m.host}: environment {m.env_id} {state}: {m.python} (sent {m.sent} bytes)"))
+    print(visible(E.summary(made)))
+
+
+@app.command("list", epilog=epilog("env list"))
+@handle_errors
+def list_(
+    inventory: str = typer.Argument(..., help="Inventory YAML file."),
+    hosts: str | None = typer.Option(None, "--hosts", help="Only these hosts: a,b,c."),
+) -> None:
+    """What each host holds: its environments (id, size) and its wheel store's size."""
+    from ..envs import nodes as E
+    from ..fleet import Fleet
+    from ..sizes import human_size
+    inv = load_inventory(inventory, hosts)
+    with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
+        held = E.holdings(fleet, inv.hosts)
+    for host, h in held.items():
+        if isinstance(h, Exception):
+            err(visible(f"{host}: {h}"))
+            continue
+        envs = ", ".join(f"{i} ({human_size(n)})" for i, n in h["sizes"].items()) or "none"
+        print(visible(f"{host}: {h['root']}: environments {envs}; wheel store {human_size(h['store'])}"))
+
+
+@app.command("prune", epilog=epilog("env prune"))
+@handle_errors
+def prune_(
+    inventory: str = typer.Argument(..., help="Inventory YAML file."),
+    runs_dir: str = RUNS_DIR,
+    hosts: str | None = typer.Option(None, "--hosts", help="Only these hosts: a,b,c."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
+) -> None:
+    """Remove the environments on each host that no run recorded in --runs-dir used and that the inventory's
+    lock does not give now; never one a process runs from, or one being built."""
+    from ..envs import nodes as E
+    from ..fleet import Fleet
+    from ..sizes import human_size
+    from ..store import RunStore
+    inv = load_inventory(inventory, hosts)
+    keep = E.recorded(RunStore(runs_dir, read_only=True))
+    with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
+        keep |= E.current(fleet, inv.hosts, E.locks(inv))
+        done = E.prune(fleet, inv.hosts, keep, dry_run)
+    word = "would remove" if dry_run else "removed"
+    failed = False
+    for host, d in done.items():
+        if isinstance(d, Exception):
+            err(visible(f"{host}: {d}"))
+            failed = True
+            continue
+        for env_id, size in d["removed"]:
+            print(visible(f"{host}: {word} environment {env_id} ({human_size(size)})"))
+        for env_id, why in d["kept"]:
+            print(visible(f"{host}: kept environment {env_id} ({why})"))
+        if not d["removed"] and not d["kept"]:
+            print(visible(f"{host}: no environment"))
+    if failed:
+        raise typer.Exit(1)

@@ -1,0 +1,320 @@
+"""Each node's `packages:` environment made ready: looked at, its missing wheels sent, built, in parallel.
+
+:func:`survey` asks every node what it holds (one command each) and says, per host, whether its
+environment is ready, will be built (and how many bytes it lacks), or cannot be built (the lock has no
+wheel for its Python or platform: a UsageError, exit 2, before anything starts). :func:`ready` then sends
+each node only the wheels it lacks (sha256-checked there; a damaged one sent again once) and builds the
+environments at once. The node side is ``clusterddp/node/envbuild.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import HostError, UsageError
+from ..fleet import Fleet
+from ..inventory import Host, Inventory
+from ..node.reply import ReplyError, last_marked_json
+from ..nodescript import preamble, python_command, q
+from ..sizes import human_size
+from . import lock as L
+from . import wheels as W
+
+MARK = "CDDP_ENV "
+ENVS = "envs"  # under a host's workdir
+BUILD_TIMEOUT_S = 3600.0  # a build of torch on a slow disk takes minutes; another run's build may come first
+LOOK_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a node needs for its environment, as :func:`survey` found it."""
+
+    host: Host
+    lock: L.Lock
+    env_id: str
+    root: str                       # the node's envs folder, absolute
+    python: str                     # the environment's python
+    ready: bool
+    wheels: tuple[W.Wheel, ...] = ()   # the lock's wheels for this node (empty when ready)
+    missing: tuple[W.Wheel, ...] = ()  # those its store lacks (the installer's included)
+    uv: W.Wheel | None = None
+
+    @property
+    def to_send(self) -> int:
+        return sum(w.size for w in self.missing)
+
+    def says(self) -> str:
+        if self.ready:
+            return f"environment {self.env_id} ready"
+        return f"environment {self.env_id} will be built ({human_size(self.to_send)} of wheels to send)"
+
+
+def env_id(lock_sha256: str, facts: dict) -> str:
+    """An environment's id: the lock's contents, the base Python (version, implementation, where it is)
+    and the node's platform."""
+    text = "\n".join([lock_sha256, str(facts["python"]), str(facts["impl"]), str(facts["exe"]),
+                      str(facts["platform"])])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def locks(inventory: Inventory) -> dict[str, L.Lock]:
+    """Each host's lock (hosts without `packages:` left out), each file read once. LockFileError (exit 2)."""
+    read: dict[str, L.Lock] = {}
+    out = {}
+    for h in inventory.hosts:
+        if h.packages:
+            if h.packages not in read:
+                read[h.packages] = L.read(h.packages)
+            out[h.name] = read[h.packages]
+    return out
+
+
+def with_packages(inventory: Inventory, path: str | None) -> Inventory:
+    """``up --packages FILE``: every host's lock, over the inventory's."""
+    if path is None:
+        return inventory
+    if not inventory.hosts or any(h.transport != "ssh" for h in inventory.hosts):
+        raise UsageError("--packages: environments are built on SSH hosts only (not yet for `up local` or Slurm)",
+                         "leave --packages out, and give the job's `python:` a ready environment")
+    where = str(Path(path).expanduser().absolute())
+    return replace(inventory, hosts=tuple(replace(h, packages=where) for h in inventory.hosts),
+                   spares=tuple(replace(h, packages=where) for h in inventory.spares))
+
+
+def _command(host: Host, verb: str, args: dict) -> str:
+    lines = preamble(host, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    return "\n".join([*lines, python_command(host.python, "envbuild", [verb, q(json.dumps(args))])])
+
+
+def _answer(host: str, res: Any, what: str) -> dict:
+    out = res.stdout if hasattr(res, "stdout") else b""
+    try:
+        data = last_marked_json(out, MARK)
+    except ReplyError as e:
+        raise HostError(host, f"{what}: a bad answer ({e})") from None
+    if not isinstance(data, dict):
+        err = res.stderr.decode("utf-8", "replace").strip().splitlines()[-3:] if hasattr(res, "stderr") else []
+        raise HostError(host, f"{what}: no answer (exit {getattr(res, 'exit_code', '?')}): {' / '.join(err)}",
+                        "check the host's `python:` (the base Python environments are built from: 3.8 or newer)")
+    return data
+
+
+def _facts(host: str, data: dict) -> dict:
+    for key in ("python", "impl", "tag", "exe", "platform", "root"):
+        if not isinstance(data.get(key), str) or len(data[key]) > 4096:
+            raise HostError(host, f"environment look: a bad answer ({key})")
+    for key in ("envs", "wheels"):
+        if not isinstance(data.get(key), list) or not all(isinstance(x, str) for x in data[key]):
+            raise HostError(host, f"environment look: a bad answer ({key})")
+    return data
+
+
+def _look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
+    """Each host's facts and holdings (the node program's ``look``); the first HostError raised."""
+    looked = fleet.each(lambda h, t: t.run(_command(h, "look", {"root": f"{h.workdir}/{ENVS}"}),
+                                           timeout=LOOK_TIMEOUT_S), hosts)
+    if looked.failed:
+        host, e = next(iter(looked.failed.items()))
+        raise e if isinstance(e, HostError) else HostError(host, f"environment look: {e}")
+    return {h.name: _facts(h.name, _answer(h.name, looked.succeeded[h.name], "environment look")) for h in hosts}
+
+
+def current(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, L.Lock]) -> set[str]:
+    """The environment ids the hosts' locks give now (whether built or not): what `env prune` keeps."""
+    hosts = [h for h in hosts if h.name in by_host]
+    return {env_id(by_host[n].sha256, f) for n, f in _look(fleet, hosts).items()}
+
+
+def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, L.Lock], cache: Path | None = None
+           ) -> dict[str, Plan]:
+    """Every host's environment: ready, or the wheels it lacks (fetched here into the cache first).
+    HostError for a host that does not answer; UsageError (exit 2) naming host and package for a lock
+    with no wheel for a host's Python or platform."""
+    hosts = [h for h in hosts if h.name in by_host]
+    facts = _look(fleet, hosts)
+    plans: dict[str, Plan] = {}
+    groups: dict[tuple[str, W.Target], list[Host]] = {}
+    for h in hosts:
+        f, lk = facts[h.name], by_host[h.name]
+        eid = env_id(lk.sha256, f)
+        python = f"{f['root']}/{eid}/bin/python"
+        plans[h.name] = Plan(h, lk, eid, f["root"], python, eid in f["envs"])
+        if eid not in f["envs"]:
+            target = W.Target(".".join(f["python"].split(".")[:2]), f["tag"], f["platform"])
+            groups.setdefault((lk.sha256, target), []).append(h)
+    for (_, target), group in groups.items():
+        lk = by_host[group[0].name]
+        wheels = W.fetch(lk, target, cache, hosts=tuple(h.name for h in group))
+        uv = W.installer(target, cache)
+        for h in group:
+            held = set(facts[h.name]["wheels"])
+            missing = tuple(w for w in (*wheels, uv) if w.sha256 not in held)
+            plans[h.name] = replace(plans[h.name], wheels=wheels, missing=missing, uv=uv)
+    return plans
+
+
+def holdings(fleet: Fleet, hosts: Iterable[Host]) -> dict[str, dict | Exception]:
+    """`env list`: each host's envs folder, its environments' sizes and its wheel store's size (or why not)."""
+    def one(h: Host, t: Any) -> dict:
+        res = t.run(_command(h, "look", {"root": f"{h.workdir}/{ENVS}", "sizes": True}), timeout=LOOK_TIMEOUT_S)
+        data = _facts(h.name, _answer(h.name, res, "environment look"))
+        sizes = data.get("sizes")
+        if not isinstance(sizes, dict) or not all(isinstance(v, int) for v in sizes.values()) \
+                or not isinstance(data.get("store"), int):
+            raise HostError(h.name, "environment look: a bad answer (sizes)")
+        return data
+    got = fleet.each(one, hosts)
+    return {h.name: got.succeeded.get(h.name) or got.failed[h.name] for h in hosts}
+
+
+def prune(fleet: Fleet, hosts: Iterable[Host], keep: set[str], dry_run: bool = False
+          ) -> dict[str, dict | Exception]:
+    """`env prune`: on each host, the environments not in ``keep`` removed (or, ``dry_run``, named), never
+    one a process runs from or one being built; each host's answer (``removed``: [id, bytes], ``kept``:
+    [id, why]) or why not."""
+    def one(h: Host, t: Any) -> dict:
+        res = t.run(_command(h, "prune", {"root": f"{h.workdir}/{ENVS}", "keep": sorted(keep), "dry": dry_run}),
+                    timeout=BUILD_TIMEOUT_S)
+        data = _answer(h.name, res, "environment prune")
+        ok = all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
+                 for k in ("removed", "kept") for x in data.get(k) or [[""] * 2])
+        if not ok or not isinstance(data.get("removed"), list) or not isinstance(data.get("kept"), list):
+            raise HostError(h.name, "environment prune: a bad answer")
+        return data
+    got = fleet.each(one, hosts)
+    return {h.name: got.succeeded.get(h.name) or got.failed[h.name] for h in hosts}
+
+
+def recorded(store: Any) -> set[str]:
+    """Every environment id a recorded run of ``store`` (a RunStore) ran in."""
+    out = set()
+    for row in store.list():
+        try:
+            rec = store.load(row["run_id"])
+        except Exception:  # noqa: BLE001 - a record that cannot be read protects nothing; prune keeps going
+            continue
+        out |= {n.settings.env_id for n in rec.nodes if n.settings.env_id}
+    return out
+
+
+def _send(fleet: Fleet, plan: Plan, cache: Path, wheels: tuple[W.Wheel, ...]) -> dict:
+    parts: list[bytes | Path] = []
+    for w in wheels:
+        parts += [f"{w.sha256} {w.size} {w.name}\n".encode(), w.path(cache)]
+    h = plan.host
+    res = fleet.transport(h).run(_command(h, "receive", {"root": plan.root}), timeout=BUILD_TIMEOUT_S,
+                                 stdin=tuple(parts))
+    return _answer(h.name, res, "wheels sent")
+
+
+def push(fleet: Fleet, plan: Plan, cache: Path) -> int:
+    """Send ``plan``'s missing wheels; a wheel refused as damaged is sent once more. Returns bytes sent."""
+    if not plan.missing:
+        return 0
+    sent = plan.to_send
+    ans = _send(fleet, plan, cache, plan.missing)
+    bad = [w for w in plan.missing if w.sha256 in (ans.get("bad") or [])]
+    if bad and not ans.get("error"):
+        sent += sum(w.size for w in bad)
+        ans = _send(fleet, plan, cache, tuple(bad))
+        if ans.get("bad"):
+            raise HostError(plan.host.name, f"{', '.join(w.name for w in bad)} arrived damaged twice (sha256 differs)",
+                            "check the link to this host and its disk")
+    if ans.get("error"):
+        raise HostError(plan.host.name, f"wheels not stored: {ans['error']}" + _disk(ans),
+                        f"free space in {plan.root} on this host")
+    return sent
+
+
+def _disk(ans: dict) -> str:
+    needed, free = ans.get("needed"), ans.get("free")
+    if isinstance(needed, int) and isinstance(free, int):
+        return f" ({human_size(needed)} needed, {human_size(free)} free)"
+    return ""
+
+
+def build(fleet: Fleet, plan: Plan, on_wait: Callable[[str], None] = lambda s: None) -> dict:
+    """Build ``plan``'s environment on its node (waiting for another run that builds it); its answer."""
+    assert plan.uv is not None
+    h = plan.host
+    args = {"root": plan.root, "id": plan.env_id, "lock": plan.lock.sha256,
+            "wheels": [[w.sha256, w.name] for w in plan.wheels], "uv": [plan.uv.sha256, plan.uv.name],
+            "expect": [[p.name, p.version] for p in plan.lock.pins if _for(p, plan.wheels)],
+            "imports": [["torch", p.version] for p in plan.lock.pins if p.key == "torch"]}
+    res = fleet.transport(h).run(_command(h, "build", args), timeout=BUILD_TIMEOUT_S)
+    ans = _answer(h.name, res, "environment build")
+    if ans.get("error") == "disk":
+        raise HostError(h.name, f"no room to build environment {plan.env_id} in {plan.root}{_disk(ans)}",
+                        f"free space in {plan.root} on this host (`clusterddp env prune` removes unused ones)")
+    if ans.get("error"):
+        raise HostError(h.name, f"environment {plan.env_id} not built: {str(ans['error'])[:2000]}",
+                        "see docs/environments.md")
+    return ans
+
+
+def _for(pin: L.Pin, wheels: tuple[W.Wheel, ...]) -> bool:
+    """Whether ``pin`` applies to this node: a wheel of it was fetched (a marker may have left it out)."""
+    stem = L.normalize(pin.name).replace("-", "_")
+    return any(L.normalize(w.name.split("-")[0]).replace("-", "_") == stem for w in wheels)
+
+
+@dataclass(frozen=True)
+class Made:
+    """One node's environment, ready for its job."""
+
+    host: str
+    env_id: str
+    python: str
+    lock_sha256: str
+    sent: int
+    built: bool
+    seconds: float | None = None
+
+
+def ready(fleet: Fleet, plans: dict[str, Plan], cache: Path | None = None,
+          on_wait: Callable[[str], None] = lambda s: None) -> dict[str, Made]:
+    """Every node's environment of ``plans`` ready: missing wheels sent, built in parallel. The first
+    failure (a HostError naming the node) is raised once every node has finished."""
+    cache = cache or W.cache_dir()
+    todo = [p.host for p in plans.values()]
+
+    def one(h: Host, t: Any) -> Made:
+        p = plans[h.name]
+        if p.ready:
+            return Made(h.name, p.env_id, p.python, p.lock.sha256, 0, False)
+        sent = push(fleet, p, cache)
+        ans = build(fleet, p, on_wait)
+        secs = ans.get("seconds")
+        return Made(h.name, p.env_id, p.python, p.lock.sha256, sent, ans.get("state") == "built",
+                    float(secs) if isinstance(secs, (int, float)) else None)
+    done = fleet.each(one, todo)
+    if done.failed:
+        host, e = next(iter(done.failed.items()))
+        raise e if isinstance(e, HostError) else HostError(host, f"environment: {e}")
+    return done.succeeded
+
+
+def apply(inventory: Inventory, made: dict[str, Made]) -> Inventory:
+    """The inventory whose hosts run their jobs with their environment's python (recorded in run.json)."""
+    def use(h: Host) -> Host:
+        m = made.get(h.name)
+        return h if m is None else replace(h, python=m.python, env_id=m.env_id, lock_sha256=m.lock_sha256)
+    return replace(inventory, hosts=tuple(use(h) for h in inventory.hosts))
+
+
+def summary(made: dict[str, Made]) -> str:
+    """One line for the terminal: which environments were built or ready, and what was sent."""
+    built = [m for m in made.values() if m.built]
+    sent = sum(m.sent for m in made.values())
+    ids = sorted({m.env_id for m in made.values()})
+    if not built:
+        return f"environment {', '.join(ids)}: ready on {len(made)} node(s); nothing sent"
+    return (f"environment {', '.join(ids)}: built on {', '.join(m.host for m in built)}"
+            f"{'' if len(built) == len(made) else f', ready on the other {len(made) - len(built)}'}; "
+            f"sent {human_size(sent)}")
