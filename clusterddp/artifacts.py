@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from . import nodeops
+from . import nodeops, stragglers
 from . import plan as P
 from .errors import HostError
 from .fleet import Fleet
@@ -93,6 +93,9 @@ def collect_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, 
     res = nodeops.each(fleet, [n for n in nodes if n.host.name not in done],
                        lambda n, t: collect_node(t, n, store, run_id, globs, progress))
     got = res.or_else(lambda h, e: CollectResult(h, error=_why(e)))
+    # the rank sampler's samples (clusterddp.stragglers) come back too: in the control folder, which no glob reaches
+    stragglers.fetch_nodes(fleet, [n for n in nodes if n.host.name in res.succeeded or n.host.name in done],
+                           store, run_id)
     return [got.get(n.host.name) or CollectResult(n.host.name, unmatched=()) for n in nodes]
 
 

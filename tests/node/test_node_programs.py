@@ -21,7 +21,7 @@ from clusterddp.runspec import RunSpec
 # The oldest Python each must parse on (see clusterddp/node/__init__.py).
 FLOOR = {"probe": (3, 5), "collect": (3, 8), "follow": (3, 8), "worker": (3, 8), "top": (3, 8), "diagnose": (3, 8),
          "stacks": (3, 8), "stackhook": (3, 8), "watch": (3, 8), "flight": (3, 8), "notify": (3, 8),
-         "lease": (3, 8), "collective": (3, 8), "envinfo": (3, 5)}
+         "lease": (3, 8), "collective": (3, 8), "envinfo": (3, 5), "where": (3, 8)}
 
 
 def test_every_program_has_a_floor_and_source_reads_each_once():
@@ -43,6 +43,9 @@ def test_program_parses_on_its_oldest_python_and_imports_only_the_standard_libra
     readers = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("parse")]
     in_readers = {id(i) for f in readers for i in ast.walk(f) if isinstance(i, ast.ImportFrom)}
     for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.level and n.level == 1 and n.module is None:
+            assert {a.name for a in n.names} <= set(node.NEIGHBOURS.get(name, ())), f"{name} imports a neighbour"
+            continue
         if isinstance(n, ast.ImportFrom) and n.level:
             assert id(n) in in_readers and n.level == 1 and n.module in node.LAUNCHER_SIDE, \
                 f"{name}: relative import of {n.module} outside a launcher-side parse_* reader"
@@ -55,7 +58,8 @@ def test_program_parses_on_its_oldest_python_and_imports_only_the_standard_libra
             continue
         for m in mods:
             top = m.split(".")[0]
-            assert top in sys.stdlib_module_names or top in ("torch", "__future__"), f"{name} imports {m}"
+            assert top in sys.stdlib_module_names or top in ("torch", "__future__", *node.NEIGHBOURS.get(name, ())), \
+                f"{name} imports {m}"
     assert ast.unparse(tree.body[-1]).startswith("if __name__ == '__main__':\n")  # runs main() as -c
 
 
