@@ -312,7 +312,7 @@ class Watch:
                         tail = got["jobs"][i]["where"]
                         if tail:
                             wheres.setdefault(run_id, []).append(
-                                stragglers.host_samples(name, tail.encode("utf-8", "replace")))
+                                stragglers.host_samples(name, "\n".join(tail).encode("utf-8", "replace")))
         runs = [RunView(r.run_id, r.name, str(r.status),
                         [views[(r.run_id, n.host.name)] for n in self._shown.get(r.run_id, ())],
                         self._refused.get(r.run_id),

@@ -160,8 +160,8 @@ def _watch(ctl: str) -> object:
 
 
 def _where(ctl: str) -> object:
-    """The last :data:`WHERE_TAIL` bytes of the rank sampler's file (its first line may be cut: the
-    launcher's reader drops it), as text; None where there is none."""
+    """The lines in the last :data:`WHERE_TAIL` bytes of the rank sampler's file (the first may be cut: the
+    launcher's reader drops it), as texts; None where there is none."""
     try:
         fd = os.open(os.path.join(ctl, WHERE_FILE), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
     except OSError:
@@ -172,7 +172,7 @@ def _where(ctl: str) -> object:
         if not stat.S_ISREG(st.st_mode):
             return None
         os.lseek(fd, max(0, st.st_size - WHERE_TAIL), 0)
-        return os.read(fd, WHERE_TAIL).decode("utf-8", "replace")
+        return os.read(fd, WHERE_TAIL).decode("utf-8", "replace").split("\n")
     except OSError:
         return None
     finally:
@@ -319,12 +319,14 @@ def _job(j: object, i: int) -> dict:
 
 
 def _where_tail(w: object, i: int) -> object:
-    """The rank sampler's last lines as the node sent them (text, at most :data:`WHERE_TAIL` characters;
-    read by ``node.where.parse``, which checks every value), or None."""
+    """The rank sampler's last lines as the node sent them (texts, at most :data:`WHERE_TAIL` characters
+    in all; read by ``node.where.parse``, which checks every value), or None."""
     if w is None:
         return None
-    if not isinstance(w, str) or len(w) > WHERE_TAIL:
-        raise TopError("malformed top reply: jobs[%d].where must be text of at most %d characters" % (i, WHERE_TAIL))
+    if (not isinstance(w, list) or not all(isinstance(x, str) for x in w)
+            or sum(len(x) + 1 for x in w) > WHERE_TAIL + 1):
+        raise TopError("malformed top reply: jobs[%d].where must be lines of at most %d characters in all"
+                       % (i, WHERE_TAIL))
     return w
 
 

@@ -415,7 +415,7 @@ def test_top_names_the_host_the_others_wait_for_from_the_nodes_rank_samples(tmp_
     ctl.mkdir()
     (ctl / "where.jsonl").write_text("x" * (node_top.WHERE_TAIL + 10) + "\n" + where_tail(0, "w", cut=False))
     got = run_node(capsys, [[str(ctl), "m"]])["jobs"][0]["where"]
-    assert len(got) == node_top.WHERE_TAIL and got.endswith(where_tail(0, "w", cut=False))
+    assert len("\n".join(got)) == node_top.WHERE_TAIL and "\n".join(got).endswith(where_tail(0, "w", cut=False))
     with pytest.raises(node_top.TopError, match="jobs.0..where"):
         node_top.parse_reply(reply(where=7), 1)
     # the view names the host, with its ranks, since when and why
@@ -423,7 +423,7 @@ def test_top_names_the_host_the_others_wait_for_from_the_nodes_rank_samples(tmp_
 
     def answer(tail: str) -> bytes:
         doc = json.loads(watched_reply(100.0, log_mtime=99.0)[len(node_top.MARK):])
-        doc["jobs"][0]["where"] = tail
+        doc["jobs"][0]["where"] = tail.split("\n")
         return (node_top.MARK + json.dumps(doc)).encode()
     nodes = {"a": FakeNode("a", [answer(where_tail(0, "w"))]), "b": FakeNode("b", [answer(where_tail(1, "c"))])}
     with T.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
