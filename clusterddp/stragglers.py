@@ -18,8 +18,8 @@ at most a window earlier), ``until`` the last (None while it still holds at the 
 
 ``why``: what the samples of that host, compared with the others', suggest: a GPU throttled on
 temperature or power or clocked well below the others' (the metrics sampler's ``metrics.jsonl``,
-where there is one), another process on its GPUs, the job's CPU cgroup held back by its quota, a
-CPU saturated by something else (and its busiest process); otherwise where its ranks are in their
+where there is one), another process on its GPUs, the job's CPU cgroup held back by its quota, its
+ranks waiting for a CPU (runnable, not running) much more than the others', a CPU saturated by something else (and its busiest process); otherwise where its ranks are in their
 own code while the others wait.
 
 :func:`stragglers_of` reads a run folder's samples (brought back with the logs: :func:`fetch_nodes`)
@@ -54,6 +54,7 @@ GPU_SLOW_CLOCK = 0.8   # a GPU whose SM clock is below this share of the others'
 CPU_SATURATED = 90.0   # host CPU busy %, from which it counts as saturated
 CPU_OTHER = 25.0       # % of the host's CPU outside the job that may explain a slow node
 THROTTLED = 0.1        # share of time the job's CPU cgroup was held back that explains a slow node
+CPU_WAIT = 0.2         # share of time its ranks were runnable but not running (and this much above the others')
 MOST_FILE = node_where.PARSE_MOST
 MOST_METRICS = 8 << 20  # bytes of a node's metrics.jsonl (the metrics sampler's) read for GPU evidence
 
@@ -241,6 +242,12 @@ def why(h: HostSamples, hosts: Sequence[HostSamples], window: Sequence[float], r
     thr = _median(s.get("throttled") for s in samples)
     if thr is not None and thr >= THROTTLED:
         reasons.append(f"its CPU quota (the cgroup's cpu.max) held its ranks back {thr:.0%} of the time")
+    wait, their_wait = (_median(s.get("cpu_wait") for s in samples),
+                        _median(s.get("cpu_wait") for o in others for s in _between(o.samples, lo, hi)))
+    if (thr is None or thr < THROTTLED) and wait is not None and wait >= CPU_WAIT and \
+            (their_wait is None or wait - their_wait >= CPU_WAIT):
+        reasons.append(f"its ranks waited for a CPU {wait:.0%} of the time (runnable, not running: a CPU quota "
+                       "or other processes on its CPUs)")
     cpu, other = _median(s.get("cpu") for s in samples), _median(s.get("cpu_other") for s in samples)
     their_other = _median(s.get("cpu_other") for o in others for s in _between(o.samples, lo, hi))
     if (cpu is not None and other is not None and cpu >= CPU_SATURATED and other >= CPU_OTHER

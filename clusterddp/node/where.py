@@ -12,7 +12,8 @@ in a library outside any collective; ``where`` says at which of its functions) o
 Beside that, what may explain a slow node: the host's CPU busy %, the job's share of it (every
 process with the job's ``CLUSTERDDP_JOB`` marker) and what is left for other processes (with the
 busiest of them, when they take a good part), the share of time the ranks' CPU cgroup was held back
-by its quota (``cpu.max``, or v1's ``cpu.cfs_quota_us``), and, every :data:`APPS_EVERY` seconds
+by its quota (``cpu.max``, or v1's ``cpu.cfs_quota_us``), the share of time the ranks were runnable but not running
+(``/proc/PID/schedstat``: waiting for a CPU, or held back by a quota), and, every :data:`APPS_EVERY` seconds
 where ``nvidia-smi`` answers, processes on the node's GPUs that are not the job's. GPU clocks,
 temperature and throttle reasons are the metrics sampler's (``metrics.jsonl``), not taken twice.
 
@@ -72,22 +73,34 @@ WAIT = frozenset((
     "gather_object", "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
     "wait_tensor", "backward", "_engine_run_backward", "run_backward", "synchronize",
 ))
+# Of those, the ones in which a rank also computes (autograd runs the backward pass on the calling thread):
+# there, a main thread that is running (not asleep) is computing, not waiting.
+COMPUTES = frozenset(("backward", "_engine_run_backward", "run_backward"))
 LIBRARY = re.compile(r"(/site-packages/|/dist-packages/|/lib/python\d[\d.]*/|^<)")
 
 
-def state_of(frames: list) -> tuple:
-    """Where a main thread is, from its frames (innermost first, as ``stacks.parse_dump`` gives them):
-    (``w``, the call it waits in) when a frame inside the innermost frame of the user's own code is a
-    :data:`WAIT` one; otherwise (``c``, ``function (file:line)`` of that user frame, or the innermost
-    frame's function where none is the user's); (``?``, "") with no frames."""
+def state_of(frames: list, running: bool = False) -> tuple:
+    """Where a main thread is, from its frames (innermost first, as ``stacks.parse_dump`` gives them) and
+    whether it was running (``R`` in /proc, not asleep) as it was sampled: (``w``, the call it waits in)
+    when a frame inside the innermost frame of the user's own code is a :data:`WAIT` one (but for a
+    :data:`COMPUTES` one while running: computing its own backward pass, ``c``); otherwise (``c``,
+    ``function (file:line)`` of that user frame, or the innermost frame's function where none is the
+    user's); (``?``, "") with no frames."""
     if not frames:
         return "?", ""
     for path, line, fn in frames:
         if LIBRARY.search(path) is None:
             return "c", ("%s (%s:%s)" % (fn, os.path.basename(path), "?" if line is None else line))[:MAX_WHERE]
         if fn in WAIT:
+            if running and fn in COMPUTES:
+                return "c", "%s (computing)" % fn
             return "w", fn[:MAX_WHERE]
     return "c", str(frames[0][2])[:MAX_WHERE]
+
+
+def running_now(pid: int) -> bool:
+    """Whether ``pid``'s main thread is running or runnable (``R``: computing, or held back by a CPU quota)."""
+    return _read("/proc/%d/stat" % pid, 4096).rsplit(b")", 1)[-1].split()[:1] == [b"R"]
 
 
 def _read(path: str, most: int = 1 << 16) -> bytes:
@@ -123,6 +136,18 @@ def host_jiffies() -> tuple:
     if first[:1] != [b"cpu"] or len(vals) < 5:
         return 0, 0
     return sum(vals) - vals[3] - vals[4], sum(vals)
+
+
+def run_delay(pids: list) -> object:
+    """Seconds ``pids`` have spent runnable but not running (``/proc/PID/schedstat``: waiting for a CPU,
+    or held back by a CPU quota), summed; None where the kernel does not keep it."""
+    total, seen = 0, False
+    for pid in pids:
+        w = _read("/proc/%d/schedstat" % pid, 256).split()
+        if len(w) >= 2 and w[1].isdigit():
+            total += int(w[1])
+            seen = True
+    return total * 1e-9 if seen else None
 
 
 def cgroup_stat(pid: int) -> object:
@@ -243,13 +268,14 @@ def look(folder: str, ranks: list, sig: int, wait: float) -> dict:
     """Every rank's place now: rank -> [state, where]. Dump files past :data:`DUMP_MOST` are cut back."""
     lock = S.locked(folder)
     try:
+        running = dict((p["pid"], running_now(p["pid"])) for p in ranks)  # before the signal wakes it
         S.take(folder, ranks, sig, wait, py_spy=False)
         out = {}
         for p in ranks:
             threads = S.parse_dump(p["dump"])
             want = int(p["main"], 16) if p.get("main") else None
             frames = next((fr for tid, _, fr in threads if tid == want), threads[0][2] if threads else [])
-            out[str(p["rank"])] = list(state_of(frames))
+            out[str(p["rank"])] = list(state_of(frames, running[p["pid"]]))
             path = os.path.join(folder, "%d.txt" % p["pid"])
             try:
                 if os.stat(path).st_size > DUMP_MOST:
@@ -263,10 +289,12 @@ def look(folder: str, ranks: list, sig: int, wait: float) -> dict:
     return out
 
 
-def sample_line(t: float, ranks: dict, cpu: dict, other_top, throttled, apps) -> dict:
+def sample_line(t: float, ranks: dict, cpu: dict, other_top, throttled, apps, cpu_wait=None) -> dict:
     """One sample as where.jsonl holds it."""
     s = {"t": round(t, 3), "ranks": ranks}  # type: dict
     s.update(cpu)
+    if cpu_wait is not None:
+        s["cpu_wait"] = cpu_wait
     if other_top:
         s["other_top"] = other_top
     if throttled is not None:
@@ -309,7 +337,7 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, samples=None
     job, ranks, scanned, apps_at = set(), [], 0.0, None  # type: set, list, float, object
     others = {}  # type: dict
     taken = 0
-    before_host, before_job, before_thr, before_t = host_jiffies(), 0, None, clock()
+    before_host, before_job, before_thr, before_t, before_delay = host_jiffies(), 0, None, clock(), None
     while not STOPPING[0]:
         sleep(interval)
         if STOPPING[0] or (parent is not None and (os.getppid() != parent
@@ -338,21 +366,24 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, samples=None
                 others = {}
         stat = cgroup_stat(ranks[0]["pid"]) if ranks else None
         thr = throttled_s(stat)
+        delay = run_delay([p["pid"] for p in ranks])
         wall = now - before_t
-        throttled = None
+        throttled = cpu_wait = None
         if thr is not None and before_thr is not None and wall > 0:
             throttled = round(min(1.0, max(0.0, (thr - before_thr) / wall / max(1, len(ranks)))), 3)
+        if delay is not None and before_delay is not None and wall > 0:
+            cpu_wait = round(min(1.0, max(0.0, (delay - before_delay) / wall / max(1, len(ranks)))), 3)
         apps = None
         if apps_at is None or now - apps_at >= APPS_EVERY:
             apps_at = now
             apps = gpu_others(job)
         if taken > 0:
-            line = sample_line(time.time(), places, dict(cpu, ncpu=ncpu), top, throttled, apps)
+            line = sample_line(time.time(), places, dict(cpu, ncpu=ncpu), top, throttled, apps, cpu_wait)
             try:
                 out.write((json.dumps(line, sort_keys=True) + "\n").encode())
             except OSError:
                 pass
-        before_host, before_job, before_thr, before_t = host, job_j, thr, now
+        before_host, before_job, before_thr, before_t, before_delay = host, job_j, thr, now, delay
         taken += 1
         if samples is not None and taken >= samples:
             return
@@ -381,7 +412,7 @@ def _text(v) -> object:
 def parse(data: bytes) -> tuple:
     """A where.jsonl's bytes as (header dict, [sample dict]): each sample
     ``{"t", "ranks": {rank: (state, where)}, "cpu", "cpu_job", "cpu_other", "ncpu", "other_top", "throttled",
-    "gpu_others"}`` (absent numbers None), every value checked; lines of any other shape are dropped.
+    "cpu_wait", "gpu_others"}`` (absent numbers None), every value checked; lines of any other shape are dropped.
     Reads at most :data:`PARSE_MOST` bytes; never raises."""
     header = {}  # type: dict
     samples = []  # type: list
@@ -415,6 +446,7 @@ def parse(data: bytes) -> tuple:
             "cpu": _num(rec.get("cpu"), 0.0, 100.0), "cpu_job": _num(rec.get("cpu_job"), 0.0, 100.0),
             "cpu_other": _num(rec.get("cpu_other"), 0.0, 100.0), "ncpu": _num(rec.get("ncpu"), 1.0, 1e6),
             "other_top": _text(rec.get("other_top")), "throttled": _num(rec.get("throttled"), 0.0, 1.0),
+            "cpu_wait": _num(rec.get("cpu_wait"), 0.0, 1.0),
             "gpu_others": ([_text(a) or "" for a in apps[:16] if isinstance(a, str)]
                            if isinstance(apps, list) else None),
         })

@@ -64,6 +64,7 @@ def test_each_rank_is_found_waiting_or_in_its_own_code_and_the_cost_is_small(ran
         state, where = s["ranks"][1]
         assert state == "c" and where.startswith("spin_in_my_code (job.py:"), s
         assert 0 <= s["cpu"] <= 100 and 0 <= s["cpu_job"] <= s["cpu"] + 0.1 and s["ncpu"] >= 1
+        assert s["cpu_wait"] is not None and 0 <= s["cpu_wait"] <= 1  # /proc/PID/schedstat's run delay
     for p in procs:  # the ranks ran on, their dump files kept small
         assert p.poll() is None
         assert (ctl / "stacks" / f"{p.pid}.txt").stat().st_size < 2000 + 8192
@@ -82,6 +83,9 @@ def test_state_of_a_main_threads_frames():
     grad = [("/x/site-packages/torch/autograd/graph.py", 8, "_engine_run_backward"),
             ("/x/site-packages/torch/_tensor.py", 9, "backward"), (user, 50, "step")]
     assert W.state_of(grad) == ("w", "_engine_run_backward")
+    # running inside backward: computing its own gradients (a slow rank), not waiting for the others'
+    assert W.state_of(grad, running=True) == ("c", "_engine_run_backward (computing)")
+    assert W.state_of([(lib, 10, "all_reduce"), (user, 41, "train")], running=True) == ("w", "all_reduce")
     # in the user's own code, whatever it calls further out; a user function named like a collective is the user's
     assert W.state_of([(user, 12, "extra_work"), (lib, 1, "all_reduce")]) == ("c", "extra_work (train.py:12)")
     assert W.state_of([(user, None, "all_reduce")]) == ("c", "all_reduce (train.py:?)")
@@ -90,6 +94,21 @@ def test_state_of_a_main_threads_frames():
         ("c", "f (train.py:2)")
     assert W.state_of([("/x/site-packages/torch/nn/functional.py", 3, "relu")]) == ("c", "relu")
     assert W.state_of([]) == ("?", "")
+
+
+def test_running_now_reads_the_state_in_proc():
+    assert W.running_now(os.getpid())  # this test runs
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while W.running_now(sleeper.pid) and time.monotonic() < deadline:  # asleep once started
+            time.sleep(0.1)
+        assert not W.running_now(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not W.running_now(2 ** 30)  # no such process
 
 
 def test_the_file_is_thinned_below_its_bound_and_keeps_its_header(tmp_path):
@@ -111,7 +130,8 @@ def test_the_file_is_thinned_below_its_bound_and_keeps_its_header(tmp_path):
 
 def test_parse_keeps_good_lines_and_drops_the_rest():
     good = {"t": 5.0, "ranks": {"0": ["w", "all_reduce"], "1": ["c", "f (a.py:1)"]}, "cpu": 50.0, "cpu_job": 40.0,
-            "cpu_other": 10.0, "ncpu": 4, "throttled": 0.5, "gpu_others": ["x (pid 1, GPU g)"], "other_top": "y\x1b"}
+            "cpu_other": 10.0, "ncpu": 4, "throttled": 0.5, "gpu_others": ["x (pid 1, GPU g)"], "other_top": "y\x1b",
+            "cpu_wait": 0.25}
     data = b"\n".join([json.dumps({"kind": W.KIND, "host": "h", "interval": 2}).encode(), json.dumps(good).encode(),
                        b"garbage", b'{"t": -1, "ranks": {}}', b'{"t": 1e400, "ranks": {}}',
                        b'{"t": 6, "ranks": {"x": ["w", ""], "2": ["z", ""], "3": ["w"]}, "cpu": 101}', b"[1]"])
@@ -119,6 +139,6 @@ def test_parse_keeps_good_lines_and_drops_the_rest():
     assert header == {"host": "h", "interval": 2.0, "started": None}
     assert samples[0] == {"t": 5.0, "ranks": {0: ("w", "all_reduce"), 1: ("c", "f (a.py:1)")}, "cpu": 50.0,
                           "cpu_job": 40.0, "cpu_other": 10.0, "ncpu": 4.0, "other_top": "y?", "throttled": 0.5,
-                          "gpu_others": ["x (pid 1, GPU g)"]}
+                          "cpu_wait": 0.25, "gpu_others": ["x (pid 1, GPU g)"]}
     assert samples[1]["t"] == 6.0 and samples[1]["ranks"] == {} and samples[1]["cpu"] is None
     assert len(samples) == 2

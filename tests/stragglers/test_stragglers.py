@@ -84,6 +84,9 @@ def test_why_names_a_cpu_quota_a_busy_cpu_a_gpu_throttled_and_another_gpu_proces
     fast = host("node1", [0], lambda i, r: "w")
     quota = host("node2", [1], lambda i, r: "c", throttled=0.6)
     assert "CPU quota (the cgroup's cpu.max) held its ranks back 60% of the time" in decide([fast, quota])[0].why
+    queued = host("node2", [1], lambda i, r: "c", cpu_wait=0.7)
+    assert "its ranks waited for a CPU 70% of the time (runnable, not running" in decide([fast, queued])[0].why
+    assert "waited for a CPU" not in decide([host("node1", [0], lambda i, r: "w", cpu_wait=0.6), queued])[0].why
     busy = host("node2", [1], lambda i, r: "c", cpu=99.0, cpu_other=70.0, other_top="stress (pid 42)")
     said = decide([fast, busy])[0].why
     assert "CPUs saturated (99% busy) by something else: 70% outside the job, most of it stress (pid 42)" in said
