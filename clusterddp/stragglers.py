@@ -23,14 +23,17 @@ ranks waiting for a CPU (runnable, not running) much more than the others', a CP
 own code while the others wait.
 
 :func:`stragglers_of` reads a run folder's samples (brought back with the logs: :func:`fetch_nodes`)
-and gives ``clusterddp metrics RUN --json``'s ``stragglers`` list. Nothing here prints.
+and gives ``clusterddp metrics RUN --json``'s ``stragglers`` list; ``top`` decides from the end of each
+node's file, and :class:`Watch` does so every :data:`WATCH_EVERY` seconds beside an attached run, to tell
+each newly named straggler (``notify``'s ``straggler`` event, and a warning line). Nothing here prints.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -363,3 +366,57 @@ def fetch_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, ru
     not answer keeps what was brought back before."""
     res = nodeops.each(fleet, nodes, lambda n, t: fetch_node(t, n, store, run_id))
     return {h: str(e) for h, e in res.failed.items()}
+
+
+# ---- an attached run, watched as it goes ----
+
+WATCH_EVERY = 30.0    # seconds between two looks at an attached run's nodes
+TAIL = 65536          # bytes of the end of each node's where.jsonl read at a look
+
+
+def tail_command(control_dir: str) -> str:
+    """The command that sends the last :data:`TAIL` bytes of a node's where.jsonl (nothing when it has none)."""
+    return f"tail -c {TAIL} {qpath(control_dir)}/{WHERE_SAMPLES} 2>/dev/null; true"
+
+
+class Watch:
+    """An attached run's stragglers, told as they are named: every ``every`` seconds, the end of each
+    node's rank samples (one command a node, through the run's fleet), :func:`decide`, and ``tell`` called
+    once for each host newly named (again only after it has stopped being named). Never raises into the
+    run: a look that fails is skipped."""
+
+    def __init__(self, fleet: Fleet, nodes: Sequence[P.NodeLaunch], tell: Callable[[Straggler], None],
+                 every: float = WATCH_EVERY) -> None:
+        self.fleet, self.nodes, self.tell, self.every = fleet, list(nodes), tell, every
+        self.told: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def look(self) -> list[Straggler]:
+        """One look: the stragglers named now (and each newly named one told)."""
+        res = nodeops.each(self.fleet, self.nodes,
+                           lambda n, t: t.run(tail_command(n.control_dir), timeout=60).stdout[:TAIL])
+        hosts = [host_samples(h, data) for h, data in res.succeeded.items()]
+        now = [s for s in decide(hosts) if s.until is None]
+        for s in now:
+            if s.host not in self.told:
+                self.told.add(s.host)
+                self.tell(s)
+        self.told &= {s.host for s in now} | {h for h in res.failed}  # a host that did not answer stays told
+        return now
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.look()
+            except Exception:  # noqa: BLE001 - a look that fails never changes the run; the next one may do
+                pass
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="stragglers", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)

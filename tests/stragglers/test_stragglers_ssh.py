@@ -159,9 +159,11 @@ def test_a_node_held_back_by_a_cpu_quota_is_named_with_the_quota_as_why(bed, tmp
                     (group / "tasks").write_text(task.name)
                 except OSError:
                     pass
+        moved = (group / "tasks").read_text().split()
+        assert moved, "no thread of node2's rank could be put in the cgroup"
         got: list = []
         assert eventually(lambda: bool(got.extend(named(run_id, runs, seen)) or got), NAMED_WITHIN, interval=2), \
-            seen[-1:]
+            (seen[-1:], {n.name: bed.control_file(n, run_id, "where.jsonl").read_text()[-1500:] for n in bed.nodes})
         s = got[0]
         # the quota itself where the node sees its cgroup (the bed's nodes, in `ip netns exec`, have a /sys of their
         # own without cgroups); the time its rank waited for a CPU in any case
