@@ -293,7 +293,7 @@ def watch_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
 
 
 WHERE = "where"  # in a node's control folder: the rank sampler's programs (node programs where and stacks)
-WHERE_SAMPLES = "where.jsonl"  # in a node's control folder: where each rank was, sample by sample (clusterddp.stragglers)
+WHERE_SAMPLES = "where.jsonl"  # in a node's control folder: where each rank was, by sample (clusterddp.stragglers)
 
 
 def where_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
@@ -303,7 +303,8 @@ def where_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
     cannot be written runs the job anyway; its stderr goes to ``$CTL/where.log``."""
     d = f'"$CTL/{WHERE}"'
     start = [
-        f"(umask 077 && mkdir -p {d} && : >> \"$CTL/where.log\" && cat > {d}/where.py) <<'CDDP_WHERE' 2>/dev/null || true",
+        f"(umask 077 && mkdir -p {d} && : >> \"$CTL/where.log\" && cat > {d}/where.py) <<'CDDP_WHERE' "
+        "2>/dev/null || true",
         node_source("where").rstrip("\n"),
         "CDDP_WHERE",
         f"(umask 077 && cat > {d}/stacks.py) <<'CDDP_WHERE_STACKS' 2>/dev/null || true",
@@ -312,7 +313,7 @@ def where_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
         f'{q(python)} -S {d}/where.py "$CTL" {q(json.dumps(args, sort_keys=True))} 2>>"$CTL/where.log" </dev/null &',
         "CDDP_WHERE_PID=$!",
     ]
-    end = ['cddp_job_rc=$?; kill "$CDDP_WHERE_PID" 2>/dev/null; (exit "$cddp_job_rc")  # the rank sampler ends too']
+    end = ['cddp_job_rc=$?; kill "$CDDP_WHERE_PID" 2>/dev/null; (exit "$cddp_job_rc")  # the rank sampler ends']
     return start, end
 
 

@@ -48,7 +48,7 @@ BACKOFF = (1.0, 3.0)      # seconds before the second and the third try
 MAX_URL_FILE = 4096       # bytes of a webhook file read
 MAX_SAID = 200            # characters of what a receiver or command said, in a message
 RUN_EVENTS = ("succeeded", "failed", "hang", "stopped", "interrupted")
-STRAGGLER = "straggler"   # a host the other ranks wait for, named while an attached run goes: only to ``on: [straggler]``
+STRAGGLER = "straggler"   # a host the other ranks wait for, named during an attached run: only to on: [straggler]
 TEST = "test"             # `clusterddp notify test`: sent to every target, whatever its `on`
 
 
@@ -201,7 +201,8 @@ def straggler_text(run_id: str, s: dict) -> str:
     """One line of a straggler (:meth:`clusterddp.stragglers.Straggler.to_json`)."""
     from .sizes import ranges
     since = datetime.fromtimestamp(s["since"]).strftime("%H:%M:%S")
-    return f"clusterddp: run {run_id}: {s['host']} (ranks {ranges(s['ranks'])}) is the straggler since {since}: {s['why']}"
+    return (f"clusterddp: run {run_id}: {s['host']} (ranks {ranges(s['ranks'])}) is the straggler since {since}: "
+            f"{s['why']}")
 
 
 def straggler_event(run_id: str, s: dict) -> dict:

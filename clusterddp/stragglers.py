@@ -19,7 +19,8 @@ at most a window earlier), ``until`` the last (None while it still holds at the 
 ``why``: what the samples of that host, compared with the others', suggest: a GPU throttled on
 temperature or power or clocked well below the others' (the metrics sampler's ``metrics.jsonl``,
 where there is one), another process on its GPUs, the job's CPU cgroup held back by its quota, its
-ranks waiting for a CPU (runnable, not running) much more than the others', a CPU saturated by something else (and its busiest process); otherwise where its ranks are in their
+ranks waiting for a CPU (runnable, not running) much more than the others', a CPU saturated by
+something else (and its busiest process); otherwise where its ranks are in their
 own code while the others wait.
 
 :func:`stragglers_of` reads a run folder's samples (brought back with the logs: :func:`fetch_nodes`)
@@ -300,7 +301,7 @@ def parse_gpus(data: bytes) -> tuple[GpuSample, ...]:
             if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < 1024:
                 continue
             ok_thr = isinstance(thr, int) and not isinstance(thr, bool) and 0 <= thr < 1 << 64
-            out.append(GpuSample(t, idx, num(g.get("sm_clock")), thr if ok_thr else None,  # type: ignore[arg-type]
+            out.append(GpuSample(t, idx, num(g.get("sm_clock")), thr if ok_thr else None,
                                  num(g.get("temp")), num(g.get("util"))))
     return tuple(out)
 

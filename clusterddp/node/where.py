@@ -49,7 +49,7 @@ if __package__:
     from . import stacks as S
 else:  # pragma: no cover - on the node: stacks.py is written beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import stacks as S  # noqa: E402
+    import stacks as S  # type: ignore[no-redef]  # noqa: E402
 
 SCHEMA = 1
 KIND = "clusterddp-where"
@@ -173,7 +173,7 @@ def cgroup_stat(pid: int) -> object:
     return None
 
 
-def throttled_s(stat: object) -> object:
+def throttled_s(stat) -> object:
     """Seconds the cgroup has been held back by its quota, or None."""
     if stat is None:
         return None
@@ -202,7 +202,7 @@ def busiest_other(before: dict, job: set) -> tuple:
     return ("%s (pid %d)" % (comm or "?", best))[:MAX_WHERE], now
 
 
-def gpu_others(job: set) -> list:
+def gpu_others(job: set) -> object:
     """Processes on this node's GPUs that are not the job's, as ``name (pid N, GPU uuid)``; None: no nvidia-smi."""
     try:
         r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,gpu_uuid", "--format=csv,noheader"],

@@ -34,7 +34,8 @@ def valid(header: dict, samples: list) -> None:
     for s in samples:
         assert 0 <= s["t"] <= 1e11
         for r, (state, where) in s["ranks"].items():
-            assert 0 <= r < 10 ** 8 and state in W.STATES and len(where) <= W.MAX_WHERE and where.isprintable() or not where
+            assert 0 <= r < 10 ** 8 and state in W.STATES and len(where) <= W.MAX_WHERE
+            assert where.isprintable() or not where
         for k in ("cpu", "cpu_job", "cpu_other"):
             assert s[k] is None or 0 <= s[k] <= 100
         assert s["throttled"] is None or 0 <= s["throttled"] <= 1
@@ -53,7 +54,7 @@ def parsed(data: bytes):
 def test_a_written_file_parses_back_to_its_samples(samples):
     header, got = parsed(render(samples))
     assert header["host"] == "node1" and len(got) == len(samples)
-    for want, s in zip(samples, got):
+    for want, s in zip(samples, got, strict=True):
         assert s["t"] == want["t"] and s["ranks"] == {int(r): tuple(v) for r, v in want["ranks"].items()}
 
 
@@ -78,7 +79,8 @@ def test_any_file_gives_checked_samples_and_never_raises(data):
 
 @fuzz(30)
 @given(data=st.one_of(hostile_bytes(4, big=False),
-                      spliced_bytes(b'{"t": 5, "gpus": [{"index": 0, "sm_clock": 1400, "throttle": 64}]}\n', big=False)))
+                      spliced_bytes(b'{"t": 5, "gpus": [{"index": 0, "sm_clock": 1400, "throttle": 64}]}\n',
+                                    big=False)))
 def test_any_metrics_file_gives_checked_gpu_samples(data):
     with case("metrics gpu samples"):
         for g in ST.parse_gpus(data):

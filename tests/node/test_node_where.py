@@ -13,9 +13,9 @@ import sys
 import time
 
 import pytest
-from test_node_stacks import hook_folder
 
 from clusterddp.node import where as W
+from test_node_stacks import hook_folder
 
 JOB = """
 import os, threading, time

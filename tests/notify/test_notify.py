@@ -249,7 +249,8 @@ def test_the_run_folder_keeps_the_line_of_what_could_not_be_told(tmp_path, recei
 
 
 def test_a_straggler_is_told_only_to_a_target_whose_on_names_it(tmp_path):
-    s = {"host": "node-2", "ranks": [2, 3], "since": 1796540000.0, "until": None, "why": "its ranks are in their own code"}
+    s = {"host": "node-2", "ranks": [2, 3], "since": 1796540000.0, "until": None,
+         "why": "its ranks are in their own code"}
     ev = N.straggler_event("r1", s)
     assert (ev["event"], ev["host"], ev["ranks"], ev["status"]) == ("straggler", "node-2", [2, 3], None)
     assert ev["text"].startswith("clusterddp: run r1: node-2 (ranks 2-3) is the straggler since ")

@@ -11,7 +11,8 @@ from clusterddp.stragglers import GpuSample, HostSamples, decide
 OWN = "step_extra (job.py:12)"
 
 
-def host(name: str, ranks: list[int], pattern, n: int = 60, t0: float = 1000.0, every: float = 2.0, **extra) -> HostSamples:
+def host(name: str, ranks: list[int], pattern, n: int = 60, t0: float = 1000.0, every: float = 2.0,
+         **extra) -> HostSamples:
     """``n`` samples of ``name``'s ranks; ``pattern(i, rank)`` -> "w" or "c" for sample i."""
     samples = []
     for i in range(n):

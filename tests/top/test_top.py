@@ -431,8 +431,9 @@ def test_top_names_the_host_the_others_wait_for_from_the_nodes_rank_samples(tmp_
     (s,) = snap.runs[0].stragglers
     assert (s["host"], s["ranks"], s["until"]) == ("b", [1], None) and "extra_work (job.py:9)" in s["why"]
     json.dumps(snap.to_json())
-    from clusterddp.cli.top import straggler_line, table
     from rich.console import Console
+
+    from clusterddp.cli.top import straggler_line, table
     assert straggler_line("run-1", s).startswith("run run-1: straggler b (ranks 1) since ")
     Console(width=300).print(table(snap))
     assert "run run-1: straggler b (ranks 1) since" in capsys.readouterr().out
