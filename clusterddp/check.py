@@ -28,6 +28,7 @@ from .node import probe as node_probe
 from .node import reply as node_reply
 from .node.probe import ProbeError, parse_reply
 from .nodescript import CONTROL, IFACE_FN, NodeCommand, env_stdin, preamble, python_command, q
+from .runspec import master_port_of
 from .sizes import human_size
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -330,7 +331,7 @@ def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool 
     False: a busy master port is only a warning, since `up` then chooses a free one."""
     hosts = {h.name: h for h in inventory.hosts}
     results = list(results)
-    port = master_port or inventory.master.port
+    port, _ = master_port_of(master_port, inventory)
     master = inventory.master.host
     per_host: dict[str, list[Finding]] = {r.host: [] for r in results}
     facts: dict[str, dict] = {}
@@ -423,7 +424,7 @@ def run_checks(inventory: Inventory, *, full: bool = True, master_port: int | No
     the inventory's env in the probe, as a run's ``-e`` would. Uses ``fleet``'s connections if given
     (they stay open for the caller); otherwise opens and closes its own. ``check_port`` False: the
     master port is not probed (`up` chooses a free one with its lease)."""
-    port = master_port or inventory.master.port
+    port, port_fixed = master_port_of(master_port, inventory)
 
     def command(h: Host) -> NodeCommand:  # the env goes on stdin, off the command line
         probe_port = port if check_port and h.name == inventory.master.host else None
@@ -435,8 +436,7 @@ def run_checks(inventory: Inventory, *, full: bool = True, master_port: int | No
     finally:
         if own:
             fleet.close()
-    return evaluate(inventory, results, full=full, master_port=port, check_port=check_port,
-                    port_fixed=master_port is not None or inventory.master.port_fixed)
+    return evaluate(inventory, results, full=full, master_port=port, check_port=check_port, port_fixed=port_fixed)
 
 
 # ---- a detached run's notifications: can node 0 reach each receiver ----

@@ -23,6 +23,7 @@ from .fleet import Fleet, HostResult
 from .inventory import Host, Inventory
 from .node.collective import CollectiveReplyError, busbw, parse_output
 from .nodescript import NodeCommand, env_stdin, iface_lines, preamble, python_command, q
+from .runspec import master_port_of
 from .sizes import human_size
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -160,7 +161,7 @@ def evaluate(inventory: Inventory, results: list[HostResult], outputs: dict[str,
     hosts = inventory.ranked()
     n = len(hosts)
     names = [h.name for h in hosts]
-    port = master_port or inventory.master.port
+    port, _ = master_port_of(master_port, inventory)
     master = inventory.master.host
     by_result = {r.host: r for r in results}
     events: dict[str, list[dict]] = {}
@@ -319,7 +320,7 @@ def run_collective(inventory: Inventory, *, master_port: int | None = None, join
     """Run the test on every host of ``inventory`` at once and evaluate it."""
     hosts = inventory.ranked()
     n = len(hosts)
-    port = master_port or inventory.master.port
+    port, _ = master_port_of(master_port, inventory)
     rank = {h.name: r for r, h in enumerate(hosts)}
     # torch's import, the join, forming the group, then each group's sweep: the node ends itself after this
     limit_s = 60 + 3 * join_s + (n + 1) * len(sizes) * (BUDGET_S + 3 * OP_S)

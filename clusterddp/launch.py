@@ -7,7 +7,10 @@ The CLI makes its Typer options from :data:`OPTIONS` (``cli.common.option``), so
 ``UP`` (the spec's ``up`` object, by name: every option added since; nothing to write for a new
 one), or ``None`` for the few a schedule does not record (and why, in ``help``).
 
-Adding an option to `up`: one entry here, and its use in `up` (a parameter ``= option("name")``).
+Adding an option to `up`: one entry here (`up` takes every option here as a parameter:
+``cli.options.launch_options``); a :class:`~clusterddp.runspec.RunSpec` field of the same name if a
+backend reads it (``cli.flags.run_spec`` fills it by name); its line in :func:`clusterddp.runspec.resolve`
+if the inventory has a say too (flag > host entry > inventory defaults > built-in); and its use.
 ``tests/launch/test_launch_options.py`` checks that every `up` option is here and round-trips through a spec.
 """
 
@@ -75,7 +78,7 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("name", ("--name",), "text", None, "A name for the run.", recorded="run_name"),
-    Option("hosts", ("--hosts",), "text", None, "Run on these hosts only: a,b,c; host:0,1 also picks its GPUs.",
+    Option("hosts", ("--hosts",), "text", None, "Only these hosts: a,b,c; for `up`, host:0,1 also picks its GPUs.",
            recorded="hosts"),
     Option("exclude", ("--exclude",), "text", None, "Leave these hosts out: a,b (after --hosts).",
            recorded="hosts"),  # `schedule add` records the hosts left, as --hosts

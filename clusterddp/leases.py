@@ -36,6 +36,8 @@ from .inventory import Host
 from .node import lease as node_lease
 from .nodescript import preamble, python_command, q, qpath
 from .plan import GO_FILE
+from .runspec import fixed_slots
+from .runspec import nproc as runspec_nproc
 from .transport import Transport
 
 REPLY_TIMEOUT_S = 60.0    # a node's first answer (its mutex waits at most 30 s)
@@ -157,8 +159,9 @@ def asks(plan: P.LaunchPlan, port_fixed: bool) -> list[Ask]:
     out = []
     for n in plan.nodes:
         h = n.host
-        fixed = h.slots if plan.spec.gpus is None else None  # --gpus N wins over a host's fixed choice
-        need = plan.spec.gpus or (h.gpus if isinstance(h.gpus, int) else None)
+        fixed = fixed_slots(plan.spec, h)  # --gpus N wins over a host's fixed choice
+        nproc = runspec_nproc(plan.spec, h)
+        need = nproc if isinstance(nproc, int) else None
         port = None
         if h.name == plan.inventory.master.host:
             port = {"fixed": plan.master_port} if port_fixed else {"from": plan.master_port, "span": 100}

@@ -169,8 +169,8 @@ def groups(listing: Mapping[str, tuple[int, int]], globs: Iterable[str]) -> list
 
 def checkpoint_globs(plan: LaunchPlan) -> tuple[str, ...]:
     """What a checkpoint is for this run: ``up --checkpoints`` globs, else the inventory's
-    ``checkpoints:``, else :data:`DEFAULT_GLOBS`."""
-    return plan.spec.checkpoints or getattr(plan.inventory, "checkpoints", ()) or DEFAULT_GLOBS
+    ``checkpoints:`` (:func:`clusterddp.runspec.resolve`), else :data:`DEFAULT_GLOBS`."""
+    return plan.spec.checkpoints or DEFAULT_GLOBS
 
 
 def ranked(listing: Mapping[str, tuple[int, int]], globs: Iterable[str],

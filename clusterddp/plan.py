@@ -61,7 +61,8 @@ from .nodescript import (
     watch_lines,
     where_lines,
 )
-from .runspec import RunSpec, watch_args
+from .runspec import RunSpec, resolve, watch_args
+from .runspec import nproc as runspec_nproc
 
 DEFAULT_GRACE = 10.0
 WHERE_ARGS = {"interval": 2.0, "most": 1 << 20}  # the rank sampler's: seconds between samples, bytes kept
@@ -133,7 +134,9 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
     has an id of its own, so a lost host whose old torchrun comes back never joins the new attempt's."""
     local = local_run_dir is not None
     rdzv_id = run_id if attempt == 1 else f"{run_id}.attempt-{attempt}"
-    master_port = spec.master_port or inventory.master.port
+    spec = resolve(spec, inventory)  # as it is when `up` resolved it (tests may give the flags alone)
+    master_port = spec.master_port
+    assert master_port is not None, "a resolved spec has its master port"
     nodes = []
     for rank, host in enumerate(inventory.ranked()):  # the master is node 0 wherever it is listed
         if local:
@@ -146,7 +149,7 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
             # pid, log or exit code; the run folder itself, with the code, may well be shared.
             control_dir = posixpath.join(run_dir, CONTROL, host.name)
             script = posixpath.basename(spec.script)
-        nproc: int | str = spec.gpus or host.gpus
+        nproc: int | str = runspec_nproc(spec, host)
         # With restarts, torchrun's shared rendezvous store hands restarted workers the previous
         # attempt's addresses and gloo's connectFullMesh is refused (pytorch/pytorch#135712):
         # workers get a store of their own instead. The inventory or -e may still set it.
@@ -188,9 +191,8 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
         watch = watch_args(spec, len(inventory.hosts), inventory.master.addr, master_port)
         nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, master_port, local,
                                   watch, train_lookup))
-    collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
-                      collect, upload=not local, local=local, leased=grants is not None,
+                      spec.collect, upload=not local, local=local, leased=grants is not None,
                       train_lookup=train_lookup, attempt=attempt)
 
 

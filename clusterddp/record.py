@@ -11,16 +11,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
-import math
 import re
-import reprlib
 import signal
-import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from . import jsonread
 from .errors import RecordError
 from .failure import KINDS, MAX_HANG_GROUPS, MAX_HANG_RANKS, Failure, Hang, HangGroup, HangRank
 from .failure import MAX_FRAMES as _MAX_FRAMES
@@ -28,6 +26,8 @@ from .failure import MAX_LOG_LINES as _MAX_LOG_LINES
 from .failure import MAX_OTHERS as _MAX_OTHERS
 from .flight import Flight
 from .inventory import DEFAULT_FANOUT, ENV_NAME_RE, HOST_NAME_RE, Host
+from .jsonread import REQUIRED
+from .jsonread import short as _short
 
 VERSION_RE = re.compile(r"[0-9A-Za-z.+-]{1,64}")  # a PEP 440 version, as clusterddp --version prints it
 SCHEMA = 1  # 0: records written before the schema field (read as well)
@@ -458,70 +458,17 @@ def _lost(data: list, path: str) -> tuple[NodeRecord, ...]:
     return read
 
 
-# ---- reading JSON into typed fields ----
+# ---- reading JSON into typed fields: clusterddp.jsonread, each refusal a RecordError ----
 
-_REQUIRED: Any = object()
+_REQUIRED = REQUIRED
 
 
-class _Reader:
+class _Reader(jsonread.Fields):
     """Typed access to one JSON object of run.json, with errors located at ``where.key``."""
 
     def __init__(self, data: Any, path: str, where: str) -> None:
-        if not isinstance(data, dict):
-            raise RecordError(path, where or None, f"must be a JSON object, not {_kind(data)}")
-        self.data, self.path, self.where = data, path, where
-
-    def field(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def get(self, key: str, tp: Any, default: Any = _REQUIRED) -> Any:
-        field = self.field(key)
-        if key not in self.data:
-            if default is _REQUIRED:
-                raise RecordError(self.path, field, "required, but missing")
-            return default
-        return _typed(self.data[key], tp, self.path, field)
-
-
-def _typed(value: Any, tp: Any, path: str, field: str) -> Any:
-    """``value`` checked against ``tp`` (str, int, float, bool, None, unions, tuple[X, ...], dict, list);
-    JSON lists become tuples where ``tp`` says so, and a JSON object a tuple of pairs (``Host.env``)."""
-    if _fits(value, tp):
-        if tp not in (dict, list):  # an object or list is checked field by field as it is read
-            _sane(value, path, field)
-        return _convert(value, tp)
-    raise RecordError(path, field, f"must be {_describe(tp)}, not {_kind(value)} {_short(value)}")
-
-
-_MAX_INT = 2 ** 63  # what a file size, an exit code or a port can be, with room to spare
-_UNSAFE_CHARS = re.compile("[\x00\ud800-\udfff]")  # NUL (no argument or path can hold it); lone surrogates
-
-
-def _sane(value: Any, path: str, field: str) -> None:
-    """Refuse values of the right type that would break what uses them: NUL bytes and lone surrogates
-    in text (no command line, path or UTF-8 file can carry them), integers beyond 64 bits, NaN and
-    infinities. Iterative: a deeply nested value must not exhaust Python's recursion."""
-    todo = [(value, field)]
-    while todo:
-        v, where = todo.pop()
-        if isinstance(v, str):
-            bad = _UNSAFE_CHARS.search(v)
-            if bad:
-                raise RecordError(path, where, f"holds the character {bad.group()!a} at {bad.start()}, which no "
-                                               "clusterddp run writes")
-        elif isinstance(v, bool):
-            pass
-        elif isinstance(v, int):
-            if not -_MAX_INT <= v < _MAX_INT:
-                raise RecordError(path, where, f"{_short(v)} is out of range")
-        elif isinstance(v, float):
-            if not math.isfinite(v):
-                raise RecordError(path, where, f"must be a finite number, not {v}")
-        elif isinstance(v, (list, tuple)):
-            todo.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
-        elif isinstance(v, dict):
-            todo.extend((k, where) for k in v)
-            todo.extend((x, f"{where}.{k}") for k, x in v.items())
+        self.path = path
+        super().__init__(data, where, lambda field, problem: RecordError(path, field, problem))
 
 
 def _name(value: str, pattern: re.Pattern, path: str, field: str, what: str) -> str:
@@ -549,78 +496,6 @@ def _count(value: int | str | None, r: _Reader, key: str) -> Any:
     if isinstance(value, str):
         raise RecordError(r.path, r.field(key), f"must be a count or \"auto\", not {_short(value)}")
     return _at_least(value, 1, r, key)
-
-
-def _fits(value: Any, tp: Any) -> bool:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, a) for a in args)
-    if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp in (str, dict, list):
-        return isinstance(value, tp)
-    if origin is tuple:
-        if isinstance(value, dict) and args[1:] == (...,) and _is_pair(args[0]):
-            value = list(value.items())
-        if not isinstance(value, (list, tuple)):
-            return False
-        if args[1:] == (...,):
-            return all(_fits(v, args[0]) for v in value)
-        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args, strict=True))
-    raise TypeError(f"no JSON reading for {tp!r}")
-
-
-def _convert(value: Any, tp: Any) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return _convert(value, next(a for a in args if _fits(value, a)))
-    if tp is float:
-        return float(value)
-    if origin is tuple:
-        if isinstance(value, dict):
-            value = list(value.items())
-        elem = (lambda i: args[0]) if args[1:] == (...,) else (lambda i: args[i])
-        return tuple(_convert(v, elem(i)) for i, v in enumerate(value))
-    return value
-
-
-def _is_pair(tp: Any) -> bool:
-    return typing.get_origin(tp) is tuple and len(typing.get_args(tp)) == 2 and ... not in typing.get_args(tp)
-
-
-def _describe(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args)
-    if origin is tuple:
-        if args[1:] == (...,):
-            if _is_pair(args[0]):
-                return "an object of strings"
-            return "a list of strings" if args[0] is str else f"a list of ({_describe(args[0])})"
-        return f"a list of {len(args)}"
-    return {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string",
-            dict: "an object", list: "a list"}[tp]
-
-
-def _kind(value: Any) -> str:
-    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 40, 40, 40
-
-
-def _short(value: Any) -> str:
-    """A short, printable, one-line view of a value (bounded however deep or long it is)."""
-    text = _REPR.repr(value).encode("ascii", "backslashreplace").decode("ascii")
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 _HOST_TYPES: dict[str, Any] = {}

@@ -1,18 +1,27 @@
 """The run spec: what the user asked of a run, which every backend reads (the SSH plan, the
-Slurm scripts, the schedule spec, the run record's request), and the stall watchdog's argument
-that follows from it on every backend. Pure: no network, clock or filesystem."""
+Slurm scripts, the schedule spec, the run record's request); :func:`resolve`, the one place its
+flags meet the inventory (flag > host entry > inventory defaults > built-in); and the stall
+watchdog's argument that follows from it on every backend. Pure: no network, clock or filesystem."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from . import noise
+from .errors import UsageError
 from .failure import AGENT_LINE
+from .node.watch import regex_problem
+
+if TYPE_CHECKING:
+    from .inventory import Host, Inventory
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What the user asked for on the command line (flags win over the inventory)."""
+    """What the user asked for on the command line; once resolved against the inventory
+    (:func:`resolve`; ``resolved``), what the run does: the effective values every backend reads."""
 
     script: str                                  # as given, relative to the launch directory or absolute
     script_args: tuple[str, ...] = ()
@@ -26,6 +35,76 @@ class RunSpec:
     local_rank_arg: str | None = None            # --local-rank-arg: "--local_rank" or "--local-rank", or None
     stall_timeout: float | None = None           # --stall-timeout / stall_timeout: (the flag wins); None: off
     progress_regex: str | None = None            # --progress-regex / progress_regex:; None: any line of output
+    port_fixed: bool = False                     # resolved: master_port was given (flag or master.port), not chosen
+    resolved: bool = False                       # resolve() made it: the values below the flags are filled in
+
+
+def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
+    """The effective spec of a run of ``asked`` (the flags) on ``inventory``: every "flag over
+    inventory" rule, here once (flag > host entry > inventory defaults > built-in; each tested by name in
+    ``tests/runspec/test_resolve.py``). A resolved spec comes back as it is. Bad values are bad input
+    (:class:`~clusterddp.errors.UsageError`, exit 2). Per host, :func:`nproc` and :func:`fixed_slots`.
+
+    - ``master_port``: --master-port > the inventory's ``master.port`` > built-in 29500 (the inventory's
+      default); ``port_fixed`` when the flag or the inventory gave it (otherwise the lease, or a
+      Slurm job, chooses a free one from it).
+    - ``collect``: the inventory's globs, then the flag's (each once).
+    - ``checkpoints``: --checkpoints > the inventory's ``checkpoints:`` > () (the mirror's own default).
+    - ``stall_timeout``: --stall-timeout > the inventory's ``stall_timeout:`` > off; 0 is off.
+    - ``progress_regex``: --progress-regex > the inventory's ``progress_regex:`` > any line.
+    """
+    if asked.resolved:
+        return asked
+    stall = asked.stall_timeout if asked.stall_timeout is not None else inventory.stall_timeout
+    if stall is not None and 0 < stall < 1:
+        raise UsageError(f"--stall-timeout {stall:g}: under a second, any pause of the job would end it",
+                         "give it in seconds, at least 1 (see docs/run-hangs.md, \"Choosing the stall timeout\"), "
+                         "or 0 for off")
+    if asked.progress_regex is not None:
+        check_progress_regex(asked.progress_regex)
+    return replace(asked, resolved=True,
+                   master_port=asked.master_port if asked.master_port is not None else inventory.master.port,
+                   port_fixed=asked.master_port is not None or inventory.master.port_fixed,
+                   collect=tuple(dict.fromkeys((*inventory.collect, *asked.collect))),
+                   checkpoints=asked.checkpoints or inventory.checkpoints,
+                   stall_timeout=stall or None,
+                   progress_regex=asked.progress_regex if asked.progress_regex is not None
+                   else inventory.progress_regex)
+
+
+def master_port_of(flag: int | None, inventory: Inventory) -> tuple[int, bool]:
+    """--master-port ``flag`` resolved against ``inventory`` (as :func:`resolve` does it): the port, and
+    whether it was given (a busy fixed port fails `check`; an unfixed one is only where `up` starts looking)."""
+    spec = resolve(RunSpec(script="", master_port=flag), inventory)
+    assert spec.master_port is not None
+    return spec.master_port, spec.port_fixed
+
+
+def nproc(spec: RunSpec, host: Host) -> int | str:
+    """Processes on ``host``: --gpus > the host's entry (``gpus:``, or its fixed choice's count; the
+    inventory's ``defaults:`` and the built-in ``auto`` already below it)."""
+    return spec.gpus or host.gpus
+
+
+def fixed_slots(spec: RunSpec, host: Host) -> tuple[int, ...] | None:
+    """The GPUs ``host`` must use (its ``gpus: [0, 1]``, or --hosts host:0,1), unless --gpus N, which
+    wins over a host's fixed choice (any N free slots then)."""
+    return host.slots if spec.gpus is None else None
+
+
+def check_progress_regex(text: str) -> str:
+    """``--progress-regex``: it must compile, and have at most one group (the step number)."""
+    try:
+        rx = re.compile(text)
+    except (re.error, RecursionError, OverflowError) as e:  # nested past the parser's depth, a count past its range
+        raise UsageError(f"--progress-regex {text!r}: not a regular expression ({e})",
+                         r"e.g. --progress-regex 'iter (\d+)'") from None
+    if rx.groups > 1:
+        raise UsageError(f"--progress-regex {text!r}: {rx.groups} groups; give at most one, around the step number",
+                         r"use (?:...) for the other groups, e.g. '(?:step|iter) (\d+)'")
+    if (slow := regex_problem(text)) is not None:
+        raise UsageError(f"--progress-regex {text!r}: {slow}", r"match the line's words, e.g. 'step (\d+)'")
+    return text
 
 
 def watch_args(spec: RunSpec, nnodes: int, master_addr: str | None, master_port: int | None) -> dict | None:

@@ -15,7 +15,6 @@ prints; nothing is written to the run records.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -24,15 +23,14 @@ from typing import cast
 
 from . import noise, stragglers
 from . import plan as P
-from .errors import UsageError
 from .fleet import Fleet, GroupResult, as_host_error, fan_out
 from .inventory import Host
 from .node import reply as node_reply
 from .node import top as node_top
-from .node.watch import regex_problem
 from .nodeops import Reach, nodes_of
 from .nodescript import preamble, python_command, q
 from .record import RunRecord, RunStatus
+from .runspec import check_progress_regex  # noqa: F401 - `top --progress-regex` checks it as `up` does
 from .store import RunStore
 from .transport import Transport
 from .transport import connect as default_connect
@@ -47,21 +45,6 @@ DEFAULT_PROGRESS = (r"(?i)(?:^(?!.*(?:step(?:\s*[:=#])?\s*\d|\biter(?:ation)?\b)
                     r"|step|\biter(?:ation)?\b|\[ *(?=\d+ */ *\d+ *\]))(?:\s*[:=#])?\s*(\d+)")
 RATE_WINDOW = 30.0       # seconds of step readings a steps/s figure spans
 RETRY_AFTER = 10.0       # seconds before hosts that failed a look are connected to again
-
-
-def check_progress_regex(text: str) -> str:
-    """``--progress-regex``: it must compile, and have at most one group (the step number)."""
-    try:
-        rx = re.compile(text)
-    except (re.error, RecursionError, OverflowError) as e:  # nested past the parser's depth, a count past its range
-        raise UsageError(f"--progress-regex {text!r}: not a regular expression ({e})",
-                         r"e.g. --progress-regex 'iter (\d+)'") from None
-    if rx.groups > 1:
-        raise UsageError(f"--progress-regex {text!r}: {rx.groups} groups; give at most one, around the step number",
-                         r"use (?:...) for the other groups, e.g. '(?:step|iter) (\d+)'")
-    if (slow := regex_problem(text)) is not None:
-        raise UsageError(f"--progress-regex {text!r}: {slow}", r"match the line's words, e.g. 'step (\d+)'")
-    return text
 
 
 @dataclass

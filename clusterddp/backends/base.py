@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TypeVar
 
 from .. import __version__
 from ..errors import NodeOutcome, RunFailed, UsageError
@@ -134,7 +134,7 @@ class Prepared(Protocol):
     def store(self) -> RunStore: ...
 
 
-def on_hosts(backend: Backend, verb: str, inventory: Inventory) -> None:
+def on_hosts(backend: Backend[Any], verb: str, inventory: Inventory) -> None:
     """A UsageError (exit 2) when ``verb`` (a command that runs on an inventory's hosts themselves:
     :attr:`Backend.host_verbs`) is not one ``backend`` can do for ``inventory``."""
     if verb not in backend.host_verbs:
@@ -148,27 +148,32 @@ def cannot(backend: str, verb: str, rec: RunRecord, why: str, instead: str) -> U
     return UsageError(f"{verb}: run {rec.run_id} is a {backend} run, {why}", instead)
 
 
-class Backend(Protocol):
-    """One way of running jobs (SSH and `local`; Slurm). Every method raises the errors of
-    :mod:`clusterddp.errors` (UsageError for bad input, RunFailed for a failed run, HostError...)."""
+PrepT = TypeVar("PrepT", bound=Prepared)
+
+
+class Backend(Protocol[PrepT]):
+    """One way of running jobs (SSH and `local`; Slurm), typed in its own plan (``PrepT``: what its
+    ``prepare`` returns and its ``render`` and ``launch`` take). Every method raises the errors of
+    :mod:`clusterddp.errors` (UsageError for bad input, RunFailed for a failed run, HostError...).
+    :class:`.lifecycle.Basic` writes the methods every backend does alike."""
 
     name: str
     checks: frozenset[str]  # the checks besides the default one it runs: "collective", "diff"
     detached_notify: bool   # a detached run's node 0 tells its end to the request's webhooks (`notify`)
     host_verbs: frozenset[str]  # the commands that run on its inventory's hosts themselves: "exec", "leases"
 
-    def prepare(self, req: LaunchRequest, *, contact: bool = False) -> Prepared:
+    def prepare(self, req: LaunchRequest, *, contact: bool = False) -> PrepT:
         """Validate the request and plan the run; no network unless ``contact`` (then only what the
         plan needs: a Slurm login host's home)."""
         ...
 
-    def render(self, prep: Prepared, req: LaunchRequest, *, full: bool = True) -> str:
+    def render(self, prep: PrepT, req: LaunchRequest, *, full: bool = True) -> str:
         """What ``up --dry-run`` prints: what each node runs (``full``: every script and command exactly
         as a real run executes them; otherwise a summary a person reads), what it uploads and leaves out."""
         ...
 
-    def launch(self, prep: Prepared, req: LaunchRequest, events: Events) -> RunOutcome | None:
-        """The whole `up`: preflight, lease, record, execute, keep_runs; None when detached."""
+    def launch(self, prep: PrepT, req: LaunchRequest, events: Events) -> RunOutcome | None:
+        """The whole `up` (:meth:`.lifecycle.Launch.run`); None when detached."""
         ...
 
     def follow(self, store: RunStore, run_id: str, on_output: Callable[[str, bytes], None],
@@ -262,6 +267,31 @@ def load_inventory(arg: str, gpus: int | None) -> Inventory:
     processes or one per GPU, run by this python)."""
     from .. import inventory as inv_mod
     return inv_mod.load_named(arg, gpus)
+
+
+DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run, so it has none
+MASK = "***"
+
+
+def dry_run_text(text: str, run_id: str, hidden: tuple[tuple[str, str], ...]) -> str:
+    """What ``up --dry-run`` prints of the backend's rendering: the run id it planned with (never
+    recorded) as :data:`DRY_RUN_ID`, and each ``export NAME=VALUE`` of ``hidden`` as ``NAME=***``
+    (``--show-secrets`` hides none). The plan is the one a real run executes; only its words change."""
+    import re
+
+    from ..nodescript import q
+    text = text.replace(run_id, DRY_RUN_ID)
+    if text.startswith(f"run {DRY_RUN_ID}\n"):  # the backend's first line names the run
+        text = (f"run {DRY_RUN_ID} (a dry run: nothing is started or recorded; a real run gets an id of its own)"
+                + text[len(f"run {DRY_RUN_ID}"):])
+    masked = 0
+    for name, value in hidden:
+        text, n = re.subn(re.escape(f"export {name}={q(value)}") + r"(?=\s|$)", f"export {name}={MASK}", text,
+                          flags=re.MULTILINE)
+        masked += n
+    if masked:
+        text += f"\n(env values are shown as {MASK}; --show-secrets shows them)"
+    return text
 
 
 def check_script(path: str) -> Path:

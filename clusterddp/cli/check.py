@@ -10,16 +10,11 @@ from typing import TYPE_CHECKING
 import typer
 
 from ..errors import UsageError
-from .common import EXIT_FAILED, RUNS_DIR, handle_errors, is_tty, load_inventory, visible
+from .common import EXCLUDE, EXIT_FAILED, FANOUT, HOSTS, RUNS_DIR, handle_errors, is_tty, load_inventory, visible
 
 if TYPE_CHECKING:
     from ..check import Report
     from ..inventory import Inventory
-
-HOSTS = typer.Option(None, "--hosts", help="Only these hosts: a,b,c.")
-EXCLUDE = typer.Option(None, "--exclude", help="Leave these hosts out: a,b (after --hosts).")
-FANOUT = typer.Option(None, "--fanout", min=1, max=1024,
-                      help="Hosts contacted at once (default: the inventory's `fanout`, else 32).")
 
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}

@@ -6,8 +6,17 @@ import secrets
 
 import typer
 
-from .check import EXCLUDE, FANOUT, HOSTS
-from .common import EXIT_FAILED, RAW, err, exit_quickly_when_done, handle_errors, load_inventory
+from .common import (
+    EXCLUDE,
+    EXIT_FAILED,
+    FANOUT,
+    HOSTS,
+    RAW,
+    err,
+    exit_quickly_when_done,
+    handle_errors,
+    load_inventory,
+)
 
 INTERRUPT_GRACE_S = 2.0  # after Ctrl-C: SIGTERM, then SIGKILL this much later
 

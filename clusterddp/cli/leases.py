@@ -6,8 +6,7 @@ import json
 
 import typer
 
-from .check import FANOUT, HOSTS
-from .common import EXIT_FAILED, err, handle_errors, load_inventory, visible
+from .common import EXIT_FAILED, FANOUT, HOSTS, err, handle_errors, load_inventory, visible
 
 
 @handle_errors

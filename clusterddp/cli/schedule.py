@@ -30,7 +30,6 @@ from .common import (
     handle_errors,
     host_list,
     load_inventory,
-    local_rank_flag,
     option,
     run_spec,
     visible,
@@ -117,8 +116,9 @@ def add(
 
     S.check_name(name)
     expr = S.check_cron(cron)
-    run = run_spec(script, script_args, run_name, gpus, master_port, env, collect, max_restarts)
-    run = dataclasses.replace(run, local_rank_arg=local_rank_flag(local_rank_arg))
+    run = run_spec(script, script_args, {"name": run_name, "gpus": gpus, "master_port": master_port, "env": env,
+                                         "collect": collect, "max_restarts": max_restarts,
+                                         "local_rank_arg": local_rank_arg})
     hosts_ = host_list(hosts)
     excluded = host_list(exclude, "--exclude")
     loaded = load_inventory(inventory, gpus=gpus)

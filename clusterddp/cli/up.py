@@ -2,38 +2,24 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from .. import launch
 from .collect import tell_unmatched
 from .common import (
-    COLLECT,
-    ENV,
-    EXCLUDE,
-    GPUS,
-    HOSTS,
     INVENTORY,
-    LOCAL_RANK_ARG,
-    MASTER_PORT,
-    MAX_RESTARTS,
-    MAX_UPLOAD,
-    QUIET,
-    RAW,
-    RUN_NAME,
     RUNS_DIR,
     SCRIPT_ARGS,
     PrefixPrinter,
-    checkpoint_globs,
     err,
     exit_quickly_when_done,
     handle_errors,
     host_list,
     host_slots,
-    local_rank_flag,
-    option,
+    launch_options,
     quiet_filter,
     run_spec,
     sigterm_as_interrupt,
@@ -45,82 +31,46 @@ from .common import (
 if TYPE_CHECKING:
     from ..artifacts import CollectResult
     from ..backends.base import KeptRuns, LaunchRequest
-    from ..inventory import Inventory
     from ..noise import NoiseFilter
 
 
 @handle_errors
+@launch_options(o.name for o in launch.OPTIONS)  # every option of `up`, from its one declaration
 def up(
     inventory: str = INVENTORY,
     script: str = typer.Argument(..., help="Training script; its folder is copied to every node."),
     script_args: list[str] | None = SCRIPT_ARGS,
     runs_dir: str = RUNS_DIR,
-    name: str | None = RUN_NAME,
-    hosts: str | None = HOSTS,
-    exclude: str | None = EXCLUDE,
-    gpus: int | None = GPUS,
-    master_port: int | None = MASTER_PORT,
-    env: list[str] = ENV,
-    collect: list[str] = COLLECT,
-    max_restarts: int = MAX_RESTARTS,
-    max_upload: str = MAX_UPLOAD,
-    local_rank_arg: str | None = LOCAL_RANK_ARG,
-    dry_run: bool = option("dry_run"),
-    show_secrets: bool = option("show_secrets"),
-    full: bool = option("full"),
-    detach: bool = option("detach"),
-    skip_check: bool = option("skip_check"),
-    raw: bool = RAW,
-    quiet: bool = QUIET,
-    join_timeout: float = option("join_timeout"),
-    stall_timeout: float | None = option("stall_timeout"),
-    progress_regex: str | None = option("progress_regex"),
-    wait: bool = option("wait"),
-    notify: list[str] = option("notify"),
-    checkpoints: list[str] = option("checkpoints"),
-    nodes: str | None = option("nodes"),
-    resume: str | None = option("resume"),
     schedule: str | None = typer.Option(None, "--schedule", hidden=True,
                                            help="Set by a cron entry: the schedule that started this run."),
+    options: dict[str, Any] | None = None,
 ) -> None:
     """Start a DDP job on every host of INVENTORY (or `local`) and follow it to the end."""
     from .. import backends
-    from ..backends.base import LaunchRequest, local_rank_warning
-    from ..launch import parse_nodes
-    from ..upload import parse_size
+    from ..backends.base import local_rank_warning
 
-    spec = run_spec(script, script_args, name, gpus, master_port, env, collect, max_restarts)
-    limit = parse_size(max_upload)
-    loaded = backends.load_inventory(inventory, gpus)
-    spec = dataclasses.replace(spec, local_rank_arg=local_rank_flag(local_rank_arg),
-                               checkpoints=checkpoint_globs(checkpoints),
-                               **watchdog(stall_timeout, progress_regex, loaded))
-    names, slots = host_slots(hosts)
-    req = LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=spec, runs_dir=runs_dir, hosts=names,
-                        slots=slots, exclude=host_list(exclude, "--exclude"), max_upload=limit, detach=detach,
-                        skip_check=skip_check, join_timeout=join_timeout, wait=wait, schedule=schedule,
-                        nodes=parse_nodes(nodes), env_files=tuple(e[1:] for e in env if e.startswith("@")),
-                        resume=resume)
-    backend = backends.for_inventory(loaded)
-    from .. import notify as N
-    targets = N.targets_for(loaded.notify, notify)
-    req = dataclasses.replace(req, notify=targets)
-    prep = backend.prepare(req, contact=not dry_run)
+    o = options or {}
+    req = request(inventory, script, script_args, runs_dir, o, schedule)
+    spec, targets, detach = req.spec, req.notify, req.detach
+    backend = backends.for_inventory(req.inventory)
+    prep = backend.prepare(req, contact=not o["dry_run"])
     warning = local_rank_warning(spec)
     if warning:
         err(warning)
-    if dry_run:
-        text = backend.render(prep, req, full=full) + ("" if full else f"\n{FULL_HINT}")
-        print(dry_run_text(text, prep.plan.run_id, () if show_secrets else secrets(req)), flush=True)
+    if o["dry_run"]:
+        from ..backends.base import dry_run_text
+        text = backend.render(prep, req, full=o["full"]) + ("" if o["full"] else f"\n{FULL_HINT}")
+        print(dry_run_text(text, prep.plan.run_id, () if o["show_secrets"] else secrets(req)), flush=True)
         return
-    if full:
+    if o["full"]:
         from ..errors import UsageError
         raise UsageError("--full goes with --dry-run: it says how much a dry run prints",
                          "add --dry-run, or leave --full out")
     if detach and targets and not backend.detached_notify:
         err(f"warning: notify: a detached `{backend.name}:` run is not told of its end (no launcher is attached to "
             "see it); leave --detach out to be told, e.g. under nohup or tmux")
-    events = Printed(raw=raw, hide=quiet_filter(quiet))
+    from .. import notify as N
+    events = Printed(raw=o["raw"], hide=quiet_filter(o["quiet"]))
     sigterm_as_interrupt()  # SIGTERM ends an attached run as Ctrl-C does (a waiting one leaves the queue)
     told = {"run_id": prep.plan.run_id, "name": spec.name, "schedule": schedule, "inventory": inventory}
     try:
@@ -144,30 +94,36 @@ def up(
     exit_quickly_when_done()
 
 
+def request(inventory: str, script: str, script_args: list[str] | None, runs_dir: str, o: Mapping[str, Any],
+            schedule: str | None = None) -> LaunchRequest:
+    """What `up`'s options (``o``: name -> value, each option of :data:`clusterddp.launch.OPTIONS`) ask of a
+    backend: the flags read (each refusal names its flag), the inventory loaded, and the run spec resolved
+    against it once (:func:`clusterddp.runspec.resolve`: flag > host entry > inventory defaults > built-in)."""
+    from .. import backends
+    from .. import notify as N
+    from ..backends.base import LaunchRequest
+    from ..launch import parse_nodes
+    from ..runspec import resolve
+    from ..upload import parse_size
+
+    asked = run_spec(script, script_args, o)
+    limit = parse_size(o["max_upload"])
+    loaded = backends.load_inventory(inventory, asked.gpus)
+    names, slots = host_slots(o["hosts"])
+    return LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=resolve(asked, loaded), runs_dir=runs_dir,
+                         hosts=names, slots=slots, exclude=host_list(o["exclude"], "--exclude"), max_upload=limit,
+                         detach=o["detach"], skip_check=o["skip_check"], join_timeout=o["join_timeout"],
+                         wait=o["wait"], schedule=schedule, nodes=parse_nodes(o["nodes"]),
+                         env_files=tuple(e[1:] for e in o["env"] if e.startswith("@")), resume=o["resume"],
+                         notify=N.targets_for(loaded.notify, o["notify"]))
+
+
 def _said(lines: list[str]) -> None:
     for line in lines:  # a receiver's words: escaped
         err(visible(line))
 
 
-def watchdog(stall_timeout: float | None, progress_regex: str | None, inv: Inventory) -> dict:
-    """The run's stall timeout and progress regex: the flags over the inventory's (``--stall-timeout 0``:
-    off for this run); bad values are bad input (exit 2)."""
-    from ..errors import UsageError
-    from ..top import check_progress_regex
-    s = stall_timeout if stall_timeout is not None else inv.stall_timeout
-    if s is not None and 0 < s < 1:
-        raise UsageError(f"--stall-timeout {s:g}: under a second, any pause of the job would end it",
-                         "give it in seconds, at least 1 (see docs/run-hangs.md, \"Choosing the stall timeout\"), "
-                         "or 0 for off")
-    regex = progress_regex if progress_regex is not None else inv.progress_regex
-    if progress_regex is not None:
-        check_progress_regex(progress_regex)
-    return {"stall_timeout": s or None, "progress_regex": regex}
-
-
 FULL_HINT = "(--dry-run --full prints every node's whole start command and launch script)"
-DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run, so it has none
-MASK = "***"
 
 
 def secrets(req: LaunchRequest) -> tuple[tuple[str, str], ...]:
@@ -175,27 +131,6 @@ def secrets(req: LaunchRequest) -> tuple[tuple[str, str], ...]:
     inv = req.inventory
     slurm = getattr(inv, "slurm", None)
     return (*req.spec.env, *(kv for h in inv.hosts for kv in h.env), *(slurm.env if slurm is not None else ()))
-
-
-def dry_run_text(text: str, run_id: str, hidden: tuple[tuple[str, str], ...]) -> str:
-    """What ``up --dry-run`` prints of the backend's rendering: the run id it planned with (never
-    recorded) as :data:`DRY_RUN_ID`, and each ``export NAME=VALUE`` of ``hidden`` as ``NAME=***``
-    (``--show-secrets`` hides none). The plan is the one a real run executes; only its words change."""
-    import re
-
-    from ..nodescript import q
-    text = text.replace(run_id, DRY_RUN_ID)
-    if text.startswith(f"run {DRY_RUN_ID}\n"):  # the backend's first line names the run
-        text = (f"run {DRY_RUN_ID} (a dry run: nothing is started or recorded; a real run gets an id of its own)"
-                + text[len(f"run {DRY_RUN_ID}"):])
-    masked = 0
-    for name, value in hidden:
-        text, n = re.subn(re.escape(f"export {name}={q(value)}") + r"(?=\s|$)", f"export {name}={MASK}", text,
-                          flags=re.MULTILINE)
-        masked += n
-    if masked:
-        text += f"\n(env values are shown as {MASK}; --show-secrets shows them)"
-    return text
 
 
 class Printed:

@@ -1,7 +1,8 @@
 """The inventory's shape, private to :mod:`clusterddp.inventory`: what each key of the file may hold.
 
 Each block is a :class:`Model` of :class:`Field` rules, checked by hand (strict: no coercion, so
-``port: "22"`` is refused, not read as 22) and rendered from the same rules as JSON Schema for editors
+``port: "22"`` is refused, not read as 22; a value's type tested as :mod:`clusterddp.jsonread` tests it
+for the run record and a schedule's spec) and rendered from the same rules as JSON Schema for editors
 (:mod:`.inventory_json_schema`). :func:`validate` gives the block's values as attributes, or raises
 :class:`Invalid` with every problem, each located by its path (``("hosts", 1, "port")``).
 
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..jsonread import fits
 from ..node.watch import regex_problem
 from .model import (
     ENV_NAME_RE,
@@ -65,11 +67,11 @@ Check = Callable[[Any], Any]  # a value in, the value (maybe changed) out; Value
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return fits(v, int)  # JSON's types, as the run record and a schedule's spec read them: never a bool
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return fits(v, float)
 
 
 def _refuse(out: list[Problem], loc: Loc, msg: str) -> Any:
@@ -110,7 +112,7 @@ class Rule:
 
 class Str(Rule):
     def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
-        return v if isinstance(v, str) else _refuse(out, loc, "input should be a valid string")
+        return v if fits(v, str) else _refuse(out, loc, "input should be a valid string")
 
     def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
         return {"type": "string"}
@@ -118,7 +120,7 @@ class Str(Rule):
 
 class Bool(Rule):
     def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
-        return v if isinstance(v, bool) else _refuse(out, loc, "input should be a valid boolean (true or false)")
+        return v if fits(v, bool) else _refuse(out, loc, "input should be a valid boolean (true or false)")
 
     def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
         return {"type": "boolean"}
@@ -180,7 +182,7 @@ class ListOf(Rule):
         self.item, self.min_length = item, min_length
 
     def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
-        if not isinstance(v, list):
+        if not fits(v, list):
             return _refuse(out, loc, "input should be a valid list (one `- item` per line, or [a, b])")
         if len(v) < self.min_length:
             out.append(Problem(loc, "too_short", f"should have at least {self.min_length} item(s)"))
@@ -199,7 +201,7 @@ class AnyMapping(Rule):
     """Any mapping (its keys and values checked by ``then``)."""
 
     def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
-        return dict(v) if isinstance(v, dict) else _refuse(out, loc, "input should be a mapping (`key: value` lines)")
+        return dict(v) if fits(v, dict) else _refuse(out, loc, "input should be a mapping (`key: value` lines)")
 
     def _schema(self, defs: dict[str, Any]) -> dict[str, Any]:
         return {"type": "object"}
@@ -260,7 +262,7 @@ class Model(Rule):
         return Model(title, {**self.fields, **more}, self.extra, self.after, self.shape)
 
     def _type(self, v: Any, loc: Loc, out: list[Problem]) -> Any:
-        if not isinstance(v, dict):
+        if not fits(v, dict):
             return _refuse(out, loc, "input should be a mapping (`key: value` lines)")
         before = len(out)
         values = {}

@@ -15,7 +15,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from .. import launch
+from .. import jsonread, launch
 from ..errors import ClusterDDPError, FileRefused, SpecError, UsageError
 from ..files import make_folders, read_bounded, write_private
 from ..runspec import RunSpec
@@ -104,24 +104,42 @@ def log_path(runs_dir: str, name: str) -> str:
     return os.path.join(runs_dir, "schedules", f"{name}.log")
 
 
-class _Fields:
-    """Typed reads of the spec's fields, each failure located by file and field."""
+def _kind(v: Any) -> str:
+    return "nothing" if v is None else f"{type(v).__name__} {json.dumps(v)[:40]}"
 
-    def __init__(self, path: str, data: dict[str, Any]) -> None:
-        self.path, self.data = path, data
 
-    def fail(self, label: str, problem: str) -> SpecError:
-        return SpecError(self.path, label, problem)
+class _SpecStyle(jsonread.Style):
+    """A spec's words (as they were before :mod:`clusterddp.jsonread`): ``expected a string, got int 3``."""
+
+    def kind(self, value: Any) -> str:
+        return _kind(value)
+
+    def wrong(self, tp: Any, value: Any) -> str:
+        return f"expected {self.describe(tp)}, got {_kind(value)}"
+
+    def not_object(self, value: Any) -> str:
+        return f"expected a JSON object, got {_kind(value)}"
+
+    def unsafe(self, char: str, at: int) -> str:
+        return "contains a NUL character"
+
+
+# Only NUL: lone surrogates stand for argv's non-UTF-8 bytes, which a spec keeps (JSON's \\u escapes)
+_STYLE = _SpecStyle(missing="missing", names={int: "a whole number"}, unsafe_chars=re.compile("\x00"))
+
+
+class _Fields(jsonread.Fields):
+    """Typed reads of the spec's fields (:class:`clusterddp.jsonread.Fields`), each failure located by
+    file and field."""
+
+    def __init__(self, path: str, data: Any) -> None:
+        self.path = path
+        super().__init__(data, "", lambda field, problem: SpecError(path, field, problem), _STYLE)
 
     def check(self, label: str, v: Any, absolute: bool = False, optional: bool = False) -> Any:
         """``v`` (the value of ``label``) if it is a string fit for argv: no NUL, absolute if asked."""
-        if v is None and optional:
-            return None
-        if not isinstance(v, str):
-            raise self.fail(label, f"expected a string, got {_kind(v)}")
-        if "\0" in v:
-            raise self.fail(label, "contains a NUL character")
-        if absolute and not os.path.isabs(v):
+        v = self.typed(label, v, str | None if optional else str)
+        if absolute and v is not None and not os.path.isabs(v):
             raise self.fail(label, f"{v!r} is not an absolute path")
         return v
 
@@ -131,22 +149,14 @@ class _Fields:
     def texts(self, name: str) -> tuple[str, ...]:
         v = self.data[name]
         if not isinstance(v, list):
-            raise self.fail(name, f"expected a list of strings, got {_kind(v)}")
+            raise self.fail(name, self.style.wrong(tuple[str, ...], v))
         return tuple(self.check(f"{name}[{i}]", x) for i, x in enumerate(v))
 
     def integer(self, name: str, low: int, high: int | None = None, optional: bool = False) -> int | None:
-        v = self.data[name]
-        if v is None and optional:
-            return None
-        if type(v) is not int:  # isinstance would let true and false through
-            raise self.fail(name, f"expected a whole number, got {_kind(v)}")
-        if v < low or (high is not None and v > high):
+        v = self.get(name, int | None if optional else int)
+        if v is not None and (v < low or (high is not None and v > high)):
             raise self.fail(name, f"{v} is out of range ({low}..{'' if high is None else high})")
         return v
-
-
-def _kind(v: Any) -> str:
-    return "nothing" if v is None else f"{type(v).__name__} {json.dumps(v)[:40]}"
 
 
 _SPEC_FIELDS = ("schema_version", "name", "cron", "launch_dir", "runs_dir", "bin_dir", "executable", "inventory",
@@ -161,9 +171,7 @@ def spec_from_json(data: Any, path: str) -> ScheduleSpec:
     A spec names what runs as its user, so nothing in it is taken on trust: every field has its
     type and range, the name must match the file's, and the file must lie in its runs folder.
     """
-    if not isinstance(data, dict):
-        raise SpecError(path, None, f"expected a JSON object, got {_kind(data)}")
-    f = _Fields(path, data)
+    f = _Fields(path, data)  # a SpecError unless data is an object
     version = data.get("schema_version")
     if version != SPEC_SCHEMA:
         raise SpecError(path, "schema_version", f"{version!r} is not a version this clusterddp reads "
@@ -172,9 +180,7 @@ def spec_from_json(data: Any, path: str) -> ScheduleSpec:
     for key in data:
         if key not in _SPEC_FIELDS and key not in _OPTIONAL_SPEC_FIELDS:
             raise f.fail(key, "unknown field")
-    wait = data.get("wait", False)
-    if type(wait) is not bool:
-        raise f.fail("wait", f"expected true or false, got {_kind(wait)}")
+    wait = f.get("wait", bool, default=False)
     for key in _SPEC_FIELDS:
         if key not in data:
             raise f.fail(key, "missing")

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from clusterddp.cli.up import dry_run_text
+from clusterddp.backends.base import dry_run_text
 from clusterddp.upload import OTHER_INVENTORY
 from helpers import cddp, job_script
 

@@ -203,7 +203,11 @@ def test_the_inventory_takes_a_stall_timeout_and_refuses_bad_ones_located():
 
 
 def test_the_flags_win_over_the_inventory_and_zero_turns_it_off():
-    from clusterddp.cli.up import watchdog
+    from clusterddp.runspec import resolve
+
+    def watchdog(stall: float | None, regex: str | None, inv: inventory.Inventory) -> dict:
+        s = resolve(RunSpec("t.py", stall_timeout=stall, progress_regex=regex), inv)
+        return {"stall_timeout": s.stall_timeout, "progress_regex": s.progress_regex}
     inv = inventory.parse(INV + "stall_timeout: 600\nprogress_regex: 'loss'\n", "inv.yaml")
     assert watchdog(None, None, inv) == {"stall_timeout": 600.0, "progress_regex": "loss"}
     assert watchdog(30.0, "it", inv) == {"stall_timeout": 30.0, "progress_regex": "it"}

@@ -54,10 +54,13 @@ def test_by_default_a_checkpoint_is_a_file_that_looks_like_one_anywhere_in_the_r
 def test_checkpoints_globs_from_up_win_over_the_inventory_over_the_default():
     p = plan()
     assert mirror.checkpoint_globs(p) == mirror.DEFAULT_GLOBS
-    from types import SimpleNamespace
-    p = replace(p, inventory=SimpleNamespace(checkpoints=("inv/*.pt",)))
-    assert mirror.checkpoint_globs(p) == ("inv/*.pt",)
-    assert mirror.checkpoint_globs(replace(p, spec=replace(p.spec, checkpoints=("flag/*.pt",)))) == ("flag/*.pt",)
+    from clusterddp import inventory
+    from clusterddp.runspec import RunSpec, resolve  # the rule is resolve's; the mirror reads the spec
+    inv = inventory.parse("hosts: [{name: a, address: 10.0.0.1}]\ncheckpoints: [inv/*.pt]\n", "inv.yaml")
+    asked = RunSpec(p.spec.script)
+    assert mirror.checkpoint_globs(replace(p, spec=resolve(asked, inv))) == ("inv/*.pt",)
+    flag = replace(asked, checkpoints=("flag/*.pt",))
+    assert mirror.checkpoint_globs(replace(p, spec=resolve(flag, inv))) == ("flag/*.pt",)
 
 
 def test_a_folder_per_step_is_one_checkpoint_of_all_its_files():

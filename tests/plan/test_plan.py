@@ -180,7 +180,8 @@ def test_rendered_argv_survives_the_shell_byte_for_byte(tmp_path):
     fake.chmod(0o755)
     inv = inventory.parse(INV.replace("/opt/venv/bin/python", str(fake)), "inv.yaml")
     node = build_plan(inv, RunSpec("t.py", HOSTILE), RUN_ID).nodes[0]
-    line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(q(str(fake)) + " -c "))  # the torchrun line
+    # the torchrun line (the rank sampler's line starts with the same python)
+    line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(q(str(fake)) + " -c "))
     out = subprocess.run(["bash", "-c", line], capture_output=True, check=True, cwd=tmp_path).stdout
     argv = out.split(b"\0")[:-1]
     assert [a.decode() for a in argv[-len(HOSTILE):]] == list(HOSTILE)

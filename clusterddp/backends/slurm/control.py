@@ -33,6 +33,9 @@ from . import plan as SP
 from .login import Login, open_login
 
 if TYPE_CHECKING:
+    from ...artifacts import Progress
+    from ...check import Report
+    from ...inventory import Inventory
     from ...stacks import Taken
 
 
@@ -134,10 +137,10 @@ def job_state(rec: RunRecord) -> str | None:
     return info.state.lower() + (f" ({info.reason})" if info.reason not in ("None", "") else "")
 
 
-def stop(store: RunStore, run_id: str) -> Stopped:
+def stop(store: RunStore, run_id: str, grace: float = 0.0) -> Stopped:
     """scancel the job, wait until Slurm says it ended, mark the run stopped, collect its logs. First the
     stop mark is left in the run's control folder, so that a batch script that tells the run's end
-    (a detached run with webhooks) tells it as stopped."""
+    (a detached run with webhooks) tells it as stopped. ``grace`` is Slurm's own (its KillWait)."""
     rec = store.load(run_id)
     job_id, ctl = _job(rec)
     with _login(rec) as login:
@@ -161,8 +164,10 @@ def _mark_stop(login: Login, rec: RunRecord, ctl: str) -> None:
         pass
 
 
-def collect(store: RunStore, run_id: str, globs: tuple[str, ...] | None = None) -> list[CollectResult]:
-    """The logs and the run's collect globs (or ``globs`` instead) from the shared run folder."""
+def collect(store: RunStore, run_id: str, globs: tuple[str, ...] | None = None,
+            progress: Progress | None = None) -> list[CollectResult]:
+    """The logs and the run's collect globs (or ``globs`` instead) from the shared run folder (one
+    copy, where the folder is: no ``progress`` by host to tell)."""
     rec = store.load(run_id)
     _, ctl = _job(rec)
     assert rec.slurm is not None
@@ -219,7 +224,7 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
 STEP_START_S = 30.0
 
 
-def stacks(store: RunStore, run_id: str, wait: float) -> Taken:
+def stacks(store: RunStore, rec: RunRecord, wait: float) -> Taken:
     """`clusterddp stacks` of a Slurm run: the job looked at first (its hosts may have been allocated
     since the last look; an ended job is said so, exit 2), then on every node at once one job step
     (:func:`.commands.node_step_command`, beside the job's own) that runs the node program ``stacks``
@@ -228,6 +233,7 @@ def stacks(store: RunStore, run_id: str, wait: float) -> Taken:
     from ... import stacks as S
     from ...node import stacks as node_stacks
     from ...node.reply import ReplyError
+    run_id = rec.run_id
     with _login(store.load(run_id)) as login:
         rec = _status(store, run_id, login)
         if rec.status is not RunStatus.RUNNING:
@@ -377,3 +383,15 @@ def reach(rec: RunRecord, verb: str) -> SlurmReach | FolderReach:
         login.close()
         raise
     return SlurmReach(login, rec, job_id, nodes)
+
+
+def check(inventory: Inventory, master_port: int | None = None) -> Report:
+    """`clusterddp check` of a `slurm:` inventory (:func:`.check.run_slurm_checks`; Slurm chooses the port)."""
+    from .check import run_slurm_checks
+    return run_slurm_checks(inventory)
+
+
+def describe(rec: RunRecord) -> str:
+    """The line `status` adds of a Slurm run: its job, as Slurm sees it now."""
+    assert rec.slurm is not None
+    return f"slurm job {rec.slurm.job_id}: {job_state(rec) or 'ended'}, partition {rec.slurm.partition or '-'}"

@@ -35,7 +35,7 @@ from ...runspec import RunSpec
 from ...store import RunStore, new_run_id, utcnow
 from ...transport import Transport
 from ...upload import SourceFolder
-from .. import base
+from .. import base, lifecycle
 from ..base import RunOutcome
 from . import answers
 from . import plan as SP
@@ -107,7 +107,7 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
         inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=False, master_addr="",
         master_port=plan.spec.master_port or 29500, collect=plan.collect,
         slurm=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
-                       nproc=plan.spec.gpus or plan.settings.gpus_per_node, login=prep.login.host,
+                       nproc=SP.procs(plan.settings, plan.spec), login=prep.login.host,
                        node=SP.node_host(plan.settings)))
 
 
@@ -266,10 +266,6 @@ def _neutral(run_dir: str, host: str) -> Host:
     return Host(name=host, address=host, user=None, port=None, identity_file=None, known_hosts=BUILTIN["known_hosts"],
                 host_key_policy="strict", gpus=1, python="python3", workdir=run_dir, env=(), setup=(),
                 connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
-
-
-def finish(store: RunStore, run_id: str, out: RunOutcome) -> RunStatus:
-    return base.finish(store, run_id, node_states(out), out)
 
 
 def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
@@ -489,15 +485,12 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             if info is not None and info.hosts and not hosts:
                 hosts = info.hosts
         tail.poll(hosts)
-        store.close_logs()
         result = outcome(login, plan.control_dir, info, hosts, stopped)
-        on_collect(collect(login, store, run_id, plan.run_dir, plan.control_dir, hosts, plan.collect))
-        status = finish(store, run_id, result)
-        if stopped:
-            raise KeyboardInterrupt
-        if status is not RunStatus.SUCCEEDED:
-            raise base.run_failed(store, run_id, result, status, lambda: explain(login, store, run_id))
-        return result
+        return lifecycle.end(
+            store, run_id, result, stopped=stopped, warn=on_note, states=lambda: node_states(result),
+            collect=lambda: on_collect(collect(login, store, run_id, plan.run_dir, plan.control_dir, hosts,
+                                               plan.collect)),
+            explain=lambda: explain(login, store, run_id))
     finally:
         store.close_logs()
 
@@ -550,14 +543,6 @@ def job_line(info: JobInfo) -> str:
     return f"slurm job {info.job_id} {info.state.lower()}{why}{where}"
 
 
-def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutcome | None:
-    """The whole `up` of a Slurm run: record, stage, submit, follow (or detach), collect."""
-    try:
-        return _up(prep, req, events)
-    finally:
-        prep.login.close()
-
-
 def _notify_request(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> bytes | None:
     """A detached run with notification targets: the request its batch script reads (the webhooks;
     node 0's host is filled in there), and a warning for each command target, which only an attached
@@ -573,36 +558,47 @@ def _notify_request(prep: Prepared, req: base.LaunchRequest, events: base.Events
     return notify.node_request(prep.store.load(prep.plan.run_id), "", webhooks)
 
 
-def _up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutcome | None:
-    run_id = prep.plan.run_id
-    folder = scan(prep, req)
-    prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule))
-    events.say(f"run {run_id}")  # once recorded, so `logs`/`status` find it (as for SSH runs)
-    for line in folder.report():
-        events.say(line)
-    started = time.monotonic()
+class SlurmLaunch(lifecycle.Launch[Prepared]):
+    """The whole `up` of a Slurm run, as :class:`.lifecycle.Launch` runs it: the upload scanned, the
+    run recorded, then :func:`execute` (stage, submit, follow or detach, then :func:`.lifecycle.end`),
+    the job's states said as Slurm reports them; the login host's connection closed last."""
 
-    def on_state(info: JobInfo) -> None:
-        events.say(job_line(info))
-        if info.hosts:
-            events.hosts(info.hosts)
-    rd = req.runs_dir_flag
-    request = _notify_request(prep, req, events)
-    result = execute(prep, events.output, detach=req.detach, on_state=on_state, folder=folder,
-                     on_collect=lambda r: events.collected(r, "the run folder"), on_note=events.warn,
-                     runs_dir_flag=rd, notify_request=request)
-    if req.detach:
-        rec = prep.store.load(run_id)
-        job = rec.slurm.job_id if rec.slurm else "?"
-        if request is not None:
+    def __init__(self, prep: Prepared, req: base.LaunchRequest, events: base.Events) -> None:
+        super().__init__(prep, req, events)
+        self.folder: SourceFolder | None = None  # what the upload sends
+        self.request: bytes | None = None        # a detached run's notification request (the batch script's)
+
+    def ready(self) -> None:
+        self.folder = scan(self.prep, self.req)
+
+    def first_record(self) -> RunRecord:
+        return new_record(self.prep, self.req.inventory_arg, schedule=self.req.schedule)
+
+    def begin(self) -> None:
+        assert self.folder is not None  # ready scanned it
+        for line in self.folder.report():
+            self.events.say(line)
+        self.request = _notify_request(self.prep, self.req, self.events)
+
+    def execute(self) -> RunOutcome | None:
+        events, req = self.events, self.req
+
+        def on_state(info: JobInfo) -> None:
+            events.say(job_line(info))
+            if info.hosts:
+                events.hosts(info.hosts)
+        result = execute(self.prep, events.output, detach=req.detach, on_state=on_state, folder=self.folder,
+                         on_collect=lambda r: events.collected(r, "the run folder"), on_note=events.warn,
+                         runs_dir_flag=req.runs_dir_flag, notify_request=self.request)
+        if req.detach and self.request is not None:
             from ... import notify
             events.say("notify: the batch script, on the job's first node (node 0), tells this run's end to "
                        + ", ".join(notify.label(t) for t in _webhooks(req)))
-        events.say(f"detached; slurm job {job} runs on without this command.\n"
-                   f"  follow: clusterddp logs {run_id} --follow{rd}\n"
-                   f"  status: clusterddp status {run_id}{rd}\n"
-                   f"  stop:   clusterddp stop {run_id}{rd}")
-    else:
-        events.say(f"run {run_id} succeeded in {time.monotonic() - started:.1f}s; "
-                   f"run folder: {prep.store.run_dir(run_id)}")
-    return result
+        return result
+
+    def detached_job(self) -> str:
+        rec = self.prep.store.load(self.run_id)
+        return f"slurm job {rec.slurm.job_id if rec.slurm else '?'}"
+
+    def release(self) -> None:
+        self.prep.login.close()

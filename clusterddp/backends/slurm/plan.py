@@ -77,6 +77,14 @@ def exit_code_file(control_dir: str, host: str) -> str:
     return posixpath.join(node_control(control_dir, host), "exit_code")
 
 
+def procs(s: SlurmSettings, spec: RunSpec) -> int:
+    """Processes per node: --gpus over ``slurm.gpus_per_node`` (:func:`clusterddp.runspec.nproc`, for the
+    one host every node of the job stands for)."""
+    n = runspec.nproc(spec, node_host(s))
+    assert isinstance(n, int)
+    return n
+
+
 def node_host(s: SlurmSettings, name: str = "slurm") -> Host:
     """The per-node settings of a `slurm:` inventory as a Host (what plan's helpers and the record take)."""
     return Host(name=name, address=name, user=None, port=None, identity_file=None,
@@ -92,10 +100,10 @@ def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, not
     assert s is not None, "build() takes a `slurm:` inventory"
     run_dir = posixpath.join(shared_dir, "runs", run_id)
     ctl = posixpath.join(run_dir, NS.CONTROL)
-    collect = tuple(dict.fromkeys(inventory.collect + spec.collect))
+    spec = runspec.resolve(spec, inventory)  # as it is when `up` resolved it (tests may give the flags alone)
     node = _node_script(s, spec, run_id, run_dir, ctl)
     batch = _batch_script(s, spec, run_id, ctl, notify)
-    return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, collect, notify)
+    return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, spec.collect, notify)
 
 
 def _batch_script(s: SlurmSettings, spec: RunSpec, run_id: str, ctl: str, notify: bool = False) -> str:
@@ -179,7 +187,7 @@ def notify_lines(s: SlurmSettings) -> list[str]:
 def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
     host = node_host(s)
     env = tuple({**dict(s.env), **dict(spec.env)}.items())
-    port = str(spec.master_port) if spec.master_port else _PORT_FROM_JOB
+    port = str(spec.master_port) if spec.port_fixed else _PORT_FROM_JOB
     lines = [
         "#!/usr/bin/env bash",
         f"# clusterddp run {run_id}: one node's part, started by srun on every node of the allocation",
@@ -222,7 +230,7 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
         # here on the node: given to it alone (exported for it, then not), torchrun's env unchanged.
         lines += ["# the stall watchdog (--stall-timeout): the run's rendezvous store, for it alone",
                   f"export MASTER_ADDR MASTER_PORT={port}", *watch_start, "export -n MASTER_ADDR MASTER_PORT"]
-    nproc = spec.gpus or s.gpus_per_node
+    nproc = procs(s, spec)
     argv = [store_wait('"$cddp_store"'), *map(shell_word, torchrun_start(s.python))]
     argv += [NS.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
                                "--rdzv-backend", "c10d")]
@@ -254,7 +262,7 @@ def render(p: SlurmPlan) -> str:
     s = p.settings
     count = str(s.nodes[0]) if s.nodes[0] == s.nodes[1] else f"{s.nodes[0]}-{s.nodes[1]}"
     out = [f"run {p.run_id}: Slurm job, {count} node(s) "
-           f"x {p.spec.gpus or s.gpus_per_node} process(es), partition {s.partition or '(default)'}",
+           f"x {procs(s, p.spec)} process(es), partition {s.partition or '(default)'}",
            f"run folder (shared): {p.run_dir}", f"submit: sbatch --parsable {p.batch_path}",
            "", f"== {BATCH} ==", p.batch_script, f"== {NODE_SCRIPT} ==", p.node_script]
     if p.collect:

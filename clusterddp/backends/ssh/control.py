@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ... import nodeops
 from ... import plan as P
@@ -27,6 +27,11 @@ from ...store import RunStore, replacing, utcnow
 from ...transport import Transport
 from ...transport import connect as default_connect
 from ..base import Stopped
+
+if TYPE_CHECKING:
+    from ...check import Report
+    from ...inventory import Inventory
+    from ...stacks import Taken
 
 
 @contextmanager
@@ -239,3 +244,25 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
     if broken is not None:
         raise as_host_error(*broken)
     return res.succeeded
+
+
+def stacks(store: RunStore, rec: RunRecord, wait: float) -> Taken:
+    """`clusterddp stacks`: every node of the run asked at once (:func:`clusterddp.stacks.take`)."""
+    from ... import stacks as S
+    return S.take(rec, wait=wait)
+
+
+def reach(rec: RunRecord, verb: str) -> nodeops.HostsReach:
+    """The run's nodes for ``verb`` (``top``, ``prune``): the recorded ones, reached as their hosts say."""
+    return nodeops.HostsReach(tuple(nodes_of(rec)))
+
+
+def check(inventory: Inventory, master_port: int | None = None) -> Report:
+    """`clusterddp check` of an inventory of hosts: every check, on every host (:func:`clusterddp.check.run_checks`)."""
+    from ...check import run_checks
+    return run_checks(inventory, full=True, master_port=master_port)
+
+
+def describe(rec: RunRecord) -> None:
+    """Nothing: an SSH run is its nodes, which `status` shows one by one."""
+    return None

@@ -1,8 +1,9 @@
 """One SSH (or `local`) run, from plan to record: the steps behind `clusterddp up`, free of any printing.
 
-:func:`prepare` plans (no network); :func:`up` is the whole sequence (preflight, lease, record,
-:func:`execute`: start, watch, collect, record the outcome; keep_runs), telling a
-:class:`clusterddp.backends.base.Events` what happens.
+:func:`prepare` plans (no network); :class:`SSHLaunch` fills in the steps of the one sequence
+(:class:`clusterddp.backends.lifecycle.Launch`: ready with preflight and lease, record,
+:func:`execute`: start, watch, then :func:`.lifecycle.end`; a next attempt after a failed one),
+telling a :class:`clusterddp.backends.base.Events` what happens.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,15 +20,15 @@ from ... import inventory as inv_mod
 from ... import plan as P
 from ... import stragglers, upload
 from ...artifacts import CollectResult, collect_nodes
-from ...errors import HostError, RunFailed, UsageError
+from ...errors import HostError, UsageError
 from ...failure import Failure
 from ...fleet import Fleet
 from ...mirror import Mirror, unprotected
 from ...record import Attempt, NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
-from ...runspec import RunSpec
+from ...runspec import RunSpec, resolve
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
-from .. import base
+from .. import base, lifecycle
 from ..base import RunOutcome
 from . import attempts
 from .supervisor import Supervisor
@@ -62,6 +62,7 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     store (:func:`clusterddp.resume.resolve`)."""
     script = base.check_script(spec.script)
     inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
+    spec = resolve(spec, inventory)  # as `up` resolved it (a caller may give the flags alone)
     secrets = (*upload.secret_files(inventory), *secrets)  # every host's, before --hosts narrows them
     if not inventory.hosts:
         raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
@@ -97,7 +98,7 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     if inventory_arg == inv_mod.LOCAL:
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
         if P.static_local(spec):  # its rendezvous needs a port, free now
-            spec = replace(spec, master_port=local_port(spec.master_port))
+            spec = replace(spec, master_port=local_port(spec.master_port if spec.port_fixed else None))
     source_dir = script.resolve().parent
     # A script whose folder never names clusterddp cannot import clusterddp.train: its nodes need not
     # look for one (a python start on each node before torchrun; issue 24, section 7).
@@ -269,7 +270,7 @@ class _Beside:
 def port_fixed(plan: P.LaunchPlan) -> bool:
     """The master port was given (--master-port, or master.port in the inventory); otherwise the
     lease chooses a free one, from the inventory's (29500 by default)."""
-    return plan.spec.master_port is not None or plan.inventory.master.port_fixed
+    return plan.spec.port_fixed  # clusterddp.runspec.resolve
 
 
 def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
@@ -366,25 +367,26 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
                 slow.start()
         except KeyboardInterrupt:  # Ctrl-C once every node started, before they are watched: as while starting
             mirror.stop()
+            if slow is not None:
+                slow.stop()
             sup.teardown()
             finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
             raise
+        stopped = False
         try:
             outcome = sup.follow()
         except KeyboardInterrupt:
-            mirror.stop()
-            store.close_logs()
-            _collect_then_finish(fleet, plan, store, on_collect, sup, sup.outcome, on_warn)
-            raise
+            stopped = True
         finally:
             mirror.stop()
             if slow is not None:
                 slow.stop()
-        store.close_logs()
-        status = _collect_then_finish(fleet, plan, store, on_collect, sup, outcome, on_warn, may_go_on=may_go_on)
-        if status is not RunStatus.SUCCEEDED:
-            raise base.run_failed(store, run_id, outcome, status, lambda: explain(fleet, plan, store))
-        return outcome
+        if stopped:
+            outcome = sup.outcome  # what the Ctrl-C's teardown left of each node
+        return lifecycle.end(
+            store, run_id, outcome, stopped=stopped, warn=on_warn, states=lambda: node_states(sup),
+            collect=lambda: collect(fleet, plan, store, on_collect, sup, may_go_on=may_go_on and not stopped),
+            explain=lambda: explain(fleet, plan, store))
     finally:
         store.close_logs()
         sup.close()
@@ -423,43 +425,9 @@ def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Calla
     return results
 
 
-def _collect_then_finish(fleet: Fleet, plan: P.LaunchPlan, store: RunStore,
-                         on_collect: Callable[[CollectResult], None], sup: Supervisor, outcome: RunOutcome,
-                         on_warn: Callable[[str], None], may_go_on: bool = False) -> RunStatus:
-    """:func:`collect`, then :func:`finish`. A Ctrl-C during the collect records the job's own outcome
-    (a run that succeeded everywhere stays succeeded: the collect, not the job, was cut short), says
-    how to fetch the rest, and is raised again."""
-    try:
-        collect(fleet, plan, store, on_collect, sup, may_go_on=may_go_on)
-    except KeyboardInterrupt:
-        finish(store, plan.run_id, sup, outcome)
-        on_warn(f"[clusterddp] collect interrupted: the run is recorded {outcome.status}; "
-                f"`clusterddp collect {plan.run_id}` fetches its logs and files")
-        raise
-    return finish(store, plan.run_id, sup, outcome)
-
-
 def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> RunStatus:
     """Record how the run ended; return the status recorded."""
     return base.finish(store, run_id, node_states(sup), outcome)
-
-
-def up(prep: Prepared, req: base.LaunchRequest, events: base.Events) -> RunOutcome | None:
-    """The whole `up` of an SSH (or `local`) run: pack, preflight, lease, record, execute, keep_runs.
-
-    The run id is said once it is recorded: a run refused before (bad input, the preflight, slots
-    taken) has no record, so it shows no id that `clusterddp logs` could not find.
-
-    With ``--resume RUN`` (``prep.resumes``), RUN's newest checkpoints are found (and brought here
-    from its nodes if need be) first; the upload leaves out a file of the script's folder at one of
-    their paths (said), and every node gets them before its job starts (:mod:`clusterddp.resume`)."""
-    prep, chosen = resume_found(prep, req, events)
-    packed = pack(prep, req.max_upload)
-    try:
-        return _up(prep, packed, req, events, chosen)
-    finally:
-        if packed is not None:
-            packed.discard()
 
 
 def resume_found(prep: Prepared, req: base.LaunchRequest, events: base.Events, connect: Callable | None = None
@@ -494,102 +462,123 @@ def _without(prep: Prepared, paths: set[str], run_id: str, events: base.Events) 
     return replace(prep, folder=replace(folder, entries=tuple(e for e in folder.entries if e[0] not in paths)))
 
 
-def _up(prep: Prepared, packed: upload.Upload | None, req: base.LaunchRequest, events: base.Events,
-        chosen: list | None = None) -> RunOutcome | None:
-    fleet, lease, leased = None, None, None
-    try:
+class SSHLaunch(lifecycle.Launch[Prepared]):
+    """The whole `up` of an SSH (or `local`) run, as :class:`.lifecycle.Launch` runs it: ready (pack,
+    connections, preflight beside the lease), record, the lease and upload said, execute each attempt
+    (:func:`execute`), a next attempt on other hosts after a failed one (:mod:`.attempts`).
+
+    The run id is said once it is recorded: a run refused before (bad input, the preflight, slots
+    taken) has no record, so it shows no id that `clusterddp logs` could not find.
+
+    With ``--resume RUN`` (``prep.resumes``), RUN's newest checkpoints are found (and brought here
+    from its nodes if need be) first; the upload leaves out a file of the script's folder at one of
+    their paths (said), and every node gets them before its job starts (:mod:`clusterddp.resume`)."""
+
+    def __init__(self, prep: Prepared, req: base.LaunchRequest, events: base.Events) -> None:
+        super().__init__(prep, req, events)
+        self.chosen: list | None = None          # --resume: the checkpoints found
+        self.packed: upload.Upload | None = None
+        self.fleet: Fleet | None = None          # the run's connections (none for `local`)
+        self.lease: Lease | None = None
+        self.leased: str | None = None           # the lease, said once the run id is
+        self.may_go_on = False                   # a failed attempt may be followed by another
+
+    def ready(self) -> None:
+        prep, req, events = self.prep, self.req, self.events
+        prep, self.chosen = resume_found(prep, req, events)
+        self.packed = pack(prep, req.max_upload)
         if not prep.plan.local:
             # Every connection at once (the lease asks every node at once too), then the preflight
             # beside the lease: each is a command per node, and a run that passes (most) need not wait
             # for one before the other. A lease taken for a run that then fails its preflight is given
-            # back (below); a run that may wait in the queue is checked first, so it never waits in vain.
+            # back (give_back); a run that may wait in the queue is checked first, so it never waits in vain.
             for note in prep.notes:  # before anything starts (a quarantined host's spare)
                 events.warn(note)
-            fleet = Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
+            fleet = self.fleet = Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
             # a host that cannot be reached is reported by the preflight (or the lease), unless a spare stands in
             opened = fleet.open()
             if opened.failed and prep.plan.inventory.spares:
                 prep, fleet = _spares_for_down(prep, fleet, opened.failed, events)
-            checked = None if req.skip_check else _Beside(lambda: preflight(prep.plan, fleet=fleet))
+                self.fleet = fleet
+            planned = prep.plan
+            checked = None if req.skip_check else _Beside(lambda: preflight(planned, fleet=fleet))
             if checked is not None and req.wait:
                 checked.result()
             run_id = prep.plan.run_id  # a waiting run is not recorded yet: its queue lines name it
             try:
-                prep, lease = take_lease(prep, fleet, wait=req.wait,
-                                         on_wait=lambda s: events.say(f"[clusterddp] run {run_id} {s}"),
-                                         on_note=events.warn)  # at once (stdout starts with the run id)
+                prep, self.lease = take_lease(prep, fleet, wait=req.wait,
+                                              on_wait=lambda s: events.say(f"[clusterddp] run {run_id} {s}"),
+                                              on_note=events.warn)  # at once (stdout starts with the run id)
             except KeyboardInterrupt:
-                raise  # at once: closing the fleet (below) ends the probes
+                raise  # at once: closing the fleet (give_back) ends the probes
             except BaseException:
                 if checked is not None:
                     checked.result()  # its failure is the one to tell, when the lease failed too
                 raise
             if checked is not None:
                 checked.result()
-            if lease is not None:  # said once the run id is (below)
-                leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}" for h, s in lease.grants.items())
-                          + f"; master port {prep.plan.master_port}")
-        resumed = None
-        if chosen and prep.resumes is not None:
-            from ... import resume as R
-            resumed = R.record_of(prep.resumes.run_id, chosen)
-        prep.store.create(new_record(prep, req.inventory_arg, schedule=req.schedule, resumed_from=resumed))
-    except BaseException:
-        if lease is not None:
-            lease.release()
-        if fleet is not None:
-            fleet.close()
-        raise
-    # From here the supervisor's fleet is the lease's: a node whose job was never told to start frees
-    # its slots when the fleet's connections close (its holder sees its channel go).
-    plan = prep.plan
-    events.say(f"run {plan.run_id}")
-    if leased:
-        events.say(leased)
-    if packed is not None:
-        for line in packed.folder.report():
-            events.say(line)
-    _resume(prep, req, events, chosen, fleet, lease)
-    events.hosts([n.host.name for n in plan.nodes])
-    started = time.monotonic()
-    attempt = 1
-    may_go_on = attempts.allowed(req.spec.max_restarts, req.nodes, plan.inventory.restarts) > 0
-    store = prep.store  # every attempt's
+            if self.lease is not None:  # said once the run id is (begin)
+                self.leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}"
+                                                      for h, s in self.lease.grants.items())
+                               + f"; master port {prep.plan.master_port}")
+        self.prep = prep
 
-    def arm(fleet: Fleet, plan: P.LaunchPlan) -> None:
-        _arm_notify(fleet, plan, store, req, events)
-    while True:
-        try:
-            outcome = execute(prep, events.output, on_collect=events.collected, detach=req.detach, fleet=fleet,
-                              source_tar=packed.path if packed else None, join_timeout=req.join_timeout,
-                              may_go_on=may_go_on,
-                              on_detached=arm, on_warn=events.warn,
-                              on_straggler=lambda s: _tell_straggler(store, plan.run_id, req, events, s))
-            break
-        except RunFailed:
-            _set_aside(prep, events)
-            following = None if req.detach or prep.plan.local else _next_attempt(prep, req, events, attempt)
-            if following is None:
-                _end_lost(prep, events)
-                _keep_runs(plan.inventory, req, events)  # a failed run is a run: it counts among the kept
-                raise
-            prep, fleet = following
-            attempt += 1
-    if req.detach:
-        rd = req.runs_dir_flag
-        events.say(f"detached; the job runs on without this command.\n"
-                   f"  follow: clusterddp logs {plan.run_id} --follow{rd}\n"
-                   f"  status: clusterddp status {plan.run_id}{rd}\n"
-                   f"  stop:   clusterddp stop {plan.run_id}{rd}")
-        if (unwatched := unprotected(plan)) is not None:
-            events.warn(unwatched)
-    else:
-        hosts = f" on {', '.join(n.host.name for n in prep.plan.nodes)} (attempt {attempt})" if attempt > 1 else ""
-        events.say(f"run {plan.run_id} succeeded in {time.monotonic() - started:.1f}s{hosts}; "
-                   f"run folder: {prep.store.run_dir(plan.run_id)}")
-        _end_lost(prep, events)
-    _keep_runs(plan.inventory, req, events)
-    return outcome
+    def first_record(self) -> RunRecord:
+        resumed = None
+        if self.chosen and self.prep.resumes is not None:
+            from ... import resume as R
+            resumed = R.record_of(self.prep.resumes.run_id, self.chosen)
+        return new_record(self.prep, self.req.inventory_arg, schedule=self.req.schedule, resumed_from=resumed)
+
+    def give_back(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+        if self.fleet is not None:
+            self.fleet.close()
+
+    def begin(self) -> None:
+        # From here the supervisor's fleet is the lease's: a node whose job was never told to start frees
+        # its slots when the fleet's connections close (its holder sees its channel go).
+        plan, events = self.prep.plan, self.events
+        if self.leased:
+            events.say(self.leased)
+        if self.packed is not None:
+            for line in self.packed.folder.report():
+                events.say(line)
+        _resume(self.prep, self.req, events, self.chosen, self.fleet, self.lease)
+        events.hosts([n.host.name for n in plan.nodes])
+        self.may_go_on = attempts.allowed(self.req.spec.max_restarts, self.req.nodes, plan.inventory.restarts) > 0
+
+    def execute(self) -> RunOutcome | None:
+        req, events, store = self.req, self.events, self.prep.store
+
+        def arm(fleet: Fleet, plan: P.LaunchPlan) -> None:
+            _arm_notify(fleet, plan, store, req, events)
+        return execute(self.prep, events.output, on_collect=events.collected, detach=req.detach, fleet=self.fleet,
+                       source_tar=self.packed.path if self.packed else None, join_timeout=req.join_timeout,
+                       may_go_on=self.may_go_on, on_detached=arm, on_warn=events.warn,
+                       on_straggler=lambda s: _tell_straggler(store, self.prep.plan.run_id, req, events, s))
+
+    def after_failure(self) -> None:
+        _set_aside(self.prep, self.events)
+
+    def next_attempt(self) -> bool:
+        following = None if self.prep.plan.local else _next_attempt(self.prep, self.req, self.events, self.attempt)
+        if following is None:
+            return False
+        self.prep, self.fleet = following
+        return True
+
+    def after_detach(self) -> None:
+        if (unwatched := unprotected(self.prep.plan)) is not None:
+            self.events.warn(unwatched)
+
+    def after_end(self) -> None:
+        _end_lost(self.prep, self.events)
+
+    def release(self) -> None:
+        if self.packed is not None:
+            self.packed.discard()
 
 
 def _resume(prep: Prepared, req: base.LaunchRequest, events: base.Events, chosen: list | None,
@@ -846,10 +835,3 @@ def _end_lost(prep: Prepared, events: base.Events) -> None:
         return
     for line in lines:
         events.say(line)
-
-
-def _keep_runs(inventory: inv_mod.Inventory, req: base.LaunchRequest, events: base.Events) -> None:
-    from .. import reach  # each run reached by the backend that ran it
-    kept = base.keep_runs(inventory, req.runs_dir, lambda store, rec: reach(store, rec, "prune"))
-    if kept is not None:
-        events.kept(kept)

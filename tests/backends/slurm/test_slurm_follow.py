@@ -152,3 +152,51 @@ def test_a_ctrl_c_whose_scancel_cannot_reach_slurm_says_the_job_was_not_cancelle
     assert got.value.hint is not None and "Slurm job 4242 may still be running: it was not cancelled" in got.value.hint
     assert f"`clusterddp stop {run_id}` cancels it" in got.value.hint
     assert prep.store.load(run_id).status.value == "running"  # not recorded as stopped: it may well run on
+
+
+class _EndedThenCollectInterrupted:
+    """Takes the sbatch; job 4242 has ended (COMPLETED on n1 and n2, each exit code 0); a Ctrl-C comes
+    as the collect opens the first node's log."""
+
+    host = None
+    name = "login1"
+
+    def stage(self, *args) -> None:
+        pass
+
+    def run(self, args, timeout=60):
+        if args[0] == "sbatch":
+            return CommandResult(0, b"4242\n", b"")
+        if args[:3] == ["scontrol", "-o", "show"]:
+            return CommandResult(0, b"JobId=4242 JobState=COMPLETED Reason=None Partition=main NodeList=n[1-2] "
+                                    b"Restarts=0\n", b"")
+        if args[:3] == ["scontrol", "show", "hostnames"]:
+            return CommandResult(0, b"n1\nn2\n", b"")
+        raise AssertionError(args)
+
+    def read(self, path, offset, limit):
+        return b""
+
+    def small_files(self, paths):
+        return {p: ("0\n", 1.0) for p in paths}
+
+    def open_file(self, path):
+        raise KeyboardInterrupt
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_ctrl_c_during_the_end_of_run_collect_records_the_jobs_outcome_and_says_how_to_fetch_the_rest(tmp_path):
+    """As for an SSH run (clusterddp.backends.lifecycle.end): the job succeeded, only the collect was cut
+    short; before the one lifecycle, a Slurm run was left `running`, saying nothing."""
+    prep = replace(_recorded(tmp_path), login=_EndedThenCollectInterrupted())
+    notes: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        slurm.execute(prep, lambda h, b: None, on_note=notes.append)
+    run_id = prep.plan.run_id
+    assert notes == [f"[clusterddp] collect interrupted: the run is recorded succeeded; "
+                     f"`clusterddp collect {run_id}` fetches its logs and files"]
+    rec = prep.store.load(run_id)
+    assert rec.status.value == "succeeded" and rec.ended_at is not None
+    assert [(n.host, n.state.value, n.exit_code) for n in rec.nodes] == [("n1", "succeeded", 0), ("n2", "succeeded", 0)]

@@ -1,0 +1,158 @@
+"""`runspec.resolve`: the one place a run's flags meet its inventory. Each precedence rule
+(flag > host entry > inventory defaults > built-in) has a test of its own, named for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterddp import inventory
+from clusterddp.errors import UsageError
+from clusterddp.runspec import RunSpec, fixed_slots, master_port_of, nproc, resolve
+
+BARE = "hosts:\n  - {name: a, address: 10.0.0.1}\n  - {name: b, address: 10.0.0.2}\n"
+FULL = """
+defaults: {gpus: 2}
+master: {port: 29777}
+collect: [logs/*, out/*]
+checkpoints: [inv/*.pt]
+stall_timeout: 600
+progress_regex: 'loss'
+hosts:
+  - {name: a, address: 10.0.0.1, gpus: 4}
+  - {name: b, address: 10.0.0.2}
+  - {name: c, address: 10.0.0.3, gpus: [0, 3]}
+"""
+
+
+def inv(text: str = FULL) -> inventory.Inventory:
+    return inventory.parse(text, "inv.yaml")
+
+
+def host(i: inventory.Inventory, name: str) -> inventory.Host:
+    return next(h for h in i.hosts if h.name == name)
+
+
+def spec(**flags) -> RunSpec:
+    return RunSpec("train.py", **flags)
+
+
+# ---- gpus: --gpus > the host's entry > the inventory's defaults > built-in auto ----
+
+def test_gpus_flag_wins_over_host_entry():
+    s = resolve(spec(gpus=1), inv())
+    assert [nproc(s, h) for h in inv().hosts] == [1, 1, 1]
+
+
+def test_gpus_host_entry_wins_over_inventory_defaults():
+    s = resolve(spec(), inv())
+    assert nproc(s, host(inv(), "a")) == 4
+
+
+def test_gpus_inventory_defaults_win_over_builtin():
+    s = resolve(spec(), inv())
+    assert nproc(s, host(inv(), "b")) == 2
+
+
+def test_gpus_builtin_is_auto():
+    s = resolve(spec(), inv(BARE))
+    assert [nproc(s, h) for h in inv(BARE).hosts] == ["auto", "auto"]
+
+
+def test_gpus_flag_wins_over_a_hosts_fixed_slots():
+    i = inv()
+    assert fixed_slots(resolve(spec(), i), host(i, "c")) == (0, 3)
+    assert fixed_slots(resolve(spec(gpus=2), i), host(i, "c")) is None
+    assert fixed_slots(resolve(spec(), i), host(i, "a")) is None
+
+
+# ---- master port: --master-port > the inventory's master.port > built-in 29500 (chosen free from it) ----
+
+def test_master_port_flag_wins_over_inventory():
+    s = resolve(spec(master_port=29600), inv())
+    assert (s.master_port, s.port_fixed) == (29600, True)
+    s = resolve(spec(master_port=29600), inv(BARE))
+    assert (s.master_port, s.port_fixed) == (29600, True)
+
+
+def test_master_port_inventory_wins_over_builtin():
+    s = resolve(spec(), inv())
+    assert (s.master_port, s.port_fixed) == (29777, True)
+
+
+def test_master_port_builtin_is_29500_and_not_fixed():
+    s = resolve(spec(), inv(BARE))
+    assert (s.master_port, s.port_fixed) == (29500, False)
+
+
+def test_check_and_collective_read_the_master_port_as_up_does():
+    assert master_port_of(None, inv()) == (29777, True)
+    assert master_port_of(29600, inv()) == (29600, True)
+    assert master_port_of(None, inv(BARE)) == (29500, False)
+
+
+# ---- collect: the inventory's globs, then the flag's, each once ----
+
+def test_collect_flag_adds_to_inventory():
+    s = resolve(spec(collect=("ckpt/*", "out/*")), inv())
+    assert s.collect == ("logs/*", "out/*", "ckpt/*")
+    assert resolve(spec(), inv(BARE)).collect == ()
+
+
+# ---- checkpoints: --checkpoints > the inventory's checkpoints: > none (the mirror's own default) ----
+
+def test_checkpoints_flag_wins_over_inventory():
+    assert resolve(spec(checkpoints=("mine/*.pt",)), inv()).checkpoints == ("mine/*.pt",)
+
+
+def test_checkpoints_inventory_wins_over_builtin():
+    assert resolve(spec(), inv()).checkpoints == ("inv/*.pt",)
+    assert resolve(spec(), inv(BARE)).checkpoints == ()
+
+
+# ---- the stall watchdog: --stall-timeout/--progress-regex > the inventory's > off, any line ----
+
+def test_stall_timeout_flag_wins_over_inventory():
+    assert resolve(spec(stall_timeout=30.0), inv()).stall_timeout == 30.0
+
+
+def test_stall_timeout_flag_zero_turns_the_inventorys_off():
+    assert resolve(spec(stall_timeout=0.0), inv()).stall_timeout is None
+
+
+def test_stall_timeout_inventory_wins_over_builtin_off():
+    assert resolve(spec(), inv()).stall_timeout == 600.0
+    assert resolve(spec(), inv(BARE)).stall_timeout is None
+
+
+def test_stall_timeout_under_a_second_is_refused():
+    with pytest.raises(UsageError, match=r"--stall-timeout 0.5: under a second"):
+        resolve(spec(stall_timeout=0.5), inv(BARE))
+
+
+def test_progress_regex_flag_wins_over_inventory():
+    assert resolve(spec(progress_regex=r"it (\d+)"), inv()).progress_regex == r"it (\d+)"
+
+
+def test_progress_regex_inventory_wins_over_builtin_any_line():
+    assert resolve(spec(), inv()).progress_regex == "loss"
+    assert resolve(spec(), inv(BARE)).progress_regex is None
+
+
+def test_a_bad_progress_regex_flag_is_refused():
+    with pytest.raises(UsageError, match="2 groups"):
+        resolve(spec(progress_regex="(a)(b)"), inv())
+
+
+# ---- once ----
+
+def test_a_resolved_spec_comes_back_as_it_is():
+    s = resolve(spec(), inv(BARE))
+    assert s.resolved and resolve(s, inv()) is s  # the port stays unfixed, the inventory is not read twice
+    assert not spec().resolved
+
+
+def test_the_flags_that_have_no_inventory_counterpart_pass_through():
+    s = resolve(spec(name="n", env=(("A", "1"),), max_restarts=2, local_rank_arg="--local_rank",
+                     script_args=("--x",)), inv())
+    assert (s.name, s.env, s.max_restarts, s.local_rank_arg, s.script_args) == \
+        ("n", (("A", "1"),), 2, "--local_rank", ("--x",))
