@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from clusterddp import stragglers as ST
 from clusterddp.node import where as W
 from test_node_stacks import hook_folder
 
@@ -142,3 +143,31 @@ def test_parse_keeps_good_lines_and_drops_the_rest():
                           "cpu_wait": 0.25, "gpu_others": ["x (pid 1, GPU g)"]}
     assert samples[1]["t"] == 6.0 and samples[1]["ranks"] == {} and samples[1]["cpu"] is None
     assert len(samples) == 2
+
+
+def test_a_cpu_quota_is_read_from_the_ranks_cgroup_and_its_run_delay_grows(tmp_path):
+    """A busy process held to 20% of a CPU by a cgroup quota (v1's cpu.cfs_quota_us, where this machine lets
+    a test make one): its cgroup's throttled time and its run delay (schedstat) grow by most of the wall time."""
+    from pathlib import Path
+    group = Path("/sys/fs/cgroup/cpu") / f"cddp-where-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "cpu.cfs_quota_us").write_text("20000")
+    except OSError:
+        pytest.skip("no writable cgroup v1 cpu controller here")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        (group / "tasks").write_text(str(busy.pid))
+        stat = W.cgroup_stat(busy.pid)
+        assert stat is not None and stat[0] == str(group / "cpu.stat"), stat
+        t0, thr0, delay0 = time.monotonic(), W.throttled_s(stat), W.run_delay([busy.pid])
+        time.sleep(2.0)
+        wall = time.monotonic() - t0
+        assert (W.throttled_s(stat) - thr0) / wall > ST.THROTTLED  # enough for the decider to say so
+        assert (W.run_delay([busy.pid]) - delay0) / wall > ST.CPU_WAIT
+        assert W.running_now(busy.pid)  # held back, not asleep
+    finally:
+        busy.kill()
+        busy.wait()
+        group.rmdir()
+    assert W.run_delay([2 ** 30]) is None and W.throttled_s(None) is None

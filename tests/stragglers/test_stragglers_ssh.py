@@ -3,15 +3,18 @@ clusterddp.train), detached. Ranks on the hosts listed in SLOW_HOSTS do extra wo
 
 - node2 alone slow: `top` names node2 (its rank, since when, and its own function as why) within a bounded
   time; once the run has ended, its samples came back with the logs and `stragglers_of` names node2 too.
-- node2's rank held back by a CPU cgroup quota (cpu.cfs_quota_us, cgroup v1; skipped where it cannot be
-  made): named, the quota given as why.
+
+A CPU quota on one node's ranks is not tested here: the bed's nodes share one loaded 2-core machine (every
+rank is short of CPU, so a quota on one is not reliably what sets it apart within a bound), and a node in
+`ip netns exec` has a /sys of its own without the cgroup files. The quota and run-queue whys are unit-tested
+(tests/stragglers/test_stragglers.py) and the counters they come from read on real processes
+(tests/node/test_node_where.py).
 - every node doing the same extra work: nothing is named, though the samples cover longer than the first
   case took to name node2."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -117,68 +120,6 @@ def test_the_node_whose_ranks_do_extra_work_is_named_by_top_and_after_the_run(be
     assert [(s["host"], s["ranks"]) for s in after] == [("node2", [1])], after
     assert {h.host for h in read_run(runs / run_id)} == {"node1", "node2"}
     assert oct((runs / run_id / "where" / "node2" / "where.jsonl").stat().st_mode & 0o777) == "0o600"
-
-
-def _cgroup_v1_cpu() -> Path | None:
-    base = Path("/sys/fs/cgroup/cpu")
-    if not (base / "cpu.cfs_quota_us").exists() and not (base / "cgroup.procs").exists():
-        return None
-    try:
-        d = base / f"cddp-straggler-{os.getpid()}"
-        d.mkdir()
-        (d / "cpu.cfs_quota_us").write_text("20000")  # 20% of one CPU (period 100 ms)
-        return d
-    except OSError:
-        return None
-
-
-def _ranks_of(run_id: str, host: str) -> list[int]:
-    want = f"CLUSTERDDP_JOB={run_id}/{host}".encode()
-    out = []
-    for p in Path("/proc").iterdir():
-        try:
-            env = (p / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if want in env and any(e.startswith(b"RANK=") for e in env):
-            out.append(int(p.name))
-    return out
-
-
-@pytest.mark.timeout(600)
-def test_a_node_held_back_by_a_cpu_quota_is_named_with_the_quota_as_why(bed, tmp_path):
-    group = _cgroup_v1_cpu()
-    if group is None:
-        pytest.skip("no writable cgroup v1 cpu controller here to hold one node's ranks back")
-    run_id, runs, stop = start(bed, tmp_path, "")
-    seen: list = []
-    try:
-        assert eventually(lambda: bool(_ranks_of(run_id, "node2")), 120, interval=1)
-        for pid in _ranks_of(run_id, "node2"):
-            for task in (Path("/proc") / str(pid) / "task").iterdir():  # every thread of the rank
-                try:
-                    (group / "tasks").write_text(task.name)
-                except OSError:
-                    pass
-        moved = (group / "tasks").read_text().split()
-        assert moved, "no thread of node2's rank could be put in the cgroup"
-        got: list = []
-        assert eventually(lambda: bool(got.extend(named(run_id, runs, seen)) or got), NAMED_WITHIN, interval=2), \
-            (seen[-1:], {n.name: bed.control_file(n, run_id, "where.jsonl").read_text()[-1500:] for n in bed.nodes})
-        s = got[0]
-        # the quota itself where the node sees its cgroup (the bed's nodes, in `ip netns exec`, have a /sys of their
-        # own without cgroups); the time its rank waited for a CPU in any case
-        assert s["host"] == "node2" and ("CPU quota (the cgroup's cpu.max) held its ranks back" in s["why"]
-                                         or "its ranks waited for a CPU " in s["why"]), got
-    finally:
-        for pid in _ranks_of(run_id, "node2"):  # let it go at full speed to its end
-            for task in (Path("/proc") / str(pid) / "task").iterdir():
-                try:
-                    Path("/sys/fs/cgroup/cpu/tasks").write_text(task.name)
-                except OSError:
-                    pass
-        end(bed, run_id, runs, stop)
-        group.rmdir()
 
 
 @pytest.mark.timeout(600)
