@@ -45,7 +45,7 @@ def extra_work():  # this rank's own code, each step: what the other ranks wait 
         sum(range(2000))
 
 
-steps, stop = 0, torch.zeros(1)
+steps, stop, t0 = 0, torch.zeros(1), time.monotonic()
 while not stop.item():
     x = torch.randn(16, 64)
     loss = model(x).pow(2).mean()
@@ -57,7 +57,9 @@ while not stop.item():
     steps += 1
     if steps % 5 == 0:
         print("step", steps, flush=True)
-        stop = torch.tensor([float(os.path.exists(os.environ["CDDP_STOP"]))])
+        limit = float(os.environ.get("CDDP_SECONDS") or 0)  # an attached run: ends by itself after that long
+        over = bool(limit and time.monotonic() - t0 > limit)
+        stop = torch.tensor([float(os.path.exists(os.environ["CDDP_STOP"]) or over)])
         dist.all_reduce(stop)  # every rank stops at the same step
 dist.barrier()
 dist.destroy_process_group()
@@ -151,3 +153,26 @@ def read_where(bed, run_id: str) -> dict[str, int]:
         if path.exists():
             out[n.name] = max(0, len(path.read_bytes().splitlines()) - 1)
     return out
+
+
+@pytest.mark.timeout(600)
+def test_an_attached_run_says_its_straggler_and_tells_the_targets_that_want_it(bed, tmp_path):
+    src = tmp_path / "job"
+    src.mkdir()
+    (src / "ddp.py").write_text(JOB)
+    told, deaf = tmp_path / "told.json", tmp_path / "deaf.json"
+    inventory = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"gpus": 1}, extra={"notify": [
+        {"command": f"cat > {told}", "on": ["straggler"]}, {"command": f"cat > {deaf}"}]})
+    runs = tmp_path / "runs"
+    r = cddp("up", str(inventory), str(src / "ddp.py"), "--runs-dir", str(runs), "-e", "SLOW_HOSTS=node2",
+             "-e", f"CDDP_STOP={tmp_path / 'never'}", "-e", "CDDP_SECONDS=120", timeout=480, check_rc=0)
+    said = [ln for ln in r.stderr.splitlines() if "is the straggler since" in ln]
+    assert len(said) == 1 and ": node2 (ranks 1) is the straggler since " in said[0], r.stderr
+    assert "own code (most often extra_work (ddp.py:" in said[0], said
+    event = json.loads(told.read_text())
+    assert (event["event"], event["host"], event["ranks"], event["run_id"]) == ("straggler", "node2", [1],
+                                                                                run_id_of(r.stdout))
+    assert json.loads(deaf.read_text())["event"] == "succeeded"  # a target without `on`: the end only
+    run_id = run_id_of(r.stdout)
+    assert [(s["host"], s["ranks"]) for s in stragglers_of(runs / run_id)] == [("node2", [1])]
+
