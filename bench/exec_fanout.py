@@ -17,6 +17,13 @@ table, a JSON file and, if matplotlib is installed, a plot.
 
     sudo python bench/exec_fanout.py                      # 4, 16, 32 hosts, 7 rounds
     sudo python bench/exec_fanout.py --hosts 4 16 --rounds 3 --out /tmp/bench
+    sudo python bench/exec_fanout.py --hosts 16 64 128 --rounds 5 --no-sequential   # the large beds (opt-in)
+
+Rounds alternate who goes first. Besides the wall times it reports the load average during each host
+count's rounds and this machine's CPU (user + system of every process the command started: the
+launcher, or pdsh and its ssh clients) per run and per host, with the median of the per-round ratios.
+128 hosts take about 4 minutes here with --no-sequential (the one-after-another runs would take longer
+than all the rest).
 
 The nodes' login shell reads a stock ~/.bashrc by default (Debian's and Ubuntu's /etc/skel one,
 which returns at once in a shell that is not interactive), bind-mounted over this machine's in each
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -68,11 +76,22 @@ with ThreadPoolExecutor(32) as pool:
 """
 
 
-def timed(cmd: list[str], env: dict | None = None, shell: bool = False) -> float:
-    t0 = time.perf_counter()
+CPU: dict[str, list[float]] = {}  # the CPU seconds (user + system) of each tool's runs on this machine's side
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(cmd: list[str], env: dict | None = None, shell: bool = False, cpu: str | None = None) -> float:
+    """The wall time of ``cmd``; its CPU (the launcher's side: every process it started) kept under ``cpu``."""
+    c0, t0 = children_cpu(), time.perf_counter()
     r = subprocess.run(cmd if not shell else " ".join(cmd), shell=shell, env=env, stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True)
     took = time.perf_counter() - t0
+    if cpu is not None:
+        CPU.setdefault(cpu, []).append(children_cpu() - c0)
     if r.returncode != 0:
         raise SystemExit(f"benchmark command failed (exit {r.returncode}): {cmd if not shell else cmd}\n{r.stderr}")
     return took
@@ -98,6 +117,7 @@ def main() -> None:
     bed = TestBed(n_max, root / "bed", prefix=f"cd{session_slot()}x", subnet=f"10.{100 + session_slot()}.250",
                   login_rc=STOCK_BASHRC if args.node_bashrc == "stock" else None)
     results: dict[int, dict[str, list[float]]] = {}
+    loads: dict[int, list[float]] = {}
     with bed:
         ssh_opts = (f"-i {bed.identity_file} -o UserKnownHostsFile={bed.known_hosts} "
                     "-o StrictHostKeyChecking=yes -o BatchMode=yes")
@@ -118,9 +138,9 @@ def main() -> None:
             addrs = ",".join(x.address for x in nodes)
             # Defaults bind this round's values (B023); the lambdas only run within the round anyway.
             tools = {
-                "clusterddp": lambda inv=inv: timed([*py, str(inv), "--", "true"]),
-                "pdsh": lambda addrs=addrs: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"],
-                                                  env=pdsh_env),
+                "clusterddp": lambda inv=inv, n=n: timed([*py, str(inv), "--", "true"], cpu=f"clusterddp {n}"),
+                "pdsh": lambda addrs=addrs, n=n: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"],
+                                                       env=pdsh_env, cpu=f"pdsh {n}"),
                 "paramiko pool": lambda nodes=nodes: timed([sys.executable, "-c", PARAMIKO_POOL, str(bed.identity_file),
                                                             str(bed.known_hosts), *(x.address for x in nodes)]),
                 "mux floor": lambda addrs=addrs: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"],
@@ -132,22 +152,36 @@ def main() -> None:
                 tools["ssh loop"] = lambda loop=loop: timed(["bash", "-c", loop])
             for f in tools.values():  # warm up: page cache, sshd's first fork, known_hosts
                 f()
+            CPU.pop(f"clusterddp {n}", None)
+            CPU.pop(f"pdsh {n}", None)
             times: dict[str, list[float]] = {k: [] for k in tools}
-            for _ in range(args.rounds):
-                for k, f in tools.items():
-                    times[k].append(f())
+            loads.setdefault(n, []).append(os.getloadavg()[0])
+            for i in range(args.rounds):
+                for k in (list(tools) if i % 2 == 0 else list(tools)[::-1]):  # who goes first alternates
+                    times[k].append(tools[k]())
+                loads[n].append(os.getloadavg()[0])
             results[n] = times
-            print(f"{n} hosts: " + ", ".join(f"{k} {statistics.median(v):.2f}s" for k, v in times.items()),
-                  flush=True)
+            print(f"{n} hosts: " + ", ".join(f"{k} {statistics.median(v):.2f}s" for k, v in times.items())
+                  + f"; load {statistics.median(loads[n]):.1f}", flush=True)
         for x in bed.nodes:
             subprocess.run(f"ssh {mux} -O exit root@{x.address}", shell=True, stderr=subprocess.DEVNULL)
     shutil.rmtree(root, ignore_errors=True)
-    report(results, args, load_before)
+    report(results, args, load_before, loads)
 
 
 def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
-           load_before: tuple[float, float, float]) -> None:
+           load_before: tuple[float, float, float], loads: dict[int, list[float]]) -> None:
     med = {n: {k: statistics.median(v) for k, v in t.items()} for n, t in results.items()}
+    print("\nthis machine's CPU (user + system, every process the command started; medians) and load average:")
+    print("| hosts | load (median of the rounds) | clusterddp exec | per host | pdsh | per host "
+          "| per-round ratio vs pdsh |")
+    print("|---|---|---|---|---|---|---|")
+    for n, t in results.items():
+        ours, theirs = statistics.median(CPU[f"clusterddp {n}"]), statistics.median(CPU[f"pdsh {n}"])
+        per = statistics.median(a / b for a, b in zip(t["clusterddp"], t["pdsh"], strict=True))
+        print(f"| {n} | {statistics.median(loads[n]):.1f} | {ours:.2f} s | {ours / n * 1000:.1f} ms | {theirs:.2f} s | "
+              f"{theirs / n * 1000:.1f} ms | {per:.2f} |")
+    print()
     load = os.getloadavg()
     lines = [f"nodes' ~/.bashrc: {args.node_bashrc}; cores: {os.cpu_count()}, "
              f"load average before the run: {load_before[0]:.1f}, after: "
@@ -164,7 +198,7 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results-exec.json").write_text(json.dumps(
         {"node_bashrc": args.node_bashrc, "cores": os.cpu_count(), "load_before": load_before, "load": load,
-         "rounds": args.rounds,
+         "rounds": args.rounds, "loads": {str(n): v for n, v in loads.items()}, "cpu": CPU,
          "seconds": {str(n): t for n, t in results.items()}}, indent=1))
     try:
         import matplotlib

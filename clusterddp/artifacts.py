@@ -133,8 +133,10 @@ def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str,
     errors: list[str] = []
     missing: list[tuple[str, str]] = []
 
+    dest = store.artifact_paths(run_id, name)
+
     def exchange(request: dict, log_to: BinaryIO | None = None) -> Receiver:
-        rx = Receiver(lambda rel: store.artifact_path(run_id, name, rel), on_total=lambda n: bar.start(name, n),
+        rx = Receiver(dest, on_total=lambda n: bar.start(name, n),
                       on_bytes=lambda n: bar.advance(name, n), request=request, log_to=log_to)
         why = None
         try:

@@ -489,7 +489,7 @@ class Mirror:
                                   f"{human_bytes(DISK_MARGIN)} is kept free")
             rx = Receiver(self._incoming, on_total=room, request=request)
         else:
-            rx = Receiver(lambda rel: self.store.artifact_path(run_id, host, rel), request=request)
+            rx = Receiver(self.store.artifact_paths(run_id, host), request=request)
 
         def feed(chunk: bytes) -> None:
             if self._stop.is_set():

@@ -267,7 +267,7 @@ def fetch(fleet: Fleet, node: P.NodeLaunch, store: RunStore, run_id: str, f: Fou
     each file verified (size, sha256, unchanged while read); HostError when one is not taken whole."""
     paths = [p for p, _, _ in f.checkpoint.files]
     request = {"paths": paths, "have": {}}
-    rx = Receiver(lambda rel: store.artifact_path(run_id, node.host.name, rel), request=request)
+    rx = Receiver(store.artifact_paths(run_id, node.host.name), request=request)
     why = None
     try:
         _exchange(fleet.transport(node.host), node, rx, request)

@@ -714,11 +714,19 @@ class RunStore:
         return (self.run_dir(run_id) / "artifacts" / host).resolve()
 
     def artifact_path(self, run_id: str, host: str, rel: str) -> Path:
+        return self.artifact_paths(run_id, host)(rel)
+
+    def artifact_paths(self, run_id: str, host: str) -> Callable[[str], Path]:
+        """:meth:`artifact_path` for one host's files, its folder resolved once (a collect of many
+        small files resolved it twice a file: a third of the receiver's CPU besides the writes)."""
         base = self.artifacts_dir(run_id, host)
-        p = (base / rel).resolve()
-        if base not in p.parents:  # a remote name must never write outside the run folder
-            raise ValueError(f"refusing artifact path outside the run folder: {rel!r}")
-        return p
+
+        def path(rel: str) -> Path:
+            p = (base / rel).resolve()
+            if base not in p.parents:  # a remote name must never write outside the run folder
+                raise ValueError(f"refusing artifact path outside the run folder: {rel!r}")
+            return p
+        return path
 
 
 _NEVER = datetime.min.replace(tzinfo=timezone.utc)

@@ -82,6 +82,12 @@ def test_artifact_paths_cannot_escape_the_run_folder(tmp_path):
     with pytest.raises(ValueError):
         s.artifact_path("r", "a", "../../etc/passwd")
     assert s.artifact_path("r", "a", "checkpoints/x.pt").parts[-4:] == ("artifacts", "a", "checkpoints", "x.pt")
+    dest = s.artifact_paths("r", "a")  # one host's resolver (a collect's): the same rule
+    with pytest.raises(ValueError):
+        dest("../../etc/passwd")
+    with pytest.raises(ValueError):
+        dest("../b/x.pt")  # another host's folder
+    assert dest("checkpoints/x.pt") == s.artifact_path("r", "a", "checkpoints/x.pt")
 
 
 def _writer(root: str, tag: str, n: int) -> None:
