@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .errors import ClusterDDPError, FileRefused, UsageError
@@ -42,6 +42,9 @@ from .inventory import (
 )
 from .node import notify as node_notify
 from .record import RunRecord, RunStatus
+
+if TYPE_CHECKING:
+    from .inventory.section import Sections
 
 ATTEMPTS = 3              # tries of a webhook whose failure may pass
 BACKOFF = (1.0, 3.0)      # seconds before the second and the third try
@@ -476,12 +479,13 @@ def tell_run_end(targets: Sequence[NotifyTarget], store: Any, run_id: str, **how
 
 
 def tell_skip(inventory_arg: str, flags: Sequence[str], schedule: str, reason: str,
-              holder: str | None) -> list[str]:
+              holder: str | None, sections: Sections | None = None) -> list[str]:
     """Tell a schedule's targets (its inventory's and its recorded ``--notify``) that a firing was
-    skipped; the lines of what could not be told, or of why the targets could not be read. Never raises."""
+    skipped; the lines of what could not be told, or of why the targets could not be read. Never raises.
+    ``sections``: the backends' inventory sections (the registry's), for an inventory of a backend's kind."""
     from .inventory import LOCAL, load_named
     try:
-        inv_targets = () if inventory_arg == LOCAL else load_named(inventory_arg).notify
+        inv_targets = () if inventory_arg == LOCAL else load_named(inventory_arg, sections=sections).notify
     except ClusterDDPError:
         inv_targets = ()  # its next firing's `up` says what is wrong with it, loudly; a skip has nothing to add
     try:

@@ -200,32 +200,53 @@ class NodeRecord:
                    state=_node_state(word, exit_code, path, f"{where}.state"), exit_code=exit_code, error=error)
 
 
+BACKEND_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")  # a backend's name in the registry
+
+
 @dataclass(frozen=True)
-class SlurmJob:
-    """Where a run handed to Slurm is: its folder in the shared dir, and the job once submitted."""
+class BackendPart:
+    """A backend's own part of run.json: which backend ran the run (``name``, the registry's), the
+    version of the part's shape (``version``, the backend's own count) and what it wrote (``data``: a
+    JSON object, opaque here). In the file: ``"backend": {"name": N, "version": V}`` and the part under
+    the backend's name (``"slurm": {...}``, as records have always had it). This module checks the
+    frame (a backend's name that is none of the record's own keys, a version, sane JSON values:
+    :func:`clusterddp.jsonread.sane`); the
+    backend reads ``data`` back as untrusted, its errors located at ``<name>.<field>`` of ``source``
+    (the file it was read from)."""
 
-    run_dir: str                   # <shared_dir>/runs/<run_id> (code, node logs, exit codes)
-    job_id: str | None = None      # None until sbatch answered
-    partition: str | None = None   # as Slurm reports it once the job is known
-    hosts: tuple[str, ...] = ()    # the allocation, once Slurm made it
-    nproc: int = 1                 # processes per node
-    login: Host | None = None      # the login host Slurm's commands ran on over SSH; None: this machine
-    node: Host | None = None       # every node's settings (python, setup): its nodes, learnt later, get them
-
-    def to_json(self) -> dict[str, Any]:
-        login = {"login": _host_json(self.login)} if self.login is not None else {}
-        node = {"node": _host_json(self.node)} if self.node is not None else {}
-        return {"run_dir": self.run_dir, "job_id": self.job_id, "partition": self.partition,
-                "hosts": list(self.hosts), "nproc": self.nproc, **login, **node}
+    name: str
+    version: int
+    data: Mapping[str, Any]
+    source: str = dataclasses.field(default="run.json", compare=False)  # where it was read from
 
     @classmethod
-    def from_json(cls, data: Any, path: str) -> SlurmJob:
-        r = _Reader(data, path, "slurm")
-        return cls(run_dir=r.get("run_dir", str), job_id=r.get("job_id", str | None),
-                   partition=r.get("partition", str | None), hosts=r.get("hosts", tuple[str, ...], default=()),
-                   nproc=_at_least(r.get("nproc", int, default=1), 1, r, "nproc"),
-                   login=_host(r.get("login", dict), path, "slurm.login") if data.get("login") is not None else None,
-                   node=_host(r.get("node", dict), path, "slurm.node") if data.get("node") is not None else None)
+    def from_json(cls, record: dict, path: str) -> BackendPart | None:
+        """run.json's part (None: an SSH or local run, which keeps none); a record written before the
+        ``backend`` key (a Slurm run's ``slurm`` object alone) is read as version 1 of that part."""
+        if record.get("backend") is None:
+            legacy = next((n for n in _LEGACY_PARTS if record.get(n) is not None), None)
+            if legacy is None:
+                return None
+            name, version = legacy, 1
+        else:
+            r = _Reader(record["backend"], path, "backend")
+            name = _name(r.get("name", str), BACKEND_NAME_RE, path, "backend.name", "a backend's name (a-z, 0-9, _)")
+            if name in _RECORD_KEYS:
+                raise RecordError(path, "backend.name", f"{name!r} is one of the record's own keys, no backend's")
+            version = _between(r.get("version", int), 1, 1000, r, "version")
+        body = _Reader(record, path, "").get(name, dict)
+        jsonread.sane(body, name, lambda field, problem: RecordError(path, field, problem))
+        return cls(name, version, body, path)
+
+
+# Before each backend owned its part of run.json, a Slurm run's record had the ``slurm`` object alone
+# (its part's version 1), no ``backend``. No other backend wrote a part then, so this list never grows.
+_LEGACY_PARTS = ("slurm",)
+# The record's own keys (RunRecord.to_json's), never a backend's part.
+_RECORD_KEYS = frozenset({"schema", "run_id", "name", "inventory", "script", "args", "status", "exit_code",
+                          "failed_host", "schedule", "local", "started_at", "ended_at", "launch_dir", "master",
+                          "collect", "fanout", "updated_at", "nodes", "failure", "backend", "attempts",
+                          "lost_nodes", "clusterddp_version", "resumed_from"})
 
 
 MAX_ATTEMPTS = 1000   # entries of `attempts` a record may hold (a run makes one per failed attempt)
@@ -333,7 +354,9 @@ class RunRecord:
     fanout: int = DEFAULT_FANOUT   # hosts contacted at once by status, stop, logs and collect
     schema: int = SCHEMA
     failure: Failure | None = None  # why it failed: the rank that failed first (clusterddp.failure)
-    slurm: SlurmJob | None = None  # set for runs of a `slurm:` inventory; absent from older records
+    # The part of the backend that ran it, where that backend keeps one (a Slurm run: its job); None
+    # for an SSH or local run. Older records' ``slurm`` object alone is read as its version 1.
+    backend: BackendPart | None = None
     # When this record was last written (the store stamps every write): what it says of a running run is
     # as of then, the last look at its nodes (`up`, `status`, `stop`). None in records written before it.
     updated_at: str | None = None
@@ -359,6 +382,11 @@ class RunRecord:
         return self.status.exit_code
 
     @property
+    def backend_name(self) -> str:
+        """The registry's name of the backend that ran it: its part's, or ``ssh`` (SSH and local runs)."""
+        return self.backend.name if self.backend is not None else "ssh"
+
+    @property
     def hosts(self) -> list[str]:
         return [n.host for n in self.nodes]
 
@@ -379,7 +407,8 @@ class RunRecord:
                 "collect": list(self.collect), "fanout": self.fanout, "updated_at": self.updated_at,
                 "nodes": [n.to_json() for n in self.nodes],
                 **({"failure": self.failure.to_json()} if self.failure else {}),
-                **({"slurm": self.slurm.to_json()} if self.slurm else {}),
+                **({"backend": {"name": self.backend.name, "version": self.backend.version},
+                    self.backend.name: dict(self.backend.data)} if self.backend else {}),
                 **({"attempts": [a.to_json() for a in self.attempts]} if self.attempts else {}),
                 **({"lost_nodes": [n.to_json() for n in self.lost]} if self.lost else {}),
                 **({"clusterddp_version": self.version} if self.version else {}),
@@ -420,7 +449,7 @@ class RunRecord:
                    collect=r.get("collect", tuple[str, ...]), fanout=fanout, schema=SCHEMA, nodes=read,
                    updated_at=r.get("updated_at", str | None, default=None),
                    failure=_failure(r.get("failure", dict | None, default=None), path),
-                   slurm=SlurmJob.from_json(data["slurm"], path) if data.get("slurm") is not None else None,
+                   backend=BackendPart.from_json(data, path),
                    attempts=_attempts(r.get("attempts", list, default=[]), path),
                    lost=_lost(r.get("lost_nodes", list, default=[]), path),
                    version=_version(r.get("clusterddp_version", str | None, default=None), path),
@@ -648,3 +677,40 @@ def _node_state(word: str, exit_code: int | None, path: str, field: str) -> Node
         return NodeState(word)
     except ValueError:
         raise RecordError(path, field, f"{word!r} is not one of {', '.join(s.value for s in NodeState)}") from None
+
+
+# ---- a backend reading its part back (BackendPart.data: untrusted, like the rest of run.json) ----
+
+def part_reader(part: BackendPart) -> _Reader:
+    """Typed access to a backend's part (``reader.get(key, type, default)``), errors located at
+    ``<name>.<key>`` of the file the part was read from: the reader of the rest of run.json."""
+    return _Reader(dict(part.data), part.source, part.name)
+
+
+def part_host(reader: _Reader, key: str) -> Host:
+    """The host entry at ``key`` of a backend's part (written by :func:`host_json`), checked as a node's."""
+    return _host(reader.get(key, dict), reader.path, reader.field(key))
+
+
+def part_count(reader: _Reader, key: str, default: int = 1) -> int:
+    """A count (>= 1) at ``key`` of a backend's part."""
+    value: int = _at_least(reader.get(key, int, default=default), 1, reader, key)
+    return value
+
+
+def host_json(host: Host) -> dict[str, Any]:
+    """A Host as run.json keeps it (a node's ``settings``; a backend's part may keep one: a login host)."""
+    return _host_json(host)
+
+
+def part_object(reader: _Reader, key: str) -> _Reader:
+    """The object at ``key`` of a backend's part, read as the part is (errors at ``<name>.<key>.<field>``)."""
+    return _Reader(reader.get(key, dict), reader.path, reader.field(key))
+
+
+def part_env(reader: _Reader, key: str) -> tuple[tuple[str, str], ...]:
+    """Environment pairs at ``key`` (an object of strings keyed by variable names)."""
+    env: tuple[tuple[str, str], ...] = reader.get(key, tuple[tuple[str, str], ...], default=())
+    for name, _ in env:
+        _name(name, ENV_NAME_RE, reader.path, reader.field(key), "an object keyed by variable names")
+    return env

@@ -219,3 +219,15 @@ def host_pids(run_id: str, host: str) -> list[int]:
         except OSError:
             pass
     return out
+
+
+def parse_inventory(text: str, path: str):
+    """An inventory's text read as the CLI reads it: a backend's section (`slurm:`) by that backend."""
+    from clusterddp import backends, inventory
+    return inventory.parse(text, path, backends.inventory_section)
+
+
+def load_inventory(path):
+    """An inventory file read as the CLI reads it (:func:`parse_inventory`)."""
+    from clusterddp import backends, inventory
+    return inventory.load(path, backends.inventory_section)

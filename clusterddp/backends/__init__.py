@@ -1,8 +1,10 @@
 """The one registry of backends: a name -> module map, loaded lazily (``clusterddp --help`` imports
-none of them, so neither paramiko nor torch), and the rule that picks one for an inventory or a run
-record. This is the only place outside a backend that names one; adding a backend is a folder
-beside ``ssh/`` and ``slurm/`` whose ``__init__`` has a ``BACKEND`` (:class:`base.Backend`), and one
-line in :data:`BACKENDS`.
+none of them, so neither paramiko nor torch), and the pick of one for an inventory or a run record, by
+the name each carries (``Inventory.backend``: the section key of its file; the backend's part of
+run.json, ``RunRecord.backend_name``). This is the only place outside a backend that names one; adding
+a backend is a folder beside ``ssh/`` and ``slurm/`` whose ``__init__`` has a ``BACKEND``
+(:class:`base.Backend`: its code, its inventory section, its part of run.json, its secrets), and one
+line in :data:`BACKENDS` (its name is its section's key in an inventory file).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
+    from ..inventory.section import Section
     from ..nodeops import Reach
     from ..record import RunRecord
     from ..store import RunStore
@@ -34,8 +37,19 @@ def get(name: str) -> Backend:
     return backend
 
 
+def inventory_section(key: str) -> Section | None:
+    """The inventory section whose key is ``key`` (``slurm``): that backend's, or None (not a backend's
+    key, or a backend that lists hosts). What :func:`load_inventory` hands the inventory reader."""
+    return get(key).section() if key in BACKENDS else None
+
+
+def inventory_sections() -> tuple[Section, ...]:
+    """Every backend's inventory section (the JSON Schema and docs/inventory.md are rendered from them)."""
+    return tuple(s for s in (get(name).section() for name in BACKENDS) if s is not None)
+
+
 def name_of_inventory(inv: inv_mod.Inventory) -> str:
-    return "slurm" if inv.slurm is not None else "ssh"
+    return inv.backend
 
 
 def for_inventory(inv: inv_mod.Inventory) -> Backend:
@@ -44,13 +58,18 @@ def for_inventory(inv: inv_mod.Inventory) -> Backend:
 
 
 def name_of_record(rec: RunRecord) -> str:
-    return "slurm" if rec.slurm is not None else "ssh"
+    return rec.backend_name
 
 
 def for_record(rec: RunRecord) -> Backend:
     """The backend that ran the run ``rec`` records (a run is reached as recorded, whatever its
-    inventory says now)."""
-    return get(name_of_record(rec))
+    inventory says now); a UsageError (exit 2) when this clusterddp has no backend of that name."""
+    name = name_of_record(rec)
+    if name not in BACKENDS:
+        from ..errors import UsageError
+        raise UsageError(f"run {rec.run_id} was run by the backend {name!r}, which this clusterddp does not have "
+                         f"({', '.join(BACKENDS)})", "upgrade clusterddp to reach this run")
+    return get(name)
 
 
 def reach(store: RunStore, rec: RunRecord, verb: str) -> Reach:

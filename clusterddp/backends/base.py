@@ -30,6 +30,7 @@ from ..upload import DEFAULT_MAX_UPLOAD
 if TYPE_CHECKING:
     from ..artifacts import CollectResult, Progress
     from ..check import Report
+    from ..inventory.section import Section
     from ..prune import RunResult, Selection
     from ..stacks import Taken
 
@@ -162,6 +163,17 @@ class Backend(Protocol[PrepT]):
     detached_notify: bool   # a detached run's node 0 tells its end to the request's webhooks (`notify`)
     host_verbs: frozenset[str]  # the commands that run on its inventory's hosts themselves: "exec", "leases"
 
+    def section(self) -> Section | None:
+        """Its part of an inventory file (a top-level key named as the backend, such as ``slurm:``: its
+        rules, its settings, its part of the JSON Schema and docs), or None: its inventories list hosts.
+        Its part of run.json is its own too: :class:`clusterddp.record.BackendPart`, written by its
+        launch and read back by its verbs."""
+        ...
+
+    def secrets(self, inventory: Inventory) -> tuple[tuple[str, str], ...]:
+        """The env values of ``inventory`` that `up --dry-run` hides (its hosts', or its section's)."""
+        ...
+
     def prepare(self, req: LaunchRequest, *, contact: bool = False) -> PrepT:
         """Validate the request and plan the run; no network unless ``contact`` (then only what the
         plan needs: a Slurm login host's home)."""
@@ -230,7 +242,7 @@ def new_record(inventory_arg: str, spec: RunSpec, run_id: str, *, schedule: str 
                **extra: Any) -> RunRecord:
     """The run's record as `up` first writes it, running: what was asked (``inventory_arg`` as given,
     ``spec``, the schedule that started it), and what the backend planned (its nodes, or none yet;
-    ``extra``: the backend's own fields, such as ``fanout`` or ``slurm``)."""
+    ``extra``: the record's fields that the backend fills, such as ``fanout``, or ``backend``: its own part)."""
     inventory = inventory_arg if inventory_arg == LOCAL else str(Path(inventory_arg).resolve())
     return RunRecord(
         run_id=run_id, name=spec.name, inventory=inventory, script=spec.script, args=tuple(spec.script_args),
@@ -262,11 +274,14 @@ def finish(store: RunStore, run_id: str, states: NodeStates, outcome: RunOutcome
     return store.update(run_id, ended).status
 
 
-def load_inventory(arg: str, gpus: int | None) -> Inventory:
-    """The inventory of ``up``/``schedule add``: a file, or ``local`` (this machine, with ``--gpus``
-    processes or one per GPU, run by this python)."""
+def load_inventory(arg: str, gpus: int | None = None, hosts: list[str] | None = None,
+                   exclude: list[str] | None = None, fanout: int | None = None) -> Inventory:
+    """The inventory a command names: a file, or ``local`` (this machine, with ``--gpus`` processes or
+    one per GPU, run by this python); a backend's section of the file (``slurm:``) read by that
+    backend (the registry's sections). Narrowed and fanned out as :func:`clusterddp.inventory.load_named`."""
     from .. import inventory as inv_mod
-    return inv_mod.load_named(arg, gpus)
+    from . import inventory_section
+    return inv_mod.load_named(arg, gpus, hosts, exclude, fanout, sections=inventory_section)
 
 
 DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run, so it has none

@@ -84,9 +84,10 @@ def host_list(hosts: str | None, flag: str = "--hosts") -> list[str] | None:
 def load_inventory(arg: str, hosts: str | None = None, fanout: int | None = None, exclude: str | None = None,
                    gpus: int | None = None) -> Inventory:
     """The inventory a command names (a file, or `local`), narrowed to ``--hosts`` less ``--exclude``,
-    with ``--fanout`` applied (the flag wins): :func:`clusterddp.inventory.load_named`, from the flags' text."""
-    from ..inventory import load_named
-    return load_named(arg, gpus, host_list(hosts), host_list(exclude, "--exclude"), fanout)
+    with ``--fanout`` applied (the flag wins): :func:`clusterddp.backends.load_inventory` (a backend's section
+    read by that backend), from the flags' text."""
+    from ..backends import load_inventory as load
+    return load(arg, gpus, host_list(hosts), host_list(exclude, "--exclude"), fanout)
 
 
 def host_slots(hosts: str | None) -> tuple[list[str] | None, dict[str, tuple[int, ...]]]:

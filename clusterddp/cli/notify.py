@@ -18,9 +18,10 @@ def test(inventory: str = INVENTORY, notify: list[str] = option("notify")) -> No
     """Send a test event to every target of INVENTORY's notify: (and each --notify), whatever its `on`;
     say what each answered. Exit 1 when one could not be told, 2 when there is none."""
     from .. import notify as N
-    from ..inventory import LOCAL, load_named
+    from ..backends import load_inventory
+    from ..inventory import LOCAL
 
-    inv = load_named(inventory)
+    inv = load_inventory(inventory)
     targets = N.targets_for(() if inventory == LOCAL else inv.notify, notify)
     if not targets:
         err(f"error: {inventory} has no notify: targets and no --notify was given; nothing to test\n"

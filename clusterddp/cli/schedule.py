@@ -324,11 +324,11 @@ def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file."))
     spec = S.load_spec(spec_file)
     lock = S.try_lock(spec)
     if lock is None:
-        from .. import notify
+        from .. import backends, notify
         firing = _record_skip(spec.name, spec.runs_dir)
         assert firing.reason is not None
         for line in notify.tell_skip(spec.inventory, dict(spec.up).get("notify", []), spec.name, firing.reason,
-                                     firing.holder):
+                                     firing.holder, sections=backends.inventory_section):
             err(visible(line))
         raise typer.Exit(S.LOCK_HELD_EXIT)
     since = utcnow("milliseconds")

@@ -16,5 +16,6 @@ def schema() -> None:
     try:
         text = SCHEMA_FILE.read_text(encoding="utf-8")
     except FileNotFoundError:  # an install without its data file: the model still knows
-        text = render()
+        from ..backends import inventory_sections
+        text = render(inventory_sections())
     sys.stdout.write(text)

@@ -127,10 +127,10 @@ FULL_HINT = "(--dry-run --full prints every node's whole start command and launc
 
 
 def secrets(req: LaunchRequest) -> tuple[tuple[str, str], ...]:
-    """The env values a dry run hides: ``-e``'s and the inventory's (every host's, a Slurm cluster's)."""
-    inv = req.inventory
-    slurm = getattr(inv, "slurm", None)
-    return (*req.spec.env, *(kv for h in inv.hosts for kv in h.env), *(slurm.env if slurm is not None else ()))
+    """The env values a dry run hides: ``-e``'s and the inventory's, as its backend says (every host's;
+    a cluster section's own env)."""
+    from .. import backends
+    return (*req.spec.env, *backends.for_inventory(req.inventory).secrets(req.inventory))
 
 
 class Printed:

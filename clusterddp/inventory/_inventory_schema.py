@@ -506,8 +506,8 @@ NOTIFY_ENTRY = Model("_NotifyEntry", {  # one `notify:` target: exactly one of w
     "timeout": Field(Number(gt=0, le=120, seconds=True), 10),
 }, after=_one_target, shape={"oneOf": [{"required": [k]} for k in ("webhook", "webhook_file", "command")]})
 
-# What both kinds of inventory take beside their machines.
-_COMMON = {
+# What every inventory takes beside its machines (a backend's section: clusterddp.inventory.section).
+COMMON = {
     "name": Field(Maybe(Line())),
     "collect": Field(ListOf(Line(_problem(glob_problem))), []),
     "stall_timeout": Field(Maybe(Number(ge=1, le=7 * 86400, seconds=True,
@@ -518,15 +518,15 @@ _COMMON = {
 }
 
 INVENTORY = Model("SSHInventory", {
-    "name": _COMMON["name"],
+    "name": COMMON["name"],
     "defaults": Field(SETTINGS, SETTINGS),
     "master": Field(MASTER, MASTER),
-    "collect": _COMMON["collect"],
+    "collect": COMMON["collect"],
     "fanout": Field(Maybe(Number(whole=True, ge=1, le=1024))),
-    "keep_runs": _COMMON["keep_runs"],
-    "stall_timeout": _COMMON["stall_timeout"],
-    "progress_regex": _COMMON["progress_regex"],
-    "notify": _COMMON["notify"],
+    "keep_runs": COMMON["keep_runs"],
+    "stall_timeout": COMMON["stall_timeout"],
+    "progress_regex": COMMON["progress_regex"],
+    "notify": COMMON["notify"],
     "quarantine": Field(Maybe(Anything(quarantine_seconds, schema={"anyOf": [
         {"type": "string", "pattern": r"^(\s*[0-9]{1,9}\s*[smhd])+\s*$"},
         {"type": "number", "minimum": 60, "maximum": QUARANTINE_MOST_S}]}))),
@@ -536,101 +536,3 @@ INVENTORY = Model("SSHInventory", {
     "restarts": Field(Maybe(Number(whole=True, ge=0, le=1000))),  # new attempts after a machine's failure
     "checkpoints": Field(ListOf(Line(_problem(glob_problem))), []),  # what the checkpoint mirror takes
 })
-
-
-# ---- `slurm:` inventories: Slurm allocates the hosts, so there is no `hosts:` list ----
-
-# Slurm's --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (or UNLIMITED).
-_SLURM_TIME = re.compile(r"\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE")
-_SBATCH_OPTION = re.compile(r"(--[A-Za-z][A-Za-z0-9-]*|-[A-Za-z])(?:[= ].*)?", re.S)
-# What the batch script sets itself: given twice, Slurm would silently take one of them.
-SBATCH_RESERVED = frozenset({
-    "--nodes", "-N", "--ntasks-per-node", "--ntasks", "-n", "--output", "-o", "--error", "-e", "--job-name", "-J",
-    "--partition", "-p", "--time", "-t", "--account", "-A", "--qos", "-q", "--constraint", "-C", "--gpus-per-node",
-    "--chdir", "-D", "--parsable", "--requeue", "--no-requeue", "--wrap", "--array", "-a", "--export",
-})
-_SLURM_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._,:|&*()\[\]-]*")  # partition, account, qos, constraint
-
-
-def _slurm_word(v: str) -> str:
-    if not _SLURM_WORD.fullmatch(v):
-        raise ValueError("must be a Slurm name: letters, digits and . _ - (constraints also , : | & * ( ) [ ])")
-    return v
-
-
-def _sbatch_option(opt: str) -> str:
-    m = _SBATCH_OPTION.fullmatch(opt)
-    if not m:
-        raise ValueError(f"{show(opt)} is not an sbatch option (it must start with - or --, e.g. \"--mem=16G\")")
-    if m.group(1) in SBATCH_RESERVED:
-        raise ValueError(f"{m.group(1)}: clusterddp sets it itself; use the `slurm:` field for it "
-                         "(nodes, partition, time, account, qos, constraint, gpus_per_node)")
-    return opt
-
-
-def _slurm_time(v: str) -> str:
-    if not _SLURM_TIME.fullmatch(v):
-        raise ValueError(f"{show(v)} is not a Slurm time limit; use minutes, \"HH:MM:SS\" or \"D-HH:MM:SS\"")
-    return v
-
-
-def _slurm_nodes(v: Any) -> Any:
-    if isinstance(v, bool):
-        raise ValueError("must be a number of nodes or a range \"MIN:MAX\"")
-    if isinstance(v, int):
-        if v < 1:
-            raise ValueError("must be >= 1")
-        return v
-    m = re.fullmatch(r"(\d{1,5}):(\d{1,5})", v) if isinstance(v, str) else None
-    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
-        raise ValueError("must be a number of nodes or a range \"MIN:MAX\" with 1 <= MIN <= MAX, e.g. \"2:4\"")
-    return v
-
-
-def _login(v: Any) -> Any:
-    if v != LOCAL and not isinstance(v, dict):
-        raise ValueError(f"must be `local` (Slurm's commands run on this machine) or a host entry reached "
-                         f"over SSH, e.g. {{name: login1, address: login1.example.org, user: me}}, "
-                         f"not {show(str(v))}")
-    return v
-
-
-def _not_on_login(v: Any) -> Any:
-    if v is not None:
-        raise ValueError("not used for the login host (Slurm's commands run there; jobs run on the compute "
-                         "nodes): remove it (slurm.gpus_per_node and slurm.shared_dir say it for the job)")
-    return v
-
-
-# `slurm.login` as a host entry: where sbatch, scontrol and scancel run, reached over SSH. The fields a
-# login host has no use for are refused there, and left out of its JSON Schema.
-NOT_ON_LOGIN = ("gpus", "workdir", "lease_dir")
-LOGIN_ENTRY = Model("_LoginEntry", {k: (Field(f.rule, f.default, before=_not_on_login) if k in NOT_ON_LOGIN else f)
-                                    for k, f in HOST_ENTRY.fields.items()})
-# Only `slurm.login`, when it is a host entry: validated by itself, so errors point inside it.
-LOGIN_FILE = Model("SlurmLoginFile", {
-    "slurm": Field(Model("_LoginOnly", {"login": Field(LOGIN_ENTRY, REQUIRED)}, extra="ignore"), REQUIRED),
-}, extra="ignore")
-
-_WORD = Maybe(Str(_slurm_word, shape={"pattern": f"^(?:{_SLURM_WORD.pattern})$"}))
-SLURM_ENTRY = Model("_SlurmEntry", {
-    "login": Field(Anything(_login, schema={"anyOf": [{"const": LOCAL}, {"$ref": "#/$defs/_LoginEntry"}]}), LOCAL),
-    "partition": Field(_WORD),
-    "nodes": Field(Anything(_slurm_nodes, schema={"anyOf": [{"type": "integer", "minimum": 1},
-                                                            {"type": "string", "pattern": r"^\d{1,5}:\d{1,5}$"}]}), 1),
-    "gpus_per_node": Field(Number(whole=True, ge=1, le=1024), 1),
-    "request_gpus": Field(Bool(), True),
-    "time": Field(Maybe(Line(_slurm_time, shape={"pattern": f"^(?:{_SLURM_TIME.pattern})$"}))),
-    "account": Field(_WORD),
-    "qos": Field(_WORD),
-    "constraint": Field(_WORD),
-    "sbatch": Field(ListOf(Line(_sbatch_option, shape={
-        "pattern": f"^(?:{_SBATCH_OPTION.pattern})$",
-        "not": {"pattern": "^(?:" + "|".join(sorted(SBATCH_RESERVED)) + ")(?:[= ]|$)"}})), []),
-    "shared_dir": Field(Line(), "~/clusterddp"),
-    "python": Field(Line(), "python3"),
-    "setup": Field(ListOf(Str()), []),
-    "env": Field(ENV, {}),
-})
-
-SLURM_INVENTORY = Model("SlurmInventory", {**_COMMON, "slurm": Field(SLURM_ENTRY, REQUIRED)})

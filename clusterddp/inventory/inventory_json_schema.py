@@ -5,6 +5,10 @@ rule renders itself), with each field's README description added. The result is 
 ``inventory.schema.json`` beside this module and printed by ``clusterddp schema``;
 ``tests/inventory/test_inventory_json_schema.py`` keeps the file in sync.
 
+A backend's own section of the file (``slurm:``) brings its part: its rules, blocks, help and headings
+(:class:`.section.Section`); the callers pass the registry's sections (``clusterddp schema``, the tests,
+and this module's command line).
+
 Regenerate after changing the rules (a new field, a new block)::
 
     python -m clusterddp.inventory.inventory_json_schema --write
@@ -17,8 +21,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .section import Section
 
 SCHEMA_FILE = Path(__file__).with_name("inventory.schema.json")
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -78,59 +86,62 @@ DESCRIPTIONS = {
     "address": "The address to connect to (default: the name, resolved through ~/.ssh/config)",
     "host": "The master host, one of `hosts` (default: the first host)",
     "addr": "The address other nodes use to reach the master (default: that host's address)",
-    "slurm": "This inventory is a Slurm cluster: the run is handed to sbatch instead of listing hosts",
-    "login": "Where sbatch, scontrol and scancel run: `local` (this machine), or a host entry reached over SSH",
-    "partition": "The Slurm partition (default: the cluster's default partition)",
-    "nodes": "Nodes to allocate: a count, or \"MIN:MAX\" for an elastic range (torchrun --nnodes MIN:MAX)",
-    "gpus_per_node": "Processes per node (torchrun --nproc-per-node); --gpus overrides",
-    "request_gpus": "Also ask Slurm for that many GPUs per node (--gpus-per-node); false on CPU nodes",
-    "time": "Time limit: minutes, \"HH:MM:SS\" or \"D-HH:MM:SS\" (default: the partition's)",
-    "account": "Slurm account to charge (sbatch --account)",
-    "qos": "Slurm quality of service (sbatch --qos)",
-    "constraint": "Node features required (sbatch --constraint)",
-    "sbatch": "Extra #SBATCH options, verbatim; each must be an option clusterddp does not set itself",
-    "shared_dir": "A folder the login host and every compute node see: runs live in <shared_dir>/runs/<run_id>/",
 }
 
 
-def generate() -> dict[str, Any]:
-    """The schema, from the rules as they are now: one inventory lists ``hosts``, the other is a
-    ``slurm:`` cluster; a document must be exactly one of the two."""
-    from ._inventory_schema import INVENTORY, LOGIN_ENTRY, NOT_ON_LOGIN, SLURM_INVENTORY
+def generate(sections: Iterable[Section] = ()) -> dict[str, Any]:
+    """The schema, from the rules as they are now: an inventory lists ``hosts``, or is the section of
+    one of ``sections`` (each backend's own, such as ``slurm:``: the registry's
+    :func:`clusterddp.backends.inventory_sections`); a document must be exactly one of them."""
+    from ._inventory_schema import INVENTORY
+    sections = tuple(sections)
     defs: dict[str, Any] = {}
-    for model in (INVENTORY, SLURM_INVENTORY, LOGIN_ENTRY):
-        model.schema(defs)
-    login = defs["_LoginEntry"]["properties"]  # refused on a login host: an editor should not offer them
-    for key in NOT_ON_LOGIN:
-        del login[key]
+    INVENTORY.schema(defs)
+    descriptions = dict(DESCRIPTIONS)
+    for section in sections:
+        for model in (section.model(), *section.blocks):
+            model.schema(defs)
+        if section.trim is not None:
+            section.trim(defs)
+        descriptions.update(section.descriptions)
     for sub in defs.values():
         for key, prop in sub.get("properties", {}).items():
-            if key in DESCRIPTIONS and "description" not in prop:
-                prop["description"] = DESCRIPTIONS[key]
+            if key in descriptions and "description" not in prop:
+                prop["description"] = descriptions[key]
+    kinds = ", ".join(f"`{s.key}:`" for s in sections)
     return {"$schema": SCHEMA_DIALECT, "title": "clusterddp inventory",
-            "description": "A clusterddp inventory: the machines a DDP job runs on, or a Slurm cluster (see "
-                           "docs/inventory.md, \"Inventory reference\")",
-            "oneOf": [{"$ref": "#/$defs/SSHInventory"}, {"$ref": "#/$defs/SlurmInventory"}], "$defs": defs}
+            "description": "A clusterddp inventory: the machines a DDP job runs on, or a cluster that allocates "
+                           f"them ({kinds}) (see docs/inventory.md, \"Inventory reference\")",
+            "oneOf": [{"$ref": "#/$defs/SSHInventory"}, *({"$ref": f"#/$defs/{s.title}"} for s in sections)],
+            "$defs": defs}
 
 
-def render() -> str:
+def render(sections: Iterable[Section] = ()) -> str:
     """The schema file's text (stable: keys in the model's order, two-space indent, final newline)."""
-    return json.dumps(generate(), indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(generate(sections), indent=2, ensure_ascii=False) + "\n"
+
+
+def _registered() -> tuple[Section, ...]:
+    """Every backend's inventory section, from the registry: only this module's command line, run by a
+    developer to write the shipped files, looks up (pyproject.toml's contracts allow this one import)."""
+    from ..backends import inventory_sections
+    return inventory_sections()
 
 
 def main(argv: list[str]) -> int:
     if argv == ["--write"]:
-        SCHEMA_FILE.write_text(render(), encoding="utf-8")
+        SCHEMA_FILE.write_text(render(_registered()), encoding="utf-8")
         print(f"wrote {SCHEMA_FILE}")
         return 0
     if argv == ["--write-docs"]:
-        DOCS_FILE.write_text(docs_with_reference(DOCS_FILE.read_text(encoding="utf-8")), encoding="utf-8")
+        DOCS_FILE.write_text(docs_with_reference(DOCS_FILE.read_text(encoding="utf-8"), _registered()),
+                             encoding="utf-8")
         print(f"wrote {DOCS_FILE}")
         return 0
     if argv:
         print("usage: python -m clusterddp.inventory.inventory_json_schema [--write | --write-docs]", file=sys.stderr)
         return 2
-    sys.stdout.write(render())
+    sys.stdout.write(render(_registered()))
     return 0
 
 
@@ -140,14 +151,12 @@ def main(argv: list[str]) -> int:
 DOCS_FILE = Path(__file__).resolve().parents[2] / "docs" / "inventory.md"
 BEGIN = "<!-- fields: generated by `python -m clusterddp.inventory.inventory_json_schema --write-docs`; do not edit -->"
 END = "<!-- end of fields -->"
-# Where each block's fields are documented: (heading, schema block, the prefix of its fields' headings).
+# Where each block's fields are documented: (heading, schema block, the prefix of its fields' headings);
+# the top level's blocks and each backend section's own headings (Section.docs) are added to these.
 BLOCKS = (
-    ("The top level", ("SSHInventory", "SlurmInventory"), ""),
     ("Host entries: `defaults`, `hosts` and `spares`", ("_HostEntry",), "hosts[]."),
     ("`master`", ("_MasterEntry",), "master."),
     ("`notify` entries", ("_NotifyEntry",), "notify[]."),
-    ("`slurm`", ("_SlurmEntry",), "slurm."),
-    ("`slurm.login`", ("_LoginEntry",), "slurm.login."),
 )
 
 
@@ -201,13 +210,16 @@ def _default(s: dict[str, Any], required: bool) -> str:
     return f"`{json.dumps(s['default'])}`"
 
 
-def reference() -> str:
+def reference(sections: Iterable[Section] = ()) -> str:
     """The field reference in Markdown: one heading per field (its anchor is the field's path with the
     punctuation dropped, the same on the site and on GitHub: `#stall_timeout`, `#hostsgpus`), then its help,
     what it takes and its default."""
-    defs = generate()["$defs"]
+    sections = tuple(sections)
+    defs = generate(sections)["$defs"]
+    only_in = {s.title: s.key for s in sections}
+    top = ("The top level", ("SSHInventory", *only_in), "")
     out = [BEGIN, ""]
-    for title, blocks, prefix in BLOCKS:
+    for title, blocks, prefix in (top, *BLOCKS, *(d for s in sections for d in s.docs)):
         out += [f"### {title}", ""]
         seen: dict[str, list[str]] = {}
         for b in blocks:
@@ -216,7 +228,7 @@ def reference() -> str:
         for key, where in seen.items():
             prop = defs[where[0]]["properties"][key]
             required = key in defs[where[0]].get("required", ())
-            only = " Only in `slurm:` inventories." if where == ["SlurmInventory"] else \
+            only = f" Only in `{only_in[where[0]]}:` inventories." if len(where) == 1 and where[0] in only_in else \
                 " Only in inventories of hosts." if title == "The top level" and where == ["SSHInventory"] else ""
             out += [f"#### `{prefix}{key}`", "", (prop.get("description") or "").rstrip(".") + "." + only, "",
                     f"- takes: {_kind(prop)}", f"- default: {_default(prop, required)}", ""]
@@ -224,12 +236,12 @@ def reference() -> str:
     return "\n".join(out) + "\n"
 
 
-def docs_with_reference(text: str) -> str:
+def docs_with_reference(text: str, sections: Iterable[Section] = ()) -> str:
     """``docs/inventory.md``'s text with its generated part replaced by :func:`reference`."""
     head, sep, rest = text.partition(BEGIN)
     if not sep or END not in rest:
         raise ValueError(f"{DOCS_FILE} has no {BEGIN!r} ... {END!r} part")
-    return head + reference() + rest.split(END, 1)[1].removeprefix("\n")
+    return head + reference(sections) + rest.split(END, 1)[1].removeprefix("\n")
 
 
 if __name__ == "__main__":

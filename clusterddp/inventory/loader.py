@@ -11,7 +11,8 @@ Precedence for each host setting: CLI flag (applied later, in the plan) > host e
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,6 @@ from .model import (
     Inventory,
     Master,
     NotifyTarget,
-    SlurmSettings,
     reserved_env,
     show,
     some,
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # yaml is imported when a file is parsed: commands that only 
     import yaml
 
     from ._inventory_schema import Model, Problem
+    from .section import Section, Sections
 
 def _path_str(loc: tuple) -> str:
     out = ""
@@ -91,11 +92,13 @@ def _hint(p: Problem) -> str | None:
     return None
 
 
-def parse(text: str, path: str) -> Inventory:
+def parse(text: str, path: str, sections: Sections | None = None) -> Inventory:
     """Validate inventory YAML text; raise :class:`InventoryError` naming file, line and field.
 
     The YAML is read strictly (see ``_inventory_yaml``): YAML 1.2 scalars, no duplicate keys,
-    bounded size, nesting and aliases, so any text gives an inventory or a located error, quickly."""
+    bounded size, nesting and aliases, so any text gives an inventory or a located error, quickly.
+    ``sections``: the backends' sections by key (:mod:`.section`; the registry's
+    :func:`clusterddp.backends.inventory_section`): a document with one of their keys is that backend's."""
     from ._inventory_yaml import Refused
     from ._inventory_yaml import load as load_yaml
     try:
@@ -105,8 +108,10 @@ def parse(text: str, path: str) -> Inventory:
     if not isinstance(data, dict):
         raise InventoryError(path, "must be a YAML mapping with a `hosts:` list", line=1 if root is None else
                              _line_of(root, ()), hint="see inventory/lab.yaml for an example")
-    if "slurm" in data:
-        return _parse_slurm(data, path, root)
+    for key in data:
+        section = sections(key) if sections is not None and isinstance(key, str) else None
+        if section is not None:
+            return _parse_section(section, data, path, root)
     from ._inventory_schema import INVENTORY
     return _resolve(_validate(INVENTORY, data, path, root), path, root)
 
@@ -126,42 +131,38 @@ def _validate(model: Model, data: dict, path: str, root: yaml.Node | None) -> An
                              line=_line_of(root, first.loc), hint=hint) from None
 
 
-def _parse_slurm(data: dict, path: str, root: yaml.Node | None) -> Inventory:
+def _parse_section(section: Section, data: dict, path: str, root: yaml.Node | None) -> Inventory:
+    """A document of a backend's kind (its ``section.key`` given): what every inventory takes, and the
+    section read by its backend (``Inventory.backend_settings``)."""
     for key in ("hosts", "defaults", "master", "fanout"):
         if key in data:
-            raise InventoryError(path, "not part of a `slurm:` inventory: Slurm allocates the hosts",
+            raise InventoryError(path, f"not part of a `{section.key}:` inventory: {section.allocates}",
                                  field=key, line=_line_of(root, (key,)),
-                                 hint="remove it; per-node settings (python, setup, env) go under `slurm:`")
-    from ._inventory_schema import SLURM_INVENTORY
-    inv = _validate(SLURM_INVENTORY, data, path, root)
-    s = inv.slurm
-    for k in s.env:
-        why = reserved_env(k)
-        if why:
-            raise InventoryError(path, "a reserved name", field=f"slurm.env.{k}",
-                                 line=_line_of(root, ("slurm", "env", k)), hint=why)
-    lo, _, hi = str(s.nodes).partition(":")
-    login = s.login if s.login == LOCAL else _login_host(data, path, root)
-    settings = SlurmSettings(
-        login=login, partition=s.partition, nodes=(int(lo), int(hi or lo)), gpus_per_node=s.gpus_per_node,
-        request_gpus=s.request_gpus, time=s.time, account=s.account, qos=s.qos, constraint=s.constraint,
-        sbatch=tuple(s.sbatch), shared_dir=s.shared_dir, python=s.python, setup=tuple(s.setup),
-        env=tuple(s.env.items()))
+                                 hint=f"remove it; per-node settings (python, setup, env) go under `{section.key}:`")
+    inv = _validate(section.model(), data, path, root)
+    settings = section.read(getattr(inv, section.key), _Located(path, root, data))
     return Inventory(path, inv.name or Path(path).stem, (), Master("", "", 29500), tuple(inv.collect),
-                     keep_runs=inv.keep_runs, slurm=settings, notify=_notify(inv.notify, path), **_watchdog(inv))
+                     keep_runs=inv.keep_runs, backend=section.key, backend_settings=settings,
+                     notify=_notify(inv.notify, path), **_watchdog(inv))
 
 
-def _login_host(data: dict, path: str, root: yaml.Node | None) -> Host:
-    """`slurm.login` given as a host entry, read as strictly as a hosts[] entry."""
-    from ._inventory_schema import LOGIN_FILE
-    h = _validate(LOGIN_FILE, data, path, root).slurm.login
-    return Host(name=h.name, address=h.address or h.name, user=h.user, port=h.port, identity_file=h.identity_file,
-                identity_from=_where(path, root, ("slurm", "login", "identity_file")) if h.identity_file else None,
-                known_hosts=h.known_hosts or BUILTIN["known_hosts"],
-                host_key_policy=h.host_key_policy or BUILTIN["host_key_policy"], gpus=1,
-                python=h.python or BUILTIN["python"], workdir=BUILTIN["workdir"], env=tuple((h.env or {}).items()),
-                setup=tuple(h.setup or ()), connect_timeout=float(h.connect_timeout or BUILTIN["connect_timeout"]),
-                keepalive=float(BUILTIN["keepalive"] if h.keepalive is None else h.keepalive))
+@dataclass(frozen=True)
+class _Located:
+    """:class:`.section.Located`: a section's errors located in this file, as the reader's are."""
+
+    path: str
+    root: yaml.Node | None
+    data: Mapping[str, Any]
+
+    def where(self, loc: tuple[str | int, ...]) -> str:
+        return _where(self.path, self.root, loc)
+
+    def error(self, message: str, loc: tuple[str | int, ...], hint: str | None = None) -> InventoryError:
+        return InventoryError(self.path, message, field=_path_str(loc) or None, line=_line_of(self.root, loc),
+                              hint=hint)
+
+    def validate(self, model: Model, data: Mapping[str, Any]) -> Any:
+        return _validate(model, dict(data), self.path, self.root)
 
 
 def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | None = None) -> Inventory:
@@ -275,9 +276,9 @@ def parse_hostfile(text: str, path: str) -> Inventory:
     return _resolve(inv, path, None, lines)
 
 
-def load(path: str | Path) -> Inventory:
+def load(path: str | Path, sections: Sections | None = None) -> Inventory:
     """Read and validate the inventory file at ``path`` (at most 1 MiB is read): YAML, or a
-    DeepSpeed/MPI hostfile (see ``_hostfile``)."""
+    DeepSpeed/MPI hostfile (see ``_hostfile``); ``sections`` as :func:`parse` takes them."""
     from ._hostfile import is_hostfile
     from ._inventory_yaml import MAX_BYTES
     p = Path(path)
@@ -301,7 +302,7 @@ def load(path: str | Path) -> Inventory:
     try:
         if is_hostfile(text):  # a DeepSpeed/MPI hostfile: `host slots=N` lines
             return parse_hostfile(text, str(p))
-        return parse(text, str(p))
+        return parse(text, str(p), sections)
     except InventoryError:
         if _PYTHON_LINE.search(text):  # a script without .py or #!: it fails on some line of Python
             raise _python_script(str(p)) from None
@@ -327,12 +328,14 @@ def _python_script(path: str) -> InventoryError:
 
 
 def load_named(arg: str, gpus: int | None = None, hosts: list[str] | None = None,
-               exclude: list[str] | None = None, fanout: int | None = None) -> Inventory:
+               exclude: list[str] | None = None, fanout: int | None = None,
+               sections: Sections | None = None) -> Inventory:
     """The inventory a command line names, read the one way every command reads it: ``local`` (this
     machine, this Python, ``gpus`` processes or one per GPU) or a file (:func:`load`); narrowed to
-    ``hosts`` less ``exclude`` (:meth:`Inventory.narrow`), with ``fanout`` over the inventory's (the flag wins)."""
+    ``hosts`` less ``exclude`` (:meth:`Inventory.narrow`), with ``fanout`` over the inventory's (the flag wins).
+    ``sections``: the backends' inventory sections (:func:`parse`); the CLI passes the registry's."""
     import sys
-    inv = local(gpus=gpus or "auto", python=sys.executable) if arg == LOCAL else load(arg)
+    inv = local(gpus=gpus or "auto", python=sys.executable) if arg == LOCAL else load(arg, sections)
     inv = inv.narrow(hosts, exclude)
     return replace(inv, fanout=fanout) if fanout else inv
 

@@ -1,4 +1,4 @@
-"""The inventory as frozen data: hosts, master, a `slurm:` cluster, and the names and defaults they obey.
+"""The inventory as frozen data: hosts, master (or a backend's own settings), and the names and defaults they obey.
 
 Nothing here reads a file or knows the YAML shape (that is :mod:`.loader` and its parsers), so a
 run record, `up local` or ``--help`` import this without yaml or the schema. The environment names
@@ -132,26 +132,6 @@ class Master:
     port_fixed: bool = False  # master.port was written in the inventory; otherwise a free one is chosen from it
 
 
-@dataclass(frozen=True)
-class SlurmSettings:
-    """A `slurm:` inventory's cluster: Slurm allocates the hosts; clusterddp submits and follows."""
-
-    login: str | Host               # where sbatch/squeue/scancel run: "local", or a host reached over SSH
-    partition: str | None
-    nodes: tuple[int, int]          # (min, max) nodes; equal unless an elastic range "MIN:MAX"
-    gpus_per_node: int              # processes per node
-    request_gpus: bool              # also ask Slurm for that many GPUs per node (--gpus-per-node)
-    time: str | None
-    account: str | None
-    qos: str | None
-    constraint: str | None
-    sbatch: tuple[str, ...]         # extra #SBATCH options, verbatim
-    shared_dir: str                 # seen by this machine and every compute node
-    python: str
-    setup: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
-
-
 # What a run tells its notification targets (`notify:`, --notify): its end, by how it ended
 # ("hang": a failed run whose failure is a hang), a schedule's firing skipped, and a straggler named while an
 # attached run goes (clusterddp.stragglers; told only to a target whose `on` names it).
@@ -222,7 +202,9 @@ class NotifyTarget:
 
 @dataclass(frozen=True)
 class Inventory:
-    """A validated inventory: hosts in inventory order (none for a `slurm:` inventory)."""
+    """A validated inventory: hosts in inventory order, or none where its backend allocates them (a
+    backend's section of the file, such as `slurm:`: ``backend`` names it, ``backend_settings`` holds
+    what that backend read, opaque here; :mod:`.section`)."""
 
     path: str
     name: str
@@ -231,7 +213,8 @@ class Inventory:
     collect: tuple[str, ...] = field(default=())
     fanout: int = DEFAULT_FANOUT  # at most this many hosts are contacted at once
     keep_runs: int | None = None  # `up` prunes this inventory's runs to the newest N after each run
-    slurm: SlurmSettings | None = None
+    backend: str = "ssh"           # the backend that runs it: the registry's name (the file's section key)
+    backend_settings: Any = None   # that backend's settings, as its Section read them (None: a list of hosts)
     stall_timeout: float | None = None   # `up`'s stall watchdog, seconds (--stall-timeout wins); None: off
     progress_regex: str | None = None    # what a progress line is for it (--progress-regex wins); None: any line
     notify: tuple[NotifyTarget, ...] = ()  # `notify:`: told when a run ends (clusterddp.notify)

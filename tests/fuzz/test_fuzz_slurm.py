@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from clusterddp.backends.slurm import check as slurm_check
 from clusterddp.backends.slurm import job as slurm
+from clusterddp.backends.slurm.section import SlurmSettings
 from clusterddp.check import FAIL, OK
 from clusterddp.errors import SlurmError
-from clusterddp.inventory import SlurmSettings
 from clusterddp.transport import CommandResult
 from fuzzing import NUMBERS, UNICODE_DIGITS, ascii_int, case, fuzz, hostile_bytes, hostile_text, spliced
 

@@ -1,7 +1,7 @@
 """The inventory's JSON Schema (clusterddp/inventory/inventory.schema.json): in sync with the model, shipped in
 the package, printed by `clusterddp schema`, and it accepts and refuses what clusterddp does.
 
-After changing the inventory model (clusterddp/_inventory_schema.py), regenerate the file with:
+After changing the inventory model (inventory/_inventory_schema.py, or a backend's section), regenerate it with:
 
     python -m clusterddp.inventory.inventory_json_schema --write
 """
@@ -22,17 +22,18 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from clusterddp.backends import inventory_sections
 from clusterddp.errors import InventoryError
 from clusterddp.inventory import inventory_json_schema as S
-from clusterddp.inventory import parse
 from fuzzing import fuzz
 from helpers import REPO, cddp
+from helpers import parse_inventory as parse
 
 REGENERATE = "python -m clusterddp.inventory.inventory_json_schema --write"
 
 
 def test_the_shipped_schema_is_the_one_the_model_generates():
-    assert S.SCHEMA_FILE.read_text(encoding="utf-8") == S.render(), (
+    assert S.SCHEMA_FILE.read_text(encoding="utf-8") == S.render(inventory_sections()), (
         f"{S.SCHEMA_FILE.name} is out of date with the inventory model: run `{REGENERATE}` and commit it")
 
 
@@ -105,7 +106,7 @@ def test_an_editor_with_the_schema_accepts_and_refuses_what_clusterddp_does(doc,
 
 def test_the_example_inventory_is_valid_and_every_field_has_help():
     _validator().validate(yaml.safe_load((REPO / "inventory" / "lab.yaml").read_text()))
-    schema = S.generate()
+    schema = S.generate(inventory_sections())
     for where, sub in schema["$defs"].items():
         for key, prop in sub.get("properties", {}).items():
             assert prop.get("description"), f"{where}.{key}: no description; add it to DESCRIPTIONS in {S.__name__}"
@@ -238,12 +239,12 @@ VALIDATOR = _validator()
 def test_the_docs_field_reference_is_the_schema_rendered():
     from clusterddp.inventory import inventory_json_schema as J
     text = J.DOCS_FILE.read_text()
-    assert text == J.docs_with_reference(text), \
+    assert text == J.docs_with_reference(text, inventory_sections()), \
         "docs/inventory.md's fields are stale: python -m clusterddp.inventory.inventory_json_schema --write-docs"
     # every field of every block has its own heading, and no two headings (anchors) are alike
     headings = re.findall(r"^#### `([^`]+)`$", text, flags=re.M)
     assert len(headings) == len(set(headings))
-    defs = J.generate()["$defs"]
+    defs = J.generate(inventory_sections())["$defs"]
     for _, blocks, prefix in J.BLOCKS:
         for b in blocks:
             for key in defs[b]["properties"]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from clusterddp import inventory
+from clusterddp.backends.slurm.section import settings_of
 from clusterddp.errors import InventoryError
-from helpers import cddp
+from helpers import cddp, parse_inventory
 
 GOOD = """
 name: cluster
@@ -31,20 +32,20 @@ slurm:
 
 def error_of(text: str) -> InventoryError:
     with pytest.raises(InventoryError) as e:
-        inventory.parse(text, "c.yaml")
+        parse_inventory(text, "c.yaml")
     return e.value
 
 
 def test_a_slurm_inventory_reads_into_settings_and_lists_no_hosts():
-    inv = inventory.parse(GOOD, "c.yaml")
-    s = inv.slurm
-    assert inv.hosts == () and inv.name == "cluster" and inv.collect == ("checkpoints/**",)
+    inv = parse_inventory(GOOD, "c.yaml")
+    s = settings_of(inv)
+    assert inv.backend == "slurm" and inv.hosts == () and inv.name == "cluster" and inv.collect == ("checkpoints/**",)
     assert s is not None
     assert (s.login, s.partition, s.nodes, s.gpus_per_node, s.request_gpus) == ("local", "main", (2, 4), 2, False)
     assert (s.time, s.account, s.qos, s.constraint) == ("02:00:00", "proj-1", None, "a100&ib")
     assert s.sbatch == ("--mem=16G", "--exclusive") and s.shared_dir == "/shared/clusterddp"
     assert s.setup == ("module load cuda",) and s.env == (("NCCL_DEBUG", "WARN"), ("N", "3"))
-    plain = inventory.parse("slurm: {}\n", "c.yaml").slurm
+    plain = settings_of(parse_inventory("slurm: {}\n", "c.yaml"))
     assert plain is not None and (plain.nodes, plain.gpus_per_node, plain.request_gpus, plain.shared_dir,
                                   plain.python) == ((1, 1), 1, True, "~/clusterddp", "python3")
 
@@ -85,17 +86,17 @@ def test_each_bad_slurm_field_is_refused_at_its_line(text, where, words):
 
 
 def test_a_login_host_entry_reads_like_a_hosts_entry():
-    inv = inventory.parse("slurm:\n  login:\n    name: login1\n    address: 10.0.0.5\n    user: me\n    port: 2222\n"
+    inv = parse_inventory("slurm:\n  login:\n    name: login1\n    address: 10.0.0.5\n    user: me\n    port: 2222\n"
                           "    identity_file: ~/.ssh/id_x\n    known_hosts: /k\n    host_key_policy: accept-new\n"
                           "    python: /opt/py\n    setup: [module load slurm]\n    env: {SLURM_CONF: /etc/s.conf}\n"
                           "    connect_timeout: 3\n    keepalive: 0\n", "c.yaml")
-    login = inv.slurm.login if inv.slurm else None
+    login = settings_of(inv).login
     assert isinstance(login, inventory.Host)
     assert (login.name, login.address, login.user, login.port, login.identity_file, login.known_hosts,
             login.host_key_policy, login.python, login.setup, login.env, login.connect_timeout, login.keepalive,
             login.transport) == ("login1", "10.0.0.5", "me", 2222, "~/.ssh/id_x", "/k", "accept-new", "/opt/py",
                                  ("module load slurm",), (("SLURM_CONF", "/etc/s.conf"),), 3.0, 0.0, "ssh")
-    plain = inventory.parse("slurm:\n  login: {name: login1}\n", "c.yaml").slurm
+    plain = settings_of(parse_inventory("slurm:\n  login: {name: login1}\n", "c.yaml"))
     assert plain is not None and isinstance(plain.login, inventory.Host)
     assert (plain.login.address, plain.login.known_hosts, plain.login.host_key_policy) == (
         "login1", "~/.ssh/known_hosts", "strict")

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from .. import base, lifecycle
 
 if TYPE_CHECKING:
+    from ...inventory import Inventory
+    from ...inventory.section import Section
     from .job import Prepared
 
 
@@ -22,6 +24,14 @@ class SlurmBackend(lifecycle.Basic):
     def control(self) -> lifecycle.Control:
         from . import control
         return control
+
+    def section(self) -> Section:
+        from .section import SECTION
+        return SECTION
+
+    def secrets(self, inventory: Inventory) -> tuple[tuple[str, str], ...]:
+        from .section import secrets
+        return secrets(inventory)
 
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> Prepared:
         from . import job

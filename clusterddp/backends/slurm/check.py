@@ -15,11 +15,12 @@ import secrets
 
 from ...check import FAIL, OK, Finding, HostReport, Report
 from ...errors import HostError, SlurmAnswerError, UsageError
-from ...inventory import Inventory, SlurmSettings
+from ...inventory import Inventory
 from . import answers
 from . import job as slurm
 from . import plan as SP
 from .login import Login, open_login
+from .section import SlurmSettings, settings_of
 
 CHECKS = ("slurm", "partition", "nodes", "gpus", "shared_dir", "python", "torch")
 PROBE_WAIT_S = 60  # srun --immediate: a probe that cannot start within this is reported, not waited for
@@ -126,8 +127,7 @@ def _probe(login: Login, s: SlurmSettings, partition: str | None) -> tuple[str, 
 
 
 def run_slurm_checks(inv: Inventory) -> Report:
-    s = inv.slurm
-    assert s is not None
+    s = settings_of(inv)
     login = open_login(s.login)
     name, address = (login.host.name, login.host.address) if login.host else ("slurm", "local")
     try:

@@ -30,6 +30,7 @@ from ..base import RunOutcome, Stopped
 from . import commands as SC
 from . import job as slurm
 from . import plan as SP
+from .jobpart import job_of
 from .login import Login, open_login
 
 if TYPE_CHECKING:
@@ -42,8 +43,7 @@ if TYPE_CHECKING:
 @contextmanager
 def _login(rec: RunRecord) -> Iterator[Login]:
     """Where the run's Slurm commands run and its shared folder is: as recorded."""
-    assert rec.slurm is not None
-    login = open_login(rec.slurm.login)
+    login = open_login(job_of(rec).login)
     try:
         yield login
     finally:
@@ -52,11 +52,11 @@ def _login(rec: RunRecord) -> Iterator[Login]:
 
 def _job(rec: RunRecord) -> tuple[str, str]:
     """(job id, control folder) of a Slurm run; a run whose submission never finished is bad input."""
-    assert rec.slurm is not None
-    if rec.slurm.job_id is None:
+    job = job_of(rec)
+    if job.job_id is None:
         raise UsageError(f"run {rec.run_id} was never accepted by Slurm (no job id recorded)",
                          "start it again with `clusterddp up`")
-    return rec.slurm.job_id, posixpath.join(rec.slurm.run_dir, NS.CONTROL)
+    return job.job_id, posixpath.join(job.run_dir, NS.CONTROL)
 
 
 NodeStates = dict[str, tuple[NodeState, int | None, str | None]]
@@ -148,17 +148,15 @@ def stop(store: RunStore, run_id: str, grace: float = 0.0) -> Stopped:
         info = slurm.cancel(login, job_id)
         found = _read(rec, login, info, stopped=rec.status is RunStatus.RUNNING)
         rec = store.update(run_id, lambda r: _seen(r, info, found))
-        assert rec.slurm is not None
-        logs = slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts), ())
+        logs = slurm.collect(login, store, run_id, job_of(rec).run_dir, ctl, tuple(rec.hosts), ())
     return Stopped(rec, {n.host: "cancelled by scancel" for n in rec.nodes}, (), [logs])
 
 
 def _mark_stop(login: Login, rec: RunRecord, ctl: str) -> None:
     """Leave the stop mark (:func:`.commands.stop_mark_command`) where the shared folder is. Best effort:
     the job is cancelled all the same (its end is then told as failed, not stopped)."""
-    assert rec.slurm is not None
     try:
-        t, _ = login.collect_host(rec.slurm.run_dir)
+        t, _ = login.collect_host(job_of(rec).run_dir)
         t.run(SC.stop_mark_command(ctl, node_notify.STOP_MARK), timeout=30)
     except Exception:  # noqa: BLE001 - a stop goes on without its mark
         pass
@@ -170,9 +168,8 @@ def collect(store: RunStore, run_id: str, globs: tuple[str, ...] | None = None,
     copy, where the folder is: no ``progress`` by host to tell)."""
     rec = store.load(run_id)
     _, ctl = _job(rec)
-    assert rec.slurm is not None
     with _login(rec) as login:
-        return [slurm.collect(login, store, run_id, rec.slurm.run_dir, ctl, tuple(rec.hosts),
+        return [slurm.collect(login, store, run_id, job_of(rec).run_dir, ctl, tuple(rec.hosts),
                               rec.collect if globs is None else globs)]
 
 
@@ -341,16 +338,16 @@ class FolderReach:
 def _folder(rec: RunRecord) -> FolderReach:
     """A Slurm run's folder for `prune`; refused while Slurm still runs its job (whatever the record says)."""
     from ..base import cannot
-    assert rec.slurm is not None
-    login = open_login(rec.slurm.login)
+    job = job_of(rec)
+    login = open_login(job.login)
     try:
-        if rec.slurm.job_id is not None:
-            info = slurm.job_info(login, rec.slurm.job_id)
+        if job.job_id is not None:
+            info = slurm.job_info(login, job.job_id)
             if info is not None and not info.ended:
-                raise cannot("slurm", "prune", rec, f"and its slurm job {rec.slurm.job_id} is still "
+                raise cannot("slurm", "prune", rec, f"and its slurm job {job.job_id} is still "
                              f"{info.state.lower()}: its folder is in use",
                              f"`clusterddp stop {rec.run_id}` ends it; then prune again")
-        return FolderReach(login, rec, rec.slurm.run_dir)
+        return FolderReach(login, rec, job.run_dir)
     except BaseException:
         login.close()
         raise
@@ -364,7 +361,7 @@ def reach(rec: RunRecord, verb: str) -> SlurmReach | FolderReach:
     if verb == "prune":  # its nodes keep nothing of it: its folder is one, in the shared dir
         return _folder(rec)
     job_id, ctl = _job(rec)
-    login = open_login(rec.slurm.login if rec.slurm else None)
+    login = open_login(job_of(rec).login)
     try:
         info = slurm.job_info(login, job_id)
         if rec.status is not RunStatus.RUNNING or info is None or info.ended:
@@ -393,5 +390,5 @@ def check(inventory: Inventory, master_port: int | None = None) -> Report:
 
 def describe(rec: RunRecord) -> str:
     """The line `status` adds of a Slurm run: its job, as Slurm sees it now."""
-    assert rec.slurm is not None
-    return f"slurm job {rec.slurm.job_id}: {job_state(rec) or 'ended'}, partition {rec.slurm.partition or '-'}"
+    job = job_of(rec)
+    return f"slurm job {job.job_id}: {job_state(rec) or 'ended'}, partition {job.partition or '-'}"

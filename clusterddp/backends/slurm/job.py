@@ -28,9 +28,9 @@ from ... import plan as P
 from ...artifacts import CollectResult
 from ...errors import HostError, NodeOutcome, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
-from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
+from ...inventory import Host, Inventory
 from ...node import notify as node_notify
-from ...record import NodeRecord, NodeState, RunRecord, RunStatus, SlurmJob
+from ...record import NodeRecord, NodeState, RunRecord, RunStatus
 from ...runspec import RunSpec
 from ...store import RunStore, new_run_id, utcnow
 from ...transport import Transport
@@ -39,7 +39,9 @@ from .. import base, lifecycle
 from ..base import RunOutcome
 from . import answers
 from . import plan as SP
+from .jobpart import NodeSettings, SlurmJob, job_of, with_job
 from .login import Login, open_login
+from .section import SlurmSettings, settings_of
 
 POLL = 0.5  # seconds between looks at the job; node logs are read as often
 # How long the login host (or Slurm's controller) may stay out of reach while `up` follows a job
@@ -90,9 +92,9 @@ def prepare(inventory: Inventory, spec: RunSpec, runs_dir: str, script: Path, ru
     """Plan the run; nothing written. A remote login host is asked for its home (where ``~`` in
     slurm.shared_dir is) only with ``contact``; otherwise (--dry-run, `schedule add`) the path is shown as written.
     ``notify``: the batch script tells the run's end (a detached run with webhooks: :func:`plan.notify_lines`)."""
-    assert inventory.slurm is not None
-    login = open_login(inventory.slurm.login)
-    base = login.shared_dir(inventory.slurm) if contact or login.host is None else inventory.slurm.shared_dir
+    s = settings_of(inventory)
+    login = open_login(s.login)
+    base = login.shared_dir(s) if contact or login.host is None else s.shared_dir
     if re.search(r"[\s\x00-\x1f\x7f]", base):
         raise UsageError(f"{inventory.path}: slurm.shared_dir: {base!r} holds white space or a control character, "
                          "which #SBATCH lines cannot carry", "choose a folder whose path has none")
@@ -106,9 +108,9 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
     return base.new_record(
         inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=False, master_addr="",
         master_port=plan.spec.master_port or 29500, collect=plan.collect,
-        slurm=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
-                       nproc=SP.procs(plan.settings, plan.spec), login=prep.login.host,
-                       node=SP.node_host(plan.settings)))
+        backend=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
+                         nproc=SP.procs(plan.settings, plan.spec), login=prep.login.host,
+                         node=NodeSettings.of(plan.settings)).part())
 
 
 def stage(prep: Prepared, folder: SourceFolder | None, notify_request: bytes | None = None) -> None:
@@ -248,24 +250,17 @@ def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | No
     before it kept them), the job's partition."""
     if info is None:
         return rec
-    assert rec.slurm is not None
+    job = job_of(rec)
     nodes = rec.nodes
     if info.hosts and not nodes:
-        run_dir = rec.slurm.run_dir
-        nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=rec.slurm.nproc, run_dir=run_dir,
+        run_dir = job.run_dir
+        node = NodeSettings.of(settings) if settings else job.node or NodeSettings("python3", shared_dir=run_dir)
+        nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=job.nproc, run_dir=run_dir,
                                  control_dir=posixpath.join(run_dir, NS.CONTROL), marker=f"{rec.run_id}/{h}",
-                                 settings=SP.node_host(settings, h) if settings else
-                                 replace(rec.slurm.node, name=h, address=h) if rec.slurm.node else _neutral(run_dir, h),
-                                 state=NodeState.RUNNING)
+                                 settings=node.host(h), state=NodeState.RUNNING)
                       for i, h in enumerate(info.hosts))
-    return replace(rec, nodes=nodes, slurm=replace(rec.slurm, partition=info.partition or rec.slurm.partition,
-                                                   hosts=info.hosts or rec.slurm.hosts))
-
-
-def _neutral(run_dir: str, host: str) -> Host:
-    return Host(name=host, address=host, user=None, port=None, identity_file=None, known_hosts=BUILTIN["known_hosts"],
-                host_key_policy="strict", gpus=1, python="python3", workdir=run_dir, env=(), setup=(),
-                connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
+    return with_job(replace(rec, nodes=nodes), replace(job, partition=info.partition or job.partition,
+                                                       hosts=info.hosts or job.hosts))
 
 
 def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
@@ -273,10 +268,10 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
     ``diagnose`` reads each node's own control folder in the shared folder (its ranks' error files,
     the end of its log) where that folder is, on the login host. The kernel log and nvidia-smi there
     are the login host's, not the node's: they are left out."""
-    assert rec.slurm is not None
-    t, where = login.collect_host(rec.slurm.run_dir)
-    ctl = posixpath.join(rec.slurm.run_dir, NS.CONTROL)
-    nodes = {n.host: P.NodeLaunch(where, n.node_rank, n.nproc, rec.slurm.run_dir, SP.node_control(ctl, n.host), "",
+    run_dir = job_of(rec).run_dir
+    t, where = login.collect_host(run_dir)
+    ctl = posixpath.join(run_dir, NS.CONTROL)
+    nodes = {n.host: P.NodeLaunch(where, n.node_rank, n.nproc, run_dir, SP.node_control(ctl, n.host), "",
                                   (), (), "") for n in rec.nodes}
     hangs = _hangs(t, nodes)
     if hangs:  # the stall watchdog ended it: a hang, with every rank's stacks its nodes took
@@ -420,8 +415,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         stage(prep, folder, notify_request)
         with _interrupts_held():
             job_id = submit(prep)
-            store.update(run_id, lambda rec: replace(rec, slurm=replace(rec.slurm, job_id=job_id)
-                                                     if rec.slurm else None))
+            store.update(run_id, lambda rec: with_job(rec, replace(job_of(rec), job_id=job_id)))
     except KeyboardInterrupt:
         if job_id is None:  # interrupted before sbatch: nothing to cancel
             store.update(run_id, lambda rec: replace(rec, status=RunStatus.STOPPED, ended_at=utcnow()))
@@ -503,8 +497,8 @@ def prepare_request(req: base.LaunchRequest, *, contact: bool = False) -> Prepar
     if req.exclude:
         raise UsageError("--exclude: a `slurm:` inventory lists no hosts; Slurm picks them",
                          "leave --exclude out (Slurm's own --exclude goes in the inventory's `sbatch:` list)")
-    s = req.inventory.slurm
-    if req.spec.stall_timeout and s is not None and s.nodes[0] != s.nodes[1]:
+    s = settings_of(req.inventory)
+    if req.spec.stall_timeout and s.nodes[0] != s.nodes[1]:
         raise UsageError(f"--stall-timeout: slurm.nodes is a range ({s.nodes[0]}-{s.nodes[1]}); the stall watchdog "
                          "needs to know how many nodes watch", "give slurm.nodes one number, or leave the stall "
                          "timeout off for this run (--stall-timeout 0)")
@@ -519,7 +513,7 @@ def _webhooks(req: base.LaunchRequest) -> list:
 
 
 def scan(prep: Prepared, req: base.LaunchRequest) -> SourceFolder:
-    login = req.inventory.slurm.login if req.inventory.slurm is not None else None
+    login = settings_of(req.inventory).login
     secrets = upload.secret_files(req.inventory, req.notify, req.env_files,
                                   hosts=(login,) if isinstance(login, Host) else ())
     folder = upload.scan(prep.source_dir, prep.store.root, secrets)
@@ -598,7 +592,7 @@ class SlurmLaunch(lifecycle.Launch[Prepared]):
 
     def detached_job(self) -> str:
         rec = self.prep.store.load(self.run_id)
-        return f"slurm job {rec.slurm.job_id if rec.slurm else '?'}"
+        return f"slurm job {job_of(rec).job_id or '?'}"
 
     def release(self) -> None:
         self.prep.login.close()

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol, cast
 
 from ... import upload
 from ...errors import SlurmError, UsageError
-from ...inventory import LOCAL, Host, SlurmSettings
+from ...inventory import LOCAL, Host
 from ...transport.base import CommandResult, Tail, Transport
 from . import commands as SC
+from .section import SlurmSettings
 
 if TYPE_CHECKING:
     from ...upload import SourceFolder

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 
 from ... import nodescript as NS
 from ... import runspec
-from ...inventory import BUILTIN, Host, Inventory, SlurmSettings
+from ...inventory import Inventory
 from ...node import notify as node_notify
 from ...nodescript import shell_word, store_wait, torchrun_entry, torchrun_start
 from ...runspec import RunSpec
+from .section import SlurmSettings, settings_of
 
 BATCH = "job.sbatch"
 NODE_SCRIPT = "node.sh"
@@ -78,26 +79,15 @@ def exit_code_file(control_dir: str, host: str) -> str:
 
 
 def procs(s: SlurmSettings, spec: RunSpec) -> int:
-    """Processes per node: --gpus over ``slurm.gpus_per_node`` (:func:`clusterddp.runspec.nproc`, for the
-    one host every node of the job stands for)."""
-    n = runspec.nproc(spec, node_host(s))
-    assert isinstance(n, int)
-    return n
-
-
-def node_host(s: SlurmSettings, name: str = "slurm") -> Host:
-    """The per-node settings of a `slurm:` inventory as a Host (what plan's helpers and the record take)."""
-    return Host(name=name, address=name, user=None, port=None, identity_file=None,
-                known_hosts=BUILTIN["known_hosts"], host_key_policy="strict", gpus=s.gpus_per_node,
-                python=s.python, workdir=s.shared_dir, env=s.env, setup=s.setup,
-                connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
+    """Processes per node: --gpus over ``slurm.gpus_per_node`` (as :func:`clusterddp.runspec.nproc` has it for
+    a host's entry: the flag wins; every node of the job is alike)."""
+    return spec.gpus or s.gpus_per_node
 
 
 def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, notify: bool = False) -> SlurmPlan:
     """Plan a Slurm run; ``shared_dir`` is the inventory's, with ``~`` already expanded by the caller.
     ``notify``: the batch script tells the run's end (:func:`notify_lines`; `up --detach` with webhooks)."""
-    s = inventory.slurm
-    assert s is not None, "build() takes a `slurm:` inventory"
+    s = settings_of(inventory)
     run_dir = posixpath.join(shared_dir, "runs", run_id)
     ctl = posixpath.join(run_dir, NS.CONTROL)
     spec = runspec.resolve(spec, inventory)  # as it is when `up` resolved it (tests may give the flags alone)
@@ -166,7 +156,7 @@ def notify_lines(s: SlurmSettings) -> list[str]:
     the request's own bound, and by Slurm: after a TERM, what is left of KillWait before its SIGKILL.
     Then srun is waited for, if TERM cut the wait for it short."""
     n0 = f'"$CTL/{NODES}/$cddp_master"'
-    setup = NS.preamble(node_host(s), (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    setup = NS.preamble(s, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
     start = " ".join([NS.q(s.python), "-S", f'"$CTL/{NOTIFY_PROGRAM}"', "ended", n0, '"$rc"', '"$cddp_hosts"'])
     return [
         "# The run's end, told to its webhooks by this node (node 0): up --detach left the request.",
@@ -185,7 +175,7 @@ def notify_lines(s: SlurmSettings) -> list[str]:
 
 
 def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
-    host = node_host(s)
+    host = s  # its python and setup lines are every node's (nodescript.HostLike)
     env = tuple({**dict(s.env), **dict(spec.env)}.items())
     port = str(spec.master_port) if spec.port_fixed else _PORT_FROM_JOB
     lines = [
@@ -301,7 +291,7 @@ def probe_script(s: SlurmSettings, token: str) -> str:
     """What `check` runs on one compute node (as a file in the shared dir: it holds the env values): the
     inventory's setup lines and env, then whether the token written on this machine is visible there,
     and the python and torch versions. Prints ``key value`` lines."""
-    host = node_host(s)
+    host = s  # its python and setup lines are every node's (nodescript.HostLike)
     lines = ["#!/usr/bin/env bash", 'echo "node ${SLURMD_NODENAME:-$(hostname)}"']
     lines += NS.preamble(host, s.env, stdout_to=">&2",
                          on_fail=lambda line: f"echo {NS.q('setup failed: ' + line)}; exit 0")

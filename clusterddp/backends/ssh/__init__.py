@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from .. import base, lifecycle
 
 if TYPE_CHECKING:
+    from ...inventory import Inventory
     from .launch import Prepared
 
 
@@ -21,6 +22,12 @@ class SSHBackend(lifecycle.Basic):
     def control(self) -> lifecycle.Control:
         from . import control
         return control
+
+    def section(self) -> None:  # its inventories list their hosts (the inventory's own `hosts:`)
+        return None
+
+    def secrets(self, inventory: Inventory) -> tuple[tuple[str, str], ...]:
+        return tuple(kv for h in inventory.hosts for kv in h.env)
 
     def prepare(self, req: base.LaunchRequest, *, contact: bool = False) -> Prepared:
         from ... import upload

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clusterddp.backends import load_inventory as load_named
 from clusterddp.backends.slurm import plan as SP
-from clusterddp.inventory import load_named
 from clusterddp.runspec import RunSpec
 from helpers import cddp, eventually, job_pids, record, run_id_of
 from test_notify import TOKEN, Receiver

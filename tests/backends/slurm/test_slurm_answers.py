@@ -9,15 +9,16 @@ from dataclasses import replace
 
 import pytest
 
-from clusterddp import inventory
 from clusterddp.backends.slurm import answers
 from clusterddp.backends.slurm import check as slurm_check
 from clusterddp.backends.slurm import control as slurm_control
 from clusterddp.backends.slurm import job as slurm
+from clusterddp.backends.slurm.jobpart import SlurmJob, job_of, with_job
 from clusterddp.errors import SlurmAnswerError
 from clusterddp.record import RunStatus
 from clusterddp.runspec import RunSpec
 from clusterddp.transport.base import CommandResult
+from helpers import parse_inventory
 
 INV = """
 slurm:
@@ -97,7 +98,7 @@ class _Login:
 
 
 def _inv(tmp_path, gpus: bool = False):
-    return inventory.parse(INV.format(shared=tmp_path / "shared", gpus=str(gpus).lower()), "c.yaml")
+    return parse_inventory(INV.format(shared=tmp_path / "shared", gpus=str(gpus).lower()), "c.yaml")
 
 
 def _prep(tmp_path, login: _Login) -> slurm.Prepared:
@@ -129,7 +130,7 @@ def test_status_of_a_running_run_whose_job_answers_garbage_fails_it_and_cancels_
     login = _Login(b"JobId=4242 JobState=RUNNING NodeList=n[1-2] Restarts=abc\n", b"n1 n2\n")
     prep = _prep(tmp_path, login)
     run_id = prep.plan.run_id
-    prep.store.update(run_id, lambda r: replace(r, slurm=replace(r.slurm, job_id="4242")))  # type: ignore[arg-type]
+    prep.store.update(run_id, lambda r: with_job(r, replace(job_of(r), job_id="4242")))
     monkeypatch.setattr(slurm_control, "open_login", lambda recorded: login)
     with pytest.raises(SlurmAnswerError, match="Restarts: 'abc' is not a count"):
         slurm_control.status(prep.store, run_id)
@@ -165,13 +166,12 @@ def test_a_slurm_run_seen_ended_long_after_records_when_its_nodes_exit_codes_wer
 
     from clusterddp.backends.base import RunOutcome
     from clusterddp.errors import NodeOutcome
-    from clusterddp.record import SlurmJob
     from helpers import make_record
 
     start = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
     now = start + timedelta(minutes=10, seconds=37)
     rec = make_record("20261201-120000-5a5a", (), started_at=start.isoformat(),
-                      slurm=SlurmJob(run_dir="/shared/runs/r", job_id="7", nproc=1))
+                      backend=SlurmJob(run_dir="/shared/runs/r", job_id="7", nproc=1).part())
     info = slurm.JobInfo("7", "COMPLETED", "None", "main", ("n1", "n2"))
     done = RunOutcome(RunStatus.SUCCEEDED, (NodeOutcome("n1", 0, 0), NodeOutcome("n2", 1, 0)))
     ends = [(start + timedelta(seconds=s)).timestamp() for s in (58, 61)] + [float("inf")]  # inf: none written

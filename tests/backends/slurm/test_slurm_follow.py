@@ -13,14 +13,15 @@ from dataclasses import replace
 
 import pytest
 
-from clusterddp import inventory
 from clusterddp import store as store_mod
 from clusterddp.backends.slurm import control as slurm_control
 from clusterddp.backends.slurm import job as slurm
+from clusterddp.backends.slurm.jobpart import job_of, with_job
 from clusterddp.errors import HostError, HostErrorKind, SlurmError
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from clusterddp.transport.base import CommandResult
+from helpers import parse_inventory
 
 INV = """
 slurm:
@@ -33,12 +34,11 @@ slurm:
 def _recorded(tmp_path, job_id: str | None = None) -> slurm.Prepared:
     """A planned Slurm run of a `login: local` inventory, recorded as running (with ``job_id``, as
     if sbatch had answered); tests give it their stand-in login."""
-    inv = inventory.parse(INV.format(shared=tmp_path / "shared"), "c.yaml")
+    inv = parse_inventory(INV.format(shared=tmp_path / "shared"), "c.yaml")
     (tmp_path / "t.py").write_text("pass\n")
     prep = slurm.prepare(inv, RunSpec("t.py", ()), str(tmp_path / "runs"), tmp_path / "t.py")
     rec = slurm.new_record(prep, "c.yaml")
-    assert rec.slurm is not None
-    prep.store.create(replace(rec, slurm=replace(rec.slurm, job_id=job_id)))
+    prep.store.create(with_job(rec, replace(job_of(rec), job_id=job_id)))
     return prep
 
 
@@ -84,7 +84,7 @@ def test_a_login_host_gone_for_longer_than_the_grace_ends_following_but_not_the_
     assert notes == [f"{error.message}; asking again for 0.6 s (the job goes on meanwhile)"]
     assert login.looks >= 2 and login.closed == login.looks  # asked again, each time on a new connection
     rec = prep.store.load(run_id)
-    assert rec.status.value == "running" and rec.slurm is not None and rec.slurm.job_id == "4242"
+    assert rec.status.value == "running" and job_of(rec).job_id == "4242"
     if isinstance(error, HostError):
         assert got.value.host == "login1" and got.value.kind is HostErrorKind.CONNECTION_LOST
 

@@ -16,8 +16,9 @@ import pytest
 
 from clusterddp.backends.slurm import commands as P
 from clusterddp.backends.slurm.login import LocalLogin, SSHLogin, open_login
+from clusterddp.backends.slurm.section import SlurmSettings
 from clusterddp.errors import SlurmError, UsageError
-from clusterddp.inventory import Host, SlurmSettings
+from clusterddp.inventory import Host
 from clusterddp.transport.local import LocalTransport
 from clusterddp.upload import SourceFolder
 from helpers import REPO
@@ -141,13 +142,15 @@ def test_a_local_login_is_this_machine_and_nothing_is_contacted_before_use():
 
 
 def test_the_run_record_keeps_the_login_host_and_reads_it_back_strictly():
+    from clusterddp.backends.slurm.jobpart import SlurmJob
     from clusterddp.errors import RecordError
-    from clusterddp.record import SlurmJob
+    from clusterddp.record import BackendPart
     job = SlurmJob(run_dir="/s/runs/r", job_id="7", login=login_host())
-    data = job.to_json()
+    data = dict(job.part().data)
     assert data["login"]["address"] == "10.0.0.5" and data["login"]["env"]["SLURM_CONF"] == "/etc/slurm/it's.conf"
-    assert SlurmJob.from_json(data, "run.json") == job
-    assert "login" not in SlurmJob(run_dir="/s").to_json()  # a local login: the record reads as before
-    assert SlurmJob.from_json({"run_dir": "/s", "job_id": None, "partition": None}, "run.json").login is None
+    assert SlurmJob.from_part(BackendPart("slurm", 2, data)) == job
+    assert "login" not in SlurmJob(run_dir="/s").part().data  # a local login: the record reads as before
+    older = BackendPart("slurm", 1, {"run_dir": "/s", "job_id": None, "partition": None})
+    assert SlurmJob.from_part(older).login is None
     with pytest.raises(RecordError, match="slurm.login.port"):
-        SlurmJob.from_json({**data, "login": {**data["login"], "port": "22"}}, "run.json")
+        SlurmJob.from_part(BackendPart("slurm", 2, {**data, "login": {**data["login"], "port": "22"}}))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import subprocess
 
-from clusterddp import inventory
 from clusterddp.backends.slurm import plan as SP
 from clusterddp.runspec import RunSpec
-from helpers import cddp, job_script
+from helpers import cddp, job_script, parse_inventory
 from test_plan import HOSTILE, RUN_ID, golden
 
 INV = """
@@ -30,7 +29,7 @@ slurm:
 
 
 def slurm_plan(**spec) -> SP.SlurmPlan:
-    inv = inventory.parse(INV, "c.yaml")
+    inv = parse_inventory(INV, "c.yaml")
     return SP.build(inv, RunSpec("train/t.py", HOSTILE, collect=("logs/*.txt",), env=(("E", "a b"),), **spec),
                     RUN_ID, "/shared/cddp")
 

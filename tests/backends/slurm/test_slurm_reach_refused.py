@@ -14,7 +14,7 @@ from clusterddp import prune as pr
 from clusterddp import top as T
 from clusterddp.backends import for_record
 from clusterddp.record import RunStatus
-from helpers import cddp
+from helpers import cddp, parse_inventory
 from test_slurm_stacks import _Slurm, recorded
 
 
@@ -63,13 +63,12 @@ def test_commands_on_an_inventorys_hosts_refuse_a_slurm_inventory(tmp_path, verb
 
 
 def test_a_slurm_nodes_settings_handed_to_a_transport_say_why_not_cannot_connect_slurm(tmp_path):
-    from clusterddp import inventory
-    from clusterddp.backends.slurm import plan as slurm_plan
+    from clusterddp.backends.slurm.jobpart import NodeSettings
+    from clusterddp.backends.slurm.section import settings_of
     from clusterddp.errors import HostError
     from clusterddp.transport import connect
-    inv = inventory.parse("slurm:\n  nodes: 2\n", "c.yaml")
-    assert inv.slurm is not None
-    node = slurm_plan.node_host(inv.slurm, "n1")
+    inv = parse_inventory("slurm:\n  nodes: 2\n", "c.yaml")
+    node = NodeSettings.of(settings_of(inv)).host("n1")  # what a Slurm run's node record holds
     with pytest.raises(HostError) as e:
         connect(node)
     assert str(e.value).startswith("n1: not reached by a transport of its own (its settings say 'slurm')"), e.value

@@ -13,15 +13,16 @@ from dataclasses import replace
 
 import pytest
 
-from clusterddp import inventory
 from clusterddp import stacks as S
 from clusterddp.backends import for_record
 from clusterddp.backends.slurm import control as slurm_control
 from clusterddp.backends.slurm import job as slurm
+from clusterddp.backends.slurm.jobpart import SlurmJob, job_of, with_job
 from clusterddp.errors import UsageError
 from clusterddp.node import stacks as node_stacks
 from clusterddp.runspec import RunSpec
 from clusterddp.transport.base import CommandResult
+from helpers import parse_inventory
 
 INV = """
 slurm:
@@ -78,12 +79,11 @@ class _Slurm:
 
 
 def recorded(tmp_path, monkeypatch, login: _Slurm):
-    inv = inventory.parse(INV.format(shared=tmp_path / "shared"), "c.yaml")
+    inv = parse_inventory(INV.format(shared=tmp_path / "shared"), "c.yaml")
     (tmp_path / "train.py").write_text("pass\n")
     prep = slurm.prepare(inv, RunSpec("train.py", ()), str(tmp_path / "runs"), tmp_path / "train.py")
     rec = slurm.new_record(prep, "c.yaml")
-    assert rec.slurm is not None
-    prep.store.create(replace(rec, slurm=replace(rec.slurm, job_id="4242")))
+    prep.store.create(with_job(rec, replace(job_of(rec), job_id="4242")))
     monkeypatch.setattr(slurm_control, "open_login", lambda recorded: login)
     return prep
 
@@ -138,12 +138,13 @@ def test_a_job_that_has_not_started_is_refused_and_no_step_is_asked_for(tmp_path
 
 
 def test_the_record_keeps_the_nodes_settings_for_the_nodes_it_learns_later(tmp_path):
-    from clusterddp.record import SlurmJob
-    inv = inventory.parse(INV.format(shared=tmp_path / "shared"), "c.yaml")
+    from clusterddp.record import BackendPart
+    inv = parse_inventory(INV.format(shared=tmp_path / "shared"), "c.yaml")
     (tmp_path / "train.py").write_text("pass\n")
     prep = slurm.prepare(inv, RunSpec("train.py", ()), str(tmp_path / "runs"), tmp_path / "train.py")
-    job = slurm.new_record(prep, "c.yaml").slurm
-    assert job is not None and job.node is not None
+    job = job_of(slurm.new_record(prep, "c.yaml"))
+    assert job.node is not None
     assert (job.node.python, job.node.setup) == ("/opt/py/bin/python3", ("module load python",))
-    assert SlurmJob.from_json(job.to_json(), "run.json") == job
-    assert SlurmJob.from_json({"run_dir": "/s", "job_id": "7", "partition": None}, "run.json").node is None  # older
+    assert SlurmJob.from_part(job.part()) == job
+    older = BackendPart("slurm", 1, {"run_dir": "/s", "job_id": "7", "partition": None})
+    assert SlurmJob.from_part(older).node is None  # older

@@ -15,7 +15,6 @@ from dataclasses import replace
 
 import pytest
 
-from clusterddp import inventory
 from clusterddp.backends import base
 from clusterddp.backends.slurm import job as slurm
 from clusterddp.backends.slurm import plan as SP
@@ -25,6 +24,7 @@ from clusterddp.node import stacks as node_stacks
 from clusterddp.record import RunStatus
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
+from helpers import parse_inventory
 
 INV = """
 slurm:
@@ -36,7 +36,7 @@ slurm:
 
 
 def inv(tmp_path, nodes="2"):
-    return inventory.parse(INV.format(nodes=nodes, shared=tmp_path / "shared"), "c.yaml")
+    return parse_inventory(INV.format(nodes=nodes, shared=tmp_path / "shared"), "c.yaml")
 
 
 def test_node_sh_starts_the_watchdog_with_the_store_the_node_finds_and_exits_1_on_a_hang(tmp_path):
