@@ -29,6 +29,7 @@ from . import nodeops, stragglers
 from . import plan as P
 from .errors import HostError
 from .fleet import Fleet
+from .metrics.fetch import fetch_nodes as fetch_samples
 from .node.collect import Receiver, StreamError, sha256_file
 from .store import RunStore
 from .transport import Tail, Transport
@@ -93,6 +94,9 @@ def collect_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, 
     res = nodeops.each(fleet, [n for n in nodes if n.host.name not in done],
                        lambda n, t: collect_node(t, n, store, run_id, globs, progress))
     got = res.or_else(lambda h, e: CollectResult(h, error=_why(e)))
+    # the sampler's files (clusterddp.metrics) come back with the logs: in the control folder, which no glob reaches
+    fetch_samples(fleet, [n for n in nodes if n.host.name in res.succeeded or n.host.name in done],
+                  store.run_dir(run_id))
     # the rank sampler's samples (clusterddp.stragglers) come back too: in the control folder, which no glob reaches
     stragglers.fetch_nodes(fleet, [n for n in nodes if n.host.name in res.succeeded or n.host.name in done],
                            store, run_id)

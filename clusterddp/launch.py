@@ -128,6 +128,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("progress_regex", ("--progress-regex",), "text", None, "With a stall timeout: only a line matching "
            "REGEX counts as progress (default: any line of the ranks' output but clusterddp's own and known "
            "torch noise); over the inventory's progress_regex.", metavar="REGEX"),
+    Option("metrics_interval", ("--metrics-interval",), "float", None, "Seconds between two samples of each "
+           "node's GPUs (nvidia-smi), CPU, memory, network, disk and the job's progress and numbers, kept with the run "
+           "for `clusterddp metrics` and `report` (default 5; 0: no sampler); over the inventory's metrics_interval.",
+           low=0, high=3600, metavar="S"),
+    Option("metrics_regex", ("--metrics-regex",), "text", None, "Numbers in the job's output lines: a regular "
+           "expression whose named groups name them, e.g. 'loss (?P<loss>[0-9.eE+-]+)'; over the inventory's "
+           "metrics_regex (docs/watching.md).", metavar="REGEX"),
+    Option("report", ("--report",), "text", None, "Write the run's HTML report (`clusterddp report`) to FILE when an "
+           "attached run ends, whatever its outcome.", metavar="FILE"),
     Option("resume", ("--resume",), "text", None, "SSH runs: every node starts with the newest checkpoint that run "
            "RUN (of this script and inventory) left, at the same path under its run folder: from RUN's mirror, what "
            "was collected, or its nodes, sha256-checked. RUN: a run id (or its start or end), `last` (the newest "

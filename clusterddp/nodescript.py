@@ -292,6 +292,30 @@ def watch_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
     return start, end
 
 
+SAMPLER = "sampler"  # in a node's control folder: the metrics sampler's programs (node programs sampler and watch)
+SAMPLES = "metrics.jsonl"  # in a node's control folder: the sampler's samples (clusterddp.metrics.samples reads them)
+
+
+def sampler_lines(python: str, args: dict) -> list[str]:
+    """The metrics sampler (on unless ``up --metrics-interval 0``): the lines that start the node program
+    ``sampler`` beside the job, in the background (``args``: its JSON argument; the node program ``watch``
+    written beside it, whose line reader it uses), and end it when launch.sh exits (a trap on EXIT: its last
+    sample taken, the exit code unchanged). Its stderr goes to ``$CTL/sampler.log``."""
+    d = f'"$CTL/{SAMPLER}"'
+    return [
+        f"(umask 077 && mkdir -p {d} && : >> \"$CTL/sampler.log\" && cat > {d}/sampler.py) <<'CDDP_SAMPLER'",
+        node_source("sampler").rstrip("\n"),
+        "CDDP_SAMPLER",
+        f"(umask 077 && cat > {d}/watch.py) <<'CDDP_WATCH'",
+        node_source("watch").rstrip("\n"),
+        "CDDP_WATCH",
+        f'{{ exec {q(python)} -S {d}/sampler.py "$CTL" {q(json.dumps(args, sort_keys=True))}; }} '
+        '2>>"$CTL/sampler.log" </dev/null &',
+        "CDDP_SAMPLER_PID=$!",
+        "trap 'kill \"$CDDP_SAMPLER_PID\" 2>/dev/null' EXIT  # the sampler ends with the job",
+    ]
+
+
 WHERE = "where"  # in a node's control folder: the rank sampler's programs (node programs where and stacks)
 WHERE_SAMPLES = "where.jsonl"  # in a node's control folder: where each rank was, by sample (clusterddp.stragglers)
 

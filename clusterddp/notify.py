@@ -152,8 +152,9 @@ def _base(kind: str, **fields: Any) -> dict:
 
 def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseException | None = None,
               run_id: str | None = None, name: str | None = None, schedule: str | None = None,
-              inventory: str | None = None, detached: bool = False) -> dict | None:
-    """The event of a run's end, from its record (``interrupted``: `up` got Ctrl-C or SIGTERM); for a
+              inventory: str | None = None, detached: bool = False, report: str | None = None) -> dict | None:
+    """The event of a run's end, from its record (``interrupted``: `up` got Ctrl-C or SIGTERM; ``report``: the
+    HTML report `up --report` wrote, named in the event and its text); for a
     run that ended before it was recorded (its preflight failed, its slots were taken), a failure
     made of ``error``. None while the record says running: the job has not ended (`up` lost sight
     of it), so there is no end to tell."""
@@ -197,6 +198,9 @@ def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseEx
             "failed": f"failed{_took(took)}", "hang": f"hung and was ended{_took(took)}",
             "stopped": f"was stopped{_took(took)}", "interrupted": f"was interrupted and stopped{_took(took)}"}[kind]
     ev["text"] = f"clusterddp: {_what(ev)} {said}" + (f": {summary}" if summary and kind in ("failed", "hang") else "")
+    if report:
+        ev["report"] = report
+        ev["text"] += f" (report: {report})"
     return ev
 
 

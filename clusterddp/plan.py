@@ -50,6 +50,7 @@ from .nodescript import (
     python_command,
     q,
     qpath,
+    sampler_lines,
     setup_failed,
     shell_word,
     ship_train_lines,
@@ -61,7 +62,7 @@ from .nodescript import (
     watch_lines,
     where_lines,
 )
-from .runspec import RunSpec, resolve, watch_args
+from .runspec import RunSpec, resolve, sampler_args, watch_args
 from .runspec import nproc as runspec_nproc
 
 DEFAULT_GRACE = 10.0
@@ -190,7 +191,7 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
         node = NodeLaunch(host, rank, nproc, run_dir, control_dir, marker, node_env, tuple(torchrun), "")
         watch = watch_args(spec, len(inventory.hosts), inventory.master.addr, master_port)
         nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, master_port, local,
-                                  watch, train_lookup))
+                                  watch, train_lookup, sampler_args(spec)))
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
                       spec.collect, upload=not local, local=local, leased=grants is not None,
                       train_lookup=train_lookup, attempt=attempt)
@@ -203,7 +204,7 @@ _NPROC_AUTO = ("NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
 
 
 def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, master_port: int, local: bool,
-                 watch: dict | None = None, train_lookup: bool = True) -> NodeLaunch:
+                 watch: dict | None = None, train_lookup: bool = True, sampler: dict | None = None) -> NodeLaunch:
     h = node.host
     ctl = node.control_dir
     lines = [
@@ -235,11 +236,13 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, m
         argv = f"{store_wait(q(f'{master_addr}:{master_port}'))} {argv}"
     watch_start, watch_end = watch_lines(h.python, watch) if watch is not None else ([], [])
     where_start, where_end = where_lines(h.python, WHERE_ARGS)  # the rank sampler (clusterddp.stragglers)
+    sampler_start = sampler_lines(h.python, sampler) if sampler is not None else []
     lines += torchrun_lines()
     lines += [
         f"echo \"[clusterddp] node {node.node_rank}/{nnodes} on $(hostname)"
         + (" iface=${IFACE:-?}" if not local else "") + "\"",
         *watch_start,
+        *sampler_start,
         *where_start,
         argv,
         *where_end,

@@ -35,6 +35,9 @@ class RunSpec:
     local_rank_arg: str | None = None            # --local-rank-arg: "--local_rank" or "--local-rank", or None
     stall_timeout: float | None = None           # --stall-timeout / stall_timeout: (the flag wins); None: off
     progress_regex: str | None = None            # --progress-regex / progress_regex:; None: any line of output
+    metrics_interval: float | None = None       # --metrics-interval / metrics_interval: seconds (5); 0: off
+    metrics_regex: str | None = None             # --metrics-regex / metrics_regex: its named groups name numbers
+    idle_policy: tuple[float, float, bool] | None = None  # idle_policy: (below %, seconds, stop); None: off
     port_fixed: bool = False                     # resolved: master_port was given (flag or master.port), not chosen
     resolved: bool = False                       # resolve() made it: the values below the flags are filled in
 
@@ -52,6 +55,9 @@ def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
     - ``checkpoints``: --checkpoints > the inventory's ``checkpoints:`` > () (the mirror's own default).
     - ``stall_timeout``: --stall-timeout > the inventory's ``stall_timeout:`` > off; 0 is off.
     - ``progress_regex``: --progress-regex > the inventory's ``progress_regex:`` > any line.
+    - ``metrics_interval``: --metrics-interval > the inventory's ``metrics_interval:`` > 5 s; 0 is off.
+    - ``metrics_regex``: --metrics-regex > the inventory's ``metrics_regex:`` > none.
+    - ``idle_policy``: the inventory's ``idle_policy:`` (no flag).
     """
     if asked.resolved:
         return asked
@@ -62,7 +68,18 @@ def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
                          "or 0 for off")
     if asked.progress_regex is not None:
         check_progress_regex(asked.progress_regex)
+    interval = asked.metrics_interval if asked.metrics_interval is not None else inventory.metrics_interval
+    if interval is not None and 0 < interval < 0.5:
+        raise UsageError(f"--metrics-interval {interval:g}: under half a second, sampling would cost the job",
+                         "give it in seconds, e.g. 5 (the default), or 0 for no sampler")
+    from .inventory.loader import metrics_regex_problem
+    if asked.metrics_regex is not None and (why := metrics_regex_problem(asked.metrics_regex)) is not None:
+        raise UsageError(f"--metrics-regex {asked.metrics_regex!r}: {why}",
+                         "see docs/watching.md, \"Numbers from the job's output\"")
     return replace(asked, resolved=True,
+                   metrics_interval=METRICS_INTERVAL if interval is None else interval,
+                   metrics_regex=asked.metrics_regex if asked.metrics_regex is not None else inventory.metrics_regex,
+                   idle_policy=asked.idle_policy if asked.idle_policy is not None else inventory.idle_policy,
                    master_port=asked.master_port if asked.master_port is not None else inventory.master.port,
                    port_fixed=asked.master_port is not None or inventory.master.port_fixed,
                    collect=tuple(dict.fromkeys((*inventory.collect, *asked.collect))),
@@ -121,3 +138,22 @@ def watch_args(spec: RunSpec, nnodes: int, master_addr: str | None, master_port:
     return {"timeout": spec.stall_timeout, "regex": spec.progress_regex, "skip": skip,
             "tails": [p for p, tail in noise.LINES if tail], "nnodes": nnodes,
             "store": [master_addr, master_port] if nnodes > 1 else None}
+
+
+METRICS_INTERVAL = 5.0  # seconds between two samples by default
+SAMPLES_MOST = 2 << 20  # bytes of a node's metrics.jsonl (the sampler thins it to stay below)
+
+
+def sampler_args(spec: RunSpec) -> dict | None:
+    """The metrics sampler's argument (the node program ``sampler``, started by
+    :func:`~clusterddp.nodescript.sampler_lines`), or None when the run samples nothing (interval 0)."""
+    interval = METRICS_INTERVAL if spec.metrics_interval is None else spec.metrics_interval
+    if not interval:
+        return None
+    skip = [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern]
+    idle = None
+    if spec.idle_policy is not None:
+        below, seconds, stop = spec.idle_policy
+        idle = {"below": below, "seconds": seconds, "stop": stop}
+    return {"interval": interval, "regex": spec.metrics_regex, "progress_regex": spec.progress_regex,
+            "skip": skip, "tails": [p for p, tail in noise.LINES if tail], "most": SAMPLES_MOST, "idle": idle}

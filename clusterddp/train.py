@@ -30,6 +30,8 @@ import gc
 import hashlib
 import inspect
 import io
+import json
+import math
 import os
 import re
 import secrets
@@ -56,6 +58,7 @@ __all__ = [
     "context",
     "init",
     "load_latest",
+    "log_metrics",
     "make_loader",
     "print0",
     "save_checkpoint",
@@ -284,6 +287,25 @@ def print0(*args: Any, sep: str | None = " ", end: str | None = "\n", file: Text
         return
     out = sys.stdout if file is None else file
     out.write((" " if sep is None else sep).join(map(str, args)) + ("\n" if end is None else end))
+    out.flush()
+
+
+METRICS_MARK = "[clusterddp.metrics] "  # the node's sampler (clusterddp/node/sampler.py) reads these lines
+
+
+def log_metrics(step: int, file: TextIO | None = None, **values: float) -> None:
+    """Print this rank's numbers at ``step`` as one JSON line (``[clusterddp.metrics] {"rank": 0, "step": 7,
+    "loss": 0.52}``), which the run's sampler keeps by rank and node for `clusterddp metrics` and `report`:
+    e.g. ``ct.log_metrics(step, loss=loss.item(), lr=sched.get_last_lr()[0])``. Every rank may call it (each
+    is kept as its own series); a value that is no finite number is written as null and said as such there.
+    One ``write``, flushed: lines of ranks sharing a pipe never interleave."""
+    rank = _CTX.rank if _CTX is not None else _env_int("RANK", 0)
+    rec: dict[str, Any] = {"rank": rank, "step": int(step)}
+    for k, v in values.items():
+        f = float(v)
+        rec[k] = f if math.isfinite(f) else None
+    out = sys.stdout if file is None else file
+    out.write(METRICS_MARK + json.dumps(rec, separators=(",", ":")) + "\n")
     out.flush()
 
 

@@ -7,7 +7,8 @@ set -euo pipefail
 
 # slurmctld slurmd slurm-client munge: the Slurm test bed (tests/slurmbed.py) starts its own daemons;
 # iptables: check --collective's test blocks a node's traffic to the master port.
-PACKAGES=(openssh-server cron pdsh iproute2 procps rsync iptables slurmctld slurmd slurm-client munge)
+# chromium: the `report` test opens the HTML report in a headless browser, network off.
+PACKAGES=(openssh-server cron pdsh iproute2 procps rsync iptables slurmctld slurmd slurm-client munge chromium)
 
 if [[ $EUID -ne 0 ]]; then
     echo "install-system-deps.sh: must run as root" >&2

@@ -50,7 +50,7 @@ echo "== main job ok: $(cd "$folder/artifacts/local/checkpoints" && ls step-*.pt
 
 echo "== pip check"
 pip check
-pip install -q -e "$repo[test]"
+pip install -q -e "$repo[test,report]"
 pip check
 echo "== ruff, mypy and lint-imports (configured in pyproject.toml)"
 ruff check .

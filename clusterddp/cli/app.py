@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import collect as collect_cmd
+from . import metrics as metrics_cmd
 from . import notify as notify_cmd
 from . import prune as prune_cmd
 from . import quarantine as quarantine_cmd
@@ -39,6 +40,8 @@ app.command("schema", epilog=epilog("schema"))(schema_cmd.schema)
 app.command("top", epilog=epilog("top"))(top_cmd)
 app.command("leases", epilog=epilog("leases"))(leases_cmd)
 app.command("stacks", epilog=epilog("stacks"))(stacks_cmd)
+app.command("metrics", epilog=epilog("metrics"))(metrics_cmd.metrics)
+app.command("report", epilog=epilog("report"))(metrics_cmd.report)
 
 
 def _show_version(value: bool) -> None:

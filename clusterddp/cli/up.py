@@ -27,6 +27,7 @@ from .common import (
     tell_missing,
     visible,
 )
+from .metrics import write_report
 
 if TYPE_CHECKING:
     from ..artifacts import CollectResult
@@ -74,7 +75,11 @@ def up(
     sigterm_as_interrupt()  # SIGTERM ends an attached run as Ctrl-C does (a waiting one leaves the queue)
     told = {"run_id": prep.plan.run_id, "name": spec.name, "schedule": schedule, "inventory": inventory}
     try:
-        backend.launch(prep, req, events)
+        try:
+            backend.launch(prep, req, events)
+        finally:
+            if o["report"] and not detach:
+                told["report"] = write_report(prep.store, prep.plan.run_id, o["report"])
     except KeyboardInterrupt:
         _said(N.tell_run_end(targets, prep.store, interrupted=True, **told))
         raise

@@ -506,6 +506,25 @@ NOTIFY_ENTRY = Model("_NotifyEntry", {  # one `notify:` target: exactly one of w
     "timeout": Field(Number(gt=0, le=120, seconds=True), 10),
 }, after=_one_target, shape={"oneOf": [{"required": [k]} for k in ("webhook", "webhook_file", "command")]})
 
+def _metrics_regex(v: str) -> str:
+    """`metrics_regex:` as `--metrics-regex` takes it: a regular expression whose named groups name numbers."""
+    try:
+        rx = re.compile(v)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise ValueError(f"not a regular expression ({e}); e.g. 'loss (?P<loss>[0-9.eE+-]+)'") from None
+    if not rx.groupindex:
+        raise ValueError("no named group; name each number, e.g. 'loss (?P<loss>[0-9.eE+-]+)'")
+    if (slow := regex_problem(v)) is not None:
+        raise ValueError(f"{slow}; match the line's words, e.g. 'loss (?P<loss>[0-9.eE+-]+)'")
+    return v
+
+
+IDLE_POLICY = Model("_IdlePolicy", {  # `idle_policy:`: the GPUs of the run idle for a while (clusterddp.metrics)
+    "below": Field(Number(ge=0, le=100), REQUIRED),
+    "minutes": Field(Number(gt=0, le=7 * 24 * 60), REQUIRED),
+    "stop": Field(Bool(), False),
+})
+
 # What every inventory takes beside its machines (a backend's section: clusterddp.inventory.section).
 COMMON = {
     "name": Field(Maybe(Line())),
@@ -513,6 +532,9 @@ COMMON = {
     "stall_timeout": Field(Maybe(Number(ge=1, le=7 * 86400, seconds=True,
                                         low="must be at least 1 second (leave it out for no stall watchdog)"))),
     "progress_regex": Field(Maybe(Line(_progress_regex))),
+    "metrics_interval": Field(Maybe(Number(ge=0, le=3600, seconds=True))),
+    "metrics_regex": Field(Maybe(Line(_metrics_regex))),
+    "idle_policy": Field(Maybe(IDLE_POLICY)),
     "notify": Field(ListOf(NOTIFY_ENTRY), []),
     "keep_runs": Field(Maybe(Number(whole=True, ge=1))),
 }
@@ -526,6 +548,9 @@ INVENTORY = Model("SSHInventory", {
     "keep_runs": COMMON["keep_runs"],
     "stall_timeout": COMMON["stall_timeout"],
     "progress_regex": COMMON["progress_regex"],
+    "metrics_interval": COMMON["metrics_interval"],
+    "metrics_regex": COMMON["metrics_regex"],
+    "idle_policy": COMMON["idle_policy"],
     "notify": COMMON["notify"],
     "quarantine": Field(Maybe(Anything(quarantine_seconds, schema={"anyOf": [
         {"type": "string", "pattern": r"^(\s*[0-9]{1,9}\s*[smhd])+\s*$"},

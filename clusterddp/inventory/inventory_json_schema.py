@@ -44,6 +44,15 @@ DESCRIPTIONS = {
                      "many seconds (default: off; `up --stall-timeout` wins)",
     "progress_regex": "What counts as a progress line for stall_timeout (default: any line of the ranks' output); "
                       "`up --progress-regex` wins",
+    "metrics_interval": "Seconds between two samples of each node's GPUs, host and the job's numbers, kept with "
+                        "the run (default 5; 0: no sampler; `up --metrics-interval` wins); docs/watching.md",
+    "metrics_regex": "A regular expression whose named groups name the numbers in the job's lines, e.g. "
+                     "'loss (?P<loss>[0-9.eE+-]+)' (`up --metrics-regex` wins); `clusterddp metrics` shows them",
+    "idle_policy": "GPU utilisation below `below` % on every GPU of a node for `minutes`: said in the log and in "
+                   "the run's notification; `stop: true` also ends the run",
+    "below": "idle_policy: the GPU utilisation (%) under which a GPU counts as idle",
+    "minutes": "idle_policy: how long every GPU must stay idle",
+    "stop": "idle_policy: also end the run (default false: only say so)",
     "hosts": "The machines, in node-rank order",
     "quarantine": "How long a machine at fault is set aside (a GPU error at once; lost twice in a row): an age "
                   "such as 2h, 90m or 1d, or seconds, from 1m to 30d (default 2h); `clusterddp quarantine release` "

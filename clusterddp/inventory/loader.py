@@ -241,9 +241,12 @@ def _notify(entries: list[Any], path: str) -> tuple[NotifyTarget, ...]:
 
 
 def _watchdog(inv: Any) -> dict:
-    """`stall_timeout:` and `progress_regex:` as the Inventory holds them."""
+    """`stall_timeout:` and `progress_regex:` as the Inventory holds them (and the sampler's keys)."""
     s = inv.stall_timeout
-    return {"stall_timeout": float(s) if s is not None else None, "progress_regex": inv.progress_regex}
+    i, idle = inv.metrics_interval, inv.idle_policy
+    return {"stall_timeout": float(s) if s is not None else None, "progress_regex": inv.progress_regex,
+            "metrics_interval": float(i) if i is not None else None, "metrics_regex": inv.metrics_regex,
+            "idle_policy": None if idle is None else (float(idle.below), float(idle.minutes) * 60, bool(idle.stop))}
 
 
 def _identity_from(path: str, root: yaml.Node | None, lines: list[int] | None, i: int, h: Any, d: Any,
@@ -346,3 +349,13 @@ def local(gpus: int | str = "auto", python: str = "python3") -> Inventory:
                 known_hosts=BUILTIN["known_hosts"], host_key_policy="strict", gpus=gpus, python=python,
                 workdir=".", env=(), setup=(), connect_timeout=BUILTIN["connect_timeout"], transport="local")
     return Inventory(LOCAL, LOCAL, (host,), Master(LOCAL, "127.0.0.1", 29500), ())
+
+
+def metrics_regex_problem(regex: str) -> str | None:
+    """Why ``regex`` is no metrics regex (`metrics_regex:`, `--metrics-regex`), or None."""
+    from ._inventory_schema import _metrics_regex
+    try:
+        _metrics_regex(regex)
+    except ValueError as e:
+        return str(e)
+    return None

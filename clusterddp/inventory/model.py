@@ -217,6 +217,9 @@ class Inventory:
     backend_settings: Any = None   # that backend's settings, as its Section read them (None: a list of hosts)
     stall_timeout: float | None = None   # `up`'s stall watchdog, seconds (--stall-timeout wins); None: off
     progress_regex: str | None = None    # what a progress line is for it (--progress-regex wins); None: any line
+    metrics_interval: float | None = None  # `metrics_interval:` the sampler's (--metrics-interval wins); None: 5 s
+    metrics_regex: str | None = None     # `metrics_regex:` numbers in the job's lines (--metrics-regex wins)
+    idle_policy: tuple[float, float, bool] | None = None  # `idle_policy:` (below %, seconds, stop); None: off
     notify: tuple[NotifyTarget, ...] = ()  # `notify:`: told when a run ends (clusterddp.notify)
     quarantine_s: float = DEFAULT_QUARANTINE_S  # `quarantine:`: how long a machine at fault is set aside
     retry_job_failures: bool = False     # `retry_job_failures:`: a failure of the job moves to a spare too
@@ -251,6 +254,8 @@ class Inventory:
             master = Master(hosts[0].name, hosts[0].address, master.port, master.port_fixed)
         return Inventory(self.path, self.name, hosts, master, self.collect, self.fanout, keep_runs=self.keep_runs,
                          stall_timeout=self.stall_timeout, progress_regex=self.progress_regex,
+                         metrics_interval=self.metrics_interval, metrics_regex=self.metrics_regex,
+                         idle_policy=self.idle_policy,
                          notify=self.notify, quarantine_s=self.quarantine_s,
                          retry_job_failures=self.retry_job_failures,
                          spares=self.spares if spares is None else spares,

@@ -16,10 +16,11 @@ from clusterddp.runspec import RunSpec
 
 GIVEN = {"name": "n", "gpus": 2, "master_port": 29601, "env": ["A=1"], "collect": ["ckpt/*"],
          "checkpoints": ["out/*.pt"], "max_restarts": 3, "local_rank_arg": "local_rank", "stall_timeout": 30.0,
-         "progress_regex": r"step (\d+)"}
+         "progress_regex": r"step (\d+)", "metrics_interval": 2.0, "metrics_regex": r"loss (?P<loss>\S+)"}
 EXPECTED = {"name": "n", "gpus": 2, "master_port": 29601, "env": (("A", "1"),), "collect": ("ckpt/*",),
             "checkpoints": ("out/*.pt",), "max_restarts": 3, "local_rank_arg": "--local_rank",
-            "stall_timeout": 30.0, "progress_regex": r"step (\d+)"}
+            "stall_timeout": 30.0, "progress_regex": r"step (\d+)", "metrics_interval": 2.0,
+            "metrics_regex": r"loss (?P<loss>\S+)"}
 
 
 def test_every_runspec_field_named_as_a_launch_option_is_filled_from_it():

@@ -25,7 +25,8 @@ SAMPLES = {"name": "nightly eval", "hosts": "a,b", "exclude": "b", "gpus": "2", 
            "env": "A=1", "collect": "ckpt/*", "max_restarts": "2", "local_rank_arg": "--local_rank",
            "wait": None, "max_upload": "500M", "skip_check": None, "raw": None, "quiet": None, "join_timeout": "7.5",
            "stall_timeout": "30", "progress_regex": "step (\\d+)", "notify": "command:true",
-           "nodes": "1:2", "resume": "previous", "checkpoints": "out/*.pt"}
+           "nodes": "1:2", "resume": "previous", "checkpoints": "out/*.pt", "metrics_interval": "2",
+           "metrics_regex": "loss (?P<loss>\\S+)", "report": "run.html"}
 
 
 def _params(cmd) -> dict:

@@ -322,10 +322,23 @@ def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_di
     from ...artifacts import collect_node
     for h in hosts:
         copy_log(login, store, run_id, h, SP.node_log(control_dir, h))
+        copy_samples(login, store, run_id, h, posixpath.join(SP.node_control(control_dir, h), NS.SAMPLES))
     t, host = login.collect_host(run_dir)
     # collect_command reads <control_dir>/node.log: the batch step's output (plan.BATCH_LOG)
     node = P.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
     return collect_node(t, node, store, run_id, globs)
+
+
+def copy_samples(login: Login, store: RunStore, run_id: str, host: str, path: str) -> None:
+    """The metrics sampler's file of ``host`` (clusterddp.metrics), from the shared folder, bounded; none: nothing."""
+    from ...metrics.samples import MOST, save
+    try:
+        with login.open_file(path) as src:
+            data = src.read(MOST)
+    except (FileNotFoundError, OSError):
+        return
+    if not store.read_only:
+        save(store.run_dir(run_id), host, {None: data})
 
 
 def copy_log(login: Login, store: RunStore, run_id: str, host: str, path: str) -> bool:

@@ -83,6 +83,8 @@ def test_two_nodes_succeed_with_logs_checkpoint_and_the_job_recorded(slurm, tmp_
         log = (runs / run_id / "logs" / f"{host}.log").read_text()
         assert f"on {host} iface=eth0 job {job_id}" in log
         assert f"[{host}] [clusterddp] node" in r.stdout
+        # the metrics sampler's file came back with the logs (clusterddp.metrics)
+        assert b'"clusterddp-samples"' in (runs / run_id / "metrics" / host / "samples.jsonl").read_bytes()
     gone(slurm, run_id, job_id)
 
 

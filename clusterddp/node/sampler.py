@@ -1,0 +1,413 @@
+"""``sampler``: the metrics sampler beside one node's job (on unless ``up --metrics-interval 0``), so that
+a run keeps, with its logs, what its machines and its script did over time.
+
+launch.sh (``nodescript.sampler_lines``) writes this source and the ``watch`` node program (whose line
+reader, bounded regex and job ending it reuses) into ``$CTL/sampler/`` and starts
+``python $CTL/sampler/sampler.py CTL JSON`` in the background before torchrun, its stdout the job's
+node.log (its own lines start with ``[clusterddp]``), its stderr ``$CTL/sampler.log``. It carries the
+job's ``CLUSTERDDP_JOB`` marker, so teardown, ``stop`` and ``prune`` end it with the job; it also ends
+when launch.sh does. No daemon: it lives and dies with the job, as the stall watchdog does.
+
+Every ``interval`` seconds it takes one sample:
+
+- per GPU (``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``, where there is one on PATH; at
+  most :data:`SMI_TIMEOUT` seconds): utilisation %, memory used and total (MiB), power (W), temperature
+  (C), SM clock (MHz), the active throttle reasons (a bit mask);
+- the host: CPU busy % (``/proc/stat``), memory used (bytes), network and disk rates (bytes/s);
+- the job's output (node.log, read as the watchdog reads it: :class:`watch.Lines`, at most
+  :data:`watch.READ_MOST` bytes a chunk and :data:`watch.READ_BUDGET` seconds a look): progress lines
+  (their count and rate), the numbers a line matching ``regex`` names by its named groups (searched in
+  the line's first :data:`watch.MATCH_MOST` bytes, a leading ``.*`` dropped: ``watch.bounded_regex``),
+  and the JSON lines ``clusterddp.train.log_metrics`` prints (``[clusterddp.metrics] {...}``), by rank.
+
+``$CTL/metrics.jsonl`` (0600): a header line, then one JSON object a sample (:func:`sample_line`).
+It never grows past ``most`` bytes: when the next line would pass it, every other sample is dropped
+(the file rewritten whole, atomically) and from then on only every second (fourth, ...) sample is
+written, its counts covering the samples not written. So a day-long run keeps its whole course at a
+coarser grain. ``$CTL/metrics-now.json`` holds the latest sample (replaced whole every sample).
+
+Idle policy (``idle``: {"below": %, "seconds": S, "stop": bool}): when every GPU of this node has been
+below ``below`` % utilisation for S seconds, it says so in the log once, writes ``$CTL/idle.json``
+(0600) and, with ``stop``, ends the job (``watch.end_job``: launch.sh then exits as the job did).
+
+Python 3.8 grammar, standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+# The watchdog's line reader, bounded regex and job ending: on the node, its source is written beside this
+# file (nodescript.sampler_lines); in-process (tests), it is this package's module.
+if __package__:
+    from . import watch as W
+else:  # pragma: no cover - on the node
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import watch as W  # type: ignore[no-redef]  # noqa: E402
+
+SCHEMA = 1
+INTERVAL = 5.0           # default seconds between samples
+MOST = 2 << 20           # default bytes of metrics.jsonl, at most (a day at 5 s is about 4 MiB unthinned)
+SMI_TIMEOUT = 10.0       # seconds nvidia-smi may take
+MAX_METRICS = 32         # named metrics kept a sample (a regex's groups, a log_metrics call's names)
+MAX_RANKS = 256          # ranks whose log_metrics lines are kept a sample
+MAX_NAME = 64            # characters of a metric's name
+JSON_MARK = b"[clusterddp.metrics] "  # clusterddp.train.log_metrics' lines
+GPU_FIELDS = ("index", "utilization.gpu", "memory.used", "memory.total", "power.draw", "temperature.gpu",
+              "clocks.sm", "clocks_throttle_reasons.active")
+GPU_KEYS = ("index", "util", "mem", "mem_total", "power", "temp", "sm_clock", "throttle")
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
+
+
+def number(text):
+    """A finite float from ``text``, or None (``[N/A]``, garbage, NaN, inf, 1e400)."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if v == v and abs(v) != float("inf") else None
+
+
+def parse_smi(text: str) -> list:
+    """nvidia-smi's CSV answer (:data:`GPU_FIELDS`, no header, no units) as one dict a GPU."""
+    gpus = []
+    for line in text.splitlines()[:64]:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(GPU_FIELDS):
+            continue
+        g = {}
+        for i, key in enumerate(GPU_KEYS):
+            cell = cells[i]
+            if key == "throttle":
+                try:
+                    g[key] = int(cell, 16) if cell.lower().startswith("0x") else None
+                except ValueError:
+                    g[key] = None
+            else:
+                g[key] = number(cell)
+        if g["index"] is None:
+            continue
+        g["index"] = int(g["index"])
+        gpus.append(g)
+    return gpus
+
+
+def query_gpus():
+    """This node's GPUs now, or None where there is no nvidia-smi (or it fails)."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=SMI_TIMEOUT)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if r.returncode != 0:
+        return None
+    return parse_smi(r.stdout[:65536].decode("utf-8", "replace"))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 20).decode("ascii", "replace")
+    except OSError:
+        return ""
+
+
+def host_counters() -> dict:
+    """The host's counters now: CPU jiffies (busy, total), memory (used bytes), network and disk bytes."""
+    out = {}  # type: dict
+    first = _read("/proc/stat").split("\n", 1)[0].split()
+    if first[:1] == ["cpu"]:
+        vals = [int(v) for v in first[1:] if v.isdigit()]
+        idle = sum(vals[3:5]) if len(vals) >= 5 else 0
+        out["cpu"] = (sum(vals[:8]) - idle, sum(vals[:8]))
+    mem = {}
+    for line in _read("/proc/meminfo").splitlines():
+        k, _, v = line.partition(":")
+        w = v.split()
+        if w and w[0].isdigit():
+            mem[k] = int(w[0]) * 1024
+    if "MemTotal" in mem and "MemAvailable" in mem:
+        out["mem"] = mem["MemTotal"] - mem["MemAvailable"]
+        out["mem_total"] = mem["MemTotal"]
+    rx = tx = 0
+    for line in _read("/proc/net/dev").splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        w = rest.split()
+        if name.strip() != "lo" and len(w) >= 9 and w[0].isdigit() and w[8].isdigit():
+            rx += int(w[0])
+            tx += int(w[8])
+    out["net"] = (rx, tx)
+    try:
+        disks = set(os.listdir("/sys/block"))
+    except OSError:
+        disks = set()
+    rd = wr = 0
+    for line in _read("/proc/diskstats").splitlines():
+        w = line.split()
+        whole = len(w) >= 10 and w[2] in disks and not w[2].startswith(("loop", "ram"))
+        if whole and w[5].isdigit() and w[9].isdigit():
+            rd += int(w[5]) * 512
+            wr += int(w[9]) * 512
+    out["disk"] = (rd, wr)
+    return out
+
+
+def host_sample(before: dict, now: dict, dt: float) -> dict:
+    """CPU %, memory, network and disk rates between two :func:`host_counters`."""
+    out = {}
+    if "cpu" in before and "cpu" in now:
+        busy, total = now["cpu"][0] - before["cpu"][0], now["cpu"][1] - before["cpu"][1]
+        out["cpu"] = round(100.0 * busy / total, 1) if total > 0 else None
+    for k in ("mem", "mem_total"):
+        if k in now:
+            out[k] = now[k]
+    if dt > 0:
+        for k, names in (("net", ("net_rx", "net_tx")), ("disk", ("disk_r", "disk_w"))):
+            if k in before and k in now:
+                for i, name in enumerate(names):
+                    out[name] = max(0, round((now[k][i] - before[k][i]) / dt))
+    return out
+
+
+class Parsed(W.Lines):
+    """node.log's lines as the watchdog reads them (progress: any line but clusterddp's own, blank and
+    known noise, or the progress regex's), and the numbers in them: ``regex``'s named groups, and
+    ``clusterddp.train.log_metrics``' JSON lines (by rank)."""
+
+    def __init__(self, metrics_regex=None, progress_regex=None, skip=(), tails=()) -> None:
+        W.Lines.__init__(self, progress_regex, skip, tails)
+        self.metrics_rx = re.compile(W.bounded_regex(metrics_regex)) if metrics_regex else None
+        self.values = {}  # type: dict  # name -> the last value since the last take()
+        self.ranks = {}   # type: dict  # rank -> {name: last value}
+        self.dropped = 0  # numbers that were no finite number (NaN, inf, 1e400), since the last take()
+
+    def progress(self, line: bytes) -> bool:
+        if line.startswith(JSON_MARK):
+            self.json_line(line[len(JSON_MARK):W.MATCH_MOST])
+            return True
+        counted = W.Lines.progress(self, line)
+        if self.metrics_rx is not None and line.strip() and not line.startswith(W.OURS):
+            m = self.metrics_rx.search(line[:W.MATCH_MOST].decode("utf-8", "replace"))
+            if m is not None:
+                for k, v in m.groupdict().items():
+                    self.keep(self.values, k, v)
+        return counted
+
+    def keep(self, into: dict, name, value) -> None:
+        if not isinstance(name, str) or not NAME.match(name) or (name not in into and len(into) >= MAX_METRICS):
+            return
+        if value is None:
+            return
+        v = number(value) if not isinstance(value, bool) else None
+        if v is None:
+            self.dropped += 1
+            return
+        into[name] = v
+
+    def json_line(self, data: bytes) -> None:
+        try:
+            rec = json.loads(data.decode("utf-8", "replace"))
+        except ValueError:
+            return
+        if not isinstance(rec, dict):
+            return
+        rank = rec.get("rank")
+        into = self.values
+        if type(rank) is int and 0 <= rank < 1 << 20:
+            if rank not in self.ranks and len(self.ranks) >= MAX_RANKS:
+                return
+            into = self.ranks.setdefault(rank, {})
+        for k, v in rec.items():
+            if k == "rank":
+                continue
+            if v is None:  # log_metrics' NaN or inf
+                self.dropped += 1
+                continue
+            self.keep(into, k, v)
+            if into is not self.values and k in into:
+                into_node = self.values  # the node's own series: the last rank's value
+                into_node[k] = into[k]
+
+    def take(self):
+        """(values, ranks, dropped) since the last take."""
+        out = (self.values, self.ranks, self.dropped)
+        self.values, self.ranks, self.dropped = {}, {}, 0
+        return out
+
+
+class Idle:
+    """Whether every GPU of this node has stayed below ``below`` % for ``seconds`` (a monotonic clock)."""
+
+    def __init__(self, below: float, seconds: float) -> None:
+        self.below, self.seconds = below, seconds
+        self.since = None  # type: float | None  # when every GPU was last found below, continuously since
+
+    def feed(self, gpus, now: float) -> bool:
+        utils = [g.get("util") for g in gpus or ()]
+        if not utils or any(u is None or u >= self.below for u in utils):
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = now
+        return now - self.since >= self.seconds
+
+
+class Writer:
+    """metrics.jsonl, kept under ``most`` bytes by thinning (see the module docstring)."""
+
+    def __init__(self, path: str, header: dict, most: int) -> None:
+        self.path, self.most = path, max(4096, int(most))
+        self.stride, self.pending = 1, 0
+        self.header = (json.dumps(header, sort_keys=True) + "\n").encode()
+        self.size = len(self.header)
+        W.write_private(path, self.header)
+
+    def due(self) -> bool:
+        """Whether this sample is written (every ``stride``-th)."""
+        self.pending += 1
+        return self.pending >= self.stride
+
+    def write(self, line: bytes) -> None:
+        self.pending = 0
+        if self.size + len(line) > self.most:
+            self.thin()
+        if self.size + len(line) > self.most:
+            return  # one line larger than what is left even thinned: dropped
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        self.size += len(line)
+
+    def thin(self) -> None:
+        with open(self.path, "rb") as f:
+            lines = f.read().splitlines(True)
+        kept = [self.header] + lines[1:][1::2]
+        data = b"".join(kept)
+        W.write_private(self.path, data)
+        self.size, self.stride = len(data), self.stride * 2
+
+
+def sample_line(t: float, dt: float, host: dict, gpus, progress: int, values: dict, ranks: dict,
+                dropped: int) -> dict:
+    """One sample as metrics.jsonl holds it."""
+    s = {"t": round(t, 3), "dt": round(dt, 3), "progress": progress}  # type: dict
+    s.update(host)
+    if gpus is not None:
+        s["gpus"] = gpus
+    if values:
+        s["m"] = values
+    if ranks:
+        s["ranks"] = {str(r): v for r, v in sorted(ranks.items())}
+    if dropped:
+        s["dropped"] = dropped
+    return s
+
+
+def main(argv: list) -> int:
+    """``sampler CTL JSON``: the job's control folder, and {"interval", "regex" (metrics regex or null),
+    "progress_regex", "skip", "tails", "most", "idle" (or null)}; the job's marker and host name from the
+    environment (CLUSTERDDP_JOB, CLUSTERDDP_HOST). Runs until the job ends."""
+    ctl = argv[0]
+    args = json.loads(argv[1])
+    args.update(ctl=ctl, marker=os.environ.get("CLUSTERDDP_JOB", ""), host=os.environ.get("CLUSTERDDP_HOST", ""))
+    signal.signal(signal.SIGTERM, _stop)  # launch.sh's kill at the job's end: one last sample, then out
+    run(args, os.getppid())
+    return 0
+
+
+class Stop(Exception):
+    """SIGTERM: the job has ended."""
+
+
+STOPPING = [False, False]  # [SIGTERM came, the loop sleeps now]
+
+
+def _stop(signum, frame):
+    STOPPING[0] = True
+    if STOPPING[1]:
+        raise Stop()  # out of the sleep; otherwise the loop sees the flag after this sample
+
+
+def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, gpus_now=query_gpus, counters=host_counters,
+        samples=None) -> None:
+    """The sampling loop; ``parent`` None: no launch.sh to outlive (tests), ``samples``: how many to take."""
+    ctl = args["ctl"]
+    interval = max(0.1, float(args.get("interval") or INTERVAL))
+    parsed = Parsed(args.get("regex"), args.get("progress_regex"), args.get("skip", ()), args.get("tails", ()))
+    try:
+        log = open(os.path.join(ctl, "node.log"), "rb")
+        parsed.pos = log.seek(0, 2)
+    except OSError:
+        log = None
+    reader = W.Reader(log, parsed) if log is not None else None
+    header = {"schema": SCHEMA, "kind": "clusterddp-samples", "host": args.get("host", ""), "interval": interval,
+              "started": round(time.time(), 3), "regex": args.get("regex")}
+    out = Writer(os.path.join(ctl, "metrics.jsonl"), header, args.get("most") or MOST)
+    idle_args = args.get("idle")
+    idle = Idle(float(idle_args["below"]), float(idle_args["seconds"])) if idle_args else None
+    before, last_t, progress, taken = counters(), clock(), 0, 0
+    final = False
+    while not final:
+        try:
+            STOPPING[1] = True
+            if not STOPPING[0]:
+                sleep(interval)
+        except Stop:
+            pass
+        finally:
+            STOPPING[1] = False
+        if STOPPING[0]:
+            final = True  # the job has ended: what it printed since the last sample, without a GPU query
+        if not final and parent is not None and (os.getppid() != parent
+                                                 or os.path.exists(os.path.join(ctl, "exit_code"))):
+            return  # launch.sh has ended: so has the job
+        if reader is not None:
+            n, _ = reader.look(clock())
+            progress += n
+        gpus = None if final else gpus_now()
+        now_counters, now = counters(), clock()
+        taken += 1
+        if out.due() or final:
+            values, ranks, dropped = parsed.take()
+            dt = now - last_t
+            line = sample_line(time.time(), dt, host_sample(before, now_counters, dt), gpus, progress, values,
+                               ranks, dropped)
+            data = (json.dumps(line, sort_keys=True) + "\n").encode()
+            try:
+                out.write(data)
+                W.write_private(os.path.join(ctl, "metrics-now.json"), data)
+            except OSError:
+                pass
+            before, last_t, progress = now_counters, now, 0
+        if idle is not None and idle_args and idle.feed(gpus, now):
+            on_idle(args, idle_args)
+            idle = None
+        if samples is not None and taken >= samples:
+            return
+
+
+def on_idle(args: dict, idle: dict) -> None:
+    """Say it, write idle.json, and with ``stop`` end the job."""
+    stop = bool(idle.get("stop"))
+    W.say("idle: GPU utilisation below %g%% on every GPU of this node for %gs%s"
+          % (float(idle["below"]), float(idle["seconds"]), "; ending the job (idle_policy stop)" if stop else ""))
+    rec = {"schema": SCHEMA, "host": args.get("host", ""), "time": time.time(), "below": idle["below"],
+           "seconds": idle["seconds"], "stop": stop}
+    try:
+        W.write_private(os.path.join(args["ctl"], "idle.json"), json.dumps(rec).encode())
+    except OSError:
+        pass
+    if stop and args.get("marker"):
+        W.end_job(args["marker"], {os.getpid(), os.getppid()})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

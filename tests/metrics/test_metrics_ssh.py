@@ -1,0 +1,110 @@
+"""The sampler for real: 2 sshd hosts x 2 torchrun processes (gloo, CPU), a plain torch script (no
+clusterddp.train) whose local rank 0 prints ``loss X`` lines, ``metrics_regex`` in the inventory, and a stand-in
+``nvidia-smi`` on the nodes' PATH (a setup line) that answers as the real one does, its utilisation read from a
+file the test writes.
+
+- At 50% utilisation with ``idle_policy: {below: 10, minutes: 0.05, stop: true}``: the run succeeds, its samples
+  come back with the logs, `metrics --json` shows each node's loss series (the numbers the script printed,
+  decreasing) and its GPUs, `report` writes a page with the loss lines.
+- A detached run still going: `metrics` asks its nodes and shows their latest values.
+- At 0%: the idle policy fires (said in the log, idle.json) and stops the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from helpers import cddp, eventually, job_pids, run_id_of
+
+pytestmark = pytest.mark.integration
+
+JOB = r'''
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+loss = 3.0
+for step in range(int(sys.argv[1])):
+    dist.all_reduce(torch.ones(1))
+    loss *= 0.9
+    if os.environ["LOCAL_RANK"] == "0":
+        print("step %d loss %.4f" % (step, loss), flush=True)
+    time.sleep(float(sys.argv[2]))
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+SMI = """#!/bin/sh
+# a stand-in nvidia-smi: two GPUs, their utilisation from $FAKE_UTIL's file
+u=$(cat "{util}")
+echo "0, $u, 1000, 81559, 100.5, 40, 1410, 0x0000000000000000"
+echo "1, $u, 2000, 81559, 101.5, 41, 1410, 0x0000000000000000"
+"""
+
+
+def test_samples_metrics_report_and_the_idle_policy_on_real_nodes(bed, tmp_path):
+    src = tmp_path / "job"
+    src.mkdir()
+    (src / "train.py").write_text(JOB)
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    util = tmp_path / "util"
+    util.write_text("50\n")
+    (fake / "nvidia-smi").write_text(SMI.format(util=util))
+    os.chmod(fake / "nvidia-smi", stat.S_IRWXU)
+    os.chmod(tmp_path, 0o755)
+    runs = tmp_path / "runs"
+    inv = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"setup": [f"export PATH={fake}:$PATH"]},
+                              extra={"metrics_interval": 0.5, "metrics_regex": r"loss (?P<loss>[0-9.]+)",
+                                     "idle_policy": {"below": 10, "minutes": 0.05, "stop": True}})
+    event = tmp_path / "event.json"
+    r = cddp("up", str(inv), str(src / "train.py"), "--runs-dir", str(runs), "--report", str(tmp_path / "up.html"),
+             "--notify", f"command:cat > {event}", "--", "40", "0.2", check_rc=0, timeout=300)
+    run = run_id_of(r.stdout)
+    assert "idle:" not in r.stdout
+    # up --report wrote the page at the run's end, and the run's notification names it
+    assert 'id="series:metric-loss:node2:m.loss"' in (tmp_path / "up.html").read_text()
+    assert json.loads(event.read_text())["report"] == str(tmp_path / "up.html")
+    m = cddp("metrics", run, "--runs-dir", str(runs), "--json", check_rc=0)
+    got = json.loads(m.stdout)
+    printed = {round(3.0 * 0.9 ** (k + 1), 4) for k in range(40)}
+    assert set(got["nodes"]) == {"node1", "node2"}, got["nodes"].keys()
+    for name, node in got["nodes"].items():
+        loss = [v for _, v in node["series"]["m.loss"]]
+        assert len(loss) >= 2 and set(loss) <= printed and loss == sorted(loss, reverse=True), (name, loss)
+        assert {v for _, v in node["series"]["gpu1.util"]} == {50.0} and node["series"]["gpu1.mem"][0][1] == 2000
+        assert sum(v for _, v in node["series"]["rate"]) > 0
+    assert got["nodes"]["node1"]["latest"]["m.loss"] == round(3.0 * 0.9 ** 40, 4)  # the last line, in the last sample
+    t = cddp("metrics", run, "--runs-dir", str(runs), check_rc=0).stdout
+    assert "m.loss" in t and "gpu0.util" in t
+    h = cddp("report", run, "--runs-dir", str(runs), "-o", str(tmp_path / "run.html"), check_rc=0)
+    page = (tmp_path / "run.html").read_text()
+    assert 'id="series:metric-loss:node1:m.loss"' in page and 'id="series:metric-loss:node2:m.loss"' in page, h
+
+    # a detached run still going: `metrics` asks its nodes for their latest samples
+    d = cddp("up", str(inv), str(src / "train.py"), "--runs-dir", str(runs), "--detach", "--", "2000", "0.2",
+             check_rc=0, timeout=300)
+    going = run_id_of(d.stdout)
+
+    def latest() -> dict | None:
+        got = json.loads(cddp("metrics", going, "--runs-dir", str(runs), "--json", check_rc=0).stdout)
+        nodes = got["nodes"]
+        ok = got["running"] and set(nodes) == {"node1", "node2"} and all(
+            "m.loss" in n["latest"] for n in nodes.values())
+        return got if ok else None
+    got = eventually(latest, 120, interval=2)
+    assert got, cddp("metrics", going, "--runs-dir", str(runs), "--json").stdout
+    assert got["nodes"]["node2"]["latest"]["gpu0.util"] == 50.0
+    cddp("stop", going, "--runs-dir", str(runs), check_rc=0)
+
+    util.write_text("0\n")  # every GPU idle: the policy stops the run after 3 s of it
+    r = cddp("up", str(inv), str(src / "train.py"), "--runs-dir", str(runs), "--", "600", "0.2", timeout=300)
+    idle = run_id_of(r.stdout)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "idle: GPU utilisation below 10% on every GPU of this node for 3s; ending the job" in r.stdout
+    assert eventually(lambda: not job_pids(idle), 30), job_pids(idle)

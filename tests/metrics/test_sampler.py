@@ -1,0 +1,198 @@
+"""The node program ``sampler``, in-process: nvidia-smi's CSV read, the numbers in the job's lines (the metrics
+regex's named groups, bounded per line; log_metrics' JSON lines by rank), the file kept under its size by
+thinning, the loop (a fake clock, GPUs and host), the idle policy; and launch.sh starting it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clusterddp import inventory, noise
+from clusterddp.failure import AGENT_LINE
+from clusterddp.metrics.samples import parse
+from clusterddp.node import sampler as S
+from clusterddp.plan import build_plan
+from clusterddp.runspec import RunSpec, sampler_args
+
+SMI = ("0, 97, 30512, 81559, 312.45, 66, 1980, 0x0000000000000000\n"
+       "1, [N/A], 1024, 81559, [N/A], 40, 1410, 0x0000000000000004\n"
+       "garbage line\n")
+
+
+def parsed(regex=None) -> S.Parsed:
+    return S.Parsed(regex, None, [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern],
+                    [p for p, tail in noise.LINES if tail])
+
+
+def test_nvidia_smis_csv_is_read_per_gpu_with_na_as_none_and_garbage_skipped():
+    gpus = S.parse_smi(SMI)
+    assert [g["index"] for g in gpus] == [0, 1]
+    assert gpus[0] == {"index": 0, "util": 97.0, "mem": 30512.0, "mem_total": 81559.0, "power": 312.45,
+                       "temp": 66.0, "sm_clock": 1980.0, "throttle": 0}
+    assert gpus[1]["util"] is None and gpus[1]["power"] is None and gpus[1]["throttle"] == 4
+
+
+def test_the_metrics_regex_names_the_numbers_and_nan_inf_and_1e400_are_dropped_and_counted():
+    p = parsed(r"loss (?P<loss>[0-9.eE+-]+|nan|inf) lr (?P<lr>\S+)")
+    n = p.feed(b"[clusterddp] node 0/1 on a\nstep 1 loss 2.5 lr 0.1\nstep 2 loss 1.25 lr 0.05\n"
+               b"step 3 loss nan lr 0.05\nstep 4 loss 1e400 lr inf\n")
+    assert n == 4  # our own line is no progress
+    values, ranks, dropped = p.take()
+    assert values == {"loss": 1.25, "lr": 0.05} and ranks == {} and dropped == 3
+    assert p.take() == ({}, {}, 0)
+
+
+def test_the_metrics_regex_sees_only_a_lines_first_bytes_so_its_time_per_line_is_bounded():
+    p = parsed(r".*loss (?P<loss>[0-9.]+)")  # the leading .* dropped, as the watchdog drops it
+    assert p.metrics_rx.pattern == r"loss (?P<loss>[0-9.]+)"
+    p.feed(b"loss 3.0\n" + b"x" * (S.W.MATCH_MOST + 10) + b" loss 9.0\n")  # the last line's number is past it
+    assert p.take()[0] == {"loss": 3.0}
+
+
+def test_log_metrics_json_lines_are_kept_by_rank_and_for_the_node():
+    p = parsed()
+    p.feed(b'[clusterddp.metrics] {"rank": 1, "step": 7, "loss": 0.5}\n'
+           b'[clusterddp.metrics] {"rank": 0, "step": 7, "loss": 0.75, "bad name!": 1, "x": "text"}\n'
+           b'[clusterddp.metrics] not json\n[clusterddp.metrics] [1, 2]\n')
+    values, ranks, _ = p.take()
+    assert ranks == {1: {"step": 7.0, "loss": 0.5}, 0: {"step": 7.0, "loss": 0.75}}
+    assert values == {"step": 7.0, "loss": 0.75}
+
+
+def test_the_file_stays_under_its_size_by_thinning_and_keeps_the_whole_course(tmp_path):
+    w = S.Writer(str(tmp_path / "m.jsonl"), {"kind": "clusterddp-samples"}, 4096)
+    written = 0
+    for i in range(2000):
+        if w.due():
+            w.write((json.dumps({"t": float(i), "dt": 1.0, "progress": 1}) + "\n").encode())
+            written += 1
+    data = (tmp_path / "m.jsonl").read_bytes()
+    assert len(data) <= 4096 and w.stride >= 16 and written < 2000
+    ts = [s.t for s in parse(data, "a").samples]
+    assert ts == sorted(ts) and ts[0] < 200 and ts[-1] > 1800  # the start and the end are both there
+    assert oct(os.stat(tmp_path / "m.jsonl").st_mode & 0o777) == "0o600"
+
+
+def test_the_loop_writes_samples_a_reader_parses_with_progress_gpus_and_metrics(tmp_path):
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    log = ctl / "node.log"
+    log.write_bytes(b"before the sampler started: not counted\n")
+    clock = [0.0]
+    lines = iter([b"loss 3.0\n", b"loss 2.0\nloss 1.5\n", b""])
+
+    def sleep(s):
+        clock[0] += s
+        with open(log, "ab") as f:
+            f.write(next(lines))
+    counters = iter([{"cpu": (0, 0), "mem": 5, "mem_total": 10, "net": (0, 0), "disk": (0, 0)},
+                     *({"cpu": (50 * k, 100 * k), "mem": 6, "mem_total": 10, "net": (1000 * k, 0), "disk": (0, 0)}
+                       for k in range(1, 4))])
+    args = {"ctl": str(ctl), "interval": 2.0, "regex": r"loss (?P<loss>[0-9.]+)", "host": "a"}
+    S.run(args, None, clock=lambda: clock[0], sleep=sleep, gpus_now=lambda: S.parse_smi(SMI),
+          counters=lambda: next(counters), samples=3)
+    got = parse((ctl / "metrics.jsonl").read_bytes(), "a")
+    assert got.interval == 2.0 and got.bad == 0
+    assert [s.progress for s in got.samples] == [1, 2, 0]
+    assert [s.metrics for s in got.samples] == [{"loss": 3.0}, {"loss": 1.5}, {}]
+    assert got.samples[0].rate == 0.5 and got.samples[0].host["cpu"] == 50.0
+    assert got.samples[0].host["net_rx"] == 500 and got.samples[1].gpus[0]["util"] == 97.0
+    assert json.loads((ctl / "metrics-now.json").read_text())["progress"] == 0
+
+
+def test_idle_fires_after_its_time_at_zero_and_never_at_fifty_percent():
+    zero, fifty = S.Idle(10, 60), S.Idle(10, 60)
+    fired = [t for t in range(0, 200, 5) if zero.feed([{"util": 0.0}, {"util": 3.0}], float(t))]
+    assert fired and fired[0] == 60
+    assert not any(fifty.feed([{"util": 0.0}, {"util": 50.0}], float(t)) for t in range(0, 600, 5))
+    back = S.Idle(10, 60)
+    assert not any(back.feed([{"util": 0.0 if t % 50 else 90.0}], float(t)) for t in range(0, 600, 5))
+    assert not S.Idle(10, 0).feed(None, 0.0)  # no GPU: never idle
+
+
+def test_the_idle_policy_writes_idle_json_in_the_loop(tmp_path):
+    clock = [0.0]
+
+    def sleep(s):
+        clock[0] += s
+    args = {"ctl": str(tmp_path), "interval": 5.0, "idle": {"below": 10, "seconds": 30, "stop": False}}
+    S.run(args, None, clock=lambda: clock[0], sleep=sleep, gpus_now=lambda: [{"index": 0, "util": 0.0}],
+          counters=dict, samples=10)
+    rec = json.loads((tmp_path / "idle.json").read_text())
+    assert rec["below"] == 10 and rec["stop"] is False
+
+
+def test_launch_sh_starts_the_sampler_unless_off_and_is_valid_bash(tmp_path):
+    inv = inventory.parse("hosts:\n  - {name: a, address: 10.0.0.1}\n", "inv.yaml")
+    on = build_plan(inv, RunSpec("train.py", metrics_regex=r"loss (?P<loss>\S+)"), "R1").nodes[0].launch_script
+    off = build_plan(inv, RunSpec("train.py", metrics_interval=0), "R1").nodes[0].launch_script
+    assert "sampler.py" in on and '"regex": "loss (?P<loss>\\\\S+)"' in on
+    assert "sampler.py" not in off
+    for text in (on, off):
+        (tmp_path / "l.sh").write_text(text)
+        subprocess.run(["bash", "-n", str(tmp_path / "l.sh")], check=True)
+    assert sampler_args(RunSpec("t.py", idle_policy=(5.0, 600.0, True)))["idle"] == {
+        "below": 5.0, "seconds": 600.0, "stop": True}
+
+
+def test_log_metrics_lines_are_what_the_sampler_reads_by_rank_and_nan_is_said(monkeypatch):
+    import io
+
+    import clusterddp.train as ct
+    monkeypatch.setenv("RANK", "3")
+    buf = io.StringIO()
+    ct.log_metrics(12, file=buf, loss=0.25, lr=1e-3)
+    ct.log_metrics(13, file=buf, loss=float("nan"))
+    p = parsed()
+    assert p.feed(buf.getvalue().encode()) == 2
+    values, ranks, dropped = p.take()
+    assert ranks == {3: {"step": 13.0, "loss": 0.25, "lr": 1e-3}} and dropped == 1
+
+
+def test_a_catastrophic_or_nameless_metrics_regex_is_refused_where_the_run_is_planned():
+    import pytest
+
+    from clusterddp.errors import InventoryError, UsageError
+    from clusterddp.runspec import resolve
+
+    def sampling(interval, regex, inv):
+        spec = resolve(RunSpec("t.py", metrics_interval=interval, metrics_regex=regex), inv)
+        return {"metrics_interval": spec.metrics_interval, "metrics_regex": spec.metrics_regex,
+                "idle_policy": spec.idle_policy}
+    inv = inventory.parse("hosts:\n  - {name: a, address: 10.0.0.1}\n", "inv.yaml")
+    with pytest.raises(UsageError, match="exponential time"):
+        sampling(None, r"(?P<x>(a+)+)b", inv)
+    with pytest.raises(UsageError, match="no named group"):
+        sampling(None, r"loss ([0-9.]+)", inv)
+    with pytest.raises(InventoryError) as e:
+        inventory.parse("metrics_regex: '(?P<x>(\\d*)*)'\nhosts:\n  - {name: a, address: 10.0.0.1}\n", "inv.yaml")
+    assert "metrics_regex" in str(e.value) and "exponential" in str(e.value)
+    with pytest.raises(UsageError, match="half a second"):
+        sampling(0.1, None, inv)
+    assert sampling(0, None, inv)["metrics_interval"] == 0  # off
+    assert sampling(None, None, inv)["metrics_interval"] == 5.0
+    inv2 = inventory.parse("metrics_interval: 2\nmetrics_regex: 'l (?P<l>\\S+)'\n"
+                           "idle_policy: {below: 5, minutes: 2}\nhosts:\n  - {name: a, address: 10.0.0.1}\n", "i.yaml")
+    got = sampling(None, None, inv2)
+    assert got == {"metrics_interval": 2.0, "metrics_regex": r"l (?P<l>\S+)", "idle_policy": (5.0, 120.0, False)}
+    assert sampling(7, r"m (?P<m>\S+)", inv2)["metrics_interval"] == 7  # the flags win
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=2000), st.lists(st.binary(max_size=300), max_size=20))
+def test_the_nodes_readers_never_raise_and_keep_only_finite_numbers(smi, chunks):
+    for g in S.parse_smi(smi):
+        assert isinstance(g["index"], int)
+        assert all(v is None or abs(v) < float("inf") for k, v in g.items() if k not in ("index", "throttle"))
+    p = parsed(r"loss (?P<loss>\S+)")
+    for c in chunks:
+        p.feed(c)
+        p.feed(b"[clusterddp.metrics] " + c + b"\n")
+    values, ranks, dropped = p.take()
+    nums = [*values.values(), *(v for r in ranks.values() for v in r.values())]
+    assert all(isinstance(v, float) and abs(v) < float("inf") for v in nums) and dropped >= 0
+    assert len(values) <= S.MAX_METRICS and len(ranks) <= S.MAX_RANKS
