@@ -12,8 +12,8 @@ where it runs alone, as ``__main__``, with the node's own Python. So every modul
   (no f-strings, no variable annotations), since they must report on a node whose Python is too
   old rather than fail to parse; ``collect``, ``follow``, ``worker``, ``top``, ``diagnose``, ``lease``,
   ``stacks``, ``stackhook``, ``watch``, ``sampler``, ``where``, ``flight``, ``notify`` and ``collective``
-  (which imports torch, as ``watch`` does for the run's store) Python 3.8, the oldest that torch 2 supports (they run only
-  where a job can run). tests/node/test_node_programs.py parses each with that grammar;
+  (which imports torch, as ``watch`` does for the run's store) Python 3.8, the oldest that torch 2 supports
+  (they run only where a job can run). tests/node/test_node_programs.py parses each with that grammar;
 - has ``main(argv)`` (argv without the program name), callable in-process by tests, and ends
   with ``if __name__ == "__main__":`` calling it.
 """

@@ -123,3 +123,21 @@ def test_stragglers_of_a_run_folder_reads_each_hosts_file(tmp_path):
     got = ST.stragglers_of(tmp_path)
     assert [(s["host"], s["ranks"], s["until"]) for s in got] == [("node2", [1], None)]
     assert ST.stragglers_of(tmp_path / "nope") == []
+
+
+def test_metrics_shows_the_rank_samplers_stragglers_and_falls_back_to_busy_shares(tmp_path):
+    """`clusterddp metrics --json`'s and the report's stragglers: the rank sampler's (host, ranks, since, why)
+    where the run has its samples; the metrics sampler's busy-share comparison where it has none."""
+    from clusterddp.metrics import series as MS
+    assert MS.of_run(tmp_path, []) == []  # no samples of either kind
+    fast, slow = host("node1", [0], lambda i, r: "w"), host("node2", [1], lambda i, r: "c")
+    for h in (fast, slow):
+        d = tmp_path / "where" / h.host
+        d.mkdir(parents=True)
+        lines = [json.dumps({**s, "ranks": {str(r): list(v) for r, v in s["ranks"].items()}}) for s in h.samples]
+        (d / "where.jsonl").write_text("\n".join(lines) + "\n")
+    (got,) = MS.of_run(tmp_path, [])
+    assert (got.key, got.ranks, got.until) == ("node2", (1,), None) and got.since is not None
+    j = got.to_json()
+    assert (j["host"], j["node"], j["ranks"]) == ("node2", "node2", [1]) and "own code" in j["why"]
+    assert got.label.startswith("node2 (ranks 1) since ")
