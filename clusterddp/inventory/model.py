@@ -136,8 +136,9 @@ class Master:
 
 
 # What a run tells its notification targets (`notify:`, --notify): its end, by how it ended
-# ("hang": a failed run whose failure is a hang), and a schedule's firing skipped.
-NOTIFY_EVENTS = ("succeeded", "failed", "hang", "stopped", "interrupted", "skipped")
+# ("hang": a failed run whose failure is a hang), a schedule's firing skipped, and a straggler named while an
+# attached run goes (clusterddp.stragglers; told only to a target whose `on` names it).
+NOTIFY_EVENTS = ("succeeded", "failed", "hang", "stopped", "interrupted", "skipped", "straggler")
 NOTIFY_KINDS = ("webhook", "webhook_file", "command")
 
 

@@ -246,3 +246,26 @@ def test_the_run_folder_keeps_the_line_of_what_could_not_be_told(tmp_path, recei
     log = store.run_dir(rec.run_id) / "notify.log"
     assert log.read_text().endswith(lines[0] + "\n") and (os.stat(log).st_mode & 0o777) == 0o600
     assert N.tell_run_end([], store, rec.run_id) == []
+
+
+def test_a_straggler_is_told_only_to_a_target_whose_on_names_it(tmp_path):
+    s = {"host": "node-2", "ranks": [2, 3], "since": 1796540000.0, "until": None,
+         "why": "its ranks are in their own code"}
+    ev = N.straggler_event("r1", s)
+    assert (ev["event"], ev["host"], ev["ranks"], ev["status"]) == ("straggler", "node-2", [2, 3], None)
+    assert ev["text"].startswith("clusterddp: run r1: node-2 (ranks 2-3) is the straggler since ")
+    assert ev["text"].endswith(": its ranks are in their own code")
+    # default targets (every end) and end-only targets are not told; `on: [straggler]` is
+    assert not N.wants(webhook("http://x/"), ev) and not N.wants(webhook("http://x/", on=("failed",)), ev)
+    assert N.wants(webhook("http://x/", on=("straggler",)), ev)
+    out = tmp_path / "got"
+    told = NotifyTarget("command", f"cat > {out}.json; echo '{{event}} {{host}} {{run_id}}' > {out}.args",
+                        where="lab.yaml: notify[0]", on=("straggler",))
+    deaf = NotifyTarget("command", f"touch {tmp_path}/deaf", where="--notify")
+    assert N.tell_straggler([told, deaf], None, "r1", s) == []
+    assert json.loads(out.with_suffix(".json").read_text())["why"] == s["why"]
+    assert out.with_suffix(".args").read_text() == "straggler node-2 r1\n"
+    assert not (tmp_path / "deaf").exists()
+    assert N.tell_straggler([deaf], None, "r1", s) == []  # nobody wants it: nothing run
+    inv = parse(HOSTS + "notify:\n  - command: \"true\"\n    on: [straggler]\n", "lab.yaml")
+    assert inv.notify[0].on == ("straggler",)
