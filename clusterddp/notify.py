@@ -146,7 +146,8 @@ def _base(kind: str, **fields: Any) -> dict:
 def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseException | None = None,
               run_id: str | None = None, name: str | None = None, schedule: str | None = None,
               inventory: str | None = None, detached: bool = False) -> dict | None:
-    """The event of a run's end, from its record (``interrupted``: `up` got Ctrl-C or SIGTERM); for a
+    """The event of a run's end, from its record (``interrupted``: `up` got Ctrl-C or SIGTERM, told as
+    such when the record says it stopped the job, not when the job had ended before it); for a
     run that ended before it was recorded (its preflight failed, its slots were taken), a failure
     made of ``error``. None while the record says running: the job has not ended (`up` lost sight
     of it), so there is no end to tell."""
@@ -167,8 +168,8 @@ def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseEx
         return None
     status = rec.status.value
     failure = rec.failure
-    if interrupted:
-        kind = "interrupted"
+    if interrupted and rec.status is RunStatus.STOPPED:
+        kind = "interrupted"  # a Ctrl-C after the job ended (during the collect) stopped nothing: its own end
     elif rec.status is RunStatus.FAILED and failure is not None and failure.kind == "hang":
         kind = "hang"
     else:

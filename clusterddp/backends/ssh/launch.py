@@ -369,12 +369,12 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         except KeyboardInterrupt:
             mirror.stop()
             store.close_logs()
-            _collect_then_finish(fleet, plan, store, on_collect, sup, sup.outcome, on_warn)
+            _finish_then_collect(fleet, plan, store, on_collect, sup, sup.outcome, on_warn)
             raise
         finally:
             mirror.stop()
         store.close_logs()
-        status = _collect_then_finish(fleet, plan, store, on_collect, sup, outcome, on_warn, may_go_on=may_go_on)
+        status = _finish_then_collect(fleet, plan, store, on_collect, sup, outcome, on_warn, may_go_on=may_go_on)
         if status is not RunStatus.SUCCEEDED:
             raise base.run_failed(store, run_id, outcome, status, lambda: explain(fleet, plan, store))
         return outcome
@@ -416,20 +416,22 @@ def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Calla
     return results
 
 
-def _collect_then_finish(fleet: Fleet, plan: P.LaunchPlan, store: RunStore,
+def _finish_then_collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore,
                          on_collect: Callable[[CollectResult], None], sup: Supervisor, outcome: RunOutcome,
                          on_warn: Callable[[str], None], may_go_on: bool = False) -> RunStatus:
-    """:func:`collect`, then :func:`finish`. A Ctrl-C during the collect records the job's own outcome
-    (a run that succeeded everywhere stays succeeded: the collect, not the job, was cut short), says
-    how to fetch the rest, and is raised again."""
+    """:func:`finish`, then :func:`collect`: the job's outcome is recorded before its files come back,
+    so a launcher killed during the collect (SIGKILL, a closed laptop) leaves the record saying what the
+    job did, not ``running``. A Ctrl-C during the collect keeps that record (a run that succeeded
+    everywhere stays succeeded: the collect, not the job, was cut short), says how to fetch the rest,
+    and is raised again. Returns the status recorded."""
+    status = finish(store, plan.run_id, sup, outcome)
     try:
         collect(fleet, plan, store, on_collect, sup, may_go_on=may_go_on)
     except KeyboardInterrupt:
-        finish(store, plan.run_id, sup, outcome)
-        on_warn(f"[clusterddp] collect interrupted: the run is recorded {outcome.status}; "
+        on_warn(f"[clusterddp] collect interrupted: the run is recorded {status}; "
                 f"`clusterddp collect {plan.run_id}` fetches its logs and files")
         raise
-    return finish(store, plan.run_id, sup, outcome)
+    return status
 
 
 def finish(store: RunStore, run_id: str, sup: Supervisor, outcome: RunOutcome) -> RunStatus:

@@ -103,6 +103,25 @@ def test_ctrl_c_during_the_collect_of_a_run_that_succeeded_records_it_succeeded(
                     f"`clusterddp collect {p.run_id}` fetches its logs and files"]
 
 
+def test_the_jobs_outcome_is_recorded_before_the_collect_begins(tmp_path, monkeypatch):
+    # A launcher killed during the end-of-run collect (SIGKILL, a closed laptop) can record nothing more:
+    # the record must already say what the job did, not running (issue 40)
+    p = make_plan(tmp_path, {"a": "ok", "b": "ok"})
+    store = RunStore(tmp_path / "runs")
+    prep = jobs.Prepared(p, store, tmp_path)
+    store.create(jobs.new_record(prep, str(tmp_path / "inv.yaml")))
+    seen = []
+
+    def looking(*a, **kw):
+        seen.append(store.load(p.run_id))
+        return []
+    monkeypatch.setattr(jobs, "collect_nodes", looking)
+    jobs.execute(prep, lambda h, b: None)
+    (rec,) = seen
+    assert rec.status is RunStatus.SUCCEEDED and rec.ended_at, rec.status
+    assert [(n.state, n.exit_code) for n in rec.nodes] == [(NodeState.SUCCEEDED, 0)] * 2
+
+
 def test_ctrl_c_after_the_start_before_the_watch_ends_the_jobs_and_records_the_stop(tmp_path, monkeypatch):
     p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
     store = RunStore(tmp_path / "runs")
