@@ -328,3 +328,25 @@ def test_a_first_hand_exception_on_a_node_recorded_stopped_beats_echoes_on_the_n
     assert F.diagnose([a, facts("node-2", 1, state="stopped")], first_failed="node-1").host == "node-1"
     own = facts("node-1", 0, errors=[efile(1, "OSError", "disk full", t)])
     assert F.diagnose([own, b], first_failed="node-1").exc_type == "OSError"
+
+
+def test_an_echo_on_the_root_causes_own_node_in_the_same_second_never_hides_it():
+    # The Slurm bed's remaining race (issue 40): on node-2, rank 3 raises; rank 2, in the all_reduce with
+    # it, raises gloo's "Connection closed by peer" and exits 1 before torchrun's monitor looks (most
+    # runs torchrun SIGTERMs it first). torchrun's table then lists both with exit code 1, in the same
+    # whole second: rank 2, the lower rank, must not be taken for the cause.
+    echo = ("dist.all_reduce(torch.ones(1))", f"RuntimeError: {GLOO_ECHO}")
+    boom = ("explode(5)", "ValueError: plain boom at step 5")
+    log2 = _ranks_log(table({2: (0, 1, 800), 3: (1, 1, 801)}), {3: boom, 2: echo})
+    log1 = _ranks_log(table({0: (0, -15, 700), 1: (1, -15, 701)}), {})
+    for first, states in (("node-2", ("stopped", "failed")), ("node-1", ("failed", "stopped"))):
+        nodes = [facts("node-1", 0, state=states[0], log=log1 if first == "node-2" else
+                       _ranks_log(table({0: (0, 1, 700), 1: (1, 1, 701)}), {0: echo, 1: echo})),
+                 facts("node-2", 1, state=states[1], log=log2)]
+        f = F.diagnose(nodes, first_failed=first)
+        assert (f.host, f.rank, f.exc_type) == ("node-2", 3, "ValueError"), (first, f.summary)
+    # with error files' precise times too: an echo a little earlier than the cause is still its echo
+    t = 1_800_000_000
+    b = facts("node-2", 1, errors=[efile(0, "RuntimeError", GLOO_ECHO, t + 0.01, rank=2),
+                                   efile(1, "ValueError", "plain boom", t + 0.02, rank=3)])
+    assert F.diagnose([facts("node-1", 0, state="stopped"), b], first_failed="node-2").rank == 3
