@@ -526,15 +526,31 @@ def test_the_mirrors_own_loop_says_a_failure_once_and_only_when_it_comes_twice_i
     """Through the real loop (start/stop), not a copy of it: a problem one look has and the next does
     not is never said; one that keeps coming is said once, however many looks it lasts."""
     said: list[str] = []
-    fleet = _Fleet([HostError("node1", "no data for 60s"), listing(), *[HostError("node1", "cannot connect")] * 6])
+    hiccup = HostError("node1", "no data for 60s")  # twice, but never twice in a row: a look between went well
+    fleet = _Fleet([hiccup, listing(), hiccup, listing(), *[HostError("node1", "cannot connect")] * 6])
     store = RunStore(tmp_path)
     store.run_dir("r1").mkdir(parents=True)
     m = mirror.Mirror(fleet, plan(), store, warn=said.append, interval_s=0.01)  # type: ignore[arg-type]
     m.start()
     try:
-        assert eventually(lambda: len(fleet.asked) >= 8, timeout=60), fleet.asked
+        assert eventually(lambda: len(fleet.asked) >= 10, timeout=60), fleet.asked
     finally:
         m.stop()
     assert not any("no data for 60s" in s for s in said), said
     assert sum("cannot connect" in s for s in said) == 1, said
     assert len(said) == len(set(said)), said  # the same line never twice
+
+
+def test_the_mirrors_first_look_at_a_folder_checkpoint_only_lists_it(tmp_path):
+    """A checkpoint of several files is taken only once two looks in a row list it alike: the first look
+    of a run (no look before it) lists, and fetches nothing, whatever the listing holds."""
+    folder = listing(("ckpt/step-9/a.pt", 5, 1), ("ckpt/step-9/b.pt", 5, 1))
+    fleet = _Fleet([folder, folder])
+    store = RunStore(tmp_path)
+    store.run_dir("r1").mkdir(parents=True)
+    p = replace(plan(), spec=RunSpec("t.py", checkpoints=("ckpt/step-*/*",)))
+    m = mirror.Mirror(fleet, p, store, interval_s=1)  # type: ignore[arg-type]
+    assert m.look() == [] and [sorted(a) for a in fleet.asked] == [["globs", "have", "list", "written"]]
+    with pytest.raises(HostError):  # the second look, listing it alike, asks for its files (answered: cut off)
+        m.look()
+    assert fleet.asked[-1]["paths"] == ["ckpt/step-9/a.pt", "ckpt/step-9/b.pt"], fleet.asked
