@@ -561,7 +561,8 @@ def test_the_step_comes_from_the_first_numbered_part_after_the_globs_literal_fol
     a glob's literal folders are skipped (their numbers are no step), the first numbered part after them
     makes the step, a folder checkpoint's series ends in ``/*``, and a literal glob of a numbered file
     still makes a series of it."""
-    assert mirror.series_of("run/exp2/step-8.pt", ["run/exp2/step-*.pt"]) == ("run/exp2/step-#.pt", (8,), "run/exp2/step-8.pt")
+    assert mirror.series_of("run/exp2/step-8.pt", ["run/exp2/step-*.pt"]) == (
+        "run/exp2/step-#.pt", (8,), "run/exp2/step-8.pt")
     assert mirror.series_of("exp3/step-8.pt", ["**/*.pt"]) == ("exp#/*", (3,), "exp3")  # the folder: checkpoint-500/
     assert mirror.series_of("ckpt/step-9/a.pt", ["ckpt/step-*/*"]) == ("ckpt/step-#/*", (9,), "ckpt/step-9")
     assert mirror.series_of("ckpt/step-8.pt", ["ckpt/step-8.pt"]) == ("ckpt/step-#.pt", (8,), "ckpt/step-8.pt")
@@ -573,4 +574,5 @@ def test_the_step_comes_from_the_first_numbered_part_after_the_globs_literal_fol
                                           ("-1", None), ("ten", None), ("nan", None)])
 def test_the_interval_is_0_or_1_to_3600_seconds_both_ends_taken(given, value):
     got, problem = mirror.interval_from({"CLUSTERDDP_MIRROR_INTERVAL": given})
-    assert (got, problem is None) == ((value, True) if value is not None else (mirror.INTERVAL_S, False)), (got, problem)
+    want = (value, True) if value is not None else (mirror.INTERVAL_S, False)
+    assert (got, problem is None) == want, (got, problem)

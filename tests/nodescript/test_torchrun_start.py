@@ -160,7 +160,7 @@ def test_a_node_that_does_not_serve_the_store_starts_torchrun_once_the_store_lis
     # try's own time on a loaded machine is not the wait's: the median gap between tries is, and a wait
     # of torchrun's own back-off (0.3 s or more between tries) fails it whatever the load
     assert tries[-1][0] - state["listening"] < 1.0, (tries[-1][0] - state["listening"], tries[-3:])
-    gaps = sorted(b - a for (a, _), (b, _) in zip(tries, tries[1:]))
+    gaps = sorted(b - a for (a, _), (b, _) in zip(tries, tries[1:], strict=False))
     assert gaps[len(gaps) // 2] < 0.2, (len(tries), gaps[len(gaps) // 2:][:5])
     assert seen["store"] is None  # taken out of the environment: the workers never see it
     assert seen["argv"][1:] == ["x"] and seen["name"] == "__main__"

@@ -153,9 +153,9 @@ def test_ctrl_c_after_the_start_before_the_watch_ends_the_jobs_and_records_the_s
 def test_logs_follow_ends_every_nodes_stream_once_its_output_pipe_closes(tmp_path):
     # `logs --follow | head -1` on a run of several nodes: once nobody reads, every node's stream ends at
     # once (its connection closed), not when that node's job ends: here, never (issue 40)
+    from clusterddp import plan as P
     from clusterddp.backends.ssh import control
     from clusterddp.errors import StdoutClosed
-    from clusterddp import plan as P
     p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
     store = RunStore(tmp_path / "runs")
     prep = jobs.Prepared(p, store, tmp_path)
