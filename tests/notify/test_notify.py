@@ -250,3 +250,31 @@ def test_the_run_folder_keeps_the_line_of_what_could_not_be_told(tmp_path, recei
     log = store.run_dir(rec.run_id) / "notify.log"
     assert log.read_text().endswith(lines[0] + "\n") and (os.stat(log).st_mode & 0o777) == 0o600
     assert N.tell_run_end([], store, rec.run_id) == []
+
+
+def test_the_event_fields_and_words_mutation_testing_found_unpinned():
+    """scripts/mutate.sh's survivors in notify's event building that are documented (docs/notifications.md):
+    the duration's words at each unit's edge, every field of the event of a run that ended before it was
+    recorded (interrupted: stopped, exit 130; failed: the error's first line), a failure without a rank,
+    and a failed run known only by its failing host."""
+    assert [N._took(s) for s in (None, 0, 59.9, 60, 185, 3599, 3600, 3725)] == [
+        "", " in 0s", " in 59s", " in 1m00s", " in 3m05s", " in 59m59s", " in 1h00m", " in 1h02m"]
+    early = N.run_event(None, interrupted=True, run_id="r1", name="n", schedule="s", inventory="/lab.yaml",
+                        detached=True)
+    assert {k: v for k, v in early.items() if k not in ("at", "sender")} == {
+        "text": "clusterddp: a run (n) of schedule s was interrupted before it started: no reason given",
+        "event": "interrupted", "status": "stopped", "run_id": None, "name": "n", "schedule": "s",
+        "inventory": "/lab.yaml", "script": None, "hosts": [], "exit_code": 130, "started_at": None,
+        "ended_at": None, "duration_s": None, "failed_host": None, "summary": "no reason given", "failure": None,
+        "detached": True}
+    failed = N.run_event(None, error=UsageError("node-2: refused\nmore"), run_id="r1")
+    assert (failed["event"], failed["status"], failed["exit_code"], failed["summary"]) == (
+        "failed", "failed", 1, "node-2: refused")
+    assert failed["text"] == "clusterddp: a run failed before it started: node-2: refused"
+    base = failed_record()
+    no_rank = replace(base, failure=replace(base.failure, rank=None, summary=""))
+    assert N.run_event(no_rank)["summary"] == "node-2: "
+    host_only = N.run_event(replace(base, failure=None))
+    assert host_only["summary"] == "node-2 failed first" and host_only["text"].endswith(": node-2 failed first")
+    ok = N.run_event(replace(base, status=RunStatus.SUCCEEDED, failure=None, failed_host=None))
+    assert ok["summary"] is None and ok["detached"] is False
