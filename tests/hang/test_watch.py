@@ -212,3 +212,21 @@ def test_the_flags_win_over_the_inventory_and_zero_turns_it_off():
         watchdog(0.5, None, inv)
     with pytest.raises(UsageError, match="groups"):
         watchdog(30.0, "(a)(b)", inv)
+
+
+def test_the_deciders_edges_mutation_testing_found_unpinned():
+    """scripts/mutate.sh's survivors in Decider that are the documented rules: the clock starts at the
+    first progress line anywhere (a shared count of 1 is one), a node's watcher is not armed until every
+    node's watcher joined, and the clock starts again when the last one joins."""
+    d = W.Decider(5.0, now=0.0, nnodes=2)
+    d.shared(0, 1, now=1.0)
+    assert not d.armed  # one watcher of two, no progress yet
+    d.shared(1, 1, now=2.0)
+    assert d.seen and not d.armed  # the first progress line anywhere; the other node's watcher not there yet
+    d.shared(1, 2, now=30.0)  # it joins late: what it missed before is unknown, so the clock starts now
+    assert d.armed and d.last == 30.0 and not d.stalled(34.9) and d.stalled(35.0)
+    d.shared(1, 2, now=33.0)  # a later read, no new progress: the clock goes on
+    assert d.stalled(35.0)
+    one = W.Decider(5.0, now=0.0)  # a single node: its own watcher is all there is
+    one.local(1, now=1.0)
+    assert one.armed and not one.stalled(5.9) and one.stalled(6.0)
