@@ -230,3 +230,11 @@ def test_the_deciders_edges_mutation_testing_found_unpinned():
     one = W.Decider(5.0, now=0.0)  # a single node: its own watcher is all there is
     one.local(1, now=1.0)
     assert one.armed and not one.stalled(5.9) and one.stalled(6.0)
+
+
+def test_a_nested_unbounded_repeat_is_refused_inside_a_lookaround_too():
+    """scripts/mutate.sh's survivors in regex_problem: a lookahead's body is searched too."""
+    for regex in (r"(?=(a+)+)x", r"(?!(\d*)*)x", r"x(?=y|(a+)+)"):
+        assert W.regex_problem(regex) == ("a repeat inside an unbounded repeat (e.g. (a+)+) can take exponential "
+                                          "time on one line"), regex
+    assert W.regex_problem(r"(?=a+)x") is None and W.regex_problem(r"(?=(ab){2})x") is None
