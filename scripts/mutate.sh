@@ -18,7 +18,7 @@ declare -A TESTS=(
   [clusterddp/quarantine.py]="tests/quarantine/test_quarantine.py tests/quarantine/test_quarantine_bounds.py"
   [clusterddp/mirror.py]="tests/mirror/test_mirror.py"
   [clusterddp/failure.py]="tests/failure/test_failure.py tests/failure/test_failure_interleaved.py tests/failure/test_postmortem.py tests/policy/test_policy.py"
-  [clusterddp/notify.py]="tests/notify/test_notify.py tests/notify/test_notify_hostile.py"
+  [clusterddp/notify.py]="tests/notify/test_notify.py tests/notify/test_notify_hostile.py tests/node/test_notify_node.py"
   [clusterddp/node/watch.py]="tests/hang/test_watch.py tests/node/test_node_watch.py"
 )
 # module -> the functions mutated in it (mutmut's mutant names, fnmatch patterns), where the whole module would
