@@ -238,3 +238,17 @@ def test_a_nested_unbounded_repeat_is_refused_inside_a_lookaround_too():
         assert W.regex_problem(regex) == ("a repeat inside an unbounded repeat (e.g. (a+)+) can take exponential "
                                           "time on one line"), regex
     assert W.regex_problem(r"(?=a+)x") is None and W.regex_problem(r"(?=(ab){2})x") is None
+
+
+def test_the_line_logics_offsets_and_counts_mutation_testing_found_unpinned():
+    """scripts/mutate.sh's survivors in Lines.feed: every progress line of a chunk counts, a line split
+    across chunks is one, the offset just past the last progress line is exact (the watcher times
+    progress by it), and an unended line longer than MAX_LINE is judged at once, once."""
+    lines = W.Lines(r"step \d+", pos=100)
+    assert lines.feed(b"step 1\nnoise\nstep 2\nst") == 2 and lines.last_end == 100 + len(b"step 1\nnoise\nstep 2\n")
+    assert lines.feed(b"ep 3\r\nnoise\n") == 1 and lines.last_end == 100 + len(b"step 1\nnoise\nstep 2\nstep 3\r")
+    assert lines.pos == 100 + len(b"step 1\nnoise\nstep 2\nstep 3\r\nnoise\n")
+    long = W.Lines(r"step \d+")
+    head = b"step 9 "
+    assert long.feed(head + b"x" * (W.MAX_LINE - len(head))) == 0 and long.rest  # at the bound: it waits
+    assert long.feed(b"x") == 1 and long.last_end == W.MAX_LINE + 1 and long.rest == b""
