@@ -153,7 +153,8 @@ def _base(kind: str, **fields: Any) -> dict:
 def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseException | None = None,
               run_id: str | None = None, name: str | None = None, schedule: str | None = None,
               inventory: str | None = None, detached: bool = False, report: str | None = None) -> dict | None:
-    """The event of a run's end, from its record (``interrupted``: `up` got Ctrl-C or SIGTERM; ``report``: the
+    """The event of a run's end, from its record (``interrupted``: `up` got Ctrl-C or SIGTERM, told as
+    such when the record says it stopped the job, not when the job had ended before it; ``report``: the
     HTML report `up --report` wrote, named in the event and its text); for a
     run that ended before it was recorded (its preflight failed, its slots were taken), a failure
     made of ``error``. None while the record says running: the job has not ended (`up` lost sight
@@ -175,8 +176,8 @@ def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseEx
         return None
     status = rec.status.value
     failure = rec.failure
-    if interrupted:
-        kind = "interrupted"
+    if interrupted and rec.status is RunStatus.STOPPED:
+        kind = "interrupted"  # a Ctrl-C after the job ended (during the collect) stopped nothing: its own end
     elif rec.status is RunStatus.FAILED and failure is not None and failure.kind == "hang":
         kind = "hang"
     else:
