@@ -35,7 +35,7 @@ from ...runspec import RunSpec
 from ...store import RunStore, new_run_id, utcnow
 from ...transport import Transport
 from ...upload import SourceFolder
-from .. import base, lifecycle
+from .. import base, inventory_keys, lifecycle
 from ..base import RunOutcome
 from . import answers
 from . import plan as SP
@@ -529,7 +529,7 @@ def scan(prep: Prepared, req: base.LaunchRequest) -> SourceFolder:
     login = settings_of(req.inventory).login
     secrets = upload.secret_files(req.inventory, req.notify, req.env_files,
                                   hosts=(login,) if isinstance(login, Host) else ())
-    folder = upload.scan(prep.source_dir, prep.store.root, secrets)
+    folder = upload.scan(prep.source_dir, prep.store.root, secrets, inventory_keys=inventory_keys())
     upload.check_upload_size(folder, req.max_upload)
     return folder
 
