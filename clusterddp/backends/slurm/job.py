@@ -257,7 +257,7 @@ def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | No
         node = NodeSettings.of(settings) if settings else job.node or NodeSettings("python3", shared_dir=run_dir)
         nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=job.nproc, run_dir=run_dir,
                                  control_dir=posixpath.join(run_dir, NS.CONTROL), marker=f"{rec.run_id}/{h}",
-                                 settings=node.host(h), state=NodeState.RUNNING)
+                                 settings=node.node(h), state=NodeState.RUNNING)
                       for i, h in enumerate(info.hosts))
     return with_job(replace(rec, nodes=nodes), replace(job, partition=info.partition or job.partition,
                                                        hosts=info.hosts or job.hosts))
