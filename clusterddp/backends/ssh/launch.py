@@ -28,7 +28,7 @@ from ...record import Attempt, NodeRecord, NodeState, ResumedFrom, RunRecord, Ru
 from ...runspec import RunSpec, resolve
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
-from .. import base, lifecycle
+from .. import base, inventory_keys, lifecycle
 from ..base import RunOutcome
 from . import attempts
 from .supervisor import Supervisor
@@ -103,7 +103,7 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     source_dir = script.resolve().parent
     # A script whose folder never names clusterddp cannot import clusterddp.train: its nodes need not
     # look for one (a python start on each node before torchrun; issue 24, section 7).
-    folder = None if local else upload.scan(source_dir, store.root, secrets)
+    folder = None if local else upload.scan(source_dir, store.root, secrets, inventory_keys=inventory_keys())
     lookup = folder is None or upload.mentions_clusterddp(folder)
     plan = P.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
     from ...envs.nodes import locks  # a lock that is not one is refused before anything starts
@@ -199,7 +199,7 @@ def describe_upload(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> str
     """For --dry-run: what the upload would send (None in local mode); over the limit is bad input."""
     if not prep.plan.upload:
         return None
-    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root)
+    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root, inventory_keys=inventory_keys())
     upload.check_upload_size(folder, max_upload)
     return "\n".join(folder.described())
 
@@ -209,7 +209,7 @@ def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> upload.Upload 
     ``max_upload`` bytes, or an unreadable file, is bad input."""
     if not prep.plan.upload:
         return None
-    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root)
+    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root, inventory_keys=inventory_keys())
     upload.check_upload_size(folder, max_upload)
     return upload.pack(folder)
 
