@@ -255,6 +255,11 @@ def build(fleet: Fleet, plan: Plan, on_wait: Callable[[str], None] = lambda s: N
     if ans.get("error"):
         raise HostError(h.name, f"environment {plan.env_id} not built: {str(ans['error'])[:2000]}",
                         "see docs/environments.md")
+    waited = ans.get("waited")
+    if isinstance(waited, (int, float)) and not isinstance(waited, bool):
+        then = "found it ready" if ans.get("state") == "ready" else "built it"
+        on_wait(f"{h.name}: waited {waited:.1f} s for another run building environment {plan.env_id}, "
+                f"then {then}")
     return ans
 
 

@@ -139,7 +139,7 @@ def _environments(prep: Prepared, fleet: Fleet, events: base.Events) -> Prepared
     for p in plans.values():
         if not p.ready:
             events.warn(f"[clusterddp] {p.host.name}: {p.says()}")
-    made = E.ready(fleet, plans)
+    made = E.ready(fleet, plans, on_wait=lambda s: events.warn(f"[clusterddp] {s}"))
     events.warn(f"[clusterddp] {E.summary(made)}")
     plan = P.build_plan(E.apply(prep.plan.inventory, made), prep.plan.spec, prep.plan.run_id,
                         train_lookup=prep.plan.train_lookup)
