@@ -65,9 +65,14 @@ def env_id(lock_sha256: str, facts: dict) -> str:
 
 def locks(inventory: Inventory) -> dict[str, L.Lock]:
     """Each host's lock (hosts without `packages:` left out), each file read once. LockFileError (exit 2)."""
+    return locks_of(inventory.hosts)
+
+
+def locks_of(hosts: Iterable[Host]) -> dict[str, L.Lock]:
+    """:func:`locks` of these hosts (a run's spares)."""
     read: dict[str, L.Lock] = {}
     out = {}
-    for h in inventory.hosts:
+    for h in hosts:
         if h.packages:
             if h.packages not in read:
                 read[h.packages] = L.read(h.packages)
@@ -305,12 +310,47 @@ def ready(fleet: Fleet, plans: dict[str, Plan], cache: Path | None = None,
     return done.succeeded
 
 
+def spares_ready(spares: Iterable[Host], fanout: int, warn: Callable[[str], None],
+                 cache: Path | None = None) -> tuple[Host, ...]:
+    """A run's spares with their environments made ready now, as the run starts, each to run with its
+    environment's python: an attempt that later brings one in neither waits for a build nor runs the base
+    python. One at a time (spares are few; this runs beside the hosts' builds). A spare that does not
+    answer, or whose environment cannot be made, is left out of the run's spares, said; one without
+    `packages:` is kept as it is."""
+    from ..errors import ClusterDDPError
+    spares = tuple(spares)
+    todo = [s for s in spares if s.packages]
+    if not todo:
+        return spares
+    made: dict[str, Made] = {}
+    with Fleet(todo, fanout=fanout) as fleet:
+        opened = fleet.open()
+        for s in todo:
+            if s.name not in opened.succeeded:
+                why = str(opened.failed.get(s.name, "no answer")).splitlines()[0]
+                warn(f"[clusterddp] spare {s.name} is not used: its environment cannot be built ({why})")
+                continue
+            try:
+                plans = survey(fleet, [s], locks_of([s]), cache)
+                if not plans[s.name].ready:
+                    warn(f"[clusterddp] spare {s.name}: {plans[s.name].says()}")
+                made |= ready(fleet, plans, cache, on_wait=lambda line: warn(f"[clusterddp] spare {line}"))
+            except ClusterDDPError as e:
+                first = next((x for x in str(e).splitlines() if x.strip()), type(e).__name__)
+                warn(f"[clusterddp] spare {s.name} is not used: its environment: {first}")
+    if made:
+        warn(f"[clusterddp] spares' {summary(made)}")
+    return tuple(_use(s, made) for s in spares if not s.packages or s.name in made)
+
+
+def _use(h: Host, made: dict[str, Made]) -> Host:
+    m = made.get(h.name)
+    return h if m is None else replace(h, python=m.python, env_id=m.env_id, lock_sha256=m.lock_sha256)
+
+
 def apply(inventory: Inventory, made: dict[str, Made]) -> Inventory:
     """The inventory whose hosts run their jobs with their environment's python (recorded in run.json)."""
-    def use(h: Host) -> Host:
-        m = made.get(h.name)
-        return h if m is None else replace(h, python=m.python, env_id=m.env_id, lock_sha256=m.lock_sha256)
-    return replace(inventory, hosts=tuple(use(h) for h in inventory.hosts))
+    return replace(inventory, hosts=tuple(_use(h, made) for h in inventory.hosts))
 
 
 def summary(made: dict[str, Made]) -> str:
