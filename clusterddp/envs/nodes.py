@@ -55,6 +55,14 @@ class Plan:
         return f"environment {self.env_id} will be built ({human_size(self.to_send)} of wheels to send)"
 
 
+def root_of(host: Host) -> str:
+    """Where ``host`` keeps its environments: ``<workdir>/envs``; for `up local`, whose workdir is the
+    folder it runs in, ``envs`` in this machine's cache (``$CLUSTERDDP_CACHE``) instead."""
+    if host.transport == "local":
+        return str(W.cache_dir() / ENVS)
+    return f"{host.workdir}/{ENVS}"
+
+
 def env_id(lock_sha256: str, facts: dict) -> str:
     """An environment's id: the lock's contents, the base Python (version, implementation, where it is)
     and the node's platform."""
@@ -84,8 +92,8 @@ def with_packages(inventory: Inventory, path: str | None) -> Inventory:
     """``up --packages FILE``: every host's lock, over the inventory's."""
     if path is None:
         return inventory
-    if not inventory.hosts or any(h.transport != "ssh" for h in inventory.hosts):
-        raise UsageError("--packages: environments are built on SSH hosts only (not yet for `up local` or Slurm)",
+    if not inventory.hosts or any(h.transport not in ("ssh", "local") for h in inventory.hosts):
+        raise UsageError("--packages: environments are built on SSH hosts and for `up local` only (not yet on Slurm)",
                          "leave --packages out, and give the job's `python:` a ready environment")
     where = str(Path(path).expanduser().absolute())
     return replace(inventory, hosts=tuple(replace(h, packages=where) for h in inventory.hosts),
@@ -122,7 +130,7 @@ def _facts(host: str, data: dict) -> dict:
 
 def _look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
     """Each host's facts and holdings (the node program's ``look``); the first HostError raised."""
-    looked = fleet.each(lambda h, t: t.run(_command(h, "look", {"root": f"{h.workdir}/{ENVS}"}),
+    looked = fleet.each(lambda h, t: t.run(_command(h, "look", {"root": root_of(h)}),
                                            timeout=LOOK_TIMEOUT_S), hosts)
     if looked.failed:
         host, e = next(iter(looked.failed.items()))
@@ -167,7 +175,7 @@ def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, L.Lock], cach
 def holdings(fleet: Fleet, hosts: Iterable[Host]) -> dict[str, dict | Exception]:
     """`env list`: each host's envs folder, its environments' sizes and its wheel store's size (or why not)."""
     def one(h: Host, t: Any) -> dict:
-        res = t.run(_command(h, "look", {"root": f"{h.workdir}/{ENVS}", "sizes": True}), timeout=LOOK_TIMEOUT_S)
+        res = t.run(_command(h, "look", {"root": root_of(h), "sizes": True}), timeout=LOOK_TIMEOUT_S)
         data = _facts(h.name, _answer(h.name, res, "environment look"))
         sizes = data.get("sizes")
         if not isinstance(sizes, dict) or not all(isinstance(v, int) for v in sizes.values()) \
@@ -184,7 +192,7 @@ def prune(fleet: Fleet, hosts: Iterable[Host], keep: set[str], dry_run: bool = F
     one a process runs from or one being built; each host's answer (``removed``: [id, bytes], ``kept``:
     [id, why]) or why not."""
     def one(h: Host, t: Any) -> dict:
-        res = t.run(_command(h, "prune", {"root": f"{h.workdir}/{ENVS}", "keep": sorted(keep), "dry": dry_run}),
+        res = t.run(_command(h, "prune", {"root": root_of(h), "keep": sorted(keep), "dry": dry_run}),
                     timeout=BUILD_TIMEOUT_S)
         data = _answer(h.name, res, "environment prune")
         ok = all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)

@@ -148,7 +148,10 @@ def _environments(prep: Prepared, fleet: Fleet, events: base.Events) -> Prepared
     inv = E.apply(inv, made)
     if spares is not None:
         inv = replace(inv, spares=cast(tuple[inv_mod.Host, ...], spares.result()))
-    plan = P.build_plan(inv, prep.plan.spec, prep.plan.run_id, train_lookup=prep.plan.train_lookup)
+    here = prep.plan.nodes[0] if prep.plan.local else None  # `up local`: the job runs in place, as planned
+    plan = P.build_plan(inv, prep.plan.spec, prep.plan.run_id, train_lookup=prep.plan.train_lookup,
+                        local_run_dir=here.run_dir if here else None,
+                        local_control_dir=here.control_dir if here else None)
     # the fleet's own host settings too: the preflight's probe (fleet.run) runs each host's python
     fleet.hosts = tuple(n.host for n in plan.nodes)
     return replace(prep, plan=plan)
@@ -504,6 +507,9 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
         prep, req, events = self.prep, self.req, self.events
         prep, self.chosen = resume_found(prep, req, events)
         self.packed = pack(prep, req.max_upload)
+        if prep.plan.local and prep.locks:  # `up local --packages`: the same machinery, on this machine
+            with Fleet(prep.plan.inventory.hosts) as here:
+                prep = _environments(prep, here, events)
         if not prep.plan.local:
             # Every connection at once (the lease asks every node at once too), then the preflight
             # beside the lease: each is a command per node, and a run that passes (most) need not wait
