@@ -45,15 +45,3 @@ def test_up_local_builds_the_environment_here_and_runs_the_job_with_its_python(t
     assert f"environment {eid}: ready on 1 node(s); nothing sent" in r.stderr, r.stderr
     assert "will be built" not in r.stderr
 
-
-def test_packages_on_a_slurm_inventory_is_still_refused(tmp_path):
-    from dataclasses import replace
-
-    from clusterddp.envs.nodes import with_packages
-    from clusterddp.errors import UsageError
-    from clusterddp.inventory.loader import local
-    inv = local()
-    inv = replace(inv, hosts=tuple(replace(h, transport="slurm") for h in inv.hosts))
-    with pytest.raises(UsageError, match="not yet on Slurm"):
-        with_packages(inv, str(tmp_path / "req.txt"))
-    assert with_packages(local(), "req.txt").hosts[0].packages == str((tmp_path.cwd() / "req.txt").absolute())
