@@ -29,9 +29,10 @@ import json
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from . import flight
-from .inventory import Host, Inventory
+from .inventory import Host, Inventory, RunNode
 from .node import notify as node_notify
 from .node import reply as node_reply
 from .nodescript import (
@@ -60,18 +61,25 @@ from .nodescript import (
     torchrun_lines,
     torchrun_start,
     watch_lines,
+    where_lines,
 )
 from .runspec import RunSpec, resolve, sampler_args, watch_args
 from .runspec import nproc as runspec_nproc
 
 DEFAULT_GRACE = 10.0
+WHERE_ARGS = {"interval": 2.0, "most": 1 << 20}  # the rank sampler's: seconds between samples, bytes kept
+
+
+H = TypeVar("H", bound=RunNode, covariant=True)  # a frozen value: a NodeLaunch[Host] is a NodeLaunch[RunNode]
 
 
 @dataclass(frozen=True)
-class NodeLaunch:
-    """Everything one node runs, as data."""
+class NodeLaunch(Generic[H]):
+    """Everything one node runs, as data. ``host``: the inventory's Host (an SSH or local run), or the
+    Node a backend reaches through the run (a Slurm node; such a node is reached through
+    :mod:`clusterddp.backends`' ``reach`` only, never by a connection of its own)."""
 
-    host: Host
+    host: H                       # NodeLaunch[Host]: an SSH run's; NodeLaunch[Node]: a Slurm node's
     node_rank: int
     nproc: int | str              # a count, or "auto" (probed on the node: GPUs, 1 when none)
     run_dir: str                  # where the script runs; may start with "~/"
@@ -89,7 +97,7 @@ class LaunchPlan:
     run_id: str
     inventory: Inventory
     spec: RunSpec
-    nodes: tuple[NodeLaunch, ...]
+    nodes: tuple[NodeLaunch[Host], ...]
     master_addr: str
     master_port: int
     collect: tuple[str, ...]
@@ -233,6 +241,7 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, m
     if not local and node.node_rank > 0:  # the master (node 0) serves the rendezvous store: the others wait for it
         argv = f"{store_wait(q(f'{master_addr}:{master_port}'))} {argv}"
     watch_start, watch_end = watch_lines(h.python, watch) if watch is not None else ([], [])
+    where_start, where_end = where_lines(h.python, WHERE_ARGS)  # the rank sampler (clusterddp.stragglers)
     sampler_start = sampler_lines(h.python, sampler) if sampler is not None else []
     lines += torchrun_lines()
     lines += [
@@ -240,7 +249,9 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, m
         + (" iface=${IFACE:-?}" if not local else "") + "\"",
         *watch_start,
         *sampler_start,
+        *where_start,
         argv,
+        *where_end,
         *watch_end,
         "cddp_exit " + ("$cddp_rc" if watch is not None else "$?"),
         "",

@@ -115,7 +115,7 @@ class Host:
     env: tuple[tuple[str, str], ...]
     setup: tuple[str, ...]
     connect_timeout: float
-    transport: str = "ssh"  # "ssh" or "local"
+    transport: str = "ssh"  # "ssh" or "local" (a node no inventory lists is a Node, not a Host)
     keepalive: float = BUILTIN["keepalive"]  # seconds between SSH keepalives; 0: none
     slots: tuple[int, ...] | None = None  # a fixed choice of GPU slots (`gpus: [0, 1]`); gpus is then their count
     lease_dir: str | None = None  # the node's lease folder; None: <workdir>/leases/%h (%h: the node's hostname)
@@ -128,6 +128,27 @@ class Host:
 
 
 @dataclass(frozen=True)
+class Node:
+    """A run's node that no inventory lists (a Slurm node: its backend allocated it, and reaches it through
+    the run only, never by a connection of its own): what the code that renders a node's commands and
+    shows it reads, and nothing of SSH's. The other kind of run node is an inventory's :class:`Host`."""
+
+    name: str
+    address: str
+    python: str
+    workdir: str                        # its shared folder (the run's folders are under it)
+    env: tuple[tuple[str, str], ...] = ()
+    setup: tuple[str, ...] = ()
+    gpus: int | str = 1                 # a count, or "auto"
+    connect_timeout: float = BUILTIN["connect_timeout"]  # how long a command on it may take to answer
+    env_id: str | None = None       # as Host's: the environment its job ran in, where one was built
+    lock_sha256: str | None = None
+
+
+RunNode = Host | Node  # a run's node: a host an inventory lists, or a node its backend reaches
+
+
+@dataclass(frozen=True)
 class Master:
     host: str
     addr: str
@@ -136,8 +157,9 @@ class Master:
 
 
 # What a run tells its notification targets (`notify:`, --notify): its end, by how it ended
-# ("hang": a failed run whose failure is a hang), and a schedule's firing skipped.
-NOTIFY_EVENTS = ("succeeded", "failed", "hang", "stopped", "interrupted", "skipped")
+# ("hang": a failed run whose failure is a hang), a schedule's firing skipped, and a straggler named while an
+# attached run goes (clusterddp.stragglers; told only to a target whose `on` names it).
+NOTIFY_EVENTS = ("succeeded", "failed", "hang", "stopped", "interrupted", "skipped", "straggler")
 NOTIFY_KINDS = ("webhook", "webhook_file", "command")
 
 
