@@ -92,7 +92,8 @@ def with_packages(inventory: Inventory, path: str | None) -> Inventory:
     """``up --packages FILE``: every host's lock, over the inventory's."""
     if path is None:
         return inventory
-    if not inventory.hosts or any(h.transport not in ("ssh", "local") for h in inventory.hosts):
+    if inventory.backend != "ssh" or not inventory.hosts \
+            or any(h.transport not in ("ssh", "local") for h in inventory.hosts):
         raise UsageError("--packages: environments are built on SSH hosts and for `up local` only (not yet on Slurm)",
                          "leave --packages out, and give the job's `python:` a ready environment")
     where = str(Path(path).expanduser().absolute())

@@ -170,7 +170,7 @@ def test_packages_flag_applies_to_every_host_up_local_too_and_is_refused_on_slur
     assert E.with_packages(inv, "req.txt").hosts[0].packages == str(tmp_path / "req.txt")
     monkeypatch.setenv("CLUSTERDDP_CACHE", str(tmp_path / "cache"))
     assert E.root_of(inv.hosts[0]) == str(tmp_path / "cache" / "envs")  # not the folder `up local` runs in
-    slurm = replace(inv, hosts=tuple(replace(h, transport="slurm") for h in inv.hosts))
+    slurm = replace(inv, hosts=(), backend="slurm")  # a Slurm inventory: its hosts allocated by the job
     with pytest.raises(UsageError, match="--packages: environments are built on SSH hosts and for `up local` only"):
         E.with_packages(slurm, "req.txt")
     assert E.with_packages(inv, None) is inv
