@@ -53,7 +53,8 @@ def render(r: object, banner: bytes = b"") -> bytes:
 
 def expected(r: dict) -> dict:
     out = dict(r)
-    out["jobs"] = [dict(j, last_line=None if j["last_line"] is None else j["last_line"][-top.MAX_LINE:])
+    out["jobs"] = [dict(j, last_line=None if j["last_line"] is None else j["last_line"][-top.MAX_LINE:],
+                        where=j.get("where"))  # the rank sampler's tail: None where the node sent none
                    for j in r["jobs"]]
     out["gpu_error"] = r["gpu_error"][-top.MAX_LINE:] if r.get("gpu_error") is not None else None
     return out
