@@ -220,8 +220,12 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
         # here on the node: given to it alone (exported for it, then not), torchrun's env unchanged.
         lines += ["# the stall watchdog (--stall-timeout): the run's rendezvous store, for it alone",
                   f"export MASTER_ADDR MASTER_PORT={port}", *watch_start, "export -n MASTER_ADDR MASTER_PORT"]
-    sampler = runspec.sampler_args(spec)
-    lines += NS.sampler_lines(s.python, sampler) if sampler is not None else []
+    sampler = runspec.sampler_args(spec, lo)
+    if sampler is not None and sampler.get("store"):  # a run-wide idle policy: the run's store, as the watchdog's
+        lines += [f"export MASTER_ADDR MASTER_PORT={port}", *NS.sampler_lines(s.python, sampler),
+                  "export -n MASTER_ADDR MASTER_PORT"]
+    else:
+        lines += NS.sampler_lines(s.python, sampler) if sampler is not None else []
     nproc = procs(s, spec)
     argv = [store_wait('"$cddp_store"'), *map(shell_word, torchrun_start(s.python))]
     argv += [NS.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
