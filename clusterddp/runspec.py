@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import noise
 from .errors import UsageError
@@ -159,7 +159,7 @@ def sampler_args(spec: RunSpec, nnodes: int = 1, master_addr: str | None = None,
     if spec.idle_policy is not None:
         below, seconds, stop = spec.idle_policy
         idle = {"below": below, "seconds": seconds, "stop": stop}
-    out = {"interval": interval, "regex": spec.metrics_regex, "progress_regex": spec.progress_regex,
+    out: dict[str, Any] = {"interval": interval, "regex": spec.metrics_regex, "progress_regex": spec.progress_regex,
            "skip": skip, "tails": [p for p, tail in noise.LINES if tail], "most": SAMPLES_MOST, "idle": idle}
     if idle is not None and nnodes > 1:
         out.update(nnodes=nnodes, store=[master_addr or None, master_port or None])

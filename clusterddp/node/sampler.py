@@ -53,6 +53,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any  # noqa: F401 - in a type comment (Python 3.8 grammar)
 
 # The watchdog's line reader, bounded regex and job ending: on the node, its source is written beside this
 # file (nodescript.sampler_lines); in-process (tests), it is this package's module.
@@ -279,7 +280,7 @@ class RunIdle:
         self.host = args.get("host", "") or "?"
         slurm = os.environ.get("SLURM_JOB_NUM_NODES", "")  # a Slurm run's nodes as allocated (nnodes: at least)
         self.nnodes = max(1, int(args.get("nnodes") or 1), int(slurm) if slurm.isdigit() and args.get("nnodes") else 0)
-        self.store = None  # type: object
+        self.store = None  # type: Any
         self.told = False  # whether this node's idleness is in the store's count
         self.off = False
         if self.nnodes > 1:
