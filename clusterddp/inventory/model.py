@@ -136,8 +136,8 @@ class Master:
 
 
 # What a run tells its notification targets (`notify:`, --notify): its end, by how it ended
-# ("hang": a failed run whose failure is a hang), and a schedule's firing skipped.
-NOTIFY_EVENTS = ("succeeded", "failed", "hang", "stopped", "interrupted", "skipped")
+# ("hang", "idle": a failed run the stall watchdog or the idle policy ended), and a schedule's firing skipped.
+NOTIFY_EVENTS = ("succeeded", "failed", "hang", "idle", "stopped", "interrupted", "skipped")
 NOTIFY_KINDS = ("webhook", "webhook_file", "command")
 
 
