@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from . import nodeops
+from . import nodeops, stragglers
 from . import plan as P
 from .errors import HostError
 from .fleet import Fleet
@@ -97,6 +97,9 @@ def collect_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, 
     # the sampler's files (clusterddp.metrics) come back with the logs: in the control folder, which no glob reaches
     fetch_samples(fleet, [n for n in nodes if n.host.name in res.succeeded or n.host.name in done],
                   store.run_dir(run_id))
+    # the rank sampler's samples (clusterddp.stragglers) come back too: in the control folder, which no glob reaches
+    stragglers.fetch_nodes(fleet, [n for n in nodes if n.host.name in res.succeeded or n.host.name in done],
+                           store, run_id)
     return [got.get(n.host.name) or CollectResult(n.host.name, unmatched=()) for n in nodes]
 
 

@@ -799,15 +799,21 @@ def diagnose(nodes: Sequence[NodeFacts], first_failed: str | None) -> Failure:
     # A node we stopped did not fail on its own: what its ranks raised came after the first failure,
     # unless no node that ended by itself left a word about any rank.
     own = [c for c in candidates if c[3].state != "stopped"]
+    first_hand = [c for c in candidates if not echo(c[4])]
     if own and all(echo(c[4]) for c in own):
         # Every rank of the nodes that ended by themselves only echoes a peer's end: the rank whose end
         # it echoes is the cause, on a node recorded stopped too (which node's end came first is a race:
         # Slurm's outcome calls the later ones stopped; issue 40's one run in six).
-        own = [c for c in candidates if not echo(c[4])] or own
+        own = first_hand or own
+    else:
+        # An echo never beats a first-hand failure, even in the same second on the same node: a rank in
+        # a collective with the failing one raises "Connection closed by peer" and exits 1 before
+        # torchrun's monitor looks, so torchrun's table lists both at one whole second (issue 40).
+        own = [c for c in own if not echo(c[4])]
     bad = [n for n in nodes if n.state in ("failed", "lost")]
     failed_first = next((n for n in bad if n.host == first_failed), None)
     if own or (candidates and failed_first is None):
-        *_, node, first = min(own or candidates, key=lambda c: c[:3])
+        *_, node, first = min(own or first_hand or candidates, key=lambda c: c[:3])
         failure = _describe_rank(first, node)
     else:
         node = failed_first or (bad[0] if bad else nodes[0])

@@ -318,6 +318,31 @@ def sampler_lines(python: str, args: dict) -> list[str]:
     ]
 
 
+WHERE = "where"  # in a node's control folder: the rank sampler's programs (node programs where and stacks)
+WHERE_SAMPLES = "where.jsonl"  # in a node's control folder: where each rank was, by sample (clusterddp.stragglers)
+
+
+def where_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
+    """The rank sampler (``clusterddp.stragglers``): the lines that start the node program ``where``
+    beside the job, in the background (``args``: its JSON argument; the node program ``stacks`` written
+    beside it), and the line right after the job that ends it and leaves ``$?`` the job's. A node where it
+    cannot be written runs the job anyway; its stderr goes to ``$CTL/where.log``."""
+    d = f'"$CTL/{WHERE}"'
+    start = [
+        f"(umask 077 && mkdir -p {d} && : >> \"$CTL/where.log\" && cat > {d}/where.py) <<'CDDP_WHERE' "
+        "2>/dev/null || true",
+        node_source("where").rstrip("\n"),
+        "CDDP_WHERE",
+        f"(umask 077 && cat > {d}/stacks.py) <<'CDDP_WHERE_STACKS' 2>/dev/null || true",
+        node_source("stacks").rstrip("\n"),
+        "CDDP_WHERE_STACKS",
+        f'{q(python)} -S {d}/where.py "$CTL" {q(json.dumps(args, sort_keys=True))} 2>>"$CTL/where.log" </dev/null &',
+        "CDDP_WHERE_PID=$!",
+    ]
+    end = ['cddp_job_rc=$?; kill "$CDDP_WHERE_PID" 2>/dev/null; (exit "$cddp_job_rc")  # the rank sampler ends']
+    return start, end
+
+
 # ---- finding a job's processes ----
 
 # ``cddp_marked WORD``: the pids of every process whose environment holds the line WORD

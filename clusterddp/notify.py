@@ -51,6 +51,7 @@ BACKOFF = (1.0, 3.0)      # seconds before the second and the third try
 MAX_URL_FILE = 4096       # bytes of a webhook file read
 MAX_SAID = 200            # characters of what a receiver or command said, in a message
 RUN_EVENTS = ("succeeded", "failed", "hang", "idle", "stopped", "interrupted")
+STRAGGLER = "straggler"   # a host the other ranks wait for, named during an attached run: only to on: [straggler]
 TEST = "test"             # `clusterddp notify test`: sent to every target, whatever its `on`
 
 
@@ -119,7 +120,10 @@ def label(t: NotifyTarget) -> str:
 def wants(t: NotifyTarget, event: dict) -> bool:
     """Whether ``t`` is told of ``event``: its ``on`` names the event or the run's status (a hang, or
     an idle run its idle policy stopped, is a failure too, so ``on: [failed]`` hears of them); a test
-    event reaches every target."""
+    event reaches every target. A straggler is told only to a target whose ``on`` names it (it is news
+    during a run, not its end)."""
+    if event["event"] == STRAGGLER:
+        return STRAGGLER in t.on
     return event["event"] == TEST or not t.on or event["event"] in t.on or event.get("status") in t.on
 
 
@@ -150,7 +154,8 @@ def _base(kind: str, **fields: Any) -> dict:
 def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseException | None = None,
               run_id: str | None = None, name: str | None = None, schedule: str | None = None,
               inventory: str | None = None, detached: bool = False, report: str | None = None) -> dict | None:
-    """The event of a run's end, from its record (``interrupted``: `up` got Ctrl-C or SIGTERM; ``report``: the
+    """The event of a run's end, from its record (``interrupted``: `up` got Ctrl-C or SIGTERM, told as
+    such when the record says it stopped the job, not when the job had ended before it; ``report``: the
     HTML report `up --report` wrote, named in the event and its text); for a
     run that ended before it was recorded (its preflight failed, its slots were taken), a failure
     made of ``error``. None while the record says running: the job has not ended (`up` lost sight
@@ -172,8 +177,8 @@ def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseEx
         return None
     status = rec.status.value
     failure = rec.failure
-    if interrupted:
-        kind = "interrupted"
+    if interrupted and rec.status is RunStatus.STOPPED:
+        kind = "interrupted"  # a Ctrl-C after the job ended (during the collect) stopped nothing: its own end
     elif rec.status is RunStatus.FAILED and failure is not None and failure.kind in ("hang", "idle"):
         kind = failure.kind  # the stall watchdog, or the idle policy (idle_policy stop), ended it
     else:
@@ -201,6 +206,37 @@ def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseEx
         ev["report"] = report
         ev["text"] += f" (report: {report})"
     return ev
+
+
+def straggler_text(run_id: str, s: dict) -> str:
+    """One line of a straggler (:meth:`clusterddp.stragglers.Straggler.to_json`)."""
+    from .sizes import ranges
+    since = datetime.fromtimestamp(s["since"]).strftime("%H:%M:%S")
+    return (f"clusterddp: run {run_id}: {s['host']} (ranks {ranges(s['ranks'])}) is the straggler since {since}: "
+            f"{s['why']}")
+
+
+def straggler_event(run_id: str, s: dict) -> dict:
+    """The event of a host the other ranks wait for (``on: [straggler]``): its host, ranks, since, why."""
+    ev = _base(STRAGGLER, status=None, run_id=run_id, host=s["host"], ranks=list(s["ranks"]), since=s["since"],
+               why=s["why"])
+    ev["text"] = straggler_text(run_id, s)
+    return ev
+
+
+def tell_straggler(targets: Sequence[NotifyTarget], store: Any, run_id: str, s: dict) -> list[str]:
+    """Tell the targets that want it (``on: [straggler]``) of straggler ``s``; the lines of the deliveries
+    that failed, each also kept in the run folder's notify.log. Never raises."""
+    event = straggler_event(run_id, s)
+    if not any(wants(t, event) for t in targets):
+        return []
+    lines = [d.line(event) for d in deliver(targets, event) if not d.ok]
+    for line in lines:
+        try:
+            store.note(run_id, "notify.log", line)
+        except ClusterDDPError:
+            pass
+    return lines
 
 
 def _what(ev: dict) -> str:
@@ -277,7 +313,7 @@ def fill(command: str, event: dict) -> str:
     """``command`` (checked: :func:`~clusterddp.inventory.notify_command_problem`) with ``event``'s
     fields filled in its braces, each a word of a fixed alphabet or nothing (:func:`_safe`)."""
     safe = {k: _safe(event.get(k)) for k in ("event", "status", "run_id", "host", "schedule")}
-    safe["host"] = _safe(event.get("failed_host"))
+    safe["host"] = _safe(event.get("failed_host") if event["event"] != STRAGGLER else event.get("host"))
     return command.format_map(safe)
 
 

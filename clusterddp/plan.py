@@ -60,11 +60,13 @@ from .nodescript import (
     torchrun_lines,
     torchrun_start,
     watch_lines,
+    where_lines,
 )
 from .runspec import RunSpec, resolve, sampler_args, watch_args
 from .runspec import nproc as runspec_nproc
 
 DEFAULT_GRACE = 10.0
+WHERE_ARGS = {"interval": 2.0, "most": 1 << 20}  # the rank sampler's: seconds between samples, bytes kept
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,7 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, m
     if not local and node.node_rank > 0:  # the master (node 0) serves the rendezvous store: the others wait for it
         argv = f"{store_wait(q(f'{master_addr}:{master_port}'))} {argv}"
     watch_start, watch_end = watch_lines(h.python, watch) if watch is not None else ([], [])
+    where_start, where_end = where_lines(h.python, WHERE_ARGS)  # the rank sampler (clusterddp.stragglers)
     sampler_start = sampler_lines(h.python, sampler) if sampler is not None else []
     lines += torchrun_lines()
     lines += [
@@ -241,7 +244,9 @@ def _with_script(node: NodeLaunch, run_id: str, nnodes: int, master_addr: str, m
         + (" iface=${IFACE:-?}" if not local else "") + "\"",
         *watch_start,
         *sampler_start,
+        *where_start,
         argv,
+        *where_end,
         *watch_end,
         "cddp_exit " + ("$cddp_rc" if watch is not None else "$?"),
         "",

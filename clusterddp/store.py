@@ -675,9 +675,10 @@ class RunStore:
 
     def write_evidence(self, run_id: str, kind: str, host: str, rel: str, data: bytes) -> Path:
         """``<run>/<kind>/<host>/<rel>``, 0600 in 0700 folders: what a node left at failure (``errors``: its
-        ranks' error files; ``forensics``: nvidia-smi, kernel lines; ``stacks``: each call's dumps, by time).
+        ranks' error files; ``forensics``: nvidia-smi, kernel lines; ``stacks``: each call's dumps, by time;
+        ``where``: the rank sampler's samples, ``clusterddp.stragglers``).
         ``rel`` is made here, never by a node."""
-        assert kind in ("errors", "forensics", "stacks", "flight") and ".." not in rel.split("/"), (kind, rel)
+        assert kind in ("errors", "forensics", "stacks", "flight", "where") and ".." not in rel.split("/"), (kind, rel)
         base = self.run_dir(run_id)
         path = base / kind / host / rel
         try:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import cast
 
-from . import noise
+from . import noise, stragglers
 from . import plan as P
 from .fleet import Fleet, GroupResult, as_host_error, fan_out
 from .inventory import Host
@@ -91,6 +91,8 @@ class RunView:
     status: str
     nodes: list[NodeView] = field(default_factory=list)
     error: str | None = None   # why its nodes could not be reached (its backend's words), when they could not
+    # the hosts its other ranks wait for now (clusterddp.stragglers: host, ranks, since, until, why)
+    stragglers: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -274,6 +276,7 @@ class Watch:
             return g.fleet.each(one)
         asked = fan_out(self._groups.values(), ask, key=lambda g: g.reach.key)
         views: dict[tuple[str, str], NodeView] = {}
+        wheres: dict[str, list[stragglers.HostSamples]] = {}
         for key, g in self._groups.items():
             group = asked[key]
             answers: GroupResult[str, dict] = group if not isinstance(group, Exception) else GroupResult(
@@ -289,9 +292,14 @@ class Watch:
                         views[(run_id, name)] = NodeView(name, n.node_rank, "unreachable", error=why)
                     else:
                         views[(run_id, name)] = self._view(run_id, n, got["time"], got["jobs"][i], node)
+                        tail = got["jobs"][i]["where"]
+                        if tail:
+                            wheres.setdefault(run_id, []).append(
+                                stragglers.host_samples(name, "\n".join(tail).encode("utf-8", "replace")))
         runs = [RunView(r.run_id, r.name, str(r.status),
                         [views[(r.run_id, n.host.name)] for n in self._shown.get(r.run_id, ())],
-                        self._refused.get(r.run_id))
+                        self._refused.get(r.run_id),
+                        [s.to_json() for s in stragglers.decide(wheres.get(r.run_id, [])) if s.until is None])
                 for r in self.recs]
         return Snapshot(time.time(), runs, self._leases() if self._lab_fleet is not None else None)
 

@@ -184,21 +184,21 @@ def end(store: RunStore, run_id: str, outcome: RunOutcome, *, collect: Callable[
         states: Callable[[], base.NodeStates], explain: Callable[[], tuple[str, ...]],
         warn: Callable[[str], None], stopped: bool = False) -> RunOutcome:
     """The end of a run watched to its end (``stopped``: by a Ctrl-C), in this order: its logs closed
-    here, ``collect()`` (every node's log and files brought back), the outcome recorded
-    (:func:`.base.finish`, with each node's ``states()``), then KeyboardInterrupt when ``stopped``,
-    RunFailed (exit 1, with ``explain()``'s root cause) when the record says it did not succeed, else
-    the outcome. A Ctrl-C during the collect records the job's own outcome (a run that succeeded
-    everywhere stays succeeded: the collect, not the job, was cut short), says how to fetch the rest
-    (``warn``), and is raised again."""
+    here, the outcome recorded (:func:`.base.finish`, with each node's ``states()``), ``collect()``
+    (every node's log and files brought back), then KeyboardInterrupt when ``stopped``, RunFailed
+    (exit 1, with ``explain()``'s root cause) when the record says it did not succeed, else the outcome.
+    The outcome is recorded before the collect, so a launcher killed during it (SIGKILL, a closed
+    laptop) leaves a record of what the job did, not ``running``. A Ctrl-C during the collect keeps
+    that record (a run that succeeded everywhere stays succeeded: the collect, not the job, was cut
+    short), says how to fetch the rest (``warn``), and is raised again."""
     store.close_logs()  # the collect replaces each node's log with its whole copy
+    status = base.finish(store, run_id, states(), outcome)
     try:
         collect()
     except KeyboardInterrupt:
-        base.finish(store, run_id, states(), outcome)
-        warn(f"[clusterddp] collect interrupted: the run is recorded {outcome.status}; "
+        warn(f"[clusterddp] collect interrupted: the run is recorded {status}; "
              f"`clusterddp collect {run_id}` fetches its logs and files")
         raise
-    status = base.finish(store, run_id, states(), outcome)
     if stopped:
         raise KeyboardInterrupt
     if status is not RunStatus.SUCCEEDED:

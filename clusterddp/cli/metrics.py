@@ -32,7 +32,7 @@ def load(runs_dir: str, run: str, fetch: bool) -> tuple[RunStore, RunRecord, lis
     fetch said when it could not reach a node."""
     from .. import backends
     from ..metrics.samples import load_run
-    from ..metrics.series import series_of, stragglers
+    from ..metrics.series import of_run, series_of
     from ..store import RunStore
     store = RunStore(runs_dir, read_only=not fetch)
     run_id = store.resolve(run)
@@ -45,7 +45,7 @@ def load(runs_dir: str, run: str, fetch: bool) -> tuple[RunStore, RunRecord, lis
         except Exception as e:  # noqa: BLE001 - what was brought back before is shown all the same
             said = str(e)
     nodes = [series_of(n) for n in load_run(store.run_dir(run_id))]
-    return store, rec, nodes, stragglers(nodes), said
+    return store, rec, nodes, of_run(store.run_dir(run_id), nodes), said
 
 
 def _write(path: str, text: str) -> None:
@@ -102,11 +102,11 @@ def write_report(store: RunStore, run_id: str, path: str) -> str | None:
     that cannot be written is said, not raised (the run's own outcome is what `up` reports)."""
     from ..metrics import report as H
     from ..metrics.samples import load_run
-    from ..metrics.series import series_of, stragglers
+    from ..metrics.series import of_run, series_of
     try:
         rec = store.load(run_id)
         nodes = [series_of(n) for n in load_run(store.run_dir(run_id))]
-        written = H.write(path, H.render(rec, store.run_dir(run_id), nodes, stragglers(nodes)))
+        written = H.write(path, H.render(rec, store.run_dir(run_id), nodes, of_run(store.run_dir(run_id), nodes)))
     except Exception as e:  # noqa: BLE001 - a report is a by-product: the run's outcome stands
         err(visible(f"warning: --report {path}: not written: {e}"))
         return None

@@ -85,6 +85,9 @@ def table(snap: Snapshot) -> Group:
                       f"{_size(v.node_mem_used_bytes)}/{_size(v.node_mem_total_bytes)}",
                       Text(_gpus(v)), Text(visible(line or ""), no_wrap=True, overflow="ellipsis"))
     parts: list = [Text(f"clusterddp top - {time.strftime('%H:%M:%S')} - {len(snap.runs)} run(s)", style="bold"), t]
+    for run in snap.runs:  # the hosts the other ranks wait for (clusterddp.stragglers)
+        for s in run.stragglers:
+            parts.append(Text(visible(straggler_line(run.run_id, s)), style="bold yellow"))
     if not snap.runs:
         parts.append(Text("no running runs"))
     elif any(v.state == "running" and v.step is None and v.last_line for run in snap.runs for v in run.nodes):
@@ -98,6 +101,13 @@ def table(snap: Snapshot) -> Group:
             lt.add_row(*(Text(visible(str(lease.get(k, "")))) for k in keys))
         parts.append(lt)
     return Group(*parts)
+
+
+def straggler_line(run_id: str, s: dict) -> str:
+    """``run RUN: straggler node2 (ranks 2-3) since 10:04:05: why``."""
+    from ..sizes import ranges
+    since = time.strftime("%H:%M:%S", time.localtime(s["since"]))
+    return f"run {run_id}: straggler {s['host']} (ranks {ranges(s['ranks'])}) since {since}: {s['why']}"
 
 
 @handle_errors

@@ -72,8 +72,8 @@ DESCRIPTIONS = {
     "webhook_file": "A file (mode 0600) holding the webhook URL, relative to the inventory's folder",
     "command": "A shell command that gets the event as JSON on stdin; {event} {status} {run_id} {host} {schedule} "
                "are filled in",
-    "on": "The events it wants (default every one): succeeded, failed, hang, idle, stopped, "
-          "interrupted, skipped",
+    "on": "The events it wants (default every one but straggler): succeeded, failed, hang, idle, stopped, "
+          "interrupted, skipped, straggler",
     "timeout": "Seconds for one try (default 10; a webhook is tried 3 times when the failure may pass)",
     "user": "SSH user (default: ~/.ssh/config, then your local user)",
     "port": "SSH port (default: ~/.ssh/config, then 22)",

@@ -68,7 +68,7 @@ def table(nodes: Sequence[NodeSeries], stragglers: Sequence[Straggler], running:
             out.append(f"  gpu{i} throttled in {c} sample(s) (nvidia-smi's clocks_throttle_reasons)")
         out += [f"  note: {t}" for t in n.notes]
     for s in stragglers:
-        out.append(f"straggler: {s.key}: {s.why}")
+        out.append(f"straggler: {s.label}: {s.why}")
     return "\n".join(out)
 
 

@@ -150,7 +150,7 @@ def render(rec: RunRecord, run_dir: Path, nodes: Sequence[NodeSeries], straggler
             out.append(f"<pre>{e(chr(10).join(lines[1:40]))}</pre>")
     out.append("</div>")
     for s in stragglers:
-        out.append(f'<p class="note" id="straggler">straggler: <b>{e(s.key)}</b>: {e(s.why)}</p>')
+        out.append(f'<p class="note" id="straggler">straggler: <b>{e(s.label)}</b>: {e(s.why)}</p>')
     by_key = {n.key: n for n in nodes}
     charts = charts_of(nodes)
     data = {"run": rec.run_id, "charts": {c.id: {"title": c.title, "lines": [

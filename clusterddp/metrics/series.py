@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .samples import NodeSamples
 
@@ -87,13 +88,39 @@ MIN_POINTS = 3  # samples a node needs before it is judged
 
 @dataclass(frozen=True)
 class Straggler:
-    """A node the others wait for, and why it is named."""
+    """A node the others wait for, and why it is named; from the rank sampler (:func:`of_run`) with its ranks
+    and since when (epoch seconds; ``until`` None: to the newest sample)."""
 
     key: str
     why: str
+    ranks: tuple[int, ...] = ()
+    since: float | None = None
+    until: float | None = None
+
+    @property
+    def label(self) -> str:
+        """``node2 (ranks 2-3) since 10:04:05``, as much of it as is known."""
+        import time
+
+        from ..sizes import ranges
+        ranks = f" (ranks {ranges(self.ranks)})" if self.ranks else ""
+        since = f" since {time.strftime('%H:%M:%S', time.localtime(self.since))}" if self.since is not None else ""
+        return f"{self.key}{ranks}{since}"
 
     def to_json(self) -> dict:
-        return {"node": self.key, "why": self.why}
+        return {"node": self.key, "host": self.key, "ranks": list(self.ranks), "since": self.since,
+                "until": self.until, "why": self.why}
+
+
+def of_run(run_dir: Path, nodes: Sequence[NodeSeries]) -> list[Straggler]:
+    """The run's stragglers: the rank sampler's (:func:`clusterddp.stragglers.stragglers_of`: the host the
+    other ranks wait for, its ranks, since when, why) where the run has its samples; otherwise
+    :func:`stragglers`, from the GPUs' (or CPUs') busy shares."""
+    from ..stragglers import read_run, stragglers_of
+    if any(h.samples for h in read_run(run_dir)):
+        return [Straggler(s["host"], s["why"], tuple(s["ranks"]), s["since"], s["until"])
+                for s in stragglers_of(run_dir)]
+    return stragglers(nodes)
 
 
 def _median(points: list[Point]) -> float | None:

@@ -11,9 +11,9 @@ where it runs alone, as ``__main__``, with the node's own Python. So every modul
 - keeps to the grammar of the oldest Python it may meet: ``probe`` and ``envinfo`` Python 3.5
   (no f-strings, no variable annotations), since they must report on a node whose Python is too
   old rather than fail to parse; ``collect``, ``follow``, ``worker``, ``top``, ``diagnose``, ``lease``,
-  ``stacks``, ``stackhook``, ``watch``, ``sampler``, ``flight``, ``notify`` and ``collective`` (which imports
-  torch, as ``watch`` does for the run's store) Python 3.8, the oldest that torch 2 supports (they run only
-  where a job can run). tests/node/test_node_programs.py parses each with that grammar;
+  ``stacks``, ``stackhook``, ``watch``, ``sampler``, ``where``, ``flight``, ``notify`` and ``collective``
+  (which imports torch, as ``watch`` does for the run's store) Python 3.8, the oldest that torch 2 supports
+  (they run only where a job can run). tests/node/test_node_programs.py parses each with that grammar;
 - has ``main(argv)`` (argv without the program name), callable in-process by tests, and ends
   with ``if __name__ == "__main__":`` calling it.
 """
@@ -24,11 +24,12 @@ import functools
 from importlib import resources
 
 PROGRAMS = ("probe", "collect", "follow", "worker", "top", "diagnose", "lease", "collective", "envinfo", "stacks",
-            "stackhook", "watch", "flight", "notify", "sampler", "envbuild")
+            "stackhook", "watch", "flight", "notify", "sampler", "envbuild", "where")
 LAUNCHER_SIDE = ("reply",)
 # Node programs whose source is written beside another's on the node, which imports it (by name there, relatively
-# in-process): the sampler reads the job's log with the watchdog's reader.
-NEIGHBOURS = {"sampler": ("watch",)}  # modules here that are no program: the readers of node answers, never sent
+# in-process): the sampler reads the job's log with the watchdog's reader; ``where`` takes the ranks' stacks with the
+# ``stacks`` program's code.
+NEIGHBOURS = {"sampler": ("watch",), "where": ("stacks",)}
 
 
 @functools.cache

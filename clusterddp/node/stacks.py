@@ -113,9 +113,9 @@ def _size(path: str) -> int:
         return -1
 
 
-def take(folder: str, procs: list, sig: int, wait: float) -> None:
+def take(folder: str, procs: list, sig: int, wait: float, py_spy: bool = True) -> None:
     """Signal every hooked process of ``procs`` at once, then read each one's dump (set in place:
-    ``how``, ``main``, ``dump``, ``note``)."""
+    ``how``, ``main``, ``dump``, ``note``); with ``py_spy``, py-spy's dump of those not hooked."""
     pending = {}
     for p in procs:
         p["main"] = _hooked(folder, p["pid"], sig)
@@ -149,7 +149,7 @@ def take(folder: str, procs: list, sig: int, wait: float) -> None:
         else:
             p["note"] = "no dump within %gs (the process is stopped or not running Python)" % wait
     for p in procs:
-        if p["main"] is None and not p["note"]:
+        if py_spy and p["main"] is None and not p["note"]:
             _py_spy(p)
 
 
@@ -204,6 +204,21 @@ def _as_faulthandler(threads: list, pid: int) -> tuple:
     return "\n".join(out)[:MOST_DUMP], main
 
 
+def locked(folder: str):
+    """``folder``'s lock file (``.lock``), held until closed; None where it cannot be (no folder: no dumps)."""
+    try:
+        import fcntl
+        fd = os.open(os.path.join(folder, ".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def main(argv: list) -> int:
     """``stacks JSON``: {"ctl": the job's control folder, "marker": its CLUSTERDDP_JOB, "wait": s}."""
     import signal
@@ -216,7 +231,12 @@ def main(argv: list) -> int:
         reply["state"] = "missing"
     else:
         procs = job_processes(args["marker"])
-        take(folder, procs, int(signal.SIGRTMIN) + OFFSET, float(args.get("wait", 3.0)))
+        lock = locked(folder)  # the node program ``where`` cuts dump files back under this lock
+        try:
+            take(folder, procs, int(signal.SIGRTMIN) + OFFSET, float(args.get("wait", 3.0)))
+        finally:
+            if lock is not None:
+                os.close(lock)
         reply["procs"] = procs
         if not procs:
             reply["state"] = "ended"

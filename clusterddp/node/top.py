@@ -31,6 +31,8 @@ MAX_JOBS = 1000
 WATCH_FILE = "watch.json"   # in the control folder, written by the node's watcher (node/watch.py)
 MAX_WATCH = 4096           # bytes of it read: it holds a few numbers
 WATCH_STATES = ("waiting", "watching", "stalled")
+WHERE_FILE = "where.jsonl"  # in the control folder, written by the node's rank sampler (node/where.py)
+WHERE_TAIL = 65536          # bytes of its end sent: its last samples, for ``top``'s stragglers
 
 
 def _job_pids(markers: list[str]) -> dict:
@@ -157,6 +159,26 @@ def _watch(ctl: str) -> object:
     return out
 
 
+def _where(ctl: str) -> object:
+    """The lines in the last :data:`WHERE_TAIL` bytes of the rank sampler's file (the first may be cut: the
+    launcher's reader drops it), as texts; None where there is none."""
+    try:
+        fd = os.open(os.path.join(ctl, WHERE_FILE), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        import stat
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        os.lseek(fd, max(0, st.st_size - WHERE_TAIL), 0)
+        return os.read(fd, WHERE_TAIL).decode("utf-8", "replace").split("\n")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _gpus() -> tuple:
     """Each GPU's index, utilisation % and memory used/total (MiB) from nvidia-smi; (None, why)
     without one."""
@@ -233,7 +255,8 @@ def main(argv: list[str]) -> int:
         cpu, rss = _usage(pids[marker])
         out["jobs"].append({"state": state, "exit_code": code, "last_line": last, "step": step,
                             "cpu_seconds": cpu, "rss": rss, "procs": len(pids[marker]),
-                            "log_mtime": _mtime(os.path.join(ctl, "node.log")), "watch": _watch(ctl)})
+                            "log_mtime": _mtime(os.path.join(ctl, "node.log")), "watch": _watch(ctl),
+                            "where": _where(ctl)})
     out.update(_node())
     out["gpus"], gpu_error = _gpus()
     if gpu_error:
@@ -292,7 +315,19 @@ def _job(j: object, i: int) -> dict:
             "rss": _num(j.get("rss"), 0, 2 ** 62, "rss", whole=True),
             "procs": _num(j.get("procs"), 0, 10 ** 7, "procs", whole=True),
             "log_mtime": _num(j.get("log_mtime"), 0, 1e11, "log_mtime", null=True),
-            "watch": _watched(j.get("watch"), i)}
+            "watch": _watched(j.get("watch"), i), "where": _where_tail(j.get("where"), i)}
+
+
+def _where_tail(w: object, i: int) -> object:
+    """The rank sampler's last lines as the node sent them (texts, at most :data:`WHERE_TAIL` characters
+    in all; read by ``node.where.parse``, which checks every value), or None."""
+    if w is None:
+        return None
+    if (not isinstance(w, list) or not all(isinstance(x, str) for x in w)
+            or sum(len(x) + 1 for x in w) > WHERE_TAIL + 1):
+        raise TopError("malformed top reply: jobs[%d].where must be lines of at most %d characters in all"
+                       % (i, WHERE_TAIL))
+    return w
 
 
 def _gpu(g: object) -> dict:

@@ -271,10 +271,12 @@ def ended(tmp_path: Any, steps: list[str], outcome: RunOutcome, *, stopped: bool
                          warn=lambda line: steps.append("warn: " + line), stopped=stopped)
 
 
-def test_the_end_closes_the_logs_then_collects_then_records_the_outcome(tmp_path):
+def test_the_end_closes_the_logs_then_records_the_outcome_then_collects(tmp_path):
+    """The outcome before the collect: a launcher SIGKILLed during the collect leaves a record of what
+    the job did, not `running` (tests/backends/ssh/test_interrupt_ssh.py on the bed)."""
     steps: list[str] = []
     assert ended(tmp_path, steps, OK) is OK
-    assert steps == ["close_logs", "collect", "states", "recorded succeeded"]
+    assert steps == ["close_logs", "states", "recorded succeeded", "collect"]
 
 
 def test_the_end_of_a_failed_run_records_it_then_raises_its_failure_with_the_root_cause(tmp_path):
@@ -282,24 +284,24 @@ def test_the_end_of_a_failed_run_records_it_then_raises_its_failure_with_the_roo
     bad = RunOutcome(RunStatus.FAILED, (NodeOutcome("a", 0, 3), NodeOutcome("b", 1, 0)), "a")
     with pytest.raises(RunFailed) as raised:
         ended(tmp_path, steps, bad)
-    assert steps == ["close_logs", "collect", "states", "recorded failed", "explain"]
+    assert steps == ["close_logs", "states", "recorded failed", "collect", "explain"]
     assert raised.value.first_failed == "a" and raised.value.cause == ("root cause: a",)
     assert RunStore(tmp_path / "runs").load(RUN).status is RunStatus.FAILED
 
 
-def test_the_end_of_a_stopped_run_closes_the_logs_collects_and_records_it_before_the_ctrl_c(tmp_path):
+def test_the_end_of_a_stopped_run_closes_the_logs_records_it_and_collects_before_the_ctrl_c(tmp_path):
     steps: list[str] = []
     stopped = RunOutcome(RunStatus.STOPPED, (NodeOutcome("a", 0, None), NodeOutcome("b", 1, None)))
     with pytest.raises(KeyboardInterrupt):
         ended(tmp_path, steps, stopped, stopped=True)
-    assert steps == ["close_logs", "collect", "states", "recorded stopped"]
+    assert steps == ["close_logs", "states", "recorded stopped", "collect"]
 
 
 def test_a_ctrl_c_during_the_collect_records_the_jobs_outcome_and_says_how_to_fetch_the_rest(tmp_path):
     steps: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         ended(tmp_path, steps, OK, collect=KeyboardInterrupt())
-    assert steps == ["close_logs", "collect", "states", "recorded succeeded",
+    assert steps == ["close_logs", "states", "recorded succeeded", "collect",
                      f"warn: [clusterddp] collect interrupted: the run is recorded succeeded; "
                      f"`clusterddp collect {RUN}` fetches its logs and files"]
     assert RunStore(tmp_path / "runs").load(RUN).status is RunStatus.SUCCEEDED

@@ -328,3 +328,51 @@ def test_a_first_hand_exception_on_a_node_recorded_stopped_beats_echoes_on_the_n
     assert F.diagnose([a, facts("node-2", 1, state="stopped")], first_failed="node-1").host == "node-1"
     own = facts("node-1", 0, errors=[efile(1, "OSError", "disk full", t)])
     assert F.diagnose([own, b], first_failed="node-1").exc_type == "OSError"
+
+
+def test_an_echo_on_the_root_causes_own_node_in_the_same_second_never_hides_it():
+    # The Slurm bed's remaining race (issue 40): on node-2, rank 3 raises; rank 2, in the all_reduce with
+    # it, raises gloo's "Connection closed by peer" and exits 1 before torchrun's monitor looks (most
+    # runs torchrun SIGTERMs it first). torchrun's table then lists both with exit code 1, in the same
+    # whole second: rank 2, the lower rank, must not be taken for the cause.
+    echo = ("dist.all_reduce(torch.ones(1))", f"RuntimeError: {GLOO_ECHO}")
+    boom = ("explode(5)", "ValueError: plain boom at step 5")
+    log2 = _ranks_log(table({2: (0, 1, 800), 3: (1, 1, 801)}), {3: boom, 2: echo})
+    log1 = _ranks_log(table({0: (0, -15, 700), 1: (1, -15, 701)}), {})
+    for first, states in (("node-2", ("stopped", "failed")), ("node-1", ("failed", "stopped"))):
+        nodes = [facts("node-1", 0, state=states[0], log=log1 if first == "node-2" else
+                       _ranks_log(table({0: (0, 1, 700), 1: (1, 1, 701)}), {0: echo, 1: echo})),
+                 facts("node-2", 1, state=states[1], log=log2)]
+        f = F.diagnose(nodes, first_failed=first)
+        assert (f.host, f.rank, f.exc_type) == ("node-2", 3, "ValueError"), (first, f.summary)
+    # with error files' precise times too: an echo a little earlier than the cause is still its echo
+    t = 1_800_000_000
+    b = facts("node-2", 1, errors=[efile(0, "RuntimeError", GLOO_ECHO, t + 0.01, rank=2),
+                                   efile(1, "ValueError", "plain boom", t + 0.02, rank=3)])
+    assert F.diagnose([facts("node-1", 0, state="stopped"), b], first_failed="node-2").rank == 3
+
+
+def _error_file(message, **extra) -> str:
+    return json.dumps({"message": {"message": message, "extraInfo": extra}})
+
+
+def test_the_error_file_parser_at_the_bounds_mutation_testing_found_unpinned():
+    """scripts/mutate.sh's survivors in parse_error_file and _split_head that are rules: torch's older
+    flat format and its whole-second timestamp, the accepted times (0 to 1e11, either end), the rank's
+    range (0 to 10**7), the size cap (at it: parsed), the type before the first ': ' only."""
+    flat = F.parse_error_file(json.dumps({"message": "ValueError: x", "timestamp": "1800000000"}), 0)
+    assert flat is not None and (flat.exc_type, flat.time, flat.precise) == ("ValueError", 1.8e9, False)
+    for t, want in ((0, 0.0), (1e11 - 1, 1e11 - 1), (1e11, math.inf), (-1, math.inf)):
+        assert F.parse_error_file(_error_file("E: x", timestamp=str(t)), 0).time == want, t
+        ours = F.parse_error_file(_error_file("E: x", timestamp="5", clusterddp={"time": t}), 0)
+        assert (ours.time, ours.precise) == ((want, True) if want != math.inf else (5.0, False)), t
+    for rank, want in ((0, 0), (10 ** 7, 10 ** 7), (10 ** 7 + 1, None), (-1, None), (True, None)):
+        assert F.parse_error_file(_error_file("E: x", clusterddp={"rank": rank}), 1).rank == want, rank
+    padded = _error_file("E: x", pad="p" * F.MAX_ERROR_FILE)[:F.MAX_ERROR_FILE]
+    at_cap = padded[:-len('"}}}')] + '"}}}'
+    assert len(at_cap) == F.MAX_ERROR_FILE and F.parse_error_file(at_cap, 0) is not None
+    assert F.parse_error_file(at_cap + " ", 0) is None
+    assert F._split_head("ValueError: bad: thing") == ("ValueError", "bad: thing")
+    assert F._split_head("KeyboardInterrupt") == ("KeyboardInterrupt", "")
+    assert F._split_head("no type here: x") == ("Error", "no type here: x")
+    assert F._split_head("TypeError:") == ("Error", "TypeError:")  # no ': ' at all: not a type and a message

@@ -216,3 +216,43 @@ def test_the_flags_win_over_the_inventory_and_zero_turns_it_off():
         watchdog(0.5, None, inv)
     with pytest.raises(UsageError, match="groups"):
         watchdog(30.0, "(a)(b)", inv)
+
+
+def test_the_deciders_edges_mutation_testing_found_unpinned():
+    """scripts/mutate.sh's survivors in Decider that are the documented rules: the clock starts at the
+    first progress line anywhere (a shared count of 1 is one), a node's watcher is not armed until every
+    node's watcher joined, and the clock starts again when the last one joins."""
+    d = W.Decider(5.0, now=0.0, nnodes=2)
+    d.shared(0, 1, now=1.0)
+    assert not d.armed  # one watcher of two, no progress yet
+    d.shared(1, 1, now=2.0)
+    assert d.seen and not d.armed  # the first progress line anywhere; the other node's watcher not there yet
+    d.shared(1, 2, now=30.0)  # it joins late: what it missed before is unknown, so the clock starts now
+    assert d.armed and d.last == 30.0 and not d.stalled(34.9) and d.stalled(35.0)
+    d.shared(1, 2, now=33.0)  # a later read, no new progress: the clock goes on
+    assert d.stalled(35.0)
+    one = W.Decider(5.0, now=0.0)  # a single node: its own watcher is all there is
+    one.local(1, now=1.0)
+    assert one.armed and not one.stalled(5.9) and one.stalled(6.0)
+
+
+def test_a_nested_unbounded_repeat_is_refused_inside_a_lookaround_too():
+    """scripts/mutate.sh's survivors in regex_problem: a lookahead's body is searched too."""
+    for regex in (r"(?=(a+)+)x", r"(?!(\d*)*)x", r"x(?=y|(a+)+)"):
+        assert W.regex_problem(regex) == ("a repeat inside an unbounded repeat (e.g. (a+)+) can take exponential "
+                                          "time on one line"), regex
+    assert W.regex_problem(r"(?=a+)x") is None and W.regex_problem(r"(?=(ab){2})x") is None
+
+
+def test_the_line_logics_offsets_and_counts_mutation_testing_found_unpinned():
+    """scripts/mutate.sh's survivors in Lines.feed: every progress line of a chunk counts, a line split
+    across chunks is one, the offset just past the last progress line is exact (the watcher times
+    progress by it), and an unended line longer than MAX_LINE is judged at once, once."""
+    lines = W.Lines(r"step \d+", pos=100)
+    assert lines.feed(b"step 1\nnoise\nstep 2\nst") == 2 and lines.last_end == 100 + len(b"step 1\nnoise\nstep 2\n")
+    assert lines.feed(b"ep 3\r\nnoise\n") == 1 and lines.last_end == 100 + len(b"step 1\nnoise\nstep 2\nstep 3\r")
+    assert lines.pos == 100 + len(b"step 1\nnoise\nstep 2\nstep 3\r\nnoise\n")
+    long = W.Lines(r"step \d+")
+    head = b"step 9 "
+    assert long.feed(head + b"x" * (W.MAX_LINE - len(head))) == 0 and long.rest  # at the bound: it waits
+    assert long.feed(b"x") == 1 and long.last_end == W.MAX_LINE + 1 and long.rest == b""

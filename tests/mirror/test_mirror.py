@@ -530,15 +530,53 @@ def test_the_mirrors_own_loop_says_a_failure_once_and_only_when_it_comes_twice_i
     """Through the real loop (start/stop), not a copy of it: a problem one look has and the next does
     not is never said; one that keeps coming is said once, however many looks it lasts."""
     said: list[str] = []
-    fleet = _Fleet([HostError("node1", "no data for 60s"), listing(), *[HostError("node1", "cannot connect")] * 6])
+    hiccup = HostError("node1", "no data for 60s")  # twice, but never twice in a row: a look between went well
+    fleet = _Fleet([hiccup, listing(), hiccup, listing(), *[HostError("node1", "cannot connect")] * 6])
     store = RunStore(tmp_path)
     store.run_dir("r1").mkdir(parents=True)
     m = mirror.Mirror(fleet, plan(), store, warn=said.append, interval_s=0.01)  # type: ignore[arg-type]
     m.start()
     try:
-        assert eventually(lambda: len(fleet.asked) >= 8, timeout=60), fleet.asked
+        assert eventually(lambda: len(fleet.asked) >= 10, timeout=60), fleet.asked
     finally:
         m.stop()
     assert not any("no data for 60s" in s for s in said), said
     assert sum("cannot connect" in s for s in said) == 1, said
     assert len(said) == len(set(said)), said  # the same line never twice
+
+
+def test_the_mirrors_first_look_at_a_folder_checkpoint_only_lists_it(tmp_path):
+    """A checkpoint of several files is taken only once two looks in a row list it alike: the first look
+    of a run (no look before it) lists, and fetches nothing, whatever the listing holds."""
+    folder = listing(("ckpt/step-9/a.pt", 5, 1), ("ckpt/step-9/b.pt", 5, 1))
+    fleet = _Fleet([folder, folder])
+    store = RunStore(tmp_path)
+    store.run_dir("r1").mkdir(parents=True)
+    p = replace(plan(), spec=RunSpec("t.py", checkpoints=("ckpt/step-*/*",)))
+    m = mirror.Mirror(fleet, p, store, interval_s=1)  # type: ignore[arg-type]
+    assert m.look() == [] and [sorted(a) for a in fleet.asked] == [["globs", "have", "list", "written"]]
+    with pytest.raises(HostError):  # the second look, listing it alike, asks for its files (answered: cut off)
+        m.look()
+    assert fleet.asked[-1]["paths"] == ["ckpt/step-9/a.pt", "ckpt/step-9/b.pt"], fleet.asked
+
+
+def test_the_step_comes_from_the_first_numbered_part_after_the_globs_literal_folders():
+    """The rule as the module states it, at the cases mutation testing found unpinned (scripts/mutate.sh):
+    a glob's literal folders are skipped (their numbers are no step), the first numbered part after them
+    makes the step, a folder checkpoint's series ends in ``/*``, and a literal glob of a numbered file
+    still makes a series of it."""
+    assert mirror.series_of("run/exp2/step-8.pt", ["run/exp2/step-*.pt"]) == (
+        "run/exp2/step-#.pt", (8,), "run/exp2/step-8.pt")
+    assert mirror.series_of("exp3/step-8.pt", ["**/*.pt"]) == ("exp#/*", (3,), "exp3")  # the folder: checkpoint-500/
+    assert mirror.series_of("ckpt/step-9/a.pt", ["ckpt/step-*/*"]) == ("ckpt/step-#/*", (9,), "ckpt/step-9")
+    assert mirror.series_of("ckpt/step-8.pt", ["ckpt/step-8.pt"]) == ("ckpt/step-#.pt", (8,), "ckpt/step-8.pt")
+    assert mirror.series_of("ckpt/last.pt", ["ckpt/last.pt"]) == ("ckpt/last.pt", (), "ckpt/last.pt")
+    assert mirror.series_of("other/x.pt", ["ckpt/*.pt"]) is None
+
+
+@pytest.mark.parametrize("given, value", [("1", 1.0), ("3600", 3600.0), ("0.99", None), ("3600.5", None),
+                                          ("-1", None), ("ten", None), ("nan", None)])
+def test_the_interval_is_0_or_1_to_3600_seconds_both_ends_taken(given, value):
+    got, problem = mirror.interval_from({"CLUSTERDDP_MIRROR_INTERVAL": given})
+    want = (value, True) if value is not None else (mirror.INTERVAL_S, False)
+    assert (got, problem is None) == want, (got, problem)

@@ -21,7 +21,8 @@ from clusterddp.runspec import RunSpec
 # The oldest Python each must parse on (see clusterddp/node/__init__.py).
 FLOOR = {"probe": (3, 5), "collect": (3, 8), "follow": (3, 8), "worker": (3, 8), "top": (3, 8), "diagnose": (3, 8),
          "stacks": (3, 8), "stackhook": (3, 8), "watch": (3, 8), "flight": (3, 8), "notify": (3, 8),
-         "lease": (3, 8), "collective": (3, 8), "envinfo": (3, 5), "sampler": (3, 8), "envbuild": (3, 8)}
+         "lease": (3, 8), "collective": (3, 8), "envinfo": (3, 5), "sampler": (3, 8), "envbuild": (3, 8),
+         "where": (3, 8)}
 
 
 def test_every_program_has_a_floor_and_source_reads_each_once():

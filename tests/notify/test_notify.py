@@ -98,6 +98,10 @@ def test_each_end_of_a_run_is_its_own_event_and_on_chooses():
     assert (N.run_event(hang)["event"], N.run_event(hang)["status"]) == ("hang", "failed")
     assert N.run_event(stopped)["event"] == "stopped"
     assert N.run_event(stopped, interrupted=True)["event"] == "interrupted"
+    # Ctrl-C during the end-of-run collect: the job had ended, and the record says how (issue 40)
+    assert N.run_event(ok, interrupted=True)["text"] == N.run_event(ok)["text"]
+    assert N.run_event(base, interrupted=True)["event"] == "failed"
+    assert N.run_event(hang, interrupted=True)["event"] == "hang"
     assert N.run_event(replace(base, status=RunStatus.RUNNING)) is None  # not ended: nothing to tell
     early = N.run_event(None, error=UsageError("node-2: connection refused\nmore"), run_id="r1", name=None)
     assert (early["event"], early["summary"]) == ("failed", "node-2: connection refused")
@@ -246,3 +250,54 @@ def test_the_run_folder_keeps_the_line_of_what_could_not_be_told(tmp_path, recei
     log = store.run_dir(rec.run_id) / "notify.log"
     assert log.read_text().endswith(lines[0] + "\n") and (os.stat(log).st_mode & 0o777) == 0o600
     assert N.tell_run_end([], store, rec.run_id) == []
+
+
+def test_a_straggler_is_told_only_to_a_target_whose_on_names_it(tmp_path):
+    s = {"host": "node-2", "ranks": [2, 3], "since": 1796540000.0, "until": None,
+         "why": "its ranks are in their own code"}
+    ev = N.straggler_event("r1", s)
+    assert (ev["event"], ev["host"], ev["ranks"], ev["status"]) == ("straggler", "node-2", [2, 3], None)
+    assert ev["text"].startswith("clusterddp: run r1: node-2 (ranks 2-3) is the straggler since ")
+    assert ev["text"].endswith(": its ranks are in their own code")
+    # default targets (every end) and end-only targets are not told; `on: [straggler]` is
+    assert not N.wants(webhook("http://x/"), ev) and not N.wants(webhook("http://x/", on=("failed",)), ev)
+    assert N.wants(webhook("http://x/", on=("straggler",)), ev)
+    out = tmp_path / "got"
+    told = NotifyTarget("command", f"cat > {out}.json; echo '{{event}} {{host}} {{run_id}}' > {out}.args",
+                        where="lab.yaml: notify[0]", on=("straggler",))
+    deaf = NotifyTarget("command", f"touch {tmp_path}/deaf", where="--notify")
+    assert N.tell_straggler([told, deaf], None, "r1", s) == []
+    assert json.loads(out.with_suffix(".json").read_text())["why"] == s["why"]
+    assert out.with_suffix(".args").read_text() == "straggler node-2 r1\n"
+    assert not (tmp_path / "deaf").exists()
+    assert N.tell_straggler([deaf], None, "r1", s) == []  # nobody wants it: nothing run
+    inv = parse(HOSTS + "notify:\n  - command: \"true\"\n    on: [straggler]\n", "lab.yaml")
+    assert inv.notify[0].on == ("straggler",)
+
+
+def test_the_event_fields_and_words_mutation_testing_found_unpinned():
+    """scripts/mutate.sh's survivors in notify's event building that are documented (docs/notifications.md):
+    the duration's words at each unit's edge, every field of the event of a run that ended before it was
+    recorded (interrupted: stopped, exit 130; failed: the error's first line), a failure without a rank,
+    and a failed run known only by its failing host."""
+    assert [N._took(s) for s in (None, 0, 59.9, 60, 185, 3599, 3600, 3725)] == [
+        "", " in 0s", " in 59s", " in 1m00s", " in 3m05s", " in 59m59s", " in 1h00m", " in 1h02m"]
+    early = N.run_event(None, interrupted=True, run_id="r1", name="n", schedule="s", inventory="/lab.yaml",
+                        detached=True)
+    assert {k: v for k, v in early.items() if k not in ("at", "sender")} == {
+        "text": "clusterddp: a run (n) of schedule s was interrupted before it started: no reason given",
+        "event": "interrupted", "status": "stopped", "run_id": None, "name": "n", "schedule": "s",
+        "inventory": "/lab.yaml", "script": None, "hosts": [], "exit_code": 130, "started_at": None,
+        "ended_at": None, "duration_s": None, "failed_host": None, "summary": "no reason given", "failure": None,
+        "detached": True}
+    failed = N.run_event(None, error=UsageError("node-2: refused\nmore"), run_id="r1")
+    assert (failed["event"], failed["status"], failed["exit_code"], failed["summary"]) == (
+        "failed", "failed", 1, "node-2: refused")
+    assert failed["text"] == "clusterddp: a run failed before it started: node-2: refused"
+    base = failed_record()
+    no_rank = replace(base, failure=replace(base.failure, rank=None, summary=""))
+    assert N.run_event(no_rank)["summary"] == "node-2: "
+    host_only = N.run_event(replace(base, failure=None))
+    assert host_only["summary"] == "node-2 failed first" and host_only["text"].endswith(": node-2 failed first")
+    ok = N.run_event(replace(base, status=RunStatus.SUCCEEDED, failure=None, failed_host=None))
+    assert ok["summary"] is None and ok["detached"] is False

@@ -180,7 +180,8 @@ def test_rendered_argv_survives_the_shell_byte_for_byte(tmp_path):
     fake.chmod(0o755)
     inv = inventory.parse(INV.replace("/opt/venv/bin/python", str(fake)), "inv.yaml")
     node = build_plan(inv, RunSpec("t.py", HOSTILE), RUN_ID).nodes[0]
-    line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(q(str(fake))))
+    # the torchrun line (the rank sampler's line starts with the same python)
+    line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(q(str(fake)) + " -c "))
     out = subprocess.run(["bash", "-c", line], capture_output=True, check=True, cwd=tmp_path).stdout
     argv = out.split(b"\0")[:-1]
     assert [a.decode() for a in argv[-len(HOSTILE):]] == list(HOSTILE)
@@ -205,8 +206,8 @@ def test_only_clusterddps_own_words_expand_a_script_argument_nproc_stays_literal
     assert argv[-len(user):] == list(user)
     # without restarts nothing of clusterddp's reads LOCAL_ADDR: a user's word must not make launch.sh probe it
     plain = build_plan(inv, RunSpec("t.py", ("$LOCAL_ADDR",)), RUN_ID).nodes[0]
-    assert "LOCAL_ADDR=" not in plain.launch_script and plain.launch_script.rstrip().splitlines()[-2].endswith(
-        "t.py '$LOCAL_ADDR'")
+    assert "LOCAL_ADDR=" not in plain.launch_script and any(  # the torchrun line (the rank sampler's end after it)
+        ln.endswith("t.py '$LOCAL_ADDR'") for ln in plain.launch_script.rstrip().splitlines()[-3:])
 
 
 def test_env_values_survive_the_shell_byte_for_byte():

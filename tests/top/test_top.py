@@ -71,7 +71,7 @@ def test_the_last_line_shown_is_never_torch_noise_nor_the_source_line_of_its_war
 
 def reply(**over) -> bytes:
     job = {"state": "running", "exit_code": None, "last_line": "x", "step": 1, "cpu_seconds": 1.0, "rss": 1,
-           "procs": 2, "log_mtime": None, "watch": None}
+           "procs": 2, "log_mtime": None, "watch": None, "where": None}
     r = {"time": 1000.0, "jobs": [job], "ncpu": 2, "cpu_total": 10, "cpu_idle": 5, "mem_total": 10,
          "mem_available": 5, "gpus": [{"index": 0, "util": 50, "mem_used": 1.0, "mem_total": 2.0}]}
     for k, v in over.items():
@@ -398,3 +398,46 @@ def test_a_run_its_backend_refused_is_reached_again_after_a_while_not_at_every_l
         assert [v.state for v in one.nodes] == ["running"] and one.error is None
         assert connects.count("b") == 2 and connects.count("a") == 1  # its group's fleet renewed once, for a
         assert w.refusals == {}
+
+
+def where_tail(rank: int, state: str, n: int = 40, cut: bool = True) -> str:
+    """The end of a node's where.jsonl: its first line cut mid-way, as the node program sends it."""
+    lines = [json.dumps({"t": 1000.0 + 2 * i, "ranks": {str(rank): [state, "all_reduce" if state == "w" else
+                                                                    "extra_work (job.py:9)"]},
+                         "cpu": 50.0, "cpu_job": 40.0, "cpu_other": 10.0, "ncpu": 2}) for i in range(n)]
+    text = "\n".join(lines) + "\n"
+    return text[17:] if cut else text
+
+
+def test_top_names_the_host_the_others_wait_for_from_the_nodes_rank_samples(tmp_path, capsys):
+    # the node program sends the end of the rank sampler's file
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    (ctl / "where.jsonl").write_text("x" * (node_top.WHERE_TAIL + 10) + "\n" + where_tail(0, "w", cut=False))
+    got = run_node(capsys, [[str(ctl), "m"]])["jobs"][0]["where"]
+    assert len("\n".join(got)) == node_top.WHERE_TAIL and "\n".join(got).endswith(where_tail(0, "w", cut=False))
+    with pytest.raises(node_top.TopError, match="jobs.0..where"):
+        node_top.parse_reply(reply(where=7), 1)
+    # the view names the host, with its ranks, since when and why
+    r = make_record("run-1", hosts=("a", "b"))
+
+    def answer(tail: str) -> bytes:
+        doc = json.loads(watched_reply(100.0, log_mtime=99.0)[len(node_top.MARK):])
+        doc["jobs"][0]["where"] = tail.split("\n")
+        return (node_top.MARK + json.dumps(doc)).encode()
+    nodes = {"a": FakeNode("a", [answer(where_tail(0, "w"))]), "b": FakeNode("b", [answer(where_tail(1, "c"))])}
+    with T.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
+        snap = w.look()
+    (s,) = snap.runs[0].stragglers
+    assert (s["host"], s["ranks"], s["until"]) == ("b", [1], None) and "extra_work (job.py:9)" in s["why"]
+    json.dumps(snap.to_json())
+    from rich.console import Console
+
+    from clusterddp.cli.top import straggler_line, table
+    assert straggler_line("run-1", s).startswith("run run-1: straggler b (ranks 1) since ")
+    Console(width=300).print(table(snap))
+    assert "run run-1: straggler b (ranks 1) since" in capsys.readouterr().out
+    # every node alike: nobody named
+    nodes = {"a": FakeNode("a", [answer(where_tail(0, "c"))]), "b": FakeNode("b", [answer(where_tail(1, "c"))])}
+    with T.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
+        assert w.look().runs[0].stragglers == []

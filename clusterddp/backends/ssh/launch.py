@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ... import inventory as inv_mod
 from ... import plan as P
-from ... import upload
+from ... import stragglers, upload
 from ...artifacts import CollectResult, collect_nodes
 from ...errors import HostError, UsageError
 from ...failure import Failure
@@ -342,7 +342,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             connect: Callable | None = None, fleet: Fleet | None = None,
             source_tar: Path | None = None, join_timeout: float = 0.0, may_go_on: bool = False,
             on_detached: Callable[[Fleet, P.LaunchPlan], None] = lambda fleet, plan: None,
-            on_warn: Callable[[str], None] = lambda line: None) -> RunOutcome | None:
+            on_warn: Callable[[str], None] = lambda line: None,
+            on_straggler: Callable[[stragglers.Straggler], None] | None = None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
     ``may_go_on``: a failed attempt may be followed by another on other hosts (what a lost node's
     collect error says). ``on_detached(fleet, plan)``: once a detached run's every node has started, before
@@ -352,7 +353,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     (:attr:`Upload.path` from :func:`pack`) is the tarball of the script's folder, streamed to each node.
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C teardown.
     While it watches, :class:`~clusterddp.mirror.Mirror` brings rank 0's checkpoints back as they
-    appear (``on_warn``: its problems, one line each; never the run's outcome).
+    appear (``on_warn``: its problems, one line each; never the run's outcome); with ``on_straggler``,
+    :class:`~clusterddp.stragglers.Watch` tells each host the other ranks wait for, as it is named.
     """
     plan, store = prep.plan, prep.store
     run_id = plan.run_id
@@ -374,14 +376,19 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
             raise
         mirror = Mirror(fleet, plan, store, warn=on_warn)
+        slow = stragglers.Watch(fleet, plan.nodes, on_straggler) if on_straggler is not None and not detach else None
         try:
             store.update(run_id, lambda rec: rec.seen(node_states(sup)))
             if detach:
                 on_detached(fleet, plan)
                 return None
             mirror.start()
+            if slow is not None:
+                slow.start()
         except KeyboardInterrupt:  # Ctrl-C once every node started, before they are watched: as while starting
             mirror.stop()
+            if slow is not None:
+                slow.stop()
             sup.teardown()
             finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
             raise
@@ -392,6 +399,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             stopped = True
         finally:
             mirror.stop()
+            if slow is not None:
+                slow.stop()
         if stopped:
             outcome = sup.outcome  # what the Ctrl-C's teardown left of each node
         return lifecycle.end(
@@ -569,7 +578,8 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
             _arm_notify(fleet, plan, store, req, events)
         return execute(self.prep, events.output, on_collect=events.collected, detach=req.detach, fleet=self.fleet,
                        source_tar=self.packed.path if self.packed else None, join_timeout=req.join_timeout,
-                       may_go_on=self.may_go_on, on_detached=arm, on_warn=events.warn)
+                       may_go_on=self.may_go_on, on_detached=arm, on_warn=events.warn,
+                       on_straggler=lambda s: _tell_straggler(store, self.prep.plan.run_id, req, events, s))
 
     def after_failure(self) -> None:
         _set_aside(self.prep, self.events)
@@ -810,6 +820,15 @@ def _arm_notify(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, req: base.Lau
     for line in said:
         events.say(line)
     for line in warned:
+        events.warn(line)
+
+
+def _tell_straggler(store: RunStore, run_id: str, req: base.LaunchRequest, events: base.Events,
+                    s: stragglers.Straggler) -> None:
+    """A host the other ranks wait for, named while the run goes: said, and told to the targets that want it."""
+    from ... import notify
+    events.warn(notify.straggler_text(run_id, s.to_json()))
+    for line in notify.tell_straggler(req.notify, store, run_id, s.to_json()):
         events.warn(line)
 
 

@@ -392,6 +392,28 @@ def test_an_exception_on_one_rank_is_the_root_cause_in_up_and_run_json(slurm, tm
     gone(slurm, run_id, rec["slurm"]["job_id"])
 
 
+# How many times the crash above runs in a row: 1 in CI's normal set, more by hand
+# (CDDP_ROOT_CAUSE_RUNS=10) to look for the race that lost the root cause in one run of six (issue 40).
+ROOT_CAUSE_RUNS = int(os.environ.get("CDDP_ROOT_CAUSE_RUNS", "1"))
+
+
+@pytest.mark.parametrize("n", range(ROOT_CAUSE_RUNS))
+def test_the_root_cause_of_one_ranks_crash_is_named_in_every_run(slurm, tmp_path, n):
+    """Issue 40: the same crash (rank 3's ValueError, the other ranks' 'Connection closed by peer'
+    echoing it) lost its root cause from the summary and run.json in about one run of six, depending
+    on which node's end Slurm reported first."""
+    src = tmp_path / "plain"
+    src.mkdir()
+    (src / "fail.py").write_text(PLAIN_RAISE)
+    r = up(slurm, tmp_path, src / "fail.py", check_rc=1)
+    run_id = run_id_of(r.stdout)
+    f = record(tmp_path / "runs", run_id)["failure"]
+    nodes = [(x["host"], x["state"], x["exit_code"]) for x in record(tmp_path / "runs", run_id)["nodes"]]
+    assert "root cause: node-2, rank 3 (local rank 1): ValueError: plain boom" in r.stderr, (nodes, r.stderr)
+    assert f and (f["host"], f["rank"], f["exc_type"]) == ("node-2", 3, "ValueError"), (nodes, f)
+    gone(slurm, run_id, record(tmp_path / "runs", run_id)["slurm"]["job_id"])
+
+
 def test_a_node_python_without_clusterddp_gets_clusterddp_train_shipped(slurm, tmp_path):
     from test_shared_workdir import WHICH_TRAIN, python_without_clusterddp
     bare = python_without_clusterddp(tmp_path / "bare")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import threading
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -103,6 +105,25 @@ def test_ctrl_c_during_the_collect_of_a_run_that_succeeded_records_it_succeeded(
                     f"`clusterddp collect {p.run_id}` fetches its logs and files"]
 
 
+def test_the_jobs_outcome_is_recorded_before_the_collect_begins(tmp_path, monkeypatch):
+    # A launcher killed during the end-of-run collect (SIGKILL, a closed laptop) can record nothing more:
+    # the record must already say what the job did, not running (issue 40)
+    p = make_plan(tmp_path, {"a": "ok", "b": "ok"})
+    store = RunStore(tmp_path / "runs")
+    prep = jobs.Prepared(p, store, tmp_path)
+    store.create(jobs.new_record(prep, str(tmp_path / "inv.yaml")))
+    seen = []
+
+    def looking(*a, **kw):
+        seen.append(store.load(p.run_id))
+        return []
+    monkeypatch.setattr(jobs, "collect_nodes", looking)
+    jobs.execute(prep, lambda h, b: None)
+    (rec,) = seen
+    assert rec.status is RunStatus.SUCCEEDED and rec.ended_at, rec.status
+    assert [(n.state, n.exit_code) for n in rec.nodes] == [(NodeState.SUCCEEDED, 0)] * 2
+
+
 def test_ctrl_c_after_the_start_before_the_watch_ends_the_jobs_and_records_the_stop(tmp_path, monkeypatch):
     p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
     store = RunStore(tmp_path / "runs")
@@ -127,3 +148,35 @@ def test_ctrl_c_after_the_start_before_the_watch_ends_the_jobs_and_records_the_s
         subprocess.run(["bash", "-c", "; ".join(plan.teardown_command(n, 1) for n in p.nodes)])
     rec = store.load(p.run_id)
     assert rec.status is RunStatus.STOPPED and [n.state for n in rec.nodes] == [NodeState.STOPPED] * 2
+
+
+def test_logs_follow_ends_every_nodes_stream_once_its_output_pipe_closes(tmp_path):
+    # `logs --follow | head -1` on a run of several nodes: once nobody reads, every node's stream ends at
+    # once (its connection closed), not when that node's job ends: here, never (issue 40)
+    from clusterddp import plan as P
+    from clusterddp.backends.ssh import control
+    from clusterddp.errors import StdoutClosed
+    p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
+    store = RunStore(tmp_path / "runs")
+    prep = jobs.Prepared(p, store, tmp_path)
+    store.create(jobs.new_record(prep, str(tmp_path / "inv.yaml")))
+    jobs.execute(prep, lambda h, b: None, detach=True)
+    got: dict[str, object] = {}
+
+    def closed_pipe(host: str, data: bytes) -> None:
+        if host == "a":
+            raise StdoutClosed  # what the CLI's printer raises once a write finds the reader gone
+
+    def follow() -> None:
+        try:
+            control.follow(store, p.run_id, closed_pipe, None, {})
+        except BaseException as e:  # noqa: BLE001 - the way it ended is the assertion's
+            got["ended"] = e
+    t = threading.Thread(target=follow, daemon=True)
+    try:
+        t.start()
+        t.join(60)  # both nodes' jobs run for 300 s: the follow ends only if it ends every stream itself
+        assert not t.is_alive(), "the other node's stream went on after the pipe closed"
+        assert isinstance(got.get("ended"), StdoutClosed), got
+    finally:
+        subprocess.run(["bash", "-c", "; ".join(P.teardown_command(n, 1) for n in p.nodes)])

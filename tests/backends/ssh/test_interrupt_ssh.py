@@ -10,6 +10,13 @@ a plain job that holds its slots until told. What must be left afterwards:
 - SIGKILL while the start commands are on their way, or while the job runs: the job may run on (it
   runs detached by design: nothing on this machine can end it); the record says running, and `stop`
   ends it and frees its slots.
+- Ctrl-C during the end-of-run collect of a job that exited 0 everywhere (a plain job leaving a 256 MiB
+  file; issue 40: recorded stopped, or running until `status`): exit 130, the record succeeded, each
+  node succeeded with exit code 0, `clusterddp collect RUN` named and bringing the rest back whole, no
+  half-received file left, no job, no slot held.
+- SIGKILL there: the same record (the job's outcome is written before its files come back), no job,
+  no slot held; the killed launcher's half-received file stays (`collect` cannot tell it from another
+  collect's under way).
 """
 
 from __future__ import annotations
@@ -153,3 +160,79 @@ def test_sigkill_while_the_job_runs_leaves_it_running_for_stop(bed, tmp_path):
     cddp("stop", run_id, "--runs-dir", str(runs), "--grace", "2", check_rc=0, timeout=180)
     assert eventually(lambda: job_pids(run_id) == [], 30)
     _nothing_left(inv, run_id)
+
+
+# A plain job that succeeds everywhere and leaves a file big enough that bringing it back takes a while:
+# rank 0 writes 256 MiB (one random MiB again and again: nothing on the way compresses it), then exits 0.
+BIG = r'''
+import os
+if os.environ["RANK"] == "0":
+    block = os.urandom(1 << 20)
+    with open("big.bin", "wb") as f:
+        for _ in range(256):
+            f.write(block)
+print("WROTE rank", os.environ["RANK"], flush=True)
+'''
+
+
+def _up_big(bed, tmp_path: Path):
+    inv = bed.write_inventory(tmp_path / "inv.yaml")
+    job = job_script(tmp_path, "job.py", BIG)
+    runs = tmp_path / "runs"
+    p = cddp_popen("up", str(inv), str(job), "--runs-dir", str(runs), "--collect", "big.bin")
+    return p, inv, runs
+
+
+def _during_the_collect(p, runs: Path, sig) -> tuple[int, str, str]:
+    """Signal ``p`` once big.bin is on its way here (its ``.part`` in the run's artifacts folder): the
+    job has ended everywhere, the end-of-run collect is under way. (exit code, run id, output)."""
+    try:
+        lines = wait_for_line(p, "run ")
+        run_id = _run_id(lines)
+        arriving = runs / run_id / "artifacts"
+        assert eventually(lambda: any(arriving.glob("*/big.bin.*.part")), 180, interval=0.01), \
+            "big.bin never started to come back"
+        p.send_signal(sig)
+        rest = p.communicate(timeout=240)[0]
+    finally:
+        p.kill()
+    return p.wait(), run_id, "".join(lines) + rest
+
+
+def _collected_whole(runs: Path, run_id: str, parts_left: bool = False) -> None:
+    """`collect RUN` brings big.bin back whole; no half-received file is left (``parts_left``: but for
+    the ones a killed launcher left, which nothing here can tell from another collect's under way)."""
+    before = set((runs / run_id / "artifacts").rglob("*.part"))
+    cddp("collect", run_id, "--runs-dir", str(runs), check_rc=0, timeout=180)
+    got = list((runs / run_id / "artifacts").glob("*/big.bin"))
+    assert [f.stat().st_size for f in got] == [256 << 20], got
+    left = set((runs / run_id / "artifacts").rglob("*.part"))
+    assert left <= (before if parts_left else set()), f"a half-received file was left behind: {left}"
+
+
+def test_ctrl_c_during_the_collect_of_a_run_that_succeeded_records_it_succeeded(bed, tmp_path):
+    # Issue 40: the run was recorded stopped (or left running until `status`), though its job succeeded
+    # everywhere: only the collect was cut short.
+    p, inv, runs = _up_big(bed, tmp_path)
+    rc, run_id, out = _during_the_collect(p, runs, signal.SIGINT)
+    assert rc == 130, out
+    assert (f"collect interrupted: the run is recorded succeeded; `clusterddp collect {run_id}` fetches its "
+            "logs and files") in out, out
+    rec = json.loads((runs / run_id / "run.json").read_text())
+    assert rec["status"] == "succeeded" and rec["ended_at"], rec
+    assert [(n["state"], n["exit_code"]) for n in rec["nodes"]] == [("succeeded", 0)] * 2, rec["nodes"]
+    _nothing_left(inv, run_id)
+    _collected_whole(runs, run_id)
+
+
+def test_sigkill_during_the_collect_of_a_run_that_succeeded_leaves_it_recorded_succeeded(bed, tmp_path):
+    # The job's outcome is recorded before its files come back: a launcher killed during the collect
+    # (a closed laptop) leaves a record that says what the job did, not running until `status` looks
+    p, inv, runs = _up_big(bed, tmp_path)
+    rc, run_id, out = _during_the_collect(p, runs, signal.SIGKILL)
+    assert rc == -signal.SIGKILL, out
+    rec = json.loads((runs / run_id / "run.json").read_text())
+    assert rec["status"] == "succeeded" and rec["ended_at"], rec
+    assert [(n["state"], n["exit_code"]) for n in rec["nodes"]] == [("succeeded", 0)] * 2, rec["nodes"]
+    _nothing_left(inv, run_id)
+    _collected_whole(runs, run_id, parts_left=True)
