@@ -341,25 +341,33 @@ def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_di
     """Every node's log, and the batch step's output and the collect globs from the shared run folder
     (through the same node program as SSH runs, run where the folder is) into ``artifacts/shared/``."""
     from ...artifacts import collect_node
+    t, host = login.collect_host(run_dir)
     for h in hosts:
         copy_log(login, store, run_id, h, SP.node_log(control_dir, h))
-        copy_samples(login, store, run_id, h, posixpath.join(SP.node_control(control_dir, h), NS.SAMPLES))
-    t, host = login.collect_host(run_dir)
+        copy_samples(t, store, run_id, h, SP.node_control(control_dir, h))
     # collect_command reads <control_dir>/node.log: the batch step's output (plan.BATCH_LOG)
     node = P.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
     return collect_node(t, node, store, run_id, globs)
 
 
-def copy_samples(login: Login, store: RunStore, run_id: str, host: str, path: str) -> None:
-    """The metrics sampler's file of ``host`` (clusterddp.metrics), from the shared folder, bounded; none: nothing."""
-    from ...metrics.samples import MOST, save
+def copy_samples(t: Transport, store: RunStore, run_id: str, host: str, node_ctl: str) -> None:
+    """The metrics sampler's files of ``host`` (clusterddp.metrics), its last attempt's and the earlier
+    attempts' it ran (``<host>@attempt-N/``: :func:`SP.keep_samples_lines`), from the shared folder where
+    it is, bounded, as an SSH node's come back; none: nothing."""
+    from ...metrics.fetch import ANSWER_MOST
+    from ...metrics.samples import fetch_command, save, split_answer
+    buf = bytearray()
+
+    def take(b: bytes) -> None:
+        if len(buf) < ANSWER_MOST:
+            buf.extend(b[:ANSWER_MOST - len(buf)])
     try:
-        with login.open_file(path) as src:
-            data = src.read(MOST)
-    except (FileNotFoundError, OSError):
+        t.stream(fetch_command(node_ctl), take, timeout=60, stderr_to=bytearray())
+    except Exception:  # noqa: BLE001 - the samples are best effort: the logs and the outcome stand without them
         return
-    if not store.read_only:
-        save(store.run_dir(run_id), host, {None: data})
+    files = split_answer(bytes(buf), host)
+    if files and not store.read_only:
+        save(store.run_dir(run_id), host, files)
 
 
 def copy_log(login: Login, store: RunStore, run_id: str, host: str, path: str) -> bool:
