@@ -48,8 +48,8 @@ DESCRIPTIONS = {
                         "the run (default 5; 0: no sampler; `up --metrics-interval` wins); docs/watching.md",
     "metrics_regex": "A regular expression whose named groups name the numbers in the job's lines, e.g. "
                      "'loss (?P<loss>[0-9.eE+-]+)' (`up --metrics-regex` wins); `clusterddp metrics` shows them",
-    "idle_policy": "GPU utilisation below `below` % on every GPU of a node for `minutes`: said in the log and in "
-                   "the run's notification; `stop: true` also ends the run",
+    "idle_policy": "GPU utilisation below `below` % on every GPU of every node of the run for `minutes`: said in "
+                   "the log; `stop: true` also ends the run, as idle (notification event `idle`)",
     "below": "idle_policy: the GPU utilisation (%) under which a GPU counts as idle",
     "minutes": "idle_policy: how long every GPU must stay idle",
     "stop": "idle_policy: also end the run (default false: only say so)",
