@@ -109,8 +109,9 @@ def previous_run(store: RunStore, inventory: Inventory) -> RunRecord | None:
     return None
 
 
-def run_diff(inventory: Inventory, runs_dir: str) -> DiffReport:
-    """Ask every host, in parallel, and compare."""
+def run_diff(inventory: Inventory, runs_dir: str, inventory_keys: tuple[str, ...]) -> DiffReport:
+    """Ask every host, in parallel, and compare (``inventory_keys``: every backend's, for the upload's
+    rule that leaves another inventory out: :func:`clusterddp.backends.inventory_keys`)."""
     from .upload import scan_source, secret_files
     store = RunStore(runs_dir, read_only=True)
     rec = previous_run(store, inventory)
@@ -124,7 +125,8 @@ def run_diff(inventory: Inventory, runs_dir: str) -> DiffReport:
         try:
             # what that run uploaded: never the inventory or the secrets it names (their -e @FILEs are not
             # recorded: such a file is listed missing on every node alike)
-            files = [rel for rel, _ in scan_source(source, store.root, secret_files(inventory)).entries
+            files = [rel for rel, _ in scan_source(source, store.root, secret_files(inventory),
+                                                       inventory_keys=inventory_keys).entries
                      if not rel.endswith("/")]
             run_dirs = {n.host: n.run_dir for n in rec.nodes}
         except OSError as e:

@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from .errors import HostError
 from .errors import HostErrorKind as Kind
-from .inventory import DEFAULT_FANOUT, Host
+from .inventory import DEFAULT_FANOUT, RunNode
 from .transport import CommandResult, Transport
 from .transport import connect as default_connect
 
@@ -111,16 +111,21 @@ class HostResult:
         return self.error is None and self.exit_code == 0
 
 
-class Fleet:
+N = TypeVar("N", bound=RunNode)
+
+
+class Fleet(Generic[N]):
     """Connections to ``hosts`` for the length of one command; a context manager that closes them.
 
-    ``connect(host)`` opens a :class:`~clusterddp.transport.Transport` (injectable for tests).
+    ``connect(host)`` opens a :class:`~clusterddp.transport.Transport` (injectable for tests; a verb
+    that reaches a run's nodes passes its backend's ``Reach.connect``). Hosts are an inventory's
+    (``Fleet[Host]``) or the nodes a backend reaches (``Fleet[Node]``): only their names are read here.
     A host that failed to connect keeps its error for the rest of the command: it is not
     retried, so every step reports it at once instead of waiting out the timeout again.
     """
 
-    def __init__(self, hosts: Iterable[Host], *, fanout: int = DEFAULT_FANOUT,
-                 connect: Callable[[Host], Transport] = default_connect,
+    def __init__(self, hosts: Iterable[N], *, fanout: int = DEFAULT_FANOUT,
+                 connect: Callable[[N], Transport] = default_connect,
                  clock: Callable[[], float] = time.time) -> None:
         self.hosts = tuple(hosts)
         self.fanout = max(1, fanout)
@@ -130,7 +135,7 @@ class Fleet:
         self._transports: dict[str, Transport] = {}
         self._errors: dict[str, HostError] = {}
 
-    def transport(self, host: Host) -> Transport:
+    def transport(self, host: N) -> Transport:
         """The open connection to ``host``, opened now if this command has none yet."""
         with self._lock:
             if host.name in self._transports:
@@ -151,7 +156,7 @@ class Fleet:
             self._errors[host.name] = err
         raise err
 
-    def each(self, fn: Callable[[Host, Transport], R], hosts: Iterable[Host] | None = None,
+    def each(self, fn: Callable[[N, Transport], R], hosts: Iterable[N] | None = None,
              on_done: Callable[[str, R | Exception], None] | None = None) -> GroupResult[str, R]:
         """``fn(host, its connection)`` on every host (or only ``hosts``), in parallel; results by host name.
 
@@ -159,7 +164,7 @@ class Fleet:
         exception)`` is called as each host's ends (from its worker thread), for a caller that reports
         hosts as they answer rather than once the slowest has.
         """
-        def one(h: Host) -> R:
+        def one(h: N) -> R:
             try:
                 r = fn(h, self.transport(h))
             except Exception as e:
@@ -171,12 +176,12 @@ class Fleet:
             return r
         return fan_out(self.hosts if hosts is None else hosts, one, self.fanout, key=lambda h: h.name)
 
-    def open(self, hosts: Iterable[Host] | None = None) -> GroupResult[str, Transport]:
+    def open(self, hosts: Iterable[N] | None = None) -> GroupResult[str, Transport]:
         """Connect to every host (or only ``hosts``) now, in parallel: for a step that must know
         every host answers before it does anything on any of them."""
         return self.each(lambda h, t: t, hosts)
 
-    def connected(self, hosts: Iterable[Host] | None = None) -> list[Host]:
+    def connected(self, hosts: Iterable[N] | None = None) -> list[N]:
         """Those of the hosts (or of ``hosts``) that have an open connection now."""
         with self._lock:
             return [h for h in (self.hosts if hosts is None else hosts) if h.name in self._transports]
@@ -187,7 +192,7 @@ class Fleet:
         with self._lock:
             return dict(self._errors)
 
-    def run(self, command: str | Callable[[Host], str | tuple[str, bytes]], *, timeout: float | None = None,
+    def run(self, command: str | Callable[[N], str | tuple[str, bytes]], *, timeout: float | None = None,
             on_output: Callable[[str, bytes], None] | None = None, limit: float | None = None,
             timed_out_code: int | None = None) -> list[HostResult]:
         """Run ``command`` (shell text, or a function rendering it per host, alone or with the bytes
@@ -200,14 +205,14 @@ class Fleet:
         the wait on a host whose link died; the others keep their results). A command that ends
         itself at the limit (exit ``timed_out_code``, after ``limit`` s) fails the same way.
         """
-        def one(host: Host, t: Transport) -> HostResult:
+        def one(host: N, t: Transport) -> HostResult:
             rendered = command(host) if callable(command) else command
             text, stdin = (rendered, None) if isinstance(rendered, str) else rendered
             started = self._clock()
             expired = threading.Event()
             timer = None
             if limit is not None:
-                def expire(host: Host = host) -> None:
+                def expire(host: N = host) -> None:
                     expired.set()
                     self.close_host(host)
                 timer = threading.Timer(limit, expire)
@@ -237,7 +242,7 @@ class Fleet:
             return HostResult(host.name, res, None, started, self._clock())
         return list(self.each(one).or_else(lambda h, e: HostResult(h, None, as_host_error(h, e))).values())
 
-    def close_host(self, host: Host) -> None:
+    def close_host(self, host: N) -> None:
         """Close ``host``'s connection now, ending its pending streams. It stays this command's
         connection to that host: later steps on it fail at once with its error, not by connecting again."""
         with self._lock:

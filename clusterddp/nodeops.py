@@ -21,7 +21,7 @@ from .record import NodeRecord, NodeState, RunRecord, from_report
 from .transport import Tail, Transport
 
 if TYPE_CHECKING:
-    from .inventory import Host
+    from .inventory import RunNode
 
 R = TypeVar("R")
 
@@ -57,7 +57,7 @@ class Reach(Protocol):
     @property
     def nodes(self) -> tuple[P.NodeLaunch, ...]: ...
 
-    def connect(self, host: Host) -> Transport: ...
+    def connect(self, host: RunNode) -> Transport: ...
 
     def close(self) -> None: ...
 
@@ -70,7 +70,7 @@ class HostsReach:
     nodes: tuple[P.NodeLaunch, ...]
     key: str = "hosts"
 
-    def connect(self, host: Host) -> Transport:
+    def connect(self, host: RunNode) -> Transport:
         from .transport import connect
         return connect(host)
 

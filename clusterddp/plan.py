@@ -29,9 +29,10 @@ import json
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from . import flight
-from .inventory import Host, Inventory
+from .inventory import Host, Inventory, RunNode
 from .node import notify as node_notify
 from .node import reply as node_reply
 from .nodescript import (
@@ -69,11 +70,16 @@ DEFAULT_GRACE = 10.0
 WHERE_ARGS = {"interval": 2.0, "most": 1 << 20}  # the rank sampler's: seconds between samples, bytes kept
 
 
-@dataclass(frozen=True)
-class NodeLaunch:
-    """Everything one node runs, as data."""
+H = TypeVar("H", bound=RunNode, covariant=True)  # a frozen value: a NodeLaunch[Host] is a NodeLaunch[RunNode]
 
-    host: Host
+
+@dataclass(frozen=True)
+class NodeLaunch(Generic[H]):
+    """Everything one node runs, as data. ``host``: the inventory's Host (an SSH or local run), or the
+    Node a backend reaches through the run (a Slurm node; such a node is reached through
+    :mod:`clusterddp.backends`' ``reach`` only, never by a connection of its own)."""
+
+    host: H                       # NodeLaunch[Host]: an SSH run's; NodeLaunch[Node]: a Slurm node's
     node_rank: int
     nproc: int | str              # a count, or "auto" (probed on the node: GPUs, 1 when none)
     run_dir: str                  # where the script runs; may start with "~/"
@@ -91,7 +97,7 @@ class LaunchPlan:
     run_id: str
     inventory: Inventory
     spec: RunSpec
-    nodes: tuple[NodeLaunch, ...]
+    nodes: tuple[NodeLaunch[Host], ...]
     master_addr: str
     master_port: int
     collect: tuple[str, ...]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .errors import RecordError, UsageError
 from .fleet import Fleet
-from .inventory import Host
+from .inventory import RunNode
 from .nodeops import Reach
 from .nodescript import CONTROL, MARKED_FN, MARKER, marker_word, q, qpath
 from .plan import NodeLaunch
@@ -212,25 +212,25 @@ def _control_name(run_dir: str, control_dir: str) -> str:
 _Target = tuple[str, str, str, tuple[str, ...]]
 
 
-def _rounds(targets: dict[Host, list[tuple[str, _Target]]]) -> Iterator[list[Host]]:
+def _rounds(targets: dict[RunNode, list[tuple[str, _Target]]]) -> Iterator[list[RunNode]]:
     """Hosts in groups with distinct names (a Fleet keys its connections by name; two records may hold
     different settings under one name)."""
     left = list(targets)
     while left:
-        this: dict[str, Host] = {}
+        this: dict[str, RunNode] = {}
         for h in left:
             this.setdefault(h.name, h)
         left = [h for h in left if this[h.name] is not h]
         yield list(this.values())
 
 
-def _run_on_nodes(targets: dict[Host, list[tuple[str, _Target]]], dry_run: bool, fanout: int, connect: Callable,
+def _run_on_nodes(targets: dict[RunNode, list[tuple[str, _Target]]], dry_run: bool, fanout: int, connect: Callable,
                   results: dict[tuple[str, str], NodeResult]) -> None:
     """:func:`prune_command` for each host's targets (in :func:`batches`), answers into ``results``."""
     for hosts in _rounds(targets):
         by_name = {h.name: h for h in hosts}
 
-        def one(h: Host, t, by_name: dict[str, Host] = by_name) -> list[tuple[str, str]]:
+        def one(h: RunNode, t, by_name: dict[str, RunNode] = by_name) -> list[tuple[str, str]]:
             todo = [target for _, target in targets[by_name[h.name]]]
             out = []
             for group in batches(todo):
@@ -269,7 +269,7 @@ def _node_folders(records: tuple[RunRecord, ...], dry_run: bool, connect: Callab
     When every host has let go (the hosts ran at once, each saw the others), one of them is asked
     again, and removes it."""
     results: dict[tuple[str, str], NodeResult] = {}
-    targets: dict[Host, list[tuple[str, _Target]]] = {}
+    targets: dict[RunNode, list[tuple[str, _Target]]] = {}
     for rec in records:
         if rec.local:  # its control folder is inside the local run folder; the run folder is the launch directory
             marker = rec.nodes[0].marker if rec.nodes else ""
@@ -294,7 +294,7 @@ def _node_folders(records: tuple[RunRecord, ...], dry_run: bool, connect: Callab
             shared[rec.run_id] = next(n for n, w in zip(rec.nodes, words, strict=True)
                                       if w is not None and w.word == "shared")
     if not dry_run and shared:
-        again: dict[Host, list[tuple[str, _Target]]] = {}
+        again: dict[RunNode, list[tuple[str, _Target]]] = {}
         for run_id, n in shared.items():
             again.setdefault(n.settings, []).append(next(x for x in targets[n.settings] if x[0] == run_id))
         _run_on_nodes(again, dry_run, fanout, connect, results)
@@ -324,7 +324,7 @@ def prune(store: RunStore, selection: Selection, dry_run: bool = False,
     backend's :meth:`~clusterddp.backends.base.Backend.reach`); a run it refuses keeps its folders
     and record, with the backend's words as why. Without it, the recorded hosts through ``connect``."""
     refused: dict[str, str] = {}
-    connect_of: dict[Host, Callable] = {}
+    connect_of: dict[RunNode, Callable] = {}
     reaches: list[Reach] = []
     reached: dict[str, RunRecord] = {}  # run id -> its record with its nodes as its backend reaches them
     try:

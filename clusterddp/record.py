@@ -25,7 +25,7 @@ from .failure import MAX_FRAMES as _MAX_FRAMES
 from .failure import MAX_LOG_LINES as _MAX_LOG_LINES
 from .failure import MAX_OTHERS as _MAX_OTHERS
 from .flight import Flight
-from .inventory import DEFAULT_FANOUT, ENV_NAME_RE, HOST_NAME_RE, Host
+from .inventory import DEFAULT_FANOUT, ENV_NAME_RE, HOST_NAME_RE, Host, Node, RunNode
 from .jsonread import REQUIRED
 from .jsonread import short as _short
 
@@ -145,7 +145,8 @@ def from_report(kind: str, exit_code: int | None) -> tuple[NodeState, str | None
 
 @dataclass(frozen=True)
 class NodeRecord:
-    """One node of a recorded run: where it is (the Host settings it ran with) and how it stands."""
+    """One node of a recorded run: where it is (the settings it ran with: an inventory's Host, or a Node
+    that its backend reaches, such as a Slurm node) and how it stands."""
 
     host: str
     address: str
@@ -154,7 +155,7 @@ class NodeRecord:
     run_dir: str
     control_dir: str
     marker: str
-    settings: Host
+    settings: RunNode
     state: NodeState = NodeState.PENDING
     exit_code: int | None = None
     error: str | None = None
@@ -178,7 +179,7 @@ class NodeRecord:
         return replace(self, state=state, exit_code=exit_code, error=error)
 
     def to_json(self) -> dict[str, Any]:
-        settings = _host_json(self.settings)
+        settings = _node_json(self.settings) if isinstance(self.settings, Node) else _host_json(self.settings)
         return {"host": self.host, "address": self.address, "node_rank": self.node_rank, "nproc": self.nproc,
                 "run_dir": self.run_dir, "control_dir": self.control_dir, "marker": self.marker,
                 "state": self.state.value, "exit_code": self.exit_code, "error": self.error, "settings": settings}
@@ -190,7 +191,7 @@ class NodeRecord:
         if word == "missing" and error is None:  # schema 0's word: keep what it meant
             error = _NO_CODE["missing"]
         host = _name(r.get("host", str), HOST_NAME_RE, path, f"{where}.host", "a host name (letters, digits, . _ -)")
-        settings = _host(r.get("settings", dict), path, f"{where}.settings")
+        settings = _run_node(r.get("settings", dict), path, f"{where}.settings")
         if settings.name != host:
             raise RecordError(path, f"{where}.settings.name", f"{settings.name!r} is not the node's host {host!r}")
         return cls(host=host, address=r.get("address", str),
@@ -561,6 +562,7 @@ def _host(data: dict, path: str, where: str) -> Host:
     if kwargs["connect_timeout"] <= 0:
         raise RecordError(path, f"{where}.connect_timeout", f"must be > 0, not {_short(kwargs['connect_timeout'])}")
     _at_least(kwargs["keepalive"], 0, r, "keepalive")
+    # "slurm": a Slurm node recorded as a host entry before Node (:func:`_run_node` reads it as its Node)
     for key, choices in (("transport", ("ssh", "local", "slurm")), ("host_key_policy", ("strict", "accept-new"))):
         if kwargs[key] not in choices:
             raise RecordError(path, f"{where}.{key}", f"{_short(kwargs[key])} is not one of {', '.join(choices)}",
@@ -568,6 +570,44 @@ def _host(data: dict, path: str, where: str) -> Host:
     for name, _ in kwargs["env"]:
         _name(name, ENV_NAME_RE, path, f"{where}.env", "an object keyed by variable names")
     return Host(**kwargs)
+
+
+# A node's settings of kind "node" (a Node: no SSH host entry) say so; an SSH or local host's have no
+# "kind" (as every record before Node had them).
+NODE_KIND = "node"
+
+
+def _node_json(node: Node) -> dict[str, Any]:
+    return {"kind": NODE_KIND, **dataclasses.asdict(node), "env": dict(node.env), "setup": list(node.setup)}
+
+
+def _run_node(data: dict, path: str, where: str) -> RunNode:
+    """A node's recorded settings: a Node (``"kind": "node"``), else the inventory Host it ran with. A
+    host entry of transport "slurm" (a Slurm node recorded as a host, before Node) is read as its Node."""
+    if data.get("kind") is None:
+        h = _host(data, path, where)
+        if h.transport != "slurm":
+            return h
+        return Node(name=h.name, address=h.address, python=h.python, workdir=h.workdir, env=h.env, setup=h.setup,
+                    gpus=h.gpus, connect_timeout=h.connect_timeout)
+    r = _Reader(data, path, where)
+    if r.get("kind", str) != NODE_KIND:
+        raise RecordError(path, f"{where}.kind", f"{_short(data['kind'])} is not a kind of node this clusterddp knows",
+                          "upgrade clusterddp to read this run")
+    unknown = sorted(set(data) - {"kind", *(f.name for f in dataclasses.fields(Node))})
+    if unknown:
+        raise RecordError(path, f"{where}.{unknown[0]}", "not a node setting this clusterddp knows",
+                          "upgrade clusterddp to read this run")
+    name = _name(r.get("name", str), HOST_NAME_RE, path, f"{where}.name", "a host name (letters, digits, . _ -)")
+    connect_timeout = r.get("connect_timeout", float, default=Node.connect_timeout)
+    if connect_timeout <= 0:
+        raise RecordError(path, f"{where}.connect_timeout", f"must be > 0, not {_short(connect_timeout)}")
+    env = r.get("env", tuple[tuple[str, str], ...], default=())
+    for var, _ in env:
+        _name(var, ENV_NAME_RE, path, f"{where}.env", "an object keyed by variable names")
+    return Node(name=name, address=r.get("address", str), python=r.get("python", str), workdir=r.get("workdir", str),
+                env=env, setup=r.get("setup", tuple[str, ...], default=()),
+                gpus=_count(r.get("gpus", int | str, default=1), r, "gpus"), connect_timeout=connect_timeout)
 
 
 _MAX_TEXT = 20000  # characters of any text of a failure: the writer keeps far less

@@ -24,7 +24,7 @@ from typing import cast
 from . import noise, stragglers
 from . import plan as P
 from .fleet import Fleet, GroupResult, as_host_error, fan_out
-from .inventory import Host
+from .inventory import Host, RunNode
 from .node import reply as node_reply
 from .node import top as node_top
 from .nodeops import Reach, nodes_of
@@ -122,7 +122,7 @@ class _Group:
 
     reach: Reach
     jobs: dict[str, list[tuple[str, P.NodeLaunch]]] = field(default_factory=dict)  # host -> [(run id, node)]
-    hosts: dict[str, Host] = field(default_factory=dict)
+    hosts: dict[str, RunNode] = field(default_factory=dict)
     fleet: Fleet | None = None
 
 
@@ -131,7 +131,7 @@ class _Recorded:
 
     key = "hosts"
 
-    def __init__(self, rec: RunRecord, connect: Callable[[Host], Transport]) -> None:
+    def __init__(self, rec: RunRecord, connect: Callable[[RunNode], Transport]) -> None:
         self.nodes = tuple(nodes_of(rec))
         self.connect = connect
 
@@ -149,7 +149,7 @@ class Watch:
     recorded hosts, through ``connect``."""
 
     def __init__(self, recs: Sequence[RunRecord], progress_regex: str = DEFAULT_PROGRESS,
-                 connect: Callable[[Host], Transport] = default_connect,
+                 connect: Callable[[RunNode], Transport] = default_connect,
                  clock: Callable[[], float] = time.monotonic, lab: Sequence[Host] = (),
                  store: RunStore | None = None, reach: Callable[[RunRecord], Reach] | None = None) -> None:
         self.lab = list(lab)  # the hosts whose GPU leases are listed too (one more command per host)
@@ -268,7 +268,7 @@ class Watch:
             self._failed_at = None
 
         def ask(g: _Group) -> GroupResult[str, dict]:
-            def one(host: Host, t: Transport) -> dict:
+            def one(host: RunNode, t: Transport) -> dict:
                 jobs = [n for _, n in g.jobs[host.name]]
                 res = t.run(top_command(host, jobs, self.regex, noise.LINE_PATTERNS), timeout=host.connect_timeout)
                 return cast(dict, node_reply.one_line_each(node_top.parse_reply(res.stdout, len(jobs))))
@@ -384,7 +384,7 @@ def _since_progress(v: NodeView, now: float, job: dict) -> None:
 TOP_TAIL = 65536  # bytes of each node.log read for its last line and last step
 
 
-def top_command(host: Host, nodes: Iterable[P.NodeLaunch], progress_regex: str, skip: Sequence[str] = ()) -> str:
+def top_command(host: RunNode, nodes: Iterable[P.NodeLaunch], progress_regex: str, skip: Sequence[str] = ()) -> str:
     """One look at ``host`` for ``clusterddp top``: every job of ``nodes`` (all on this host, of any
     runs) in one command (the node program ``clusterddp/node/top.py``), after the host's setup lines.
     ``skip``: patterns of lines never shown as a job's last line (:data:`clusterddp.noise.LINE_PATTERNS`)."""

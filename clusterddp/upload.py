@@ -9,6 +9,7 @@ on the login host. Nothing here prints; bad input is a UsageError naming the fil
 from __future__ import annotations
 
 import fcntl
+import functools
 import io
 import os
 import re
@@ -153,22 +154,38 @@ def secret_files(inventory: Inventory, notify: Iterable[NotifyTarget] = (), env_
 
 # Another inventory in the script's folder (``lab.yaml`` beside ``train.py``, as the README's walk-through
 # has it) is left out too, unless .clusterddpignore re-includes it by a ``!`` rule: a YAML file
-# (``.yaml``/``.yml``) of at most an inventory's size (1 MiB) with a top-level ``hosts:`` or ``slurm:``.
+# (``.yaml``/``.yml``) of at most an inventory's size (1 MiB) with a top-level key that makes a file an
+# inventory. Those keys are the backends' (``hosts:``, ``slurm:``, ...): the caller asks the registry
+# (:func:`clusterddp.backends.inventory_keys`) and passes them in, so this module names no backend.
 INVENTORY_SUFFIXES = (".yaml", ".yml")
 INVENTORY_LIMIT = 1 << 20
-_INVENTORY_KEY = re.compile(rb"^[\"']?(?:hosts|slurm)[\"']?[ \t]*:", re.M)
-OTHER_INVENTORY = f"an inventory (a YAML file with hosts: or slurm:); a !NAME line in {IGNORE_FILE} sends it"
 
 
-def looks_like_inventory(path: str | Path) -> bool:
-    """Whether ``path`` is a clusterddp inventory by the rule above (read bounded; a link is not followed)."""
+@functools.lru_cache(maxsize=8)
+def _inventory_key(keys: tuple[str, ...]) -> re.Pattern[bytes]:
+    if not keys or not all(re.fullmatch(r"[a-z][a-z0-9_]*", k) for k in keys):
+        raise ValueError(f"inventory keys must be lowercase names, not {keys!r}")  # a caller's bug
+    return re.compile(rb"^[\"']?(?:" + b"|".join(k.encode() for k in keys) + rb")[\"']?[ \t]*:", re.M)
+
+
+def other_inventory(keys: tuple[str, ...]) -> str:
+    """Why another inventory is left out (``keys``: every backend's inventory key)."""
+    names = [f"{k}:" for k in keys]
+    said = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    return f"an inventory (a YAML file with {said}); a !NAME line in {IGNORE_FILE} sends it"
+
+
+def looks_like_inventory(path: str | Path, keys: tuple[str, ...]) -> bool:
+    """Whether ``path`` is a clusterddp inventory by the rule above, ``keys`` being every backend's
+    inventory key (read bounded; a link is not followed)."""
+    pattern = _inventory_key(keys)
     if not str(path).lower().endswith(INVENTORY_SUFFIXES):
         return False
     try:
         raw, _ = read_bounded(path, INVENTORY_LIMIT, nofollow=True)
     except FileRefused:
         return False
-    return bool(_INVENTORY_KEY.search(raw))
+    return bool(pattern.search(raw))
 
 
 @dataclass(frozen=True)
@@ -239,13 +256,16 @@ def parse_size(text: str) -> int:
 IGNORED_KEPT = 1000  # ignored entries a SourceFolder lists at most (for --dry-run)
 
 
-def scan_source(source_dir: Path, runs_dir: Path, secrets: tuple[Secret, ...] = ()) -> SourceFolder:
+def scan_source(source_dir: Path, runs_dir: Path, secrets: tuple[Secret, ...] = (), *,
+                inventory_keys: tuple[str, ...]) -> SourceFolder:
     """The files the upload would send: the default excludes, then ``.clusterddpignore``'s rules;
     the runs folder is never sent. Folders that are excluded are not entered (as git: a file in
     them cannot be re-included). Links are sent as links, never followed. ``secrets`` (known by
     inode, so a hard link or another spelling of the path is caught too) are never sent, whatever
-    the rules; nor is another inventory (:func:`looks_like_inventory`) unless a ``!`` rule of
-    ``.clusterddpignore`` re-includes it."""
+    the rules; nor is another inventory (:func:`looks_like_inventory` by ``inventory_keys``, every
+    backend's) unless a ``!`` rule of ``.clusterddpignore`` re-includes it."""
+    other = other_inventory(inventory_keys)
+    _inventory_key(inventory_keys)  # a caller's bad keys fail before the walk
     rules = ignore_rules(DEFAULT_EXCLUDES)
     try:  # bounded and non-blocking: a FIFO or /dev/zero put there must not hang or fill memory
         rules += ignore_rules(read_bounded(source_dir / IGNORE_FILE, IGNORE_FILE_LIMIT)[0].decode().splitlines())
@@ -288,8 +308,8 @@ def scan_source(source_dir: Path, runs_dir: Path, secrets: tuple[Secret, ...] = 
             if said and len(ignored_) < IGNORED_KEPT:
                 ignored_.append(rel + "/" if is_dir else rel)
             continue
-        if said is None and not is_dir and looks_like_inventory(entry.path):
-            left_out.append((rel, OTHER_INVENTORY))
+        if said is None and not is_dir and looks_like_inventory(entry.path, inventory_keys):
+            left_out.append((rel, other))
             continue
         if is_dir:
             entries.append((rel + "/", 0))
@@ -328,10 +348,11 @@ def check_upload_size(folder: SourceFolder, limit: int) -> None:
                      "script to a folder of its own, or raise the limit with --max-upload SIZE")
 
 
-def scan(source_dir: Path, runs_dir: Path, secrets: tuple[Secret, ...] = ()) -> SourceFolder:
+def scan(source_dir: Path, runs_dir: Path, secrets: tuple[Secret, ...] = (), *,
+         inventory_keys: tuple[str, ...]) -> SourceFolder:
     """:func:`scan_source`, an unreadable folder as bad input naming it."""
     try:
-        return scan_source(source_dir, runs_dir, secrets)
+        return scan_source(source_dir, runs_dir, secrets, inventory_keys=inventory_keys)
     except OSError as e:
         raise UsageError(f"cannot read the script's folder {source_dir}: {e}",
                          "make every file there readable, or move the script to a folder of its own") from None

@@ -48,6 +48,13 @@ def inventory_sections() -> tuple[Section, ...]:
     return tuple(s for s in (get(name).section() for name in BACKENDS) if s is not None)
 
 
+def inventory_keys() -> tuple[str, ...]:
+    """Every top-level key that makes a YAML file an inventory: ``hosts:`` (an inventory that lists its
+    hosts, the SSH backend's) and each backend's section key. What the upload asks, through its caller,
+    to leave another inventory in the script's folder out (it may hold env secrets)."""
+    return ("hosts", *(s.key for s in inventory_sections()))
+
+
 def name_of_inventory(inv: inv_mod.Inventory) -> str:
     return inv.backend
 

@@ -57,7 +57,7 @@ def check(
     if diff:
         from ..envdiff import run_diff
         from .envdiff import show as show_diff
-        ok = show_diff(run_diff(inv, runs_dir), time.monotonic() - started, as_json)
+        ok = show_diff(run_diff(inv, runs_dir, backends.inventory_keys()), time.monotonic() - started, as_json)
         raise typer.Exit(0 if ok else EXIT_FAILED)
     if collective:
         from ..collective import run_collective

@@ -46,7 +46,7 @@ def build(
         for p in plans.values():
             if not p.ready:
                 err(visible(f"[clusterddp] {p.host.name}: {p.says()}"))
-        made = E.ready(fleet, plans)
+        made = E.ready(fleet, plans, on_wait=lambda s: err(visible(f"[clusterddp] {s}")))
     for m in made.values():
         state = "built" if m.built else "ready"
         print(visible(f"{m.host}: environment {m.env_id} {state}: {m.python} (sent {m.sent} bytes)"))

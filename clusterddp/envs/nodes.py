@@ -55,6 +55,14 @@ class Plan:
         return f"environment {self.env_id} will be built ({human_size(self.to_send)} of wheels to send)"
 
 
+def root_of(host: Host) -> str:
+    """Where ``host`` keeps its environments: ``<workdir>/envs``; for `up local`, whose workdir is the
+    folder it runs in, ``envs`` in this machine's cache (``$CLUSTERDDP_CACHE``) instead."""
+    if host.transport == "local":
+        return str(W.cache_dir() / ENVS)
+    return f"{host.workdir}/{ENVS}"
+
+
 def env_id(lock_sha256: str, facts: dict) -> str:
     """An environment's id: the lock's contents, the base Python (version, implementation, where it is)
     and the node's platform."""
@@ -65,9 +73,14 @@ def env_id(lock_sha256: str, facts: dict) -> str:
 
 def locks(inventory: Inventory) -> dict[str, L.Lock]:
     """Each host's lock (hosts without `packages:` left out), each file read once. LockFileError (exit 2)."""
+    return locks_of(inventory.hosts)
+
+
+def locks_of(hosts: Iterable[Host]) -> dict[str, L.Lock]:
+    """:func:`locks` of these hosts (a run's spares)."""
     read: dict[str, L.Lock] = {}
     out = {}
-    for h in inventory.hosts:
+    for h in hosts:
         if h.packages:
             if h.packages not in read:
                 read[h.packages] = L.read(h.packages)
@@ -79,8 +92,9 @@ def with_packages(inventory: Inventory, path: str | None) -> Inventory:
     """``up --packages FILE``: every host's lock, over the inventory's."""
     if path is None:
         return inventory
-    if not inventory.hosts or any(h.transport != "ssh" for h in inventory.hosts):
-        raise UsageError("--packages: environments are built on SSH hosts only (not yet for `up local` or Slurm)",
+    if inventory.backend != "ssh" or not inventory.hosts \
+            or any(h.transport not in ("ssh", "local") for h in inventory.hosts):
+        raise UsageError("--packages: environments are built on SSH hosts and for `up local` only (not yet on Slurm)",
                          "leave --packages out, and give the job's `python:` a ready environment")
     where = str(Path(path).expanduser().absolute())
     return replace(inventory, hosts=tuple(replace(h, packages=where) for h in inventory.hosts),
@@ -117,7 +131,7 @@ def _facts(host: str, data: dict) -> dict:
 
 def _look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
     """Each host's facts and holdings (the node program's ``look``); the first HostError raised."""
-    looked = fleet.each(lambda h, t: t.run(_command(h, "look", {"root": f"{h.workdir}/{ENVS}"}),
+    looked = fleet.each(lambda h, t: t.run(_command(h, "look", {"root": root_of(h)}),
                                            timeout=LOOK_TIMEOUT_S), hosts)
     if looked.failed:
         host, e = next(iter(looked.failed.items()))
@@ -162,7 +176,7 @@ def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, L.Lock], cach
 def holdings(fleet: Fleet, hosts: Iterable[Host]) -> dict[str, dict | Exception]:
     """`env list`: each host's envs folder, its environments' sizes and its wheel store's size (or why not)."""
     def one(h: Host, t: Any) -> dict:
-        res = t.run(_command(h, "look", {"root": f"{h.workdir}/{ENVS}", "sizes": True}), timeout=LOOK_TIMEOUT_S)
+        res = t.run(_command(h, "look", {"root": root_of(h), "sizes": True}), timeout=LOOK_TIMEOUT_S)
         data = _facts(h.name, _answer(h.name, res, "environment look"))
         sizes = data.get("sizes")
         if not isinstance(sizes, dict) or not all(isinstance(v, int) for v in sizes.values()) \
@@ -179,7 +193,7 @@ def prune(fleet: Fleet, hosts: Iterable[Host], keep: set[str], dry_run: bool = F
     one a process runs from or one being built; each host's answer (``removed``: [id, bytes], ``kept``:
     [id, why]) or why not."""
     def one(h: Host, t: Any) -> dict:
-        res = t.run(_command(h, "prune", {"root": f"{h.workdir}/{ENVS}", "keep": sorted(keep), "dry": dry_run}),
+        res = t.run(_command(h, "prune", {"root": root_of(h), "keep": sorted(keep), "dry": dry_run}),
                     timeout=BUILD_TIMEOUT_S)
         data = _answer(h.name, res, "environment prune")
         ok = all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
@@ -255,6 +269,11 @@ def build(fleet: Fleet, plan: Plan, on_wait: Callable[[str], None] = lambda s: N
     if ans.get("error"):
         raise HostError(h.name, f"environment {plan.env_id} not built: {str(ans['error'])[:2000]}",
                         "see docs/environments.md")
+    waited = ans.get("waited")
+    if isinstance(waited, (int, float)) and not isinstance(waited, bool):
+        then = "found it ready" if ans.get("state") == "ready" else "built it"
+        on_wait(f"{h.name}: waited {waited:.1f} s for another run building environment {plan.env_id}, "
+                f"then {then}")
     return ans
 
 
@@ -300,12 +319,47 @@ def ready(fleet: Fleet, plans: dict[str, Plan], cache: Path | None = None,
     return done.succeeded
 
 
+def spares_ready(spares: Iterable[Host], fanout: int, warn: Callable[[str], None],
+                 cache: Path | None = None) -> tuple[Host, ...]:
+    """A run's spares with their environments made ready now, as the run starts, each to run with its
+    environment's python: an attempt that later brings one in neither waits for a build nor runs the base
+    python. One at a time (spares are few; this runs beside the hosts' builds). A spare that does not
+    answer, or whose environment cannot be made, is left out of the run's spares, said; one without
+    `packages:` is kept as it is."""
+    from ..errors import ClusterDDPError
+    spares = tuple(spares)
+    todo = [s for s in spares if s.packages]
+    if not todo:
+        return spares
+    made: dict[str, Made] = {}
+    with Fleet(todo, fanout=fanout) as fleet:
+        opened = fleet.open()
+        for s in todo:
+            if s.name not in opened.succeeded:
+                why = str(opened.failed.get(s.name, "no answer")).splitlines()[0]
+                warn(f"[clusterddp] spare {s.name} is not used: its environment cannot be built ({why})")
+                continue
+            try:
+                plans = survey(fleet, [s], locks_of([s]), cache)
+                if not plans[s.name].ready:
+                    warn(f"[clusterddp] spare {s.name}: {plans[s.name].says()}")
+                made |= ready(fleet, plans, cache, on_wait=lambda line: warn(f"[clusterddp] spare {line}"))
+            except ClusterDDPError as e:
+                first = next((x for x in str(e).splitlines() if x.strip()), type(e).__name__)
+                warn(f"[clusterddp] spare {s.name} is not used: its environment: {first}")
+    if made:
+        warn(f"[clusterddp] spares' {summary(made)}")
+    return tuple(_use(s, made) for s in spares if not s.packages or s.name in made)
+
+
+def _use(h: Host, made: dict[str, Made]) -> Host:
+    m = made.get(h.name)
+    return h if m is None else replace(h, python=m.python, env_id=m.env_id, lock_sha256=m.lock_sha256)
+
+
 def apply(inventory: Inventory, made: dict[str, Made]) -> Inventory:
     """The inventory whose hosts run their jobs with their environment's python (recorded in run.json)."""
-    def use(h: Host) -> Host:
-        m = made.get(h.name)
-        return h if m is None else replace(h, python=m.python, env_id=m.env_id, lock_sha256=m.lock_sha256)
-    return replace(inventory, hosts=tuple(use(h) for h in inventory.hosts))
+    return replace(inventory, hosts=tuple(_use(h, made) for h in inventory.hosts))
 
 
 def summary(made: dict[str, Made]) -> str:

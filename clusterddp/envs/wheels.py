@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,7 +119,7 @@ def _known(index: Path, cache: Path) -> tuple[Wheel, ...] | None:
 
 
 def _write(path: Path, data: object) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")  # runs' and threads' own
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
 

@@ -23,7 +23,9 @@ from .model import (
     Host,
     Inventory,
     Master,
+    Node,
     NotifyTarget,
+    RunNode,
     ascii_digits,
     glob_problem,
     notify_command_problem,
@@ -35,6 +37,7 @@ from .model import (
 
 __all__ = ["BUILTIN", "DEFAULT_FANOUT", "DEFAULT_MASTER_PORT", "DEFAULT_QUARANTINE_S",
            "ENV_NAME_RE", "HOST_NAME_RE", "LOCAL", "MAX_GPUS",
-           "NOTIFY_EVENTS", "NOTIFY_FIELDS", "RESERVED_ENV", "Host", "Inventory", "Master", "NotifyTarget",
+           "NOTIFY_EVENTS", "NOTIFY_FIELDS", "RESERVED_ENV", "Host", "Inventory", "Master", "Node", "NotifyTarget",
+           "RunNode",
            "ascii_digits", "glob_problem", "load", "load_named", "local", "notify_command_problem",
            "parse", "parse_hostfile", "reserved_env", "show", "some", "webhook_problem"]

@@ -115,7 +115,7 @@ class Host:
     env: tuple[tuple[str, str], ...]
     setup: tuple[str, ...]
     connect_timeout: float
-    transport: str = "ssh"  # "ssh" or "local"
+    transport: str = "ssh"  # "ssh" or "local" (a node no inventory lists is a Node, not a Host)
     keepalive: float = BUILTIN["keepalive"]  # seconds between SSH keepalives; 0: none
     slots: tuple[int, ...] | None = None  # a fixed choice of GPU slots (`gpus: [0, 1]`); gpus is then their count
     lease_dir: str | None = None  # the node's lease folder; None: <workdir>/leases/%h (%h: the node's hostname)
@@ -125,6 +125,27 @@ class Host:
     packages: str | None = None  # `packages:`: the lock file (absolute) its job's environment is built from
     env_id: str | None = None  # the id of the environment its job ran in (set once it is ready: python is its python)
     lock_sha256: str | None = None  # the sha256 of the lock that environment was built from
+
+
+@dataclass(frozen=True)
+class Node:
+    """A run's node that no inventory lists (a Slurm node: its backend allocated it, and reaches it through
+    the run only, never by a connection of its own): what the code that renders a node's commands and
+    shows it reads, and nothing of SSH's. The other kind of run node is an inventory's :class:`Host`."""
+
+    name: str
+    address: str
+    python: str
+    workdir: str                        # its shared folder (the run's folders are under it)
+    env: tuple[tuple[str, str], ...] = ()
+    setup: tuple[str, ...] = ()
+    gpus: int | str = 1                 # a count, or "auto"
+    connect_timeout: float = BUILTIN["connect_timeout"]  # how long a command on it may take to answer
+    env_id: str | None = None       # as Host's: the environment its job ran in, where one was built
+    lock_sha256: str | None = None
+
+
+RunNode = Host | Node  # a run's node: a host an inventory lists, or a node its backend reaches
 
 
 @dataclass(frozen=True)

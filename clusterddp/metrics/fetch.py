@@ -5,6 +5,7 @@ answer keeps what was brought back before, and is named."""
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,7 +26,9 @@ def fetch_node(t: Transport, node: P.NodeLaunch, run_dir: Path) -> int:
         if len(buf) < ANSWER_MOST:
             buf.extend(b[:ANSWER_MOST - len(buf)])
     t.stream(fetch_command(node.control_dir), take, timeout=60, stderr_to=bytearray())
-    return len(save(run_dir, node.host.name, split_answer(bytes(buf), node.host.name)))
+    # the answer names each file by its control folder: the host's name, or `node` for `up local`
+    folder = posixpath.basename(node.control_dir.rstrip("/"))
+    return len(save(run_dir, node.host.name, split_answer(bytes(buf), folder)))
 
 
 def fetch_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], run_dir: Path) -> dict[str, str]:

@@ -216,8 +216,9 @@ def fetch_command(control_dir: str) -> str:
 
 
 def split_answer(data: bytes, host: str) -> dict[int | None, bytes]:
-    """:func:`fetch_command`'s answer: each file's bytes by attempt (None: the last). Untrusted: a marker
-    line naming no folder of ``host`` is skipped with what follows it."""
+    """:func:`fetch_command`'s answer: each file's bytes by attempt (None: the last). ``host``: the name of
+    the node's control folder (its host's name; ``node`` for `up local`). Untrusted: a marker line naming
+    no folder of ``host`` is skipped with what follows it."""
     out: dict[int | None, bytes] = {}
     current: int | None | bool = False  # False: no file being read
     chunks: dict[int | None, list[bytes]] = {}

@@ -245,14 +245,17 @@ def build(args):
     locks = os.path.join(root, ".locks")
     os.makedirs(locks, mode=0o700, exist_ok=True)
     fd = os.open(os.path.join(locks, env_id), os.O_RDWR | os.O_CREAT, 0o600)
+    waited = None  # seconds waited for another build of this id (said by the launcher)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         sys.stderr.write("[clusterddp] another run builds this environment: waiting for it\n")
         sys.stderr.flush()
+        began = time.time()
         fcntl.flock(fd, fcntl.LOCK_EX)
+        waited = round(time.time() - began, 1)
     if complete(final):
-        reply({"state": "ready"})
+        reply({"state": "ready", "waited": waited})
         return 0
     for name in os.listdir(root):  # what a build cut short left: no build of this id runs now (we hold its lock)
         if name.startswith(".tmp-" + env_id + "-") or name == env_id:
@@ -303,7 +306,8 @@ def build(args):
         os.fsync(dfd)
     finally:
         os.close(dfd)
-    reply({"state": "built", "bytes": tree_size(final), "seconds": round(time.time() - started, 1)})
+    reply({"state": "built", "bytes": tree_size(final), "seconds": round(time.time() - started, 1),
+           "waited": waited})
     return 0
 
 

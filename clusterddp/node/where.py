@@ -304,11 +304,17 @@ def sample_line(t: float, ranks: dict, cpu: dict, other_top, throttled, apps, cp
     return s
 
 
-STOPPING = [False]
+class Stop(Exception):
+    """SIGTERM: the job has ended."""
+
+
+STOPPING = [False, False]  # [SIGTERM came, the loop sleeps now]
 
 
 def _stop(signum, frame):
     STOPPING[0] = True
+    if STOPPING[1]:
+        raise Stop()  # out of the sleep at once: launch.sh's kill comes when the job has ended
 
 
 def main(argv: list) -> int:
@@ -339,7 +345,14 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, samples=None
     taken = 0
     before_host, before_job, before_thr, before_t, before_delay = host_jiffies(), 0, None, clock(), None
     while not STOPPING[0]:
-        sleep(interval)
+        try:
+            STOPPING[1] = True
+            if not STOPPING[0]:
+                sleep(interval)
+        except Stop:
+            pass
+        finally:
+            STOPPING[1] = False
         if STOPPING[0] or (parent is not None and (os.getppid() != parent
                                                    or os.path.exists(os.path.join(ctl, "exit_code")))):
             return  # launch.sh has ended: so has the job

@@ -131,6 +131,25 @@ def test_a_third_backend_is_a_folder_and_a_registry_line(pbs, tmp_path):
     assert back.backend == rec.backend and backends.for_record(back) is pbs
 
 
+def test_a_third_backends_inventory_in_the_scripts_folder_is_never_uploaded(pbs, tmp_path, monkeypatch):
+    # it may hold env secrets: the upload's rule asks the registry for every backend's key (through `up`)
+    from clusterddp import upload
+    from clusterddp.backends.ssh import launch as jobs
+    from clusterddp.runspec import RunSpec
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "t.py").write_text("print(1)\n")
+    (src / "inv.yml").write_text("hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n")
+    (src / "pbs-lab.yaml").write_text("pbs:\n  queue: gpu\n  env: {TOKEN: s3cret}\n")
+    monkeypatch.chdir(src)
+    assert backends.inventory_keys() == ("hosts", "slurm", "pbs")
+    prep = jobs.prepare("inv.yml", RunSpec(script="t.py"), str(tmp_path / "runs"))
+    assert prep.folder is not None
+    assert dict(prep.folder.left_out) == {"inv.yml": "the inventory",
+                                          "pbs-lab.yaml": upload.other_inventory(("hosts", "slurm", "pbs"))}
+    assert "pbs-lab.yaml" not in {rel for rel, _ in prep.folder.entries}
+
+
 def test_without_its_registry_line_a_backends_section_is_an_unknown_key():
     from clusterddp.errors import InventoryError
     with pytest.raises(InventoryError) as e:

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
+from clusterddp.backends import inventory_keys
 from clusterddp.backends.base import dry_run_text
-from clusterddp.upload import OTHER_INVENTORY
+from clusterddp.upload import other_inventory
 from helpers import cddp, job_script
 
 SSH_INV = """
@@ -131,7 +132,7 @@ def test_a_slurm_dry_run_summary_names_its_options_command_and_env(tmp_path):
     assert " -m torch.distributed.run --nnodes 2 --nproc-per-node 1 " in cmd and cmd.endswith(" t.py")
     assert "env:" in lines and "  export API_KEY=***" in lines and "  export A=***" in lines
     assert "upload: left out sec.env: an env file (-e @job/sec.env), a secret" in lines, out
-    assert f"upload: left out lab.yaml: {OTHER_INVENTORY}" in lines, out
+    assert f"upload: left out lab.yaml: {other_inventory(inventory_keys())}" in lines, out
     full = cddp("up", "inv.yaml", str(script), "--dry-run", "--full", cwd=tmp_path, env=env, check_rc=0,
                 timeout=60).stdout
     assert "== job.sbatch ==" in full and "== node.sh ==" in full

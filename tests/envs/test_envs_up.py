@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from clusterddp import plan as P
 from clusterddp.backends import base
 from clusterddp.backends.ssh import launch as L
 from clusterddp.envs import nodes as E
-from clusterddp.errors import LockFileError
+from clusterddp.errors import HostError, LockFileError
 from clusterddp.fleet import Fleet
 from clusterddp.runspec import RunSpec
 
@@ -106,3 +107,90 @@ def test_runs_json_names_each_nodes_environment(tmp_path):
     assert rows["20261206-070000-e1e1"]["environments"] == {h: {"env_id": "e" * 24, "lock_sha256": "f" * 64}
                                                             for h in ("a", "b")}
     assert rows["20261206-060000-0000"]["environments"] is None
+
+
+def _with_spares(tmp_path):
+    _inventory(tmp_path)
+    (tmp_path / "inv.yaml").write_text((tmp_path / "inv.yaml").read_text()
+                                       + "spares: [{name: s1, address: 10.0.0.3}, {name: s2, address: 10.0.0.4}]\n")
+
+
+def test_a_run_that_lists_spares_builds_their_environments_as_it_starts(tmp_path, monkeypatch):
+    """A spare a later attempt brings in runs with its environment's python, built at the start (so that
+    attempt never waits for a build); a spare whose environment cannot be made is left out, said."""
+    monkeypatch.chdir(tmp_path)
+    _with_spares(tmp_path)
+    prep = L.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    lk = prep.locks["a"]
+
+    def survey(fleet, hosts, by_host, cache=None):
+        if [h.name for h in hosts] == ["s2"]:
+            raise HostError("s2", "environment build: no room")
+        return {h.name: E.Plan(h, lk, "e" * 24, f"/w/{h.name}/envs", f"/w/{h.name}/envs/e/bin/python", False)
+                for h in hosts}
+
+    def ready(fleet, plans, cache=None, on_wait=None):
+        return {n: E.Made(n, p.env_id, p.python, lk.sha256, 1, True) for n, p in plans.items()}
+
+    class Opened:
+        succeeded = {"s1": object(), "s2": object()}
+        failed: dict = {}
+
+    class SpareFleet:
+        def __init__(self, hosts, fanout=None):
+            assert [h.name for h in hosts] == ["s1", "s2"]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return None
+
+        def open(self):
+            return Opened()
+    monkeypatch.setattr(E, "survey", survey)
+    monkeypatch.setattr(E, "ready", ready)
+    monkeypatch.setattr(E, "Fleet", SpareFleet)
+    said = Said()
+    got = L._environments(prep, Fleet(prep.plan.inventory.hosts), said)
+    spares = got.plan.inventory.spares
+    assert [(s.name, s.python, s.env_id) for s in spares] == [("s1", "/w/s1/envs/e/bin/python", "e" * 24)]
+    assert "[clusterddp] spare s2 is not used: its environment: s2: environment build: no room" in said.lines, \
+        said.lines
+    assert "[clusterddp] spare s1: environment eeeeeeeeeeeeeeeeeeeeeeee will be built (0 B of wheels to send)" \
+        in said.lines
+    # the attempt that brings s1 in for a lost host plans it with its environment's python, recorded
+    inv = got.plan.inventory
+    nxt = P.build_plan(inv.in_use((inv.hosts[0], spares[0])), prep.plan.spec, prep.plan.run_id)
+    assert [(n.host.name, n.host.python) for n in nxt.nodes] == [("a", "/w/a/envs/e/bin/python"),
+                                                                  ("s1", "/w/s1/envs/e/bin/python")]
+    assert [r.settings.env_id for r in L.node_records(nxt)] == ["e" * 24] * 2
+
+
+def test_a_spare_that_does_not_answer_as_the_run_starts_is_left_out_said(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _with_spares(tmp_path)
+    prep = L.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+
+    class Opened:
+        succeeded: dict = {}
+        failed = {"s1": OSError("connection refused"), "s2": OSError("no route to host")}
+
+    class SpareFleet:
+        def __init__(self, hosts, fanout=None):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return None
+
+        def open(self):
+            return Opened()
+    monkeypatch.setattr(E, "Fleet", SpareFleet)
+    said: list[str] = []
+    got = E.spares_ready(prep.plan.inventory.spares, 4, said.append)
+    assert got == ()
+    assert said == ["[clusterddp] spare s1 is not used: its environment cannot be built (connection refused)",
+                    "[clusterddp] spare s2 is not used: its environment cannot be built (no route to host)"]

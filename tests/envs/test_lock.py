@@ -161,11 +161,18 @@ def test_a_node_with_glibc_takes_every_older_manylinux():
     assert W.platforms("macosx_14_0_arm64") == ["macosx_14_0_arm64"]
 
 
-def test_packages_flag_applies_to_every_host_and_is_refused_for_up_local(tmp_path):
+def test_packages_flag_applies_to_every_host_up_local_too_and_is_refused_on_slurm(tmp_path, monkeypatch):
+    from dataclasses import replace
+
     from clusterddp.inventory.loader import local
+    monkeypatch.chdir(tmp_path)
     inv = local()
-    with pytest.raises(UsageError, match="--packages: environments are built on SSH hosts only"):
-        E.with_packages(inv, "req.txt")
+    assert E.with_packages(inv, "req.txt").hosts[0].packages == str(tmp_path / "req.txt")
+    monkeypatch.setenv("CLUSTERDDP_CACHE", str(tmp_path / "cache"))
+    assert E.root_of(inv.hosts[0]) == str(tmp_path / "cache" / "envs")  # not the folder `up local` runs in
+    slurm = replace(inv, hosts=(), backend="slurm")  # a Slurm inventory: its hosts allocated by the job
+    with pytest.raises(UsageError, match="--packages: environments are built on SSH hosts and for `up local` only"):
+        E.with_packages(slurm, "req.txt")
     assert E.with_packages(inv, None) is inv
 
 

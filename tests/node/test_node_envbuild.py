@@ -140,6 +140,21 @@ def test_a_wheel_damaged_twice_names_the_host(tmp_path):
         E.push(fleet, plan, cache)  # type: ignore[arg-type]
 
 
+class NoStdin(FakeFleet):
+    def run(self, command, timeout=None, stdin=None):
+        return Res(0, (envbuild.MARK + json.dumps(self.answers.pop(0)) + "\n").encode())
+
+
+@pytest.mark.parametrize("state, then", [("ready", "found it ready"), ("built", "built it")])
+def test_a_build_that_waited_for_another_run_says_so(tmp_path, state, then):
+    plan, _ = _plan(tmp_path)
+    said: list[str] = []
+    E.build(NoStdin([{"state": state, "waited": 12.5}]), plan, said.append)  # type: ignore[arg-type]
+    assert said == [f"local: waited 12.5 s for another run building environment {ID}, then {then}"]
+    E.build(NoStdin([{"state": state, "waited": None}]), plan, said.append)  # type: ignore[arg-type]
+    assert len(said) == 1  # it did not wait: nothing said
+
+
 def test_a_full_disk_while_receiving_is_that_hosts_error_with_the_bytes(tmp_path):
     plan, cache = _plan(tmp_path)
     fleet = FakeFleet([{"ok": [], "bad": [], "error": "cannot store x: No space left on device",
@@ -167,4 +182,6 @@ def test_a_second_build_of_one_id_waits_for_the_first_and_then_takes_what_it_bui
     fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)
     second.join(timeout=30)
-    assert got == [0] and answer(capsys) == {"state": "ready"}
+    assert got == [0]
+    said = answer(capsys)
+    assert said["state"] == "ready" and isinstance(said["waited"], float)  # the launcher says it waited

@@ -171,3 +171,24 @@ def test_a_cpu_quota_is_read_from_the_ranks_cgroup_and_its_run_delay_grows(tmp_p
         busy.wait()
         group.rmdir()
     assert W.run_delay([2 ** 30]) is None and W.throttled_s(None) is None
+
+
+def test_sigterm_ends_the_sampler_at_once_even_in_its_sleep(tmp_path):
+    """launch.sh kills the rank sampler once the job has ended; it leaves then, not after its interval
+    (a sampler still there after a Ctrl-C reads as a job left running)."""
+    where_py = os.path.join(os.path.dirname(W.__file__), "where.py")
+    env = dict(os.environ, CLUSTERDDP_JOB="r1/node-1", CLUSTERDDP_HOST="node-1")
+    p = subprocess.Popen([sys.executable, "-S", where_py, str(tmp_path), json.dumps({"interval": 60})], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "where.jsonl").exists():  # its header written: it is in its loop's sleep next
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.stderr else ""
+            time.sleep(0.05)
+        time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)  # the interval is 60 s: without the way out of the sleep this times out
+        assert p.returncode == 0
+    finally:
+        p.kill()
+        p.wait()

@@ -149,3 +149,45 @@ def test_any_value_in_the_slurm_part_is_read_or_refused_at_its_field(version, ke
         job_of(RunRecord.from_json(data, "/r/run.json"))
     except RecordError as e:
         assert e.path == "/r/run.json" and (e.field or "").startswith("slurm"), e
+
+
+# ---- a Slurm run's nodes: Nodes, not SSH host entries (issue 41: no fake Host(transport="slurm")) ----
+
+def test_a_slurm_nodes_record_reads_back_as_a_node_and_an_older_host_entry_migrates(tmp_path):
+    from clusterddp.backends.slurm.jobpart import NodeSettings
+    from clusterddp.inventory import Host, Node
+    store, run_id = _stored(tmp_path, V1_SUCCEEDED)
+    old = store.load(run_id).nodes[0].settings  # written as a host entry of transport "slurm"
+    assert isinstance(old, Node) and not isinstance(old, Host)
+    assert (old.name, old.address, old.python, old.workdir, old.setup, old.gpus) == (
+        "node07", "node07", "/shared/me/venv/bin/python", "/shared/me/clusterddp", ("module load cuda",), 4)
+    assert dict(old.env) == {"WANDB_API_KEY": "not-a-real-key", "NCCL_DEBUG": "WARN"}
+    node = NodeSettings("/opt/py", ("module load x",), (("A", "1"),), "/shared", 2).node("n1")
+    rec = make_record("r1")
+    rec = replace(rec, nodes=(replace(rec.nodes[0], host="n1", settings=node),))
+    data = json.loads(json.dumps(rec.to_json()))
+    assert data["nodes"][0]["settings"] == {"kind": "node", "name": "n1", "address": "n1", "python": "/opt/py",
+                                            "workdir": "/shared", "env": {"A": "1"}, "setup": ["module load x"],
+                                            "gpus": 2, "connect_timeout": node.connect_timeout, "env_id": None,
+                                            "lock_sha256": None}
+    assert "transport" not in data["nodes"][0]["settings"] and "known_hosts" not in data["nodes"][0]["settings"]
+    assert RunRecord.from_json(data, "run.json").nodes[0].settings == node
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"kind": "pod"}, "nodes[0].settings.kind"),
+    ({"port": 22}, "nodes[0].settings.port"),              # an SSH setting is none of a node's
+    ({"gpus": 0}, "nodes[0].settings.gpus"),
+    ({"connect_timeout": 0}, "nodes[0].settings.connect_timeout"),
+    ({"env": {"1X": "a"}}, "nodes[0].settings.env"),
+    ({"name": "n 1"}, "nodes[0].settings.name"),
+])
+def test_a_bad_node_setting_is_a_record_error_naming_it(change, field):
+    from clusterddp.backends.slurm.jobpart import NodeSettings
+    rec = make_record("r1")
+    rec = replace(rec, nodes=(replace(rec.nodes[0], host="n1", settings=NodeSettings("py").node("n1")),))
+    data = json.loads(json.dumps(rec.to_json()))
+    data["nodes"][0]["settings"].update(change)
+    with pytest.raises(RecordError) as e:
+        RunRecord.from_json(data, "run.json")
+    assert e.value.field == field, e.value

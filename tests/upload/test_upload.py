@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import upload
+from clusterddp import backends, upload
 from clusterddp.backends.ssh import launch as jobs
 from clusterddp.errors import UsageError
 from clusterddp.runspec import RunSpec
 from helpers import REPO, cddp
 
+KEYS = backends.inventory_keys()  # every backend's inventory key, as `up` asks the registry
+OTHER = upload.other_inventory(KEYS)
 GOOD_INV = "hosts:\n  - {name: gpu-01, address: gpu-01.invalid}\n  - {name: gpu-02, address: gpu-02.invalid}\n"
 
 
@@ -27,7 +29,7 @@ def tree(root: Path, files: dict[str, str | bytes]) -> None:
 
 
 def sent(root: Path, runs: Path | None = None) -> list[str]:
-    return [rel for rel, _ in upload.scan_source(root, runs or root.parent / "runs").entries]
+    return [rel for rel, _ in upload.scan_source(root, runs or root.parent / "runs", inventory_keys=KEYS).entries]
 
 
 def test_default_excludes_keep_secrets_caches_and_the_runs_folder_home(tmp_path):
@@ -122,7 +124,7 @@ def test_pack_streams_to_a_private_temp_file_holding_exactly_what_is_listed(tmp_
 def test_over_the_limit_is_bad_input_naming_the_biggest_items(tmp_path):
     src = tmp_path / "proj"
     tree(src, {"train.py": "x", "data/a.bin": b"\0" * 3000, "data/b.bin": b"\0" * 3000, "model.pt": b"\0" * 2000})
-    folder = upload.scan_source(src, tmp_path / "runs")
+    folder = upload.scan_source(src, tmp_path / "runs", inventory_keys=KEYS)
     upload.check_upload_size(folder, 8001)
     with pytest.raises(UsageError, match=r"over the 7\.8 KiB limit; biggest: data/ \(5\.9 KiB\), "
                                          r"model\.pt \(2\.0 KiB\), train\.py \(1 B\)") as e:
@@ -209,7 +211,7 @@ def test_the_files_a_run_names_as_secrets_and_other_inventories_are_never_upload
     monkeypatch.chdir(src)  # -e @FILE and identity files are taken from the working directory, as `up` takes them
     inv = load("lab.yaml")
     cli = (NotifyTarget("webhook_file", str(src / "notify.url"), where="--notify"),)
-    folder = upload.scan(src, tmp_path / "runs", upload.secret_files(inv, cli, ("sec.env",)))
+    folder = upload.scan(src, tmp_path / "runs", upload.secret_files(inv, cli, ("sec.env",)), inventory_keys=KEYS)
     assert [rel for rel, _ in folder.entries] == [".clusterddpignore", "cfg.yaml", "data/", "data/hosts.yml",
                                                    "flow.yaml", "link.url", "train.py"]
     assert dict(folder.left_out) == {
@@ -219,9 +221,9 @@ def test_the_files_a_run_names_as_secrets_and_other_inventories_are_never_upload
         "kh": "gpu-01's known_hosts",
         "lab.yaml": "the inventory",
         "notify.url": "a notify webhook_file (--notify), a secret",
-        "other.yml": upload.OTHER_INVENTORY,
+        "other.yml": OTHER,
         "sec.env": "an env file (-e @sec.env), a secret",
-        "slurm.yaml": upload.OTHER_INVENTORY,
+        "slurm.yaml": OTHER,
         "spare_key": "gpu-09's identity_file, a secret",
     }
     said = folder.report()
@@ -241,9 +243,9 @@ def test_the_files_a_run_names_as_secrets_and_other_inventories_are_never_upload
 def test_another_inventory_goes_only_when_clusterddpignore_re_includes_it_by_name(tmp_path):
     src = tmp_path / "proj"
     tree(src, {"t.py": "x", "a.yaml": "hosts: [x]\n", "b.yaml": "hosts: [y]\n", ".clusterddpignore": "!a.yaml\n"})
-    folder = upload.scan(src, tmp_path / "runs")
+    folder = upload.scan(src, tmp_path / "runs", inventory_keys=KEYS)
     assert [rel for rel, _ in folder.entries] == [".clusterddpignore", "a.yaml", "t.py"]
-    assert folder.left_out == (("b.yaml", upload.OTHER_INVENTORY),)
+    assert folder.left_out == (("b.yaml", OTHER),)
 
 
 def test_the_inventory_is_left_out_by_ssh_prepare_even_when_loaded_by_the_caller(tmp_path, monkeypatch):
@@ -262,17 +264,31 @@ def test_the_inventory_is_left_out_by_ssh_prepare_even_when_loaded_by_the_caller
 def test_what_looks_like_an_inventory(tmp_path, text, expected):
     f = tmp_path / "f.yaml"
     f.write_text(text)
-    assert upload.looks_like_inventory(f) is expected
+    assert upload.looks_like_inventory(f, KEYS) is expected
     (tmp_path / "f.txt").write_text(text)
-    assert upload.looks_like_inventory(tmp_path / "f.txt") is False  # only YAML files
+    assert upload.looks_like_inventory(tmp_path / "f.txt", KEYS) is False  # only YAML files
+
+
+def test_the_keys_that_make_an_inventory_are_the_registrys_and_only_those_passed_count(tmp_path):
+    assert KEYS == ("hosts", "slurm")
+    assert OTHER == "an inventory (a YAML file with hosts: or slurm:); a !NAME line in .clusterddpignore sends it"
+    assert upload.other_inventory(("hosts", "slurm", "pbs")).startswith("an inventory (a YAML file with hosts:, "
+                                                                        "slurm: or pbs:);")
+    f = tmp_path / "f.yaml"
+    f.write_text("pbs:\n  queue: gpu\n")
+    assert not upload.looks_like_inventory(f, KEYS) and upload.looks_like_inventory(f, (*KEYS, "pbs"))
+    with pytest.raises(ValueError):  # a caller's bug (no keys, or a key that is no name) is not a silent miss
+        upload.looks_like_inventory(f, ())
+    with pytest.raises(ValueError):
+        upload.looks_like_inventory(f, ("a|.*",))
 
 
 def test_a_large_or_odd_yaml_is_no_inventory_and_never_blocks(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_bytes(b"hosts:\n" + b"#" * upload.INVENTORY_LIMIT)
-    assert not upload.looks_like_inventory(big)  # the loader refuses an inventory over 1 MiB too
+    assert not upload.looks_like_inventory(big, KEYS)  # the loader refuses an inventory over 1 MiB too
     os.mkfifo(tmp_path / "fifo.yaml")
-    assert not upload.looks_like_inventory(tmp_path / "fifo.yaml")  # not opened for a blocking read
+    assert not upload.looks_like_inventory(tmp_path / "fifo.yaml", KEYS)  # not opened for a blocking read
 
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -284,10 +300,10 @@ from hypothesis import strategies as st  # noqa: E402
 def test_any_bytes_are_read_without_error_and_a_top_level_hosts_key_always_counts(tmp_path, data):
     f = tmp_path / "x.yaml"
     f.write_bytes(data)
-    plain = upload.looks_like_inventory(f)
+    plain = upload.looks_like_inventory(f, KEYS)
     assert isinstance(plain, bool)
     f.write_bytes(data + b"\nhosts:\n  - a\n")
-    assert upload.looks_like_inventory(f)
+    assert upload.looks_like_inventory(f, KEYS)
     if not any(line.lstrip(b"\"'").startswith((b"hosts", b"slurm")) for line in data.splitlines()):
         assert not plain
 
@@ -298,7 +314,7 @@ PACK_AND_WAIT = """
 import sys, time
 from pathlib import Path
 from clusterddp import upload
-up = upload.pack(upload.scan(Path(sys.argv[1]), Path(sys.argv[1]) / "runs"))
+up = upload.pack(upload.scan(Path(sys.argv[1]), Path(sys.argv[1]) / "runs", inventory_keys=("hosts", "slurm")))
 print(up.path, flush=True)
 time.sleep(600)
 """
@@ -324,7 +340,7 @@ def test_a_tarball_left_by_a_killed_up_is_removed_by_the_next_pack_a_live_ones_i
         other = temp / f"{upload.UPLOAD_PREFIX}{killed.pid}-notours.txt"  # not a name pack gives: left alone
         other.write_text("x")
         monkeypatch.setattr("tempfile.tempdir", str(temp))
-        up = upload.pack(upload.scan(tmp_path / "proj", tmp_path / "runs"))
+        up = upload.pack(upload.scan(tmp_path / "proj", tmp_path / "runs", inventory_keys=KEYS))
         try:
             assert not left.exists()          # the next pack cleaned it up
             assert kept.exists() and other.exists()  # a running `up`'s tarball stays, as does what is not ours

@@ -20,7 +20,7 @@ from ... import nodescript as NS
 from ...artifacts import CollectResult
 from ...errors import HostError, SlurmAnswerError, UsageError
 from ...fleet import fan_out
-from ...inventory import Host
+from ...inventory import RunNode
 from ...node import notify as node_notify
 from ...plan import NodeLaunch
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus, ended_at
@@ -309,7 +309,7 @@ class SlurmReach:
         self._login, self._job_id, self.nodes = login, job_id, nodes
         self.key = f"slurm {rec.run_id}"
 
-    def connect(self, host: Host) -> Transport:
+    def connect(self, host: RunNode) -> Transport:
         return StepTransport(self._login, self._job_id, host.name)
 
     def close(self) -> None:
@@ -328,7 +328,7 @@ class FolderReach:
         marker = rec.nodes[0].marker if rec.nodes else f"{rec.run_id}/"
         self.nodes = (NodeLaunch(host, 0, 1, run_dir, posixpath.join(run_dir, NS.CONTROL), marker, (), (), ""),)
 
-    def connect(self, host: Host) -> Transport:
+    def connect(self, host: RunNode) -> Transport:
         return self._t
 
     def close(self) -> None:

@@ -39,7 +39,7 @@ from ...runspec import RunSpec
 from ...store import RunStore, new_run_id, utcnow
 from ...transport import Transport
 from ...upload import SourceFolder
-from .. import base, lifecycle
+from .. import base, inventory_keys, lifecycle
 from ..base import RunOutcome
 from . import answers
 from . import plan as SP
@@ -261,7 +261,7 @@ def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | No
         node = NodeSettings.of(settings) if settings else job.node or NodeSettings("python3", shared_dir=run_dir)
         nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=job.nproc, run_dir=run_dir,
                                  control_dir=posixpath.join(run_dir, NS.CONTROL), marker=f"{rec.run_id}/{h}",
-                                 settings=node.host(h), state=NodeState.RUNNING)
+                                 settings=node.node(h), state=NodeState.RUNNING)
                       for i, h in enumerate(info.hosts))
     return with_job(replace(rec, nodes=nodes), replace(job, partition=info.partition or job.partition,
                                                        hosts=info.hosts or job.hosts))
@@ -558,7 +558,7 @@ def scan(prep: Prepared, req: base.LaunchRequest) -> SourceFolder:
     login = settings_of(req.inventory).login
     secrets = upload.secret_files(req.inventory, req.notify, req.env_files,
                                   hosts=(login,) if isinstance(login, Host) else ())
-    folder = upload.scan(prep.source_dir, prep.store.root, secrets)
+    folder = upload.scan(prep.source_dir, prep.store.root, secrets, inventory_keys=inventory_keys())
     upload.check_upload_size(folder, req.max_upload)
     return folder
 

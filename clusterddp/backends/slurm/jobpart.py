@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import RecordError
-from ...inventory import BUILTIN, Host
+from ...inventory import Node
 from ...record import BackendPart, RunRecord, host_json, part_count, part_env, part_host, part_object, part_reader
 from .section import KEY, SlurmSettings
 
@@ -36,12 +36,11 @@ class NodeSettings:
     def of(cls, s: SlurmSettings) -> NodeSettings:
         return cls(python=s.python, setup=s.setup, env=s.env, shared_dir=s.shared_dir, gpus=s.gpus_per_node)
 
-    def host(self, name: str) -> Host:
-        """Node ``name``'s settings as a node record holds them (run.json's ``nodes[].settings``)."""
-        return Host(name=name, address=name, user=None, port=None, identity_file=None,
-                    known_hosts=BUILTIN["known_hosts"], host_key_policy="strict", gpus=self.gpus,
-                    python=self.python, workdir=self.shared_dir, env=self.env, setup=self.setup,
-                    connect_timeout=BUILTIN["connect_timeout"], transport="slurm")
+    def node(self, name: str) -> Node:
+        """Node ``name``'s settings as a node record holds them (run.json's ``nodes[].settings``): a
+        Node, reached through the job only, not an SSH host entry."""
+        return Node(name=name, address=name, python=self.python, workdir=self.shared_dir, env=self.env,
+                    setup=self.setup, gpus=self.gpus)
 
 
 @dataclass(frozen=True)

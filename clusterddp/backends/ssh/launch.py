@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ... import inventory as inv_mod
 from ... import plan as P
@@ -28,7 +28,7 @@ from ...record import Attempt, NodeRecord, NodeState, ResumedFrom, RunRecord, Ru
 from ...runspec import RunSpec, resolve
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
-from .. import base, lifecycle
+from .. import base, inventory_keys, lifecycle
 from ..base import RunOutcome
 from . import attempts
 from .supervisor import Supervisor
@@ -103,7 +103,7 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     source_dir = script.resolve().parent
     # A script whose folder never names clusterddp cannot import clusterddp.train: its nodes need not
     # look for one (a python start on each node before torchrun; issue 24, section 7).
-    folder = None if local else upload.scan(source_dir, store.root, secrets)
+    folder = None if local else upload.scan(source_dir, store.root, secrets, inventory_keys=inventory_keys())
     lookup = folder is None or upload.mentions_clusterddp(folder)
     plan = P.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
     from ...envs.nodes import locks  # a lock that is not one is refused before anything starts
@@ -135,14 +135,23 @@ def _environments(prep: Prepared, fleet: Fleet, events: base.Events) -> Prepared
     built in parallel), said; the run planned with each environment's python."""
     from ...envs import nodes as E
     # read again for the hosts the run has now: a spare in place of a host down at the start has its own
-    plans = E.survey(fleet, prep.plan.inventory.hosts, E.locks(prep.plan.inventory))
+    inv = prep.plan.inventory
+    plans = E.survey(fleet, inv.hosts, E.locks(inv))
     for p in plans.values():
         if not p.ready:
             events.warn(f"[clusterddp] {p.host.name}: {p.says()}")
-    made = E.ready(fleet, plans)
+    # the spares' too, now, beside the hosts' builds (after the survey has filled the wheel cache): a later
+    # attempt that brings one in then neither waits for a build nor runs with the base python
+    spares = _Beside(lambda: E.spares_ready(inv.spares, inv.fanout, events.warn)) if inv.spares else None
+    made = E.ready(fleet, plans, on_wait=lambda s: events.warn(f"[clusterddp] {s}"))
     events.warn(f"[clusterddp] {E.summary(made)}")
-    plan = P.build_plan(E.apply(prep.plan.inventory, made), prep.plan.spec, prep.plan.run_id,
-                        train_lookup=prep.plan.train_lookup)
+    inv = E.apply(inv, made)
+    if spares is not None:
+        inv = replace(inv, spares=cast(tuple[inv_mod.Host, ...], spares.result()))
+    here = prep.plan.nodes[0] if prep.plan.local else None  # `up local`: the job runs in place, as planned
+    plan = P.build_plan(inv, prep.plan.spec, prep.plan.run_id, train_lookup=prep.plan.train_lookup,
+                        local_run_dir=here.run_dir if here else None,
+                        local_control_dir=here.control_dir if here else None)
     # the fleet's own host settings too: the preflight's probe (fleet.run) runs each host's python
     fleet.hosts = tuple(n.host for n in plan.nodes)
     return replace(prep, plan=plan)
@@ -199,7 +208,7 @@ def describe_upload(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> str
     """For --dry-run: what the upload would send (None in local mode); over the limit is bad input."""
     if not prep.plan.upload:
         return None
-    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root)
+    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root, inventory_keys=inventory_keys())
     upload.check_upload_size(folder, max_upload)
     return "\n".join(folder.described())
 
@@ -209,7 +218,7 @@ def pack(prep: Prepared, max_upload: int = DEFAULT_MAX_UPLOAD) -> upload.Upload 
     ``max_upload`` bytes, or an unreadable file, is bad input."""
     if not prep.plan.upload:
         return None
-    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root)
+    folder = prep.folder or upload.scan(prep.source_dir, prep.store.root, inventory_keys=inventory_keys())
     upload.check_upload_size(folder, max_upload)
     return upload.pack(folder)
 
@@ -507,6 +516,9 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
         prep, req, events = self.prep, self.req, self.events
         prep, self.chosen = resume_found(prep, req, events)
         self.packed = pack(prep, req.max_upload)
+        if prep.plan.local and prep.locks:  # `up local --packages`: the same machinery, on this machine
+            with Fleet(prep.plan.inventory.hosts) as here:
+                prep = _environments(prep, here, events)
         if not prep.plan.local:
             # Every connection at once (the lease asks every node at once too), then the preflight
             # beside the lease: each is a command per node, and a run that passes (most) need not wait

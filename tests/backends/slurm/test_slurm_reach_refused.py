@@ -62,13 +62,17 @@ def test_commands_on_an_inventorys_hosts_refuse_a_slurm_inventory(tmp_path, verb
     assert "Traceback" not in r.stderr
 
 
-def test_a_slurm_nodes_settings_handed_to_a_transport_say_why_not_cannot_connect_slurm(tmp_path):
+def test_a_slurm_node_is_no_ssh_host_and_a_transport_handed_one_says_why_not(tmp_path):
     from clusterddp.backends.slurm.jobpart import NodeSettings
     from clusterddp.backends.slurm.section import settings_of
     from clusterddp.errors import HostError
+    from clusterddp.inventory import Host, Node
     from clusterddp.transport import connect
-    inv = parse_inventory("slurm:\n  nodes: 2\n", "c.yaml")
-    node = NodeSettings.of(settings_of(inv)).host("n1")  # what a Slurm run's node record holds
+    inv = parse_inventory("slurm:\n  nodes: 2\n  python: /opt/py\n", "c.yaml")
+    node = NodeSettings.of(settings_of(inv)).node("n1")  # what a Slurm run's node record holds
+    assert isinstance(node, Node) and not isinstance(node, Host)  # no SSH settings to pretend with
+    assert (node.name, node.address, node.python) == ("n1", "n1", "/opt/py")
     with pytest.raises(HostError) as e:
         connect(node)
-    assert str(e.value).startswith("n1: not reached by a transport of its own (its settings say 'slurm')"), e.value
+    assert str(e.value) == ("n1: not reached by a connection of its own; a command for a run's nodes goes through "
+                            "the backend that ran it"), e.value

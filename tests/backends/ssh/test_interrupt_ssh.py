@@ -62,11 +62,20 @@ def _slots_free(inv: Path) -> bool:
     return all(h["leases"] == [] and h["queue"] == [] and h["free"] == [0, 1] for h in hosts)
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return f"{pid} (gone)"
+
+
 def _nothing_left(inv: Path, run_id: str | None) -> None:
     """No process of the run on any node, now and a few seconds later (a start still on its way would
     have started by then), and every slot free."""
     if run_id is not None:
-        assert job_pids(run_id) == [], "a job of the interrupted run is running"
+        left = job_pids(run_id)
+        assert left == [], ("a job of the interrupted run is running: "
+                            + "; ".join(_cmdline(pid) for pid in left))
         time.sleep(5.0)
         assert job_pids(run_id) == [], "a job of the interrupted run started after it ended"
     assert _slots_free(inv), cddp("leases", str(inv), check_rc=0).stdout
