@@ -46,7 +46,8 @@ MAX_OTHERS = 1024
 MAX_ERROR_FILE = 1 << 20        # bytes of an error file parsed; longer is refused
 MAX_TABLE_SCAN = 256 << 10      # bytes at the end of a node log searched for torchrun's failure table
 
-KINDS = ("exception", "signal", "oom", "exit", "never_joined", "lost", "unknown", "hang", "gpu", "timeout", "diverged")
+KINDS = ("exception", "signal", "oom", "exit", "never_joined", "lost", "unknown", "hang", "gpu", "timeout", "diverged",
+         "idle")
 MAX_HANG_GROUPS = 64            # groups of ranks a hang keeps (the odd ones out first)
 MAX_HANG_RANKS = 1024           # ranks named in one group
 

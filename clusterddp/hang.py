@@ -26,6 +26,8 @@ from . import stacks as S
 from .errors import HostError
 from .failure import MAX_HANG_GROUPS, MAX_HANG_RANKS, MAX_NOTE, Failure, Hang, HangGroup, HangRank, clip
 from .fleet import Fleet
+from .metrics.idle import idle_of
+from .metrics.idle import read as read_idle
 from .node import stacks as node_stacks
 from .node.reply import ReplyError, loads
 from .nodeops import each
@@ -162,9 +164,11 @@ def read(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord) -> dict[st
 
 
 def explain(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord, store: RunStore) -> Failure:
-    """Why the run failed: a hang when a node's watchdog left its record, else the failed rank
+    """Why the run failed: a hang when a node's watchdog left its record, the idle policy when the nodes'
+    samplers stopped it (:mod:`clusterddp.metrics.idle`), else the failed rank
     (:func:`clusterddp.postmortem.explain`)."""
     hangs = read(fleet, nodes, rec)
     if not hangs:
-        return postmortem.explain(fleet, nodes, rec, store)
+        idle = idle_of(rec, read_idle(fleet, nodes, rec))  # the idle policy ended it: that, not the signal
+        return idle if idle is not None else postmortem.explain(fleet, nodes, rec, store)
     return hang_of(rec, store, hangs)

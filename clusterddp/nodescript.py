@@ -300,8 +300,10 @@ def sampler_lines(python: str, args: dict) -> list[str]:
     """The metrics sampler (on unless ``up --metrics-interval 0``): the lines that start the node program
     ``sampler`` beside the job, in the background (``args``: its JSON argument; the node program ``watch``
     written beside it, whose line reader it uses), and end it when launch.sh exits (a trap on EXIT: its last
-    sample taken, the exit code unchanged). Its stderr goes to ``$CTL/sampler.log``."""
+    sample taken, the exit code unchanged). Its stderr goes to ``$CTL/sampler.log``. It runs without
+    site-packages (``-S``) unless it must reach the run's store (a run-wide idle policy: torch's client)."""
     d = f'"$CTL/{SAMPLER}"'
+    site = "" if args.get("store") else "-S "  # the run's store (a run-wide idle policy): torch, from site-packages
     return [
         f"(umask 077 && mkdir -p {d} && : >> \"$CTL/sampler.log\" && cat > {d}/sampler.py) <<'CDDP_SAMPLER'",
         node_source("sampler").rstrip("\n"),
@@ -309,7 +311,7 @@ def sampler_lines(python: str, args: dict) -> list[str]:
         f"(umask 077 && cat > {d}/watch.py) <<'CDDP_WATCH'",
         node_source("watch").rstrip("\n"),
         "CDDP_WATCH",
-        f'{{ exec {q(python)} -S {d}/sampler.py "$CTL" {q(json.dumps(args, sort_keys=True))}; }} '
+        f'{{ exec {q(python)} {site}{d}/sampler.py "$CTL" {q(json.dumps(args, sort_keys=True))}; }} '
         '2>>"$CTL/sampler.log" </dev/null &',
         "CDDP_SAMPLER_PID=$!",
         "trap 'kill \"$CDDP_SAMPLER_PID\" 2>/dev/null' EXIT  # the sampler ends with the job",

@@ -50,7 +50,7 @@ ATTEMPTS = 3              # tries of a webhook whose failure may pass
 BACKOFF = (1.0, 3.0)      # seconds before the second and the third try
 MAX_URL_FILE = 4096       # bytes of a webhook file read
 MAX_SAID = 200            # characters of what a receiver or command said, in a message
-RUN_EVENTS = ("succeeded", "failed", "hang", "stopped", "interrupted")
+RUN_EVENTS = ("succeeded", "failed", "hang", "idle", "stopped", "interrupted")
 STRAGGLER = "straggler"   # a host the other ranks wait for, named during an attached run: only to on: [straggler]
 TEST = "test"             # `clusterddp notify test`: sent to every target, whatever its `on`
 
@@ -118,9 +118,10 @@ def label(t: NotifyTarget) -> str:
 
 
 def wants(t: NotifyTarget, event: dict) -> bool:
-    """Whether ``t`` is told of ``event``: its ``on`` names the event or the run's status (a hang is a
-    failure too, so ``on: [failed]`` hears of hangs); a test event reaches every target. A straggler is
-    told only to a target whose ``on`` names it (it is news during a run, not its end)."""
+    """Whether ``t`` is told of ``event``: its ``on`` names the event or the run's status (a hang, or
+    an idle run its idle policy stopped, is a failure too, so ``on: [failed]`` hears of them); a test
+    event reaches every target. A straggler is told only to a target whose ``on`` names it (it is news
+    during a run, not its end)."""
     if event["event"] == STRAGGLER:
         return STRAGGLER in t.on
     return event["event"] == TEST or not t.on or event["event"] in t.on or event.get("status") in t.on
@@ -178,8 +179,8 @@ def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseEx
     failure = rec.failure
     if interrupted and rec.status is RunStatus.STOPPED:
         kind = "interrupted"  # a Ctrl-C after the job ended (during the collect) stopped nothing: its own end
-    elif rec.status is RunStatus.FAILED and failure is not None and failure.kind == "hang":
-        kind = "hang"
+    elif rec.status is RunStatus.FAILED and failure is not None and failure.kind in ("hang", "idle"):
+        kind = failure.kind  # the stall watchdog, or the idle policy (idle_policy stop), ended it
     else:
         kind = status
     summary = None
@@ -197,8 +198,10 @@ def run_event(rec: RunRecord | None, *, interrupted: bool = False, error: BaseEx
                detached=detached)
     said = {"succeeded": f"succeeded{_took(took)} on {', '.join(rec.hosts)}",
             "failed": f"failed{_took(took)}", "hang": f"hung and was ended{_took(took)}",
+            "idle": f"sat idle and was ended by its idle policy{_took(took)}",
             "stopped": f"was stopped{_took(took)}", "interrupted": f"was interrupted and stopped{_took(took)}"}[kind]
-    ev["text"] = f"clusterddp: {_what(ev)} {said}" + (f": {summary}" if summary and kind in ("failed", "hang") else "")
+    told = summary and kind in ("failed", "hang", "idle")
+    ev["text"] = f"clusterddp: {_what(ev)} {said}" + (f": {summary}" if told else "")
     if report:
         ev["report"] = report
         ev["text"] += f" (report: {report})"

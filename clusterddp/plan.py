@@ -197,7 +197,8 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
         node = NodeLaunch(host, rank, nproc, run_dir, control_dir, marker, node_env, tuple(torchrun), "")
         watch = watch_args(spec, len(inventory.hosts), inventory.master.addr, master_port)
         nodes.append(_with_script(node, run_id, len(inventory.hosts), inventory.master.addr, master_port, local,
-                                  watch, train_lookup, sampler_args(spec)))
+                                  watch, train_lookup,
+                                  sampler_args(spec, len(inventory.hosts), inventory.master.addr, master_port)))
     return LaunchPlan(run_id, inventory, spec, tuple(nodes), inventory.master.addr, master_port,
                       spec.collect, upload=not local, local=local, leased=grants is not None,
                       train_lookup=train_lookup, attempt=attempt)

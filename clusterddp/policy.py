@@ -16,6 +16,7 @@ sets aside (:mod:`clusterddp.quarantine` keeps them).
 - The job's own (:data:`JOB`): a Python exception, a non-zero exit, a signal, an OOM kill (the job's
   size: a spare of the same kind runs out of memory too), a collective timeout (some rank never reached
   it: a hang in the job or a slow peer, and the rank that timed out is not the one at fault), a hang,
+  the idle policy's stop (every GPU of the run idle: ``idle_policy: {stop: true}``),
   a node that never joined. Any machine would fail the same way, so the run ends as without spares,
   unless the inventory says ``retry_job_failures: true``: then the failing rank's host is replaced too.
 """
@@ -31,7 +32,7 @@ from .record import NodeState, RunRecord
 
 MACHINE = ("lost", "gpu")
 UNCLEAR = ("signal", "never_joined", "unknown")  # the machine's when it is the machine's second failure in a row
-JOB = ("exception", "exit", "signal", "oom", "timeout", "hang", "never_joined", "unknown", "diverged")
+JOB = ("exception", "exit", "signal", "oom", "timeout", "hang", "never_joined", "unknown", "diverged", "idle")
 MAX_WHY = 400      # characters of a decision's line
 MAX_WHAT = 160     # of the failure's own line in it
 
@@ -99,6 +100,7 @@ _ENDS = {
                "no machine is known at fault",
     "hang": "the job stalled, which another machine would do too",
     "never_joined": "a node never joined the rendezvous, not known to be the machine's",
+    "idle": "the idle policy stopped it (every GPU idle), which another machine's GPUs would be too",
     "diverged": "the nodes' ranks did not run the same steps (they resumed from different points)",
 }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import noise
 from .errors import UsageError
@@ -144,9 +144,13 @@ METRICS_INTERVAL = 5.0  # seconds between two samples by default
 SAMPLES_MOST = 2 << 20  # bytes of a node's metrics.jsonl (the sampler thins it to stay below)
 
 
-def sampler_args(spec: RunSpec) -> dict | None:
+def sampler_args(spec: RunSpec, nnodes: int = 1, master_addr: str | None = None,
+                 master_port: int | None = None) -> dict | None:
     """The metrics sampler's argument (the node program ``sampler``, started by
-    :func:`~clusterddp.nodescript.sampler_lines`), or None when the run samples nothing (interval 0)."""
+    :func:`~clusterddp.nodescript.sampler_lines`), or None when the run samples nothing (interval 0).
+    With an idle policy and several nodes, the nodes decide together through the run's rendezvous store,
+    as the stall watchdog's do (:func:`watch_args`: None for the address or port, the node's
+    ``$MASTER_ADDR``/``$MASTER_PORT``)."""
     interval = METRICS_INTERVAL if spec.metrics_interval is None else spec.metrics_interval
     if not interval:
         return None
@@ -155,5 +159,8 @@ def sampler_args(spec: RunSpec) -> dict | None:
     if spec.idle_policy is not None:
         below, seconds, stop = spec.idle_policy
         idle = {"below": below, "seconds": seconds, "stop": stop}
-    return {"interval": interval, "regex": spec.metrics_regex, "progress_regex": spec.progress_regex,
-            "skip": skip, "tails": [p for p, tail in noise.LINES if tail], "most": SAMPLES_MOST, "idle": idle}
+    out: dict[str, Any] = {"interval": interval, "regex": spec.metrics_regex, "progress_regex": spec.progress_regex,
+           "skip": skip, "tails": [p for p, tail in noise.LINES if tail], "most": SAMPLES_MOST, "idle": idle}
+    if idle is not None and nnodes > 1:
+        out.update(nnodes=nnodes, store=[master_addr or None, master_port or None])
+    return out

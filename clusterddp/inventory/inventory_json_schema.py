@@ -48,8 +48,8 @@ DESCRIPTIONS = {
                         "the run (default 5; 0: no sampler; `up --metrics-interval` wins); docs/watching.md",
     "metrics_regex": "A regular expression whose named groups name the numbers in the job's lines, e.g. "
                      "'loss (?P<loss>[0-9.eE+-]+)' (`up --metrics-regex` wins); `clusterddp metrics` shows them",
-    "idle_policy": "GPU utilisation below `below` % on every GPU of a node for `minutes`: said in the log and in "
-                   "the run's notification; `stop: true` also ends the run",
+    "idle_policy": "GPU utilisation below `below` % on every GPU of every node of the run for `minutes`: said in "
+                   "the log; `stop: true` also ends the run, as idle (notification event `idle`)",
     "below": "idle_policy: the GPU utilisation (%) under which a GPU counts as idle",
     "minutes": "idle_policy: how long every GPU must stay idle",
     "stop": "idle_policy: also end the run (default false: only say so)",
@@ -72,8 +72,8 @@ DESCRIPTIONS = {
     "webhook_file": "A file (mode 0600) holding the webhook URL, relative to the inventory's folder",
     "command": "A shell command that gets the event as JSON on stdin; {event} {status} {run_id} {host} {schedule} "
                "are filled in",
-    "on": "The events it wants (default every one but straggler): succeeded, failed, hang, stopped, interrupted, "
-          "skipped, straggler",
+    "on": "The events it wants (default every one but straggler): succeeded, failed, hang, idle, stopped, "
+          "interrupted, skipped, straggler",
     "timeout": "Seconds for one try (default 10; a webhook is tried 3 times when the failure may pass)",
     "user": "SSH user (default: ~/.ssh/config, then your local user)",
     "port": "SSH port (default: ~/.ssh/config, then 22)",

@@ -157,9 +157,9 @@ class Master:
 
 
 # What a run tells its notification targets (`notify:`, --notify): its end, by how it ended
-# ("hang": a failed run whose failure is a hang), a schedule's firing skipped, and a straggler named while an
-# attached run goes (clusterddp.stragglers; told only to a target whose `on` names it).
-NOTIFY_EVENTS = ("succeeded", "failed", "hang", "stopped", "interrupted", "skipped", "straggler")
+# ("hang", "idle": a failed run the stall watchdog or the idle policy ended), a schedule's firing skipped, and a
+# straggler named while an attached run goes (clusterddp.stragglers; told only to a target whose `on` names it).
+NOTIFY_EVENTS = ("succeeded", "failed", "hang", "idle", "stopped", "interrupted", "skipped", "straggler")
 NOTIFY_KINDS = ("webhook", "webhook_file", "command")
 
 

@@ -8,7 +8,8 @@ folder; the webhook URLs, a secret, arrive only there, over the arm command's st
 env values do). It waits until the job has ended (``CTL/exit_code`` written, or no process carrying
 MARKER left), claims ``CTL/notify.sent`` (:data:`SENT`, created exclusively: one event per run, whoever
 else may start), makes the event (``stopped`` when `stop` left :data:`STOP_MARK` before its teardown,
-``hang`` when the watchdog left ``hang.json``, else ``succeeded`` or ``failed`` by node 0's exit code),
+``hang`` when the watchdog left ``hang.json``, ``idle`` when the sampler's idle policy ended it (``idle.json``
+with ``stop``), else ``succeeded`` or ``failed`` by node 0's exit code),
 POSTs it to each webhook that wants it (each try bounded by the target's timeout, a few tries when the
 failure may pass: no answer, 5xx, 429; never a redirect), writes one line per target to its stdout
 (``CTL/notify.log``) and each failure's line to the job's log too, and removes the request.
@@ -45,6 +46,7 @@ REQUEST = "notify.json"    # in the control folder: what to send where (written 
 SENT = "notify.sent"       # in the control folder: the run's end was told (or is being told): never again
 STOP_MARK = "stop"         # in the control folder: `clusterddp stop` ended this job
 HANG = "hang.json"         # in the control folder: the stall watchdog ended this job
+IDLE = "idle.json"         # in the control folder: the sampler found the run idle (its "stop": the policy ended it)
 POLL_S = 0.5               # how often the job's end is looked for
 SCAN_EVERY = 10            # polls between looks for the job's processes (a job killed before its exit code)
 GONE_AFTER = 2             # looks that find none of them: the job is over
@@ -289,6 +291,16 @@ def _stopped(ctl: str, code: "int | None", ended: float) -> bool:
     return code is None or marked_at <= ended
 
 
+def _idle_stopped(ctl: str) -> bool:
+    """Whether the sampler's idle policy ended this job (its idle.json says ``stop``)."""
+    try:
+        with open(os.path.join(ctl, IDLE), "rb") as f:
+            rec = json.loads(f.read(16384).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("stop") is True
+
+
 def make_event(request: dict, ctl: str, code: "int | None", ended: float, now: float) -> dict:
     """The event of the run's end as node 0 sees it, from the launcher's template (``request["event"]``)."""
     ev = dict(request["event"])
@@ -297,6 +309,8 @@ def make_event(request: dict, ctl: str, code: "int | None", ended: float, now: f
         kind, status = "stopped", "stopped"
     elif os.path.exists(os.path.join(ctl, HANG)):
         kind, status = "hang", "failed"
+    elif code != 0 and _idle_stopped(ctl):
+        kind, status = "idle", "failed"
     elif code == 0:
         kind, status = "succeeded", "succeeded"
     else:
@@ -309,7 +323,7 @@ def make_event(request: dict, ctl: str, code: "int | None", ended: float, now: f
         except ValueError:
             took = None
     summary, failed_host = None, None
-    if kind in ("failed", "hang"):
+    if kind in ("failed", "hang", "idle"):
         ranks = _said_by_ranks(ctl)
         how = "exited %d" % code if code is not None else "ended without an exit code"
         summary = "node 0 (%s) %s%s" % (host, how, "; " + ranks if ranks else "")
@@ -322,6 +336,7 @@ def make_event(request: dict, ctl: str, code: "int | None", ended: float, now: f
               sender=socket.gethostname(), sent_by="node 0 (%s)" % host)
     said = {"succeeded": "succeeded%s on %s" % (_took(took), ", ".join(ev.get("hosts") or [])),
             "failed": "failed%s" % _took(took), "hang": "hung and was ended%s" % _took(took),
+            "idle": "sat idle and was ended by its idle policy%s" % _took(took),
             "stopped": "was stopped%s" % _took(took)}[kind]
     ev["text"] = "clusterddp: %s %s" % (request["what"], said) + (": " + summary if summary else "")
     return ev

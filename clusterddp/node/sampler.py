@@ -26,9 +26,20 @@ It never grows past ``most`` bytes: when the next line would pass it, every othe
 written, its counts covering the samples not written. So a day-long run keeps its whole course at a
 coarser grain. ``$CTL/metrics-now.json`` holds the latest sample (replaced whole every sample).
 
-Idle policy (``idle``: {"below": %, "seconds": S, "stop": bool}): when every GPU of this node has been
-below ``below`` % utilisation for S seconds, it says so in the log once, writes ``$CTL/idle.json``
-(0600) and, with ``stop``, ends the job (``watch.end_job``: launch.sh then exits as the job did).
+Idle policy (``idle``: {"below": %, "seconds": S, "stop": bool}; with ``nnodes`` > 1 also ``store``: [addr,
+port] or null for ``$MASTER_ADDR``/``$MASTER_PORT``): the run is idle when every GPU of every node has been below
+``below`` % utilisation for S seconds (:class:`RunIdle`). Each node's own GPUs decide whether it counts itself
+idle (:class:`Idle`); with several nodes they share, as the stall watchdog does (``watch.Store``: the run's
+rendezvous store, reached as a plain client from the job's python), a count of the nodes idle now
+(``clusterddp/idle_nodes``: each adds 1 when it turns idle, -1 when it stops being); the first node to see it
+equal to ``nnodes`` writes its name to ``clusterddp/idle_by`` (compare-and-set) and every node seeing the key
+acts at its next sample. So one idle node whose peers are busy never fires it. Acting (:func:`on_idle`): says so
+in the log once, writes ``$CTL/idle.json`` (0600; the run's policy, who decided, how many nodes) and, with
+``stop``, adds itself to ``clusterddp/idle_stopped``, waits (at most :func:`stop_wait` seconds) for every
+node to have seen it, and ends the job (``watch.end_job``: launch.sh then exits as the job did, and the run's
+root cause is the idle policy: :mod:`clusterddp.idle`). A node without nvidia-smi is never idle, so a run
+with one is never idle either; a node whose python has no torch, or that cannot reach the store, never
+decides (and says so in the log).
 
 Python 3.8 grammar, standard library only.
 """
@@ -42,6 +53,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any  # noqa: F401 - in a type comment (Python 3.8 grammar)
 
 # The watchdog's line reader, bounded regex and job ending: on the node, its source is written beside this
 # file (nodescript.sampler_lines); in-process (tests), it is this package's module.
@@ -258,6 +270,65 @@ class Idle:
         return now - self.since >= self.seconds
 
 
+class RunIdle:
+    """Whether the whole run is idle (see the module docstring): this node's :class:`Idle`, and with
+    several nodes the count of idle nodes in the run's store. :meth:`feed` gives the name of the node
+    that found the run idle (this one, or the one that wrote ``idle_by`` first), or None."""
+
+    def __init__(self, args: dict, idle: dict, stores=None) -> None:
+        self.own = Idle(float(idle["below"]), float(idle["seconds"]))
+        self.host = args.get("host", "") or "?"
+        slurm = os.environ.get("SLURM_JOB_NUM_NODES", "")  # a Slurm run's nodes as allocated (nnodes: at least)
+        self.nnodes = max(1, int(args.get("nnodes") or 1), int(slurm) if slurm.isdigit() and args.get("nnodes") else 0)
+        self.store = None  # type: Any
+        self.told = False  # whether this node's idleness is in the store's count
+        self.off = False
+        if self.nnodes > 1:
+            addr, port = args.get("store") or (None, None)  # null: the node script's MASTER_ADDR/MASTER_PORT
+            addr = addr or os.environ.get("MASTER_ADDR")
+            port = str(port or os.environ.get("MASTER_PORT", ""))
+            if not addr or not port.isdigit():
+                self.stop_deciding("no master address and port for the run's store")
+            else:
+                self.store = (stores or W.Store)(addr, int(port))
+
+    def stop_deciding(self, why: str) -> None:
+        if not self.off:
+            W.say("idle policy off on this node: %s (the run is not found idle)" % why)
+        self.off = True
+
+    def feed(self, gpus, now: float):
+        mine = self.own.feed(gpus, now)
+        if self.nnodes == 1:
+            return self.host if mine else None
+        store = self.store
+        if self.off or store is None:
+            return None
+        try:
+            if not store.connect():
+                return None  # not up yet: this node is not counted, so the run is not idle
+        except ImportError as e:
+            self.stop_deciding("its python cannot reach the run's store (%s)" % e)
+            return None
+        count = store.add("idle_nodes", int(mine) - int(self.told))
+        if count is None:
+            self.off = True  # the store is gone: the master's torchrun has ended, and the run with it
+            return None
+        self.told = mine
+        decided = store.has("idle_by")
+        if decided:
+            return store.first("idle_by", "") or "another node"
+        if decided is not None and count >= self.nnodes:
+            return store.first("idle_by", self.host) or self.host
+        return None
+
+
+def stop_wait(interval: float) -> float:
+    """Seconds a node that stops the run for idleness waits for the others to have seen it (each looks at
+    its next sample: an interval and an nvidia-smi call), so none is cut off by a peer's end first."""
+    return 2 * interval + SMI_TIMEOUT + 5
+
+
 class Writer:
     """metrics.jsonl, kept under ``most`` bytes by thinning (see the module docstring)."""
 
@@ -337,8 +408,9 @@ def _stop(signum, frame):
 
 
 def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, gpus_now=query_gpus, counters=host_counters,
-        samples=None) -> None:
-    """The sampling loop; ``parent`` None: no launch.sh to outlive (tests), ``samples``: how many to take."""
+        samples=None, stores=None) -> None:
+    """The sampling loop; ``parent`` None: no launch.sh to outlive (tests), ``samples``: how many to take,
+    ``stores``: makes the run's store client from (addr, port) (tests; default ``watch.Store``)."""
     ctl = args["ctl"]
     interval = max(0.1, float(args.get("interval") or INTERVAL))
     parsed = Parsed(args.get("regex"), args.get("progress_regex"), args.get("skip", ()), args.get("tails", ()))
@@ -352,7 +424,7 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, gpus_now=que
               "started": round(time.time(), 3), "regex": args.get("regex")}
     out = Writer(os.path.join(ctl, "metrics.jsonl"), header, args.get("most") or MOST)
     idle_args = args.get("idle")
-    idle = Idle(float(idle_args["below"]), float(idle_args["seconds"])) if idle_args else None
+    idle = RunIdle(args, idle_args, stores) if idle_args else None
     before, last_t, progress, taken = counters(), clock(), 0, 0
     final = False
     while not final:
@@ -387,25 +459,37 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, gpus_now=que
             except OSError:
                 pass
             before, last_t, progress = now_counters, now, 0
-        if idle is not None and idle_args and idle.feed(gpus, now):
-            on_idle(args, idle_args)
+        by = idle.feed(None if final else gpus, now) if idle is not None else None
+        if idle is not None and by is not None:
+            on_idle(args, idle, by, interval, clock, sleep)
             idle = None
         if samples is not None and taken >= samples:
             return
 
 
-def on_idle(args: dict, idle: dict) -> None:
-    """Say it, write idle.json, and with ``stop`` end the job."""
-    stop = bool(idle.get("stop"))
-    W.say("idle: GPU utilisation below %g%% on every GPU of this node for %gs%s"
-          % (float(idle["below"]), float(idle["seconds"]), "; ending the job (idle_policy stop)" if stop else ""))
-    rec = {"schema": SCHEMA, "host": args.get("host", ""), "time": time.time(), "below": idle["below"],
-           "seconds": idle["seconds"], "stop": stop}
+def on_idle(args: dict, idle: RunIdle, by: str, interval: float, clock=time.monotonic, sleep=time.sleep) -> None:
+    """Say it, write idle.json, and with ``stop`` end the job (once every node has seen it, or after
+    :func:`stop_wait`)."""
+    pol = args["idle"]
+    stop = bool(pol.get("stop"))
+    where = "this node" if idle.nnodes == 1 else "the run (%d nodes)" % idle.nnodes
+    W.say("idle: GPU utilisation below %g%% on every GPU of %s for %gs%s"
+          % (float(pol["below"]), where, float(pol["seconds"]), "; ending the job (idle_policy stop)" if stop else ""))
+    rec = {"schema": SCHEMA, "host": args.get("host", ""), "time": time.time(), "below": pol["below"],
+           "seconds": pol["seconds"], "stop": stop, "nnodes": idle.nnodes, "decided_by": by}
     try:
         W.write_private(os.path.join(args["ctl"], "idle.json"), json.dumps(rec).encode())
     except OSError:
         pass
-    if stop and args.get("marker"):
+    if not stop:
+        return
+    if idle.store is not None and not idle.off:
+        seen = idle.store.add("idle_stopped", 1)
+        end = clock() + stop_wait(interval)
+        while seen is not None and seen < idle.nnodes and clock() < end:
+            sleep(0.2)
+            seen = idle.store.add("idle_stopped", 0)
+    if args.get("marker"):
         W.end_job(args["marker"], {os.getpid(), os.getppid()})
 
 

@@ -3,11 +3,13 @@ clusterddp.train) whose local rank 0 prints ``loss X`` lines, ``metrics_regex`` 
 ``nvidia-smi`` on the nodes' PATH (a setup line) that answers as the real one does, its utilisation read from a
 file the test writes.
 
-- At 50% utilisation with ``idle_policy: {below: 10, minutes: 0.05, stop: true}``: the run succeeds, its samples
+- With ``idle_policy: {below: 10, minutes: 0.05, stop: true}``, node1's GPUs at 0% and node2's at 50% (one idle
+  node whose peer is busy: the run is not idle): the run succeeds, its samples
   come back with the logs, `metrics --json` shows each node's loss series (the numbers the script printed,
   decreasing) and its GPUs, `report` writes a page with the loss lines.
 - A detached run still going: `metrics` asks its nodes and shows their latest values.
-- At 0%: the idle policy fires (said in the log, idle.json) and stops the run.
+- Every node at 0%: the idle policy fires (said in the log, idle.json) and stops the run, whose outcome is the
+  idle one (root cause, `status --json`'s failure kind, the notification's ``idle`` event).
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ dist.destroy_process_group()
 '''
 
 SMI = """#!/bin/sh
-# a stand-in nvidia-smi: two GPUs, their utilisation from $FAKE_UTIL's file
-u=$(cat "{util}")
+# a stand-in nvidia-smi: two GPUs, their utilisation from the test's file (this node's own, where there is one)
+f="{util}.$CLUSTERDDP_HOST"; [ -f "$f" ] || f="{util}"
+u=$(cat "$f")
 echo "0, $u, 1000, 81559, 100.5, 40, 1410, 0x0000000000000000"
 echo "1, $u, 2000, 81559, 101.5, 41, 1410, 0x0000000000000000"
 """
@@ -55,6 +58,7 @@ def test_samples_metrics_report_and_the_idle_policy_on_real_nodes(bed, tmp_path)
     fake.mkdir()
     util = tmp_path / "util"
     util.write_text("50\n")
+    (tmp_path / "util.node1").write_text("0\n")  # node1 idle all along, node2 busy: the run is not idle
     (fake / "nvidia-smi").write_text(SMI.format(util=util))
     os.chmod(fake / "nvidia-smi", stat.S_IRWXU)
     os.chmod(tmp_path, 0o755)
@@ -77,7 +81,8 @@ def test_samples_metrics_report_and_the_idle_policy_on_real_nodes(bed, tmp_path)
     for name, node in got["nodes"].items():
         loss = [v for _, v in node["series"]["m.loss"]]
         assert len(loss) >= 2 and set(loss) <= printed and loss == sorted(loss, reverse=True), (name, loss)
-        assert {v for _, v in node["series"]["gpu1.util"]} == {50.0} and node["series"]["gpu1.mem"][0][1] == 2000
+        want = {0.0} if name == "node1" else {50.0}
+        assert {v for _, v in node["series"]["gpu1.util"]} == want and node["series"]["gpu1.mem"][0][1] == 2000
         assert sum(v for _, v in node["series"]["rate"]) > 0
     assert got["nodes"]["node1"]["latest"]["m.loss"] == round(3.0 * 0.9 ** 40, 4)  # the last line, in the last sample
     t = cddp("metrics", run, "--runs-dir", str(runs), check_rc=0).stdout
@@ -102,9 +107,19 @@ def test_samples_metrics_report_and_the_idle_policy_on_real_nodes(bed, tmp_path)
     assert got["nodes"]["node2"]["latest"]["gpu0.util"] == 50.0
     cddp("stop", going, "--runs-dir", str(runs), check_rc=0)
 
-    util.write_text("0\n")  # every GPU idle: the policy stops the run after 3 s of it
-    r = cddp("up", str(inv), str(src / "train.py"), "--runs-dir", str(runs), "--", "600", "0.2", timeout=300)
+    (tmp_path / "util.node1").unlink()
+    util.write_text("0\n")  # every GPU of every node idle: the policy stops the run after 3 s of it
+    r = cddp("up", str(inv), str(src / "train.py"), "--runs-dir", str(runs), "--notify", f"command:cat > {event}",
+             "--", "600", "0.2", timeout=300)
     idle = run_id_of(r.stdout)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "idle: GPU utilisation below 10% on every GPU of this node for 3s; ending the job" in r.stdout
+    assert "idle: GPU utilisation below 10% on every GPU of the run (2 nodes) for 3s; ending the job" in r.stdout
+    assert "idle: every GPU below 10% for 0.05 min (idle_policy stop ended the run)" in r.stderr, r.stderr
+    ev = json.loads(event.read_text())
+    assert (ev["event"], ev["status"]) == ("idle", "failed"), ev
+    st = cddp("status", idle, "--runs-dir", str(runs)).stdout + cddp("status", idle, "--runs-dir", str(runs)).stderr
+    assert "root cause: " in st and "idle: every GPU below 10% for 0.05 min" in st, st
+    listed = json.loads(cddp("runs", "--runs-dir", str(runs), "--json", check_rc=0).stdout)
+    (row,) = [r for r in listed if r["run_id"] == idle]
+    assert row["failure"]["kind"] == "idle", row
     assert eventually(lambda: not job_pids(idle), 30), job_pids(idle)

@@ -196,3 +196,130 @@ def test_the_nodes_readers_never_raise_and_keep_only_finite_numbers(smi, chunks)
     nums = [*values.values(), *(v for r in ranks.values() for v in r.values())]
     assert all(isinstance(v, float) and abs(v) < float("inf") for v in nums) and dropped >= 0
     assert len(values) <= S.MAX_METRICS and len(ranks) <= S.MAX_RANKS
+
+
+class _RunStore:
+    """The run's rendezvous store as the nodes' samplers share it (watch.Store's calls), in memory."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, object] = {}
+
+    def client(self, addr: str, port: int) -> _RunStore._Client:
+        return _RunStore._Client(self)
+
+    class _Client:
+        def __init__(self, shared: _RunStore) -> None:
+            self.k = shared.keys
+
+        def connect(self) -> bool:
+            return True
+
+        def add(self, key: str, n: int) -> int:
+            self.k[key] = int(self.k.get(key, 0)) + n  # type: ignore[call-overload]
+            return int(self.k[key])  # type: ignore[call-overload]
+
+        def first(self, key: str, value: str) -> str:
+            return str(self.k.setdefault(key, value))
+
+        def has(self, key: str) -> bool:
+            return key in self.k
+
+
+def _curve(utils: dict[str, list[float]], seconds: float = 30, stop: bool = False) -> tuple[dict, dict]:
+    """Each node's RunIdle fed its stand-in nvidia-smi curve (one value a 5 s sample, every GPU of the
+    node at it), the nodes' samples interleaved: what each node decided, and when."""
+    shared = _RunStore()
+    args = {h: {"host": h, "nnodes": len(utils), "store": ["10.0.0.1", 29500],
+                "idle": {"below": 10, "seconds": seconds, "stop": stop}} for h in utils}
+    idles = {h: S.RunIdle(args[h], args[h]["idle"], stores=shared.client) for h in utils}
+    decided: dict[str, tuple[str, float]] = {}
+    for i in range(max(map(len, utils.values()))):
+        for h, curve in utils.items():
+            if h in decided:
+                continue
+            u = curve[min(i, len(curve) - 1)]
+            by = idles[h].feed([{"index": 0, "util": u}, {"index": 1, "util": u}], 5.0 * i)
+            if by is not None:
+                decided[h] = (by, 5.0 * i)
+    return decided, shared.keys
+
+
+def test_the_idle_policy_is_run_wide_every_node_idle_fires_one_busy_node_does_not():
+    idle = [90.0] * 4 + [0.0] * 40
+    got, keys = _curve({"a": idle, "b": idle, "c": idle})
+    # the last node to count itself idle finds the count full and decides; the others follow its word
+    assert set(got) == {"a", "b", "c"} and {by for by, _ in got.values()} == {"c"}, got
+    assert min(t for _, t in got.values()) >= 20 + 30  # every node idle for the policy's 30 s first
+    assert max(t for _, t in got.values()) - min(t for _, t in got.values()) <= 5  # the others follow at once
+    # one node idle, its peer busy at 50%: never, however long
+    got, keys = _curve({"a": [0.0] * 200, "b": [50.0] * 200})
+    assert got == {} and keys["idle_nodes"] == 1
+    # idle in turn, never together for 30 s: never
+    got, _ = _curve({"a": ([0.0] * 8 + [90.0] * 8) * 6, "b": ([90.0] * 8 + [0.0] * 8) * 6})
+    assert got == {}
+    # a node that turns busy again leaves the count
+    got, keys = _curve({"a": [0.0] * 10 + [90.0] * 30, "b": [90.0] * 40})
+    assert got == {} and keys["idle_nodes"] == 0
+
+
+def test_a_node_without_a_store_or_torch_never_finds_the_run_idle(monkeypatch, capsys):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    args = {"host": "a", "nnodes": 2, "store": [None, None], "idle": {"below": 10, "seconds": 0, "stop": True}}
+    r = S.RunIdle(args, args["idle"])
+    assert all(r.feed([{"index": 0, "util": 0.0}], float(t)) is None for t in range(5))
+    assert "idle policy off on this node: no master address" in capsys.readouterr().out
+
+    class NoTorch:
+        def __init__(self, addr: str, port: int) -> None:
+            pass
+
+        def connect(self) -> bool:
+            raise ImportError("No module named 'torch'")
+    args["store"] = ["10.0.0.1", 1]
+    r = S.RunIdle(args, args["idle"], stores=NoTorch)
+    assert r.feed([{"index": 0, "util": 0.0}], 0.0) is None
+    assert "cannot reach the run's store" in capsys.readouterr().out
+
+
+def test_the_samplers_stop_the_run_together_and_idle_json_names_the_decision(tmp_path, monkeypatch):
+    ended = []
+    monkeypatch.setattr(S.W, "end_job", lambda marker, spare: ended.append(marker) or "")
+
+    def node(h: str, shared: _RunStore) -> float:
+        ctl = tmp_path / h
+        ctl.mkdir()
+        clock = [0.0]
+
+        def sleep(s):
+            clock[0] += s
+        args = {"ctl": str(ctl), "host": h, "marker": f"R/{h}", "interval": 5.0, "nnodes": 2,
+                "store": ["10.0.0.1", 29500], "idle": {"below": 10, "seconds": 10, "stop": True}}
+        S.run(args, None, clock=lambda: clock[0], sleep=sleep, gpus_now=lambda: [{"index": 0, "util": 0.0}],
+              counters=dict, samples=6, stores=shared.client)
+        return clock[0]
+    # node a already idle and counted, waiting for the others to see its word: b completes the count
+    shared = _RunStore()
+    shared.keys.update(idle_nodes=1, idle_by="a", idle_stopped=1)
+    took = node("b", shared)
+    assert ended == ["R/b"] and shared.keys["idle_stopped"] == 2 and took < 6 * 5.0 + 1
+    rec = json.loads((tmp_path / "b" / "idle.json").read_text())
+    assert rec["nnodes"] == 2 and rec["stop"] is True and rec["decided_by"] == "a"
+    # its peer never answers (the store still there): the node waits a bounded time, then ends its job
+    alone = _RunStore()
+    alone.keys.update(idle_nodes=1)
+    took = node("c", alone)
+    assert ended == ["R/b", "R/c"] and alone.keys["idle_by"] == "c"
+    assert S.stop_wait(5.0) <= took - 10.0 <= S.stop_wait(5.0) + 6 * 5.0
+
+
+def test_a_run_wide_idle_policy_gives_the_sampler_the_run_store_and_its_python_site_packages():
+    spec = RunSpec("t.py", idle_policy=(5.0, 60.0, True))
+    two = sampler_args(spec, 2, "10.0.0.1", 29500)
+    assert two["nnodes"] == 2 and two["store"] == ["10.0.0.1", 29500]
+    assert "store" not in sampler_args(spec, 1, "10.0.0.1", 29500)
+    assert "store" not in sampler_args(RunSpec("t.py"), 2, "10.0.0.1", 29500)  # no idle policy: no store
+    inv = inventory.parse("idle_policy: {below: 5, minutes: 1}\nhosts:\n  - {name: a, address: 10.0.0.1}\n"
+                          "  - {name: b, address: 10.0.0.2}\n", "inv.yaml")
+    script = build_plan(inv, RunSpec("train.py"), "R1").nodes[1].launch_script
+    assert '"store": ["10.0.0.1", ' in script and " -S " not in script.split("sampler.py", 2)[1].rsplit("\n", 1)[0]

@@ -160,3 +160,16 @@ def test_the_request_names_every_status_exit_code_and_only_webhooks_go_to_the_no
     assert N.receivers([web, cmd, hook("http://10.0.0.1:8080/a"), hook("http://10.0.0.1:8080/b")]) == [
         ("webhook hooks.example.org (lab.yaml: notify[0])", "hooks.example.org", 443),
         ("webhook 10.0.0.1 (lab.yaml: notify[0])", "10.0.0.1", 8080)]
+
+
+def test_a_job_the_idle_policy_ended_is_the_idle_event_and_one_it_only_noted_is_not(tmp_path, receiver):
+    r = receiver()
+    for i, (stop, want) in enumerate([(True, ("idle", "failed", 1)), (False, ("failed", "failed", 1))]):
+        d = tmp_path / str(i)
+        d.mkdir()
+        ctl = control(d, [hook(r.url, on=("idle", "failed"))], code=1)
+        (ctl / node_notify.IDLE).write_text(json.dumps({"below": 5, "seconds": 60, "stop": stop}))
+        send(ctl)
+        ev = r.posts[-1]["body"]
+        assert (ev["event"], ev["status"], ev["exit_code"]) == want, (i, ev)
+    assert "sat idle and was ended by its idle policy" in r.posts[0]["body"]["text"]

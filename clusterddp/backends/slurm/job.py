@@ -29,6 +29,10 @@ from ...artifacts import CollectResult
 from ...errors import HostError, NodeOutcome, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
 from ...inventory import Host, Inventory
+from ...metrics.idle import READ_TIMEOUT as IDLE_TIMEOUT
+from ...metrics.idle import NodeIdle, idle_of
+from ...metrics.idle import parse_node as idle_parse
+from ...metrics.idle import read_command as idle_command
 from ...node import notify as node_notify
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus
 from ...runspec import RunSpec
@@ -276,6 +280,9 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
     hangs = _hangs(t, nodes)
     if hangs:  # the stall watchdog ended it: a hang, with every rank's stacks its nodes took
         return hang.hang_of(rec, store, hangs)
+    idle = idle_of(rec, _idles(t, nodes))
+    if idle is not None:  # the idle policy ended it: that, not the signal its ranks got
+        return idle
     reports: dict[str, dict] = {}
     failed: dict[str, BaseException] = {}
     for n in rec.nodes:
@@ -304,6 +311,20 @@ def _hangs(t: Transport, nodes: dict[str, P.NodeLaunch]) -> dict[str, hang.NodeH
     return out
 
 
+def _idles(t: Transport, nodes: dict[str, P.NodeLaunch]) -> dict[str, NodeIdle]:
+    """Each node's idle record (:mod:`clusterddp.metrics.idle`), read in its own control folder in the
+    shared folder; a node without one, or whose folder cannot be read, is left out."""
+    out = {}
+    for host, node in nodes.items():
+        try:
+            got = idle_parse(host, t.run(idle_command(node), timeout=IDLE_TIMEOUT).stdout)
+        except Exception:  # noqa: BLE001 - no idle record read there
+            continue
+        if got is not None:
+            out[host] = got
+    return out
+
+
 def explain(login: Login, store: RunStore, run_id: str) -> tuple[str, ...]:
     """:func:`diagnose`, recorded in run.json's ``failure``, as the summary's lines; when it cannot be
     worked out, a line saying why (the exit codes still say what they say)."""
@@ -320,25 +341,33 @@ def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_di
     """Every node's log, and the batch step's output and the collect globs from the shared run folder
     (through the same node program as SSH runs, run where the folder is) into ``artifacts/shared/``."""
     from ...artifacts import collect_node
+    t, host = login.collect_host(run_dir)
     for h in hosts:
         copy_log(login, store, run_id, h, SP.node_log(control_dir, h))
-        copy_samples(login, store, run_id, h, posixpath.join(SP.node_control(control_dir, h), NS.SAMPLES))
-    t, host = login.collect_host(run_dir)
+        copy_samples(t, store, run_id, h, SP.node_control(control_dir, h))
     # collect_command reads <control_dir>/node.log: the batch step's output (plan.BATCH_LOG)
     node = P.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
     return collect_node(t, node, store, run_id, globs)
 
 
-def copy_samples(login: Login, store: RunStore, run_id: str, host: str, path: str) -> None:
-    """The metrics sampler's file of ``host`` (clusterddp.metrics), from the shared folder, bounded; none: nothing."""
-    from ...metrics.samples import MOST, save
+def copy_samples(t: Transport, store: RunStore, run_id: str, host: str, node_ctl: str) -> None:
+    """The metrics sampler's files of ``host`` (clusterddp.metrics), its last attempt's and the earlier
+    attempts' it ran (``<host>@attempt-N/``: :func:`SP.keep_samples_lines`), from the shared folder where
+    it is, bounded, as an SSH node's come back; none: nothing."""
+    from ...metrics.fetch import ANSWER_MOST
+    from ...metrics.samples import fetch_command, save, split_answer
+    buf = bytearray()
+
+    def take(b: bytes) -> None:
+        if len(buf) < ANSWER_MOST:
+            buf.extend(b[:ANSWER_MOST - len(buf)])
     try:
-        with login.open_file(path) as src:
-            data = src.read(MOST)
-    except (FileNotFoundError, OSError):
+        t.stream(fetch_command(node_ctl), take, timeout=60, stderr_to=bytearray())
+    except Exception:  # noqa: BLE001 - the samples are best effort: the logs and the outcome stand without them
         return
-    if not store.read_only:
-        save(store.run_dir(run_id), host, {None: data})
+    files = split_answer(bytes(buf), host)
+    if files and not store.read_only:
+        save(store.run_dir(run_id), host, files)
 
 
 def copy_log(login: Login, store: RunStore, run_id: str, host: str, path: str) -> bool:

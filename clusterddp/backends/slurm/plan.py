@@ -62,6 +62,26 @@ class SlurmPlan:
         return posixpath.join(self.control_dir, BATCH)
 
 
+IDLE = "idle.json"  # in a node's own folder: the sampler found the run idle (clusterddp.metrics.idle)
+ATTEMPT_FILE = "attempt"  # in a node's own folder: the attempt (1, 2, ...) whose samples metrics.jsonl holds
+
+
+def keep_samples_lines() -> list[str]:
+    """A requeued job runs again in the same node folders: the sample file of the attempt this node ran
+    before is moved aside to ``<host>@attempt-N/`` beside its folder, as an SSH host's earlier attempt's
+    control folder is (so :func:`clusterddp.metrics.samples.fetch_command` brings back both alike), N
+    from the ``attempt`` file that attempt left (a node need not have run every attempt)."""
+    return [
+        "# an earlier attempt's samples (a requeue) kept as <host>@attempt-N/ beside this node's folder",
+        f'cddp_att=$(head -c 16 "$CTL/{ATTEMPT_FILE}" 2>/dev/null | tr -cd 0-9)',
+        f'if [ -n "$cddp_att" ] && [ -f "$CTL/{NS.SAMPLES}" ]; then',
+        f'  (umask 077 && mkdir -p "$CTL@attempt-$cddp_att" && mv -f "$CTL/{NS.SAMPLES}" "$CTL@attempt-$cddp_att/")',
+        "fi",
+        f'rm -f "$CTL/{IDLE}"  # the idle policy\'s word on an earlier attempt is not this one\'s',
+        f'echo "$((${{SLURM_RESTART_COUNT:-0}} + 1))" > "$CTL/{ATTEMPT_FILE}"',
+    ]
+
+
 def node_control(control_dir: str, host: str) -> str:
     """``host``'s own control folder in a run's shared control folder: its log, exit code and torchrun's
     error files, named as in an SSH node's control folder (``node.log``, ``exit_code``, ``errors/``)."""
@@ -220,8 +240,14 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
         # here on the node: given to it alone (exported for it, then not), torchrun's env unchanged.
         lines += ["# the stall watchdog (--stall-timeout): the run's rendezvous store, for it alone",
                   f"export MASTER_ADDR MASTER_PORT={port}", *watch_start, "export -n MASTER_ADDR MASTER_PORT"]
-    sampler = runspec.sampler_args(spec)
-    lines += NS.sampler_lines(s.python, sampler) if sampler is not None else []
+    sampler = runspec.sampler_args(spec, lo)
+    if sampler is not None:
+        lines += keep_samples_lines()
+    if sampler is not None and sampler.get("store"):  # a run-wide idle policy: the run's store, as the watchdog's
+        lines += [f"export MASTER_ADDR MASTER_PORT={port}", *NS.sampler_lines(s.python, sampler),
+                  "export -n MASTER_ADDR MASTER_PORT"]
+    else:
+        lines += NS.sampler_lines(s.python, sampler) if sampler is not None else []
     nproc = procs(s, spec)
     argv = [store_wait('"$cddp_store"'), *map(shell_word, torchrun_start(s.python))]
     argv += [NS.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),

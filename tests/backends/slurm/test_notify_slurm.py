@@ -106,6 +106,12 @@ def test_a_detached_slurm_run_is_told_once_by_its_batch_script(slurm, tmp_path, 
     assert isinstance(ev["duration_s"], float) and ev["duration_s"] > 0, ev
     job = slurm.client("scontrol", "-o", "show", "job", record(runs, ok)["slurm"]["job_id"]).stdout
     assert " Restarts=1 " in job, job  # its first attempt failed and was requeued: told nothing
+    # each attempt's samples come back (clusterddp.metrics): the requeued attempt's, and the first's beside it
+    cddp("status", ok, "--runs-dir", str(runs), env=slurm.env(), check_rc=0, timeout=180)  # its hosts, from Slurm
+    cddp("collect", ok, "--runs-dir", str(runs), env=slurm.env(), check_rc=0, timeout=180)
+    for host in ("node-1", "node-2"):
+        kept = sorted(p.name for p in (runs / ok / "metrics" / host).iterdir())
+        assert kept == ["attempt-1.jsonl", "samples.jsonl"], (host, kept)
 
     ev = by_run()[failed]
     assert (ev["event"], ev["status"], ev["exit_code"]) == ("failed", "failed", 1), ev
