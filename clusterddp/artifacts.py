@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from . import nodeops, stragglers
-from . import plan as P
+from . import plan as ssh_plan
 from .errors import HostError
 from .fleet import Fleet
 from .metrics.fetch import fetch_nodes as fetch_samples
@@ -79,7 +79,7 @@ def local_sizes(base: Path) -> dict[str, int]:
     return out
 
 
-def collect_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, run_id: str,
+def collect_nodes(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], store: RunStore, run_id: str,
                   globs: tuple[str, ...], progress: Progress | None = None,
                   streamed: Mapping[str, nodeops.Whole] | None = None) -> list[CollectResult]:
     """:func:`collect_node` on every node through ``fleet``, in parallel; one result per node, in node
@@ -124,7 +124,7 @@ def _why(e: Exception) -> str:
     return str(e) if isinstance(e, HostError) else f"{type(e).__name__}: {e}"
 
 
-def collect_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str, globs: tuple[str, ...],
+def collect_node(t: Transport, node: ssh_plan.NodeLaunch, store: RunStore, run_id: str, globs: tuple[str, ...],
                  progress: Progress | None = None) -> CollectResult:
     """Fetch the node's log and the files its run folder holds under ``globs``.
 
@@ -195,16 +195,16 @@ class _KeepOldLog(Exception):
     """The node's log did not come whole: keep the local copy. Private control flow (not in errors.py)."""
 
 
-def _exchange(t: Transport, node: P.NodeLaunch, rx: Receiver, request: dict) -> None:
+def _exchange(t: Transport, node: ssh_plan.NodeLaunch, rx: Receiver, request: dict) -> None:
     err = Tail()
-    code = t.stream(P.collect_command(node), rx.feed, timeout=120, stderr_to=err,
+    code = t.stream(ssh_plan.collect_command(node), rx.feed, timeout=120, stderr_to=err,
                     stdin=json.dumps(request).encode())
     if code != 0:
         lines = err.decode("utf-8", "replace").strip().splitlines()
         raise HostError(node.host.name, f"collect failed on the node: {lines[-1] if lines else f'exit {code}'}")
 
 
-def exchange(t: Transport, node: P.NodeLaunch, rx: Receiver, request: dict) -> None:
+def exchange(t: Transport, node: ssh_plan.NodeLaunch, rx: Receiver, request: dict) -> None:
     """One request of the collect protocol (:mod:`clusterddp.node.collect`) to ``node``, its answer fed
     to ``rx`` (then ``rx.finish`` is the caller's); a HostError when the node's program fails. The one
     exchange of ``collect``, for the other features that ask a node for its files (:mod:`clusterddp.resume`)."""

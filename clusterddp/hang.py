@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import plan as P
+from . import plan as ssh_plan
 from . import postmortem
-from . import stacks as S
+from . import stacks as stack_dumps
 from .errors import HostError
 from .failure import MAX_HANG_GROUPS, MAX_HANG_RANKS, MAX_NOTE, Failure, Hang, HangGroup, HangRank, clip
 from .fleet import Fleet
@@ -42,7 +42,7 @@ SEPARATOR = "CLUSTERDDP_HANG_STACKS"       # between hang.json and the stacks re
 READ_TIMEOUT = 60.0
 
 
-def read_command(node: P.NodeLaunch) -> str:
+def read_command(node: ssh_plan.NodeLaunch) -> str:
     """Print the node's hang.json (nothing when there is none), then, after a :data:`SEPARATOR` line,
     its stacks reply; each bounded."""
     return (f"cd {qpath(node.control_dir)} 2>/dev/null || exit 0; [ -f {HANG} ] || exit 0; "
@@ -109,8 +109,10 @@ class _Replay:
         pass
 
 
-def _rank(p: S.Proc) -> HangRank:
-    frames = tuple(clip(f"{fn} ({f}:{'?' if ln is None else ln})", 500) for f, ln, fn in S.innermost_users(p.main))
+def _rank(p: stack_dumps.Proc) -> HangRank:
+    frames = tuple(
+        clip(f"{fn} ({f}:{'?' if ln is None else ln})", 500) for f, ln, fn in stack_dumps.innermost_users(p.main)
+    )
     return HangRank(p.host, p.rank, p.local_rank, p.pid, frames)
 
 
@@ -118,16 +120,16 @@ def hang_of(rec: RunRecord, store: RunStore | None, hangs: Mapping[str, NodeHang
     """The run's failure from its nodes' hang records (at least one): the stacks grouped, saved under
     the run folder (when ``store`` is given and can take them), the odd rank(s) out named first."""
     replies = {h: v.stacks for h, v in hangs.items() if v.stacks}
-    taken = S.take(rec, connect=lambda host: _Replay(host.name, replies))  # type: ignore[arg-type,return-value]
+    taken = stack_dumps.take(rec, connect=lambda host: _Replay(host.name, replies))  # type: ignore[arg-type,return-value]
     taken.at = max((v.at for v in hangs.values()), default=taken.at) or taken.at
     saved = None
     if taken.procs and store is not None:
         try:
-            saved = str(S.save(store, taken))
+            saved = str(stack_dumps.save(store, taken))
         except Exception:  # noqa: BLE001 - the stacks are still told; only the copy on disk is missing
             saved = None
-    groups = S.group(taken.procs)
-    kept = tuple(HangGroup(g.odd, S.summary(g.procs[0].main) if g.procs[0].main else "(no stack)",
+    groups = stack_dumps.group(taken.procs)
+    kept = tuple(HangGroup(g.odd, stack_dumps.summary(g.procs[0].main) if g.procs[0].main else "(no stack)",
                            tuple(_rank(p) for p in g.procs[:MAX_HANG_RANKS])) for g in groups[:MAX_HANG_GROUPS])
     first = next((v for v in hangs.values() if v.decided_by == v.host), None)
     lead = first or max(hangs.values(), key=lambda v: v.silent_s)
@@ -141,11 +143,14 @@ def hang_of(rec: RunRecord, store: RunStore | None, hangs: Mapping[str, NodeHang
     if odd:
         p = odd[0].procs[0]
         who = ", ".join(f"rank {q.rank} ({q.host} local {q.local_rank})" for g in odd for q in g.procs)
-        summary = f"{head}; {who} not where the others are: {S.summary(p.main)}"
+        summary = f"{head}; {who} not where the others are: {stack_dumps.summary(p.main)}"
         host, rank, local = p.host, p.rank, p.local_rank
     elif groups and groups[0].procs[0].main:
-        summary = (f"{head}; every rank stands at {S.summary(groups[0].procs[0].main)}" if len(groups) == 1 else
-                   f"{head}; the ranks stand in groups of the same size, none the odd one out")
+        summary = (
+            f"{head}; every rank stands at {stack_dumps.summary(groups[0].procs[0].main)}"
+            if len(groups) == 1
+            else f"{head}; the ranks stand in groups of the same size, none the odd one out"
+        )
         host, rank, local = lead.decided_by if lead.decided_by in rec.hosts else lead.host, None, None
     else:
         summary = f"{head}; no rank's stacks could be read"
@@ -156,14 +161,14 @@ def hang_of(rec: RunRecord, store: RunStore | None, hangs: Mapping[str, NodeHang
                    others=others, hang=hang)
 
 
-def read(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord) -> dict[str, NodeHang]:
+def read(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], rec: RunRecord) -> dict[str, NodeHang]:
     """Every node's hang record, from the nodes that may answer (a node that does not is left out)."""
     res = each(fleet, postmortem.askable(nodes, rec),
                lambda n, t: parse_node(n.host.name, t.run(read_command(n), timeout=READ_TIMEOUT).stdout))
     return {h: v for h, v in res.succeeded.items() if v is not None}
 
 
-def explain(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord, store: RunStore) -> Failure:
+def explain(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], rec: RunRecord, store: RunStore) -> Failure:
     """Why the run failed: a hang when a node's watchdog left its record, the idle policy when the nodes'
     samplers stopped it (:mod:`clusterddp.metrics.idle`), else the failed rank
     (:func:`clusterddp.postmortem.explain`)."""

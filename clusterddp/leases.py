@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from . import plan as P
+from . import plan as ssh_plan
 from .errors import HostError, LeaseBusy, UsageError
 from .fleet import Fleet, GroupResult, as_host_error
 from .inventory import Host
@@ -154,7 +154,7 @@ class Ask:
         return f"{self.need} slot(s)" if self.need else "every slot"
 
 
-def asks(plan: P.LaunchPlan, port_fixed: bool) -> list[Ask]:
+def asks(plan: ssh_plan.LaunchPlan, port_fixed: bool) -> list[Ask]:
     """Each node's part of ``plan``'s lease, in the order every launcher takes nodes."""
     out = []
     for n in plan.nodes:
@@ -297,7 +297,7 @@ def _busy(run_id: str, a: Ask, view: NodeView, why: str | None, never: bool) -> 
                      run_id=run_id, host=h)
 
 
-def try_acquire(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], *, user: str,
+def try_acquire(plan: ssh_plan.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], *, user: str,
                 ticket: str | None = None, together: bool = False) -> Lease:
     """Take the lease on every node of ``ask_list``, or none: raises LeaseBusy (exit 75) naming who
     holds what on the first node (in ``ask_list``'s order) that does not fit, UsageError when the run
@@ -309,7 +309,7 @@ def try_acquire(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], *, us
 
     def ask(a: Ask) -> _Channel:
         req = _request(a, plan.run_id, user, since, plan.spec.name, ticket=ticket, port=a.port,
-                       go=posixpath.join(a.control_dir, P.GO_FILE), start=P.start_command(
+                       go=posixpath.join(a.control_dir, ssh_plan.GO_FILE), start=ssh_plan.start_command(
                            next(n for n in plan.nodes if n.host.name == a.host.name)))
         return _Channel(a.host.name, fleet.transport(a.host), lease_command(a.host, "hold"), req)
 
@@ -351,7 +351,7 @@ def try_acquire(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], *, us
     return lease
 
 
-def acquire(plan: P.LaunchPlan, fleet: Fleet, *, port_fixed: bool, wait: bool = False,
+def acquire(plan: ssh_plan.LaunchPlan, fleet: Fleet, *, port_fixed: bool, wait: bool = False,
             on_wait: Callable[[str], None] = lambda s: None, user: str | None = None,
             sleep: Callable[[float], object] = time.sleep) -> Lease:
     """The run's lease on every node. Without ``wait`` a run that does not fit raises LeaseBusy, after
@@ -379,7 +379,7 @@ def acquire(plan: P.LaunchPlan, fleet: Fleet, *, port_fixed: bool, wait: bool = 
     return _wait(plan, fleet, ask_list, user, ticket, on_wait, sleep)
 
 
-def _wait(plan: P.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], user: str, ticket: str,
+def _wait(plan: ssh_plan.LaunchPlan, fleet: Fleet, ask_list: Sequence[Ask], user: str, ticket: str,
           on_wait: Callable[[str], None], sleep: Callable[[float], object]) -> Lease:
     since = _now()
     entries: list[Host] = []

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import plan as P
+from . import plan as ssh_plan
 from .errors import ClusterDDPError, FileRefused, HostError, MirrorError
 from .files import read_bounded
 from .node.collect import HEX, Receiver, StreamError, glob_parts, matches, path_problem, sha256_file
@@ -498,7 +498,7 @@ class Mirror:
         err = Tail()
         why = None
         try:
-            code = t.stream(P.collect_command(self.node), feed, timeout=timeout, stderr_to=err,
+            code = t.stream(ssh_plan.collect_command(self.node), feed, timeout=timeout, stderr_to=err,
                             stdin=json.dumps(request).encode())
             if code != 0:
                 lines = err.decode("utf-8", "replace").strip().splitlines()

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Protocol, TypeVar
 
-from . import plan as P
+from . import plan as ssh_plan
 from .fleet import Fleet, GroupResult
 from .node import follow as node_follow
 from .node import reply as node_reply
@@ -30,15 +30,15 @@ FOLLOW_STATUS_TIMEOUT = 60.0
 LOG_TIMEOUT = 120.0
 
 
-def nodes_of(rec: RunRecord, hosts: list[str] | None = None) -> list[P.NodeLaunch]:
+def nodes_of(rec: RunRecord, hosts: list[str] | None = None) -> list[ssh_plan.NodeLaunch]:
     """The NodeLaunch of each node (or only of ``hosts``), rebuilt from a run record (no launch
     script: it already ran)."""
     return [launch_of(n) for n in rec.nodes if not hosts or n.host in hosts]
 
 
-def launch_of(n: NodeRecord) -> P.NodeLaunch:
+def launch_of(n: NodeRecord) -> ssh_plan.NodeLaunch:
     """The NodeLaunch of one recorded node (a run's, or a lost one of an earlier attempt's)."""
-    return P.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
+    return ssh_plan.NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, (), (), "")
 
 
 # ---- a run's nodes, as its backend reaches them ----
@@ -55,7 +55,7 @@ class Reach(Protocol):
     def key(self) -> str: ...
 
     @property
-    def nodes(self) -> tuple[P.NodeLaunch, ...]: ...
+    def nodes(self) -> tuple[ssh_plan.NodeLaunch, ...]: ...
 
     def connect(self, host: RunNode) -> Transport: ...
 
@@ -67,7 +67,7 @@ class HostsReach:
     """The :class:`Reach` of a run on hosts an inventory lists (SSH, `local`): the recorded nodes,
     reached as their hosts' transports say."""
 
-    nodes: tuple[P.NodeLaunch, ...]
+    nodes: tuple[ssh_plan.NodeLaunch, ...]
     key: str = "hosts"
 
     def connect(self, host: RunNode) -> Transport:
@@ -78,7 +78,7 @@ class HostsReach:
         pass
 
 
-def each(fleet: Fleet, nodes: Sequence[P.NodeLaunch], fn: Callable[[P.NodeLaunch, Transport], R],
+def each(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], fn: Callable[[ssh_plan.NodeLaunch, Transport], R],
          on_done: Callable[[str, R | Exception], None] | None = None) -> GroupResult[str, R]:
     """``fn(node, its connection)`` on every node in parallel, through ``fleet``; results by host name
     (and to ``on_done`` as each node's ends: :meth:`Fleet.each`)."""
@@ -102,9 +102,9 @@ STATUS_MAX_CHARS = node_reply.STATUS_MAX_CHARS
 parse_status = node_reply.parse_status  # the reader beside the node-reply helpers it uses
 
 
-def status(t: Transport, node: P.NodeLaunch, timeout: float) -> Status:
+def status(t: Transport, node: ssh_plan.NodeLaunch, timeout: float) -> Status:
     """Ask the node how its job stands. Raises HostError when it does not answer within ``timeout``."""
-    text = t.run(P.status_command(node), timeout=timeout).text
+    text = t.run(ssh_plan.status_command(node), timeout=timeout).text
     st = _read_status(text)
     if st is None:
         shown = text[-STATUS_MAX_CHARS:].encode("ascii", "backslashreplace").decode("ascii")
@@ -155,7 +155,7 @@ def read_whole(text: str) -> Whole | None:
     return Whole(int(m[1]), m[2]) if m else None
 
 
-def follow(t: Transport, node: P.NodeLaunch, on_output: Callable[[bytes], None], from_line: int = 1) -> Followed:
+def follow(t: Transport, node: ssh_plan.NodeLaunch, on_output: Callable[[bytes], None], from_line: int = 1) -> Followed:
     """Stream the node's log from line ``from_line`` until its job ends, then ask how it ended.
 
     The status can still be RUNNING when the follower stopped early (the log was rotated away). It comes
@@ -164,7 +164,7 @@ def follow(t: Transport, node: P.NodeLaunch, on_output: Callable[[bytes], None],
     the log. No readable status there: asked for again.
     """
     err = Tail()
-    t.stream(P.follow_status_command(node, from_line), on_output, stderr_to=err)
+    t.stream(ssh_plan.follow_status_command(node, from_line), on_output, stderr_to=err)
     text = err.decode("utf-8", "replace")
     ours = (node_reply.STATUS_MARK, node_follow.WHOLE_MARK)
     said = "".join(line for line in text.splitlines(keepends=True) if not line.startswith(ours))
@@ -198,11 +198,11 @@ class Teardown:
         return self.word in ("terminated", "killed")
 
 
-def teardown(t: Transport, node: P.NodeLaunch, grace: float, mark_stop: bool = False) -> Teardown:
+def teardown(t: Transport, node: ssh_plan.NodeLaunch, grace: float, mark_stop: bool = False) -> Teardown:
     """End every process of the node's job (SIGTERM, then SIGKILL after ``grace`` s), then ask its
     status, so the exit code the signal left is known. ``mark_stop``: `clusterddp stop` (the run's end
     is then told as stopped: :func:`plan.teardown_command`)."""
-    said = last_line(t.run(P.teardown_command(node, grace, mark_stop), timeout=grace + 30).text)
+    said = last_line(t.run(ssh_plan.teardown_command(node, grace, mark_stop), timeout=grace + 30).text)
     return Teardown(said, status(t, node, STATUS_TIMEOUT))
 
 
@@ -217,16 +217,16 @@ def end_marked(fleet: Fleet, marker: str, grace: float) -> GroupResult[str, str]
     """End, on every host ``fleet`` is connected to, the processes carrying ``marker`` (an ``exec``
     interrupted by Ctrl-C: closing a connection does not end a command that has no terminal);
     each host's answer as :func:`plan.teardown_command` words it."""
-    command = P.kill_marked_command(marker, grace)
+    command = ssh_plan.kill_marked_command(marker, grace)
     return fleet.each(lambda h, t: last_line(t.run(command, timeout=grace + 10).text), fleet.connected())
 
 
 # ---- the whole log ----
 
-def fetch_log(t: Transport, node: P.NodeLaunch, out: BinaryIO) -> bool:
+def fetch_log(t: Transport, node: ssh_plan.NodeLaunch, out: BinaryIO) -> bool:
     """Write the node's whole log to ``out`` as it arrives (a log may be far larger than memory);
     False when the node has none (its run folder is gone), and ``out`` then holds nothing useful."""
     def write(chunk: bytes) -> None:
         out.write(chunk)
-    code = t.stream(P.node_log_command(node), write, timeout=LOG_TIMEOUT, stderr_to=Tail())
+    code = t.stream(ssh_plan.node_log_command(node), write, timeout=LOG_TIMEOUT, stderr_to=Tail())
     return code == 0

@@ -417,7 +417,7 @@ def arm(fleet: Any, node: Any, rec: RunRecord, targets: Sequence[NotifyTarget]) 
     of detached run ``rec`` to ``targets``' webhooks (:func:`clusterddp.plan.notify_arm_command`); the
     lines to say, and the lines to warn (a command target, which only an attached launcher tells; an
     arm that failed). Never raises: a notification never changes the run's outcome."""
-    from . import plan as P
+    from . import plan as ssh_plan
     from .nodeops import last_line
     webhooks, launcher_only = from_node(targets)
     warn = not_told_detached(launcher_only)
@@ -425,7 +425,7 @@ def arm(fleet: Any, node: Any, rec: RunRecord, targets: Sequence[NotifyTarget]) 
         return [], warn
     host = node.host.name
     try:
-        res = fleet.transport(node.host).run(P.notify_arm_command(node), stdin=node_request(rec, host, webhooks),
+        res = fleet.transport(node.host).run(ssh_plan.notify_arm_command(node), stdin=node_request(rec, host, webhooks),
                                              timeout=ARM_TIMEOUT)
         if res.exit_code != 0 or last_line(res.text) != "armed":
             raise ClusterDDPError(f"exit {res.exit_code}: "

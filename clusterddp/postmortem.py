@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from . import flight, nodeops
-from . import plan as P
+from . import plan as ssh_plan
 from .failure import Failure, NodeFacts, diagnose
 from .fleet import Fleet
 from .flight import Flight
@@ -35,14 +35,16 @@ class _Bounded(bytearray):
         return self
 
 
-def report(t: Transport, node: P.NodeLaunch, mode: str = "report", master: tuple[str, int] | None = None) -> dict:
+def report(
+    t: Transport, node: ssh_plan.NodeLaunch, mode: str = "report", master: tuple[str, int] | None = None
+) -> dict:
     """The node's diagnose answer, checked (:func:`clusterddp.node.diagnose.read_answer`)."""
     out, err = _Bounded(), _Bounded()
 
     def take(b: bytes) -> None:
         nonlocal out
         out += b
-    code = t.stream(P.diagnose_command(node, mode, master), take, timeout=REPORT_TIMEOUT, stderr_to=err)
+    code = t.stream(ssh_plan.diagnose_command(node, mode, master), take, timeout=REPORT_TIMEOUT, stderr_to=err)
     if code != 0:
         lines = err.decode("utf-8", "replace").strip().splitlines()
         raise AnswerError(f"diagnose exited {code}: {lines[-1][:200] if lines else ''}")
@@ -59,7 +61,7 @@ def _local_log(store: RunStore, run_id: str, host: str) -> bytes:
         return b""
 
 
-def explain(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord, store: RunStore) -> Failure:
+def explain(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], rec: RunRecord, store: RunStore) -> Failure:
     """Ask every node that may answer (not lost or unreachable) for its report; keep the forensics of
     GPU nodes under ``<run>/forensics/<host>/``; return the diagnosis."""
     res = nodeops.each(fleet, askable(nodes, rec), lambda n, t: report(t, n))
@@ -67,12 +69,12 @@ def explain(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord, store: 
     return replace(failure, flight=flights(fleet, askable(nodes, rec), rec, store))
 
 
-def flights(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord, store: RunStore) -> Flight | None:
+def flights(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], rec: RunRecord, store: RunStore) -> Flight | None:
     """The flight recorder dumps torch left on ``nodes`` (:mod:`clusterddp.flight`), kept as they came under
     ``<run>/flight/<host>/rank<N>`` and read; None when there is none (no NCCL timeout, or no node answered)."""
-    def fetch(node: P.NodeLaunch, t: Transport) -> list[tuple[int, bytes | None, str]]:
+    def fetch(node: ssh_plan.NodeLaunch, t: Transport) -> list[tuple[int, bytes | None, str]]:
         out = bytearray()
-        t.stream(P.flight_command(node), lambda b: out.extend(b[:MOST_FLIGHT_REPLY + 1 - len(out)]),
+        t.stream(ssh_plan.flight_command(node), lambda b: out.extend(b[:MOST_FLIGHT_REPLY + 1 - len(out)]),
                  timeout=REPORT_TIMEOUT, stderr_to=bytearray())
         return flight.parse_reply(bytes(out))
     dumps = []
@@ -85,7 +87,7 @@ def flights(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord, store: 
     return flight.read(dumps, sum(sizes) if len(sizes) == len(rec.nodes) else None)
 
 
-def askable(nodes: Sequence[P.NodeLaunch], rec: RunRecord) -> list[P.NodeLaunch]:
+def askable(nodes: Sequence[ssh_plan.NodeLaunch], rec: RunRecord) -> list[ssh_plan.NodeLaunch]:
     """The nodes that may answer a report: not lost or unreachable."""
     return [n for n in nodes if rec.node(n.host.name).state not in (NodeState.LOST, NodeState.UNREACHABLE)]
 

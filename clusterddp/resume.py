@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import plan as P
+from . import plan as ssh_plan
 from .artifacts import exchange
 from .errors import HostError, MirrorError, UsageError
 from .fleet import Fleet
@@ -222,7 +222,7 @@ def _walk(base: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def node_found(fleet: Fleet, nodes: Sequence[P.NodeLaunch], globs: Sequence[str],
+def node_found(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], globs: Sequence[str],
                warn: Callable[[str], None] = lambda line: None) -> list[Found]:
     """The newest checkpoint of each series still on each of ``nodes`` (a run's, from its record),
     listed through the collect protocol (nothing read or hashed there). A node that does not answer,
@@ -231,7 +231,7 @@ def node_found(fleet: Fleet, nodes: Sequence[P.NodeLaunch], globs: Sequence[str]
     # asks: a *.pt that came with the upload is no checkpoint (a node program that predates it ignores it)
     request = {"globs": list(globs), "have": {}, "list": True, "written": True}
 
-    def ask(n: P.NodeLaunch, t: Transport) -> dict[str, tuple[int, int]]:
+    def ask(n: ssh_plan.NodeLaunch, t: Transport) -> dict[str, tuple[int, int]]:
         rx = Receiver(lambda rel: Path(os.devnull), request=request)
         why = None
         try:
@@ -255,14 +255,14 @@ def node_found(fleet: Fleet, nodes: Sequence[P.NodeLaunch], globs: Sequence[str]
     return out
 
 
-def _exchange(t: Transport, node: P.NodeLaunch, rx: Receiver, request: dict) -> None:
+def _exchange(t: Transport, node: ssh_plan.NodeLaunch, rx: Receiver, request: dict) -> None:
     try:
         exchange(t, node, rx, request)
     except StreamError as e:
         raise HostError(node.host.name, f"its answer was refused: {e}") from None
 
 
-def fetch(fleet: Fleet, node: P.NodeLaunch, store: RunStore, run_id: str, f: Found) -> Found:
+def fetch(fleet: Fleet, node: ssh_plan.NodeLaunch, store: RunStore, run_id: str, f: Found) -> Found:
     """A checkpoint found on ``node`` brought here into its run's artifacts (as `collect` puts it),
     each file verified (size, sha256, unchanged while read); HostError when one is not taken whole."""
     paths = [p for p, _, _ in f.checkpoint.files]
@@ -327,7 +327,9 @@ def paths(chosen: Iterable[Found]) -> set[str]:
     return {p for f in chosen for p, _, _ in f.checkpoint.files}
 
 
-def send(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, run_id: str, chosen: Sequence[Found]) -> None:
+def send(
+    fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], store: RunStore, run_id: str, chosen: Sequence[Found]
+) -> None:
     """Put every file of ``chosen`` (run ``run_id``'s, here) on every one of ``nodes`` at the same path
     under its run folder, with :func:`clusterddp.mirror.put` (renamed into place only once its
     sha256 there is the one here). HostError naming the first node that did not take a file whole;
@@ -346,7 +348,7 @@ def send(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, run_id: s
                                   "run the same command again")
             files.append((p, local, digest))
 
-    def put_all(n: P.NodeLaunch, t: Transport) -> None:
+    def put_all(n: ssh_plan.NodeLaunch, t: Transport) -> None:
         for p, local, digest in files:
             put(t, n, p, local, digest, SEND_TIMEOUT_S, "the checkpoint")
     by_name = {n.host.name: n for n in nodes}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import plan as P
+from . import plan as ssh_plan
 from .errors import UsageError
 from .fleet import Fleet, as_host_error
 from .inventory import Host
@@ -93,7 +93,7 @@ def node_command(host: HostLike, control_dir: str, marker: str, wait: float = WA
     return "\n".join([*lines, python_command(host.python, "stacks", [q(json.dumps(args))])])
 
 
-def stacks_command(host: Host, node: P.NodeLaunch, wait: float = WAIT_S) -> str:
+def stacks_command(host: Host, node: ssh_plan.NodeLaunch, wait: float = WAIT_S) -> str:
     """:func:`node_command` for an SSH or local run's node."""
     return node_command(host, node.control_dir, node.marker, wait)
 

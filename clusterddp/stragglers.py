@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import nodeops
-from . import plan as P
+from . import plan as ssh_plan
 from .errors import FileRefused
 from .files import read_bounded
 from .fleet import Fleet
@@ -354,7 +354,7 @@ def fetch_command(control_dir: str) -> str:
     return f"head -c {MOST_FILE} {qpath(control_dir)}/{WHERE_SAMPLES} 2>/dev/null; true"
 
 
-def fetch_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str) -> int:
+def fetch_node(t: Transport, node: ssh_plan.NodeLaunch, store: RunStore, run_id: str) -> int:
     """One node's where.jsonl saved as ``<run>/where/<host>/where.jsonl``; its size (0: none, nothing saved)."""
     data = t.run(fetch_command(node.control_dir), timeout=60).stdout[:MOST_FILE]
     if data:
@@ -362,7 +362,7 @@ def fetch_node(t: Transport, node: P.NodeLaunch, store: RunStore, run_id: str) -
     return len(data)
 
 
-def fetch_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], store: RunStore, run_id: str) -> dict[str, str]:
+def fetch_nodes(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], store: RunStore, run_id: str) -> dict[str, str]:
     """:func:`fetch_node` on every node in parallel; what went wrong, by host. Best effort: a node that does
     not answer keeps what was brought back before."""
     res = nodeops.each(fleet, nodes, lambda n, t: fetch_node(t, n, store, run_id))
@@ -386,7 +386,7 @@ class Watch:
     once for each host newly named (again only after it has stopped being named). Never raises into the
     run: a look that fails is skipped."""
 
-    def __init__(self, fleet: Fleet, nodes: Sequence[P.NodeLaunch], tell: Callable[[Straggler], None],
+    def __init__(self, fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], tell: Callable[[Straggler], None],
                  every: float = WATCH_EVERY) -> None:
         self.fleet, self.nodes, self.tell, self.every = fleet, list(nodes), tell, every
         self.told: set[str] = set()

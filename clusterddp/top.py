@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import cast
 
 from . import noise, stragglers
-from . import plan as P
+from . import plan as ssh_plan
 from .fleet import Fleet, GroupResult, as_host_error, fan_out
 from .inventory import Host, RunNode
 from .node import reply as node_reply
@@ -121,7 +121,7 @@ class _Group:
     one command per host for all their jobs on it."""
 
     reach: Reach
-    jobs: dict[str, list[tuple[str, P.NodeLaunch]]] = field(default_factory=dict)  # host -> [(run id, node)]
+    jobs: dict[str, list[tuple[str, ssh_plan.NodeLaunch]]] = field(default_factory=dict)  # host -> [(run id, node)]
     hosts: dict[str, RunNode] = field(default_factory=dict)
     fleet: Fleet | None = None
 
@@ -170,7 +170,7 @@ class Watch:
         self._close_groups()
         self.recs = list(recs)
         self._fanout = min((r.fanout for r in self.recs), default=32)
-        self._shown: dict[str, tuple[P.NodeLaunch, ...]] = {}  # run id -> its nodes, as reached
+        self._shown: dict[str, tuple[ssh_plan.NodeLaunch, ...]] = {}  # run id -> its nodes, as reached
         self._refused: dict[str, str] = {}                      # run id -> why its nodes cannot be reached
         self.refusals: dict[str, Exception] = {}                 # run id -> the error that said it
         for rec in self.recs:
@@ -338,7 +338,7 @@ class Watch:
             v["gpus"] = [GpuView(g["index"], g["util"], g["mem_used"], g["mem_total"]) for g in node["gpus"]]
         return v
 
-    def _view(self, run_id: str, n: P.NodeLaunch, now: float, job: dict, node: dict) -> NodeView:
+    def _view(self, run_id: str, n: ssh_plan.NodeLaunch, now: float, job: dict, node: dict) -> NodeView:
         key = (run_id, n.host.name)
         v = NodeView(n.host.name, n.node_rank, job["state"], job["exit_code"], job["last_line"], job["step"],
                      procs=job["procs"], rss_bytes=job["rss"], **node)
@@ -384,7 +384,9 @@ def _since_progress(v: NodeView, now: float, job: dict) -> None:
 TOP_TAIL = 65536  # bytes of each node.log read for its last line and last step
 
 
-def top_command(host: RunNode, nodes: Iterable[P.NodeLaunch], progress_regex: str, skip: Sequence[str] = ()) -> str:
+def top_command(
+    host: RunNode, nodes: Iterable[ssh_plan.NodeLaunch], progress_regex: str, skip: Sequence[str] = ()
+) -> str:
     """One look at ``host`` for ``clusterddp top``: every job of ``nodes`` (all on this host, of any
     runs) in one command (the node program ``clusterddp/node/top.py``), after the host's setup lines.
     ``skip``: patterns of lines never shown as a job's last line (:data:`clusterddp.noise.LINE_PATTERNS`)."""

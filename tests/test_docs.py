@@ -152,9 +152,9 @@ def test_the_site_builds_with_no_broken_link_or_missing_page(tmp_path):
         assert (tmp_path / "site" / page / "index.html").is_file()
     # the API reference, from clusterddp.train's docstrings: each exported name, and no private helper
     api = (tmp_path / "site" / "api" / "index.html").read_text()
-    import clusterddp.train as ct
+    import clusterddp.train as train
     documented = set(re.findall(r'id="clusterddp\.train\.([A-Za-z_]\w*)"', api))
-    assert documented == set(ct.__all__), documented ^ set(ct.__all__)
+    assert documented == set(train.__all__), documented ^ set(train.__all__)
 
 
 def test_the_home_url_is_kept_in_one_place():

@@ -37,3 +37,25 @@ def test_the_layers_in_the_map_are_the_contract_lint_imports_checks():
     in_doc = [sorted(re.findall(r"`(\w+)`", line.split("(", 1)[0]))
               for line in re.findall(r"^\d+\. (.+)$", section, re.M)]
     assert in_doc == in_toml
+
+
+def short_aliases(source: str) -> list[str]:
+    """`import x as P` / `from . import plan as P` with a one- or two-letter name (issue 41: 40 of them, `P`,
+    `S`, `SP`, ... said nothing of what they named); numpy's, hypothesis' and the like's usual ones kept."""
+    import ast
+    usual = {"np", "st", "dt", "mp"}
+    return [f"{a.name} as {a.asname}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names
+            if a.asname and len(a.asname) <= 2 and a.asname not in usual]
+
+
+def test_short_aliases_finds_what_it_must():
+    assert short_aliases("from . import plan as P\nimport clusterddp.stacks as SS\n") == ["plan as P",
+                                                                                      "clusterddp.stacks as SS"]
+    assert short_aliases("import numpy as np\nfrom . import plan\nx = 'import plan as P'\n") == []
+
+
+def test_no_module_is_imported_under_a_one_or_two_letter_name():
+    found = {p.relative_to(REPO).as_posix(): short_aliases(p.read_text(encoding="utf-8"))
+             for top in ("clusterddp", "tests", "bench", "scripts") for p in (REPO / top).rglob("*.py")}
+    assert {p: a for p, a in found.items() if a} == {}

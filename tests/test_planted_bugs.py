@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import collective as C
-from clusterddp import failure as F
+from clusterddp import collective as collectives
+from clusterddp import failure as failures
 from clusterddp import inventory
-from clusterddp import plan as P
-from clusterddp import prune as pr
+from clusterddp import plan as ssh_plan
+from clusterddp import prune as pruning
 from clusterddp.backends.ssh.supervisor import NodeState, Supervisor
 from clusterddp.errors import HostError
 from clusterddp.fleet import HostResult
-from clusterddp.node import diagnose as D
+from clusterddp.node import diagnose as diagnose_module
 from clusterddp.node.collective import MARK
 from clusterddp.prune import prune_target_problem
 from clusterddp.record import RunStatus
@@ -35,17 +35,17 @@ from helpers import cddp, make_record, record, run_id_of
 # ---- the failure summary keeps the last 15 lines of a long log (mutation: the cap removed) ----
 
 
-def _facts(log: bytes) -> F.NodeFacts:
+def _facts(log: bytes) -> failures.NodeFacts:
     report = {"joined": True, "reach": None, "errors": [], "kernel_lines": [], "kernel_error": None,
               "nvidia_smi": None, "log": None}
-    return F.NodeFacts("a", 0, 1, "failed", 3, None, log, report)
+    return failures.NodeFacts("a", 0, 1, "failed", 3, None, log, report)
 
 
 def test_the_failure_summary_shows_only_the_last_15_lines_of_a_long_log():
     """Mutation: ``lines[-MAX_LOG_LINES:]`` -> ``lines`` in failure._tail."""
     log = "".join(f"step {i} loss 0.{i}\n" for i in range(400)).encode()
-    f = F.diagnose([_facts(log)], "a")
-    assert F.MAX_LOG_LINES == 15
+    f = failures.diagnose([_facts(log)], "a")
+    assert failures.MAX_LOG_LINES == 15
     assert f.log_tail == tuple(f"step {i} loss 0.{i}" for i in range(385, 400)), f.log_tail
     shown = [line for line in f.lines() if line.startswith("  | ")]
     assert shown == [f"  | step {i} loss 0.{i}" for i in range(385, 400)]
@@ -88,16 +88,16 @@ def test_the_diagnosis_sends_the_newest_attempts_error_files_first_under_its_cap
             d = ctl / "errors" / "job_x1" / f"attempt_{a}" / str(lr)
             d.mkdir(parents=True)
             (d / "error.json").write_text(_error_json(a, lr))
-    assert len(attempts) * 20 > D.MAX_ERROR_FILES
-    sent = D.error_files(str(ctl))
-    assert len(sent) == D.MAX_ERROR_FILES
+    assert len(attempts) * 20 > diagnose_module.MAX_ERROR_FILES
+    sent = diagnose_module.error_files(str(ctl))
+    assert len(sent) == diagnose_module.MAX_ERROR_FILES
     got = [e["attempt"] for e in sent]
     assert got == sorted(got, reverse=True) and got[:20] == [10] * 20, got
     assert {e["local_rank"] for e in sent if e["attempt"] == 10} == set(range(20))
     # what the launcher makes of it: the newest attempt's failure, not an older one's
-    answer = D.read_answer((json.dumps({"joined": True, "errors": sent}) + "\n").encode())
-    node = F.NodeFacts("a", 0, 20, "failed", 1, None, b"", answer)
-    f = F.diagnose([node], "a")
+    answer = diagnose_module.read_answer((json.dumps({"joined": True, "errors": sent}) + "\n").encode())
+    node = failures.NodeFacts("a", 0, 20, "failed", 1, None, b"", answer)
+    f = failures.diagnose([node], "a")
     assert (f.kind, f.exc_type) == ("exception", "RuntimeError") and f.message.startswith("attempt 10 "), f
 
 
@@ -135,9 +135,9 @@ def test_prune_never_asks_a_node_to_remove_a_folder_of_another_workdir(tmp_path)
     def connect(host):
         asked.append(host.name)
         raise HostError(host.name, "no network in this test")
-    sel = pr.select(store, pr.Policy(keep=0))
+    sel = pruning.select(store, pruning.Policy(keep=0))
     assert sorted(r.run_id for r in sel.remove) == ["bad", "good"]
-    res = {r.run_id: r for r in pr.prune(store, sel, connect=connect)}
+    res = {r.run_id: r for r in pruning.prune(store, sel, connect=connect)}
     bad = res["bad"]
     assert not bad.removed and [(n.host, n.word) for n in bad.nodes] == [("a", "damaged")], bad
     assert "/etc/runs/bad" in (bad.nodes[0].detail or "") and "<workdir>/runs/bad" in (bad.nodes[0].detail or "")
@@ -168,7 +168,7 @@ def _sweep(bw: float, lat: float, sizes: tuple[int, ...]) -> list:
 
 
 def _report(n: int, bw: dict[tuple[int, int], float] | None = None, lat: dict[tuple[int, int], float] | None = None,
-            base_lat: float = 0.0, sizes: tuple[int, ...] = (1024, 64 * 1024, MiB)) -> C.CollectiveReport:
+            base_lat: float = 0.0, sizes: tuple[int, ...] = (1024, 64 * 1024, MiB)) -> collectives.CollectiveReport:
     """``evaluate`` on a run where every ring pair went through: ``bw``/``lat`` by pair, the rest healthy."""
     out = {}
     for r in range(n):
@@ -180,10 +180,10 @@ def _report(n: int, bw: dict[tuple[int, int], float] | None = None, lat: dict[tu
                               torch="2.13.0+cpu", cuda=None, gpu=False)
                         + _line("joined") + _line("connected", backend="gloo")
                         + _line("result", backend="gloo", world=_sweep(B, base_lat, sizes), pairs=pairs))
-    return C.evaluate(_inv(n), [HostResult(f"h{r}") for r in range(n)], out)
+    return collectives.evaluate(_inv(n), [HostResult(f"h{r}") for r in range(n)], out)
 
 
-def _status(rep: C.CollectiveReport) -> list[str]:
+def _status(rep: collectives.CollectiveReport) -> list[str]:
     return [h.status for h in rep.hosts]
 
 
@@ -232,7 +232,11 @@ def test_a_hosts_latency_on_each_side_of_five_times_the_median_and_of_the_1ms_fl
 
 
 def test_the_rule_the_report_states_is_the_one_applied():
-    assert "under 1/5 of the median" in C.RULE and "over 5x the median" in C.RULE and "1 ms more" in C.RULE
+    assert (
+        "under 1/5 of the median" in collectives.RULE
+        and "over 5x the median" in collectives.RULE
+        and "1 ms more" in collectives.RULE
+    )
 
 
 # ---- a heartbeat miss is never an answer: lost within the test's own deadline of the cut ----
@@ -246,18 +250,18 @@ class _Node:
     once ``cut`` is set every heartbeat and status fails at once (a reset connection: misses come fast, so a
     miss counted as an answer would keep the node 'alive' forever) while the stream hangs on."""
 
-    def __init__(self, node: P.NodeLaunch) -> None:
+    def __init__(self, node: ssh_plan.NodeLaunch) -> None:
         self.node = node
         self.cut, self.ended, self.closed = threading.Event(), threading.Event(), threading.Event()
         self.misses = 0
 
     def run(self, command, *, timeout=None, stdin=None):
-        if command == P.status_command(self.node):
+        if command == ssh_plan.status_command(self.node):
             if self.cut.is_set():
                 self.misses += 1
                 raise HostError(self.node.host.name, "connection reset by peer")
             return CommandResult(0, b"exit 143\n" if self.ended.is_set() else b"running\n", b"")
-        if command == P.teardown_command(self.node, 1.0):
+        if command == ssh_plan.teardown_command(self.node, 1.0):
             self.ended.set()
             return CommandResult(0, b"terminated\n", b"")
         return CommandResult(0, b"", b"")
@@ -276,10 +280,10 @@ class _Node:
         self.closed.set()
 
 
-def _plan(tmp_path: Path) -> P.LaunchPlan:
+def _plan(tmp_path: Path) -> ssh_plan.LaunchPlan:
     hosts = tuple(replace(inventory.local().hosts[0], name=name, workdir=str(tmp_path / name)) for name in "ab")
     inv = inventory.Inventory("t", "t", hosts, inventory.Master("a", "127.0.0.1", 29500))
-    return P.build_plan(inv, RunSpec("t.py"), new_run_id())
+    return ssh_plan.build_plan(inv, RunSpec("t.py"), new_run_id())
 
 
 def test_a_node_whose_heartbeats_fail_at_once_is_lost_within_the_tests_own_deadline(tmp_path):

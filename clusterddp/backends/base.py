@@ -385,13 +385,15 @@ def keep_runs(inventory: Inventory, runs_dir: str,
         return None
     lead = f"keep_runs {inventory.keep_runs}: "
     try:
-        from .. import prune as pr
+        from .. import prune as pruning
         store = RunStore(runs_dir)
-        sel = pr.select(store, pr.Policy(keep=inventory.keep_runs, inventory=str(Path(inventory.path).resolve())))
+        sel = pruning.select(
+            store, pruning.Policy(keep=inventory.keep_runs, inventory=str(Path(inventory.path).resolve()))
+        )
         if not (sel.remove or sel.running or sel.damaged):
             return KeptRuns(lead)
         reached = None if reach is None else lambda rec: reach(store, rec)
-        return KeptRuns(lead, pr.prune(store, sel, reach=reached), sel)
+        return KeptRuns(lead, pruning.prune(store, sel, reach=reached), sel)
     except KeyboardInterrupt:
         return KeptRuns(lead, interrupted=True)
     except Exception as e:  # noqa: BLE001 - never the run's outcome

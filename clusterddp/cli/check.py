@@ -95,19 +95,19 @@ def _environments(inv: Inventory, quiet: bool) -> tuple[Inventory, dict]:
     """With `packages:`: each host's environment, said (ready, or will be built and the bytes it lacks) before
     the checks, which then look at a ready one's python; a lock that is not one, or a package with no wheel
     for a host, is refused (exit 2). The JSON report's ``environments``."""
-    from ..envs import nodes as E
+    from ..envs import nodes as env_nodes
     from ..fleet import Fleet
-    by_host = E.locks(inv)
+    by_host = env_nodes.locks(inv)
     if not by_host:
         return inv, {}
     with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
-        plans = E.survey(fleet, inv.hosts, by_host)
+        plans = env_nodes.survey(fleet, inv.hosts, by_host)
     out = {h: {"env_id": p.env_id, "ready": p.ready, "to_send": p.to_send} for h, p in plans.items()}
     if not quiet:
         for h, p in plans.items():
             print(visible(f"env  {h} {p.says()}"))
-    ready = {h: E.Made(h, p.env_id, p.python, p.lock.sha256, 0, False) for h, p in plans.items() if p.ready}
-    return E.apply(inv, ready), out
+    ready = {h: env_nodes.Made(h, p.env_id, p.python, p.lock.sha256, 0, False) for h, p in plans.items() if p.ready}
+    return env_nodes.apply(inv, ready), out
 
 
 def notify_reach(inv: Inventory) -> list:

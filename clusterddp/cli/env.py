@@ -18,10 +18,10 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 
 def _locked(inventory: str, packages: str | None, hosts: str | None) -> tuple[Inventory, dict[str, Lock]]:
-    from ..envs import nodes as E
+    from ..envs import nodes as env_nodes
     from ..errors import UsageError
-    inv = E.with_packages(load_inventory(inventory, hosts), packages)
-    by_host = E.locks(inv)
+    inv = env_nodes.with_packages(load_inventory(inventory, hosts), packages)
+    by_host = env_nodes.locks(inv)
     if not by_host:
         raise UsageError(f"{inv.path}: no host has packages:", "add `packages: requirements.txt` to its defaults "
                          "or hosts, or give --packages FILE")
@@ -38,19 +38,19 @@ def build(
 ) -> None:
     """Build every host's environment now (what `up` does before its job): wheels fetched here once, each
     node sent only those it lacks, built in parallel; a ready one is left as it is."""
-    from ..envs import nodes as E
+    from ..envs import nodes as env_nodes
     from ..fleet import Fleet
     inv, by_host = _locked(inventory, packages, hosts)
     with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
-        plans = E.survey(fleet, inv.hosts, by_host)
+        plans = env_nodes.survey(fleet, inv.hosts, by_host)
         for p in plans.values():
             if not p.ready:
                 err(visible(f"[clusterddp] {p.host.name}: {p.says()}"))
-        made = E.ready(fleet, plans, on_wait=lambda s: err(visible(f"[clusterddp] {s}")))
+        made = env_nodes.ready(fleet, plans, on_wait=lambda s: err(visible(f"[clusterddp] {s}")))
     for m in made.values():
         state = "built" if m.built else "ready"
         print(visible(f"{m.host}: environment {m.env_id} {state}: {m.python} (sent {m.sent} bytes)"))
-    print(visible(E.summary(made)))
+    print(visible(env_nodes.summary(made)))
 
 
 @app.command("list", epilog=epilog("env list"))
@@ -60,12 +60,12 @@ def list_(
     hosts: str | None = typer.Option(None, "--hosts", help="Only these hosts: a,b,c."),
 ) -> None:
     """What each host holds: its environments (id, size) and its wheel store's size."""
-    from ..envs import nodes as E
+    from ..envs import nodes as env_nodes
     from ..fleet import Fleet
     from ..sizes import human_size
     inv = load_inventory(inventory, hosts)
     with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
-        held = E.holdings(fleet, inv.hosts)
+        held = env_nodes.holdings(fleet, inv.hosts)
     for host, h in held.items():
         if isinstance(h, Exception):
             err(visible(f"{host}: {h}"))
@@ -84,15 +84,15 @@ def prune_(
 ) -> None:
     """Remove the environments on each host that no run recorded in --runs-dir used and that the inventory's
     lock does not give now; never one a process runs from, or one being built."""
-    from ..envs import nodes as E
+    from ..envs import nodes as env_nodes
     from ..fleet import Fleet
     from ..sizes import human_size
     from ..store import RunStore
     inv = load_inventory(inventory, hosts)
-    keep = E.recorded(RunStore(runs_dir, read_only=True))
+    keep = env_nodes.recorded(RunStore(runs_dir, read_only=True))
     with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
-        keep |= E.current(fleet, inv.hosts, E.locks(inv))
-        done = E.prune(fleet, inv.hosts, keep, dry_run)
+        keep |= env_nodes.current(fleet, inv.hosts, env_nodes.locks(inv))
+        done = env_nodes.prune(fleet, inv.hosts, keep, dry_run)
     word = "would remove" if dry_run else "removed"
     failed = False
     for host, d in done.items():

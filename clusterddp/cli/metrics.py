@@ -61,17 +61,17 @@ def metrics(run: str = RUN, runs_dir: str = RUNS_DIR, as_json: bool = JSON, prom
             csv: str | None = CSV, no_fetch: bool = NO_FETCH) -> None:
     """RUN's samples over time: per node, GPU and parsed metric, as sparklines (the whole run) or JSON;
     a running run's latest values."""
-    from ..metrics import render as R
+    from ..metrics import render as render_module
     store, rec, nodes, slow, said = load(runs_dir, run, not no_fetch)
     running = not rec.status.is_terminal()
     if said:
         err(visible(f"warning: not every node gave its latest samples: {said}"))
     if prometheus:
-        _write(prometheus, R.prometheus(rec.run_id, nodes))
+        _write(prometheus, render_module.prometheus(rec.run_id, nodes))
     if csv:
-        _write(csv, R.to_csv(rec.run_id, nodes))
+        _write(csv, render_module.to_csv(rec.run_id, nodes))
     if as_json:
-        print(json.dumps(R.to_json(rec.run_id, nodes, slow, running), indent=1))
+        print(json.dumps(render_module.to_json(rec.run_id, nodes, slow, running), indent=1))
         return
     if prometheus == "-" or csv == "-":
         return
@@ -80,33 +80,35 @@ def metrics(run: str = RUN, runs_dir: str = RUNS_DIR, as_json: bool = JSON, prom
         print("no samples kept (the sampler was off: --metrics-interval 0, or the samples were not brought back: "
               "clusterddp collect RUN)")
         return
-    print(visible(R.table(nodes, slow, running)))
+    print(visible(render_module.table(nodes, slow, running)))
 
 
 @handle_errors
 def report(run: str = RUN, output: str = OUTPUT, runs_dir: str = RUNS_DIR, no_fetch: bool = NO_FETCH) -> None:
     """Write RUN's report: one HTML file with the outcome and root cause, charts of the parsed metrics, progress
     and GPUs over time, and the run's timeline."""
-    from ..metrics import report as H
+    from ..metrics import report as report_module
     store, rec, nodes, slow, said = load(runs_dir, run, not no_fetch)
     if said:
         err(visible(f"warning: not every node gave its latest samples: {said}"))
-    path = H.write(output, H.render(rec, store.run_dir(rec.run_id), nodes, slow))
-    if nodes and not H.charts_available():
-        err(f"note: the report has no charts: they need matplotlib ({H.CHARTS_EXTRA})")
+    path = report_module.write(output, report_module.render(rec, store.run_dir(rec.run_id), nodes, slow))
+    if nodes and not report_module.charts_available():
+        err(f"note: the report has no charts: they need matplotlib ({report_module.CHARTS_EXTRA})")
     print(f"run {rec.run_id}: report written to {path}")
 
 
 def write_report(store: RunStore, run_id: str, path: str) -> str | None:
     """`up --report FILE`: the run's report at its end (its absolute path, for the run's notification); a report
     that cannot be written is said, not raised (the run's own outcome is what `up` reports)."""
-    from ..metrics import report as H
+    from ..metrics import report as report_module
     from ..metrics.samples import load_run
     from ..metrics.series import of_run, series_of
     try:
         rec = store.load(run_id)
         nodes = [series_of(n) for n in load_run(store.run_dir(run_id))]
-        written = H.write(path, H.render(rec, store.run_dir(run_id), nodes, of_run(store.run_dir(run_id), nodes)))
+        written = report_module.write(
+            path, report_module.render(rec, store.run_dir(run_id), nodes, of_run(store.run_dir(run_id), nodes))
+        )
     except Exception as e:  # noqa: BLE001 - a report is a by-product: the run's outcome stands
         err(visible(f"warning: --report {path}: not written: {e}"))
         return None

@@ -72,18 +72,18 @@ def prune(keep: int | None = typer.Option(None, "--keep", min=0, metavar="N", he
           dry_run: bool = typer.Option(False, "--dry-run", help="Show what would go, with sizes; remove nothing."),
           runs_dir: str = RUNS_DIR) -> None:
     """Remove old runs: their folders on every node, then here. Never a running run."""
-    from .. import prune as pr
+    from .. import prune as pruning
     from ..errors import UsageError
     from ..store import RunStore
     if keep is None and older_than is None:
         raise UsageError("say which runs go: --keep N and/or --older-than AGE",
                          "e.g. `clusterddp prune --keep 10 --dry-run` shows what keeping the 10 newest removes")
-    age = None if older_than is None else pr.parse_age(older_than)
+    age = None if older_than is None else pruning.parse_age(older_than)
     inv = None if inventory is None else inventory if inventory == "local" else str(Path(inventory).resolve())
     store = RunStore(runs_dir)
-    sel = pr.select(store, pr.Policy(keep, age, inv))
+    sel = pruning.select(store, pruning.Policy(keep, age, inv))
     if not dry_run and sel.remove:
         store.check_writable()  # a record that cannot be deleted must not lose its node folders first
     from ..backends import reach
-    if report(pr.prune(store, sel, dry_run, reach=lambda rec: reach(store, rec, "prune")), sel, dry_run):
+    if report(pruning.prune(store, sel, dry_run, reach=lambda rec: reach(store, rec, "prune")), sel, dry_run):
         raise typer.Exit(1)

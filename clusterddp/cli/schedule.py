@@ -110,12 +110,12 @@ def add(
     The options, -e values and script arguments go to a 0600 spec file in <runs-dir>/schedules/,
     not into the crontab."""
     from .. import backends
-    from .. import schedule as S
+    from .. import schedule as schedules
     from ..backends.base import LaunchRequest
     from ..inventory import LOCAL
 
-    S.check_name(name)
-    expr = S.check_cron(cron)
+    schedules.check_name(name)
+    expr = schedules.check_cron(cron)
     run = run_spec(script, script_args, {"name": run_name, "gpus": gpus, "master_port": master_port, "env": env,
                                          "collect": collect, "max_restarts": max_restarts,
                                          "local_rank_arg": local_rank_arg})
@@ -134,17 +134,17 @@ def add(
     if excluded:  # the spec records the hosts that are left, as --hosts
         hosts_ = [h.name for h in prep.plan.inventory.hosts]
     run = dataclasses.replace(run, script=os.path.abspath(script))
-    executable, bin_dir = S.current_executable()
-    spec = S.ScheduleSpec(
+    executable, bin_dir = schedules.current_executable()
+    spec = schedules.ScheduleSpec(
         name=name, cron=expr, launch_dir=os.getcwd(), runs_dir=str(prep.store.root), executable=executable,
         bin_dir=bin_dir, inventory=inventory if inventory == LOCAL else os.path.abspath(inventory), run=run,
         hosts=tuple(hosts_ or ()),
         agent_socket=os.path.abspath(os.path.expanduser(agent_socket)) if agent_socket else None, wait=wait,
         up=tuple((k, v) for k, v in (up_options or {}).items() if v != launch.BY_NAME[k].default))
-    edit = S.add(spec, replace)
+    edit = schedules.add(spec, replace)
 
     print(f"{'replaced' if edit.replaced else 'added'} schedule {name}: {expr}")
-    print("  next:  " + ", ".join(t.strftime("%Y-%m-%d %H:%M %Z") for t in S.next_runs(expr, 3)))
+    print("  next:  " + ", ".join(t.strftime("%Y-%m-%d %H:%M %Z") for t in schedules.next_runs(expr, 3)))
     print(f"  runs:  {spec.runs_dir}\n  spec:  {spec.spec_path}\n  log:   {spec.log_path}")
     if backend.name == "ssh" and not prep.plan.local:  # SSH runs lease GPU slots (Slurm allocates its own)
         print("  slots: " + ("taken by another run: it waits in the queue (--wait)" if wait else
@@ -158,7 +158,7 @@ def add(
             "  set identity_file in the inventory, or pass --agent-socket PATH")
     if spec.agent_socket and not _is_socket(spec.agent_socket):
         err(f"warning: --agent-socket {spec.agent_socket} is not a socket now; the runs need an agent there")
-    if not S.cron_daemon_running():
+    if not schedules.cron_daemon_running():
         err("warning: no cron daemon is running on this machine; start it (e.g. `service cron start`) "
             "or the schedule never fires")
 
@@ -188,12 +188,12 @@ def _in_runs_dir(entry: Entry, runs_dir: str | None) -> bool:
 
 def _entry(text: str, name: str, runs_dir: str | None) -> Entry:
     """Schedule ``name``'s crontab entry; UnknownSchedule if none, UsageError if --runs-dir names another folder."""
-    from .. import schedule as S
+    from .. import schedule as schedules
     from ..errors import UnknownSchedule, UsageError
 
-    entry = S.find(text, S.check_name(name))
+    entry = schedules.find(text, schedules.check_name(name))
     if entry is None:
-        raise UnknownSchedule(name, S.current_user().pw_name)
+        raise UnknownSchedule(name, schedules.current_user().pw_name)
     if not _in_runs_dir(entry, runs_dir):
         raise UsageError(f"schedule {name!r} keeps its runs in {entry.runs_dir or '(a folder its line does not say)'}"
                          f", not in {runs_dir}", "leave --runs-dir out, or give the schedule's own runs folder")
@@ -215,12 +215,12 @@ def list_(runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     it came to (succeeded, failed, stopped, running, skipped: lock held, skipped: slots busy) and its run."""
     from datetime import datetime
 
-    from .. import schedule as S
+    from .. import schedule as schedules
     from ..store import RunStore
 
-    found = [e for e in S.entries(S.read_crontab()) if _in_runs_dir(e, runs_dir)]
+    found = [e for e in schedules.entries(schedules.read_crontab()) if _in_runs_dir(e, runs_dir)]
     if not found:
-        print(f"no schedules in the crontab of {S.current_user().pw_name}"
+        print(f"no schedules in the crontab of {schedules.current_user().pw_name}"
               + (f" with runs in {RunStore(runs_dir).root}" if runs_dir else "")
               + "; add one with `clusterddp schedule add`")
         return
@@ -228,11 +228,11 @@ def list_(runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     rows = [("NAME", "CRON", f"NEXT RUNS ({now.tzname()})", "LAST FIRED", "OUTCOME", "RUN", "SKIPS")]
     for e in found:
         try:
-            nxt = "  ".join(t.strftime("%Y-%m-%d %H:%M") for t in S.next_runs(e.cron, 3, now))
+            nxt = "  ".join(t.strftime("%Y-%m-%d %H:%M") for t in schedules.next_runs(e.cron, 3, now))
         except Exception:  # an entry edited by hand into something croniter cannot follow
             nxt = "?"
         store = RunStore(e.runs_dir) if e.runs_dir else None
-        last = S.last_firing(store, e.name) if store else None
+        last = schedules.last_firing(store, e.name) if store else None
         skips = len(store.skips(e.name)) if store else 0
         rows.append((e.name, e.cron, nxt, _local(last["at"]) if last else "-", last["outcome"] if last else "-",
                      (last["run_id"] or last["holder"] or "-") if last else "-", str(skips)))
@@ -255,11 +255,11 @@ def _local(stamp: str | None) -> str:
 def remove(name: str = typer.Argument(..., help="The schedule to remove."),
            runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     """Remove a schedule's crontab entry and its spec file (its runs, log and lock file stay)."""
-    from .. import schedule as S
+    from .. import schedule as schedules
 
     if runs_dir is not None:
-        _entry(S.read_crontab(), name, runs_dir)
-    S.remove(S.check_name(name))
+        _entry(schedules.read_crontab(), name, runs_dir)
+    schedules.remove(schedules.check_name(name))
     print(f"removed schedule {name}")
 
 
@@ -268,14 +268,14 @@ def remove(name: str = typer.Argument(..., help="The schedule to remove."),
 def run(name: str = typer.Argument(..., help="The schedule to run now."),
         runs_dir: str | None = SCHEDULES_RUNS_DIR) -> None:
     """Run a schedule's entry now, exactly as cron would (same command and environment), and wait."""
-    from .. import schedule as S
+    from .. import schedule as schedules
 
-    text = S.read_crontab()
+    text = schedules.read_crontab()
     entry = _entry(text, name, runs_dir)
     log = entry.log_path
     pos = os.path.getsize(log) if log and os.path.exists(log) else 0
     print(f"running schedule {name} as cron would" + (f"; its log: {log}" if log else ""), flush=True)
-    proc = S.start(text, entry)
+    proc = schedules.start(text, entry)
     try:
         while True:
             done = proc.poll() is not None
@@ -289,9 +289,9 @@ def run(name: str = typer.Argument(..., help="The schedule to run now."),
         err("interrupted")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     rc = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    if rc == S.LOCK_HELD_EXIT:
+    if rc == schedules.LOCK_HELD_EXIT:
         err(f"schedule {name}: skipped, its previous run still holds the schedule's lock (nothing started)")
-    elif rc == S.BUSY_EXIT:
+    elif rc == schedules.BUSY_EXIT:
         err(f"schedule {name}: skipped, the GPU slots it needs are taken (nothing started)")
     raise typer.Exit(rc)
 
@@ -318,11 +318,11 @@ def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file."))
     """What a schedule's crontab line runs: check the spec, take the schedule's lock without
     waiting (held: the previous run still runs, so record a skip and exit 3), run `clusterddp up`,
     record what the firing came to (`schedule list` shows it) and exit with `up`'s exit code."""
-    from .. import schedule as S
+    from .. import schedule as schedules
     from ..store import utcnow
 
-    spec = S.load_spec(spec_file)
-    lock = S.try_lock(spec)
+    spec = schedules.load_spec(spec_file)
+    lock = schedules.try_lock(spec)
     if lock is None:
         from .. import backends, notify
         firing = _record_skip(spec.name, spec.runs_dir)
@@ -330,10 +330,10 @@ def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file."))
         for line in notify.tell_skip(spec.inventory, dict(spec.up).get("notify", []), spec.name, firing.reason,
                                      firing.holder, sections=backends.inventory_section):
             err(visible(line))
-        raise typer.Exit(S.LOCK_HELD_EXIT)
+        raise typer.Exit(schedules.LOCK_HELD_EXIT)
     since = utcnow("milliseconds")
     print(f"[clusterddp] {utcnow()} schedule {spec.name}: starting clusterddp up (spec {spec.spec_path})", flush=True)
-    proc = S.start_up(spec, lock)
+    proc = schedules.start_up(spec, lock)
     while True:
         try:
             rc = proc.wait()
@@ -346,15 +346,15 @@ def fire(spec_file: str = typer.Argument(..., help="The schedule's spec file."))
 
 
 def _record_skip(name: str, runs_dir: str) -> Firing:
-    from .. import schedule as S
+    from .. import schedule as schedules
     from ..record import RunStatus
     from ..store import RunStore, utcnow
 
     last = RunStore(runs_dir).last_run(name)
     holder = last["run_id"] if last and last["status"] == RunStatus.RUNNING else None
     # milliseconds, as a started firing's: two firings of one second are listed in their order
-    firing = S.skipped(name, str(RunStore(runs_dir).root), utcnow("milliseconds"), holder)
-    S.record_firing(runs_dir, name, firing)
+    firing = schedules.skipped(name, str(RunStore(runs_dir).root), utcnow("milliseconds"), holder)
+    schedules.record_firing(runs_dir, name, firing)
     print(f"[clusterddp] {firing.at} schedule {name}: {firing.says()}", flush=True)
     return firing
 
@@ -362,13 +362,13 @@ def _record_skip(name: str, runs_dir: str) -> Firing:
 def _record_end(spec: ScheduleSpec, since: str, rc: int) -> None:
     """Record and say what the firing came to; a runs folder that cannot take it is said, and the
     exit code stays `up`'s."""
-    from .. import schedule as S
+    from .. import schedule as schedules
     from ..errors import ClusterDDPError
     from ..store import utcnow
 
     try:
-        firing = S.ended(spec, since, rc, S.run_since(spec.runs_dir, spec.name, since))
-        S.record_firing(spec.runs_dir, spec.name, firing)
+        firing = schedules.ended(spec, since, rc, schedules.run_since(spec.runs_dir, spec.name, since))
+        schedules.record_firing(spec.runs_dir, spec.name, firing)
     except ClusterDDPError as e:
         err(f"warning: schedule {spec.name}: this firing was not recorded: {str(e).splitlines()[0]}")
         return

@@ -70,7 +70,7 @@ def up(
     if detach and targets and not backend.detached_notify:
         err(f"warning: notify: a detached `{backend.name}:` run is not told of its end (no launcher is attached to "
             "see it); leave --detach out to be told, e.g. under nohup or tmux")
-    from .. import notify as N
+    from .. import notify as notifier
     events = Printed(raw=o["raw"], hide=quiet_filter(o["quiet"]))
     sigterm_as_interrupt()  # SIGTERM ends an attached run as Ctrl-C does (a waiting one leaves the queue)
     told = {"run_id": prep.plan.run_id, "name": spec.name, "schedule": schedule, "inventory": inventory}
@@ -81,14 +81,14 @@ def up(
             if o["report"] and not detach:
                 told["report"] = write_report(prep.store, prep.plan.run_id, o["report"])
     except KeyboardInterrupt:
-        _said(N.tell_run_end(targets, prep.store, interrupted=True, **told))
+        _said(notifier.tell_run_end(targets, prep.store, interrupted=True, **told))
         raise
     except Exception as e:
-        _said(N.tell_run_end(targets, prep.store, error=e, **told))
+        _said(notifier.tell_run_end(targets, prep.store, error=e, **told))
         raise
     else:
         if not detach:
-            _said(N.tell_run_end(targets, prep.store, **told))
+            _said(notifier.tell_run_end(targets, prep.store, **told))
     finally:
         events.printer.flush()
         tell_unmatched(events.results, "collect: ")  # at the end of the run: a glob that brought nothing back
@@ -105,7 +105,7 @@ def request(inventory: str, script: str, script_args: list[str] | None, runs_dir
     backend: the flags read (each refusal names its flag), the inventory loaded, and the run spec resolved
     against it once (:func:`clusterddp.runspec.resolve`: flag > host entry > inventory defaults > built-in)."""
     from .. import backends
-    from .. import notify as N
+    from .. import notify as notifier
     from ..backends.base import LaunchRequest
     from ..launch import parse_nodes
     from ..runspec import resolve
@@ -123,7 +123,7 @@ def request(inventory: str, script: str, script_args: list[str] | None, runs_dir
                          detach=o["detach"], skip_check=o["skip_check"], join_timeout=o["join_timeout"],
                          wait=o["wait"], schedule=schedule, nodes=parse_nodes(o["nodes"]),
                          env_files=tuple(e[1:] for e in o["env"] if e.startswith("@")), resume=o["resume"],
-                         notify=N.targets_for(loaded.notify, o["notify"]))
+                         notify=notifier.targets_for(loaded.notify, o["notify"]))
 
 
 def _said(lines: list[str]) -> None:

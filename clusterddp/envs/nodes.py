@@ -22,8 +22,8 @@ from ..inventory import Host, Inventory
 from ..node.reply import ReplyError, last_marked_json
 from ..nodescript import preamble, python_command, q
 from ..sizes import human_size
-from . import lock as L
-from . import wheels as W
+from . import lock as lock_module
+from . import wheels as wheels_module
 
 MARK = "CDDP_ENV "
 ENVS = "envs"  # under a host's workdir
@@ -36,14 +36,14 @@ class Plan:
     """What a node needs for its environment, as :func:`survey` found it."""
 
     host: Host
-    lock: L.Lock
+    lock: lock_module.Lock
     env_id: str
     root: str                       # the node's envs folder, absolute
     python: str                     # the environment's python
     ready: bool
-    wheels: tuple[W.Wheel, ...] = ()   # the lock's wheels for this node (empty when ready)
-    missing: tuple[W.Wheel, ...] = ()  # those its store lacks (the installer's included)
-    uv: W.Wheel | None = None
+    wheels: tuple[wheels_module.Wheel, ...] = ()   # the lock's wheels for this node (empty when ready)
+    missing: tuple[wheels_module.Wheel, ...] = ()  # those its store lacks (the installer's included)
+    uv: wheels_module.Wheel | None = None
 
     @property
     def to_send(self) -> int:
@@ -59,7 +59,7 @@ def root_of(host: Host) -> str:
     """Where ``host`` keeps its environments: ``<workdir>/envs``; for `up local`, whose workdir is the
     folder it runs in, ``envs`` in this machine's cache (``$CLUSTERDDP_CACHE``) instead."""
     if host.transport == "local":
-        return str(W.cache_dir() / ENVS)
+        return str(wheels_module.cache_dir() / ENVS)
     return f"{host.workdir}/{ENVS}"
 
 
@@ -71,19 +71,19 @@ def env_id(lock_sha256: str, facts: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def locks(inventory: Inventory) -> dict[str, L.Lock]:
+def locks(inventory: Inventory) -> dict[str, lock_module.Lock]:
     """Each host's lock (hosts without `packages:` left out), each file read once. LockFileError (exit 2)."""
     return locks_of(inventory.hosts)
 
 
-def locks_of(hosts: Iterable[Host]) -> dict[str, L.Lock]:
+def locks_of(hosts: Iterable[Host]) -> dict[str, lock_module.Lock]:
     """:func:`locks` of these hosts (a run's spares)."""
-    read: dict[str, L.Lock] = {}
+    read: dict[str, lock_module.Lock] = {}
     out = {}
     for h in hosts:
         if h.packages:
             if h.packages not in read:
-                read[h.packages] = L.read(h.packages)
+                read[h.packages] = lock_module.read(h.packages)
             out[h.name] = read[h.packages]
     return out
 
@@ -139,13 +139,13 @@ def _look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
     return {h.name: _facts(h.name, _answer(h.name, looked.succeeded[h.name], "environment look")) for h in hosts}
 
 
-def current(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, L.Lock]) -> set[str]:
+def current(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.Lock]) -> set[str]:
     """The environment ids the hosts' locks give now (whether built or not): what `env prune` keeps."""
     hosts = [h for h in hosts if h.name in by_host]
     return {env_id(by_host[n].sha256, f) for n, f in _look(fleet, hosts).items()}
 
 
-def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, L.Lock], cache: Path | None = None
+def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.Lock], cache: Path | None = None
            ) -> dict[str, Plan]:
     """Every host's environment: ready, or the wheels it lacks (fetched here into the cache first).
     HostError for a host that does not answer; UsageError (exit 2) naming host and package for a lock
@@ -153,19 +153,19 @@ def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, L.Lock], cach
     hosts = [h for h in hosts if h.name in by_host]
     facts = _look(fleet, hosts)
     plans: dict[str, Plan] = {}
-    groups: dict[tuple[str, W.Target], list[Host]] = {}
+    groups: dict[tuple[str, wheels_module.Target], list[Host]] = {}
     for h in hosts:
         f, lk = facts[h.name], by_host[h.name]
         eid = env_id(lk.sha256, f)
         python = f"{f['root']}/{eid}/bin/python"
         plans[h.name] = Plan(h, lk, eid, f["root"], python, eid in f["envs"])
         if eid not in f["envs"]:
-            target = W.Target(".".join(f["python"].split(".")[:2]), f["tag"], f["platform"])
+            target = wheels_module.Target(".".join(f["python"].split(".")[:2]), f["tag"], f["platform"])
             groups.setdefault((lk.sha256, target), []).append(h)
     for (_, target), group in groups.items():
         lk = by_host[group[0].name]
-        wheels = W.fetch(lk, target, cache, hosts=tuple(h.name for h in group))
-        uv = W.installer(target, cache)
+        wheels = wheels_module.fetch(lk, target, cache, hosts=tuple(h.name for h in group))
+        uv = wheels_module.installer(target, cache)
         for h in group:
             held = set(facts[h.name]["wheels"])
             missing = tuple(w for w in (*wheels, uv) if w.sha256 not in held)
@@ -217,7 +217,7 @@ def recorded(store: Any) -> set[str]:
     return out
 
 
-def _send(fleet: Fleet, plan: Plan, cache: Path, wheels: tuple[W.Wheel, ...]) -> dict:
+def _send(fleet: Fleet, plan: Plan, cache: Path, wheels: tuple[wheels_module.Wheel, ...]) -> dict:
     parts: list[bytes | Path] = []
     for w in wheels:
         parts += [f"{w.sha256} {w.size} {w.name}\n".encode(), w.path(cache)]
@@ -277,10 +277,10 @@ def build(fleet: Fleet, plan: Plan, on_wait: Callable[[str], None] = lambda s: N
     return ans
 
 
-def _for(pin: L.Pin, wheels: tuple[W.Wheel, ...]) -> bool:
+def _for(pin: lock_module.Pin, wheels: tuple[wheels_module.Wheel, ...]) -> bool:
     """Whether ``pin`` applies to this node: a wheel of it was fetched (a marker may have left it out)."""
-    stem = L.normalize(pin.name).replace("-", "_")
-    return any(L.normalize(w.name.split("-")[0]).replace("-", "_") == stem for w in wheels)
+    stem = lock_module.normalize(pin.name).replace("-", "_")
+    return any(lock_module.normalize(w.name.split("-")[0]).replace("-", "_") == stem for w in wheels)
 
 
 @dataclass(frozen=True)
@@ -300,7 +300,7 @@ def ready(fleet: Fleet, plans: dict[str, Plan], cache: Path | None = None,
           on_wait: Callable[[str], None] = lambda s: None) -> dict[str, Made]:
     """Every node's environment of ``plans`` ready: missing wheels sent, built in parallel. The first
     failure (a HostError naming the node) is raised once every node has finished."""
-    cache = cache or W.cache_dir()
+    cache = cache or wheels_module.cache_dir()
     todo = [p.host for p in plans.values()]
 
     def one(h: Host, t: Any) -> Made:

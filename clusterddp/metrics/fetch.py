@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import nodeops
-from .. import plan as P
+from .. import plan as ssh_plan
 from ..fleet import Fleet
 from ..transport import Transport
 from .samples import MOST, fetch_command, save, split_answer
@@ -18,7 +18,7 @@ from .samples import MOST, fetch_command, save, split_answer
 ANSWER_MOST = 4 * (MOST + 4096)  # bytes of one node's answer kept (its last attempt and a few earlier ones)
 
 
-def fetch_node(t: Transport, node: P.NodeLaunch, run_dir: Path) -> int:
+def fetch_node(t: Transport, node: ssh_plan.NodeLaunch, run_dir: Path) -> int:
     """One node's sample files saved under ``run_dir``; how many."""
     buf = bytearray()
 
@@ -31,7 +31,7 @@ def fetch_node(t: Transport, node: P.NodeLaunch, run_dir: Path) -> int:
     return len(save(run_dir, node.host.name, split_answer(bytes(buf), folder)))
 
 
-def fetch_nodes(fleet: Fleet, nodes: Sequence[P.NodeLaunch], run_dir: Path) -> dict[str, str]:
+def fetch_nodes(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], run_dir: Path) -> dict[str, str]:
     """:func:`fetch_node` on every node in parallel; what went wrong, by host (empty: all answered)."""
     res = nodeops.each(fleet, nodes, lambda n, t: fetch_node(t, n, run_dir))
     return {h: f"{type(e).__name__}: {e}" if not str(e).startswith(h) else str(e)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import plan as P
+from .. import plan as ssh_plan
 from ..failure import Failure, clip
 from ..fleet import Fleet
 from ..node.reply import ReplyError, loads
@@ -42,7 +42,7 @@ class NodeIdle:
     decided_by: str | None
 
 
-def read_command(node: P.NodeLaunch) -> str:
+def read_command(node: ssh_plan.NodeLaunch) -> str:
     """Print the node's idle.json (nothing when there is none), bounded."""
     return f"cd {qpath(node.control_dir)} 2>/dev/null || exit 0; [ -f {IDLE} ] || exit 0; head -c {IDLE_MOST} {IDLE}"
 
@@ -90,7 +90,7 @@ def idle_of(rec: RunRecord, idles: Mapping[str, NodeIdle]) -> Failure | None:
     return Failure(host=host, kind=KIND, summary=clip(summary, 2000), others=others)
 
 
-def read(fleet: Fleet, nodes: Sequence[P.NodeLaunch], rec: RunRecord) -> dict[str, NodeIdle]:
+def read(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], rec: RunRecord) -> dict[str, NodeIdle]:
     """Every node's idle record, from the nodes that may answer (a node that does not is left out)."""
     res = each(fleet, askable(nodes, rec),
                lambda n, t: parse_node(n.host.name, t.run(read_command(n), timeout=READ_TIMEOUT).stdout))

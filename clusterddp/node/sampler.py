@@ -58,10 +58,10 @@ from typing import Any  # noqa: F401 - in a type comment (Python 3.8 grammar)
 # The watchdog's line reader, bounded regex and job ending: on the node, its source is written beside this
 # file (nodescript.sampler_lines); in-process (tests), it is this package's module.
 if __package__:
-    from . import watch as W
+    from . import watch as watcher
 else:  # pragma: no cover - on the node
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import watch as W  # type: ignore[no-redef]  # noqa: E402
+    import watch as watcher  # type: ignore[no-redef]  # noqa: E402
 
 SCHEMA = 1
 INTERVAL = 5.0           # default seconds between samples
@@ -187,25 +187,25 @@ def host_sample(before: dict, now: dict, dt: float) -> dict:
     return out
 
 
-class Parsed(W.Lines):
+class Parsed(watcher.Lines):
     """node.log's lines as the watchdog reads them (progress: any line but clusterddp's own, blank and
     known noise, or the progress regex's), and the numbers in them: ``regex``'s named groups, and
     ``clusterddp.train.log_metrics``' JSON lines (by rank)."""
 
     def __init__(self, metrics_regex=None, progress_regex=None, skip=(), tails=()) -> None:
-        W.Lines.__init__(self, progress_regex, skip, tails)
-        self.metrics_rx = re.compile(W.bounded_regex(metrics_regex)) if metrics_regex else None
+        watcher.Lines.__init__(self, progress_regex, skip, tails)
+        self.metrics_rx = re.compile(watcher.bounded_regex(metrics_regex)) if metrics_regex else None
         self.values = {}  # type: dict  # name -> the last value since the last take()
         self.ranks = {}   # type: dict  # rank -> {name: last value}
         self.dropped = 0  # numbers that were no finite number (NaN, inf, 1e400), since the last take()
 
     def progress(self, line: bytes) -> bool:
         if line.startswith(JSON_MARK):
-            self.json_line(line[len(JSON_MARK):W.MATCH_MOST])
+            self.json_line(line[len(JSON_MARK):watcher.MATCH_MOST])
             return True
-        counted = W.Lines.progress(self, line)
-        if self.metrics_rx is not None and line.strip() and not line.startswith(W.OURS):
-            m = self.metrics_rx.search(line[:W.MATCH_MOST].decode("utf-8", "replace"))
+        counted = watcher.Lines.progress(self, line)
+        if self.metrics_rx is not None and line.strip() and not line.startswith(watcher.OURS):
+            m = self.metrics_rx.search(line[:watcher.MATCH_MOST].decode("utf-8", "replace"))
             if m is not None:
                 for k, v in m.groupdict().items():
                     self.keep(self.values, k, v)
@@ -290,11 +290,11 @@ class RunIdle:
             if not addr or not port.isdigit():
                 self.stop_deciding("no master address and port for the run's store")
             else:
-                self.store = (stores or W.Store)(addr, int(port))
+                self.store = (stores or watcher.Store)(addr, int(port))
 
     def stop_deciding(self, why: str) -> None:
         if not self.off:
-            W.say("idle policy off on this node: %s (the run is not found idle)" % why)
+            watcher.say("idle policy off on this node: %s (the run is not found idle)" % why)
         self.off = True
 
     def feed(self, gpus, now: float):
@@ -337,7 +337,7 @@ class Writer:
         self.stride, self.pending = 1, 0
         self.header = (json.dumps(header, sort_keys=True) + "\n").encode()
         self.size = len(self.header)
-        W.write_private(path, self.header)
+        watcher.write_private(path, self.header)
 
     def due(self) -> bool:
         """Whether this sample is written (every ``stride``-th)."""
@@ -362,7 +362,7 @@ class Writer:
             lines = f.read().splitlines(True)
         kept = [self.header] + lines[1:][1::2]
         data = b"".join(kept)
-        W.write_private(self.path, data)
+        watcher.write_private(self.path, data)
         self.size, self.stride = len(data), self.stride * 2
 
 
@@ -419,7 +419,7 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, gpus_now=que
         parsed.pos = log.seek(0, 2)
     except OSError:
         log = None
-    reader = W.Reader(log, parsed) if log is not None else None
+    reader = watcher.Reader(log, parsed) if log is not None else None
     header = {"schema": SCHEMA, "kind": "clusterddp-samples", "host": args.get("host", ""), "interval": interval,
               "started": round(time.time(), 3), "regex": args.get("regex")}
     out = Writer(os.path.join(ctl, "metrics.jsonl"), header, args.get("most") or MOST)
@@ -455,7 +455,7 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, gpus_now=que
             data = (json.dumps(line, sort_keys=True) + "\n").encode()
             try:
                 out.write(data)
-                W.write_private(os.path.join(ctl, "metrics-now.json"), data)
+                watcher.write_private(os.path.join(ctl, "metrics-now.json"), data)
             except OSError:
                 pass
             before, last_t, progress = now_counters, now, 0
@@ -473,12 +473,12 @@ def on_idle(args: dict, idle: RunIdle, by: str, interval: float, clock=time.mono
     pol = args["idle"]
     stop = bool(pol.get("stop"))
     where = "this node" if idle.nnodes == 1 else "the run (%d nodes)" % idle.nnodes
-    W.say("idle: GPU utilisation below %g%% on every GPU of %s for %gs%s"
+    watcher.say("idle: GPU utilisation below %g%% on every GPU of %s for %gs%s"
           % (float(pol["below"]), where, float(pol["seconds"]), "; ending the job (idle_policy stop)" if stop else ""))
     rec = {"schema": SCHEMA, "host": args.get("host", ""), "time": time.time(), "below": pol["below"],
            "seconds": pol["seconds"], "stop": stop, "nnodes": idle.nnodes, "decided_by": by}
     try:
-        W.write_private(os.path.join(args["ctl"], "idle.json"), json.dumps(rec).encode())
+        watcher.write_private(os.path.join(args["ctl"], "idle.json"), json.dumps(rec).encode())
     except OSError:
         pass
     if not stop:
@@ -490,7 +490,7 @@ def on_idle(args: dict, idle: RunIdle, by: str, interval: float, clock=time.mono
             sleep(0.2)
             seen = idle.store.add("idle_stopped", 0)
     if args.get("marker"):
-        W.end_job(args["marker"], {os.getpid(), os.getppid()})
+        watcher.end_job(args["marker"], {os.getpid(), os.getppid()})
 
 
 if __name__ == "__main__":

@@ -46,10 +46,10 @@ import sys
 import time
 
 if __package__:
-    from . import stacks as S
+    from . import stacks as stacks_module
 else:  # pragma: no cover - on the node: stacks.py is written beside this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import stacks as S  # type: ignore[no-redef]  # noqa: E402
+    import stacks as stacks_module  # type: ignore[no-redef]  # noqa: E402
 
 SCHEMA = 1
 KIND = "clusterddp-where"
@@ -266,13 +266,13 @@ def _write_private(path: str, data: bytes) -> None:
 
 def look(folder: str, ranks: list, sig: int, wait: float) -> dict:
     """Every rank's place now: rank -> [state, where]. Dump files past :data:`DUMP_MOST` are cut back."""
-    lock = S.locked(folder)
+    lock = stacks_module.locked(folder)
     try:
         running = dict((p["pid"], running_now(p["pid"])) for p in ranks)  # before the signal wakes it
-        S.take(folder, ranks, sig, wait, py_spy=False)
+        stacks_module.take(folder, ranks, sig, wait, py_spy=False)
         out = {}
         for p in ranks:
-            threads = S.parse_dump(p["dump"])
+            threads = stacks_module.parse_dump(p["dump"])
             want = int(p["main"], 16) if p.get("main") else None
             frames = next((fr for tid, _, fr in threads if tid == want), threads[0][2] if threads else [])
             out[str(p["rank"])] = list(state_of(frames, running[p["pid"]]))
@@ -335,7 +335,7 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, samples=None
     ctl = args["ctl"]
     folder = os.path.join(ctl, "stacks")
     interval = max(0.1, float(args.get("interval") or INTERVAL))
-    sig = int(signal.SIGRTMIN) + S.OFFSET
+    sig = int(signal.SIGRTMIN) + stacks_module.OFFSET
     out = Writer(os.path.join(ctl, "where.jsonl"),
                  {"schema": SCHEMA, "kind": KIND, "host": args.get("host", ""), "interval": interval,
                   "started": round(time.time(), 3)}, args.get("most") or MOST)
@@ -362,7 +362,7 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, samples=None
         if not ranks or now - scanned >= RESCAN or any(not os.path.exists("/proc/%d" % p["pid"]) for p in ranks):
             scanned = now
             job = set(marked(args["marker"]))
-            ranks = [p for p in S.job_processes(args["marker"]) if p["role"] == "rank"][:MAX_RANKS]
+            ranks = [p for p in stacks_module.job_processes(args["marker"]) if p["role"] == "rank"][:MAX_RANKS]
         places = look(folder, ranks, sig, DUMP_WAIT) if ranks else {}
         host = host_jiffies()
         job_j = sum(cpu_jiffies(p) for p in job)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp import inventory, nodeops
-from clusterddp import plan as P
+from clusterddp import plan as ssh_plan
 from clusterddp.artifacts import CollectResult, collect_node, collect_nodes, matched_nowhere
 from clusterddp.fleet import Fleet
 from clusterddp.runspec import RunSpec
@@ -44,7 +44,7 @@ def node_dir(tmp_path) -> Path:
 @pytest.fixture
 def setup(tmp_path, node_dir):
     inv = inventory.local(gpus=1, python=sys.executable)
-    node = P.build_plan(inv, RunSpec("t.py"), RUN_ID, local_run_dir=str(node_dir),
+    node = ssh_plan.build_plan(inv, RunSpec("t.py"), RUN_ID, local_run_dir=str(node_dir),
                         local_control_dir=str(node_dir / ".clusterddp")).nodes[0]
     store = RunStore(tmp_path / "runs")
     store.create(make_record(RUN_ID, ()))
@@ -143,7 +143,7 @@ def test_a_file_being_written_is_skipped_not_taken_half_written(setup, node_dir)
 
 def test_a_missing_run_folder_is_an_error_naming_the_host(setup, node_dir, tmp_path):
     node, store = setup
-    gone = P.NodeLaunch(**{**node.__dict__, "run_dir": str(tmp_path / "nope")})
+    gone = ssh_plan.NodeLaunch(**{**node.__dict__, "run_dir": str(tmp_path / "nope")})
     r = collect_node(LocalTransport("local"), gone, store, RUN_ID, ("ckpt/**",))
     assert r.error and r.error.startswith("local: collect failed on the node: FileNotFoundError")
     assert r.fetched == ()
@@ -225,14 +225,14 @@ def test_the_node_refuses_a_path_through_a_link_or_out_of_the_run_folder(node_di
 
 # ---- a node whose collect program answers with hostile bytes (a fake node program, the real rest) ----
 
-def hostile_node(tmp_path: Path, node_dir: Path, answer: bytes, code: int = 0) -> P.NodeLaunch:
+def hostile_node(tmp_path: Path, node_dir: Path, answer: bytes, code: int = 0) -> ssh_plan.NodeLaunch:
     """The local node, its `python` a script that prints ``answer`` instead of running collect."""
     (tmp_path / "answer.bin").write_bytes(answer)
     fake = tmp_path / "fake-python"
     fake.write_text(f"#!/bin/sh\ncat {tmp_path / 'answer.bin'}\nexit {code}\n")
     fake.chmod(0o755)
     inv = inventory.local(gpus=1, python=str(fake))
-    return P.build_plan(inv, RunSpec("t.py"), RUN_ID, local_run_dir=str(node_dir),
+    return ssh_plan.build_plan(inv, RunSpec("t.py"), RUN_ID, local_run_dir=str(node_dir),
                         local_control_dir=str(node_dir / ".clusterddp")).nodes[0]
 
 

@@ -101,7 +101,7 @@ def test_a_third_backend_is_a_folder_and_a_registry_line(pbs, tmp_path):
     from clusterddp.backends.base import LaunchRequest
     from clusterddp.cli.up import secrets
     from clusterddp.errors import InventoryError
-    from clusterddp.inventory import inventory_json_schema as J
+    from clusterddp.inventory import inventory_json_schema as json_schema
     from clusterddp.record import BackendPart, RunRecord
     from clusterddp.runspec import RunSpec
     from helpers import make_record
@@ -119,10 +119,10 @@ def test_a_third_backend_is_a_folder_and_a_registry_line(pbs, tmp_path):
                         runs_dir=str(tmp_path))
     assert secrets(req) == (("A", "b"), ("TOKEN", "s3cret"))
     # its part of the JSON Schema and of docs/inventory.md's field reference
-    schema = J.generate(backends.inventory_sections())
+    schema = json_schema.generate(backends.inventory_sections())
     assert {"$ref": "#/$defs/PbsInventory"} in schema["oneOf"] and "_PbsEntry" in schema["$defs"]
     assert schema["$defs"]["_PbsEntry"]["properties"]["queue"]["description"] == "The PBS queue"
-    assert "#### `pbs.queue`" in J.reference(backends.inventory_sections())
+    assert "#### `pbs.queue`" in json_schema.reference(backends.inventory_sections())
     # its part of run.json: kept opaque by the record, picked by name
     rec = make_record("r1", backend=BackendPart("pbs", 1, {"job": "7.server"}))
     data = rec.to_json()

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterddp import collective as C
+from clusterddp import collective as collectives
 from clusterddp import inventory, node
 from clusterddp.errors import HostError
 from clusterddp.fleet import HostResult
@@ -67,7 +67,7 @@ def ok_results(n: int) -> list[HostResult]:
 def test_a_slow_host_is_flagged_by_the_rule_and_only_it():
     n = 4
     slow_pairs = {(2, 3): 1e6, (1, 2): 1e6}  # h2 is slow with both its neighbours
-    rep = C.evaluate(inv(n), ok_results(n), measured(n, slow_pairs))
+    rep = collectives.evaluate(inv(n), ok_results(n), measured(n, slow_pairs))
     status = {h.host: h.status for h in rep.hosts}
     assert status == {"h0": "ok", "h1": "ok", "h2": "slow", "h3": "ok"}
     h2 = rep.hosts[2]
@@ -77,21 +77,21 @@ def test_a_slow_host_is_flagged_by_the_rule_and_only_it():
     assert not rep.ok and not any(li.slow for li in rep.links)
     assert [f.size for f in rep.world] == [1024, 64 * 1024, MiB] and rep.backend == "gloo"
     d = rep.to_dict()
-    assert d["hosts"][2]["status"] == "slow" and d["rule"] == C.RULE and json.dumps(d)
+    assert d["hosts"][2]["status"] == "slow" and d["rule"] == collectives.RULE and json.dumps(d)
 
 
 def test_rates_read_as_nccl_tests_prints_them():
-    assert [C.rate(x) for x in (0, 999.4, 999.6, 12345, 2.5e9, 3e12)] == [
+    assert [collectives.rate(x) for x in (0, 999.4, 999.6, 12345, 2.5e9, 3e12)] == [
         "0.00 B/s", "999 B/s", "1.00 kB/s", "12.3 kB/s", "2.50 GB/s", "3000 GB/s"]
 
 
 def test_a_host_slow_only_in_latency_is_flagged_by_the_latency_rule():
     # 4 ms more per operation on h1's links, where the others take 0.2 ms; bandwidth as theirs at 64 MiB
-    rep = C.evaluate(inv(4), ok_results(4), measured(4, {}, {(0, 1): 0.004, (1, 2): 0.004}))
+    rep = collectives.evaluate(inv(4), ok_results(4), measured(4, {}, {(0, 1): 0.004, (1, 2): 0.004}))
     assert [h.status for h in rep.hosts] == ["ok", "slow", "ok", "ok"]
     assert (rep.hosts[1].problem or "").startswith("latency 4 ms is"), rep.hosts[1].problem
     # 10x the median, but within the rule's floor (0.5 ms more than the median): noise, not slowness
-    assert C.evaluate(inv(4), ok_results(4), measured(4, {}, {(0, 1): 0.0002, (1, 2): 0.0002}, 0.00002)).ok
+    assert collectives.evaluate(inv(4), ok_results(4), measured(4, {}, {(0, 1): 0.0002, (1, 2): 0.0002}, 0.00002)).ok
 
 
 def test_one_noisy_size_of_a_pair_flags_nothing():
@@ -101,29 +101,29 @@ def test_one_noisy_size_of_a_pair_flags_nothing():
         ev = json.loads(lines[-1][len(MARK):])
         ev["pairs"][peer][-1][2:] = [x * 10 for x in ev["pairs"][peer][-1][2:]]
         outputs[me] = "\n".join(lines[:-1] + [MARK + json.dumps(ev)]).encode()
-    rep = C.evaluate(inv(3), ok_results(3), outputs)
+    rep = collectives.evaluate(inv(3), ok_results(3), outputs)
     assert rep.ok, [(h.host, h.problem) for h in rep.hosts]
 
 
 def test_a_slow_link_between_fast_hosts_is_named_as_a_link():
     n = 4
-    rep = C.evaluate(inv(n), ok_results(n), measured(n, {(0, 1): 1e6}))
+    rep = collectives.evaluate(inv(n), ok_results(n), measured(n, {(0, 1): 1e6}))
     assert all(h.status == "ok" for h in rep.hosts)  # each is fast with its other neighbour
     assert [(li.a, li.b) for li in rep.links if li.slow] == [("h0", "h1")] and not rep.ok
 
 
 def test_every_host_ok_passes_and_two_hosts_are_never_judged_slow():
-    rep = C.evaluate(inv(3), ok_results(3), measured(3, {}))
+    rep = collectives.evaluate(inv(3), ok_results(3), measured(3, {}))
     assert rep.ok and all(h.status == "ok" for h in rep.hosts)
     two = {f"h{r}": started(f"h{r}") + line("joined") + line("result", backend="gloo", world=sweep(1e3 * (r + 1)),
                                                                 pairs={}) for r in range(2)}
-    rep = C.evaluate(inv(2), ok_results(2), two)
+    rep = collectives.evaluate(inv(2), ok_results(2), two)
     assert rep.ok and rep.hosts[0].bandwidth == rep.hosts[1].bandwidth  # one pair: the slower view, for both
 
 
 def test_results_without_figures_are_judged_without_a_crash():
     empty = {f"h{r}": started(f"h{r}") + line("result", backend="gloo", world=[], pairs={}) for r in range(3)}
-    rep = C.evaluate(inv(3), ok_results(3), empty)
+    rep = collectives.evaluate(inv(3), ok_results(3), empty)
     assert [h.status for h in rep.hosts] == ["ok"] * 3 and all(h.bandwidth is None for h in rep.hosts)
 
 
@@ -134,7 +134,7 @@ def test_the_master_is_rank_0_wherever_the_inventory_lists_it():
     outputs = {"h1": started("h1") + line("joined") + line("error", phase="join", kind="missing", ranks=[1],
                                                            message="rank(s) 1 never joined within 20s"),
                "h0": started("h0") + line("error", phase="join", kind="master_unreachable", message="timed out")}
-    rep = C.evaluate(two, [HostResult("h0"), HostResult("h1")], outputs)
+    rep = collectives.evaluate(two, [HostResult("h0"), HostResult("h1")], outputs)
     assert [(h.host, h.rank, h.status) for h in rep.hosts] == [("h1", 0, "not measured"), ("h0", 1, "never joined")]
 
 
@@ -164,7 +164,7 @@ def test_never_joined_names_the_host_and_why():
                                    message="cannot reach the master port 10.0.0.1:29500 within 20s: timed out"),
         "h2": started("h2") + line("joined") + line("error", phase="join", kind="missing", ranks=[1], message="x"),
     }
-    rep = C.evaluate(inv(n), ok_results(n), outputs)
+    rep = collectives.evaluate(inv(n), ok_results(n), outputs)
     h = {x.host: x for x in rep.hosts}
     assert h["h1"].status == "never joined"
     assert h["h1"].problem == ("never joined within 20s: master port unreachable: cannot reach the master port "
@@ -175,12 +175,12 @@ def test_never_joined_names_the_host_and_why():
     # a host that could not be reached printed nothing: its connection says why
     outputs["h1"] = b""
     err = HostError("h1", "cannot connect to 10.0.0.2:22: timed out")
-    rep = C.evaluate(inv(n), [HostResult("h0"), HostResult("h1", error=err), HostResult("h2")], outputs)
+    rep = collectives.evaluate(inv(n), [HostResult("h0"), HostResult("h1", error=err), HostResult("h2")], outputs)
     assert rep.hosts[1].status == "never joined"
     assert rep.hosts[1].problem == "never joined within 20s: it did not start: cannot connect to 10.0.0.2:22: timed out"
     # nothing understood: its last lines say why (python missing, a setup line failing)
     outputs["h1"] = b"bash: line 3: /opt/py: No such file or directory\n"
-    rep = C.evaluate(inv(n), ok_results(n), outputs)
+    rep = collectives.evaluate(inv(n), ok_results(n), outputs)
     assert rep.hosts[1].problem == ("never joined within 20s: the test did not start there: bash: line 3: /opt/py: "
                                     "No such file or directory")
 
@@ -192,7 +192,7 @@ def test_version_mismatch_is_named_on_the_odd_host():
         "h1": started("h1", torch="2.12.0") + line("joined") + line(
             "error", phase="join", kind="version_mismatch", ranks=[1], message="torch versions differ"),
     }
-    rep = C.evaluate(inv(2), ok_results(2), outputs)
+    rep = collectives.evaluate(inv(2), ok_results(2), outputs)
     assert rep.hosts[1].status == "failed"
     assert rep.hosts[1].problem == "version mismatch: torch 2.12.0 here, 2.13.0+cpu on the master h0"
     assert rep.hosts[0].status == "not measured"
@@ -202,7 +202,7 @@ def test_a_malformed_reply_is_that_hosts_error_only():
     outputs = measured(3, {})
     outputs["h1"] = started("h1") + (MARK + '{"event": "result", "t": 1, "backend": "gloo", "world": [[1024, 1, '
                                      '-1, 0]], "pairs": {}}\n').encode()
-    rep = C.evaluate(inv(3), ok_results(3), outputs)
+    rep = collectives.evaluate(inv(3), ok_results(3), outputs)
     assert rep.hosts[1].status == "failed" and "world[0].median must be" in (rep.hosts[1].problem or "")
     # the others' figures still count as theirs, but without h1's there is no group figure to judge by
     assert rep.hosts[0].status == rep.hosts[2].status == "not measured" and not rep.ok
@@ -263,7 +263,7 @@ def test_the_node_program_runs_two_ranks_for_real_and_its_answer_evaluates(tmp_p
     assert [e["event"] for e in events] == ["started", "joined", "connected", "result"]
     sizes = [m[0] for m in events[-1]["world"]]
     assert sizes[0] == 1024 and 64 * MiB not in sizes  # gloo stops at gloo_max
-    rep = C.evaluate(inv(2), ok_results(2), outs)
+    rep = collectives.evaluate(inv(2), ok_results(2), outs)
     assert rep.ok and rep.backend == "gloo" and [h.status for h in rep.hosts] == ["ok", "ok"]
     assert all(h.latency and h.bandwidth and h.facts["iface"] == "lo" for h in rep.hosts)
 
@@ -320,7 +320,7 @@ def test_parser_and_evaluate_take_anything_a_node_sends(data):
                 assert 1 <= m[0] <= 1 << 40 and 0 <= m[3] <= m[2] <= 1e6
     outputs = measured(3, {})
     outputs["h1"] = raw
-    rep = C.evaluate(inv(3), ok_results(3), outputs)  # never raises: the bad host is that host's problem
+    rep = collectives.evaluate(inv(3), ok_results(3), outputs)  # never raises: the bad host is that host's problem
     assert len(rep.hosts) == 3 and json.dumps(rep.to_dict())
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from clusterddp import plan as P
+from clusterddp import plan as ssh_plan
 from clusterddp.backends import base
-from clusterddp.backends.ssh import launch as L
-from clusterddp.envs import nodes as E
+from clusterddp.backends.ssh import launch as ssh_launch
+from clusterddp.envs import nodes as env_nodes
 from clusterddp.errors import HostError, LockFileError
 from clusterddp.fleet import Fleet
 from clusterddp.runspec import RunSpec
@@ -25,7 +25,7 @@ def test_a_lock_that_is_not_one_stops_prepare(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _inventory(tmp_path, "torch>=2\n")
     with pytest.raises(LockFileError, match=r"req.txt:1: 'torch>=2' is not pinned"):
-        L.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+        ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
 
 
 class Said(base.Events):
@@ -42,28 +42,28 @@ class Said(base.Events):
 def test_the_run_is_planned_probed_and_recorded_with_each_environments_python(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _inventory(tmp_path)
-    prep = L.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
     assert prep.locks is not None and set(prep.locks) == {"a", "b"}
     assert [n.host.python for n in prep.plan.nodes] == ["/opt/base/bin/python"] * 2
     lk = prep.locks["a"]
 
     def survey(fleet, hosts, by_host, cache=None):
         assert [h.python for h in hosts] == ["/opt/base/bin/python"] * 2 and set(by_host) == {"a", "b"}
-        return {h.name: E.Plan(h, lk, f"id{h.name}" * 4, f"/w/{h.name}/envs", f"/w/{h.name}/envs/id/bin/python",
+        return {h.name: env_nodes.Plan(h, lk, f"id{h.name}" * 4, f"/w/{h.name}/envs", f"/w/{h.name}/envs/id/bin/python",
                                h.name == "a") for h in hosts}
 
     def ready(fleet, plans, cache=None, on_wait=None):
-        return {n: E.Made(n, p.env_id, p.python, lk.sha256, 0 if p.ready else 123, not p.ready)
+        return {n: env_nodes.Made(n, p.env_id, p.python, lk.sha256, 0 if p.ready else 123, not p.ready)
                 for n, p in plans.items()}
-    monkeypatch.setattr(E, "survey", survey)
-    monkeypatch.setattr(E, "ready", ready)
+    monkeypatch.setattr(env_nodes, "survey", survey)
+    monkeypatch.setattr(env_nodes, "ready", ready)
     said = Said()
     fleet = Fleet(prep.plan.inventory.hosts)
-    got = L._environments(prep, fleet, said)
+    got = ssh_launch._environments(prep, fleet, said)
     assert [n.host.python for n in got.plan.nodes] == ["/w/a/envs/id/bin/python", "/w/b/envs/id/bin/python"]
     assert [h.python for h in got.plan.inventory.hosts] == [n.host.python for n in got.plan.nodes]
     assert [h.python for h in fleet.hosts] == [n.host.python for n in got.plan.nodes]  # what the preflight probes
-    records = L.node_records(got.plan)
+    records = ssh_launch.node_records(got.plan)
     assert [(r.settings.env_id, r.settings.lock_sha256) for r in records] == [("ida" * 4, lk.sha256),
                                                                                ("idb" * 4, lk.sha256)]
     assert "[clusterddp] b: environment idbidbidbidb will be built (0 B of wheels to send)" in said.lines
@@ -77,8 +77,8 @@ def test_run_json_keeps_each_nodes_environment_and_an_older_record_reads_without
     from clusterddp.record import NodeRecord
     monkeypatch.chdir(tmp_path)
     _inventory(tmp_path)
-    prep = L.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
-    [a, _] = L.node_records(prep.plan)
+    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    [a, _] = ssh_launch.node_records(prep.plan)
     a = replace(a, settings=replace(a.settings, env_id="e" * 24, lock_sha256="f" * 64, python="/w/envs/e/bin/python"))
     data = a.to_json()
     assert data["settings"]["env_id"] == "e" * 24 and data["settings"]["lock_sha256"] == "f" * 64
@@ -120,17 +120,17 @@ def test_a_run_that_lists_spares_builds_their_environments_as_it_starts(tmp_path
     attempt never waits for a build); a spare whose environment cannot be made is left out, said."""
     monkeypatch.chdir(tmp_path)
     _with_spares(tmp_path)
-    prep = L.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
     lk = prep.locks["a"]
 
     def survey(fleet, hosts, by_host, cache=None):
         if [h.name for h in hosts] == ["s2"]:
             raise HostError("s2", "environment build: no room")
-        return {h.name: E.Plan(h, lk, "e" * 24, f"/w/{h.name}/envs", f"/w/{h.name}/envs/e/bin/python", False)
+        return {h.name: env_nodes.Plan(h, lk, "e" * 24, f"/w/{h.name}/envs", f"/w/{h.name}/envs/e/bin/python", False)
                 for h in hosts}
 
     def ready(fleet, plans, cache=None, on_wait=None):
-        return {n: E.Made(n, p.env_id, p.python, lk.sha256, 1, True) for n, p in plans.items()}
+        return {n: env_nodes.Made(n, p.env_id, p.python, lk.sha256, 1, True) for n, p in plans.items()}
 
     class Opened:
         succeeded = {"s1": object(), "s2": object()}
@@ -148,11 +148,11 @@ def test_a_run_that_lists_spares_builds_their_environments_as_it_starts(tmp_path
 
         def open(self):
             return Opened()
-    monkeypatch.setattr(E, "survey", survey)
-    monkeypatch.setattr(E, "ready", ready)
-    monkeypatch.setattr(E, "Fleet", SpareFleet)
+    monkeypatch.setattr(env_nodes, "survey", survey)
+    monkeypatch.setattr(env_nodes, "ready", ready)
+    monkeypatch.setattr(env_nodes, "Fleet", SpareFleet)
     said = Said()
-    got = L._environments(prep, Fleet(prep.plan.inventory.hosts), said)
+    got = ssh_launch._environments(prep, Fleet(prep.plan.inventory.hosts), said)
     spares = got.plan.inventory.spares
     assert [(s.name, s.python, s.env_id) for s in spares] == [("s1", "/w/s1/envs/e/bin/python", "e" * 24)]
     assert "[clusterddp] spare s2 is not used: its environment: s2: environment build: no room" in said.lines, \
@@ -161,16 +161,16 @@ def test_a_run_that_lists_spares_builds_their_environments_as_it_starts(tmp_path
         in said.lines
     # the attempt that brings s1 in for a lost host plans it with its environment's python, recorded
     inv = got.plan.inventory
-    nxt = P.build_plan(inv.in_use((inv.hosts[0], spares[0])), prep.plan.spec, prep.plan.run_id)
+    nxt = ssh_plan.build_plan(inv.in_use((inv.hosts[0], spares[0])), prep.plan.spec, prep.plan.run_id)
     assert [(n.host.name, n.host.python) for n in nxt.nodes] == [("a", "/w/a/envs/e/bin/python"),
                                                                   ("s1", "/w/s1/envs/e/bin/python")]
-    assert [r.settings.env_id for r in L.node_records(nxt)] == ["e" * 24] * 2
+    assert [r.settings.env_id for r in ssh_launch.node_records(nxt)] == ["e" * 24] * 2
 
 
 def test_a_spare_that_does_not_answer_as_the_run_starts_is_left_out_said(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _with_spares(tmp_path)
-    prep = L.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
 
     class Opened:
         succeeded: dict = {}
@@ -188,9 +188,9 @@ def test_a_spare_that_does_not_answer_as_the_run_starts_is_left_out_said(tmp_pat
 
         def open(self):
             return Opened()
-    monkeypatch.setattr(E, "Fleet", SpareFleet)
+    monkeypatch.setattr(env_nodes, "Fleet", SpareFleet)
     said: list[str] = []
-    got = E.spares_ready(prep.plan.inventory.spares, 4, said.append)
+    got = env_nodes.spares_ready(prep.plan.inventory.spares, 4, said.append)
     assert got == ()
     assert said == ["[clusterddp] spare s1 is not used: its environment cannot be built (connection refused)",
                     "[clusterddp] spare s2 is not used: its environment cannot be built (no route to host)"]

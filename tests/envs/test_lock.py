@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.envs import lock as L
-from clusterddp.envs import nodes as E
-from clusterddp.envs import wheels as W
+from clusterddp.envs import lock as lock_module
+from clusterddp.envs import nodes as env_nodes
+from clusterddp.envs import wheels as wheels_module
 from clusterddp.errors import LockFileError, UsageError
 
 H1 = "sha256:" + "a" * 64
@@ -33,7 +33,7 @@ typing_extensions==4.16.0 --hash={H2}  # via torch
 
 
 def test_a_pip_compile_lock_with_hashes_is_read_pin_by_pin():
-    lk = L.parse(PIP_COMPILE.encode(), "requirements.txt")
+    lk = lock_module.parse(PIP_COMPILE.encode(), "requirements.txt")
     assert lk.format == "requirements" and lk.sha256 == hashlib.sha256(PIP_COMPILE.encode()).hexdigest()
     assert [(p.name, p.version, p.line) for p in lk.pins] == [
         ("filelock", "3.13.1", 7), ("Torch", "2.13.0+cpu", 11), ("typing_extensions", "4.16.0", 13)]
@@ -44,7 +44,7 @@ def test_a_pip_compile_lock_with_hashes_is_read_pin_by_pin():
 
 
 def test_a_lock_without_hashes_is_read_and_pip_is_not_asked_to_require_them():
-    lk = L.parse(b"torch==2.13.0\ncddptiny===1.0\n", "uv.txt")
+    lk = lock_module.parse(b"torch==2.13.0\ncddptiny===1.0\n", "uv.txt")
     assert [(p.name, p.version) for p in lk.pins] == [("torch", "2.13.0"), ("cddptiny", "1.0")]
     assert not lk.hashed
 
@@ -68,7 +68,7 @@ def test_a_lock_without_hashes_is_read_and_pip_is_not_asked_to_require_them():
 ])
 def test_what_is_not_a_lock_is_a_located_error(text, line, says):
     with pytest.raises(LockFileError) as e:
-        L.parse(text.encode(), "locks/req.txt")
+        lock_module.parse(text.encode(), "locks/req.txt")
     assert e.value.line == line and str(e.value).startswith(f"locks/req.txt:{line}: ") and says in str(e.value)
     assert e.value.exit_code == 2 and "hint:" in str(e.value)
 
@@ -81,15 +81,15 @@ def test_what_is_not_a_lock_is_a_located_error(text, line, says):
 ])
 def test_garbage_is_refused(data, says):
     with pytest.raises(LockFileError, match=says):
-        L.parse(data, "req.txt")
+        lock_module.parse(data, "req.txt")
 
 
 def test_an_unknown_lock_format_is_refused_by_its_name():
     with pytest.raises(LockFileError, match=r"uv.lock: not a lock format clusterddp reads") as e:
-        L.parse(b"version = 1\n", "proj/uv.lock")
+        lock_module.parse(b"version = 1\n", "proj/uv.lock")
     assert "uv export --format pylock.toml" in str(e.value)
     with pytest.raises(LockFileError, match="poetry.lock"):
-        L.parse(b"", "poetry.lock")
+        lock_module.parse(b"", "poetry.lock")
 
 
 PYLOCK = f"""\
@@ -113,12 +113,12 @@ wheels = [{{ name = "filelock-3.13.1-py3-none-any.whl", hashes = {{ sha256 = "{'
 
 
 def test_a_pylock_toml_is_read_with_every_wheel_hash():
-    lk = L.parse(PYLOCK.encode(), "pylock.toml")
+    lk = lock_module.parse(PYLOCK.encode(), "pylock.toml")
     assert lk.format == "pylock" and [(p.name, p.version, p.line) for p in lk.pins] == [
         ("torch", "2.13.0", 4), ("filelock", "3.13.1", 13)]
     assert lk.pins[0].hashes == ("sha256:" + "a" * 64, "sha256:" + "b" * 64) and lk.hashed
     assert lk.pins[0].marker == "python_version >= '3.10'"
-    assert L.detect("pylock.gpu.toml") == "pylock"
+    assert lock_module.detect("pylock.gpu.toml") == "pylock"
 
 
 @pytest.mark.parametrize("text, line, says", [
@@ -132,33 +132,33 @@ def test_a_pylock_toml_is_read_with_every_wheel_hash():
 ])
 def test_a_pylock_that_is_not_one_is_located(text, line, says):
     with pytest.raises(LockFileError) as e:
-        L.parse(text.encode(), "pylock.toml")
+        lock_module.parse(text.encode(), "pylock.toml")
     assert e.value.line == line and says in str(e.value), str(e.value)
 
 
 def test_a_lock_file_that_cannot_be_read_or_is_too_big_is_named(tmp_path):
     with pytest.raises(LockFileError, match=r"nope.txt: cannot be read"):
-        L.read(tmp_path / "nope.txt")
+        lock_module.read(tmp_path / "nope.txt")
     big = tmp_path / "big.txt"
-    big.write_bytes(b"#" * (L.MAX_BYTES + 1))
+    big.write_bytes(b"#" * (lock_module.MAX_BYTES + 1))
     with pytest.raises(LockFileError, match="is over 4 MiB"):
-        L.read(big)
+        lock_module.read(big)
 
 
 def test_an_environment_id_changes_with_the_lock_the_python_and_the_platform():
     facts = {"python": "3.11.7", "impl": "cpython", "exe": "/usr/bin/python3.11", "platform": "manylinux_2_36_x86_64"}
-    same = E.env_id("a" * 64, facts)
-    assert same == E.env_id("a" * 64, dict(facts)) and len(same) == 24
-    ids = {E.env_id("b" * 64, facts)} | {E.env_id("a" * 64, {**facts, k: "other"}) for k in facts}
+    same = env_nodes.env_id("a" * 64, facts)
+    assert same == env_nodes.env_id("a" * 64, dict(facts)) and len(same) == 24
+    ids = {env_nodes.env_id("b" * 64, facts)} | {env_nodes.env_id("a" * 64, {**facts, k: "other"}) for k in facts}
     assert same not in ids and len(ids) == 1 + len(facts)
 
 
 def test_a_node_with_glibc_takes_every_older_manylinux():
-    got = W.platforms("manylinux_2_28_x86_64")
+    got = wheels_module.platforms("manylinux_2_28_x86_64")
     assert got[0] == "manylinux_2_28_x86_64" and got[-4] == "manylinux_2_5_x86_64"
     assert got[-3:] == ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
     assert len(got) == 24 + 3
-    assert W.platforms("macosx_14_0_arm64") == ["macosx_14_0_arm64"]
+    assert wheels_module.platforms("macosx_14_0_arm64") == ["macosx_14_0_arm64"]
 
 
 def test_packages_flag_applies_to_every_host_up_local_too_and_is_refused_on_slurm(tmp_path, monkeypatch):
@@ -167,13 +167,13 @@ def test_packages_flag_applies_to_every_host_up_local_too_and_is_refused_on_slur
     from clusterddp.inventory.loader import local
     monkeypatch.chdir(tmp_path)
     inv = local()
-    assert E.with_packages(inv, "req.txt").hosts[0].packages == str(tmp_path / "req.txt")
+    assert env_nodes.with_packages(inv, "req.txt").hosts[0].packages == str(tmp_path / "req.txt")
     monkeypatch.setenv("CLUSTERDDP_CACHE", str(tmp_path / "cache"))
-    assert E.root_of(inv.hosts[0]) == str(tmp_path / "cache" / "envs")  # not the folder `up local` runs in
+    assert env_nodes.root_of(inv.hosts[0]) == str(tmp_path / "cache" / "envs")  # not the folder `up local` runs in
     slurm = replace(inv, hosts=(), backend="slurm")  # a Slurm inventory: its hosts allocated by the job
     with pytest.raises(UsageError, match="--packages: environments are built on SSH hosts and for `up local` only"):
-        E.with_packages(slurm, "req.txt")
-    assert E.with_packages(inv, None) is inv
+        env_nodes.with_packages(slurm, "req.txt")
+    assert env_nodes.with_packages(inv, None) is inv
 
 
 def test_the_inventory_resolves_packages_beside_itself(tmp_path):
@@ -187,9 +187,9 @@ def test_the_inventory_resolves_packages_beside_itself(tmp_path):
     (tmp_path / "locks" / "req.txt").write_text("torch==2.13.0\n")
     (tmp_path / "other.txt").write_text("torch>2\n")
     with pytest.raises(LockFileError, match=r"other.txt:1: 'torch>2' is not pinned"):
-        E.locks(inv)
+        env_nodes.locks(inv)
     (tmp_path / "other.txt").write_text("torch==2.13.0\n")
-    got = E.locks(inv)
+    got = env_nodes.locks(inv)
     assert got["a"].pins == got["b"].pins and got["a"].path != got["b"].path
-    flagged = E.with_packages(inv, str(Path("x.txt")))
+    flagged = env_nodes.with_packages(inv, str(Path("x.txt")))
     assert {h.packages for h in flagged.hosts} == {str(Path("x.txt").absolute())}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterddp import failure as F
+from clusterddp import failure as failures
 
 TYPES = st.sampled_from(["ValueError", "RuntimeError", "KeyError", "torch.OutOfMemoryError", "mylib.errors.Bad"])
 WORDS = st.text(st.characters(codec="utf-8", categories=["L", "N", "P", "S", "Zs"], exclude_characters="\r\n"),
@@ -98,20 +98,20 @@ def node_logs(draw):
 @given(node_logs())
 def test_each_rank_of_interleaved_output_gets_its_own_exception_and_its_own_tail(case):
     log, base, n, raised, root = case
-    lines = F.attempt_lines(log)
+    lines = failures.attempt_lines(log)
     for rank in range(base, base + n):
-        got = F.rank_traceback(lines, rank)
+        got = failures.rank_traceback(lines, rank)
         assert (got[0] if got else None) == raised.get(rank), (rank, got)
-        tail = F.rank_tail(lines, rank)
+        tail = failures.rank_tail(lines, rank)
         foreign = [line for line in tail if line.startswith("[rank") and not line.startswith(f"[rank{rank}]: ")]
         torchruns = [line for line in tail if "torch/distributed/elastic" in line or "=====" in line
                      or "exitcode" in line or "ChildFailedError" in line]
         assert not foreign and not torchruns, tail
-    node = F.NodeFacts("node-2", 1, n, "failed", 1, None, log, {"errors": [], "kernel_lines": []})
-    errors = {r.rank: r for r in F.rank_errors(node)}
+    node = failures.NodeFacts("node-2", 1, n, "failed", 1, None, log, {"errors": [], "kernel_lines": []})
+    errors = {r.rank: r for r in failures.rank_errors(node)}
     for rank, last in raised.items():
         assert errors[rank].kind == "exception" and f"{errors[rank].exc_type}: {errors[rank].message}" == last
-    f = F.diagnose([node], "node-2")
+    f = failures.diagnose([node], "node-2")
     assert f.kind == "exception" and f.rank in raised
 
 
@@ -138,7 +138,9 @@ def plain_logs(draw):
 @given(plain_logs())
 def test_without_a_prefix_the_last_traceback_before_the_exit_is_taken(case):
     log, last = case
-    got = F.bare_traceback(F.attempt_lines(log), 2)
+    got = failures.bare_traceback(failures.attempt_lines(log), 2)
     assert got is not None and got[0] == last, got
-    f = F.diagnose([F.NodeFacts("vm", 0, 2, "failed", 1, None, log, {"errors": [], "kernel_lines": []})], "vm")
+    f = failures.diagnose(
+        [failures.NodeFacts("vm", 0, 2, "failed", 1, None, log, {"errors": [], "kernel_lines": []})], "vm"
+    )
     assert (f.kind, f.rank, f"{f.exc_type}: {f.message}") == ("exception", 1, last)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from clusterddp import errors
-from clusterddp import failure as F
+from clusterddp import failure as failures
 from clusterddp.backends import base
 from clusterddp.errors import RunFailed
 from clusterddp.record import NodeState, RunStatus
@@ -14,7 +14,7 @@ from clusterddp.store import RunStore
 from helpers import make_record
 
 
-def _failed_run(tmp_path, failure: F.Failure, first_failed: str) -> RunFailed:
+def _failed_run(tmp_path, failure: failures.Failure, first_failed: str) -> RunFailed:
     store = RunStore(tmp_path)
     rec = make_record("r1", hosts=("node1", "node2", "node3"))
     rec = replace(rec, status=RunStatus.FAILED, failed_host=first_failed,
@@ -29,7 +29,7 @@ def _failed_run(tmp_path, failure: F.Failure, first_failed: str) -> RunFailed:
 
 
 def test_a_stall_found_on_one_node_and_ended_first_on_another_names_the_root_causes_host(tmp_path):
-    hang = F.Failure("node2", "hang", "hang: no rank made progress for 30s (stall timeout 30s); rank 3 (node2 "
+    hang = failures.Failure("node2", "hang", "hang: no rank made progress for 30s (stall timeout 30s); rank 3 (node2 "
                      "local 1) not where the others are: sleep (train.py:12)", rank=3, local_rank=1)
     e = _failed_run(tmp_path, hang, "node3")
     head, cause = str(e).splitlines()[:2]
@@ -39,14 +39,14 @@ def test_a_stall_found_on_one_node_and_ended_first_on_another_names_the_root_cau
 
 
 def test_the_headline_is_unchanged_when_the_first_to_fail_is_the_root_cause(tmp_path):
-    boom = F.Failure("node2", "exception", "ValueError: boom", rank=3)
+    boom = failures.Failure("node2", "exception", "ValueError: boom", rank=3)
     e = _failed_run(tmp_path, boom, "node2")
     assert str(e).splitlines()[0] == "run r1 failed: node2 failed first"
     assert errors.blame("node2", None) == "node2 failed first" and errors.blame(None, "node2") == "node2 failed first"
 
 
 def test_last_lines_of_a_log_are_never_a_header_over_nothing():
-    lost = F.Failure("node2", "lost", "lost: stopped answering", log_tail=("", "   ", "\t"))
+    lost = failures.Failure("node2", "lost", "lost: stopped answering", log_tail=("", "   ", "\t"))
     assert not any("last lines" in line for line in lost.lines())
     some = replace(lost, log_tail=("", "Epoch 3 | rank 2"))
     lines = some.lines()
@@ -89,6 +89,6 @@ def test_a_nodes_log_tail_is_its_last_words_not_torchruns_teardown():
     torchrun's ChildFailedError table (real node output, tests/fixtures/teardown)."""
     from pathlib import Path
     log = (Path(__file__).parent.parent / "fixtures" / "teardown" / "crash-node2.log").read_bytes()
-    tail = F._tail(log)
+    tail = failures._tail(log)
     assert tail and not any("=====" in line or "exitcode" in line or "ChildFailedError" in line for line in tail)
     assert any("Connection closed by peer" in line for line in tail), tail

@@ -4,7 +4,7 @@ the process group exists, nothing does), and torchrun's table names the rank tha
 
 from __future__ import annotations
 
-from clusterddp import failure as F
+from clusterddp import failure as failures
 from clusterddp.failure import NodeFacts, diagnose
 
 LOG = b"""[clusterddp] node 1/2 on node-2 iface=eth0 job 7
@@ -56,21 +56,21 @@ def test_an_exception_without_an_error_file_is_read_from_the_ranks_own_traceback
         "exception", 3, 1, "ValueError", "plain boom at step 5")
     assert f.frames[-1] == '/w/fail.py:8 in explode: raise ValueError("plain boom at step %d" % step)'
     # rank 2 was SIGTERMed by torchrun (an echo): its own RuntimeError is not read, its signal is
-    assert [(r.rank, r.kind) for r in F.rank_errors(NodeFacts("n", 1, 2, "failed", 1, None, LOG, REPORT))] == [
+    assert [(r.rank, r.kind) for r in failures.rank_errors(NodeFacts("n", 1, 2, "failed", 1, None, LOG, REPORT))] == [
         (2, "signal"), (3, "exception")]
 
 
 def test_torchruns_own_traceback_an_earlier_attempt_or_another_ranks_is_never_taken():
-    lines = F.attempt_lines(LOG)
-    assert F.rank_traceback(lines, 2) == ("RuntimeError: Connection closed by peer", (
+    lines = failures.attempt_lines(LOG)
+    assert failures.rank_traceback(lines, 2) == ("RuntimeError: Connection closed by peer", (
         'Traceback (most recent call last):\n  File "/w/fail.py", line 13, in <module>\n'
         "RuntimeError: Connection closed by peer"))
-    assert F.rank_traceback(lines, 5) is None
-    assert F.bare_traceback(lines) is None  # only torchrun's ChildFailedError is unprefixed
+    assert failures.rank_traceback(lines, 5) is None
+    assert failures.bare_traceback(lines) is None  # only torchrun's ChildFailedError is unprefixed
     restarted = LOG + b"[clusterddp] node 1/2 on node-2 iface=eth0 job 7\n"
-    assert F.rank_traceback(F.attempt_lines(restarted), 3) is None  # the last attempt printed none
+    assert failures.rank_traceback(failures.attempt_lines(restarted), 3) is None  # the last attempt printed none
     one = b"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nKeyError: 'k'\n"
-    assert F.bare_traceback(F.attempt_lines(one)) == ("KeyError: 'k'", one.decode().rstrip("\n"))
+    assert failures.bare_traceback(failures.attempt_lines(one)) == ("KeyError: 'k'", one.decode().rstrip("\n"))
 
 
 def test_without_a_prefix_the_last_traceback_before_the_exit_is_the_failing_ranks():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import failure as F
+from clusterddp import failure as failures
 from clusterddp import flight
 from clusterddp.errors import RecordError
 from clusterddp.node import flight as node_flight
@@ -65,10 +65,10 @@ def test_a_users_own_values_win_even_empty_and_the_newer_buffer_name(tmp_path):
 
 def test_launch_sh_has_the_lines_after_the_users_env(tmp_path):
     from clusterddp import inventory
-    from clusterddp import plan as P
+    from clusterddp import plan as ssh_plan
     inv = inventory.parse("defaults: {env: {TORCH_NCCL_DUMP_ON_TIMEOUT: '0'}}\nhosts: [{name: a, address: 10.0.0.1}]\n",
                           "inv.yaml")
-    text = P.build_plan(inv, RunSpec("train.py"), "r1").nodes[0].launch_script
+    text = ssh_plan.build_plan(inv, RunSpec("train.py"), "r1").nodes[0].launch_script
     assert text.index("export TORCH_NCCL_DUMP_ON_TIMEOUT=0") < text.index(flight.ENV_LINES[1]) < text.index(
         "torch.distributed.run")
 
@@ -171,7 +171,7 @@ def test_a_damaged_or_missing_dump_is_a_note_and_the_others_still_read():
 
 def test_the_flight_round_trips_through_run_json_and_a_damaged_one_is_refused_naming_the_field():
     fl = flight.read(fixture_dumps())
-    fail = F.Failure("node-1", "exception", "RuntimeError: timed out", rank=0, flight=fl)
+    fail = failures.Failure("node-1", "exception", "RuntimeError: timed out", rank=0, flight=fl)
     rec = make_record("r1", failure=fail)
     again = RunRecord.from_json(json.loads(json.dumps(rec.to_json())), "run.json")
     assert again.failure == fail and "  flight recorder: rank 1 (node-1) never entered" in "\n".join(fail.lines())

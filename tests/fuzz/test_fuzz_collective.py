@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from clusterddp.node import collective as C
+from clusterddp.node import collective as collective_module
 from fuzzing import ANY_TEXT, DEEP_JSON, UNICODE_DIGITS, case, fuzz, hostile_bytes, json_edited, spliced_bytes
 
 # A known bug (issue 23), fixed by engineer C in parallel: Unicode digits as the rank keys of hellos and
@@ -25,7 +25,7 @@ DIGITS_BUG = False
 RANK_KEY = re.compile(r'"[^"\x00-\x7f]*[^\x00-\x7f][^"]*"\s*:')  # a key with a non-ASCII character
 
 TEXT = ANY_TEXT
-SECONDS = st.floats(0, C.MAX_SECONDS, allow_nan=False)
+SECONDS = st.floats(0, collective_module.MAX_SECONDS, allow_nan=False)
 
 
 @st.composite
@@ -33,14 +33,20 @@ def sweeps(draw) -> list:
     out = []
     for _ in range(draw(st.integers(0, 4))):
         med = draw(SECONDS)
-        out.append([draw(st.integers(1, C.MAX_SIZE)), draw(st.integers(1, C.MAX_OPS)), med,
-                    draw(st.floats(0, med, allow_nan=False))])
+        out.append(
+            [
+                draw(st.integers(1, collective_module.MAX_SIZE)),
+                draw(st.integers(1, collective_module.MAX_OPS)),
+                med,
+                draw(st.floats(0, med, allow_nan=False)),
+            ]
+        )
     return out
 
 
 @st.composite
 def events(draw, world: int) -> dict:
-    kind = draw(st.sampled_from(C.EVENTS))
+    kind = draw(st.sampled_from(collective_module.EVENTS))
     ev: dict = {"event": kind, "t": draw(SECONDS)}
     for k in draw(st.lists(st.sampled_from(["python", "hostname", "iface", "addr", "torch", "cuda"]), unique=True)):
         ev[k] = draw(st.none() | TEXT)
@@ -49,10 +55,16 @@ def events(draw, world: int) -> dict:
     if kind in ("connected", "result"):
         ev["backend"] = draw(st.sampled_from(["gloo", "nccl"]))
     if kind == "error":
-        ev.update(phase=draw(st.sampled_from(C.PHASES)), kind=draw(st.sampled_from(C.KINDS)), message=draw(TEXT),
-                  ranks=draw(st.lists(st.integers(0, world - 1), max_size=world)),
-                  hellos={str(r): {"torch": draw(st.none() | TEXT)}
-                          for r in draw(st.lists(st.integers(0, world - 1), max_size=world, unique=True))})
+        ev.update(
+            phase=draw(st.sampled_from(collective_module.PHASES)),
+            kind=draw(st.sampled_from(collective_module.KINDS)),
+            message=draw(TEXT),
+            ranks=draw(st.lists(st.integers(0, world - 1), max_size=world)),
+            hellos={
+                str(r): {"torch": draw(st.none() | TEXT)}
+                for r in draw(st.lists(st.integers(0, world - 1), max_size=world, unique=True))
+            },
+        )
     if kind == "result":
         ev.update(world=draw(sweeps()), pairs={str(p): draw(sweeps()) for p in draw(
             st.lists(st.integers(0, world - 1), max_size=2, unique=True))})
@@ -62,8 +74,8 @@ def events(draw, world: int) -> dict:
 def expected(ev: dict) -> dict:
     out = dict(ev, t=float(ev["t"]))
     for k in ("python", "hostname", "iface", "addr", "torch", "cuda", "message"):
-        if isinstance(out.get(k), str) and len(out[k]) > C.MAX_TEXT:
-            out[k] = out[k][:C.MAX_TEXT] + "..."
+        if isinstance(out.get(k), str) and len(out[k]) > collective_module.MAX_TEXT:
+            out[k] = out[k][:collective_module.MAX_TEXT] + "..."
     if "hellos" in ev:
         out["hellos"] = {int(r): h for r, h in ev["hellos"].items()}
     if "world" in ev:
@@ -76,14 +88,14 @@ def render(evs: list, other: list[str]) -> bytes:
     lines = []
     for i, ev in enumerate(evs):
         lines += other[i:i + 1]
-        lines.append(C.MARK + json.dumps(ev))
+        lines.append(collective_module.MARK + json.dumps(ev))
     return ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
 
 
 def parse(data: bytes, world: int):
     got = None
-    with case("collective events", C.CollectiveReplyError):
-        got = C.parse_output(data, world)
+    with case("collective events", collective_module.CollectiveReplyError):
+        got = collective_module.parse_output(data, world)
     return got
 
 
@@ -100,7 +112,7 @@ def test_rendered_events_parse_back_to_their_values(data, world, other):
 
 def valid(events_: list[dict], world: int) -> None:
     for ev in events_:
-        assert ev["event"] in C.EVENTS and 0 <= ev["t"] <= C.MAX_SECONDS
+        assert ev["event"] in collective_module.EVENTS and 0 <= ev["t"] <= collective_module.MAX_SECONDS
         for r in ev.get("hellos", {}):
             assert type(r) is int and 0 <= r < world
         for p in ev.get("pairs", {}):
@@ -118,10 +130,10 @@ def mutated(draw) -> tuple[bytes, int]:
     if how == "bytes":
         return draw(spliced_bytes(render(evs, []))), world
     if how == "deep":
-        return C.MARK.encode() + draw(st.sampled_from(DEEP_JSON)).encode() + b"\n", world
+        return collective_module.MARK.encode() + draw(st.sampled_from(DEEP_JSON)).encode() + b"\n", world
     if how == "many":
         return render(evs * 10, []), world
-    return C.MARK.encode() + draw(hostile_bytes()), world
+    return collective_module.MARK.encode() + draw(hostile_bytes()), world
 
 
 @fuzz(60)

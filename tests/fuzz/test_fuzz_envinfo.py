@@ -13,7 +13,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterddp.node import envinfo as E
+from clusterddp.node import envinfo as envinfo_module
 from fuzzing import ANY_TEXT, DEEP_JSON, case, fuzz, hostile_bytes, hostile_text, json_edited, spliced_bytes
 
 TEXTS = ("python", "torch", "cuda", "nccl", "driver", "torch_error", "packages_error")
@@ -34,24 +34,26 @@ def facts(draw) -> dict:
 
 
 def clip(v):
-    return v if v is None or len(v) <= E.MAX_TEXT else v[:E.MAX_TEXT] + "..."
+    return v if v is None or len(v) <= envinfo_module.MAX_TEXT else v[:envinfo_module.MAX_TEXT] + "..."
 
 
 def expected(f: dict) -> dict:
     out = {k: clip(f.get(k)) for k in TEXTS}
-    out["packages"] = None if f["packages"] is None else {k: v[:E.MAX_TEXT] for k, v in f["packages"].items()}
+    out["packages"] = (
+        None if f["packages"] is None else {k: v[: envinfo_module.MAX_TEXT] for k, v in f["packages"].items()}
+    )
     out["script"] = f["script"]
     return out
 
 
 def render(f: object, banner: bytes = b"") -> bytes:
-    return banner + (E.MARK + json.dumps(f) + "\n").encode("utf-8", "surrogatepass")
+    return banner + (envinfo_module.MARK + json.dumps(f) + "\n").encode("utf-8", "surrogatepass")
 
 
 def parse(out: bytes, err: bytes = b"", code: int = 0):
     got = None
-    with case("envinfo reply", E.EnvInfoError):
-        got = E.parse_reply(out, err, code)
+    with case("envinfo reply", envinfo_module.EnvInfoError):
+        got = envinfo_module.parse_reply(out, err, code)
     return got
 
 
@@ -63,11 +65,11 @@ def test_rendered_facts_parse_back_to_their_values(f, banner):
 
 def valid(got: dict) -> None:
     for k in TEXTS:
-        assert got[k] is None or (isinstance(got[k], str) and len(got[k]) <= E.MAX_TEXT + 3)
+        assert got[k] is None or (isinstance(got[k], str) and len(got[k]) <= envinfo_module.MAX_TEXT + 3)
     assert isinstance(got["python"], str)
     pk = got["packages"]
-    assert pk is None or (len(pk) <= E.MAX_PACKAGES and all(
-        isinstance(k, str) and isinstance(v, str) and len(v) <= E.MAX_TEXT for k, v in pk.items()))
+    assert pk is None or (len(pk) <= envinfo_module.MAX_PACKAGES and all(
+        isinstance(k, str) and isinstance(v, str) and len(v) <= envinfo_module.MAX_TEXT for k, v in pk.items()))
     sc = got["script"]
     assert sc is None or (len(sc["sha256"]) == 64 and all(type(sc[k]) is int and 0 <= sc[k] <= 10 ** 9
                                                           for k in ("files", "missing")))
@@ -83,10 +85,10 @@ def mutated(draw) -> tuple[bytes, bytes]:
     if how == "bytes":
         return draw(spliced_bytes(render(f))), err
     if how == "deep":
-        return E.MARK.encode() + draw(st.sampled_from(DEEP_JSON)).encode() + b"\n", err
+        return envinfo_module.MARK.encode() + draw(st.sampled_from(DEEP_JSON)).encode() + b"\n", err
     if how == "none":
         return draw(hostile_text(3, big=False)).encode(), err
-    return E.MARK.encode() + draw(hostile_bytes()), err
+    return envinfo_module.MARK.encode() + draw(hostile_bytes()), err
 
 
 @fuzz(60)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterddp.envs import lock as L
+from clusterddp.envs import lock as lock_module
 from clusterddp.errors import LockFileError
 from fuzzing import case, fuzz, hostile_bytes, spliced_bytes
 
@@ -18,13 +18,13 @@ VERSIONS = st.from_regex(r"[0-9]{1,3}(\.[0-9]{1,3}){0,3}(rc[0-9])?(\+cpu)?", ful
 HASHES = st.lists(st.from_regex(r"sha256:[0-9a-f]{64}", fullmatch=True), min_size=1, max_size=2)
 MARKERS = st.sampled_from([None, 'python_version >= "3.10"', "sys_platform == 'linux'"])
 PINS = st.lists(st.tuples(NAMES, VERSIONS, HASHES, MARKERS), min_size=1, max_size=6,
-                unique_by=lambda p: L.normalize(p[0]))
+                unique_by=lambda p: lock_module.normalize(p[0]))
 VALID = b"# pip-compile\ntorch==2.13.0 \\\n    --hash=sha256:" + b"a" * 64 + b"\nfilelock==3.13.1\n"
 PYLOCK = (b'lock-version = "1.0"\n[[packages]]\nname = "torch"\nversion = "2.13.0"\n'
           b'wheels = [{ url = "u", hashes = { sha256 = "' + b"a" * 64 + b'" } }]\n')
 
 
-def parsed(data: bytes, path: str) -> L.Lock | None:
+def parsed(data: bytes, path: str) -> lock_module.Lock | None:
     got = None
 
     def located(e: BaseException) -> None:
@@ -32,14 +32,14 @@ def parsed(data: bytes, path: str) -> L.Lock | None:
         if e.line is not None:
             assert 1 <= e.line <= data.count(b"\n") + 1, (e.line, data[:200])
     with case("lock", LockFileError, located, size=len(data)):
-        got = L.parse(data, path)
+        got = lock_module.parse(data, path)
     return got
 
 
-def valid(lk: L.Lock) -> None:
+def valid(lk: lock_module.Lock) -> None:
     assert lk.pins
     for p in lk.pins:
-        assert L.NAME_RE.fullmatch(p.name) and L.VERSION_RE.fullmatch(p.version), p
+        assert lock_module.NAME_RE.fullmatch(p.name) and lock_module.VERSION_RE.fullmatch(p.version), p
         assert all(h.startswith(("sha256:", "sha384:", "sha512:")) for h in p.hashes), p
         assert "\n" not in p.requirement()
 
@@ -68,6 +68,6 @@ def test_what_a_lock_renders_for_pip_reads_back_as_the_same_pins(pins, hashed):
                    for n, v, hs, m in pins)
     lk = parsed(text.encode(), "req.txt")
     assert lk is not None
-    again = L.parse(lk.requirements().encode(), "again.txt")
+    again = lock_module.parse(lk.requirements().encode(), "again.txt")
     assert [(p.name, p.version, p.hashes, p.marker) for p in again.pins] == \
         [(n, v, tuple(hs), m) for n, v, hs, m in pins]

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterddp import notify as N
+from clusterddp import notify as notifier
 from clusterddp.errors import UsageError
 from clusterddp.inventory import HOST_NAME_RE, NOTIFY_FIELDS, NotifyTarget, notify_command_problem, webhook_problem
 from clusterddp.node import notify as node_notify
@@ -128,9 +128,9 @@ def test_any_webhook_url_is_checked_and_labelled_without_showing_a_secret(got):
     t = NotifyTarget("webhook", url, where="lab.yaml: notify[0]")
     problem, label, reach = None, "", []
     with case("webhook url check", UsageError):
-        label = N.label(t)
+        label = notifier.label(t)
         problem = webhook_problem(url)
-        reach = N.receivers([t]) if problem is None else []
+        reach = notifier.receivers([t]) if problem is None else []
         if problem is not None:
             raise UsageError(problem)
     assert label.startswith("webhook ") and label.endswith(" (lab.yaml: notify[0])")
@@ -142,7 +142,7 @@ def test_any_webhook_url_is_checked_and_labelled_without_showing_a_secret(got):
 def failed(t: NotifyTarget, said: str) -> list[str]:
     """Every message of a failed delivery: the launcher's line, `notify test`'s, node 0's."""
     event = {"event": "succeeded", "run_id": "20261202-020000-ab12"}
-    line = N.Delivery(t, False, 3, said).line(event)
+    line = notifier.Delivery(t, False, 3, said).line(event)
     return [said, line, line.replace("; the run's outcome is unchanged", "")]
 
 
@@ -282,8 +282,8 @@ def test_a_command_template_is_refused_or_filled_with_safe_words_only(command, e
     problem, text = "", None
     with case("notify command template", UsageError):
         problem = notify_command_problem(command)
-        N.from_flag("command:" + command)  # refused (UsageError) when there is a problem
-        text = N.fill(command, event)
+        notifier.from_flag("command:" + command)  # refused (UsageError) when there is a problem
+        text = notifier.fill(command, event)
     assert (problem is None) == (text is not None), (command, problem)
     if problem is None:  # the documented rule: each field a word of the fixed alphabet, else nothing
         def word(name: str) -> str:

@@ -15,7 +15,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterddp import stacks as S
+from clusterddp import stacks as stack_dumps
 from clusterddp.node import stacks as node_stacks
 from clusterddp.node.reply import ReplyError
 from fuzzing import ANY_TEXT, DEEP_JSON, case, fuzz, hostile_bytes, hostile_text, json_edited, spliced, spliced_bytes
@@ -106,10 +106,10 @@ def test_any_dump_gives_threads_and_frames_and_prints_one_line_per_line(text):
                 assert isinstance(f, str) and isinstance(fn, str) and (ln is None or 0 <= ln < 10 ** 9)
                 assert "\n" not in f + fn
         frames = tuple(threads[0][2]) if threads else ()
-        proc = S.Proc("node1", 1, "rank", 0, 0, "faulthandler", "", text,
+        proc = stack_dumps.Proc("node1", 1, "rank", 0, 0, "faulthandler", "", text,
                       tuple((t, c, tuple(fr)) for t, c, fr in threads), frames)
         from clusterddp.cli.common import visible
         from clusterddp.cli.stacks import render
-        taken = S.Taken("r", 0.0, [proc, proc])
-        for line in render(taken, S.group(taken.procs)):
+        taken = stack_dumps.Taken("r", 0.0, [proc, proc])
+        for line in render(taken, stack_dumps.group(taken.procs)):
             assert "\n" not in line and "\r" not in visible(line) and "\x1b" not in visible(line)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from clusterddp import nodeops, noise
 from clusterddp.errors import UsageError
 from clusterddp.failure import AGENT_LINE
-from clusterddp.node import watch as W
+from clusterddp.node import watch as watcher
 from clusterddp.node.follow import WHOLE_MARK
 from clusterddp.top import DEFAULT_PROGRESS, check_progress_regex
 from fuzzing import ANY_TEXT, case, fuzz, hostile_bytes, hostile_text, spliced
@@ -39,8 +39,8 @@ def user_regex(text: str) -> str | None:
         return None
 
 
-def lines(regex: str | None) -> W.Lines:
-    return W.Lines(regex, SKIP, TAILS)
+def lines(regex: str | None) -> watcher.Lines:
+    return watcher.Lines(regex, SKIP, TAILS)
 
 
 @fuzz(40)
@@ -56,7 +56,7 @@ def test_the_watchers_line_scanner_with_a_user_regex(data, regex, cuts):
         whole = lines(rx).feed(data + b"\n")
         ls = lines(rx)
         pieces = sum(ls.feed(c) for c in chunks) + ls.feed(b"\n")
-        if max(map(len, re.split(rb"[\r\n]", data)), default=0) <= W.MAX_LINE:
+        if max(map(len, re.split(rb"[\r\n]", data)), default=0) <= watcher.MAX_LINE:
             assert pieces == whole, (pieces, whole)  # however the log arrives in chunks
         assert ls.pos == len(data) + 1 and ls.rest == b""
         # a progress line after any output counts once, found by any accepted regex that finds it alone

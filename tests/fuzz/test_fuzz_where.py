@@ -11,18 +11,18 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterddp import stragglers as ST
-from clusterddp.node import where as W
+from clusterddp import stragglers as stragglers_module
+from clusterddp.node import where as where_module
 from fuzzing import DEEP_JSON, case, fuzz, hostile_bytes, json_edited, spliced_bytes
 
 PLACE = st.sampled_from(["all_reduce", "backward", "f (a.py:3)", "wait", ""])
 SAMPLE = st.fixed_dictionaries({
     "t": st.floats(0, 1e11), "ranks": st.dictionaries(st.integers(0, 255).map(str),
-                                                      st.tuples(st.sampled_from(W.STATES), PLACE).map(list),
+                                                      st.tuples(st.sampled_from(where_module.STATES), PLACE).map(list),
                                                       max_size=4),
     "cpu": st.floats(0, 100), "cpu_job": st.floats(0, 100), "cpu_other": st.floats(0, 100),
     "ncpu": st.integers(1, 512)})
-HEADER = {"schema": 1, "kind": W.KIND, "host": "node1", "interval": 2.0, "started": 1.0}
+HEADER = {"schema": 1, "kind": where_module.KIND, "host": "node1", "interval": 2.0, "started": 1.0}
 
 
 def render(samples: list) -> bytes:
@@ -30,11 +30,11 @@ def render(samples: list) -> bytes:
 
 
 def valid(header: dict, samples: list) -> None:
-    assert isinstance(header, dict) and len(samples) <= W.MAX_SAMPLES
+    assert isinstance(header, dict) and len(samples) <= where_module.MAX_SAMPLES
     for s in samples:
         assert 0 <= s["t"] <= 1e11
         for r, (state, where) in s["ranks"].items():
-            assert 0 <= r < 10 ** 8 and state in W.STATES and len(where) <= W.MAX_WHERE
+            assert 0 <= r < 10 ** 8 and state in where_module.STATES and len(where) <= where_module.MAX_WHERE
             assert where.isprintable() or not where
         for k in ("cpu", "cpu_job", "cpu_other"):
             assert s[k] is None or 0 <= s[k] <= 100
@@ -43,9 +43,14 @@ def valid(header: dict, samples: list) -> None:
 
 def parsed(data: bytes):
     with case("where samples"):
-        header, samples = W.parse(data)
+        header, samples = where_module.parse(data)
         valid(header, samples)
-        ST.decide([ST.HostSamples("a", tuple(samples)), ST.HostSamples("b", tuple(samples[::-1]))])
+        stragglers_module.decide(
+            [
+                stragglers_module.HostSamples("a", tuple(samples)),
+                stragglers_module.HostSamples("b", tuple(samples[::-1])),
+            ]
+        )
     return header, samples
 
 
@@ -83,5 +88,5 @@ def test_any_file_gives_checked_samples_and_never_raises(data):
                                     big=False)))
 def test_any_metrics_file_gives_checked_gpu_samples(data):
     with case("metrics gpu samples"):
-        for g in ST.parse_gpus(data):
+        for g in stragglers_module.parse_gpus(data):
             assert 0 <= g.index < 1024 and (g.throttle is None or 0 <= g.throttle < 2 ** 64)

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterddp import hang as H
+from clusterddp import hang as hang_module
 from clusterddp import inventory, noise
 from clusterddp.errors import InventoryError, UsageError
 from clusterddp.failure import AGENT_LINE
-from clusterddp.node import watch as W
+from clusterddp.node import watch as watcher
 from clusterddp.plan import build_plan
 from clusterddp.record import RunRecord
 from clusterddp.runspec import RunSpec, watch_args
@@ -25,8 +25,8 @@ from helpers import make_record
 from test_stacks import STUCK, WAITING, dump, proc, reply
 
 
-def lines(regex=None) -> W.Lines:
-    return W.Lines(regex, [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern],
+def lines(regex=None) -> watcher.Lines:
+    return watcher.Lines(regex, [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern],
                    [p for p, tail in noise.LINES if tail])
 
 
@@ -63,11 +63,11 @@ def test_an_unended_line_waits_for_its_end_and_a_huge_one_counts_once():
     ls = lines()
     assert ls.feed(b"step 1 of a line not ended yet") == 0
     assert ls.feed(b" ... ended\n") == 1
-    assert ls.feed(b"x" * (W.MAX_LINE + 1)) == 1 and ls.rest == b""
+    assert ls.feed(b"x" * (watcher.MAX_LINE + 1)) == 1 and ls.rest == b""
 
 
 def test_one_node_decides_from_its_own_lines_and_only_after_the_first():
-    d = W.Decider(20.0, now=0.0)
+    d = watcher.Decider(20.0, now=0.0)
     assert not d.stalled(1000.0)  # nothing printed yet: still starting (torch's import, data loading)
     d.local(1, now=100.0)
     assert not d.stalled(119.9) and d.stalled(120.0)
@@ -77,7 +77,7 @@ def test_one_node_decides_from_its_own_lines_and_only_after_the_first():
 
 
 def test_several_nodes_decide_only_once_every_watcher_is_there_from_the_shared_counter():
-    d = W.Decider(20.0, now=0.0, nnodes=2)
+    d = watcher.Decider(20.0, now=0.0, nnodes=2)
     d.shared(5, watchers=1, now=1.0)  # rank 0's lines on the other node, counted; this node's watcher only
     assert not d.stalled(100.0)
     d.shared(5, watchers=2, now=101.0)  # the other node's watcher is there now
@@ -87,36 +87,38 @@ def test_several_nodes_decide_only_once_every_watcher_is_there_from_the_shared_c
 
 
 def test_a_node_that_never_reads_the_store_never_decides_nor_one_that_saw_no_line_anywhere():
-    d = W.Decider(5.0, now=0.0, nnodes=2)
+    d = watcher.Decider(5.0, now=0.0, nnodes=2)
     d.local(3, now=1.0)  # its own lines are not enough: the other node may be the one printing
     assert not d.stalled(1e6)
-    d = W.Decider(5.0, now=0.0, nnodes=2)
+    d = watcher.Decider(5.0, now=0.0, nnodes=2)
     d.shared(0, watchers=2, now=1.0)  # every watcher there, but no rank has printed yet: still starting
     d.shared(0, watchers=2, now=1000.0)
     assert not d.stalled(1e6)
 
 
 def test_the_hang_record_is_what_the_launcher_reads(tmp_path):
-    d = W.Decider(20.0, now=0.0)
+    d = watcher.Decider(20.0, now=0.0)
     d.local(1, now=10.0)
-    rec = W.hang_record({"host": "gpu-02"}, d, 31.0, "gpu-01", "hang-stacks.txt", 2)
-    got = H.parse_node("gpu-02", json.dumps(rec).encode() + b"\n" + H.SEPARATOR.encode() + b"\nREPLY")
+    rec = watcher.hang_record({"host": "gpu-02"}, d, 31.0, "gpu-01", "hang-stacks.txt", 2)
+    got = hang_module.parse_node(
+        "gpu-02", json.dumps(rec).encode() + b"\n" + hang_module.SEPARATOR.encode() + b"\nREPLY"
+    )
     assert got is not None and (got.timeout, got.silent_s, got.decided_by, got.stacks) == (20.0, 21.0, "gpu-01",
                                                                                            b"REPLY")
 
 
 def test_no_hang_record_is_none_and_a_bad_one_is_a_note():
-    assert H.parse_node("a", b"") is None
-    assert H.parse_node("a", b"[1,2]\n" + H.SEPARATOR.encode() + b"\nx").note == \
+    assert hang_module.parse_node("a", b"") is None
+    assert hang_module.parse_node("a", b"[1,2]\n" + hang_module.SEPARATOR.encode() + b"\nx").note == \
         "hang.json is not the watchdog's JSON object"
-    assert H.parse_node("a", b"garbage with no separator").note == "an unreadable hang.json"
+    assert hang_module.parse_node("a", b"garbage with no separator").note == "an unreadable hang.json"
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.binary(max_size=3000), st.binary(max_size=300))
 def test_a_nodes_hang_record_never_raises(head, rest):
-    got = H.parse_node("a", head + b"\n" + H.SEPARATOR.encode() + b"\n" + rest)
-    assert got is not None and len(got.stacks) <= H.STACKS_MOST and (got.note is None or len(got.note) <= 240)
+    got = hang_module.parse_node("a", head + b"\n" + hang_module.SEPARATOR.encode() + b"\n" + rest)
+    assert got is not None and len(got.stacks) <= hang_module.STACKS_MOST and (got.note is None or len(got.note) <= 240)
 
 
 @settings(max_examples=50, deadline=None)
@@ -127,11 +129,11 @@ def test_a_nodes_hang_record_never_raises(head, rest):
 def test_any_json_in_a_hang_record_field_is_read_without_raising(value, key):
     good = {"timeout": 20, "silent_s": 21, "time": 1.0, "decided_by": "a", "stacks": "hang-stacks.txt"}
     good[key] = value
-    H.parse_node("a", json.dumps(good).encode() + b"\n" + H.SEPARATOR.encode() + b"\n")
+    hang_module.parse_node("a", json.dumps(good).encode() + b"\n" + hang_module.SEPARATOR.encode() + b"\n")
 
 
-def _hang(host: str, stacks: bytes, by: str = "a") -> H.NodeHang:
-    return H.NodeHang(host, 20.0, 21.4, by, 1.0, stacks)
+def _hang(host: str, stacks: bytes, by: str = "a") -> hang_module.NodeHang:
+    return hang_module.NodeHang(host, 20.0, 21.4, by, 1.0, stacks)
 
 
 def test_the_hang_names_the_odd_rank_first_and_saves_every_dump(tmp_path):
@@ -140,7 +142,7 @@ def test_the_hang_names_the_odd_rank_first_and_saves_every_dump(tmp_path):
     store.create(rec)
     a = reply([proc(11, 0, 0, WAITING), proc(12, 1, 1, WAITING)])
     b = reply([proc(21, 2, 0, WAITING), proc(22, 3, 1, STUCK)])
-    f = H.hang_of(rec, store, {"a": _hang("a", a), "b": _hang("b", b)})
+    f = hang_module.hang_of(rec, store, {"a": _hang("a", a), "b": _hang("b", b)})
     assert (f.kind, f.host, f.rank, f.local_rank) == ("hang", "b", 3, 1)
     assert f.summary == ("hang: no rank made progress for 21s (stall timeout 20s); rank 3 (b local 1) not where "
                          "the others are: stuck_in_my_function -> wait (train.py:7)")
@@ -158,7 +160,9 @@ def test_the_hang_names_the_odd_rank_first_and_saves_every_dump(tmp_path):
 def test_a_node_without_stacks_is_named_and_the_others_still_grouped(tmp_path):
     rec = make_record("r", hosts=("a", "b"))
     a = reply([proc(11, 0, 0, WAITING), proc(12, 1, 1, WAITING), proc(13, 2, 2, dump(("/w/x.py", 3, "f")))])
-    f = H.hang_of(rec, None, {"a": _hang("a", a), "b": H.NodeHang("b", 20.0, 21.0, "a", 1.0, b"", "no stacks taken")})
+    f = hang_module.hang_of(
+        rec, None, {"a": _hang("a", a), "b": hang_module.NodeHang("b", 20.0, 21.0, "a", 1.0, b"", "no stacks taken")}
+    )
     assert f.rank == 2 and f.hang is not None and ("b", "no stacks taken") in f.hang.missing
 
 
@@ -222,7 +226,7 @@ def test_the_deciders_edges_mutation_testing_found_unpinned():
     """scripts/mutate.sh's survivors in Decider that are the documented rules: the clock starts at the
     first progress line anywhere (a shared count of 1 is one), a node's watcher is not armed until every
     node's watcher joined, and the clock starts again when the last one joins."""
-    d = W.Decider(5.0, now=0.0, nnodes=2)
+    d = watcher.Decider(5.0, now=0.0, nnodes=2)
     d.shared(0, 1, now=1.0)
     assert not d.armed  # one watcher of two, no progress yet
     d.shared(1, 1, now=2.0)
@@ -231,7 +235,7 @@ def test_the_deciders_edges_mutation_testing_found_unpinned():
     assert d.armed and d.last == 30.0 and not d.stalled(34.9) and d.stalled(35.0)
     d.shared(1, 2, now=33.0)  # a later read, no new progress: the clock goes on
     assert d.stalled(35.0)
-    one = W.Decider(5.0, now=0.0)  # a single node: its own watcher is all there is
+    one = watcher.Decider(5.0, now=0.0)  # a single node: its own watcher is all there is
     one.local(1, now=1.0)
     assert one.armed and not one.stalled(5.9) and one.stalled(6.0)
 
@@ -239,20 +243,20 @@ def test_the_deciders_edges_mutation_testing_found_unpinned():
 def test_a_nested_unbounded_repeat_is_refused_inside_a_lookaround_too():
     """scripts/mutate.sh's survivors in regex_problem: a lookahead's body is searched too."""
     for regex in (r"(?=(a+)+)x", r"(?!(\d*)*)x", r"x(?=y|(a+)+)"):
-        assert W.regex_problem(regex) == ("a repeat inside an unbounded repeat (e.g. (a+)+) can take exponential "
+        assert watcher.regex_problem(regex) == ("a repeat inside an unbounded repeat (e.g. (a+)+) can take exponential "
                                           "time on one line"), regex
-    assert W.regex_problem(r"(?=a+)x") is None and W.regex_problem(r"(?=(ab){2})x") is None
+    assert watcher.regex_problem(r"(?=a+)x") is None and watcher.regex_problem(r"(?=(ab){2})x") is None
 
 
 def test_the_line_logics_offsets_and_counts_mutation_testing_found_unpinned():
     """scripts/mutate.sh's survivors in Lines.feed: every progress line of a chunk counts, a line split
     across chunks is one, the offset just past the last progress line is exact (the watcher times
     progress by it), and an unended line longer than MAX_LINE is judged at once, once."""
-    lines = W.Lines(r"step \d+", pos=100)
+    lines = watcher.Lines(r"step \d+", pos=100)
     assert lines.feed(b"step 1\nnoise\nstep 2\nst") == 2 and lines.last_end == 100 + len(b"step 1\nnoise\nstep 2\n")
     assert lines.feed(b"ep 3\r\nnoise\n") == 1 and lines.last_end == 100 + len(b"step 1\nnoise\nstep 2\nstep 3\r")
     assert lines.pos == 100 + len(b"step 1\nnoise\nstep 2\nstep 3\r\nnoise\n")
-    long = W.Lines(r"step \d+")
+    long = watcher.Lines(r"step \d+")
     head = b"step 9 "
-    assert long.feed(head + b"x" * (W.MAX_LINE - len(head))) == 0 and long.rest  # at the bound: it waits
-    assert long.feed(b"x") == 1 and long.last_end == W.MAX_LINE + 1 and long.rest == b""
+    assert long.feed(head + b"x" * (watcher.MAX_LINE - len(head))) == 0 and long.rest  # at the bound: it waits
+    assert long.feed(b"x") == 1 and long.last_end == watcher.MAX_LINE + 1 and long.rest == b""

@@ -183,13 +183,15 @@ def test_top_and_its_help_import_no_ssh_library_and_the_cli_no_rich():
 
 
 def test_a_schedule_keeps_local_rank_arg_and_older_specs_read_as_before():
-    from clusterddp import schedule as S
+    from clusterddp import schedule as schedules
     base = dict(name="nightly", cron="0 2 * * *", launch_dir="/p", runs_dir="/srv/runs", executable=("/v/bin/cddp",),
                 bin_dir="/v/bin", inventory="/p/hostfile", hosts=("gpu-01",))
-    on = S.ScheduleSpec(run=RunSpec(script="/p/t.py", script_args=("x",), local_rank_arg="--local_rank"), **base)
-    off = S.ScheduleSpec(run=RunSpec(script="/p/t.py"), **base)
-    assert S.spec_from_json(on.to_json(), on.spec_path) == on
-    assert "local_rank_arg" not in off.to_json() and S.spec_from_json(off.to_json(), off.spec_path) == off
-    assert S.up_argv(on)[-3:] == ["--local-rank-arg=--local_rank", "--", "x"]
+    on = schedules.ScheduleSpec(
+        run=RunSpec(script="/p/t.py", script_args=("x",), local_rank_arg="--local_rank"), **base
+    )
+    off = schedules.ScheduleSpec(run=RunSpec(script="/p/t.py"), **base)
+    assert schedules.spec_from_json(on.to_json(), on.spec_path) == on
+    assert "local_rank_arg" not in off.to_json() and schedules.spec_from_json(off.to_json(), off.spec_path) == off
+    assert schedules.up_argv(on)[-3:] == ["--local-rank-arg=--local_rank", "--", "x"]
     with pytest.raises(SpecError, match="local_rank_arg: '--rank' is not --local_rank or --local-rank"):
-        S.spec_from_json({**on.to_json(), "local_rank_arg": "--rank"}, on.spec_path)
+        schedules.spec_from_json({**on.to_json(), "local_rank_arg": "--rank"}, on.spec_path)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from clusterddp.backends import inventory_sections
 from clusterddp.errors import InventoryError
-from clusterddp.inventory import inventory_json_schema as S
+from clusterddp.inventory import inventory_json_schema as json_schema
 from fuzzing import fuzz
 from helpers import REPO, cddp
 from helpers import parse_inventory as parse
@@ -33,12 +33,12 @@ REGENERATE = "python -m clusterddp.inventory.inventory_json_schema --write"
 
 
 def test_the_shipped_schema_is_the_one_the_model_generates():
-    assert S.SCHEMA_FILE.read_text(encoding="utf-8") == S.render(inventory_sections()), (
-        f"{S.SCHEMA_FILE.name} is out of date with the inventory model: run `{REGENERATE}` and commit it")
+    assert json_schema.SCHEMA_FILE.read_text(encoding="utf-8") == json_schema.render(inventory_sections()), (
+        f"{json_schema.SCHEMA_FILE.name} is out of date with the inventory model: run `{REGENERATE}` and commit it")
 
 
 def _validator() -> jsonschema.protocols.Validator:
-    schema = json.loads(S.SCHEMA_FILE.read_text(encoding="utf-8"))
+    schema = json.loads(json_schema.SCHEMA_FILE.read_text(encoding="utf-8"))
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)  # a schema editors can load: valid against its own dialect
     return cls(schema)
@@ -106,15 +106,17 @@ def test_an_editor_with_the_schema_accepts_and_refuses_what_clusterddp_does(doc,
 
 def test_the_example_inventory_is_valid_and_every_field_has_help():
     _validator().validate(yaml.safe_load((REPO / "inventory" / "lab.yaml").read_text()))
-    schema = S.generate(inventory_sections())
+    schema = json_schema.generate(inventory_sections())
     for where, sub in schema["$defs"].items():
         for key, prop in sub.get("properties", {}).items():
-            assert prop.get("description"), f"{where}.{key}: no description; add it to DESCRIPTIONS in {S.__name__}"
+            assert prop.get("description"), (
+                f"{where}.{key}: no description; add it to DESCRIPTIONS in {json_schema.__name__}"
+            )
 
 
 def test_clusterddp_schema_prints_the_shipped_file_and_the_wheel_carries_it(tmp_path):
     r = cddp("schema", check_rc=0)
-    assert r.stdout == S.SCHEMA_FILE.read_text(encoding="utf-8")
+    assert r.stdout == json_schema.SCHEMA_FILE.read_text(encoding="utf-8")
     page = (REPO / "docs" / "inventory.md").read_text()
     assert "`clusterddp schema`" in page and "# yaml-language-server: $schema=" in page
     src = tmp_path / "src"  # a clean copy: a build/ folder left in the checkout would carry stale files
@@ -125,7 +127,7 @@ def test_clusterddp_schema_prints_the_shipped_file_and_the_wheel_carries_it(tmp_
     [wheel] = tmp_path.glob("clusterddp-*.whl")
     with zipfile.ZipFile(wheel) as z:
         shipped = z.read("clusterddp/inventory/inventory.schema.json").decode()
-    assert shipped == S.SCHEMA_FILE.read_text(encoding="utf-8")
+    assert shipped == json_schema.SCHEMA_FILE.read_text(encoding="utf-8")
 
 
 # ---- the two renderings of one set of rules agree on any document (property-based) ----
@@ -237,15 +239,15 @@ VALIDATOR = _validator()
 
 
 def test_the_docs_field_reference_is_the_schema_rendered():
-    from clusterddp.inventory import inventory_json_schema as J
-    text = J.DOCS_FILE.read_text()
-    assert text == J.docs_with_reference(text, inventory_sections()), \
+    from clusterddp.inventory import inventory_json_schema as schema_gen
+    text = schema_gen.DOCS_FILE.read_text()
+    assert text == schema_gen.docs_with_reference(text, inventory_sections()), \
         "docs/inventory.md's fields are stale: python -m clusterddp.inventory.inventory_json_schema --write-docs"
     # every field of every block has its own heading, and no two headings (anchors) are alike
     headings = re.findall(r"^#### `([^`]+)`$", text, flags=re.M)
     assert len(headings) == len(set(headings))
-    defs = J.generate(inventory_sections())["$defs"]
-    for _, blocks, prefix in J.BLOCKS:
+    defs = schema_gen.generate(inventory_sections())["$defs"]
+    for _, blocks, prefix in schema_gen.BLOCKS:
         for b in blocks:
             for key in defs[b]["properties"]:
                 assert f"{prefix}{key}" in headings, (b, key)

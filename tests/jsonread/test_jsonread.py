@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterddp import jsonread as J
+from clusterddp import jsonread as jsonread_module
 
 
 class Bad(Exception):
@@ -18,8 +18,8 @@ class Bad(Exception):
         self.field, self.problem = field, problem
 
 
-def fields(data, where: str = "", style: J.Style = J.STYLE) -> J.Fields:
-    return J.Fields(data, where, Bad, style)
+def fields(data, where: str = "", style: jsonread_module.Style = jsonread_module.STYLE) -> jsonread_module.Fields:
+    return jsonread_module.Fields(data, where, Bad, style)
 
 
 def test_a_value_is_read_as_its_type_and_converted():
@@ -70,7 +70,7 @@ def test_values_that_would_break_their_use_are_refused(value, where, words):
 
 
 def test_a_style_keeps_a_readers_own_words():
-    class Words(J.Style):
+    class Words(jsonread_module.Style):
         def wrong(self, tp, value):
             return f"expected {self.describe(tp)}, got {type(value).__name__}"
     style = Words(missing="missing", names={int: "a whole number"}, unsafe_chars=re.compile("\x00"))
@@ -87,7 +87,7 @@ def test_a_deeply_nested_value_is_checked_without_recursion():
         deep = [deep]
     with pytest.raises(Bad, match="must be a list of strings"):
         fields({"k": deep}).get("k", tuple[str, ...])
-    J.sane(deep, "k", Bad)  # iterative: no RecursionError
+    jsonread_module.sane(deep, "k", Bad)  # iterative: no RecursionError
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
@@ -106,6 +106,6 @@ def test_any_json_value_is_read_or_refused_at_its_field_never_a_crash(value, tp)
         assert e.field is not None and e.field.startswith("top.k")
         assert len(e.problem) < 400  # bounded, however large the value
         return
-    assert J.fits(got, tp)
+    assert jsonread_module.fits(got, tp)
     if tp not in (dict, list):  # an object or a list is checked as it is read, field by field
         json.dumps(got, allow_nan=False)  # what was accepted is plain, finite JSON

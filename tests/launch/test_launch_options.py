@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from clusterddp import launch
-from clusterddp import schedule as S
+from clusterddp import schedule as schedules
 from clusterddp.cli.app import app
 from clusterddp.errors import SpecError
 from clusterddp.schedule import crontab as crontab_mod
@@ -60,17 +60,17 @@ def added(tmp_path, monkeypatch):
     (tmp_path / "inv.yaml").write_text("hosts: [{name: a, address: 10.0.0.1}, {name: b, address: 10.0.0.2}]\n")
     monkeypatch.chdir(tmp_path)
 
-    def add(*words: str) -> S.ScheduleSpec:
+    def add(*words: str) -> schedules.ScheduleSpec:
         r = CliRunner().invoke(app, ["schedule", "add", "n", "inv.yaml", "t.py", "--cron", "@daily",
                                      "--runs-dir", str(tmp_path / "runs"), *words, "--", "x"])
         assert r.exit_code == 0, r.output
-        return S.load_spec(str(tmp_path / "runs" / "schedules" / "n.json"))
+        return schedules.load_spec(str(tmp_path / "runs" / "schedules" / "n.json"))
     return add
 
 
-def _up_values(spec: S.ScheduleSpec) -> dict:
+def _up_values(spec: schedules.ScheduleSpec) -> dict:
     """The options the `up` that the spec fires is given, parsed by `up` itself."""
-    argv = S.up_argv(spec, env_file="/dev/fd/9" if spec.run.env else None)
+    argv = schedules.up_argv(spec, env_file="/dev/fd/9" if spec.run.env else None)
     ctx = UP.make_context("up", argv[2:], resilient_parsing=True)
     return ctx.params
 
@@ -80,7 +80,7 @@ def test_every_recorded_up_option_round_trips_through_the_spec(added, name):
     o = launch.BY_NAME[name]
     words = [o.flag] if SAMPLES[name] is None else [f"{o.flag}={SAMPLES[name]}"]
     spec = added(*words)
-    assert S.spec_from_json(json.loads(json.dumps(spec.to_json())), spec.spec_path) == spec
+    assert schedules.spec_from_json(json.loads(json.dumps(spec.to_json())), spec.spec_path) == spec
     got = _up_values(spec)
     if name == "env":  # the values travel in a file, never on the command line
         assert list(got["env"]) == ["@/dev/fd/9"] and spec.run.env == (("A", "1"),)
@@ -100,7 +100,7 @@ def test_a_spec_without_up_options_reads_as_before_and_a_bad_one_is_refused(adde
     assert "up" not in spec.to_json() and spec.up == ()
     data = {**spec.to_json(), "up": {"join_timeout": "soon"}}
     with pytest.raises(SpecError, match="up.join_timeout: expected a number"):
-        S.spec_from_json(data, spec.spec_path)
+        schedules.spec_from_json(data, spec.spec_path)
     for bad in ({"dry_run": True}, {"gpus": 2}, []):
         with pytest.raises(SpecError, match="up"):
-            S.spec_from_json({**spec.to_json(), "up": bad}, spec.spec_path)
+            schedules.spec_from_json({**spec.to_json(), "up": bad}, spec.spec_path)

@@ -8,7 +8,7 @@ import json
 from typer.testing import CliRunner
 
 from clusterddp.cli.app import app
-from clusterddp.metrics import samples as M
+from clusterddp.metrics import samples as samples_module
 from clusterddp.record import RunStatus
 from clusterddp.store import RunStore
 from helpers import make_record
@@ -22,7 +22,7 @@ def stored(tmp_path, with_samples=True, **fields):
     store.create(make_record(RUN_ID, status=RunStatus.SUCCEEDED, ended_at="2026-11-29T10:05:00+00:00", **fields))
     if with_samples:
         for host, loss in (("a", [2.0, 1.0]), ("b", [2.2, 1.1])):
-            M.save(store.run_dir(RUN_ID), host, {None: HEADER + b"".join(
+            samples_module.save(store.run_dir(RUN_ID), host, {None: HEADER + b"".join(
                 line(10.0 * i, values={"loss": v}, gpus=[{"index": 0, "util": 90.0}]) for i, v in enumerate(loss))
                 + b"garbage\n"})
     return store

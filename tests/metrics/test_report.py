@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from clusterddp.failure import Failure
-from clusterddp.metrics import report as H
-from clusterddp.metrics import samples as M
+from clusterddp.metrics import report as report_module
+from clusterddp.metrics import samples as samples_module
 from clusterddp.metrics.series import series_of
 from clusterddp.record import Attempt, RunStatus
 from helpers import make_record
@@ -32,7 +32,7 @@ def nodes() -> list:
                                             {"index": 1, "util": util - 5, "mem": 2000.0}])
                                  for i in range(len(LOSS)))
         data += b'{"t": 2000, "dt": 5, "progress": 1, "m": {"loss": NaN}}\n'
-        out.append(series_of(M.parse(data, host)))
+        out.append(series_of(samples_module.parse(data, host)))
     return out
 
 
@@ -43,7 +43,7 @@ def failed_record():
 
 
 def test_the_page_leads_with_the_outcome_and_root_cause_and_draws_each_series(tmp_path):
-    page = H.render(failed_record(), tmp_path, nodes(), [])
+    page = report_module.render(failed_record(), tmp_path, nodes(), [])
     assert page.index('id="outcome"') < page.index('id="root-cause"') < page.index("<svg")
     assert "root cause: b, rank 3: RuntimeError: CUDA error" in page
     for gid in ("series:metric-loss:a:m.loss", "series:rate:b:rate", "series:gpu-util:a:gpu1.util",
@@ -59,7 +59,7 @@ def test_the_page_leads_with_the_outcome_and_root_cause_and_draws_each_series(tm
 
 
 def test_a_run_without_samples_still_gets_its_outcome_and_timeline(tmp_path):
-    page = H.render(failed_record(), tmp_path, [], [])
+    page = report_module.render(failed_record(), tmp_path, [], [])
     assert 'id="root-cause"' in page and 'id="no-samples"' in page and "<svg" not in page
     assert page.count("<tr>") == 4  # header, start, the attempt, the end
 
@@ -72,7 +72,7 @@ def _path_points(svg_group: str) -> int:
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no chromium (scripts/install-system-deps.sh installs it)")
 def test_chromium_offline_renders_charts_that_hold_the_runs_numbers(tmp_path):
     path = tmp_path / "run.html"
-    H.write(str(path), H.render(failed_record(), tmp_path, nodes(), []))
+    report_module.write(str(path), report_module.render(failed_record(), tmp_path, nodes(), []))
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
              f"--user-data-dir={tmp_path / 'profile'}"]
     # unshare -n: a network namespace with only a loopback that is down, so nothing can be fetched

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from clusterddp import inventory, noise
 from clusterddp.failure import AGENT_LINE
 from clusterddp.metrics.samples import parse
-from clusterddp.node import sampler as S
+from clusterddp.node import sampler as sampler_module
 from clusterddp.plan import build_plan
 from clusterddp.runspec import RunSpec, sampler_args
 
@@ -23,13 +23,13 @@ SMI = ("0, 97, 30512, 81559, 312.45, 66, 1980, 0x0000000000000000\n"
        "garbage line\n")
 
 
-def parsed(regex=None) -> S.Parsed:
-    return S.Parsed(regex, None, [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern],
+def parsed(regex=None) -> sampler_module.Parsed:
+    return sampler_module.Parsed(regex, None, [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern],
                     [p for p, tail in noise.LINES if tail])
 
 
 def test_nvidia_smis_csv_is_read_per_gpu_with_na_as_none_and_garbage_skipped():
-    gpus = S.parse_smi(SMI)
+    gpus = sampler_module.parse_smi(SMI)
     assert [g["index"] for g in gpus] == [0, 1]
     assert gpus[0] == {"index": 0, "util": 97.0, "mem": 30512.0, "mem_total": 81559.0, "power": 312.45,
                        "temp": 66.0, "sm_clock": 1980.0, "throttle": 0}
@@ -49,7 +49,9 @@ def test_the_metrics_regex_names_the_numbers_and_nan_inf_and_1e400_are_dropped_a
 def test_the_metrics_regex_sees_only_a_lines_first_bytes_so_its_time_per_line_is_bounded():
     p = parsed(r".*loss (?P<loss>[0-9.]+)")  # the leading .* dropped, as the watchdog drops it
     assert p.metrics_rx.pattern == r"loss (?P<loss>[0-9.]+)"
-    p.feed(b"loss 3.0\n" + b"x" * (S.W.MATCH_MOST + 10) + b" loss 9.0\n")  # the last line's number is past it
+    p.feed(
+        b"loss 3.0\n" + b"x" * (sampler_module.W.MATCH_MOST + 10) + b" loss 9.0\n"
+    )  # the last line's number is past it
     assert p.take()[0] == {"loss": 3.0}
 
 
@@ -64,7 +66,7 @@ def test_log_metrics_json_lines_are_kept_by_rank_and_for_the_node():
 
 
 def test_the_file_stays_under_its_size_by_thinning_and_keeps_the_whole_course(tmp_path):
-    w = S.Writer(str(tmp_path / "m.jsonl"), {"kind": "clusterddp-samples"}, 4096)
+    w = sampler_module.Writer(str(tmp_path / "m.jsonl"), {"kind": "clusterddp-samples"}, 4096)
     written = 0
     for i in range(2000):
         if w.due():
@@ -93,7 +95,7 @@ def test_the_loop_writes_samples_a_reader_parses_with_progress_gpus_and_metrics(
                      *({"cpu": (50 * k, 100 * k), "mem": 6, "mem_total": 10, "net": (1000 * k, 0), "disk": (0, 0)}
                        for k in range(1, 4))])
     args = {"ctl": str(ctl), "interval": 2.0, "regex": r"loss (?P<loss>[0-9.]+)", "host": "a"}
-    S.run(args, None, clock=lambda: clock[0], sleep=sleep, gpus_now=lambda: S.parse_smi(SMI),
+    sampler_module.run(args, None, clock=lambda: clock[0], sleep=sleep, gpus_now=lambda: sampler_module.parse_smi(SMI),
           counters=lambda: next(counters), samples=3)
     got = parse((ctl / "metrics.jsonl").read_bytes(), "a")
     assert got.interval == 2.0 and got.bad == 0
@@ -105,13 +107,13 @@ def test_the_loop_writes_samples_a_reader_parses_with_progress_gpus_and_metrics(
 
 
 def test_idle_fires_after_its_time_at_zero_and_never_at_fifty_percent():
-    zero, fifty = S.Idle(10, 60), S.Idle(10, 60)
+    zero, fifty = sampler_module.Idle(10, 60), sampler_module.Idle(10, 60)
     fired = [t for t in range(0, 200, 5) if zero.feed([{"util": 0.0}, {"util": 3.0}], float(t))]
     assert fired and fired[0] == 60
     assert not any(fifty.feed([{"util": 0.0}, {"util": 50.0}], float(t)) for t in range(0, 600, 5))
-    back = S.Idle(10, 60)
+    back = sampler_module.Idle(10, 60)
     assert not any(back.feed([{"util": 0.0 if t % 50 else 90.0}], float(t)) for t in range(0, 600, 5))
-    assert not S.Idle(10, 0).feed(None, 0.0)  # no GPU: never idle
+    assert not sampler_module.Idle(10, 0).feed(None, 0.0)  # no GPU: never idle
 
 
 def test_the_idle_policy_writes_idle_json_in_the_loop(tmp_path):
@@ -120,7 +122,7 @@ def test_the_idle_policy_writes_idle_json_in_the_loop(tmp_path):
     def sleep(s):
         clock[0] += s
     args = {"ctl": str(tmp_path), "interval": 5.0, "idle": {"below": 10, "seconds": 30, "stop": False}}
-    S.run(args, None, clock=lambda: clock[0], sleep=sleep, gpus_now=lambda: [{"index": 0, "util": 0.0}],
+    sampler_module.run(args, None, clock=lambda: clock[0], sleep=sleep, gpus_now=lambda: [{"index": 0, "util": 0.0}],
           counters=dict, samples=10)
     rec = json.loads((tmp_path / "idle.json").read_text())
     assert rec["below"] == 10 and rec["stop"] is False
@@ -142,11 +144,11 @@ def test_launch_sh_starts_the_sampler_unless_off_and_is_valid_bash(tmp_path):
 def test_log_metrics_lines_are_what_the_sampler_reads_by_rank_and_nan_is_said(monkeypatch):
     import io
 
-    import clusterddp.train as ct
+    import clusterddp.train as train
     monkeypatch.setenv("RANK", "3")
     buf = io.StringIO()
-    ct.log_metrics(12, file=buf, loss=0.25, lr=1e-3)
-    ct.log_metrics(13, file=buf, loss=float("nan"))
+    train.log_metrics(12, file=buf, loss=0.25, lr=1e-3)
+    train.log_metrics(13, file=buf, loss=float("nan"))
     p = parsed()
     assert p.feed(buf.getvalue().encode()) == 2
     values, ranks, dropped = p.take()
@@ -185,7 +187,7 @@ def test_a_catastrophic_or_nameless_metrics_regex_is_refused_where_the_run_is_pl
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=2000), st.lists(st.binary(max_size=300), max_size=20))
 def test_the_nodes_readers_never_raise_and_keep_only_finite_numbers(smi, chunks):
-    for g in S.parse_smi(smi):
+    for g in sampler_module.parse_smi(smi):
         assert isinstance(g["index"], int)
         assert all(v is None or abs(v) < float("inf") for k, v in g.items() if k not in ("index", "throttle"))
     p = parsed(r"loss (?P<loss>\S+)")
@@ -195,7 +197,7 @@ def test_the_nodes_readers_never_raise_and_keep_only_finite_numbers(smi, chunks)
     values, ranks, dropped = p.take()
     nums = [*values.values(), *(v for r in ranks.values() for v in r.values())]
     assert all(isinstance(v, float) and abs(v) < float("inf") for v in nums) and dropped >= 0
-    assert len(values) <= S.MAX_METRICS and len(ranks) <= S.MAX_RANKS
+    assert len(values) <= sampler_module.MAX_METRICS and len(ranks) <= sampler_module.MAX_RANKS
 
 
 class _RunStore:
@@ -231,7 +233,7 @@ def _curve(utils: dict[str, list[float]], seconds: float = 30, stop: bool = Fals
     shared = _RunStore()
     args = {h: {"host": h, "nnodes": len(utils), "store": ["10.0.0.1", 29500],
                 "idle": {"below": 10, "seconds": seconds, "stop": stop}} for h in utils}
-    idles = {h: S.RunIdle(args[h], args[h]["idle"], stores=shared.client) for h in utils}
+    idles = {h: sampler_module.RunIdle(args[h], args[h]["idle"], stores=shared.client) for h in utils}
     decided: dict[str, tuple[str, float]] = {}
     for i in range(max(map(len, utils.values()))):
         for h, curve in utils.items():
@@ -266,7 +268,7 @@ def test_a_node_without_a_store_or_torch_never_finds_the_run_idle(monkeypatch, c
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)
     args = {"host": "a", "nnodes": 2, "store": [None, None], "idle": {"below": 10, "seconds": 0, "stop": True}}
-    r = S.RunIdle(args, args["idle"])
+    r = sampler_module.RunIdle(args, args["idle"])
     assert all(r.feed([{"index": 0, "util": 0.0}], float(t)) is None for t in range(5))
     assert "idle policy off on this node: no master address" in capsys.readouterr().out
 
@@ -277,14 +279,14 @@ def test_a_node_without_a_store_or_torch_never_finds_the_run_idle(monkeypatch, c
         def connect(self) -> bool:
             raise ImportError("No module named 'torch'")
     args["store"] = ["10.0.0.1", 1]
-    r = S.RunIdle(args, args["idle"], stores=NoTorch)
+    r = sampler_module.RunIdle(args, args["idle"], stores=NoTorch)
     assert r.feed([{"index": 0, "util": 0.0}], 0.0) is None
     assert "cannot reach the run's store" in capsys.readouterr().out
 
 
 def test_the_samplers_stop_the_run_together_and_idle_json_names_the_decision(tmp_path, monkeypatch):
     ended = []
-    monkeypatch.setattr(S.W, "end_job", lambda marker, spare: ended.append(marker) or "")
+    monkeypatch.setattr(sampler_module.W, "end_job", lambda marker, spare: ended.append(marker) or "")
 
     def node(h: str, shared: _RunStore) -> float:
         ctl = tmp_path / h
@@ -295,8 +297,16 @@ def test_the_samplers_stop_the_run_together_and_idle_json_names_the_decision(tmp
             clock[0] += s
         args = {"ctl": str(ctl), "host": h, "marker": f"R/{h}", "interval": 5.0, "nnodes": 2,
                 "store": ["10.0.0.1", 29500], "idle": {"below": 10, "seconds": 10, "stop": True}}
-        S.run(args, None, clock=lambda: clock[0], sleep=sleep, gpus_now=lambda: [{"index": 0, "util": 0.0}],
-              counters=dict, samples=6, stores=shared.client)
+        sampler_module.run(
+            args,
+            None,
+            clock=lambda: clock[0],
+            sleep=sleep,
+            gpus_now=lambda: [{"index": 0, "util": 0.0}],
+            counters=dict,
+            samples=6,
+            stores=shared.client,
+        )
         return clock[0]
     # node a already idle and counted, waiting for the others to see its word: b completes the count
     shared = _RunStore()
@@ -310,7 +320,7 @@ def test_the_samplers_stop_the_run_together_and_idle_json_names_the_decision(tmp
     alone.keys.update(idle_nodes=1)
     took = node("c", alone)
     assert ended == ["R/b", "R/c"] and alone.keys["idle_by"] == "c"
-    assert S.stop_wait(5.0) <= took - 10.0 <= S.stop_wait(5.0) + 6 * 5.0
+    assert sampler_module.stop_wait(5.0) <= took - 10.0 <= sampler_module.stop_wait(5.0) + 6 * 5.0
 
 
 def test_a_run_wide_idle_policy_gives_the_sampler_the_run_store_and_its_python_site_packages():

@@ -9,16 +9,16 @@ import subprocess
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterddp.metrics import render as R
-from clusterddp.metrics import samples as M
+from clusterddp.metrics import render as render_module
+from clusterddp.metrics import samples as samples_module
 from clusterddp.metrics.series import series_of, stragglers
-from clusterddp.node import sampler as S
+from clusterddp.node import sampler as sampler_module
 
 HEADER = json.dumps({"schema": 1, "kind": "clusterddp-samples", "host": "a", "interval": 5.0}).encode() + b"\n"
 
 
 def line(t: float, **more) -> bytes:
-    s = S.sample_line(t, 5.0, {"cpu": 50.0, "mem": 1e9}, more.pop("gpus", None), more.pop("progress", 10),
+    s = sampler_module.sample_line(t, 5.0, {"cpu": 50.0, "mem": 1e9}, more.pop("gpus", None), more.pop("progress", 10),
                       more.pop("values", {}), more.pop("ranks", {}), 0)
     return (json.dumps(s) + "\n").encode()
 
@@ -26,7 +26,7 @@ def line(t: float, **more) -> bytes:
 def test_what_the_sampler_writes_reads_back_whole():
     data = HEADER + line(1.0, gpus=[{"index": 0, "util": 90.0, "mem": 100.0, "throttle": 4}], values={"loss": 2.0},
                          ranks={0: {"loss": 2.0}, 1: {"loss": 2.5}}) + line(6.0, values={"loss": 1.0})
-    got = M.parse(data, "a")
+    got = samples_module.parse(data, "a")
     assert got.interval == 5.0 and got.bad == 0 and got.not_finite == 0
     first = got.samples[0]
     assert first.gpus == {0: {"util": 90.0, "mem": 100.0}} and first.throttle == {0: 4}
@@ -38,7 +38,7 @@ def test_garbage_a_line_cut_midway_and_non_finite_numbers_are_skipped_and_said()
     data = (HEADER + b"not json\n" + b"[1,2]\n" + b'{"t": "x", "dt": 1, "progress": 1}\n'
             + b'{"t": 1, "dt": 5, "progress": 1, "cpu": NaN, "m": {"loss": Infinity, "acc": 1e400, "ok": 3}}\n'
             + line(2.0)[:-1] + b"\n" + line(3.0)[:20])
-    got = M.parse(data, "a")
+    got = samples_module.parse(data, "a")
     assert [s.t for s in got.samples] == [1.0, 2.0]
     assert got.samples[0].metrics == {"ok": 3.0} and "cpu" not in got.samples[0].host
     assert got.bad == 4 and got.not_finite == 3
@@ -47,9 +47,11 @@ def test_garbage_a_line_cut_midway_and_non_finite_numbers_are_skipped_and_said()
 
 
 def test_a_huge_file_is_read_only_to_its_bound():
-    data = HEADER + line(1.0) * (M.MOST // len(line(1.0)) + 10)
-    got = M.parse(data, "a")
-    assert got.cut and len(got.samples) <= M.MOST // len(line(1.0)) and "longer than" in " ".join(got.notes())
+    data = HEADER + line(1.0) * (samples_module.MOST // len(line(1.0)) + 10)
+    got = samples_module.parse(data, "a")
+    assert (
+        got.cut and len(got.samples) <= samples_module.MOST // len(line(1.0)) and "longer than" in " ".join(got.notes())
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -59,7 +61,7 @@ def test_a_huge_file_is_read_only_to_its_bound():
     b'{"t": 1, "dt": 1, "progress": 1, "ranks": {"0": {"loss": NaN}, "x": 1}, "m": []}\n',
     b"\xff\xfe\n", b"{" * 5000 + b"\n", b"\n"]), max_size=30).map(b"".join))
 def test_any_bytes_parse_without_raising_to_finite_samples_in_time_order(data):
-    got = M.parse(data, "a")
+    got = samples_module.parse(data, "a")
     ts = [s.t for s in got.samples]
     assert ts == sorted(ts)
     for s in got.samples:
@@ -72,9 +74,12 @@ def test_any_bytes_parse_without_raising_to_finite_samples_in_time_order(data):
 def test_the_fetch_answer_is_split_by_attempt_and_a_foreign_folder_is_ignored():
     answer = (b"CLUSTERDDP_SAMPLES a\n" + HEADER + line(1.0) + b"\nCLUSTERDDP_SAMPLES a@attempt-1\n" + HEADER
               + line(0.5) + b"\nCLUSTERDDP_SAMPLES ../../etc\n" + b"evil\n")
-    files = M.split_answer(answer, "a")
+    files = samples_module.split_answer(answer, "a")
     assert set(files) == {None, 1}
-    assert M.parse(files[None], "a").samples[0].t == 1.0 and M.parse(files[1], "a", 1).key == "a@attempt-1"
+    assert (
+        samples_module.parse(files[None], "a").samples[0].t == 1.0
+        and samples_module.parse(files[1], "a", 1).key == "a@attempt-1"
+    )
 
 
 def test_the_fetch_command_finds_the_last_attempts_file_and_earlier_ones(tmp_path):
@@ -82,18 +87,18 @@ def test_the_fetch_command_finds_the_last_attempts_file_and_earlier_ones(tmp_pat
     for d, t in ((ctl, 2.0), (tmp_path / "run" / ".clusterddp" / "a@attempt-1", 1.0)):
         d.mkdir(parents=True)
         (d / "metrics.jsonl").write_bytes(HEADER + line(t))
-    out = subprocess.run(["bash", "-c", M.fetch_command(str(ctl))], capture_output=True, check=True).stdout
-    saved = M.save(tmp_path / "local", "a", M.split_answer(out, "a"))
+    out = subprocess.run(["bash", "-c", samples_module.fetch_command(str(ctl))], capture_output=True, check=True).stdout
+    saved = samples_module.save(tmp_path / "local", "a", samples_module.split_answer(out, "a"))
     assert sorted(p.name for p in saved) == ["attempt-1.jsonl", "samples.jsonl"]
-    loaded = M.load_run(tmp_path / "local")
+    loaded = samples_module.load_run(tmp_path / "local")
     assert [(n.key, n.samples[0].t) for n in loaded] == [("a@attempt-1", 1.0), ("a", 2.0)]
-    assert M.save(tmp_path / "local", "../x", {None: b""}) == []  # a host name is never a path
+    assert samples_module.save(tmp_path / "local", "../x", {None: b""}) == []  # a host name is never a path
 
 
-def node(host: str, utils: list[float], losses: list[float] | None = None) -> M.NodeSamples:
+def node(host: str, utils: list[float], losses: list[float] | None = None) -> samples_module.NodeSamples:
     data = HEADER + b"".join(line(float(i), gpus=[{"index": 0, "util": u}],
                                   values={"loss": losses[i]} if losses else {}) for i, u in enumerate(utils))
-    return M.parse(data, host)
+    return samples_module.parse(data, host)
 
 
 def test_the_node_all_others_wait_for_is_named_and_none_when_all_slow_down_together():
@@ -107,18 +112,18 @@ def test_the_node_all_others_wait_for_is_named_and_none_when_all_slow_down_toget
 
 def test_metrics_prints_sparklines_and_exports_prometheus_and_csv():
     nodes = [series_of(node("a", [10, 50, 90], [3.0, 2.0, 1.0])), series_of(node("b", [20, 20, 20]))]
-    text = R.table(nodes, [], running=False)
+    text = render_module.table(nodes, [], running=False)
     assert "m.loss" in text and "gpu0.util" in text and "▁" in text and "█" in text and "last 1" in text
-    prom = R.prometheus("R1", nodes)
+    prom = render_module.prometheus("R1", nodes)
     assert 'clusterddp_metric_loss{run="R1",host="a"} 1.0' in prom
     assert 'clusterddp_gpu_util{run="R1",host="b",gpu="0"} 20.0' in prom and "# TYPE clusterddp_gpu_util gauge" in prom
-    rows = R.to_csv("R1", nodes).splitlines()
+    rows = render_module.to_csv("R1", nodes).splitlines()
     assert rows[0] == "run,node,host,attempt,series,time,value" and "R1,a,a,,m.loss,2.000,1.0" in rows
-    js = R.to_json("R1", nodes, [], True)
+    js = render_module.to_json("R1", nodes, [], True)
     assert js["nodes"]["a"]["series"]["m.loss"] == [[0.0, 3.0], [1.0, 2.0], [2.0, 1.0]]
     assert js["nodes"]["a"]["latest"]["m.loss"] == 1.0
 
 
 def test_a_sparkline_is_bounded_in_width_and_flat_for_a_constant():
-    assert len(R.sparkline([float(i) for i in range(1000)])) == R.WIDTH
-    assert R.sparkline([5.0, 5.0]) == "▁▁" and R.sparkline([]) == ""
+    assert len(render_module.sparkline([float(i) for i in range(1000)])) == render_module.WIDTH
+    assert render_module.sparkline([5.0, 5.0]) == "▁▁" and render_module.sparkline([]) == ""

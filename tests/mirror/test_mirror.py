@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clusterddp import mirror
-from clusterddp import plan as P
+from clusterddp import plan as ssh_plan
 from clusterddp.errors import HostError, MirrorError
 from clusterddp.inventory import Host
 from clusterddp.mirror import SEED_MISMATCH, seed_command
@@ -424,7 +424,7 @@ def test_a_seeded_checkpoint_is_not_replaced_by_the_script_folders_own_copy_when
         for f in ("train.py", "snapshot.pt"):
             t.add(src / f, f)
     (tmp_path / "run" / "snapshot.pt").write_bytes(b"seeded by the mirror")  # a new attempt's spare, seeded
-    r = subprocess.run(["bash", "-c", P.unpack_command(node)], capture_output=True, text=True)
+    r = subprocess.run(["bash", "-c", ssh_plan.unpack_command(node)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "run" / "snapshot.pt").read_bytes() == b"seeded by the mirror"
     assert (tmp_path / "run" / "train.py").read_text() == "print('hi')\n"

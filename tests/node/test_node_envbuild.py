@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.envs import nodes as E
-from clusterddp.envs import wheels as W
+from clusterddp.envs import nodes as env_nodes
+from clusterddp.envs import wheels as wheels_module
 from clusterddp.envs.lock import parse
 from clusterddp.errors import HostError
 from clusterddp.inventory.loader import local
@@ -113,22 +113,22 @@ class FakeFleet:
         return Res(0, (envbuild.MARK + json.dumps(self.answers.pop(0)) + "\n").encode())
 
 
-def _plan(tmp_path) -> tuple[E.Plan, Path]:
+def _plan(tmp_path) -> tuple[env_nodes.Plan, Path]:
     cache = tmp_path / "cache"
     w = make_wheel(tmp_path / "src")
-    wheel = W.Wheel(sha256(w), w.name, w.stat().st_size)
+    wheel = wheels_module.Wheel(sha256(w), w.name, w.stat().st_size)
     wheel.path(cache).parent.mkdir(parents=True)
     wheel.path(cache).write_bytes(w.read_bytes())
     host = local().hosts[0]
     lk = parse(b"cddptiny==1.0\n", "req.txt")
-    return E.Plan(host, lk, ID, "/x/envs", "/x/envs/id/bin/python", False, (wheel,), (wheel,), wheel), cache
+    return env_nodes.Plan(host, lk, ID, "/x/envs", "/x/envs/id/bin/python", False, (wheel,), (wheel,), wheel), cache
 
 
 def test_a_wheel_that_arrives_damaged_is_sent_once_more(tmp_path):
     plan, cache = _plan(tmp_path)
     sha = plan.missing[0].sha256
     fleet = FakeFleet([{"ok": [], "bad": [sha]}, {"ok": [sha], "bad": []}])
-    assert E.push(fleet, plan, cache) == 2 * plan.missing[0].size  # type: ignore[arg-type]
+    assert env_nodes.push(fleet, plan, cache) == 2 * plan.missing[0].size  # type: ignore[arg-type]
     assert fleet.sent == [[plan.missing[0].name]] * 2
 
 
@@ -137,7 +137,7 @@ def test_a_wheel_damaged_twice_names_the_host(tmp_path):
     sha = plan.missing[0].sha256
     fleet = FakeFleet([{"ok": [], "bad": [sha]}, {"ok": [], "bad": [sha]}])
     with pytest.raises(HostError, match=r"local: cddptiny-1.0-py3-none-any.whl arrived damaged twice"):
-        E.push(fleet, plan, cache)  # type: ignore[arg-type]
+        env_nodes.push(fleet, plan, cache)  # type: ignore[arg-type]
 
 
 class NoStdin(FakeFleet):
@@ -149,9 +149,9 @@ class NoStdin(FakeFleet):
 def test_a_build_that_waited_for_another_run_says_so(tmp_path, state, then):
     plan, _ = _plan(tmp_path)
     said: list[str] = []
-    E.build(NoStdin([{"state": state, "waited": 12.5}]), plan, said.append)  # type: ignore[arg-type]
+    env_nodes.build(NoStdin([{"state": state, "waited": 12.5}]), plan, said.append)  # type: ignore[arg-type]
     assert said == [f"local: waited 12.5 s for another run building environment {ID}, then {then}"]
-    E.build(NoStdin([{"state": state, "waited": None}]), plan, said.append)  # type: ignore[arg-type]
+    env_nodes.build(NoStdin([{"state": state, "waited": None}]), plan, said.append)  # type: ignore[arg-type]
     assert len(said) == 1  # it did not wait: nothing said
 
 
@@ -160,7 +160,7 @@ def test_a_full_disk_while_receiving_is_that_hosts_error_with_the_bytes(tmp_path
     fleet = FakeFleet([{"ok": [], "bad": [], "error": "cannot store x: No space left on device",
                         "needed": 5 << 20, "free": 1 << 20}])
     with pytest.raises(HostError, match=r"local: wheels not stored: .*No space.* \(5.0 MiB needed, 1.0 MiB free\)"):
-        E.push(fleet, plan, cache)  # type: ignore[arg-type]
+        env_nodes.push(fleet, plan, cache)  # type: ignore[arg-type]
 
 
 def test_a_second_build_of_one_id_waits_for_the_first_and_then_takes_what_it_built(tmp_path, capsys):

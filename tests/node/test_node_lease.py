@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp import leases, node
-from clusterddp.node import lease as L
+from clusterddp.node import lease as node_lease
 from helpers import eventually
 
 SRC = node.source("lease")
@@ -30,7 +30,7 @@ def run(mode: str, req: dict) -> subprocess.Popen:
 
 def reply(p: subprocess.Popen) -> dict:
     assert p.stdout is not None
-    return L.parse_reply(p.stdout.readline())
+    return node_lease.parse_reply(p.stdout.readline())
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def base(tmp_path):
 def listing(base: dict) -> leases.NodeView:
     r = subprocess.run([sys.executable, "-S", "-c", SRC, "list"], input=json.dumps(base), capture_output=True,
                        text=True, check=True)
-    return leases._view("n1", L.parse_reply(r.stdout))
+    return leases._view("n1", node_lease.parse_reply(r.stdout))
 
 
 def release(p: subprocess.Popen) -> None:
@@ -163,22 +163,22 @@ def test_garbage_in_the_lease_folder_is_counted_not_trusted(base):
     ('{"ok": true, "capacity": 0}', "capacity"), ('{"ok": true, "capacity": 2, "slots": [-1]}', "slots"),
     ('{"ok": true, "capacity": 2, "slots": [0], "port": 70000}', "port"),
     ('{"capacity": 2, "holders": {}}', "holders: not a list"), ('{"error": "OSError: disk full"}', "disk full"),
-    ("x" * (L.MAX_REPLY + 1), "over"),
+    ("x" * (node_lease.MAX_REPLY + 1), "over"),
 ])
 def test_the_reply_parser_refuses_what_no_node_program_says(text, why):
     with pytest.raises(ValueError, match=why):
-        L.parse_reply(L.MARK + text if len(text) <= L.MAX_REPLY else text)
+        node_lease.parse_reply(node_lease.MARK + text if len(text) <= node_lease.MAX_REPLY else text)
 
 
 def test_the_reply_is_the_marked_line_whatever_a_login_shell_printed_first():
     """A node whose ~/.bashrc prints a banner: its lines came first and every hold failed."""
-    assert L.parse_reply("Welcome to gpu-01\n\n" + L.MARK + '{"capacity": 2}\r\n')["capacity"] == 2
+    assert node_lease.parse_reply("Welcome to gpu-01\n\n" + node_lease.MARK + '{"capacity": 2}\r\n')["capacity"] == 2
     with pytest.raises(ValueError, match="no reply line: 'Welcome"):
-        L.parse_reply('Welcome\n{"capacity": 2}\n')
+        node_lease.parse_reply('Welcome\n{"capacity": 2}\n')
 
 
 def test_the_reply_parser_cleans_each_entry():
-    r = L.parse_reply(L.MARK + json.dumps({"capacity": 4, "holders": [
+    r = node_lease.parse_reply(node_lease.MARK + json.dumps({"capacity": 4, "holders": [
         {"run": "r1", "user": "eve\x1b]0;pwn\x07", "since": 5, "slots": [1, 0], "port": "x", "state": "odd"},
         {"run": "../etc", "slots": [0]}, "nope", {"run": "r2", "slots": [99999]}],
         "waiting": [{"ticket": "1", "run": "w"}, {"ticket": ticket(3), "run": "w3", "need": True,
@@ -200,7 +200,7 @@ def test_a_fifo_or_a_folder_named_as_a_record_never_hangs_list_or_hold(base):
     os.mkfifo(folder / "queue-0000000000000000001-w.json")
     r = subprocess.run([sys.executable, "-S", "-c", SRC, "list"], input=json.dumps(base), capture_output=True,
                        text=True, timeout=30)
-    v = leases._view("n1", L.parse_reply(r.stdout))
+    v = leases._view("n1", node_lease.parse_reply(r.stdout))
     assert v.garbled == 3 and v.holders == () and v.free == {0, 1}, r.stdout
     p = run("hold", {**base, "run": "r1", "need": 2})
     try:
@@ -241,20 +241,20 @@ def test_lock_files_planted_as_fifos_make_a_slot_unavailable_never_a_hang(base):
     r = subprocess.run([sys.executable, "-S", "-c", SRC, "hold"], input=json.dumps({**base, "run": "r2", "need": 1}),
                        capture_output=True, text=True, timeout=30)
     with pytest.raises(ValueError, match="not a regular file"):
-        L.parse_reply(r.stdout)
+        node_lease.parse_reply(r.stdout)
 
 
 def test_a_deeply_nested_reply_is_refused_not_a_recursion_error():
     with pytest.raises(ValueError, match="nested too deep"):
-        L.parse_reply(L.MARK + "[" * 50_000 + "]" * 50_000)
+        node_lease.parse_reply(node_lease.MARK + "[" * 50_000 + "]" * 50_000)
 
 
 def test_the_hold_channel_keeps_only_the_reply_lines_whatever_the_node_sends():
     """40 MB of short lines were all queued (759 MiB in the launcher), the buffer split once per line."""
     class Node:
         def stream(self, command, on_data, stdin=None, stderr_to=None):
-            on_data(b"Welcome to n1\n" + L.MARK.encode() + b'{"ok": false, "capacity": 2, "why": "busy"}\n')
-            line = (L.MARK + "x\n").encode() * 200_000
+            on_data(b"Welcome to n1\n" + node_lease.MARK.encode() + b'{"ok": false, "capacity": 2, "why": "busy"}\n')
+            line = (node_lease.MARK + "x\n").encode() * 200_000
             for _ in range(40):
                 on_data(line)
             on_data(b"y" * 1000)
@@ -269,7 +269,7 @@ def test_the_hold_channel_keeps_only_the_reply_lines_whatever_the_node_sends():
 def test_the_hold_channel_refuses_a_line_over_the_reply_limit_once():
     class Node:
         def stream(self, command, on_data, stdin=None, stderr_to=None):
-            for _ in range(L.MAX_REPLY // 65536 + 2):
+            for _ in range(node_lease.MAX_REPLY // 65536 + 2):
                 on_data(b"z" * 65536)
             on_data(b"\n{}\n")
             return 0
@@ -319,7 +319,7 @@ def test_capacity_is_what_nvidia_smi_lists_and_the_fallback_without_one_on_path(
     def capacity() -> int:
         r = subprocess.run([sys.executable, "-S", "-c", SRC, "list"], input=json.dumps(base), capture_output=True,
                            text=True, check=True, env=env)
-        return L.parse_reply(r.stdout)["capacity"]
+        return node_lease.parse_reply(r.stdout)["capacity"]
 
     assert capacity() == 2  # none on PATH: the inventory's gpus
     smi.write_text("#!/bin/sh\nfor i in 0 1 2; do echo \"GPU $i: NVIDIA H200 (UUID: GPU-$i)\"; done\n"

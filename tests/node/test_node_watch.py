@@ -18,10 +18,10 @@ import pytest
 from clusterddp import inventory, noise
 from clusterddp.errors import InventoryError, UsageError
 from clusterddp.failure import AGENT_LINE
-from clusterddp.node import watch as W
+from clusterddp.node import watch as node_watch
 from helpers import eventually
 
-WATCH = Path(W.__file__)
+WATCH = Path(node_watch.__file__)
 
 # 16 MiB of debug lines between two progress lines, a step a second: 8 times what the watcher read
 # per second before (1 MiB a look); then silence, which is a real stall.
@@ -43,8 +43,8 @@ with open(log, "ab", buffering=0) as f:
 '''
 
 
-def lines(regex=None) -> W.Lines:
-    return W.Lines(regex, [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern],
+def lines(regex=None) -> node_watch.Lines:
+    return node_watch.Lines(regex, [p for p, tail in noise.LINES if not tail] + ["^" + AGENT_LINE.pattern],
                    [p for p, tail in noise.LINES if tail])
 
 
@@ -89,13 +89,13 @@ def test_a_watcher_behind_its_log_says_so_and_never_declares_a_stall(tmp_path):
     log.write_bytes(b"step 1\n")
     clock = iter(range(10**6)).__next__  # every reading of the clock a second later: the budget ends at once
     with open(log, "rb") as f:
-        r = W.Reader(f, lines(r"step (\d+)"), budget=0.5)
+        r = node_watch.Reader(f, lines(r"step (\d+)"), budget=0.5)
         assert r.look(now=10.0, clock=clock) == (1, 10.0) and r.behind == 0
         with open(log, "ab") as w:
-            w.write(b"debug\n" * (3 * W.READ_MOST // 6) + b"step 2\n")
+            w.write(b"debug\n" * (3 * node_watch.READ_MOST // 6) + b"step 2\n")
         assert r.look(now=20.0, clock=clock) == (0, None)  # one chunk read, then out of time
         assert r.behind > 0
-        d = W.Decider(5.0, now=0.0)
+        d = node_watch.Decider(5.0, now=0.0)
         d.local(1, 10.0)
         d.behind = True
         assert not d.stalled(1000.0)  # its own lag is no sign of a hang
@@ -108,7 +108,7 @@ def test_a_watcher_behind_its_log_says_so_and_never_declares_a_stall(tmp_path):
         d.behind = False
         d.local(n, at)
         assert d.stalled(1000.0) and not d.stalled(24.9)
-    d = W.Decider(5.0, now=0.0, nnodes=2)
+    d = node_watch.Decider(5.0, now=0.0, nnodes=2)
     d.shared(3, watchers=2, now=1.0)
     d.others_behind = 1  # another node's watcher is behind: its lines may be progress
     assert not d.stalled(1000.0)
@@ -118,9 +118,9 @@ def test_a_watcher_behind_its_log_says_so_and_never_declares_a_stall(tmp_path):
 
 def test_a_look_reads_all_there_is_not_one_chunk(tmp_path):
     log = tmp_path / "node.log"
-    log.write_bytes(b"debug line of a flood, nothing of progress\n" * (8 * W.READ_MOST // 43) + b"step 7\n")
+    log.write_bytes(b"debug line of a flood, nothing of progress\n" * (8 * node_watch.READ_MOST // 43) + b"step 7\n")
     with open(log, "rb") as f:
-        r = W.Reader(f, lines(r"step (\d+)"), budget=120.0)
+        r = node_watch.Reader(f, lines(r"step (\d+)"), budget=120.0)
         assert r.look(now=5.0) == (1, 5.0) and r.behind == 0
 
 
@@ -140,7 +140,7 @@ def test_the_regex_cost_per_line_is_bounded(tmp_path):
 @pytest.mark.parametrize("regex,same", [(r".*step (\d+)", r"step (\d+)"), (r".*?.*x", "x"), (r".*+x", r".*+x"),
                                         (r"a.*b", r"a.*b"), (r".*a|b", r"a|b")])
 def test_a_leading_any_is_dropped_only_where_the_search_is_the_same(regex, same):
-    assert W.bounded_regex(regex) == same
+    assert node_watch.bounded_regex(regex) == same
 
 
 INV = "hosts:\n  - name: a\n    address: 10.0.0.1\n"
@@ -213,19 +213,19 @@ def _free_port() -> int:
 
 def test_a_watcher_behind_says_so_in_the_log_and_tells_how_far(tmp_path, monkeypatch, capsys):
     import threading
-    monkeypatch.setattr(W, "READ_BUDGET", 0.0)  # one chunk a look: behind as soon as more than that comes
+    monkeypatch.setattr(node_watch, "READ_BUDGET", 0.0)  # one chunk a look: behind as soon as more than that comes
     ctl = tmp_path / "ctl"
     ctl.mkdir()
     log = ctl / "node.log"
     log.write_bytes(b"")
     args = {"timeout": 3600.0, "regex": r"step (\d+)", "skip": [], "tails": [], "nnodes": 1, "store": None,
             "ctl": str(ctl), "log": str(log), "marker": "none", "host": "n1"}
-    t = threading.Thread(target=W.run, args=(args, os.getppid()), daemon=True)
+    t = threading.Thread(target=node_watch.run, args=(args, os.getppid()), daemon=True)
     t.start()
     try:
         assert eventually(lambda: (ctl / "watch.json").exists(), timeout=60)
         with open(log, "ab") as f:
-            f.write(b"debug\n" * (4 * W.READ_MOST // 6) + b"step 1\n")
+            f.write(b"debug\n" * (4 * node_watch.READ_MOST // 6) + b"step 1\n")
         assert eventually(lambda: "behind node.log" in capsys.readouterr().out, timeout=60)
         assert eventually(lambda: json.loads((ctl / "watch.json").read_text())["behind"] == 0, timeout=60)
     finally:

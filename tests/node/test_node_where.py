@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from clusterddp import stragglers as ST
-from clusterddp.node import where as W
+from clusterddp import stragglers as stragglers_module
+from clusterddp.node import where as where_module
 from test_node_stacks import hook_folder
 
 JOB = """
@@ -52,12 +52,12 @@ def ranks(tmp_path):
 
 def test_each_rank_is_found_waiting_or_in_its_own_code_and_the_cost_is_small(ranks, monkeypatch):
     ctl, procs = ranks
-    monkeypatch.setattr(W, "DUMP_MOST", 2000)  # the dump files are cut back to their header as they pass it
+    monkeypatch.setattr(where_module, "DUMP_MOST", 2000)  # the dump files are cut back to their header as they pass it
     n, interval = 8, 0.5
     cpu0, wall0 = time.process_time(), time.monotonic()
-    W.run({"ctl": str(ctl), "marker": "job-where/h", "host": "h", "interval": interval}, None, samples=n)
+    where_module.run({"ctl": str(ctl), "marker": "job-where/h", "host": "h", "interval": interval}, None, samples=n)
     cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
-    header, samples = W.parse((ctl / "where.jsonl").read_bytes())
+    header, samples = where_module.parse((ctl / "where.jsonl").read_bytes())
     assert header["host"] == "h" and header["interval"] == interval
     assert len(samples) == n - 1  # the first look only starts the CPU counters
     for s in samples:
@@ -72,49 +72,55 @@ def test_each_rank_is_found_waiting_or_in_its_own_code_and_the_cost_is_small(ran
     # The cost: CPU seconds the sampler spent a sample, against the default interval; well under 1% of one
     # CPU (a job's rank keeps one busy at least). Its CPU time, not its wall time: a loaded machine waits longer.
     per_sample = cpu / n
-    print(f"where: {per_sample * 1000:.1f} ms CPU a sample ({per_sample / W.INTERVAL:.3%} of a CPU at "
-          f"{W.INTERVAL:g}s), {wall / n:.2f}s wall a sample")
-    assert per_sample / W.INTERVAL < 0.01
+    print(f"where: {per_sample * 1000:.1f} ms CPU a sample ({per_sample / where_module.INTERVAL:.3%} of a CPU at "
+          f"{where_module.INTERVAL:g}s), {wall / n:.2f}s wall a sample")
+    assert per_sample / where_module.INTERVAL < 0.01
 
 
 def test_state_of_a_main_threads_frames():
     lib = "/usr/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py"
     user = "/runs/r/train.py"
-    assert W.state_of([(lib, 10, "all_reduce"), (lib, 5, "wrapper"), (user, 41, "train")]) == ("w", "all_reduce")
+    assert where_module.state_of([(lib, 10, "all_reduce"), (lib, 5, "wrapper"), (user, 41, "train")]) == (
+        "w",
+        "all_reduce",
+    )
     grad = [("/x/site-packages/torch/autograd/graph.py", 8, "_engine_run_backward"),
             ("/x/site-packages/torch/_tensor.py", 9, "backward"), (user, 50, "step")]
-    assert W.state_of(grad) == ("w", "_engine_run_backward")
+    assert where_module.state_of(grad) == ("w", "_engine_run_backward")
     # running inside backward: computing its own gradients (a slow rank), not waiting for the others'
-    assert W.state_of(grad, running=True) == ("c", "_engine_run_backward (computing)")
-    assert W.state_of([(lib, 10, "all_reduce"), (user, 41, "train")], running=True) == ("w", "all_reduce")
+    assert where_module.state_of(grad, running=True) == ("c", "_engine_run_backward (computing)")
+    assert where_module.state_of([(lib, 10, "all_reduce"), (user, 41, "train")], running=True) == ("w", "all_reduce")
     # in the user's own code, whatever it calls further out; a user function named like a collective is the user's
-    assert W.state_of([(user, 12, "extra_work"), (lib, 1, "all_reduce")]) == ("c", "extra_work (train.py:12)")
-    assert W.state_of([(user, None, "all_reduce")]) == ("c", "all_reduce (train.py:?)")
+    assert where_module.state_of([(user, 12, "extra_work"), (lib, 1, "all_reduce")]) == (
+        "c",
+        "extra_work (train.py:12)",
+    )
+    assert where_module.state_of([(user, None, "all_reduce")]) == ("c", "all_reduce (train.py:?)")
     # a library computing, outside any collective (the forward pass); no frames at all
-    assert W.state_of([("/x/site-packages/torch/nn/modules/linear.py", 3, "forward"), (user, 2, "f")]) == \
+    assert where_module.state_of([("/x/site-packages/torch/nn/modules/linear.py", 3, "forward"), (user, 2, "f")]) == \
         ("c", "f (train.py:2)")
-    assert W.state_of([("/x/site-packages/torch/nn/functional.py", 3, "relu")]) == ("c", "relu")
-    assert W.state_of([]) == ("?", "")
+    assert where_module.state_of([("/x/site-packages/torch/nn/functional.py", 3, "relu")]) == ("c", "relu")
+    assert where_module.state_of([]) == ("?", "")
 
 
 def test_running_now_reads_the_state_in_proc():
-    assert W.running_now(os.getpid())  # this test runs
+    assert where_module.running_now(os.getpid())  # this test runs
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         time.sleep(0.5)
         deadline = time.monotonic() + 30
-        while W.running_now(sleeper.pid) and time.monotonic() < deadline:  # asleep once started
+        while where_module.running_now(sleeper.pid) and time.monotonic() < deadline:  # asleep once started
             time.sleep(0.1)
-        assert not W.running_now(sleeper.pid)
+        assert not where_module.running_now(sleeper.pid)
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert not W.running_now(2 ** 30)  # no such process
+    assert not where_module.running_now(2 ** 30)  # no such process
 
 
 def test_the_file_is_thinned_below_its_bound_and_keeps_its_header(tmp_path):
     path = tmp_path / "where.jsonl"
-    w = W.Writer(str(path), {"schema": 1, "kind": W.KIND, "host": "h"}, 4096)
+    w = where_module.Writer(str(path), {"schema": 1, "kind": where_module.KIND, "host": "h"}, 4096)
     written = 0
     for i in range(400):
         if w.due():
@@ -122,7 +128,7 @@ def test_the_file_is_thinned_below_its_bound_and_keeps_its_header(tmp_path):
             written += 1
     data = path.read_bytes()
     assert len(data) <= 4096 and w.stride > 1 and written < 400
-    header, samples = W.parse(data)
+    header, samples = where_module.parse(data)
     assert header["host"] == "h"
     ts = [s["t"] for s in samples]
     assert ts == sorted(ts) and ts[0] < 100 and ts[-1] > 300  # the whole course, coarser
@@ -133,10 +139,18 @@ def test_parse_keeps_good_lines_and_drops_the_rest():
     good = {"t": 5.0, "ranks": {"0": ["w", "all_reduce"], "1": ["c", "f (a.py:1)"]}, "cpu": 50.0, "cpu_job": 40.0,
             "cpu_other": 10.0, "ncpu": 4, "throttled": 0.5, "gpu_others": ["x (pid 1, GPU g)"], "other_top": "y\x1b",
             "cpu_wait": 0.25}
-    data = b"\n".join([json.dumps({"kind": W.KIND, "host": "h", "interval": 2}).encode(), json.dumps(good).encode(),
-                       b"garbage", b'{"t": -1, "ranks": {}}', b'{"t": 1e400, "ranks": {}}',
-                       b'{"t": 6, "ranks": {"x": ["w", ""], "2": ["z", ""], "3": ["w"]}, "cpu": 101}', b"[1]"])
-    header, samples = W.parse(data)
+    data = b"\n".join(
+        [
+            json.dumps({"kind": where_module.KIND, "host": "h", "interval": 2}).encode(),
+            json.dumps(good).encode(),
+            b"garbage",
+            b'{"t": -1, "ranks": {}}',
+            b'{"t": 1e400, "ranks": {}}',
+            b'{"t": 6, "ranks": {"x": ["w", ""], "2": ["z", ""], "3": ["w"]}, "cpu": 101}',
+            b"[1]",
+        ]
+    )
+    header, samples = where_module.parse(data)
     assert header == {"host": "h", "interval": 2.0, "started": None}
     assert samples[0] == {"t": 5.0, "ranks": {0: ("w", "all_reduce"), 1: ("c", "f (a.py:1)")}, "cpu": 50.0,
                           "cpu_job": 40.0, "cpu_other": 10.0, "ncpu": 4.0, "other_top": "y?", "throttled": 0.5,
@@ -158,25 +172,27 @@ def test_a_cpu_quota_is_read_from_the_ranks_cgroup_and_its_run_delay_grows(tmp_p
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         (group / "tasks").write_text(str(busy.pid))
-        stat = W.cgroup_stat(busy.pid)
+        stat = where_module.cgroup_stat(busy.pid)
         assert stat is not None and stat[0] == str(group / "cpu.stat"), stat
-        t0, thr0, delay0 = time.monotonic(), W.throttled_s(stat), W.run_delay([busy.pid])
+        t0, thr0, delay0 = time.monotonic(), where_module.throttled_s(stat), where_module.run_delay([busy.pid])
         time.sleep(2.0)
         wall = time.monotonic() - t0
-        assert (W.throttled_s(stat) - thr0) / wall > ST.THROTTLED  # enough for the decider to say so
-        assert (W.run_delay([busy.pid]) - delay0) / wall > ST.CPU_WAIT
-        assert W.running_now(busy.pid)  # held back, not asleep
+        assert (
+            where_module.throttled_s(stat) - thr0
+        ) / wall > stragglers_module.THROTTLED  # enough for the decider to say so
+        assert (where_module.run_delay([busy.pid]) - delay0) / wall > stragglers_module.CPU_WAIT
+        assert where_module.running_now(busy.pid)  # held back, not asleep
     finally:
         busy.kill()
         busy.wait()
         group.rmdir()
-    assert W.run_delay([2 ** 30]) is None and W.throttled_s(None) is None
+    assert where_module.run_delay([2 ** 30]) is None and where_module.throttled_s(None) is None
 
 
 def test_sigterm_ends_the_sampler_at_once_even_in_its_sleep(tmp_path):
     """launch.sh kills the rank sampler once the job has ended; it leaves then, not after its interval
     (a sampler still there after a Ctrl-C reads as a job left running)."""
-    where_py = os.path.join(os.path.dirname(W.__file__), "where.py")
+    where_py = os.path.join(os.path.dirname(where_module.__file__), "where.py")
     env = dict(os.environ, CLUSTERDDP_JOB="r1/node-1", CLUSTERDDP_HOST="node-1")
     p = subprocess.Popen([sys.executable, "-S", where_py, str(tmp_path), json.dumps({"interval": 60})], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

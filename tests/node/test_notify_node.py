@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import notify as N
+from clusterddp import notify as notifier
 from clusterddp.inventory import NotifyTarget
 from clusterddp.node import notify as node_notify
 from clusterddp.record import RunStatus
@@ -29,7 +29,7 @@ def control(tmp_path: Path, targets: list[NotifyTarget], code: int | None = 0, h
     ctl = tmp_path / "ctl"
     ctl.mkdir()
     rec = make_record(RUN, hosts=hosts)
-    (ctl / node_notify.REQUEST).write_bytes(N.node_request(rec, hosts[0], targets))
+    (ctl / node_notify.REQUEST).write_bytes(notifier.node_request(rec, hosts[0], targets))
     if code is not None:
         (ctl / "exit_code").write_text(f"{code}\n")
     return ctl
@@ -152,12 +152,12 @@ def test_reach_says_whether_a_receiver_answers_and_its_reader_refuses_garbage(re
 def test_the_request_names_every_status_exit_code_and_only_webhooks_go_to_the_node():
     cmd = NotifyTarget("command", "cat", where="lab.yaml: notify[1]")
     web = hook("https://hooks.example.org/services/x")
-    assert N.from_node([web, cmd]) == ([web], [cmd])
-    req = json.loads(N.node_request(make_record(RUN), "node-1", [web]))
+    assert notifier.from_node([web, cmd]) == ([web], [cmd])
+    req = json.loads(notifier.node_request(make_record(RUN), "node-1", [web]))
     assert req["exit_codes"] == {s.value: s.exit_code for s in RunStatus if s.exit_code is not None}
     assert req["targets"] == [{"url": web.value, "on": [], "timeout": web.timeout,
                                "label": "webhook hooks.example.org (lab.yaml: notify[0])"}]
-    assert N.receivers([web, cmd, hook("http://10.0.0.1:8080/a"), hook("http://10.0.0.1:8080/b")]) == [
+    assert notifier.receivers([web, cmd, hook("http://10.0.0.1:8080/a"), hook("http://10.0.0.1:8080/b")]) == [
         ("webhook hooks.example.org (lab.yaml: notify[0])", "hooks.example.org", 443),
         ("webhook 10.0.0.1 (lab.yaml: notify[0])", "10.0.0.1", 8080)]
 

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from clusterddp import nodescript as NS
+from clusterddp import nodescript as node_script
 from clusterddp.nodescript import TORCHRUN_SOURCE, shell_word, store_wait
 
 # What the stand-in module reports: how it was run, and (at exit) whether its objects were frozen.
@@ -48,13 +48,13 @@ def _module(tmp_path: Path) -> Path:
     return folder
 
 
-def _run(tmp_path: Path, *args: str, env: dict | None = None, prefix: str = "", source: str = NS.TORCHRUN,
+def _run(tmp_path: Path, *args: str, env: dict | None = None, prefix: str = "", source: str = node_script.TORCHRUN,
          shim: bool = True) -> tuple[subprocess.CompletedProcess, dict, dict]:
     """Run the stand-in as launch.sh runs torchrun (``shim``), or as ``python -m`` does."""
     out = tmp_path / ("shim" if shim else "plain")
     words = (sys.executable, "-c", TORCHRUN_SOURCE, "standin.run") if shim else \
         (sys.executable, "-m", "standin.run")
-    script = "\n".join([f"{NS.TORCHRUN_VAR}={NS.q(source)}",
+    script = "\n".join([f"{node_script.TORCHRUN_VAR}={node_script.q(source)}",
                         f"{prefix}{' '.join(map(shell_word, (*words, *args)))}"])
     full = {**os.environ, "PYTHONPATH": str(_module(tmp_path)), "OUT": str(out), **(env or {})}
     r = subprocess.run(["bash", "-c", script], env=full, capture_output=True, text=True, cwd=tmp_path, timeout=120)
@@ -170,13 +170,13 @@ def test_a_node_that_does_not_serve_the_store_starts_torchrun_once_the_store_lis
 
 
 def test_the_wait_is_bounded_and_a_bad_address_is_no_wait(tmp_path):
-    bounded = NS.TORCHRUN.replace("time.monotonic() + 30", "time.monotonic() + 1")
-    assert bounded != NS.TORCHRUN
+    bounded = node_script.TORCHRUN.replace("time.monotonic() + 30", "time.monotonic() + 1")
+    assert bounded != node_script.TORCHRUN
     port = _free_port()  # nothing listens there
     started = time.time()
     r, seen, _ = _run(tmp_path, prefix=store_wait(f"127.0.0.1:{port}") + " ", source=bounded)
     assert r.returncode == 0 and seen["started"] - started >= 1.0  # it waited its bound, then went on
     for bad in ("nonsense", "127.0.0.1:notaport", ":"):
-        r, seen, _ = _run(tmp_path, prefix=store_wait(NS.q(bad)) + " ")
+        r, seen, _ = _run(tmp_path, prefix=store_wait(node_script.q(bad)) + " ")
         assert r.returncode == 0 and seen["argv"][1:] == [] and seen["store"] is None, r.stderr
 

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 from clusterddp import failure
-from clusterddp import top as T
+from clusterddp import top as top_view
 from clusterddp.noise import NoiseFilter, without_noise
 from clusterddp.transport.local import LocalTransport
 from helpers import make_record
@@ -87,6 +87,6 @@ def test_tops_last_line_is_the_last_one_that_is_no_noise(tmp_path):
     rec = dataclasses.replace(rec, nodes=(dataclasses.replace(
         node, control_dir=str(ctl), settings=dataclasses.replace(node.settings, python=sys.executable,
                                                                  workdir=str(tmp_path))),))
-    with T.Watch([rec], connect=lambda h: LocalTransport(h.name)) as w:
+    with top_view.Watch([rec], connect=lambda h: LocalTransport(h.name)) as w:
         [view] = w.look().runs[0].nodes
     assert (view.state, view.last_line, view.step) == ("lost", "step 7 loss 0.5", 7)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 
-from clusterddp import schedule as S
+from clusterddp import schedule as schedules
 from clusterddp.runspec import RunSpec
 from helpers import cddp, run_id_of
 from test_notify import TOKEN, Receiver
@@ -85,13 +85,22 @@ def test_a_skipped_firing_is_told(tmp_path):
     got = tmp_path / "got.json"
     inv = tmp_path / "lab.yaml"
     inv.write_text(f"hosts:\n  - {{name: node-1}}\nnotify:\n  - {{command: 'cat > {got}', on: [skipped]}}\n")
-    spec = S.ScheduleSpec(name="nightly", cron="0 2 * * *", launch_dir=str(tmp_path), runs_dir=str(tmp_path / "runs"),
-                          executable=("/bin/false",), bin_dir="/bin", inventory=str(inv),
-                          run=RunSpec(script=str(tmp_path / "t.py")), hosts=(), agent_socket=None)
-    S.save_spec(spec)
+    spec = schedules.ScheduleSpec(
+        name="nightly",
+        cron="0 2 * * *",
+        launch_dir=str(tmp_path),
+        runs_dir=str(tmp_path / "runs"),
+        executable=("/bin/false",),
+        bin_dir="/bin",
+        inventory=str(inv),
+        run=RunSpec(script=str(tmp_path / "t.py")),
+        hosts=(),
+        agent_socket=None,
+    )
+    schedules.save_spec(spec)
     with open(spec.lock_path, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        r = cddp("schedule", "fire", spec.spec_path, cwd=tmp_path, check_rc=S.LOCK_HELD_EXIT)
+        r = cddp("schedule", "fire", spec.spec_path, cwd=tmp_path, check_rc=schedules.LOCK_HELD_EXIT)
     ev = json.loads(got.read_text())
     assert (ev["event"], ev["schedule"]) == ("skipped", "nightly") and "still holds" in ev["text"], r.stderr
 

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from clusterddp import notify as N
+from clusterddp import notify as notifier
 from clusterddp.errors import InventoryError
 from clusterddp.inventory import NotifyTarget, parse, webhook_problem
 from clusterddp.node import notify as node_notify
@@ -95,21 +95,23 @@ def no_secret(text: str) -> None:
 def test_a_user_and_password_in_the_url_are_sent_as_basic_auth_and_the_host_alone_named(recv):
     ok, broken = recv(), recv(500)
     good = NotifyTarget("webhook", ok.url(), where="lab.yaml: notify[0]")
-    assert webhook_problem(good.value) is None and N.label(good) == "webhook 127.0.0.1 (lab.yaml: notify[0])"
-    [d] = N.deliver([good], N.test_event("lab"))
+    assert webhook_problem(good.value) is None and notifier.label(good) == "webhook 127.0.0.1 (lab.yaml: notify[0])"
+    [d] = notifier.deliver([good], notifier.test_event("lab"))
     assert (d.ok, d.tries, d.said) == (True, 1, "HTTP 200")
     expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     assert ok.posts == [{"path": "/topic", "auth": expected}]  # the credentials go in the header, not the host
     # percent-escaped characters in the password are the password's own
-    [d] = N.deliver([NotifyTarget("webhook", f"http://u:p%40ss%3Aw@127.0.0.1:{ok.port}/t")], N.test_event("lab"))
+    [d] = notifier.deliver(
+        [NotifyTarget("webhook", f"http://u:p%40ss%3Aw@127.0.0.1:{ok.port}/t")], notifier.test_event("lab")
+    )
     assert d.ok and ok.posts[-1]["auth"] == "Basic " + base64.b64encode(b"u:p@ss:w").decode()
     # a URL with credentials and no port (http.client read the password as the port), a refused port,
     # a receiver that fails: each a line naming the host only
     targets = [NotifyTarget("webhook", f"http://{USER}:{PASSWORD}@127.0.0.1/topic", where="a"),
                NotifyTarget("webhook", f"http://{USER}:{PASSWORD}@127.0.0.1:{closed_port()}/topic", where="b"),
                NotifyTarget("webhook", broken.url(), where="c")]
-    event = N.test_event("lab")
-    lines = [d.line(event) for d in N.deliver(targets, event, sleep=lambda s: None)]
+    event = notifier.test_event("lab")
+    lines = [d.line(event) for d in notifier.deliver(targets, event, sleep=lambda s: None)]
     assert len(lines) == 3 and all(line.startswith("notify: webhook 127.0.0.1 (") for line in lines), lines
     assert "HTTP 500 Internal Server Error after 3 tries" in lines[2]
     no_secret("\n".join(lines))
@@ -162,7 +164,9 @@ def test_node_0_tells_with_basic_auth_and_its_log_never_holds_the_password(tmp_p
 def test_a_receiver_that_answers_200_then_streams_its_body_is_told_at_once(recv):
     r = recv(200, stream=True)
     t0 = time.monotonic()
-    [d] = N.deliver([NotifyTarget("webhook", r.url(), timeout=1.0)], N.test_event("lab"), sleep=lambda s: None)
+    [d] = notifier.deliver(
+        [NotifyTarget("webhook", r.url(), timeout=1.0)], notifier.test_event("lab"), sleep=lambda s: None
+    )
     assert (d.ok, d.tries, d.said) == (True, 1, "HTTP 200") and len(r.posts) == 1
     assert time.monotonic() - t0 < 30
 

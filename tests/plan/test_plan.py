@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp import inventory, node, plan
-from clusterddp import nodescript as NS
+from clusterddp import nodescript as node_script
 from clusterddp.check import probe_command, reach_command
 from clusterddp.collective import collective_command
 from clusterddp.envdiff import envinfo_command
@@ -160,7 +160,7 @@ def test_only_the_nodes_that_do_not_serve_the_rendezvous_store_wait_for_it(tmp_p
         def line(node: plan.NodeLaunch, start: str = start) -> str:
             return next(ln for ln in node.launch_script.splitlines() if start in ln)
         assert line(a).startswith(start) and line(b).startswith(f"CLUSTERDDP_STORE=10.0.0.11:29500 {start}")
-        assert all(f"{NS.TORCHRUN_VAR}=" in n.launch_script for n in p.nodes)
+        assert all(f"{node_script.TORCHRUN_VAR}=" in n.launch_script for n in p.nodes)
     inv = inventory.parse(INV, "inv.yaml")
     local = build_plan(inv, RunSpec("t.py", ()), RUN_ID, local_run_dir=str(tmp_path), local_control_dir=str(tmp_path))
     assert "CLUSTERDDP_STORE=" not in local.nodes[0].launch_script

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterddp import failure as F
+from clusterddp import failure as failure_parsing
 from clusterddp import policy
-from clusterddp import quarantine as Q
+from clusterddp import quarantine as quarantines
 from clusterddp.inventory import load
-from clusterddp.node import diagnose as D
+from clusterddp.node import diagnose as diagnose_module
 from clusterddp.record import NodeState
 from helpers import cddp, make_record
 
@@ -46,30 +46,34 @@ def report(kernel=(), boot=None, started=None, ended=None, smi=None):
 
 
 def facts(host, rank, log=b"", state="failed", code=1, **rep):
-    return F.NodeFacts(host, rank, 1, state, code, None, log, report(**rep))
+    return failure_parsing.NodeFacts(host, rank, 1, state, code, None, log, report(**rep))
 
 
 # ---- the kernel line parser ----
 
 def test_xid_lines_of_old_and_new_drivers_parse_and_only_the_machines_kinds_count():
-    x = F.parse_xid(XID_79)
+    x = failure_parsing.parse_xid(XID_79)
     assert (x.code, x.pci, x.pid, x.stamp, x.machine) == (79, "0000:3b:00", 1234, 890.431249, True)
     assert x.text() == "NVIDIA Xid 79 (GPU has fallen off the bus) on GPU PCI:0000:3b:00"
-    x = F.parse_xid(XID_48)
+    x = failure_parsing.parse_xid(XID_48)
     assert (x.code, x.pid, x.machine) == (48, None, True) and "double-bit ECC" in x.text()
-    old = F.parse_xid("NVRM: Xid (0000:03:00): 48, An uncorrectable double bit error (DBE) has been detected")
+    old = failure_parsing.parse_xid(
+        "NVRM: Xid (0000:03:00): 48, An uncorrectable double bit error (DBE) has been detected"
+    )
     assert (old.code, old.pci, old.stamp) == (48, "0000:03:00", None)
     # an illegal address in the job's own kernel (13, 31, 43) is the job's, not the machine's
-    assert not F.parse_xid("[ 5.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=99, Ch 00000008, MMU Fault").machine
+    assert not failure_parsing.parse_xid(
+        "[ 5.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=99, Ch 00000008, MMU Fault"
+    ).machine
     for line in ("eth0: link up", "NVRM: Xid (PCI:zz): 79, x", "NVRM: Xid (PCI:0000:3b:00): ٧٩, pid=1", ""):
-        assert F.parse_xid(line) is None
+        assert failure_parsing.parse_xid(line) is None
 
 
 @given(st.text(max_size=3000))
 def test_any_text_is_no_xid_or_a_bounded_one(text):
-    x = F.parse_xid(text)
+    x = failure_parsing.parse_xid(text)
     if x is not None:
-        assert len(x.line) <= F.MAX_LOG_LINE and "\x00" not in x.line
+        assert len(x.line) <= failure_parsing.MAX_LOG_LINE and "\x00" not in x.line
         assert 0 <= x.code < 10 ** 6 and (x.pid is None or 0 <= x.pid < 10 ** 10)
         assert x.stamp is None or 0 <= x.stamp < 10 ** 10
 
@@ -79,10 +83,10 @@ def test_any_text_is_no_xid_or_a_bounded_one(text):
        st.text(max_size=200).filter(lambda t: "pid=" not in t and "\n" not in t), st.text(max_size=50))
 def test_a_written_xid_line_reads_back(code, pci, pid, stamp, rest, before):
     who = f"pid={pid}" if pid is not None else "pid='<unknown>'"
-    x = F.parse_xid(f"[{stamp:12.6f}] NVRM: Xid (PCI:{pci}): {code}, {who}, name=python, {rest}")
+    x = failure_parsing.parse_xid(f"[{stamp:12.6f}] NVRM: Xid (PCI:{pci}): {code}, {who}, name=python, {rest}")
     assert x is not None and (x.code, x.pci, x.pid) == (code, pci, pid)
     assert x.stamp == pytest.approx(stamp, abs=1e-6)
-    assert x.machine == (code in F.MACHINE_XIDS)
+    assert x.machine == (code in failure_parsing.MACHINE_XIDS)
 
 
 REPORT_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=20))
@@ -98,10 +102,10 @@ def _xid(code: int, pid: int, stamp: float) -> str:
        st.sets(st.integers(0, 99), max_size=5))
 def test_any_report_gives_no_gpu_error_or_one_bounded_line(lines, boot, started, ended, smi, pids):
     rep = {**report(lines, smi=smi), "kernel_boot": boot, "job_started": started, "job_ended": ended}
-    got = F.gpu_error(rep, pids)
+    got = failure_parsing.gpu_error(rep, pids)
     if got is not None:
         what, line = got
-        assert "\n" not in what and len(line) <= F.MAX_LOG_LINE and "\n" not in line
+        assert "\n" not in what and len(line) <= failure_parsing.MAX_LOG_LINE and "\n" not in line
 
 
 # ---- GPU errors during the job, and whose ----
@@ -109,17 +113,23 @@ def test_any_report_gives_no_gpu_error_or_one_bounded_line(lines, boot, started,
 def test_a_gpu_error_counts_during_the_job_and_for_its_ranks_only():
     boot = NOW - 1000  # the 79 line is stamped 890 s after boot: NOW - 110
     during = dict(boot=boot, started=NOW - 200, ended=NOW - 100)
-    assert F.gpu_error(report([XID_79], **during), pids={1234})[0].startswith("NVIDIA Xid 79")
-    assert F.gpu_error(report([XID_79], **during), pids={77}) is None         # another process's GPU
-    assert F.gpu_error(report([XID_79], boot=boot, started=NOW - 50), pids={1234}) is None  # before this job
-    assert F.gpu_error(report([XID_79], boot=boot, started=NOW - 300, ended=NOW - 200), {1234}) is None  # after
-    assert F.gpu_error(report([XID_48], **during)) is not None                # naming no process: the machine's
-    assert F.gpu_error(report([XID_79.replace(": 79,", ": 13,")], **during), {1234}) is None  # the job's own
-    assert F.gpu_error(report([XID_79]), {1234}) is not None                  # no times said: the line counts
+    assert failure_parsing.gpu_error(report([XID_79], **during), pids={1234})[0].startswith("NVIDIA Xid 79")
+    assert failure_parsing.gpu_error(report([XID_79], **during), pids={77}) is None  # another process's GPU
+    assert (
+        failure_parsing.gpu_error(report([XID_79], boot=boot, started=NOW - 50), pids={1234}) is None
+    )  # before this job
+    assert (
+        failure_parsing.gpu_error(report([XID_79], boot=boot, started=NOW - 300, ended=NOW - 200), {1234}) is None
+    )  # after
+    assert failure_parsing.gpu_error(report([XID_48], **during)) is not None  # naming no process: the machine's
+    assert (
+        failure_parsing.gpu_error(report([XID_79.replace(": 79,", ": 13,")], **during), {1234}) is None
+    )  # the job's own
+    assert failure_parsing.gpu_error(report([XID_79]), {1234}) is not None  # no times said: the line counts
     smi = "nvidia-smi failed: Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error"
-    assert F.gpu_error(report(smi=smi)) == ("nvidia-smi cannot read a GPU", smi)
-    assert F.gpu_error(report(smi="nvidia-smi failed: No devices were found")) is None
-    assert F.gpu_error(None) is None
+    assert failure_parsing.gpu_error(report(smi=smi)) == ("nvidia-smi cannot read a GPU", smi)
+    assert failure_parsing.gpu_error(report(smi="nvidia-smi failed: No devices were found")) is None
+    assert failure_parsing.gpu_error(None) is None
 
 
 def test_the_gpu_node_is_the_root_cause_even_when_another_rank_failed_first():
@@ -128,7 +138,7 @@ def test_the_gpu_node_is_the_root_cause_even_when_another_rank_failed_first():
     b_log = ("[rank1]: RuntimeError: CUDA error: unspecified launch failure\n" + table({1: (0, 1, 1234)})).encode()
     a = facts("a", 0, log=("[rank0]: RuntimeError: Connection closed by peer\n" + table({0: (0, 1, 900)})).encode())
     b = facts("b", 1, log=b_log, kernel=[XID_79], boot=boot, started=boot + 800, ended=boot + 900)
-    f = F.diagnose([a, b], first_failed="a")
+    f = failure_parsing.diagnose([a, b], first_failed="a")
     assert (f.host, f.kind) == ("b", "gpu"), f
     head, line, then = f.summary.splitlines()
     assert head == "GPU error: NVIDIA Xid 79 (GPU has fallen off the bus) on GPU PCI:0000:3b:00"
@@ -136,7 +146,7 @@ def test_the_gpu_node_is_the_root_cause_even_when_another_rank_failed_first():
     assert [h for h, _ in f.others] == ["a"]
     # the same line naming a process of another job: no GPU error of this run
     other = facts("b", 1, log=b_log, kernel=[XID_79.replace("pid=1234", "pid=4321")], boot=boot)
-    assert F.diagnose([a, other], first_failed="a").kind != "gpu"
+    assert failure_parsing.diagnose([a, other], first_failed="a").kind != "gpu"
 
 
 # ---- collective timeouts, in torch's own words ----
@@ -172,8 +182,8 @@ def test_a_gloo_collective_timeout_and_an_nccl_watchdog_abort_are_timeouts(tmp_p
     t = time.time()
     efile = {"attempt": 0, "local_rank": 0, "truncated": False, "data": json.dumps(
         {"message": {"message": f"RuntimeError: {words}", "extraInfo": {"timestamp": str(int(t))}}})}
-    node = F.NodeFacts("a", 0, 1, "failed", 1, None, b"", {**report(), "errors": [efile]})
-    f = F.diagnose([node], first_failed="a")
+    node = failure_parsing.NodeFacts("a", 0, 1, "failed", 1, None, b"", {**report(), "errors": [efile]})
+    f = failure_parsing.diagnose([node], first_failed="a")
     assert f.kind == "timeout" and f.summary.startswith("a collective timed out: RuntimeError: ") and \
         f.exc_type == "RuntimeError", f
     # NCCL's watchdog logs, then (TORCH_NCCL_ASYNC_ERROR_HANDLING's default) aborts the rank: SIGABRT
@@ -185,14 +195,18 @@ def test_a_gloo_collective_timeout_and_an_nccl_watchdog_abort_are_timeouts(tmp_p
            + "Traceback (most recent call last):\n  File \"/v/bin/torchrun\", line 8, in <module>\n"
            "    sys.exit(main())\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
            + table({1: (0, -6, 4321)})).encode()
-    f = F.diagnose([facts("b", 1, log=log)], first_failed="b")
+    f = failure_parsing.diagnose([facts("b", 1, log=log)], first_failed="b")
     assert f.kind == "timeout" and f.signal == "SIGABRT", f
     assert f.summary.splitlines()[0] == "a collective timed out: killed by SIGABRT"
     assert "Watchdog caught collective operation timeout" in f.summary.splitlines()[1]
     # a plain exception stays one
     plain = {**efile, "data": json.dumps({"message": {"message": "ValueError: boom"}})}
-    assert F.diagnose([F.NodeFacts("a", 0, 1, "failed", 1, None, b"", {**report(), "errors": [plain]})],
-                      "a").kind == "exception"
+    assert (
+        failure_parsing.diagnose(
+            [failure_parsing.NodeFacts("a", 0, 1, "failed", 1, None, b"", {**report(), "errors": [plain]})], "a"
+        ).kind
+        == "exception"
+    )
 
 
 # ---- the decision ----
@@ -201,7 +215,7 @@ def failed(kind, host="b", summary="x", **nodes):
     rec = make_record("r1", hosts=("a", "b", "c"))
     states = {"a": NodeState.STOPPED, "b": NodeState.FAILED, "c": NodeState.STOPPED, **nodes}
     return replace(rec, nodes=tuple(replace(n, state=states[n.host]) for n in rec.nodes),
-                   failure=F.Failure(host, kind, summary, rank=1))
+                   failure=failure_parsing.Failure(host, kind, summary, rank=1))
 
 
 @pytest.mark.parametrize("kind", policy.JOB)
@@ -234,26 +248,26 @@ def test_the_machines_failures_carry_on_without_it_a_gpu_error_at_once():
 
 
 def test_a_gpu_error_quarantines_at_once_for_the_inventorys_time_and_a_loss_then_a_gpu_error_too(tmp_path):
-    q = Q.Quarantine(tmp_path / "q.json")
+    q = quarantines.Quarantine(tmp_path / "q.json")
     gpu = failed("gpu", summary="GPU error: NVIDIA Xid 48 (double-bit ECC error) on GPU PCI:0000:5e:00\nl")
-    [e] = Q.after_run(gpu, 600, q=q, now=NOW)
+    [e] = quarantines.after_run(gpu, 600, q=q, now=NOW)
     assert (e.host, e.machine, e.until - e.since, e.run_id) == ("b", "10.0.0.2:22", 600, "r1")
     assert e.why == "GPU error: NVIDIA Xid 48 (double-bit ECC error) on GPU PCI:0000:5e:00 in run r1"
     # lost in one run (a strike), its GPU failing in the next: set aside, both named
-    q2 = Q.Quarantine(tmp_path / "q2.json")
-    assert Q.after_run(replace(failed("lost", b=NodeState.LOST), run_id="r0"), q=q2, now=NOW) == []
-    [e] = Q.after_run(gpu, q=q2, now=NOW + 60)
-    assert e.until - e.since == Q.DEFAULT_S and e.why.endswith("in run r1 (lost in run r0 before)")
+    q2 = quarantines.Quarantine(tmp_path / "q2.json")
+    assert quarantines.after_run(replace(failed("lost", b=NodeState.LOST), run_id="r0"), q=q2, now=NOW) == []
+    [e] = quarantines.after_run(gpu, q=q2, now=NOW + 60)
+    assert e.until - e.since == quarantines.DEFAULT_S and e.why.endswith("in run r1 (lost in run r0 before)")
     assert q2.strikes() == []
     # the job's own failure sets nothing aside and wipes nobody's strike but the machines that ran to the end
-    assert Q.after_run(failed("exception"), q=Q.Quarantine(tmp_path / "q3.json"), now=NOW) == []
+    assert quarantines.after_run(failed("exception"), q=quarantines.Quarantine(tmp_path / "q3.json"), now=NOW) == []
 
 
 def test_the_same_host_failing_again_after_a_loss_is_the_machines_second_failure(tmp_path):
-    q = Q.Quarantine(tmp_path / "q.json")
+    q = quarantines.Quarantine(tmp_path / "q.json")
     signal = failed("signal", summary="killed by SIGBUS")
     assert policy.after_failure(signal).carry_on is False and q.struck(signal) == set()
-    assert Q.after_run(replace(failed("lost", b=NodeState.LOST), run_id="r0"), q=q, now=NOW) == []
+    assert quarantines.after_run(replace(failed("lost", b=NodeState.LOST), run_id="r0"), q=q, now=NOW) == []
     assert q.struck(signal, NOW + 60) == {"b"}
     d = policy.after_failure(signal, struck=q.struck(signal, NOW + 60))
     assert (d.carry_on, d.hosts) == (True, ("b",))
@@ -261,7 +275,7 @@ def test_the_same_host_failing_again_after_a_loss_is_the_machines_second_failure
                      "not the job's")
     # the job's own exception stays the job's, strike or not
     assert policy.after_failure(failed("exception"), struck={"b"}).carry_on is False
-    [e] = Q.after_run(signal, q=q, now=NOW + 60)
+    [e] = quarantines.after_run(signal, q=q, now=NOW + 60)
     assert e.host == "b" and e.why == "lost in run r0, then failed in run r1: killed by SIGBUS"
     assert q.strikes() == [] and q.struck(signal, NOW + 61) == set()
 
@@ -311,15 +325,15 @@ def test_the_node_sends_stamped_kernel_lines_its_boot_and_its_jobs_times(tmp_pat
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     out = tmp_path / "answer"
     with open(out, "w") as f:
-        D.main([str(ctl), json.dumps({"mode": "report"})], f)
-    a = D.read_answer(out.read_bytes())
+        diagnose_module.main([str(ctl), json.dumps({"mode": "report"})], f)
+    a = diagnose_module.read_answer(out.read_bytes())
     assert a["kernel_lines"] == [XID_79]
     assert abs(a["kernel_boot"] - (time.time() - time.monotonic())) < 5
     assert (a["job_started"], a["job_ended"]) == (NOW, None)
     # what a node sends is checked again: times that are no times are dropped
     bad = json.dumps({"joined": True, "kernel": {"lines": [], "boot": float("nan")},
                       "job": {"started": True, "ended": 1e300}}).encode()
-    assert {k: D.read_answer(bad)[k] for k in ("kernel_boot", "job_started", "job_ended")} == \
+    assert {k: diagnose_module.read_answer(bad)[k] for k in ("kernel_boot", "job_started", "job_ended")} == \
         {"kernel_boot": None, "job_started": None, "job_ended": None}
 
 

@@ -18,10 +18,10 @@ def test_a_schedule_name_with_a_trailing_newline_is_refused(name):
 
 
 def test_a_checkpoint_name_with_a_trailing_newline_is_not_a_checkpoint(tmp_path):
-    import clusterddp.train as ct
+    import clusterddp.train as train
     for n in ("step-1.pt\n", "step-9.pt.tmp", "xstep-8.pt", "step-2.pt"):
         (tmp_path / n).write_bytes(b"")
-    assert [step for step, _ in ct._checkpoints(tmp_path)] == [2]
+    assert [step for step, _ in train._checkpoints(tmp_path)] == [2]
 
 
 @pytest.mark.parametrize("gpus, ok", [("1", True), ("1024", True), ("1025", False), (str(10**30), False)])

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clusterddp import inventory
-from clusterddp import schedule as S
+from clusterddp import schedule as schedules
 from clusterddp.cli.app import app
 from clusterddp.cli.common import host_slots, masked_argv
 from clusterddp.errors import InventoryError, SpecError, UsageError
@@ -77,31 +77,38 @@ def test_a_collect_glob_the_node_would_refuse_is_refused_in_the_inventory_and_on
 @pytest.mark.parametrize("name", [".", ".."])
 def test_schedule_names_dot_and_dotdot_are_refused(name):
     with pytest.raises(UsageError, match="schedule name"):
-        S.check_name(name)
-    assert S.check_name("...") == "..." and S.check_name(".x") == ".x"
+        schedules.check_name(name)
+    assert schedules.check_name("...") == "..." and schedules.check_name(".x") == ".x"
 
 
 @pytest.mark.parametrize("expr", ["*/99999999999999999999 * * * *", "0 */99 * * *", "*/60 * * * *",
                                   "0 0 1-99999999999 * *"])
 def test_a_cron_number_out_of_its_fields_range_is_refused(expr):
     with pytest.raises(UsageError, match="is out of range") as e:
-        S.check_cron(expr)
+        schedules.check_cron(expr)
     assert e.value.exit_code == 2 and "field" in str(e.value)
 
 
-def _spec(tmp_path) -> S.ScheduleSpec:
-    return S.ScheduleSpec(name="nightly", cron="0 2 * * *", launch_dir=str(tmp_path), runs_dir=str(tmp_path / "runs"),
-                          executable=("/venv/bin/clusterddp",), bin_dir="/venv/bin", inventory="local",
-                          run=RunSpec(script="/x/t.py"))
+def _spec(tmp_path) -> schedules.ScheduleSpec:
+    return schedules.ScheduleSpec(
+        name="nightly",
+        cron="0 2 * * *",
+        launch_dir=str(tmp_path),
+        runs_dir=str(tmp_path / "runs"),
+        executable=("/venv/bin/clusterddp",),
+        bin_dir="/venv/bin",
+        inventory="local",
+        run=RunSpec(script="/x/t.py"),
+    )
 
 
 def test_a_deeply_nested_schedule_spec_is_a_located_refusal(tmp_path):
     s = _spec(tmp_path)
-    S.save_spec(s)
+    schedules.save_spec(s)
     with open(s.spec_path, "w") as f:
         f.write("[" * 50_000 + "]" * 50_000)
     with pytest.raises(SpecError, match="nested too deeply") as e:
-        S.load_spec(s.spec_path)
+        schedules.load_spec(s.spec_path)
     assert e.value.exit_code == 2 and s.spec_path in str(e.value)
 
 
@@ -109,7 +116,7 @@ def test_a_deeply_nested_schedule_spec_is_a_located_refusal(tmp_path):
 def crontab(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     text = {"text": ""}
-    for mod in (S, crontab_mod):
+    for mod in (schedules, crontab_mod):
         monkeypatch.setattr(mod, "read_crontab", lambda: text["text"])
         monkeypatch.setattr(mod, "write_crontab", lambda t: text.update(text=t))
     return text
@@ -117,7 +124,7 @@ def crontab(tmp_path, monkeypatch):
 
 def test_schedule_list_remove_and_run_take_runs_dir(tmp_path, crontab):
     s = _spec(tmp_path)
-    S.add(s)
+    schedules.add(s)
     other = str(tmp_path / "elsewhere")
     r = CliRunner().invoke(app, ["schedule", "list", "--runs-dir", other])
     assert r.exit_code == 0 and "no schedules" in r.output and "nightly" not in r.output, r.output
@@ -126,9 +133,9 @@ def test_schedule_list_remove_and_run_take_runs_dir(tmp_path, crontab):
     for verb in ("remove", "run"):
         r = CliRunner().invoke(app, ["schedule", verb, "nightly", "--runs-dir", other])
         assert r.exit_code == 2 and f"keeps its runs in {s.runs_dir}, not in {other}" in r.output, r.output
-    assert S.find(crontab["text"], "nightly") is not None  # nothing removed
+    assert schedules.find(crontab["text"], "nightly") is not None  # nothing removed
     r = CliRunner().invoke(app, ["schedule", "remove", "nightly", "--runs-dir", s.runs_dir])
-    assert r.exit_code == 0 and S.find(crontab["text"], "nightly") is None, r.output
+    assert r.exit_code == 0 and schedules.find(crontab["text"], "nightly") is None, r.output
 
 
 def test_a_hand_deleted_run_folder_does_not_stop_listing_or_prune(tmp_path):

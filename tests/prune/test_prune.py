@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import prune as pr
+from clusterddp import prune as pruning
 from clusterddp.errors import RunNotFound, UsageError
 from clusterddp.nodescript import MARKER
 from clusterddp.prune import prune_command, prune_target_problem
@@ -41,28 +41,28 @@ def test_select_keeps_the_newest_n_and_younger_runs_and_never_chooses_a_running_
                                    ("r3", 6, RunStatus.FAILED), ("r4", 2, RunStatus.STOPPED),
                                    ("r5", 1, RunStatus.SUCCEEDED)])
     ids = lambda sel: [r.run_id for r in sel.remove]  # noqa: E731
-    sel = pr.select(store, pr.Policy(keep=2), NOW)
+    sel = pruning.select(store, pruning.Policy(keep=2), NOW)
     assert (ids(sel), sel.running, sel.kept) == (["r1", "r3"], ("r2",), 2)  # oldest first
-    sel = pr.select(store, pr.Policy(older_than=5 * 86400), NOW)
+    sel = pruning.select(store, pruning.Policy(older_than=5 * 86400), NOW)
     assert (ids(sel), sel.running, sel.kept) == (["r1", "r3"], ("r2",), 2)
     # both rules: a run goes only when neither keeps it
-    sel = pr.select(store, pr.Policy(keep=1, older_than=7 * 86400), NOW)
+    sel = pruning.select(store, pruning.Policy(keep=1, older_than=7 * 86400), NOW)
     assert (ids(sel), sel.running) == (["r1"], ("r2",))
-    assert ids(pr.select(store, pr.Policy(keep=0), NOW)) == ["r1", "r3", "r4", "r5"]
-    assert ids(pr.select(store, pr.Policy(keep=0, inventory="/other/inv.yaml"), NOW)) == []
-    assert ids(pr.select(store, pr.Policy(keep=4, inventory="/w/inv.yaml"), NOW)) == ["r1"]
+    assert ids(pruning.select(store, pruning.Policy(keep=0), NOW)) == ["r1", "r3", "r4", "r5"]
+    assert ids(pruning.select(store, pruning.Policy(keep=0, inventory="/other/inv.yaml"), NOW)) == []
+    assert ids(pruning.select(store, pruning.Policy(keep=4, inventory="/w/inv.yaml"), NOW)) == ["r1"]
 
 
 @pytest.mark.parametrize("text, seconds", [("30m", 1800), ("12h", 43200), ("7d", 604800), ("2w", 1209600),
                                            ("1d12h", 129600), ("90s", 90)])
 def test_ages(text, seconds):
-    assert pr.parse_age(text) == seconds
+    assert pruning.parse_age(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "7", "7 days", "d7", "-1d", "1d junk"])
 def test_an_age_that_is_not_one_is_bad_input(text):
     with pytest.raises(UsageError, match="not an age"):
-        pr.parse_age(text)
+        pruning.parse_age(text)
 
 
 GOOD = ("20261130-120000-ab12", "~/clusterddp", "~/clusterddp/runs/20261130-120000-ab12",
@@ -114,11 +114,11 @@ def test_the_node_command_removes_only_run_folders_whose_job_has_ended(tmp_path)
                            env={**os.environ, MARKER: marker})
     try:
         targets = [(str(runs / n), marker if n == "running" else f"{n}/node") for n in names]
-        dry = pr.parse_reply(_bash(prune_command(targets, dry_run=True)), len(names))
+        dry = pruning.parse_reply(_bash(prune_command(targets, dry_run=True)), len(names))
         assert [w for w, _ in dry.values()] == ["would", "would", "refused", "refused", "running", "missing"]
         assert dry[0][1] and dry[0][1] >= 90  # KiB, as du counts them
         assert all((runs / n).exists() for n in names[:5])  # a dry run removes nothing
-        done = pr.parse_reply(_bash(prune_command(targets)), len(names))
+        done = pruning.parse_reply(_bash(prune_command(targets)), len(names))
         assert [w for w, _ in done.values()] == ["removed", "removed", "refused", "refused", "running", "missing"]
         assert sorted(p.name for p in runs.iterdir()) == ["link", "no-control", "running"]
         assert (outside / ".clusterddp").is_dir() and not (tmp_path / "pwned").exists()
@@ -126,7 +126,7 @@ def test_the_node_command_removes_only_run_folders_whose_job_has_ended(tmp_path)
         job.kill()
         job.wait()
     # the same folder, once its job has ended
-    assert pr.parse_reply(_bash(prune_command([(str(runs / "running"), marker)])), 1)[0][0] == "removed"
+    assert pruning.parse_reply(_bash(prune_command([(str(runs / "running"), marker)])), 1)[0][0] == "removed"
     assert not (runs / "running").exists()
 
 
@@ -137,11 +137,11 @@ def test_local_runs_lose_their_folder_and_index_row_never_the_launch_directory(t
     store = _store_with(tmp_path, [("old", 3, RunStatus.SUCCEEDED), ("new", 1, RunStatus.FAILED)],
                         local=True, launch_dir=str(launch), inventory="local")
     (store.run_dir("old") / "logs" / "local.log").write_bytes(b"y" * 50_000)
-    sel = pr.select(store, pr.Policy(keep=1), NOW)
-    dry = pr.prune(store, sel, dry_run=True)
+    sel = pruning.select(store, pruning.Policy(keep=1), NOW)
+    dry = pruning.prune(store, sel, dry_run=True)
     assert [(r.run_id, r.removed) for r in dry] == [("old", True)] and dry[0].local_bytes >= 50_000
     assert store.load("old")  # nothing removed by a dry run
-    done = pr.prune(store, sel)
+    done = pruning.prune(store, sel)
     assert [(r.run_id, r.removed) for r in done] == [("old", True)]
     with pytest.raises(RunNotFound):
         store.load("old")
@@ -152,9 +152,9 @@ def test_local_runs_lose_their_folder_and_index_row_never_the_launch_directory(t
 
 def test_a_run_recorded_running_meanwhile_is_not_removed(tmp_path):
     store = _store_with(tmp_path, [("r1", 3, RunStatus.SUCCEEDED)], local=True)
-    sel = pr.select(store, pr.Policy(keep=0), NOW)
+    sel = pruning.select(store, pruning.Policy(keep=0), NOW)
     store.update("r1", lambda r: replace(r, status=RunStatus.RUNNING, ended_at=None))  # between select and prune
-    [res] = pr.prune(store, sel)
+    [res] = pruning.prune(store, sel)
     assert not res.removed and "running" in (res.why_kept or "")
     assert store.load("r1").status is RunStatus.RUNNING
 
@@ -213,14 +213,14 @@ def test_the_node_command_lets_go_of_a_shared_folder_another_host_of_the_run_sti
     run = Path(a.run_dir)
     # a's job has ended; b's control folder is there: b (whose processes a cannot see) may still use it
     said = _bash(prune_command([(a.run_dir, a.marker, "a", ("b",))], dry_run=True))
-    assert pr.parse_reply(said, 1)[0][0] == "shared" and (run / ".clusterddp" / "a").is_dir()
+    assert pruning.parse_reply(said, 1)[0][0] == "shared" and (run / ".clusterddp" / "a").is_dir()
     said = _bash(prune_command([(a.run_dir, a.marker, "a", ("b",))]))
-    assert pr.parse_reply(said, 1)[0][0] == "shared", said
+    assert pruning.parse_reply(said, 1)[0][0] == "shared", said
     assert (run / "ckpt.pt").is_file() and (run / ".clusterddp" / "b").is_dir()
     assert not (run / ".clusterddp" / "a").exists()  # a let go of its own part
     # b, once its job has ended, is the last: it removes the folder
     said = _bash(prune_command([(b.run_dir, b.marker, "b", ("a",))]))
-    assert pr.parse_reply(said, 1)[0][0] == "removed" and not run.exists()
+    assert pruning.parse_reply(said, 1)[0][0] == "removed" and not run.exists()
 
 
 def test_prune_never_removes_a_shared_run_folder_while_another_host_runs_its_job_there(tmp_path, capsys):
@@ -232,8 +232,8 @@ def test_prune_never_removes_a_shared_run_folder_while_another_host_runs_its_job
     run = Path(r.nodes[0].run_dir)
     job = _marked_job(r.nodes[1].marker)  # b's job, still running
     try:
-        sel = pr.select(store, pr.Policy(keep=0), NOW)
-        [res] = pr.prune(store, sel, connect=_local_connect)
+        sel = pruning.select(store, pruning.Policy(keep=0), NOW)
+        [res] = pruning.prune(store, sel, connect=_local_connect)
         assert not res.removed
         assert {n.host: n.word for n in res.nodes} == {"a": "shared", "b": "running"}
         assert (run / "ckpt.pt").read_bytes() == b"c" * 200_000 and (run / ".clusterddp" / "b").is_dir()
@@ -246,7 +246,7 @@ def test_prune_never_removes_a_shared_run_folder_while_another_host_runs_its_job
         job.kill()
         job.wait()
     # once b's job has ended, the next prune takes all of it (both hosts let go at once: one removes it)
-    [res] = pr.prune(store, pr.select(store, pr.Policy(keep=0), NOW), connect=_local_connect)
+    [res] = pruning.prune(store, pruning.select(store, pruning.Policy(keep=0), NOW), connect=_local_connect)
     assert res.removed, res.why_kept
     assert "removed" in {n.word for n in res.nodes} <= {"missing", "removed"} and not run.exists()
     assert res.freed >= 200_000
@@ -255,7 +255,9 @@ def test_prune_never_removes_a_shared_run_folder_while_another_host_runs_its_job
 def test_a_dry_run_of_a_shared_folder_says_it_would_go_and_counts_its_size_once(tmp_path):
     store = RunStore(tmp_path / "runs")
     store.create(_shared_record(tmp_path, "r1"))
-    [res] = pr.prune(store, pr.select(store, pr.Policy(keep=0), NOW), dry_run=True, connect=_local_connect)
+    [res] = pruning.prune(
+        store, pruning.select(store, pruning.Policy(keep=0), NOW), dry_run=True, connect=_local_connect
+    )
     assert res.removed and [n.word for n in res.nodes] == ["shared", "shared"]
     assert 200_000 <= sum((n.kib or 0) * 1024 for n in res.nodes) < 400_000
     assert (Path(res.record.nodes[0].run_dir) / ".clusterddp" / "a").is_dir()  # nothing touched
@@ -275,8 +277,8 @@ def test_prune_reports_a_node_folder_it_removed_of_a_run_it_kept(tmp_path, capsy
     store.create(r)
     job = _marked_job(b.marker)
     try:
-        sel = pr.select(store, pr.Policy(keep=0), NOW)
-        results = pr.prune(store, sel, connect=_local_connect)
+        sel = pruning.select(store, pruning.Policy(keep=0), NOW)
+        results = pruning.prune(store, sel, connect=_local_connect)
     finally:
         job.kill()
         job.wait()
@@ -301,8 +303,8 @@ def test_prune_of_more_runs_than_one_node_command_holds_is_sent_in_batches(tmp_p
         store.create(replace(r, nodes=(replace(n, run_dir=run_dir, control_dir=f"{run_dir}/.clusterddp/a",
                                                settings=replace(n.settings, workdir=str(work), transport="local")),)))
         os.makedirs(f"{run_dir}/.clusterddp/a")
-    sel = pr.select(store, pr.Policy(keep=0), NOW)
+    sel = pruning.select(store, pruning.Policy(keep=0), NOW)
     assert len(prune_command([(n.run_dir, n.marker, "a", ()) for r in sel.remove for n in r.nodes])) > 128 * 1024
-    results = pr.prune(store, sel, connect=_local_connect)
+    results = pruning.prune(store, sel, connect=_local_connect)
     assert sum(r.removed for r in results) == count, {r.why_kept for r in results if not r.removed}
     assert os.listdir(work / "runs") == []

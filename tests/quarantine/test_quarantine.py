@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterddp import quarantine as Q
+from clusterddp import quarantine as quarantines
 from clusterddp.record import NodeState
 from helpers import cddp, make_record
 
@@ -23,44 +23,47 @@ NOW = 1_800_000_000.0
 
 
 def test_a_machine_lost_once_gets_a_strike_and_twice_in_a_row_is_set_aside():
-    added, strikes = Q.decide({"10.0.0.2:22": "b"}, ["10.0.0.1:22"], [], "r1", NOW, 7200)
-    assert added == [] and strikes == [Q.Strike("10.0.0.2:22", "b", "r1", NOW)]
-    added, strikes = Q.decide({"10.0.0.2:22": "b"}, ["10.0.0.1:22"], strikes, "r2", NOW + 60, 7200)
-    assert strikes == [] and added == [Q.Entry("10.0.0.2:22", "b", NOW + 60, NOW + 60 + 7200,
+    added, strikes = quarantines.decide({"10.0.0.2:22": "b"}, ["10.0.0.1:22"], [], "r1", NOW, 7200)
+    assert added == [] and strikes == [quarantines.Strike("10.0.0.2:22", "b", "r1", NOW)]
+    added, strikes = quarantines.decide({"10.0.0.2:22": "b"}, ["10.0.0.1:22"], strikes, "r2", NOW + 60, 7200)
+    assert strikes == [] and added == [quarantines.Entry("10.0.0.2:22", "b", NOW + 60, NOW + 60 + 7200,
                                               "lost in runs r1 and r2, one after the other", "r2")]
 
 
 def test_a_run_the_machine_finishes_wipes_its_strike_and_an_old_strike_counts_no_more():
-    _, strikes = Q.decide({"m:22": "b"}, [], [], "r1", NOW, 7200)
-    assert Q.decide({}, ["m:22"], strikes, "r2", NOW + 1, 7200) == ([], [])  # in a row: no longer
-    late = NOW + Q.STRIKE_S + 1
-    assert Q.decide({"m:22": "b"}, [], strikes, "r3", late, 7200) == ([], [Q.Strike("m:22", "b", "r3", late)])
+    _, strikes = quarantines.decide({"m:22": "b"}, [], [], "r1", NOW, 7200)
+    assert quarantines.decide({}, ["m:22"], strikes, "r2", NOW + 1, 7200) == ([], [])  # in a row: no longer
+    late = NOW + quarantines.STRIKE_S + 1
+    assert quarantines.decide({"m:22": "b"}, [], strikes, "r3", late, 7200) == (
+        [],
+        [quarantines.Strike("m:22", "b", "r3", late)],
+    )
     # another run's machines keep their strikes; the same run seen twice is not two losses
-    assert Q.decide({}, ["x:22"], strikes, "r4", NOW + 1, 7200) == ([], strikes)
-    assert Q.decide({"m:22": "b"}, [], strikes, "r1", NOW + 1, 7200)[0] == []
+    assert quarantines.decide({}, ["x:22"], strikes, "r4", NOW + 1, 7200) == ([], strikes)
+    assert quarantines.decide({"m:22": "b"}, [], strikes, "r1", NOW + 1, 7200)[0] == []
 
 
 def test_after_run_reads_the_lost_nodes_of_the_record(tmp_path):
-    q = Q.Quarantine(tmp_path / "q.json")
+    q = quarantines.Quarantine(tmp_path / "q.json")
     def lost_b(run_id):
         rec = make_record(run_id)
         return replace(rec, nodes=(replace(rec.nodes[0], state=NodeState.STOPPED),
                                    replace(rec.nodes[1], state=NodeState.LOST)))
-    assert Q.after_run(lost_b("r1"), q=q) == []
-    [e] = Q.after_run(lost_b("r2"), q=q)
+    assert quarantines.after_run(lost_b("r1"), q=q) == []
+    [e] = quarantines.after_run(lost_b("r2"), q=q)
     assert (e.host, e.machine, e.run_id) == ("b", "10.0.0.2:22", "r2") and q.of(["10.0.0.2:22"])
-    assert Q.after_run(replace(lost_b("r3"), local=True), q=q) == []  # `up local` has no machine to set aside
+    assert quarantines.after_run(replace(lost_b("r3"), local=True), q=q) == []  # `up local` has no machine to set aside
 
 
 def test_the_file_is_private_merged_released_and_expires(tmp_path):
-    q = Q.Quarantine(tmp_path / "state" / "q.json")
+    q = quarantines.Quarantine(tmp_path / "state" / "q.json")
     assert q.entries() == []
-    a = Q.Entry("10.0.0.2:22", "b", NOW, time.time() + 3600, "by hand", None)
+    a = quarantines.Entry("10.0.0.2:22", "b", NOW, time.time() + 3600, "by hand", None)
     q.add([a])
     assert stat.S_IMODE(os.stat(q.path).st_mode) == 0o600
     q.add([replace(a, until=a.until - 10)])  # the later end wins
     assert q.entries() == [a]
-    q.add([Q.Entry("10.0.0.3:22", "c", NOW, time.time() - 1, "long ago", None)])  # expired: not in force
+    q.add([quarantines.Entry("10.0.0.3:22", "c", NOW, time.time() - 1, "long ago", None)])  # expired: not in force
     assert [e.host for e in q.entries()] == ["b"]
     assert q.release("10.0.0.2") == [a] and q.entries() == []
     assert q.release("b") == []
@@ -69,23 +72,32 @@ def test_the_file_is_private_merged_released_and_expires(tmp_path):
 def test_a_damaged_file_is_refused_by_name_and_left_as_it_is(tmp_path):
     path = tmp_path / "q.json"
     path.write_text('{"hosts": [{"machine": "x"}]}')
-    q = Q.Quarantine(path)
-    for call in (q.entries, lambda: q.add([Q.Entry("m:22", "b", NOW, NOW + 1, "w", None)]), lambda: q.release("b")):
-        with pytest.raises(Q.QuarantineError, match=f"{path}: damaged quarantine file: hosts\\[0\\]"):
+    q = quarantines.Quarantine(path)
+    for call in (
+        q.entries,
+        lambda: q.add([quarantines.Entry("m:22", "b", NOW, NOW + 1, "w", None)]),
+        lambda: q.release("b"),
+    ):
+        with pytest.raises(quarantines.QuarantineError, match=f"{path}: damaged quarantine file: hosts\\[0\\]"):
             call()
     assert path.read_text() == '{"hosts": [{"machine": "x"}]}'
 
 
 def test_a_quarantined_host_is_refused_naming_it_until_when_and_the_fix(tmp_path):
     from clusterddp.inventory import Host
-    q = Q.Quarantine(tmp_path / "q.json")
+    q = quarantines.Quarantine(tmp_path / "q.json")
     h = Host(name="gpu-02", address="10.0.0.12", user="me", port=22, identity_file=None, known_hosts="k",
              host_key_policy="strict", gpus=1, python="python3", workdir="/w", env=(), setup=(), connect_timeout=10.0)
-    Q.refuse([h], q)  # nothing quarantined: no error
-    q.add([Q.Entry("10.0.0.12:22", "gpu-02", NOW, time.time() + 600, "lost in runs r1 and r2, one after the other",
-                   "r2")])
-    with pytest.raises(Q.Quarantined) as e:
-        Q.refuse([h, replace(h, name="gpu-01", address="10.0.0.11")], q)
+    quarantines.refuse([h], q)  # nothing quarantined: no error
+    q.add(
+        [
+            quarantines.Entry(
+                "10.0.0.12:22", "gpu-02", NOW, time.time() + 600, "lost in runs r1 and r2, one after the other", "r2"
+            )
+        ]
+    )
+    with pytest.raises(quarantines.Quarantined) as e:
+        quarantines.refuse([h, replace(h, name="gpu-01", address="10.0.0.11")], q)
     assert e.value.exit_code == 75
     assert "gpu-02 (10.0.0.12:22) is quarantined until " in e.value.message and "lost in runs r1" in e.value.message
     assert "--exclude gpu-02" in (e.value.hint or "") and "quarantine release gpu-02" in (e.value.hint or "")
@@ -105,14 +117,14 @@ ENTRY = st.fixed_dictionaries({
                               max_leaves=20).map(lambda d: json.dumps({"hosts": [d], "strikes": d}).encode())))
 def test_any_bytes_as_the_file_give_checked_entries_or_a_located_error(data):
     try:
-        entries, strikes = Q.parse(data, "/s/q.json")
-    except Q.QuarantineError as e:
+        entries, strikes = quarantines.parse(data, "/s/q.json")
+    except quarantines.QuarantineError as e:
         assert e.message.startswith("/s/q.json: damaged quarantine file: ") and "\n" not in e.message
         return
     for e in entries:
-        assert Q._MACHINE.fullmatch(e.machine) and "\n" not in e.why and len(e.why) <= Q.MOST_TEXT
+        assert quarantines._MACHINE.fullmatch(e.machine) and "\n" not in e.why and len(e.why) <= quarantines.MOST_TEXT
         assert isinstance(e.until, int | float) and not isinstance(e.until, bool)
-    assert Q.parse(Q.render(entries, strikes)) == (entries, strikes)
+    assert quarantines.parse(quarantines.render(entries, strikes)) == (entries, strikes)
 
 
 def test_the_commands_add_list_and_release(tmp_path):

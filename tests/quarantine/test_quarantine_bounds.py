@@ -8,7 +8,7 @@ import json
 import os
 import stat
 
-from clusterddp import quarantine as Q
+from clusterddp import quarantine as quarantines
 from helpers import cddp
 
 NOW = 1_800_000_000.0
@@ -16,18 +16,18 @@ DAY = 24 * 3600.0  # docs: "within a day"; written here, not read from the const
 
 
 def test_a_strike_counts_for_one_day_and_no_longer():
-    _, strikes = Q.decide({"m:22": "b"}, [], [], "r1", NOW, 7200)
-    added, _ = Q.decide({"m:22": "b"}, [], strikes, "r2", NOW + DAY - 60, 7200)
+    _, strikes = quarantines.decide({"m:22": "b"}, [], [], "r1", NOW, 7200)
+    added, _ = quarantines.decide({"m:22": "b"}, [], strikes, "r2", NOW + DAY - 60, 7200)
     assert [e.machine for e in added] == ["m:22"]  # lost again within the day: set aside
-    added, left = Q.decide({"m:22": "b"}, [], strikes, "r2", NOW + DAY + 60, 7200)
-    assert added == [] and left == [Q.Strike("m:22", "b", "r2", NOW + DAY + 60)]  # a day later: a new strike
+    added, left = quarantines.decide({"m:22": "b"}, [], strikes, "r2", NOW + DAY + 60, 7200)
+    assert added == [] and left == [quarantines.Strike("m:22", "b", "r2", NOW + DAY + 60)]  # a day later: a new strike
 
 
 def test_the_state_folder_is_made_0700_and_the_file_0600(tmp_path):
     old = os.umask(0o022)
     try:
-        q = Q.Quarantine(tmp_path / "state" / "clusterddp" / "quarantine.json")
-        q.add([Q.Entry("10.0.0.2:22", "b", NOW, NOW + 3600, "by hand", None)])
+        q = quarantines.Quarantine(tmp_path / "state" / "clusterddp" / "quarantine.json")
+        q.add([quarantines.Entry("10.0.0.2:22", "b", NOW, NOW + 3600, "by hand", None)])
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(q.path.parent).st_mode) == 0o700
@@ -39,12 +39,12 @@ def test_a_time_past_the_year_9999_is_refused_and_every_stamp_is_said(tmp_path):
         doc = {"hosts": [{"machine": "10.0.0.2:22", "host": "b", "since": NOW, "until": until, "why": "x",
                           "run_id": None}]}
         try:
-            Q.parse(json.dumps(doc).encode(), "/s/q.json")
+            quarantines.parse(json.dumps(doc).encode(), "/s/q.json")
             raise AssertionError(f"{until} accepted")
-        except Q.QuarantineError as e:
+        except quarantines.QuarantineError as e:
             assert "hosts[0].until: not a time between 1970 and 9999" in e.message
-    for t in (0.0, NOW, Q.LAST_TIME, 1e20, float("inf"), float("nan"), -1e20):
-        assert isinstance(Q.stamp(t), str) and Q.stamp(t)
+    for t in (0.0, NOW, quarantines.LAST_TIME, 1e20, float("inf"), float("nan"), -1e20):
+        assert isinstance(quarantines.stamp(t), str) and quarantines.stamp(t)
 
 
 def test_the_commands_refuse_a_far_time_with_a_message_not_an_overflow(tmp_path):

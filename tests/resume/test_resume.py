@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from clusterddp import resume as R
-from clusterddp.backends.ssh import launch as L
+from clusterddp import resume as resuming
+from clusterddp.backends.ssh import launch as ssh_launch
 from clusterddp.cli.app import app
 from clusterddp.errors import HostError, RecordError, RunNotFound, UsageError
 from clusterddp.mirror import DEFAULT_GLOBS, INDEX_VERSION, Checkpoint, Held
@@ -28,28 +28,28 @@ INV = "/w/inv.yaml"
 DONE = RunStatus.SUCCEEDED
 
 
-def found(source: str, host: str, series: str, step: tuple[int, ...], path: str, mtime: int) -> R.Found:
-    return R.Found(source, host, Checkpoint(series, step, ((path, 10, mtime),)))
+def found(source: str, host: str, series: str, step: tuple[int, ...], path: str, mtime: int) -> resuming.Found:
+    return resuming.Found(source, host, Checkpoint(series, step, ((path, 10, mtime),)))
 
 
 def test_the_newest_is_the_highest_step_then_the_latest_write_then_a_copy_already_here():
-    eight = found(R.NODE, "a", "step-#.pt", (8,), "step-8.pt", 900)
-    ten = found(R.MIRROR, "a", "step-#.pt", (10,), "step-10.pt", 100)
-    assert R.newest([eight, ten]) == R.newest([ten, eight]) == [ten]
-    older = found(R.MIRROR, "a", "snapshot.pt", (), "snapshot.pt", 100)
-    newer = found(R.NODE, "b", "snapshot.pt", (), "snapshot.pt", 200)
-    assert R.newest([older, newer]) == R.newest([newer, older]) == [newer]
-    on_node = replace(older, source=R.NODE)
-    collected = replace(older, source=R.COLLECTED)
+    eight = found(resuming.NODE, "a", "step-#.pt", (8,), "step-8.pt", 900)
+    ten = found(resuming.MIRROR, "a", "step-#.pt", (10,), "step-10.pt", 100)
+    assert resuming.newest([eight, ten]) == resuming.newest([ten, eight]) == [ten]
+    older = found(resuming.MIRROR, "a", "snapshot.pt", (), "snapshot.pt", 100)
+    newer = found(resuming.NODE, "b", "snapshot.pt", (), "snapshot.pt", 200)
+    assert resuming.newest([older, newer]) == resuming.newest([newer, older]) == [newer]
+    on_node = replace(older, source=resuming.NODE)
+    collected = replace(older, source=resuming.COLLECTED)
     for order in ([on_node, collected, older], [older, collected, on_node], [collected, on_node, older]):
-        assert R.newest(order) == [older]  # the same file: the mirror's copy, here and checked
-    assert R.newest([on_node, collected]) == [collected]
-    assert [f.checkpoint.series for f in R.newest([newer, eight, ten])] == ["snapshot.pt", "step-#.pt"]
+        assert resuming.newest(order) == [older]  # the same file: the mirror's copy, here and checked
+    assert resuming.newest([on_node, collected]) == [collected]
+    assert [f.checkpoint.series for f in resuming.newest([newer, eight, ten])] == ["snapshot.pt", "step-#.pt"]
 
 
 def test_what_counts_as_a_checkpoint_is_the_mirrors_default_rule_and_the_runs_collect_globs():
     rec = make_record("20261206-100000-aaaa", collect=("out/*.bin", DEFAULT_GLOBS[0]))
-    assert R.globs_of(rec) == (*DEFAULT_GLOBS, "out/*.bin")
+    assert resuming.globs_of(rec) == (*DEFAULT_GLOBS, "out/*.bin")
 
 
 def _put(store: RunStore, run_id: str, host: str, rel: str, data: bytes) -> Path:
@@ -74,17 +74,17 @@ def test_a_runs_checkpoints_here_are_its_mirrors_checked_copies_and_its_collecte
     _put(store, rec.run_id, "b", "checkpoints/step-2.pt", b"two")
     _put(store, rec.run_id, "b", "train.log", b"not a checkpoint")
     _put(store, rec.run_id, "b", "checkpoints/step-9.pt.x1.part", b"half")
-    got = R.local_found(store, rec, R.globs_of(rec))
+    got = resuming.local_found(store, rec, resuming.globs_of(rec))
     assert sorted((f.source, f.host, f.checkpoint.name) for f in got) == [
         ("collected", "b", "checkpoints/step-6.pt"), ("mirror", "a", "checkpoints/step-4.pt")]
-    assert [f.checkpoint.name for f in R.newest(got)] == ["checkpoints/step-6.pt"]
+    assert [f.checkpoint.name for f in resuming.newest(got)] == ["checkpoints/step-6.pt"]
     four.write_bytes(b"FOUR")  # the end-of-run collect replaced the mirrored copy: a collected file now
     said: list[str] = []
-    got = R.local_found(store, rec, R.globs_of(rec), said.append)
+    got = resuming.local_found(store, rec, resuming.globs_of(rec), said.append)
     assert ("mirror", "a") not in {(f.source, f.host) for f in got}
     assert ("collected", "a", "checkpoints/step-4.pt") in {(f.source, f.host, f.checkpoint.name) for f in got}
     store.write_mirror_index(rec.run_id, b"{damaged")
-    R.local_found(store, rec, R.globs_of(rec), said.append)
+    resuming.local_found(store, rec, resuming.globs_of(rec), said.append)
     assert said and said[-1].startswith(f"resume: run {rec.run_id}'s mirror is not used: ")
 
 
@@ -98,16 +98,16 @@ def test_a_run_that_left_no_checkpoint_is_refused_and_a_node_not_reached_is_said
     _put(store, rec.run_id, "a", "train.log", b"not a checkpoint")
     said: list[str] = []
     with pytest.raises(UsageError) as e:
-        R.find(store, rec, said.append, connect=_unreachable)
+        resuming.find(store, rec, said.append, connect=_unreachable)
     assert e.value.exit_code == 2
     assert str(e.value).startswith(f"--resume {rec.run_id}: that run left no checkpoint: none in its mirror, "
                                    "among its collected files or on its nodes that answered")
     assert sorted(said) == [f"resume: {h} was not asked for its checkpoints: {h}: cannot connect: no network in "
                             "this test" for h in ("a", "b")]
     _put(store, rec.run_id, "b", "checkpoints/step-3.pt", b"three")  # collected: no node needed
-    chosen = R.find(store, rec, said.append, connect=_unreachable)
+    chosen = resuming.find(store, rec, said.append, connect=_unreachable)
     assert [(f.source, f.checkpoint.name) for f in chosen] == [("collected", "checkpoints/step-3.pt")]
-    assert R.record_of(rec.run_id, chosen) == ResumedFrom(rec.run_id, ("checkpoints/step-3.pt",), 3, "collected")
+    assert resuming.record_of(rec.run_id, chosen) == ResumedFrom(rec.run_id, ("checkpoints/step-3.pt",), 3, "collected")
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def runs(tmp_path):
 
 def _resolve(store: RunStore, given: str, script: str = "train.py", inventory: str = INV,
              schedule: str | None = None) -> RunRecord | None:
-    return R.resolve(store, given, inventory=inventory, script=script, schedule=schedule)
+    return resuming.resolve(store, given, inventory=inventory, script=script, schedule=schedule)
 
 
 @pytest.mark.parametrize("given, words", [
@@ -186,21 +186,28 @@ def test_resumed_from_round_trips_through_run_json_and_older_records_read_withou
 
 
 def test_the_note_names_the_newest_earlier_run_that_left_a_checkpoint_and_the_command(runs):
-    assert R.hint(runs, inventory=INV, script="train.py", args=()) is None  # none left one here
+    assert resuming.hint(runs, inventory=INV, script="train.py", args=()) is None  # none left one here
     _put(runs, "20261206-110000-bbbb", "a", "checkpoints/step-5.pt", b"five")
-    note = R.hint(runs, inventory=INV, script="job/train.py", args=("--epochs", "9 x"), runs_dir_flag=" --runs-dir r",
-                  before="20261206-160000-gggg", inventory_arg="inv.yaml")
+    note = resuming.hint(
+        runs,
+        inventory=INV,
+        script="job/train.py",
+        args=("--epochs", "9 x"),
+        runs_dir_flag=" --runs-dir r",
+        before="20261206-160000-gggg",
+        inventory_arg="inv.yaml",
+    )
     assert note == ("[clusterddp] note: run 20261206-110000-bbbb of train.py left checkpoints/step-5.pt; this run has "
                     "a run folder of its own and starts without it. To carry on from it instead, start with the "
                     "same options and --resume: clusterddp up inv.yaml job/train.py --resume 20261206-110000-bbbb "
                     "--runs-dir r -- --epochs '9 x'")
-    assert R.hint(runs, inventory=INV, script="other.py", args=()) is None
-    assert R.hint(runs, inventory="/w/other.yaml", script="train.py", args=()) is None
+    assert resuming.hint(runs, inventory=INV, script="other.py", args=()) is None
+    assert resuming.hint(runs, inventory="/w/other.yaml", script="train.py", args=()) is None
     # the newest earlier run is the one looked at: a newer run that left none, no note
     runs.create(replace(make_record("20261206-153000-hhhh", inventory=INV), status=DONE, script="train.py",
                         started_at="2026-12-06T15:30:00+00:00"))
-    assert R.hint(runs, inventory=INV, script="train.py", args=()) is None
-    assert R.hint(runs, inventory=INV, script="train.py", args=(), before="20261206-153000-hhhh") is not None
+    assert resuming.hint(runs, inventory=INV, script="train.py", args=()) is None
+    assert resuming.hint(runs, inventory=INV, script="train.py", args=(), before="20261206-153000-hhhh") is not None
 
 
 class _Said:
@@ -217,14 +224,14 @@ class _Said:
 
 def test_a_file_of_the_script_folder_where_the_checkpoint_goes_is_left_out_of_the_upload(tmp_path):
     folder = SourceFolder(tmp_path, (("train.py", 10), ("checkpoints/", 0), ("checkpoints/snapshot.pt", 99)))
-    prep = L.Prepared(plan=None, store=RunStore(tmp_path / "runs"), source_dir=tmp_path,  # type: ignore[arg-type]
+    prep = ssh_launch.Prepared(plan=None, store=RunStore(tmp_path / "runs"), source_dir=tmp_path,  # type: ignore[arg-type]
                       folder=folder)
     said = _Said()
-    out = L._without(prep, {"checkpoints/snapshot.pt"}, "20261206-100000-aaaa", said)  # type: ignore[arg-type]
+    out = ssh_launch._without(prep, {"checkpoints/snapshot.pt"}, "20261206-100000-aaaa", said)  # type: ignore[arg-type]
     assert out.folder is not None and out.folder.entries == (("train.py", 10), ("checkpoints/", 0))
     assert said.lines == ["upload: checkpoints/snapshot.pt left out: run 20261206-100000-aaaa's checkpoint takes "
                           "its place"]
-    assert L._without(prep, {"other.pt"}, "x", said) is prep and len(said.lines) == 1  # type: ignore[arg-type]
+    assert ssh_launch._without(prep, {"other.pt"}, "x", said) is prep and len(said.lines) == 1  # type: ignore[arg-type]
 
 
 def _cli(tmp_path: Path, *words: str):
@@ -265,15 +272,15 @@ def test_a_schedule_takes_only_resume_previous(tmp_path, monkeypatch):
 @pytest.mark.parametrize("given", ["previous", "aaaa"])
 def test_a_schedules_previous_run_that_left_no_checkpoint_starts_this_one_from_scratch(runs, given):
     from types import SimpleNamespace
-    prep = L.Prepared(plan=None, store=runs, source_dir=Path("."),  # type: ignore[arg-type]
+    prep = ssh_launch.Prepared(plan=None, store=runs, source_dir=Path("."),  # type: ignore[arg-type]
                       resumes=runs.load("20261206-100000-aaaa"))  # the schedule's, with no checkpoint
     said = _Said()
     req = SimpleNamespace(resume=given)
     if given != "previous":  # asked by hand: refused
         with pytest.raises(UsageError, match="that run left no checkpoint"):
-            L.resume_found(prep, req, said, connect=_unreachable)  # type: ignore[arg-type]
+            ssh_launch.resume_found(prep, req, said, connect=_unreachable)  # type: ignore[arg-type]
         return
-    out, chosen = L.resume_found(prep, req, said, connect=_unreachable)  # type: ignore[arg-type]
+    out, chosen = ssh_launch.resume_found(prep, req, said, connect=_unreachable)  # type: ignore[arg-type]
     assert chosen is None and out.resumes is None
     assert said.lines[-1].startswith("[clusterddp] --resume 20261206-100000-aaaa: that run left no checkpoint")
     assert said.lines[-1].endswith("; this run starts from scratch")
@@ -304,17 +311,17 @@ def test_a_node_that_does_not_take_the_checkpoint_ends_the_run_recorded_failed(t
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").write_text("print('hi')\n")
     (tmp_path / "inv.yaml").write_text("hosts: [{name: a, address: 10.0.0.1}, {name: b, address: 10.0.0.2}]\n")
-    prep = L.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
     old = prep.store.create(replace(make_record("20261206-100000-aaaa"), status=DONE))
     _put(prep.store, old.run_id, "a", "checkpoints/step-3.pt", b"three")
-    chosen = R.find(prep.store, old, connect=_unreachable)
+    chosen = resuming.find(prep.store, old, connect=_unreachable)
     prep = replace(prep, resumes=old)
-    prep.store.create(L.new_record(prep, "inv.yaml", resumed_from=R.record_of(old.run_id, chosen)))
+    prep.store.create(ssh_launch.new_record(prep, "inv.yaml", resumed_from=resuming.record_of(old.run_id, chosen)))
     nodes = {"a": _Node(False), "b": _Node(True)}
     fleet = Fleet([n.host for n in prep.plan.nodes], connect=lambda h: nodes[h.name])
     said = _Said()
     with pytest.raises(HostError) as e:
-        L._resume(prep, SimpleNamespace(resume=old.run_id), said, chosen, fleet, None)  # type: ignore[arg-type]
+        ssh_launch._resume(prep, SimpleNamespace(resume=old.run_id), said, chosen, fleet, None)  # type: ignore[arg-type]
     assert str(e.value) == "b: cannot put the checkpoint checkpoints/step-3.pt there: cat: write error: No space " \
                            "left on device"
     rec = prep.store.load(prep.plan.run_id)
@@ -326,7 +333,7 @@ def test_a_node_that_does_not_take_the_checkpoint_ends_the_run_recorded_failed(t
         old.run_id, "a", "checkpoints/step-3.pt")
     nodes["b"].fails = False
     fleet = Fleet([n.host for n in prep.plan.nodes], connect=lambda h: nodes[h.name])
-    L._resume(prep, SimpleNamespace(resume=old.run_id), said, chosen, fleet, None)  # type: ignore[arg-type]
+    ssh_launch._resume(prep, SimpleNamespace(resume=old.run_id), said, chosen, fleet, None)  # type: ignore[arg-type]
     assert len(nodes["a"].ran) == 2 and len(nodes["b"].ran) == 2  # every node, not only rank 0's
     assert said.lines == [] and said.said == [
         f"[clusterddp] resuming from run {old.run_id}: checkpoints/step-3.pt (5 B, from its collected files), put on "
@@ -339,5 +346,5 @@ def test_a_link_or_a_name_in_the_control_folder_among_the_collected_files_is_pas
     _put(store, rec.run_id, "a", ".clusterddp/a/step-9.pt", b"the run's own folder: never sent to a node")
     _put(store, rec.run_id, "a", "checkpoints/step-2.pt", b"two")
     os.symlink("/etc/passwd", store.artifact_path(rec.run_id, "a", "checkpoints/step-8.pt"))
-    got = R.local_found(store, rec, R.globs_of(rec))
+    got = resuming.local_found(store, rec, resuming.globs_of(rec))
     assert [f.checkpoint.name for f in got] == ["checkpoints/step-2.pt"]

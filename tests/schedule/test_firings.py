@@ -20,8 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from clusterddp import notify as N
-from clusterddp import schedule as S
+from clusterddp import notify as notifier
+from clusterddp import schedule as schedules
 from clusterddp.cli.app import app
 from clusterddp.errors import LeaseBusy
 from clusterddp.record import RunStatus
@@ -33,11 +33,19 @@ from helpers import make_record
 AT = "2026-12-06T02:00:00.000+00:00"
 
 
-def _spec(tmp_path: Path, wait: bool = False, exe: Path | None = None) -> S.ScheduleSpec:
+def _spec(tmp_path: Path, wait: bool = False, exe: Path | None = None) -> schedules.ScheduleSpec:
     exe = exe or Path("/venv/bin/clusterddp")
-    return S.ScheduleSpec(name="nightly", cron="0 2 * * *", launch_dir=str(tmp_path), runs_dir=str(tmp_path / "runs"),
-                          executable=(str(exe),), bin_dir=str(exe.parent), inventory="local",
-                          run=RunSpec(script=str(tmp_path / "t.py")), wait=wait)
+    return schedules.ScheduleSpec(
+        name="nightly",
+        cron="0 2 * * *",
+        launch_dir=str(tmp_path),
+        runs_dir=str(tmp_path / "runs"),
+        executable=(str(exe),),
+        bin_dir=str(exe.parent),
+        inventory="local",
+        run=RunSpec(script=str(tmp_path / "t.py")),
+        wait=wait,
+    )
 
 
 def _fake(tmp_path: Path) -> Path:
@@ -62,9 +70,9 @@ def cron(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     monkeypatch.setenv("HOME", str(tmp_path))
     spec = _spec(tmp_path, exe=_fake(tmp_path))
-    S.save_spec(spec)
-    tab = {"text": f"MAILTO=\"\"\n{S.render_line(spec)}\n"}
-    for module in (crontab_mod, S):
+    schedules.save_spec(spec)
+    tab = {"text": f"MAILTO=\"\"\n{schedules.render_line(spec)}\n"}
+    for module in (crontab_mod, schedules):
         monkeypatch.setattr(module, "read_crontab", lambda: tab["text"])
         monkeypatch.setattr(module, "write_crontab", lambda text: tab.update(text=text))
     return spec, tab
@@ -83,7 +91,7 @@ def test_slots_taken_and_lock_held_are_two_skips_with_their_own_exit_codes_and_w
     spec, tab = cron
     store = RunStore(spec.runs_dir)
     r = _run(tab, 75)  # `up` found the GPU slots taken
-    assert r.exit_code == S.BUSY_EXIT == 75, r.output
+    assert r.exit_code == schedules.BUSY_EXIT == 75, r.output
     assert "skipped, the GPU slots it needs are taken (nothing started)" in r.output, r.output
     assert "lock held" not in r.output and "holds the schedule's lock" not in r.output, r.output
     (busy,) = store.firings("nightly")
@@ -95,11 +103,11 @@ def test_slots_taken_and_lock_held_are_two_skips_with_their_own_exit_codes_and_w
         import fcntl
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         r = _run(tab, 0)
-    assert r.exit_code == S.LOCK_HELD_EXIT == 3, r.output
+    assert r.exit_code == schedules.LOCK_HELD_EXIT == 3, r.output
     assert "skipped, its previous run still holds the schedule's lock" in r.output and "GPU" not in r.output
     lock, busy_again = store.firings("nightly")
     assert lock["outcome"] == "skipped: lock held" and busy_again == busy
-    assert len(store.skips("nightly")) == 2 and S.LOCK_HELD_EXIT != S.BUSY_EXIT
+    assert len(store.skips("nightly")) == 2 and schedules.LOCK_HELD_EXIT != schedules.BUSY_EXIT
 
 
 def test_a_firing_that_failed_before_its_run_was_recorded_names_no_run(cron):
@@ -114,27 +122,33 @@ def test_a_firing_that_failed_before_its_run_was_recorded_names_no_run(cron):
 def test_ended_takes_the_recorded_run_first_then_the_exit_code(tmp_path):
     spec, waits = _spec(tmp_path), _spec(tmp_path, wait=True)
     run = {"run_id": "20261206-020000-ab12", "status": "failed"}
-    assert S.ended(spec, AT, 1, run) == S.Firing("failed", AT, run_id="20261206-020000-ab12")
-    assert S.ended(spec, AT, 75, run).outcome == "failed"  # a run recorded, then ended by taken slots: its status
-    assert S.ended(spec, AT, 0, None) == S.Firing("succeeded", AT)
-    busy = S.ended(spec, AT, 75, None)
-    assert (busy.outcome, busy.run_id) == (S.SLOTS_BUSY, None) and "--wait" in busy.reason
-    assert "--wait" not in S.ended(waits, AT, 75, None).reason  # it waits already: a quarantined host, then
-    assert S.ended(spec, AT, 130, None).outcome == "stopped"
-    assert S.ended(spec, AT, 1, None).outcome == "failed" and S.ended(spec, AT, 1, None).run_id is None
-    assert S.ended(spec, AT, 1, None).says().startswith("failed: `clusterddp up` exited 1 before its run was recorded")
-    assert S.Firing("succeeded", AT, run_id="r1").says() == "succeeded (run r1)"
+    assert schedules.ended(spec, AT, 1, run) == schedules.Firing("failed", AT, run_id="20261206-020000-ab12")
+    assert (
+        schedules.ended(spec, AT, 75, run).outcome == "failed"
+    )  # a run recorded, then ended by taken slots: its status
+    assert schedules.ended(spec, AT, 0, None) == schedules.Firing("succeeded", AT)
+    busy = schedules.ended(spec, AT, 75, None)
+    assert (busy.outcome, busy.run_id) == (schedules.SLOTS_BUSY, None) and "--wait" in busy.reason
+    assert "--wait" not in schedules.ended(waits, AT, 75, None).reason  # it waits already: a quarantined host, then
+    assert schedules.ended(spec, AT, 130, None).outcome == "stopped"
+    assert schedules.ended(spec, AT, 1, None).outcome == "failed" and schedules.ended(spec, AT, 1, None).run_id is None
+    assert (
+        schedules.ended(spec, AT, 1, None)
+        .says()
+        .startswith("failed: `clusterddp up` exited 1 before its run was recorded")
+    )
+    assert schedules.Firing("succeeded", AT, run_id="r1").says() == "succeeded (run r1)"
 
 
 def test_the_firings_run_is_one_of_its_schedule_recorded_since_it_fired(tmp_path):
     store = RunStore(tmp_path / "runs")
     store.create(make_record("old", (), status=RunStatus.SUCCEEDED, started_at="2026-12-06T01:59:59.999+00:00",
                              schedule="nightly"))
-    assert S.run_since(str(store.root), "nightly", AT) is None  # the previous firing's
+    assert schedules.run_since(str(store.root), "nightly", AT) is None  # the previous firing's
     store.create(make_record("other", (), started_at="2026-12-06T02:00:01.000+00:00", schedule="weekly"))
-    assert S.run_since(str(store.root), "nightly", AT) is None  # another schedule's
+    assert schedules.run_since(str(store.root), "nightly", AT) is None  # another schedule's
     store.create(make_record("new", (), started_at="2026-12-06T02:00:00.000+00:00", schedule="nightly"))
-    assert S.run_since(str(store.root), "nightly", AT)["run_id"] == "new"
+    assert schedules.run_since(str(store.root), "nightly", AT)["run_id"] == "new"
 
 
 # ---- schedule list ----
@@ -171,20 +185,20 @@ def test_list_shows_the_last_firing_its_outcome_and_a_run_id_that_runs_lists(cro
 
 def test_last_firing_prefers_the_run_status_now_and_a_newer_run(tmp_path):
     store = RunStore(tmp_path / "runs")
-    assert S.last_firing(store, "n") is None
+    assert schedules.last_firing(store, "n") is None
     store.record_firing("n", "skipped: slots busy", "2026-12-06T02:00:00+00:00", reason="busy")
-    assert S.last_firing(store, "n")["outcome"] == "skipped: slots busy"
+    assert schedules.last_firing(store, "n")["outcome"] == "skipped: slots busy"
     store.create(make_record("r1", (), status=RunStatus.RUNNING, started_at="2026-12-06T03:00:00.100+00:00",
                              schedule="n"))
-    newer = S.last_firing(store, "n")
+    newer = schedules.last_firing(store, "n")
     assert (newer["outcome"], newer["run_id"], newer["at"]) == ("running", "r1", "2026-12-06T03:00:00.100+00:00")
     store.record_firing("n", "running", "2026-12-06T03:00:00+00:00", run_id="r1")  # recorded as up left it
     import dataclasses
     store.update("r1", lambda rec: dataclasses.replace(rec, status=RunStatus.SUCCEEDED))  # `status` looked since
-    now = S.last_firing(store, "n")
+    now = schedules.last_firing(store, "n")
     assert (now["outcome"], now["run_id"], now["at"]) == ("succeeded", "r1", "2026-12-06T03:00:00+00:00")
     store.record_firing("n", "skipped: lock held", "2026-12-06T04:00:00+00:00", holder="r1", reason="held")
-    assert S.last_firing(store, "n")["outcome"] == "skipped: lock held"  # r1 started before this skip
+    assert schedules.last_firing(store, "n")["outcome"] == "skipped: lock held"  # r1 started before this skip
 
 
 def test_skips_an_older_clusterddp_recorded_are_read_as_lock_held(tmp_path):
@@ -211,7 +225,7 @@ def test_a_stored_time_is_compared_whatever_it_holds(stamp):
 # ---- the notification of a run refused before it was recorded ----
 
 def test_a_run_refused_before_it_was_recorded_is_told_without_a_run_id():
-    ev = N.run_event(None, error=LeaseBusy("the run does not fit: slots 0,1 held by run r9 (running)"),
+    ev = notifier.run_event(None, error=LeaseBusy("the run does not fit: slots 0,1 held by run r9 (running)"),
                      run_id="20261206-020000-ab12", schedule="nightly")
     assert ev["run_id"] is None and "20261206-020000-ab12" not in ev["text"]
     assert ev["text"] == ("clusterddp: a run of schedule nightly failed before it started: the run does not fit: "
@@ -254,6 +268,6 @@ def test_schedule_add_says_what_a_firing_does_when_its_slots_are_taken(tmp_path,
     assert r.exit_code == 0 and "  slots: taken by another run: the firing is skipped (add --wait" in r.output, r.output
     r = CliRunner().invoke(app, [*add, "--wait"])
     assert r.exit_code == 0 and "  slots: taken by another run: it waits in the queue (--wait)\n" in r.output, r.output
-    assert S.load_spec(str(tmp_path / "runs" / "schedules" / "n.json")).wait is True
+    assert schedules.load_spec(str(tmp_path / "runs" / "schedules" / "n.json")).wait is True
     r = CliRunner().invoke(app, ["schedule", "add", "l", "local", "t.py", "--cron", "@daily", "--runs-dir", "runs"])
     assert r.exit_code == 0 and "slots:" not in r.output, r.output  # a local run takes no slots

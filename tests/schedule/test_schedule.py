@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import schedule as S
+from clusterddp import schedule as schedules
 from clusterddp.errors import ClusterDDPError, LockTimeout, SpecError, UsageError
 from clusterddp.record import RunStatus
 from clusterddp.runspec import RunSpec
@@ -35,7 +35,7 @@ from helpers import eventually, make_record
 NOW = datetime(2026, 11, 29, 18, 15, tzinfo=timezone.utc)
 
 
-def spec(**over) -> S.ScheduleSpec:
+def spec(**over) -> schedules.ScheduleSpec:
     run = RunSpec(script="/home/ann/proj dir/train.py", script_args=("--fmt", "%Y-%m", "it's"), name="nightly eval",
                   gpus=2, master_port=29600, env=(("NCCL_DEBUG", "INFO"),), collect=("checkpoints/**",),
                   max_restarts=1)
@@ -43,7 +43,7 @@ def spec(**over) -> S.ScheduleSpec:
                 executable=("/venv/bin/clusterddp",), bin_dir="/venv/bin", inventory="/home/ann/inv.yaml", run=run,
                 hosts=("gpu-01", "gpu-02"), agent_socket=None)
     base.update(over)
-    return S.ScheduleSpec(**base)
+    return schedules.ScheduleSpec(**base)
 
 
 GOLDEN = (
@@ -55,75 +55,77 @@ GOLDEN = (
 
 
 def test_rendered_line_is_golden():
-    assert S.render_line(spec()) == GOLDEN
+    assert schedules.render_line(spec()) == GOLDEN
 
 
 def test_the_line_carries_no_value_of_the_run():
     secret = spec(agent_socket="/run/user/0/agent.sock",
                   run=RunSpec(script="/p/train.py", script_args=("--token-file", "/p/tok"),
                               env=(("HF_TOKEN", "hf_s3cret"),), name="my run"))
-    line = S.render_line(secret)
+    line = schedules.render_line(secret)
     for value in ("hf_s3cret", "HF_TOKEN", "--token-file", "/p/tok", "train.py", "agent.sock", "inv.yaml", "my run",
                   "gpu-01", " -e "):
         assert value not in line
-    assert S.render_line(secret) == S.render_line(spec())  # the line names the spec file, whatever it says
+    assert schedules.render_line(secret) == schedules.render_line(
+        spec()
+    )  # the line names the spec file, whatever it says
 
 
 def test_without_a_console_script_python_runs_the_module():
-    line = S.render_line(spec(executable=("/opt/py/bin/python3", "-m", "clusterddp")))
+    line = schedules.render_line(spec(executable=("/opt/py/bin/python3", "-m", "clusterddp")))
     assert " /opt/py/bin/python3 -m clusterddp schedule fire '/srv/runs 50'\\%/schedules/nightly.json ; }" in line
 
 
 def test_an_entry_cron_would_refuse_as_too_long_is_a_usage_error():
     with pytest.raises(UsageError, match="cron refuses more than 998") as e:
-        S.render_line(spec(runs_dir="/" + "r" * 400))
+        schedules.render_line(spec(runs_dir="/" + "r" * 400))
     assert "shorter paths" in e.value.hint
 
 
 def test_minimal_spec_has_no_optional_flags():
     run = RunSpec(script="/p/t.py")
-    argv = S.up_argv(spec(run=run, hosts=(), inventory="local"))
+    argv = schedules.up_argv(spec(run=run, hosts=(), inventory="local"))
     assert argv == ["/venv/bin/clusterddp", "up", "local", "/p/t.py", "--runs-dir", "/srv/runs 50%",
                     "--schedule", "nightly"]
 
 
 def test_a_schedule_with_wait_fires_up_wait_and_older_specs_without_it_still_read(tmp_path):
     s = spec(run=RunSpec(script="/p/t.py"), hosts=(), inventory="local", wait=True)
-    assert S.up_argv(s)[-3:] == ["--schedule", "nightly", "--wait"]
-    assert S.spec_from_json(json.loads(json.dumps(s.to_json())), s.spec_path) == s
+    assert schedules.up_argv(s)[-3:] == ["--schedule", "nightly", "--wait"]
+    assert schedules.spec_from_json(json.loads(json.dumps(s.to_json())), s.spec_path) == s
     old = spec(run=RunSpec(script="/p/t.py"), hosts=(), inventory="local")
-    assert "wait" not in old.to_json() and S.spec_from_json(old.to_json(), old.spec_path).wait is False
+    assert "wait" not in old.to_json() and schedules.spec_from_json(old.to_json(), old.spec_path).wait is False
     with pytest.raises(SpecError, match="wait: expected true or false"):
-        S.spec_from_json({**s.to_json(), "wait": "yes"}, s.spec_path)
+        schedules.spec_from_json({**s.to_json(), "wait": "yes"}, s.spec_path)
 
 
 @pytest.mark.parametrize("where", ["launch_dir", "runs_dir", "bin_dir"])
 def test_a_newline_cannot_enter_the_line(where):
     with pytest.raises(UsageError, match="one line"):
-        S.render_line(spec(**{where: "/a\nb"}))
+        schedules.render_line(spec(**{where: "/a\nb"}))
 
 
 def test_the_spec_carries_what_the_line_could_not():
     s = spec(run=RunSpec(script="/p/t.py", script_args=("two\nlines", "x" * 2000, "\udcff raw byte"),
                          env=(("K", "a\r\nb"), ("K", "again"))), agent_socket="/s/agent")
-    assert S.render_line(s)  # nothing of the run is on the line, so nothing of it is too long or multi-line
-    assert S.spec_from_json(json.loads(json.dumps(s.to_json())), s.spec_path) == s
+    assert schedules.render_line(s)  # nothing of the run is on the line, so nothing of it is too long or multi-line
+    assert schedules.spec_from_json(json.loads(json.dumps(s.to_json())), s.spec_path) == s
     minimal = spec(run=RunSpec(script="/p/t.py"), hosts=(), inventory="local")
-    assert S.spec_from_json(minimal.to_json(), minimal.spec_path) == minimal
+    assert schedules.spec_from_json(minimal.to_json(), minimal.spec_path) == minimal
 
 
 def test_spec_file_is_0600_in_a_0700_folder_and_replaced_by_rename(tmp_path):
     runs = tmp_path / "runs"
     (runs / "schedules").mkdir(parents=True, mode=0o755)  # as versions before spec files left it
     s = spec(runs_dir=str(runs))
-    S.save_spec(s)
+    schedules.save_spec(s)
     path = Path(s.spec_path)
     assert oct(path.stat().st_mode & 0o777) == "0o600" and oct((runs / "schedules").stat().st_mode & 0o777) == "0o700"
-    assert S.load_spec(str(path)) == s
+    assert schedules.load_spec(str(path)) == s
     inode = path.stat().st_ino
-    S.save_spec(spec(runs_dir=str(runs), cron="@daily"))
+    schedules.save_spec(spec(runs_dir=str(runs), cron="@daily"))
     assert path.stat().st_ino != inode  # a new file renamed over the old one: no reader sees half of it
-    assert S.load_spec(str(path)).cron == "@daily" and oct(path.stat().st_mode & 0o777) == "0o600"
+    assert schedules.load_spec(str(path)).cron == "@daily" and oct(path.stat().st_mode & 0o777) == "0o600"
     assert sorted(p.name for p in (runs / "schedules").iterdir()) == ["nightly.json"]  # no temporary left
 
 
@@ -132,7 +134,7 @@ DROP = object()
 
 def _valid(tmp_path: Path) -> tuple[Path, dict]:
     s = spec(runs_dir=str(tmp_path / "runs"))
-    S.save_spec(s)
+    schedules.save_spec(s)
     return Path(s.spec_path), s.to_json()
 
 
@@ -171,7 +173,7 @@ def test_a_damaged_spec_is_refused_naming_file_and_field(tmp_path, change, field
         data = {k: v for k, v in data.items() if v is not DROP}
         path.write_text(json.dumps(data))
     with pytest.raises(SpecError) as e:
-        S.load_spec(str(path))
+        schedules.load_spec(str(path))
     where = f"schedule spec {path}: {field}: " if field else f"schedule spec {path}: "
     assert str(e.value).startswith(where) and words in e.value.message, str(e.value)
     assert e.value.exit_code == 2 and "schedule add" in e.value.hint
@@ -199,7 +201,7 @@ def test_a_spec_someone_else_could_have_written_is_refused(tmp_path, how, words)
         path.unlink()
         path.mkdir()
     with pytest.raises(SpecError, match=re.escape(f"schedule spec {path}: ") + ".*" + re.escape(words)):
-        S.load_spec(str(path))
+        schedules.load_spec(str(path))
 
 
 TRICKY = ["%", "50%", "\\%", "a\\\\%b", "%%d", "it's", 'say "hi"', "$HOME", "`id`", "a;b", "*", "~", "é ü",
@@ -232,10 +234,10 @@ def _fake_clusterddp(tmp_path: Path, name: str = "clusterddp") -> Path:
 
 def _run_as_cron(line: str, home: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """What cron does with a line: strip the time fields, apply its % rules, sh -c in a bare environment."""
-    entry = S.parse_line(line)
+    entry = schedules.parse_line(line)
     assert entry is not None
-    command, stdin = S.cron_command(entry.command)
-    env = {"HOME": str(home), "LOGNAME": "x", "SHELL": "/bin/sh", "PATH": S.CRON_PATH, **(extra_env or {})}
+    command, stdin = schedules.cron_command(entry.command)
+    env = {"HOME": str(home), "LOGNAME": "x", "SHELL": "/bin/sh", "PATH": schedules.CRON_PATH, **(extra_env or {})}
     return subprocess.run(["/bin/sh", "-c", command], env=env, cwd=home, input=stdin, capture_output=True,
                           text=True, timeout=60)
 
@@ -262,8 +264,8 @@ def _calls(tmp_path: Path) -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
 
 
-def _saved(s: S.ScheduleSpec) -> S.ScheduleSpec:
-    S.save_spec(s)
+def _saved(s: schedules.ScheduleSpec) -> schedules.ScheduleSpec:
+    schedules.save_spec(s)
     return s
 
 
@@ -278,20 +280,20 @@ def test_cron_line_fires_up_with_every_word_exactly(tmp_path, module):
                     agent_socket=str(tmp_path / "agent 50%.sock"),
                     run=RunSpec(script=str(work / "t.py"), script_args=tuple(TRICKY),
                                 env=(("V", "x%y 'z'"), ("S", "s3cr\net")))))
-    line = S.render_line(s)
+    line = schedules.render_line(s)
     assert "\n" not in line and all(line[i - 1] == "\\" for i, c in enumerate(line) if c == "%")
     r = _run_as_cron(line, tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "" and r.stderr == ""  # everything went to the schedule's log
     (call,) = _calls(tmp_path)
     (env_file, lines), = call["files"].items()  # the env's values came in a file, not on the command line
-    assert env_file.startswith("/dev/fd/") and call["argv"] == S.up_argv(s, env_file)[1:]
+    assert env_file.startswith("/dev/fd/") and call["argv"] == schedules.up_argv(s, env_file)[1:]
     assert "s3cr" not in " ".join(call["argv"]) and "x%y" not in " ".join(call["argv"])
     from clusterddp import envfile
     (tmp_path / "env").write_text(lines)
     assert tuple(envfile.read(str(tmp_path / "env"), lambda warning: None)) == s.run.env
     assert call["cwd"] == str(work)
-    assert call["env"]["PATH"] == S.search_path(str(exe.parent))
+    assert call["env"]["PATH"] == schedules.search_path(str(exe.parent))
     assert call["env"]["SSH_AUTH_SOCK"] == str(tmp_path / "agent 50%.sock")
     log = (runs / "schedules" / "nightly.log").read_text()
     start = rf"\[clusterddp\] \S+ schedule nightly: starting clusterddp up \(spec {re.escape(s.spec_path)}\)\n"
@@ -303,7 +305,7 @@ def test_exit_code_of_the_run_is_the_exit_code_of_the_line(tmp_path):
     exe = _fake_clusterddp(tmp_path)
     s = _saved(spec(runs_dir=str(tmp_path / "runs"), launch_dir=str(tmp_path), executable=(str(exe),),
                     bin_dir=str(exe.parent)))
-    r = _run_as_cron(S.render_line(s), tmp_path, {"FAKE_RC": "4"})
+    r = _run_as_cron(schedules.render_line(s), tmp_path, {"FAKE_RC": "4"})
     assert r.returncode == 4
     assert [c["argv"][0] for c in _calls(tmp_path)] == ["up"]
     assert RunStore(s.runs_dir).skips("nightly") == []  # a failed run is not a skip
@@ -318,15 +320,15 @@ def test_held_lock_skips_the_run_and_records_it(tmp_path):
     s = _saved(spec(runs_dir=str(runs), launch_dir=str(tmp_path), executable=(str(exe),), bin_dir=str(exe.parent)))
     with open(s.lock_path, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # our own folder: free
-        r = _run_as_cron(S.render_line(s), tmp_path)
-    assert r.returncode == S.LOCK_HELD_EXIT == 3, r.stderr
+        r = _run_as_cron(schedules.render_line(s), tmp_path)
+    assert r.returncode == schedules.LOCK_HELD_EXIT == 3, r.stderr
     assert _calls(tmp_path) == []
     (skip,) = RunStore(runs).skips("nightly")
     assert skip["holder"] is None and skip["reason"] == f"the previous run still holds {s.lock_path}"
     assert skip["outcome"] == "skipped: lock held" and skip["run_id"] is None
     assert (runs / "schedules" / "nightly.log").read_text() == (
         f"[clusterddp] {skip['at']} schedule nightly: skipped: lock held: {skip['reason']}\n")
-    r = _run_as_cron(S.render_line(s), tmp_path)  # lock free again: the run starts
+    r = _run_as_cron(schedules.render_line(s), tmp_path)  # lock free again: the run starts
     assert r.returncode == 0 and _calls(tmp_path)[-1]["argv"][0] == "up"
 
 
@@ -341,13 +343,13 @@ def test_the_run_keeps_the_lock_when_fire_dies_first(tmp_path):
     try:
         (call,) = eventually(lambda: _calls(tmp_path), timeout=30) or [None]
         assert call, "up never started"
-        assert call["cwd"] == str(tmp_path) and call["env"]["PATH"] == S.search_path(str(exe.parent))
+        assert call["cwd"] == str(tmp_path) and call["env"]["PATH"] == schedules.search_path(str(exe.parent))
         fire.send_signal(signal.SIGKILL)
         fire.wait(timeout=10)
-        assert S.try_lock(s) is None  # `up` still runs, so it still holds the lock
+        assert schedules.try_lock(s) is None  # `up` still runs, so it still holds the lock
     finally:
         release.touch()
-    fd = eventually(lambda: S.try_lock(s), timeout=30)
+    fd = eventually(lambda: schedules.try_lock(s), timeout=30)
     assert fd is not None, "the lock was never released after the run ended"
     os.close(fd)
 
@@ -372,47 +374,49 @@ def test_fire_with_a_bad_spec_exits_2_and_starts_nothing(tmp_path, damage, field
 def test_a_crontab_cron_refuses_leaves_the_spec_files_as_they_were(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     old = spec(runs_dir=str(tmp_path / "runs"))
-    S.save_spec(old)
-    monkeypatch.setattr(crontab_mod, "read_crontab", lambda: S.render_line(old) + "\n")
+    schedules.save_spec(old)
+    monkeypatch.setattr(crontab_mod, "read_crontab", lambda: schedules.render_line(old) + "\n")
 
     def refuse(text):
         raise ClusterDDPError("crontab refused the new table: bad minute")
     monkeypatch.setattr(crontab_mod, "write_crontab", refuse)
     with pytest.raises(ClusterDDPError, match="bad minute"):
-        S.add(spec(runs_dir=str(tmp_path / "runs"), cron="@daily"), replace=True)
-    assert S.load_spec(old.spec_path) == old  # the line still names it: it must still say what it said
+        schedules.add(spec(runs_dir=str(tmp_path / "runs"), cron="@daily"), replace=True)
+    assert schedules.load_spec(old.spec_path) == old  # the line still names it: it must still say what it said
 
 
 def test_replacing_a_schedule_leaves_no_spec_of_the_old_line_behind(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     moved = spec(runs_dir=str(tmp_path / "runs1"))
-    S.save_spec(moved)
-    crontab = {"text": FOREIGN + S.render_line(moved) + "\n"}
+    schedules.save_spec(moved)
+    crontab = {"text": FOREIGN + schedules.render_line(moved) + "\n"}
     monkeypatch.setattr(crontab_mod, "read_crontab", lambda: crontab["text"])
     monkeypatch.setattr(crontab_mod, "write_crontab", lambda text: crontab.update(text=text))
 
     new = spec(runs_dir=str(tmp_path / "runs2"))
-    edit = S.add(new, replace=True)  # the same name in another runs folder: the old spec goes
-    assert edit.replaced and not Path(moved.spec_path).exists() and S.load_spec(new.spec_path) == new
-    assert [e.spec_path for e in S.entries(crontab["text"])] == [new.spec_path]
+    edit = schedules.add(new, replace=True)  # the same name in another runs folder: the old spec goes
+    assert edit.replaced and not Path(moved.spec_path).exists() and schedules.load_spec(new.spec_path) == new
+    assert [e.spec_path for e in schedules.entries(crontab["text"])] == [new.spec_path]
     assert crontab["text"].startswith(FOREIGN)
-    S.add(dataclasses.replace(new, runs_dir=str(tmp_path / "runs3")), replace=True)  # moved to another runs folder
+    schedules.add(
+        dataclasses.replace(new, runs_dir=str(tmp_path / "runs3")), replace=True
+    )  # moved to another runs folder
     assert not Path(new.spec_path).exists() and Path(tmp_path / "runs3" / "schedules" / f"{new.name}.json").exists()
 
 
 def test_crontab_lock_wait_has_a_deadline_that_names_the_holder(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     lock = tmp_path / "clusterddp" / "crontab.lock"
-    with S.editing():
+    with schedules.editing():
         started = time.monotonic()
         with pytest.raises(LockTimeout) as e:
-            with S.editing(deadline=0.5):
+            with schedules.editing(deadline=0.5):
                 pass
         waited = time.monotonic() - started
     assert 0.5 <= waited < 10, waited
     assert str(lock) in e.value.message and f"by pid {os.getpid()} (" in e.value.message
     assert f"kill {os.getpid()}" in e.value.hint
-    with S.editing(deadline=0.5):  # released with the block
+    with schedules.editing(deadline=0.5):  # released with the block
         pass
 
 
@@ -423,7 +427,7 @@ def test_crontab_lock_wait_has_a_deadline_that_names_the_holder(tmp_path, monkey
     ("0 0 1 jan,jul *", "0 0 1 jan,jul *"), ("@daily", "@daily"), ("@HOURLY", "@hourly"), ("0 0 29 2 *", "0 0 29 2 *"),
 ])
 def test_valid_expressions(expr, norm):
-    assert S.check_cron(expr, NOW) == norm
+    assert schedules.check_cron(expr, NOW) == norm
 
 
 @pytest.mark.parametrize("expr, words", [
@@ -435,7 +439,7 @@ def test_valid_expressions(expr, norm):
 ])
 def test_invalid_expressions_are_usage_errors(expr, words):
     with pytest.raises(UsageError, match="--cron") as e:
-        S.check_cron(expr, NOW)
+        schedules.check_cron(expr, NOW)
     assert words in e.value.message and e.value.exit_code == 2
 
 
@@ -443,14 +447,14 @@ def test_invalid_expressions_are_usage_errors(expr, words):
                                       ("x/y", False), ("n;rm", False), ("é", False)])
 def test_names(name, ok):
     if ok:
-        assert S.check_name(name) == name
+        assert schedules.check_name(name) == name
     else:
         with pytest.raises(UsageError):
-            S.check_name(name)
+            schedules.check_name(name)
 
 
 def test_next_runs_from_a_fixed_clock():
-    assert [t.isoformat() for t in S.next_runs("0 2 * * *", 3, NOW)] == [
+    assert [t.isoformat() for t in schedules.next_runs("0 2 * * *", 3, NOW)] == [
         "2026-11-30T02:00:00+00:00", "2026-12-01T02:00:00+00:00", "2026-12-02T02:00:00+00:00"]
 
 
@@ -461,7 +465,7 @@ def test_next_runs_from_a_fixed_clock():
     ("cat %line1%line2", "cat ", "line1\nline2"), ("echo \\\\%x", "echo \\\\", "x"),
 ])
 def test_cron_command_follows_cron(command, shell, stdin):
-    assert S.cron_command(command) == (shell, stdin)
+    assert schedules.cron_command(command) == (shell, stdin)
 
 
 FOREIGN = """# my own jobs
@@ -476,55 +480,60 @@ SHELL=/bin/sh
 
 
 def test_with_line_appends_and_keeps_every_foreign_line():
-    out = S.with_line(FOREIGN, "nightly", "0 2 * * * x # clusterddp:nightly")
+    out = schedules.with_line(FOREIGN, "nightly", "0 2 * * * x # clusterddp:nightly")
     assert out == FOREIGN + "0 2 * * * x # clusterddp:nightly\n"
-    assert [e.name for e in S.entries(out)] == ["nightly"]  # the commented-out one is not an entry
+    assert [e.name for e in schedules.entries(out)] == ["nightly"]  # the commented-out one is not an entry
 
 
 def test_odd_characters_in_foreign_lines_survive():
     text = "0 1 * * * echo a\rb\x0cc\x85d\u2028e\r\n@daily true\n"
-    out = S.with_line(text, "n", "1 * * * * y # clusterddp:n")
-    assert out == text + "1 * * * * y # clusterddp:n\n" and S.without_line(out, "n") == text
+    out = schedules.with_line(text, "n", "1 * * * * y # clusterddp:n")
+    assert out == text + "1 * * * * y # clusterddp:n\n" and schedules.without_line(out, "n") == text
 
 
 def test_with_line_adds_a_final_newline_cron_needs():
-    assert S.with_line("@daily true", "n", "1 * * * * y # clusterddp:n") == "@daily true\n1 * * * * y # clusterddp:n\n"
-    assert S.with_line("", "n", "1 * * * * y # clusterddp:n") == "1 * * * * y # clusterddp:n\n"
+    assert (
+        schedules.with_line("@daily true", "n", "1 * * * * y # clusterddp:n")
+        == "@daily true\n1 * * * * y # clusterddp:n\n"
+    )
+    assert schedules.with_line("", "n", "1 * * * * y # clusterddp:n") == "1 * * * * y # clusterddp:n\n"
 
 
 def test_existing_name_needs_replace_and_is_replaced_in_place():
-    text = S.with_line(FOREIGN, "a", "0 2 * * * x # clusterddp:a") + "@hourly tail\n"
+    text = schedules.with_line(FOREIGN, "a", "0 2 * * * x # clusterddp:a") + "@hourly tail\n"
     with pytest.raises(UsageError, match="already exists") as e:
-        S.with_line(text, "a", "5 5 * * * y # clusterddp:a")
+        schedules.with_line(text, "a", "5 5 * * * y # clusterddp:a")
     assert "--replace" in str(e.value)
-    out = S.with_line(text, "a", "5 5 * * * y # clusterddp:a", replace=True)
+    out = schedules.with_line(text, "a", "5 5 * * * y # clusterddp:a", replace=True)
     assert out == FOREIGN + "5 5 * * * y # clusterddp:a\n@hourly tail\n"
 
 
 def test_without_line_removes_only_the_entry():
-    text = S.with_line(S.with_line(FOREIGN, "a", "0 2 * * * x # clusterddp:a"), "b", "0 3 * * * y # clusterddp:b")
-    assert S.without_line(text, "a") == FOREIGN + "0 3 * * * y # clusterddp:b\n"
-    assert S.without_line(S.without_line(text, "a"), "b") == FOREIGN
+    text = schedules.with_line(
+        schedules.with_line(FOREIGN, "a", "0 2 * * * x # clusterddp:a"), "b", "0 3 * * * y # clusterddp:b"
+    )
+    assert schedules.without_line(text, "a") == FOREIGN + "0 3 * * * y # clusterddp:b\n"
+    assert schedules.without_line(schedules.without_line(text, "a"), "b") == FOREIGN
     with pytest.raises(UsageError, match="no schedule 'c'"):
-        S.without_line(text, "c")
+        schedules.without_line(text, "c")
 
 
 def test_parse_line_reads_back_name_expression_spec_and_runs_dir():
-    (e,) = S.entries("MAILTO=x\n" + GOLDEN + "\n")
+    (e,) = schedules.entries("MAILTO=x\n" + GOLDEN + "\n")
     assert (e.name, e.cron, e.index, e.runs_dir) == ("nightly", "0 2 * * *", 1, "/srv/runs 50%")
     assert e.spec_path == "/srv/runs 50%/schedules/nightly.json"
     assert e.log_path == "/srv/runs 50%/schedules/nightly.log"
     assert e.command == GOLDEN[len("0 2 * * * "):]
-    (k,) = S.entries("@daily  echo hi   # clusterddp:k")
+    (k,) = schedules.entries("@daily  echo hi   # clusterddp:k")
     assert (k.cron, k.runs_dir, k.spec_path) == ("@daily", None, None)
-    assert S.entries("X=1 # clusterddp:y\n#0 2 * * * a # clusterddp:z\n") == []
+    assert schedules.entries("X=1 # clusterddp:y\n#0 2 * * * a # clusterddp:z\n") == []
 
 
 def test_cron_environment_is_cron_s_own_plus_the_lines_above():
     text = FOREIGN + "0 2 * * * x # clusterddp:a\nLATER=1\n"
-    entry = S.find(text, "a")
+    entry = schedules.find(text, "a")
     user = pwd.getpwuid(os.getuid())
-    env = S.cron_environment(text, entry, user)
+    env = schedules.cron_environment(text, entry, user)
     assert env == {"HOME": "/tmp/x", "LOGNAME": user.pw_name, "SHELL": "/bin/sh", "PATH": "/usr/bin:/bin",
                    "MAILTO": ""}
 
@@ -575,7 +584,7 @@ def test_schedule_add_takes_quiet_and_names_the_up_options_it_does_not_take(tmp_
     for quiet in ("-q", "--quiet"):
         r = CliRunner().invoke(app, [*add, quiet, "--replace", "--", "--epochs", "1"])
         assert r.exit_code == 0, r.output
-        saved = S.load_spec(str(tmp_path / "runs" / "schedules" / "nightly.json"))
+        saved = schedules.load_spec(str(tmp_path / "runs" / "schedules" / "nightly.json"))
         assert dict(saved.up)["quiet"] is True and saved.run.script_args == ("--epochs", "1")
     assert sorted(NOT_SCHEDULED) == sorted(o.name for o in launch.OPTIONS if o.recorded is None)  # each has a why
     before = crontab["text"]

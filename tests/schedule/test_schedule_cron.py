@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import schedule as S
+from clusterddp import schedule as schedules
 from clusterddp.store import RunStore
 from helpers import cddp, eventually, record
 
@@ -83,7 +83,7 @@ def crontab():
     wait has a deadline below the test's own timeout, and its error names the session holding it.
     """
     with open("/tmp/clusterddp-tests-crontab.lock", "a+") as turn:
-        S.lock_within(turn.fileno(), turn.name, 240, "another test session is using root's crontab")
+        schedules.lock_within(turn.fileno(), turn.name, 240, "another test session is using root's crontab")
         yield from _foreign_crontab()
 
 
@@ -122,17 +122,30 @@ def test_add_list_replace_remove_keep_foreign_lines(crontab, work):
     (line,) = tab[len(FOREIGN):].splitlines()
     bin_dir, runs = Path(sys.executable).parent, work / "runs"
     spec_file = runs / "schedules" / "nightly.json"
-    assert line == (f"0 2 * * * {{ cd {work} && PATH={S.search_path(str(bin_dir))} {bin_dir / 'clusterddp'} "
+    assert line == (f"0 2 * * * {{ cd {work} && PATH={schedules.search_path(str(bin_dir))} {bin_dir / 'clusterddp'} "
                     f"schedule fire {spec_file} ; }} >> {runs / 'schedules' / 'nightly.log'} 2>&1 # clusterddp:nightly")
-    spec = S.load_spec(str(spec_file))
-    assert S.up_argv(spec) == [str(bin_dir / "clusterddp"), "up", "local", str(work / "t.py"), "--runs-dir", str(runs),
-                               "--schedule", "nightly", "--gpus", "1", "--", "--lr", "0.1"]
+    spec = schedules.load_spec(str(spec_file))
+    assert schedules.up_argv(spec) == [
+        str(bin_dir / "clusterddp"),
+        "up",
+        "local",
+        str(work / "t.py"),
+        "--runs-dir",
+        str(runs),
+        "--schedule",
+        "nightly",
+        "--gpus",
+        "1",
+        "--",
+        "--lr",
+        "0.1",
+    ]
     assert (spec.cron, spec.launch_dir, spec.bin_dir) == ("0 2 * * *", str(work), str(bin_dir))
     assert f"  spec:  {spec_file}\n" in r.stdout
 
     r = add(work, "nightly", "local", "t.py", cron="5 * * * *", rc=2)
     assert "schedule 'nightly' already exists" in r.stderr and "--replace" in r.stderr
-    assert crontab_l() == tab and S.load_spec(str(spec_file)) == spec  # neither line nor spec touched
+    assert crontab_l() == tab and schedules.load_spec(str(spec_file)) == spec  # neither line nor spec touched
 
     r = add(work, "nightly", "local", "t.py", "--replace", cron="30 4 * * 1")
     assert r.stdout.startswith("replaced schedule nightly: 30 4 * * 1\n")
@@ -141,7 +154,10 @@ def test_add_list_replace_remove_keep_foreign_lines(crontab, work):
     assert tab.startswith(FOREIGN)
     lines = tab[len(FOREIGN):].splitlines()
     assert [x.split(" { cd ")[0] for x in lines] == ["30 4 * * 1", "@weekly"]  # replaced in place
-    assert S.load_spec(str(spec_file)).run.script_args == () and S.load_spec(str(spec_file)).cron == "30 4 * * 1"
+    assert (
+        schedules.load_spec(str(spec_file)).run.script_args == ()
+        and schedules.load_spec(str(spec_file)).cron == "30 4 * * 1"
+    )
 
     r = cddp("schedule", "list", check_rc=0, timeout=60)
     out = r.stdout.splitlines()
@@ -166,13 +182,13 @@ def test_ssh_inventory_without_key_warns_that_cron_has_no_agent(crontab, work):
     r = add(work, "a", "inv.yaml", "t.py", "--runs-dir", "runs")
     assert "cron runs without your ssh-agent, and gpu-01 has no identity_file" in r.stderr
     assert "--agent-socket" in r.stderr and "gpu-02" not in r.stderr
-    spec = S.load_spec(str(work / "runs" / "schedules" / "a.json"))
+    spec = schedules.load_spec(str(work / "runs" / "schedules" / "a.json"))
     assert (spec.inventory, spec.run.script, spec.agent_socket) == (str(work / "inv.yaml"), str(work / "t.py"), None)
     r = add(work, "b", "inv.yaml", "t.py", "--hosts", "gpu-02", "--runs-dir", "runs")
     assert "ssh-agent" not in r.stderr  # the chosen host has a key
     r = add(work, "c", "inv.yaml", "t.py", "--runs-dir", "runs", "--agent-socket", "agent.sock")
     assert "ssh-agent" not in r.stderr and "is not a socket now" in r.stderr
-    assert S.load_spec(str(work / "runs" / "schedules" / "c.json")).agent_socket == str(work / "agent.sock")
+    assert schedules.load_spec(str(work / "runs" / "schedules" / "c.json")).agent_socket == str(work / "agent.sock")
     assert [p.name for p in (work / "runs").iterdir()] == ["schedules"]  # adding plans a run but starts none
 
 
@@ -235,7 +251,7 @@ def test_overlapping_run_is_skipped_and_recorded(crontab, work):
         assert holder and holder["status"] == "running"
 
         r = cddp("schedule", "run", "hold", timeout=60)
-        assert r.returncode == S.LOCK_HELD_EXIT == 3, r.stdout + r.stderr  # not 75: the GPU slots' (`up`'s)
+        assert r.returncode == schedules.LOCK_HELD_EXIT == 3, r.stdout + r.stderr  # not 75: the GPU slots' (`up`'s)
         assert "skipped, its previous run still holds the schedule's lock" in r.stderr and "GPU" not in r.stderr
         (skip,) = store.skips("hold")
         assert (skip["outcome"], skip["holder"], skip["run_id"]) == ("skipped: lock held", holder["run_id"], None)
@@ -266,7 +282,7 @@ def test_an_env_secret_is_in_no_crontab_line_only_in_the_0600_spec_file(crontab,
     spec_file = work / "runs" / "schedules" / "tok.json"
     assert [p for p in work.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()] == [spec_file]
     assert spec_file.stat().st_mode & 0o777 == 0o600 and spec_file.parent.stat().st_mode & 0o777 == 0o700
-    spec = S.load_spec(str(spec_file))  # carried, not dropped
+    spec = schedules.load_spec(str(spec_file))  # carried, not dropped
     assert ("HF_TOKEN", secret) in spec.run.env and spec.run.script_args == ("--token", secret)
 
 
@@ -306,7 +322,7 @@ def test_cron_daemon_runs_a_schedule_with_hostile_words_byte_for_byte(crontab, t
         "--runs-dir", "runs", "--", *HOSTILE, cron="* * * * *")
     store = RunStore(work / "runs")
     daemon = None
-    if not S.cron_daemon_running():
+    if not schedules.cron_daemon_running():
         daemon = subprocess.Popen(["/usr/sbin/cron", "-f"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True)
         # cron writes its pid file once it holds the daemon lock, past the checks that make it quit

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from clusterddp import schedule as S
+from clusterddp import schedule as schedules
 from clusterddp.store import RunStore
 from helpers import cddp, job_script, run_id_of, wait_for_line
 from test_schedule_cron import crontab  # noqa: F401 - the fixture: root's crontab, put back afterwards
@@ -50,7 +50,7 @@ def test_a_firing_refused_for_its_slots_is_its_own_skip_and_with_wait_it_waits_i
              "--notify", f"command:cat > {events}", cwd=tmp_path, check_rc=0)
         r = cddp("schedule", "run", "busy", timeout=240)
         said = r.stdout + r.stderr
-        assert r.returncode == S.BUSY_EXIT == 75, said
+        assert r.returncode == schedules.BUSY_EXIT == 75, said
         assert "schedule busy: skipped, the GPU slots it needs are taken (nothing started)" in r.stderr, said
         assert "lock" not in r.stderr, said  # not the schedule's lock: that is another skip, exit 3
         assert f"held by run {first}" in said, said  # `up`'s own words, from the schedule's log

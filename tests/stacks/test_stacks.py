@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from clusterddp import stacks as S
+from clusterddp import stacks as stack_dumps
 from clusterddp.errors import HostError, HostErrorKind, UsageError
 from clusterddp.node import stacks as node_stacks
 from clusterddp.node.reply import ReplyError
@@ -71,18 +71,18 @@ def two_by_two(rank3=STUCK):
 def test_the_rank_not_where_the_others_are_is_named_first_with_its_own_frames(tmp_path):
     rec = make_record("r", hosts=("a", "b"))
     nodes, connect = fake(two_by_two())
-    taken = S.take(rec, connect=connect, wait=2.0)
+    taken = stack_dumps.take(rec, connect=connect, wait=2.0)
     for n in nodes.values():  # one command each, bounded: the wait on the node plus the answer's bound
         ((command, timeout),) = n.commands
-        assert '"wait": 2.0' in command and timeout == S.ANSWER_S + 2.0
-    groups = S.group(taken.procs)
+        assert '"wait": 2.0' in command and timeout == stack_dumps.ANSWER_S + 2.0
+    groups = stack_dumps.group(taken.procs)
     assert [(g.odd, g.ranks) for g in groups] == [(True, [3]), (False, [0, 1, 2])]
-    assert S.summary(groups[0].procs[0].main) == "stuck_in_my_function -> wait (train.py:7)"
-    assert S.summary(groups[1].procs[0].main) == "step -> all_reduce (train.py:12)"
+    assert stack_dumps.summary(groups[0].procs[0].main) == "stuck_in_my_function -> wait (train.py:7)"
+    assert stack_dumps.summary(groups[1].procs[0].main) == "step -> all_reduce (train.py:12)"
     from clusterddp.cli.stacks import render
     store = RunStore(tmp_path / "runs")
     store.create(rec)
-    S.save(store, taken)
+    stack_dumps.save(store, taken)
     text = render(taken, groups)
     assert text[1:4] == ["rank 3 (b local 1, pid 22): stuck_in_my_function -> wait (train.py:7)  <- the odd one out",
                          "    stuck_in_my_function (/w/runs/r/train.py:7)", "    <module> (/w/runs/r/train.py:28)"]
@@ -93,7 +93,7 @@ def test_the_rank_not_where_the_others_are_is_named_first_with_its_own_frames(tm
     assert saved == ["a/agent-10.txt", "a/rank0.txt", "a/rank1.txt", "b/rank2.txt", "b/rank3.txt"]
     assert taken.saved.parent == store.run_dir("r") / "stacks"
     assert STUCK in (taken.saved / "b" / "rank3.txt").read_text()
-    data = S.to_json(taken, groups)
+    data = stack_dumps.to_json(taken, groups)
     assert data["groups"][0]["odd"] and data["groups"][0]["procs"][0]["host"] == "b"
     assert data["groups"][0]["procs"][0]["main"][1] == {"file": "/w/runs/r/train.py", "line": 7,
                                                         "function": "stuck_in_my_function"}
@@ -104,7 +104,7 @@ def test_a_node_that_does_not_answer_or_answers_garbage_is_named_and_the_others_
     answers = two_by_two()
     answers["b"] = HostError("b", "timed out", kind=HostErrorKind.TIMEOUT)
     answers["c"] = node_stacks.MARK.encode() + b'{"time": 1, "procs": "no"}\n'
-    taken = S.take(rec, connect=fake(answers)[1])
+    taken = stack_dumps.take(rec, connect=fake(answers)[1])
     assert set(taken.unanswered) == {"b", "c"}
     assert "timed out" in taken.unanswered["b"] and "host" in taken.unanswered["c"]
     assert sorted(p.rank for p in taken.procs if p.role == "rank") == [0, 1]
@@ -113,14 +113,14 @@ def test_a_node_that_does_not_answer_or_answers_garbage_is_named_and_the_others_
 def test_same_place_whatever_line_of_the_innermost_frame_and_no_majority_names_no_odd_one():
     looping = [dump(("/w/t.py", ln, "spin"), ("/w/t.py", 3, "<module>")) for ln in (10, 11)]
     rec = make_record("r", hosts=("a",))
-    taken = S.take(rec, connect=fake({"a": reply([proc(1, 0, 0, looping[0]), proc(2, 1, 1, looping[1])])})[1])
-    assert [(g.odd, g.ranks) for g in S.group(taken.procs)] == [(False, [0, 1])]
-    taken = S.take(rec, connect=fake({"a": reply([proc(1, 0, 0, WAITING), proc(2, 1, 1, STUCK)])})[1])
-    assert [g.odd for g in S.group(taken.procs)] == [False, False]
+    taken = stack_dumps.take(rec, connect=fake({"a": reply([proc(1, 0, 0, looping[0]), proc(2, 1, 1, looping[1])])})[1])
+    assert [(g.odd, g.ranks) for g in stack_dumps.group(taken.procs)] == [(False, [0, 1])]
+    taken = stack_dumps.take(rec, connect=fake({"a": reply([proc(1, 0, 0, WAITING), proc(2, 1, 1, STUCK)])})[1])
+    assert [g.odd for g in stack_dumps.group(taken.procs)] == [False, False]
     # a rank with no dump (not hooked, no py-spy): its own group, last, saying why
-    taken = S.take(rec, connect=fake({"a": reply([proc(1, 0, 0, WAITING), proc(2, 1, 1, WAITING),
+    taken = stack_dumps.take(rec, connect=fake({"a": reply([proc(1, 0, 0, WAITING), proc(2, 1, 1, WAITING),
                                                   proc(3, 2, 2, "", how="none", note="not hooked")])})[1])
-    groups = S.group(taken.procs)
+    groups = stack_dumps.group(taken.procs)
     assert [g.ranks for g in groups] == [[0, 1], [2]]
     from clusterddp.cli.stacks import render
     assert "rank 2 (a local 2, pid 3): no stack: not hooked" in render(taken, groups)
@@ -130,15 +130,15 @@ def test_the_main_thread_is_the_one_the_hook_named_not_the_one_that_took_the_sig
     text = dump(("/w/t.py", 5, "in_a_thread"), tid=2) + dump(("/w/t.py", 9, "main_work"), tid=1).replace(
         "Current thread", "Thread")
     threads = tuple((t, c, tuple(f)) for t, c, f in node_stacks.parse_dump(text))
-    assert S._main(threads, "1")[0][2] == "main_work"
-    assert S._main(threads, None)[0][2] == "in_a_thread"
+    assert stack_dumps._main(threads, "1")[0][2] == "main_work"
+    assert stack_dumps._main(threads, None)[0][2] == "in_a_thread"
 
 
 def test_an_ended_or_unknown_run_is_refused_with_exit_2(tmp_path):
     store = RunStore(tmp_path / "runs")
     store.create(make_record("20261201-000000-done", status=RunStatus.SUCCEEDED, ended_at="2026-12-01T00:01:00Z"))
     with pytest.raises(UsageError, match=r"run 20261201-000000-done has ended \(succeeded at 2026-12-01T00:01:00Z\)"):
-        S.running_record(store, "20261201-000000")
+        stack_dumps.running_record(store, "20261201-000000")
     from clusterddp.cli.app import app
     r = CliRunner().invoke(app, ["stacks", "nope", "--runs-dir", str(tmp_path / "runs")])
     assert r.exit_code == 2 and "nope" in r.output, r.output
@@ -172,8 +172,8 @@ def test_the_command_shows_the_others_when_a_node_does_not_answer_exit_1_and_a_f
     store.create(rec)
     answers = two_by_two()
     answers["c"] = HostError("c", "timed out after 10s", kind=HostErrorKind.TIMEOUT)
-    real_take = S.take
-    monkeypatch.setattr(S, "take", lambda r, wait: real_take(r, connect=fake(answers)[1], wait=wait))
+    real_take = stack_dumps.take
+    monkeypatch.setattr(stack_dumps, "take", lambda r, wait: real_take(r, connect=fake(answers)[1], wait=wait))
     (store.run_dir(rec.run_id) / "stacks").write_text("in the way")  # the dumps cannot be saved
     from clusterddp.cli.app import app
     r = CliRunner().invoke(app, ["stacks", "20261201-000000", "--runs-dir", str(tmp_path / "runs")])
@@ -200,7 +200,7 @@ def test_the_frames_shown_are_the_innermost_of_a_real_deeper_stack(tmp_path):
     import subprocess
     import sys
 
-    from clusterddp import hang as H
+    from clusterddp import hang as hang_module
     from clusterddp.cli.stacks import render
     script = tmp_path / "runs" / "r" / "deep.py"
     script.parent.mkdir(parents=True)
@@ -212,14 +212,14 @@ def test_the_frames_shown_are_the_innermost_of_a_real_deeper_stack(tmp_path):
     rec = make_record("r", hosts=("a", "b"))
     nodes, connect = fake({"a": reply([proc(11, 0, 0, WAITING), proc(12, 1, 1, WAITING)]),
                            "b": reply([proc(21, 2, 0, WAITING), proc(22, 3, 1, text)])})
-    taken = S.take(rec, connect=connect, wait=1.0)
-    groups = S.group(taken.procs)
+    taken = stack_dumps.take(rec, connect=connect, wait=1.0)
+    groups = stack_dumps.group(taken.procs)
     odd = groups[0].procs[0]
     assert groups[0].odd and odd.rank == 3
     want = ["level6", "level5", "level4"]  # the innermost three of the user's seven, innermost first
-    assert [fn for _, _, fn in S.innermost_users(odd.main)] == want
+    assert [fn for _, _, fn in stack_dumps.innermost_users(odd.main)] == want
     shown = "\n".join(render(taken, groups))
     assert [line.split()[0] for line in shown.splitlines() if "deep.py:" in line and "level" in line
             and "<-" not in line] == want, shown
     assert "level1 (" not in shown and "level3 (" not in shown, shown
-    assert [f.split(" (")[0] for f in H._rank(odd).frames] == want  # the hang report's, in run.json too
+    assert [f.split(" (")[0] for f in hang_module._rank(odd).frames] == want  # the hang report's, in run.json too

@@ -112,13 +112,13 @@ def _damage(kind: str, runs: Path, hold: list) -> None:
 
 def _crontab(runs: Path, monkeypatch) -> None:
     """`schedule list` reads a crontab with one schedule in ``runs``; nothing touches the real one."""
-    from clusterddp import schedule as S
+    from clusterddp import schedule as schedules
     from clusterddp.runspec import RunSpec
-    spec = S.ScheduleSpec(name="nightly", cron="0 2 * * *", launch_dir=str(runs.parent), runs_dir=str(runs),
+    spec = schedules.ScheduleSpec(name="nightly", cron="0 2 * * *", launch_dir=str(runs.parent), runs_dir=str(runs),
                           executable=("/venv/bin/clusterddp",), bin_dir="/venv/bin", inventory="local",
                           run=RunSpec(script="/x/t.py"), hosts=(), agent_socket=None)
-    monkeypatch.setattr(S, "read_crontab", lambda: S.render_line(spec) + "\n")
-    monkeypatch.setattr(S, "write_crontab", lambda text: pytest.fail("the crontab was written"))
+    monkeypatch.setattr(schedules, "read_crontab", lambda: schedules.render_line(spec) + "\n")
+    monkeypatch.setattr(schedules, "write_crontab", lambda text: pytest.fail("the crontab was written"))
 
 
 def _invoke(command: str, made: dict[str, Path]) -> tuple[int, str, BaseException | None, bool | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from clusterddp import stragglers as ST
+from clusterddp import stragglers as stragglers_module
 from clusterddp.stragglers import GpuSample, HostSamples, decide
 
 OWN = "step_extra (job.py:12)"
@@ -36,7 +36,7 @@ def test_the_node_the_others_wait_for_is_named_with_its_ranks_and_when():
     got = decide([fast, slow])
     assert [(s.host, s.ranks, s.until) for s in got] == [("node2", (2, 3), None)]
     # named within a window of the slowness starting (t=1040), never before it
-    assert 1040.0 <= got[0].since <= 1040.0 + 2.0 * ST.WINDOW
+    assert 1040.0 <= got[0].since <= 1040.0 + 2.0 * stragglers_module.WINDOW
     assert got[0].wait_share == 0.0 and got[0].others_wait_share >= 0.7
     assert "own code (most often step_extra (job.py:12))" in got[0].why
     j = got[0].to_json()
@@ -74,8 +74,8 @@ def test_a_straggler_that_recovers_has_an_until_and_a_short_blip_is_not_named():
 
 
 def test_too_few_samples_decide_nothing():
-    assert decide([host("a", [0], lambda i, r: "w", n=ST.MIN_SAMPLES - 1),
-                   host("b", [1], lambda i, r: "c", n=ST.MIN_SAMPLES - 1)]) == []
+    assert decide([host("a", [0], lambda i, r: "w", n=stragglers_module.MIN_SAMPLES - 1),
+                   host("b", [1], lambda i, r: "c", n=stragglers_module.MIN_SAMPLES - 1)]) == []
     assert decide([]) == [] and decide([HostSamples("a", ())]) == []
     unknown = host("b", [1], lambda i, r: "?")
     assert decide([host("a", [0], lambda i, r: "w"), unknown]) == []
@@ -108,7 +108,7 @@ def test_why_names_a_cpu_quota_a_busy_cpu_a_gpu_throttled_and_another_gpu_proces
 def test_parse_gpus_reads_the_metrics_samplers_lines_and_drops_the_rest():
     data = (b'{"schema": 1}\n{"t": 5.0, "gpus": [{"index": 0, "sm_clock": 1400, "throttle": 64, "temp": 80, '
             b'"util": 99}, {"index": "x"}, 3]}\nnot json\n{"t": NaN, "gpus": []}\n')
-    assert ST.parse_gpus(data) == (GpuSample(5.0, 0, 1400.0, 64, 80.0, 99.0),)
+    assert stragglers_module.parse_gpus(data) == (GpuSample(5.0, 0, 1400.0, 64, 80.0, 99.0),)
 
 
 def test_stragglers_of_a_run_folder_reads_each_hosts_file(tmp_path):
@@ -120,23 +120,23 @@ def test_stragglers_of_a_run_folder_reads_each_hosts_file(tmp_path):
         (d / "where.jsonl").write_text("\n".join(lines) + "\n")
     write("node1", host("node1", [0], lambda i, r: "w"))
     write("node2", host("node2", [1], lambda i, r: "c"))
-    got = ST.stragglers_of(tmp_path)
+    got = stragglers_module.stragglers_of(tmp_path)
     assert [(s["host"], s["ranks"], s["until"]) for s in got] == [("node2", [1], None)]
-    assert ST.stragglers_of(tmp_path / "nope") == []
+    assert stragglers_module.stragglers_of(tmp_path / "nope") == []
 
 
 def test_metrics_shows_the_rank_samplers_stragglers_and_falls_back_to_busy_shares(tmp_path):
     """`clusterddp metrics --json`'s and the report's stragglers: the rank sampler's (host, ranks, since, why)
     where the run has its samples; the metrics sampler's busy-share comparison where it has none."""
-    from clusterddp.metrics import series as MS
-    assert MS.of_run(tmp_path, []) == []  # no samples of either kind
+    from clusterddp.metrics import series as series_module
+    assert series_module.of_run(tmp_path, []) == []  # no samples of either kind
     fast, slow = host("node1", [0], lambda i, r: "w"), host("node2", [1], lambda i, r: "c")
     for h in (fast, slow):
         d = tmp_path / "where" / h.host
         d.mkdir(parents=True)
         lines = [json.dumps({**s, "ranks": {str(r): list(v) for r, v in s["ranks"].items()}}) for s in h.samples]
         (d / "where.jsonl").write_text("\n".join(lines) + "\n")
-    (got,) = MS.of_run(tmp_path, [])
+    (got,) = series_module.of_run(tmp_path, [])
     assert (got.key, got.ranks, got.until) == ("node2", (1,), None) and got.since is not None
     j = got.to_json()
     assert (j["host"], j["node"], j["ranks"]) == ("node2", "node2", [1]) and "own code" in j["why"]

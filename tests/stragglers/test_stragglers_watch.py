@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from clusterddp import stragglers as ST
+from clusterddp import stragglers as stragglers_module
 from clusterddp.fleet import Fleet
 from clusterddp.nodeops import nodes_of
 from clusterddp.transport import CommandResult
@@ -38,7 +38,7 @@ def test_each_newly_named_host_is_told_once_and_again_after_it_recovered():
     nodes = {"a": Node([tail(0, "w")] * 4), "b": Node([tail(1, "c"), tail(1, "c"), tail(1, "w"), tail(1, "c")])}
     told: list = []
     with Fleet([n.host for n in nodes_of(rec)], connect=lambda h: nodes[h.name]) as fleet:
-        w = ST.Watch(fleet, nodes_of(rec), told.append)
+        w = stragglers_module.Watch(fleet, nodes_of(rec), told.append)
         assert [s.host for s in w.look()] == ["b"]
         assert [s.host for s in w.look()] == ["b"]       # still slow: not told twice
         assert w.look() == []                             # recovered
@@ -53,5 +53,7 @@ def test_a_node_that_does_not_answer_is_left_out_and_the_watch_never_raises_into
     nodes = {"a": Node([OSError("link down")]), "b": Node([tail(1, "c")])}
     told: list = []
     with Fleet([n.host for n in nodes_of(rec)], connect=lambda h: nodes[h.name]) as fleet:
-        assert ST.Watch(fleet, nodes_of(rec), told.append).look() == []  # one host's ranks alone: none to compare
+        assert (
+            stragglers_module.Watch(fleet, nodes_of(rec), told.append).look() == []
+        )  # one host's ranks alone: none to compare
     assert told == []

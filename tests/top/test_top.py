@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterddp import top as T
+from clusterddp import top as top_view
 from clusterddp.errors import UsageError
 from clusterddp.node import top as node_top
 from clusterddp.top import TOP_TAIL
@@ -20,7 +20,7 @@ from clusterddp.transport import CommandResult
 from helpers import make_record
 
 
-def run_node(capsys, jobs, regex=T.DEFAULT_PROGRESS) -> dict:
+def run_node(capsys, jobs, regex=top_view.DEFAULT_PROGRESS) -> dict:
     assert node_top.main([json.dumps({"jobs": jobs, "regex": regex, "tail": TOP_TAIL})]) == 0
     return node_top.parse_reply(capsys.readouterr().out.encode(), len(jobs))
 
@@ -62,7 +62,7 @@ def test_the_last_line_shown_is_never_torch_noise_nor_the_source_line_of_its_war
         b"named 'numpy' (Triggered internally at tensor_numpy.cpp:84.)\n"
         b'  cpu = _conversion_method_template(device=torch.device("cpu"))\n'
         b"[W1202 02:47:33.5 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n")
-    args = {"jobs": [[str(tmp_path), "m/n1"]], "regex": T.DEFAULT_PROGRESS, "tail": TOP_TAIL,
+    args = {"jobs": [[str(tmp_path), "m/n1"]], "regex": top_view.DEFAULT_PROGRESS, "tail": TOP_TAIL,
             "skip": list(noise.LINE_PATTERNS)}
     assert node_top.main([json.dumps(args)]) == 0
     job = node_top.parse_reply(capsys.readouterr().out.encode(), 1)["jobs"][0]
@@ -134,7 +134,7 @@ def test_one_command_per_host_per_look_and_rates_from_the_nodes_clocks():
                             node_reply(51.0, [(0, 1.5), (150, 0.0)], 1200, 550),
                             OSError("link down"), OSError("still down")]),
     }
-    with T.Watch([r1, r2], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
+    with top_view.Watch([r1, r2], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
         first = w.look()
         second = w.look()
         third = w.look()
@@ -157,11 +157,11 @@ def test_one_command_per_host_per_look_and_rates_from_the_nodes_clocks():
 
 
 def test_progress_regex_is_checked_before_any_node_is_asked():
-    assert T.check_progress_regex(r"iter (\d+)") == r"iter (\d+)"
+    assert top_view.check_progress_regex(r"iter (\d+)") == r"iter (\d+)"
     with pytest.raises(UsageError, match="not a regular expression"):
-        T.check_progress_regex("step (")
+        top_view.check_progress_regex("step (")
     with pytest.raises(UsageError, match="2 groups"):
-        T.check_progress_regex(r"(epoch|step) (\d+)")
+        top_view.check_progress_regex(r"(epoch|step) (\d+)")
 
 
 def test_gpus_come_from_nvidia_smi_where_it_answers(tmp_path, monkeypatch):
@@ -193,11 +193,11 @@ def test_a_host_that_failed_is_connected_to_again_after_a_while():
             from clusterddp.errors import HostError
             raise HostError(h.name, str(r))
         return FakeNode(h.name, [r])
-    with T.Watch([make_record("run-1", hosts=("a",))], connect=connect, clock=lambda: now[0]) as w:
+    with top_view.Watch([make_record("run-1", hosts=("a",))], connect=connect, clock=lambda: now[0]) as w:
         assert w.look().runs[0].nodes[0].state == "unreachable"
-        now[0] = T.RETRY_AFTER - 1
+        now[0] = top_view.RETRY_AFTER - 1
         assert w.look().runs[0].nodes[0].state == "unreachable" and connects == ["a"]  # not yet: no connect storm
-        now[0] = T.RETRY_AFTER
+        now[0] = top_view.RETRY_AFTER
         assert w.look().runs[0].nodes[0].state == "running" and connects == ["a", "a"]
 
 
@@ -205,7 +205,7 @@ def test_the_default_progress_regex_refuses_a_long_line_in_linear_time():
     """"step" then 60,000 spaces: 97 s on a node (every split of the spaces between two \\s*)."""
     import re
     import time
-    rx = re.compile(T.DEFAULT_PROGRESS)
+    rx = re.compile(top_view.DEFAULT_PROGRESS)
     line = "step" + " " * 60_000 + "x"
     t0 = time.process_time()
     assert rx.search(line) is None
@@ -292,7 +292,7 @@ def test_seconds_since_progress_on_the_nodes_clock_and_stalled_past_the_runs_tim
              "c": FakeNode("c", [watched_reply(10.0, "exited", log_mtime=1.0)]),
              "d": FakeNode("d", [watched_reply(100.0, log_mtime=99.0, watch={
                  "last_progress": None, "run_last_progress": 30.0, "timeout": 60, "state": "stalled"})])}
-    with T.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
+    with top_view.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
         a, b, c, d = w.look().runs[0].nodes
     assert (a.since_progress, a.progress_from, a.stall_timeout, a.stalled) == (61.0, "watch", 60, True)
     assert (a.run_since_progress, a.watch_state) == (10.0, "watching")
@@ -317,7 +317,7 @@ def test_seconds_since_progress_on_the_nodes_clock_and_stalled_past_the_runs_tim
 ])
 def test_the_default_progress_regex_reads_epochs_iterations_and_n_of_m(line, step):
     import re
-    m = re.compile(T.DEFAULT_PROGRESS).search(line)
+    m = re.compile(top_view.DEFAULT_PROGRESS).search(line)
     assert (int(m.group(1)) if m else None) == step, line
 
 
@@ -325,8 +325,8 @@ def test_the_default_progress_regex_reads_epochs_iterations_and_n_of_m(line, ste
 @given(st.text(alphabet=" \t[]/:=#0123456789EepochstiraP_|", max_size=300))
 def test_the_default_progress_regex_finds_digits_or_nothing_and_is_one_group(text):
     import re
-    rx = re.compile(T.DEFAULT_PROGRESS)
-    assert T.check_progress_regex(T.DEFAULT_PROGRESS) == T.DEFAULT_PROGRESS and rx.groups == 1
+    rx = re.compile(top_view.DEFAULT_PROGRESS)
+    assert top_view.check_progress_regex(top_view.DEFAULT_PROGRESS) == top_view.DEFAULT_PROGRESS and rx.groups == 1
     m = rx.search(text)
     assert m is None or m.group(1).isdigit()
 
@@ -337,7 +337,7 @@ def test_the_epoch_and_n_of_m_forms_refuse_a_long_line_in_linear_time(line):
     import re
     import time
     t0 = time.process_time()
-    re.compile(T.DEFAULT_PROGRESS).search(line)
+    re.compile(top_view.DEFAULT_PROGRESS).search(line)
     assert time.process_time() - t0 < 5.0
 
 
@@ -349,8 +349,8 @@ def test_top_says_which_option_to_set_when_a_running_node_prints_no_step_it_read
     from clusterddp.cli.top import STEP_HINT, table
 
     def shown(step, line="batch 7 loss 0.1"):
-        snap = T.Snapshot(0.0, [T.RunView("r1", None, "running",
-                                          [T.NodeView("a", 0, "running", last_line=line, step=step)])])
+        snap = top_view.Snapshot(0.0, [top_view.RunView("r1", None, "running",
+                                          [top_view.NodeView("a", 0, "running", last_line=line, step=step)])])
         out = io.StringIO()
         Console(file=out, width=400, highlight=False).print(table(snap))
         return out.getvalue()
@@ -380,19 +380,19 @@ def test_a_run_its_backend_refused_is_reached_again_after_a_while_not_at_every_l
 
     def reach(rec):
         asked.append(rec.run_id)
-        if rec.run_id == "run-1" and now[0] < T.RETRY_AFTER:
+        if rec.run_id == "run-1" and now[0] < top_view.RETRY_AFTER:
             raise UsageError("top: run run-1 is a slurm run, and its slurm job 7 has not started yet (pending)",
                              "`clusterddp status run-1` says when it starts")
         return Reached(rec)
-    with T.Watch([waiting, ready], reach=reach, clock=lambda: now[0]) as w:
+    with top_view.Watch([waiting, ready], reach=reach, clock=lambda: now[0]) as w:
         one, two = w.look().runs
         assert one.nodes == [] and one.error == ("top: run run-1 is a slurm run, and its slurm job 7 has not started "
                                                  "yet (pending); hint: `clusterddp status run-1` says when it starts")
         assert [v.state for v in two.nodes] == ["running"] and two.error is None
-        now[0] = T.RETRY_AFTER - 1
+        now[0] = top_view.RETRY_AFTER - 1
         w.look()
         assert asked == ["run-1", "run-2"]  # not yet
-        now[0] = T.RETRY_AFTER
+        now[0] = top_view.RETRY_AFTER
         one, two = w.look().runs
         assert asked == ["run-1", "run-2", "run-1"]
         assert [v.state for v in one.nodes] == ["running"] and one.error is None
@@ -426,7 +426,7 @@ def test_top_names_the_host_the_others_wait_for_from_the_nodes_rank_samples(tmp_
         doc["jobs"][0]["where"] = tail.split("\n")
         return (node_top.MARK + json.dumps(doc)).encode()
     nodes = {"a": FakeNode("a", [answer(where_tail(0, "w"))]), "b": FakeNode("b", [answer(where_tail(1, "c"))])}
-    with T.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
+    with top_view.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
         snap = w.look()
     (s,) = snap.runs[0].stragglers
     assert (s["host"], s["ranks"], s["until"]) == ("b", [1], None) and "extra_work (job.py:9)" in s["why"]
@@ -439,5 +439,5 @@ def test_top_names_the_host_the_others_wait_for_from_the_nodes_rank_samples(tmp_
     assert "run run-1: straggler b (ranks 1) since" in capsys.readouterr().out
     # every node alike: nobody named
     nodes = {"a": FakeNode("a", [answer(where_tail(0, "c"))]), "b": FakeNode("b", [answer(where_tail(1, "c"))])}
-    with T.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
+    with top_view.Watch([r], connect=lambda h: nodes[h.name], clock=lambda: 0.0) as w:
         assert w.look().runs[0].stragglers == []

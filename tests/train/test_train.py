@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
-import clusterddp.train as ct
+import clusterddp.train as train
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "examples"
@@ -116,9 +116,9 @@ def solo(monkeypatch: pytest.MonkeyPatch):
     """A clean non-torchrun world: no torchrun env vars, no cached context, no group left over."""
     for name in TORCHRUN_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    ct.cleanup()
+    train.cleanup()
     yield
-    ct.cleanup()
+    train.cleanup()
 
 
 def _load_example(name: str) -> ModuleType:
@@ -133,32 +133,32 @@ def _load_example(name: str) -> ModuleType:
 
 
 def test_init_outside_torchrun_is_world_of_one(solo, capsys) -> None:
-    ctx = ct.init()
+    ctx = train.init()
     assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.distributed, ctx.is_main) == (0, 1, 0, False, True)
     assert ctx.backend is None
     assert ctx.device == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
     assert not dist.is_initialized()
-    assert ct.init() is ctx  # cached
+    assert train.init() is ctx  # cached
     with pytest.raises(AttributeError):
         ctx.rank = 1  # type: ignore[misc]  # frozen
     model = torch.nn.Linear(2, 2)
-    assert ct.wrap(model) is model
-    ct.print0("hello", 1)
-    ct.print0("a", "b", sep="-", end="!")
+    assert train.wrap(model) is model
+    train.print0("hello", 1)
+    train.print0("a", "b", sep="-", end="!")
     assert capsys.readouterr().out == "hello 1\na-b!"
-    ct.cleanup()
-    ct.cleanup()  # idempotent
+    train.cleanup()
+    train.cleanup()  # idempotent
 
 
 def test_print0_is_silent_on_other_ranks(solo, monkeypatch, capsys) -> None:
     monkeypatch.setenv("RANK", "1")  # before init, print0 reads RANK rather than initialising
-    ct.print0("nope")
+    train.print0("nope")
     assert capsys.readouterr().out == ""
 
 
 def test_loader_reshuffles_per_epoch_and_replays_after_resume(solo) -> None:
     data = TensorDataset(torch.arange(20))
-    loader = ct.make_loader(data, batch_size=4)
+    loader = train.make_loader(data, batch_size=4)
     assert len(loader) == 5
 
     def order() -> list[int]:
@@ -167,7 +167,7 @@ def test_loader_reshuffles_per_epoch_and_replays_after_resume(solo) -> None:
     plain = [order() for _ in range(3)]  # no set_epoch at all: epochs 0, 1, 2
     assert all(sorted(o) == list(range(20)) for o in plain)
     assert plain[0] != plain[1] != plain[2]
-    resumed = ct.make_loader(data, batch_size=4)  # a restarted job resuming at epoch 1
+    resumed = train.make_loader(data, batch_size=4)  # a restarted job resuming at epoch 1
     assert [e for e in resumed.epochs(1, 3)] == [1, 2]
     replay = []
     for _ in resumed.epochs(1, 3):
@@ -182,13 +182,13 @@ def test_loader_reshuffles_per_epoch_and_replays_after_resume(solo) -> None:
 
 
 def test_save_and_load_round_trip(solo, tmp_path) -> None:
-    assert ct.load_latest(tmp_path / "none") is None
+    assert train.load_latest(tmp_path / "none") is None
     for step in (1, 2):
-        path = ct.save_checkpoint({"w": torch.full((3,), float(step)), "step": step}, step, tmp_path)
+        path = train.save_checkpoint({"w": torch.full((3,), float(step)), "step": step}, step, tmp_path)
         assert path == tmp_path / f"step-{step}.pt"
-    obj, step = ct.load_latest(tmp_path)
+    obj, step = train.load_latest(tmp_path)
     assert step == 2 and torch.equal(obj["w"].cpu(), torch.full((3,), 2.0))
-    assert obj["w"].device == ct.context().device  # map_location's default (a GPU where there is one)
+    assert obj["w"].device == train.context().device  # map_location's default (a GPU where there is one)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1.pt", "step-2.pt"]
     assert (tmp_path / "step-2.pt").stat().st_mode & 0o777 != 0o600  # not mkstemp's private mode
 
@@ -204,7 +204,7 @@ def test_an_inventory_run_that_starts_over_where_an_earlier_one_left_checkpoints
         (runs / run_id / ".clusterddp").mkdir(parents=True)
         (runs / run_id / script).write_text("# the script\n")
         if step is not None:
-            ct.save_checkpoint({"step": step}, step, runs / run_id / "checkpoints")
+            train.save_checkpoint({"step": step}, step, runs / run_id / "checkpoints")
         return runs / run_id
     run("20261201-090000-aaaa", step=1)
     run("20261201-100000-bbbb", step=3)                     # the newest earlier run of train.py that saved
@@ -216,7 +216,7 @@ def test_an_inventory_run_that_starts_over_where_an_earlier_one_left_checkpoints
     monkeypatch.setenv("CLUSTERDDP_RUN_ID", here.name)
     monkeypatch.setattr(sys, "argv", [str(here / "train.py"), "--local_rank=0", "--epochs", "3"])
     earlier = runs / "20261201-100000-bbbb" / "checkpoints"
-    assert ct.load_latest("checkpoints", option="--checkpoint-dir") is None  # it starts from scratch, as before
+    assert train.load_latest("checkpoints", option="--checkpoint-dir") is None  # it starts from scratch, as before
     assert capsys.readouterr().err == (
         f"no checkpoint in checkpoints ({here / 'checkpoints'}): this run starts from scratch. Each run of an "
         "inventory has a folder of its own, and an earlier run of train.py on this host (20261201-100000-bbbb) "
@@ -224,24 +224,24 @@ def test_an_inventory_run_that_starts_over_where_an_earlier_one_left_checkpoints
         f"script's arguments (after `--`): --epochs 3 --checkpoint-dir {earlier}\n")
     # the folder given among the arguments is swapped for the earlier one; without an option name, said so
     monkeypatch.setattr(sys, "argv", ["train.py", "--ckpt=checkpoints"])
-    ct.load_latest("checkpoints", option="--ckpt")
+    train.load_latest("checkpoints", option="--ckpt")
     assert capsys.readouterr().err.endswith(f"(after `--`): --ckpt={earlier}\n")
-    ct.load_latest("checkpoints")
+    train.load_latest("checkpoints")
     assert capsys.readouterr().err.endswith(f"command with {earlier} as the script's checkpoint folder\n")
     # once this run has its own, nothing more is said but where it resumed from
-    ct.save_checkpoint({"step": 4}, 4, "checkpoints")
-    assert ct.load_latest("checkpoints") == ({"step": 4}, 4)
+    train.save_checkpoint({"step": 4}, 4, "checkpoints")
+    assert train.load_latest("checkpoints") == ({"step": 4}, 4)
     assert "earlier run" not in capsys.readouterr().err
     # an absolute folder, a folder no run used, `up local` (not in a run folder): nothing said
-    assert ct.load_latest(here / "nothing") is None and ct.load_latest("fresh") is None
+    assert train.load_latest(here / "nothing") is None and train.load_latest("fresh") is None
     monkeypatch.chdir(tmp_path)
-    assert ct.load_latest("checkpoints") is None
+    assert train.load_latest("checkpoints") is None
     assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("fail_in", ["torch.save", "os.replace"])
 def test_failed_save_keeps_previous_checkpoint(solo, tmp_path, monkeypatch, fail_in) -> None:
-    ct.save_checkpoint({"v": 1}, 1, tmp_path)
+    train.save_checkpoint({"v": 1}, 1, tmp_path)
     real_save = torch.save
 
     def partial_save(obj, f, *a, **kw):  # half a file reaches the disk, then the "crash"
@@ -258,10 +258,10 @@ def test_failed_save_keeps_previous_checkpoint(solo, tmp_path, monkeypatch, fail
     else:
         monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError):
-        ct.save_checkpoint({"v": 2}, 2, tmp_path)
+        train.save_checkpoint({"v": 2}, 2, tmp_path)
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["step-1.pt"]  # no step-2.pt, temp removed
-    assert ct.load_latest(tmp_path) == ({"v": 1}, 1)
+    assert train.load_latest(tmp_path) == ({"v": 1}, 1)
 
 
 def test_hard_crash_mid_save_leaves_only_a_temp_file(solo, tmp_path) -> None:
@@ -279,8 +279,8 @@ def test_hard_crash_mid_save_leaves_only_a_temp_file(solo, tmp_path) -> None:
     assert proc.returncode == 9, proc.stdout
     names = sorted(p.name for p in ckpt.iterdir())
     assert names[1] == "step-1.pt" and names[0].startswith(".step-2.") and names[0].endswith(".tmp")
-    assert ct.load_latest(ckpt) == ({"v": 1}, 1)
-    ct.save_checkpoint({"v": 3}, 3, ckpt)  # the next save sweeps the leftover temp file
+    assert train.load_latest(ckpt) == ({"v": 1}, 1)
+    train.save_checkpoint({"v": 3}, 3, ckpt)  # the next save sweeps the leftover temp file
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-1.pt", "step-3.pt"]
 
 
@@ -289,12 +289,12 @@ def test_only_step_int_pt_names_count(solo, tmp_path) -> None:
     for stray in ("step-9.pt.tmp", ".step-8.123.ab.tmp", "step-x.pt", "step-7.pt.bak", "step--6.pt",
                   "xstep-5.pt"):
         torch.save({"v": "stray"}, tmp_path / stray)
-    assert ct.load_latest(tmp_path) == ({"v": 1}, 1)
+    assert train.load_latest(tmp_path) == ({"v": 1}, 1)
 
 
 def test_corrupt_newest_checkpoint_is_skipped(solo, tmp_path) -> None:
-    ct.save_checkpoint({"v": 1}, 1, tmp_path, keep=None)
-    ct.save_checkpoint({"v": 2}, 2, tmp_path, keep=None)
+    train.save_checkpoint({"v": 1}, 1, tmp_path, keep=None)
+    train.save_checkpoint({"v": 2}, 2, tmp_path, keep=None)
     data = (tmp_path / "step-2.pt").read_bytes()
     (tmp_path / "step-2.pt").write_bytes(data[: len(data) // 2])  # truncated
     (tmp_path / "step-3.pt").write_bytes(b"")  # empty
@@ -306,16 +306,16 @@ def test_corrupt_newest_checkpoint_is_skipped(solo, tmp_path) -> None:
     (tmp_path / "step-5.pt").write_bytes(bytes(flipped))
     with pytest.raises(pickle.UnpicklingError):  # the refusal that the CRC check must tell apart
         torch.load(tmp_path / "step-5.pt")
-    assert ct.load_latest(tmp_path) == ({"v": 1}, 1)
+    assert train.load_latest(tmp_path) == ({"v": 1}, 1)
 
 
 def test_weights_only_refusal_is_not_mistaken_for_corruption(solo, tmp_path) -> None:
-    ct.save_checkpoint({"v": 1}, 1, tmp_path)
-    ct.save_checkpoint({"args": argparse.Namespace(lr=0.1)}, 2, tmp_path)
+    train.save_checkpoint({"v": 1}, 1, tmp_path)
+    train.save_checkpoint({"args": argparse.Namespace(lr=0.1)}, 2, tmp_path)
     # torch's default weights_only=True refuses Namespace: raise, don't silently resume from step 1.
     with pytest.raises(pickle.UnpicklingError):
-        ct.load_latest(tmp_path)
-    obj, step = ct.load_latest(tmp_path, weights_only=False)
+        train.load_latest(tmp_path)
+    obj, step = train.load_latest(tmp_path, weights_only=False)
     assert step == 2 and obj["args"].lr == 0.1
 
 
@@ -325,12 +325,12 @@ def test_keep_prunes_by_step_number_not_mtime(solo, tmp_path) -> None:
     # Make mtimes run opposite to steps: step-3 newest on disk, step-100 oldest.
     for age, step in enumerate((3, 20, 100)):
         os.utime(tmp_path / f"step-{step}.pt", (1_000_000 - age * 1000,) * 2)
-    ct.save_checkpoint({"v": 50}, 50, tmp_path, keep=2)
+    train.save_checkpoint({"v": 50}, 50, tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-100.pt", "step-50.pt"]
-    ct.save_checkpoint({"v": 1}, 1, tmp_path, keep=None)
+    train.save_checkpoint({"v": 1}, 1, tmp_path, keep=None)
     assert len(list(tmp_path.iterdir())) == 3
     with pytest.raises(ValueError):
-        ct.save_checkpoint({}, 5, tmp_path, keep=0)
+        train.save_checkpoint({}, 5, tmp_path, keep=0)
 
 
 # ----------------------------------------------------------------------------- real torchrun
@@ -479,10 +479,10 @@ def test_cleanup_warns_while_a_model_still_holds_the_group(solo, monkeypatch) ->
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    ct.init(backend="gloo")
-    model = ct.wrap(torch.nn.Linear(2, 1))
+    train.init(backend="gloo")
+    model = train.wrap(torch.nn.Linear(2, 1))
     with pytest.warns(RuntimeWarning, match=r"still referenced .*\(del model\)"):
-        ct.cleanup(barrier=True)
+        train.cleanup(barrier=True)
     assert not dist.is_initialized()
     del model  # the group, and its threads, go now
 

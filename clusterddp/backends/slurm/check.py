@@ -18,7 +18,7 @@ from ...errors import HostError, SlurmAnswerError, UsageError
 from ...inventory import Inventory
 from . import answers
 from . import job as slurm
-from . import plan as SP
+from . import plan as slurm_plan
 from .login import Login, open_login
 from .section import SlurmSettings, settings_of
 
@@ -88,7 +88,7 @@ def _probe(login: Login, s: SlurmSettings, partition: str | None) -> tuple[str, 
     ctl = posixpath.join(folder, ".clusterddp")
     token, script = posixpath.join(ctl, "token"), posixpath.join(ctl, "probe.sh")
     try:
-        login.stage(folder, ctl, None, {"token": "ok\n", "probe.sh": SP.probe_script(s, token)})
+        login.stage(folder, ctl, None, {"token": "ok\n", "probe.sh": slurm_plan.probe_script(s, token)})
     except UsageError as e:
         return "slurm", [Finding("shared_dir", FAIL, "not writable", f"{base}: {e.message}",
                                  "set slurm.shared_dir to a folder the login host and the nodes share")]

@@ -16,7 +16,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, BinaryIO
 
-from ... import nodescript as NS
+from ... import nodescript as node_script
 from ...artifacts import CollectResult
 from ...errors import HostError, SlurmAnswerError, UsageError
 from ...fleet import fan_out
@@ -27,9 +27,9 @@ from ...record import NodeRecord, NodeState, RunRecord, RunStatus, ended_at
 from ...store import RunStore
 from ...transport.base import CommandResult, Stdin, Transport
 from ..base import RunOutcome, Stopped
-from . import commands as SC
+from . import commands as slurm_commands
 from . import job as slurm
-from . import plan as SP
+from . import plan as slurm_plan
 from .jobpart import job_of
 from .login import Login, open_login
 
@@ -56,7 +56,7 @@ def _job(rec: RunRecord) -> tuple[str, str]:
     if job.job_id is None:
         raise UsageError(f"run {rec.run_id} was never accepted by Slurm (no job id recorded)",
                          "start it again with `clusterddp up`")
-    return job.job_id, posixpath.join(job.run_dir, NS.CONTROL)
+    return job.job_id, posixpath.join(job.run_dir, node_script.CONTROL)
 
 
 NodeStates = dict[str, tuple[NodeState, int | None, str | None]]
@@ -157,7 +157,7 @@ def _mark_stop(login: Login, rec: RunRecord, ctl: str) -> None:
     the job is cancelled all the same (its end is then told as failed, not stopped)."""
     try:
         t, _ = login.collect_host(job_of(rec).run_dir)
-        t.run(SC.stop_mark_command(ctl, node_notify.STOP_MARK), timeout=30)
+        t.run(slurm_commands.stop_mark_command(ctl, node_notify.STOP_MARK), timeout=30)
     except Exception:  # noqa: BLE001 - a stop goes on without its mark
         pass
 
@@ -185,12 +185,12 @@ def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
                 continue
             if store.read_only:  # the shared folder's copy as it is; the local one is kept
                 try:
-                    with login.open_file(SP.node_log(ctl, h)) as src:
+                    with login.open_file(slurm_plan.node_log(ctl, h)) as src:
                         show(h, "node", src)
                     continue
                 except FileNotFoundError:
                     pass
-            source = "node" if slurm.copy_log(login, store, run_id, h, SP.node_log(ctl, h)) else "local copy"
+            source = "node" if slurm.copy_log(login, store, run_id, h, slurm_plan.node_log(ctl, h)) else "local copy"
             try:
                 with open(store.log_path(run_id, h), "rb") as f:
                     show(h, source, f)
@@ -227,31 +227,31 @@ def stacks(store: RunStore, rec: RunRecord, wait: float) -> Taken:
     (:func:`.commands.node_step_command`, beside the job's own) that runs the node program ``stacks``
     with the node's own control folder and marker, as node.sh set them. Each step is bounded; a node
     whose step did not answer, or answered something that is not the program's reply, is named."""
-    from ... import stacks as S
+    from ... import stacks as stack_dumps
     from ...node import stacks as node_stacks
     from ...node.reply import ReplyError
     run_id = rec.run_id
     with _login(store.load(run_id)) as login:
         rec = _status(store, run_id, login)
         if rec.status is not RunStatus.RUNNING:
-            raise S.ended_error(rec)
+            raise stack_dumps.ended_error(rec)
         job_id, ctl = _job(rec)
         if not rec.nodes:
             raise UsageError(f"run {run_id}: slurm job {job_id} has not started yet: no rank runs",
                              f"`clusterddp status {run_id}` says when it starts")
-        limit = STEP_START_S + S.ANSWER_S + wait
+        limit = STEP_START_S + stack_dumps.ANSWER_S + wait
         at = time.time()
 
         def one(n: NodeRecord) -> dict:
-            command = S.node_command(n.settings, SP.node_control(ctl, n.host), n.marker, wait)
-            r = login.run(SC.node_step_command(job_id, n.host, command, limit, node_stacks.MOST_REPLY + 1),
-                          timeout=limit + 2 * SC.STEP_KILL_AFTER)
+            command = stack_dumps.node_command(n.settings, slurm_plan.node_control(ctl, n.host), n.marker, wait)
+            r = login.run(slurm_commands.node_step_command(job_id, n.host, command, limit, node_stacks.MOST_REPLY + 1),
+                          timeout=limit + 2 * slurm_commands.STEP_KILL_AFTER)
             try:
                 return node_stacks.parse_reply(r.stdout)
             except ReplyError as e:
                 raise HostError(n.host, _step_failed(r.exit_code, r.stderr, limit, e)) from None
         answers = fan_out(rec.nodes, one, key=lambda n: n.host)
-    return S.taken_from(run_id, at, rec.hosts, answers)
+    return stack_dumps.taken_from(run_id, at, rec.hosts, answers)
 
 
 def _step_failed(code: int, stderr: bytes, limit: float, e: Exception) -> str:
@@ -281,8 +281,8 @@ class StepTransport:
         if stdin is not None:  # a step's standard input is none: nothing secret travels this way
             raise HostError(self.name, "a Slurm node's job step takes no standard input")
         limit = STEP_START_S + (timeout if timeout is not None else COMMAND_S)
-        r = self._login.run(SC.node_step_command(self._job_id, self.name, command, limit, STEP_MOST_REPLY),
-                            timeout=limit + 2 * SC.STEP_KILL_AFTER)
+        r = self._login.run(slurm_commands.node_step_command(self._job_id, self.name, command, limit, STEP_MOST_REPLY),
+                            timeout=limit + 2 * slurm_commands.STEP_KILL_AFTER)
         if r.exit_code == 124 or (r.exit_code != 0 and not r.stdout):
             raise HostError(self.name, _step_failed(r.exit_code, r.stderr, limit, ValueError("no answer")))
         return r
@@ -326,7 +326,9 @@ class FolderReach:
         self._t, where = login.collect_host(run_dir)
         host = replace(where, workdir=posixpath.dirname(posixpath.dirname(run_dir)))
         marker = rec.nodes[0].marker if rec.nodes else f"{rec.run_id}/"
-        self.nodes = (NodeLaunch(host, 0, 1, run_dir, posixpath.join(run_dir, NS.CONTROL), marker, (), (), ""),)
+        self.nodes = (
+            NodeLaunch(host, 0, 1, run_dir, posixpath.join(run_dir, node_script.CONTROL), marker, (), (), ""),
+        )
 
     def connect(self, host: RunNode) -> Transport:
         return self._t
@@ -374,7 +376,7 @@ def reach(rec: RunRecord, verb: str) -> SlurmReach | FolderReach:
                          f"({info.state.lower()}{reason}): no node runs it",
                          f"`clusterddp status {rec.run_id}` says when it starts")
         now = slurm.allocated(rec, info)
-        nodes = tuple(NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, SP.node_control(ctl, n.host),
+        nodes = tuple(NodeLaunch(n.settings, n.node_rank, n.nproc, n.run_dir, slurm_plan.node_control(ctl, n.host),
                                    n.marker, (), (), "") for n in now.nodes)
     except BaseException:
         login.close()

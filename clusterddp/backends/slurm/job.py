@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ... import hang, postmortem, upload
-from ... import nodescript as NS
-from ... import plan as P
+from ... import nodescript as node_script
+from ... import plan as ssh_plan
 from ...artifacts import CollectResult
 from ...errors import HostError, NodeOutcome, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
@@ -42,7 +42,7 @@ from ...upload import SourceFolder
 from .. import base, inventory_keys, lifecycle
 from ..base import RunOutcome
 from . import answers
-from . import plan as SP
+from . import plan as slurm_plan
 from .jobpart import NodeSettings, SlurmJob, job_of, with_job
 from .login import Login, open_login
 from .section import SlurmSettings, settings_of
@@ -60,7 +60,7 @@ SHARED = "shared"  # the pseudo-host whose log is the batch step's output and wh
 
 @dataclass(frozen=True)
 class Prepared:
-    plan: SP.SlurmPlan
+    plan: slurm_plan.SlurmPlan
     store: RunStore
     source_dir: Path
     login: Login
@@ -103,7 +103,7 @@ def prepare(inventory: Inventory, spec: RunSpec, runs_dir: str, script: Path, ru
         raise UsageError(f"{inventory.path}: slurm.shared_dir: {base!r} holds white space or a control character, "
                          "which #SBATCH lines cannot carry", "choose a folder whose path has none")
     store = RunStore(runs_dir)
-    plan = SP.build(inventory, spec, run_id or new_run_id(), base, notify=notify)
+    plan = slurm_plan.build(inventory, spec, run_id or new_run_id(), base, notify=notify)
     return Prepared(plan, store, script.resolve().parent, login)
 
 
@@ -113,7 +113,7 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
         inventory_arg, plan.spec, plan.run_id, schedule=schedule, local=False, master_addr="",
         master_port=plan.spec.master_port or 29500, collect=plan.collect,
         backend=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
-                         nproc=SP.procs(plan.settings, plan.spec), login=prep.login.host,
+                         nproc=slurm_plan.procs(plan.settings, plan.spec), login=prep.login.host,
                          node=NodeSettings.of(plan.settings)).part())
 
 
@@ -123,9 +123,9 @@ def stage(prep: Prepared, folder: SourceFolder | None, notify_request: bytes | N
     for a batch script that tells the run's end, the node program and ``notify_request`` (the webhook
     URLs: a secret, so 0600 too, and never on a command line: it travels inside the staged stream)."""
     plan = prep.plan
-    private = {SP.BATCH: plan.batch_script, SP.NODE_SCRIPT: plan.node_script}
+    private = {slurm_plan.BATCH: plan.batch_script, slurm_plan.NODE_SCRIPT: plan.node_script}
     if plan.notify and notify_request is not None:
-        private[SP.NOTIFY_PROGRAM] = NS.node_source("notify")
+        private[slurm_plan.NOTIFY_PROGRAM] = node_script.node_source("notify")
         private[node_notify.REQUEST] = notify_request.decode()
     prep.login.stage(plan.run_dir, plan.control_dir, folder, private)
 
@@ -184,7 +184,7 @@ class LogTail:
 
     def poll(self, hosts: tuple[str, ...] | list[str]) -> None:
         for h in hosts:
-            path = SP.node_log(self.control_dir, h)
+            path = slurm_plan.node_log(self.control_dir, h)
             while True:
                 at = self.offsets.get(h, 0)
                 data = self.login.read(path, at, READ_CHUNK)
@@ -207,7 +207,7 @@ class LogTail:
 def exit_codes(login: Login, control_dir: str, hosts: tuple[str, ...] | list[str]
                ) -> dict[str, tuple[int | None, float]]:
     """Each node's recorded exit code and when it was written (None, inf: none recorded)."""
-    paths = {h: SP.exit_code_file(control_dir, h) for h in hosts}
+    paths = {h: slurm_plan.exit_code_file(control_dir, h) for h in hosts}
     found = login.small_files(list(paths.values()))
     out: dict[str, tuple[int | None, float]] = {}
     for h, path in paths.items():
@@ -260,7 +260,7 @@ def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | No
         run_dir = job.run_dir
         node = NodeSettings.of(settings) if settings else job.node or NodeSettings("python3", shared_dir=run_dir)
         nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=job.nproc, run_dir=run_dir,
-                                 control_dir=posixpath.join(run_dir, NS.CONTROL), marker=f"{rec.run_id}/{h}",
+                                 control_dir=posixpath.join(run_dir, node_script.CONTROL), marker=f"{rec.run_id}/{h}",
                                  settings=node.node(h), state=NodeState.RUNNING)
                       for i, h in enumerate(info.hosts))
     return with_job(replace(rec, nodes=nodes), replace(job, partition=info.partition or job.partition,
@@ -274,8 +274,8 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
     are the login host's, not the node's: they are left out."""
     run_dir = job_of(rec).run_dir
     t, where = login.collect_host(run_dir)
-    ctl = posixpath.join(run_dir, NS.CONTROL)
-    nodes = {n.host: P.NodeLaunch(where, n.node_rank, n.nproc, run_dir, SP.node_control(ctl, n.host), "",
+    ctl = posixpath.join(run_dir, node_script.CONTROL)
+    nodes = {n.host: ssh_plan.NodeLaunch(where, n.node_rank, n.nproc, run_dir, slurm_plan.node_control(ctl, n.host), "",
                                   (), (), "") for n in rec.nodes}
     hangs = _hangs(t, nodes)
     if hangs:  # the stall watchdog ended it: a hang, with every rank's stacks its nodes took
@@ -297,7 +297,7 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
     return postmortem.explain_reports(rec, store, reports, failed)
 
 
-def _hangs(t: Transport, nodes: dict[str, P.NodeLaunch]) -> dict[str, hang.NodeHang]:
+def _hangs(t: Transport, nodes: dict[str, ssh_plan.NodeLaunch]) -> dict[str, hang.NodeHang]:
     """Each node's hang record (:mod:`clusterddp.hang`), read in its own control folder in the shared
     folder; a node without one, or whose folder cannot be read, is left out."""
     out = {}
@@ -311,7 +311,7 @@ def _hangs(t: Transport, nodes: dict[str, P.NodeLaunch]) -> dict[str, hang.NodeH
     return out
 
 
-def _idles(t: Transport, nodes: dict[str, P.NodeLaunch]) -> dict[str, NodeIdle]:
+def _idles(t: Transport, nodes: dict[str, ssh_plan.NodeLaunch]) -> dict[str, NodeIdle]:
     """Each node's idle record (:mod:`clusterddp.metrics.idle`), read in its own control folder in the
     shared folder; a node without one, or whose folder cannot be read, is left out."""
     out = {}
@@ -343,10 +343,10 @@ def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_di
     from ...artifacts import collect_node
     t, host = login.collect_host(run_dir)
     for h in hosts:
-        copy_log(login, store, run_id, h, SP.node_log(control_dir, h))
-        copy_samples(t, store, run_id, h, SP.node_control(control_dir, h))
+        copy_log(login, store, run_id, h, slurm_plan.node_log(control_dir, h))
+        copy_samples(t, store, run_id, h, slurm_plan.node_control(control_dir, h))
     # collect_command reads <control_dir>/node.log: the batch step's output (plan.BATCH_LOG)
-    node = P.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
+    node = ssh_plan.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
     return collect_node(t, node, store, run_id, globs)
 
 
@@ -566,7 +566,7 @@ def scan(prep: Prepared, req: base.LaunchRequest) -> SourceFolder:
 def render(prep: Prepared, req: base.LaunchRequest, full: bool = True) -> str:
     """The dry-run text: the plan (:func:`plan.render`; not ``full``: :func:`plan.summary`), where it
     would be submitted, what it uploads and leaves out."""
-    out = [f"run {prep.plan.run_id}", SP.render(prep.plan) if full else SP.summary(prep.plan)]
+    out = [f"run {prep.plan.run_id}", slurm_plan.render(prep.plan) if full else slurm_plan.summary(prep.plan)]
     if prep.login.host is not None:
         out.append(f"login host: {prep.login.name} over SSH (not contacted by --dry-run; ~ is the home there)")
     return "\n".join([*out, *scan(prep, req).described()])

@@ -27,7 +27,7 @@ from ... import upload
 from ...errors import SlurmError, UsageError
 from ...inventory import LOCAL, Host
 from ...transport.base import CommandResult, Tail, Transport
-from . import commands as SC
+from . import commands as slurm_commands
 from .section import SlurmSettings
 
 if TYPE_CHECKING:
@@ -91,13 +91,13 @@ def _stage(run: Callable[[str, Path], CommandResult], where: str, run_dir: str, 
     it creates; the env values in node.sh never touch a command line."""
     up = upload.pack(folder or upload.SourceFolder(Path("."), ()), private, posixpath.relpath(control_dir, run_dir))
     try:
-        r = run(SC.stage_command(run_dir, control_dir), up.path)
+        r = run(slurm_commands.stage_command(run_dir, control_dir), up.path)
     except OSError as e:
         raise UsageError(f"cannot stage the run in {run_dir} on {where}: {e}",
                          "slurm.shared_dir must be a folder the login user can write") from None
     finally:
         up.discard()
-    if r.exit_code == SC.NO_FILE:
+    if r.exit_code == slurm_commands.NO_FILE:
         raise UsageError(f"{run_dir} on {where} already holds a run", "use another run id")
     if r.exit_code != 0:
         said = r.stderr.decode(errors="replace").strip()[-300:]
@@ -187,11 +187,11 @@ class SSHLogin:
         return self._t
 
     def run(self, args: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> CommandResult:
-        cmd = SC.login_command(self._host, args)
+        cmd = slurm_commands.login_command(self._host, args)
         r = self._transport().run(cmd.text, stdin=cmd.stdin, timeout=timeout)
         if r.exit_code == 127 and b"not found" in r.stderr:
             raise _not_found(f"the login host {self.name}", args)
-        if r.exit_code == SC.LOGIN_SETUP_FAILED and b"[clusterddp] setup failed" in r.stderr:
+        if r.exit_code == slurm_commands.LOGIN_SETUP_FAILED and b"[clusterddp] setup failed" in r.stderr:
             raise SlurmError(f"{self.name}: {r.stderr.decode(errors='replace').strip()[-300:]}",
                              "fix slurm.login.setup")
         return r
@@ -199,7 +199,7 @@ class SSHLogin:
     def shared_dir(self, s: SlurmSettings) -> str:
         # asked even for an absolute path: a login host that cannot be reached is found before a run is recorded
         path = s.shared_dir
-        r = self._transport().run(SC.home_command(), timeout=READ_TIMEOUT)
+        r = self._transport().run(slurm_commands.home_command(), timeout=READ_TIMEOUT)
         home = r.text.strip()
         if path.startswith("/"):
             return posixpath.normpath(path)
@@ -214,13 +214,13 @@ class SSHLogin:
                run_dir, control_dir, folder, private)
 
     def read(self, path: str, offset: int, limit: int) -> bytes | None:
-        r = self._transport().run(SC.file_read_command(path, offset, limit), timeout=READ_TIMEOUT)
-        return None if r.exit_code == SC.NO_FILE else r.stdout
+        r = self._transport().run(slurm_commands.file_read_command(path, offset, limit), timeout=READ_TIMEOUT)
+        return None if r.exit_code == slurm_commands.NO_FILE else r.stdout
 
     def small_files(self, paths: Sequence[str]) -> dict[str, tuple[str, float]]:
         if not paths:
             return {}
-        r = self._transport().run(SC.small_files_command(paths), timeout=READ_TIMEOUT)
+        r = self._transport().run(slurm_commands.small_files_command(paths), timeout=READ_TIMEOUT)
         out = {}
         for line in r.text.splitlines():
             i, _, rest = line.partition(" ")
@@ -237,15 +237,17 @@ class SSHLogin:
         with tempfile.TemporaryFile() as tmp:
             def write(chunk: bytes) -> None:
                 tmp.write(chunk)
-            code = self._transport().stream(SC.file_read_command(path, 0, 1 << 62), write, timeout=READ_TIMEOUT,
-                                            stderr_to=Tail())
-            if code == SC.NO_FILE:
+
+            code = self._transport().stream(
+                slurm_commands.file_read_command(path, 0, 1 << 62), write, timeout=READ_TIMEOUT, stderr_to=Tail()
+            )
+            if code == slurm_commands.NO_FILE:
                 raise FileNotFoundError(path)
             tmp.seek(0)
             yield cast(BinaryIO, tmp)
 
     def remove_tree(self, path: str) -> None:
-        self._transport().run(SC.remove_tree_command(path), timeout=READ_TIMEOUT)
+        self._transport().run(slurm_commands.remove_tree_command(path), timeout=READ_TIMEOUT)
 
     def collect_host(self, run_dir: str) -> tuple[Transport, Host]:
         return self._transport(), replace(self._host, name="shared", workdir=run_dir, gpus=1)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from ... import nodescript as NS
+from ... import nodescript as kit
 from ... import runspec
 from ...inventory import Inventory
 from ...node import notify as node_notify
@@ -74,8 +74,8 @@ def keep_samples_lines() -> list[str]:
     return [
         "# an earlier attempt's samples (a requeue) kept as <host>@attempt-N/ beside this node's folder",
         f'cddp_att=$(head -c 16 "$CTL/{ATTEMPT_FILE}" 2>/dev/null | tr -cd 0-9)',
-        f'if [ -n "$cddp_att" ] && [ -f "$CTL/{NS.SAMPLES}" ]; then',
-        f'  (umask 077 && mkdir -p "$CTL@attempt-$cddp_att" && mv -f "$CTL/{NS.SAMPLES}" "$CTL@attempt-$cddp_att/")',
+        f'if [ -n "$cddp_att" ] && [ -f "$CTL/{kit.SAMPLES}" ]; then',
+        f'  (umask 077 && mkdir -p "$CTL@attempt-$cddp_att" && mv -f "$CTL/{kit.SAMPLES}" "$CTL@attempt-$cddp_att/")',
         "fi",
         f'rm -f "$CTL/{IDLE}"  # the idle policy\'s word on an earlier attempt is not this one\'s',
         f'echo "$((${{SLURM_RESTART_COUNT:-0}} + 1))" > "$CTL/{ATTEMPT_FILE}"',
@@ -109,7 +109,7 @@ def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, not
     ``notify``: the batch script tells the run's end (:func:`notify_lines`; `up --detach` with webhooks)."""
     s = settings_of(inventory)
     run_dir = posixpath.join(shared_dir, "runs", run_id)
-    ctl = posixpath.join(run_dir, NS.CONTROL)
+    ctl = posixpath.join(run_dir, kit.CONTROL)
     spec = runspec.resolve(spec, inventory)  # as it is when `up` resolved it (tests may give the flags alone)
     node = _node_script(s, spec, run_id, run_dir, ctl)
     batch = _batch_script(s, spec, run_id, ctl, notify)
@@ -130,7 +130,7 @@ def _batch_script(s: SlurmSettings, spec: RunSpec, run_id: str, ctl: str, notify
     # the control folder's path is also checked by the caller; here each option is one line.
     lines = ["#!/usr/bin/env bash"] + [f"#SBATCH {o}" for o in opts] + [
         f"# clusterddp run {run_id}: one srun step, one task (node.sh) per node",
-        f"CTL={NS.q(ctl)}",
+        f"CTL={kit.q(ctl)}",
         "# The allocation's first host hosts the rendezvous; node.sh finds its address.",
         'cddp_master=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "# --kill-on-bad-exit: one node failing ends the step on every node.",
@@ -176,8 +176,8 @@ def notify_lines(s: SlurmSettings) -> list[str]:
     the request's own bound, and by Slurm: after a TERM, what is left of KillWait before its SIGKILL.
     Then srun is waited for, if TERM cut the wait for it short."""
     n0 = f'"$CTL/{NODES}/$cddp_master"'
-    setup = NS.preamble(s, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
-    start = " ".join([NS.q(s.python), "-S", f'"$CTL/{NOTIFY_PROGRAM}"', "ended", n0, '"$rc"', '"$cddp_hosts"'])
+    setup = kit.preamble(s, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
+    start = " ".join([kit.q(s.python), "-S", f'"$CTL/{NOTIFY_PROGRAM}"', "ended", n0, '"$rc"', '"$cddp_hosts"'])
     return [
         "# The run's end, told to its webhooks by this node (node 0): up --detach left the request.",
         'cddp_hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd , -)',
@@ -201,20 +201,20 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
     lines = [
         "#!/usr/bin/env bash",
         f"# clusterddp run {run_id}: one node's part, started by srun on every node of the allocation",
-        NS.STOP_TRAP,
+        kit.STOP_TRAP,
         "cddp_h=${SLURMD_NODENAME:-$(hostname)}",
         "# Each node's own control folder (0700) in the shared one: its log, exit code and torchrun's",
         "# error files (--log-dir), as an SSH node's control folder holds them.",
-        f"CTL={NS.q(posixpath.join(ctl, NODES))}/\"$cddp_h\"",
+        f"CTL={kit.q(posixpath.join(ctl, NODES))}/\"$cddp_h\"",
         '(umask 077 && mkdir -p "$CTL/errors" && : >> "$CTL/node.log") || exit 97',
         'exec >> "$CTL/node.log" 2>&1',
         'rm -f "$CTL/exit_code"',
-        NS.exit_function(),
-        f"cd {NS.q(run_dir)} || cddp_exit 97",
-        f"export {NS.MARKER}={NS.q(run_id + '/')}\"$cddp_h\" CLUSTERDDP_RUN_ID={NS.q(run_id)} "
+        kit.exit_function(),
+        f"cd {kit.q(run_dir)} || cddp_exit 97",
+        f"export {kit.MARKER}={kit.q(run_id + '/')}\"$cddp_h\" CLUSTERDDP_RUN_ID={kit.q(run_id)} "
         "CLUSTERDDP_HOST=\"$cddp_h\" CLUSTERDDP_NODE_RANK=\"$SLURM_NODEID\"",
     ]
-    lines += NS.preamble(host, env, stdout_to="", on_fail=NS.setup_failed())
+    lines += kit.preamble(host, env, stdout_to="", on_fail=kit.setup_failed())
     lines += [
         "cddp_master=$1",
         "# Slurm's NodeAddr for the master, resolved here: compute nodes' names need not resolve.",
@@ -222,19 +222,19 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
         'cddp_a=$(getent ahostsv4 "${MASTER_ADDR:-$cddp_master}" 2>/dev/null | awk \'NR==1{print $1}\')',
         'MASTER_ADDR=${cddp_a:-${MASTER_ADDR:-$cddp_master}}',
     ]
-    lines += NS.iface_lines({k for k, _ in env}, None, local_addr=True)
-    lines += NS.ship_train_lines(s.python, run_dir)
-    lines += NS.stack_hook_lines()
+    lines += kit.iface_lines({k for k, _ in env}, None, local_addr=True)
+    lines += kit.ship_train_lines(s.python, run_dir)
+    lines += kit.stack_hook_lines()
     lines += [
         'cddp_is_host=0; [ "$cddp_h" = "$cddp_master" ] && cddp_is_host=1',
         "# a node that does not serve the rendezvous store waits for it before torchrun connects (nodescript.py)",
         f'cddp_store=; [ "$cddp_is_host" = 1 ] || cddp_store="$MASTER_ADDR:{port}"',
-        *NS.torchrun_lines(),
+        *kit.torchrun_lines(),
         'echo "[clusterddp] node $SLURM_NODEID/$SLURM_JOB_NUM_NODES on $cddp_h iface=${IFACE:-?} job $SLURM_JOB_ID"',
     ]
     lo, hi = s.nodes
     watch = watch_args(s, spec)
-    watch_start, watch_end = NS.watch_lines(s.python, watch) if watch is not None else ([], [])
+    watch_start, watch_end = kit.watch_lines(s.python, watch) if watch is not None else ([], [])
     if watch is not None:
         # The stall watchdog reaches the run's store where torchrun's c10d rendezvous serves it, found
         # here on the node: given to it alone (exported for it, then not), torchrun's env unchanged.
@@ -244,13 +244,13 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
     if sampler is not None:
         lines += keep_samples_lines()
     if sampler is not None and sampler.get("store"):  # a run-wide idle policy: the run's store, as the watchdog's
-        lines += [f"export MASTER_ADDR MASTER_PORT={port}", *NS.sampler_lines(s.python, sampler),
+        lines += [f"export MASTER_ADDR MASTER_PORT={port}", *kit.sampler_lines(s.python, sampler),
                   "export -n MASTER_ADDR MASTER_PORT"]
     else:
-        lines += NS.sampler_lines(s.python, sampler) if sampler is not None else []
+        lines += kit.sampler_lines(s.python, sampler) if sampler is not None else []
     nproc = procs(s, spec)
     argv = [store_wait('"$cddp_store"'), *map(shell_word, torchrun_start(s.python))]
-    argv += [NS.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
+    argv += [kit.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
                                "--rdzv-backend", "c10d")]
     argv += ["--rdzv-endpoint", f'"$MASTER_ADDR:{port}"', "--rdzv-id", '"$SLURM_JOB_ID"',
              "--rdzv-conf", '"is_host=$cddp_is_host"']
@@ -258,9 +258,9 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
     # Restarts are Slurm's (the batch script requeues the job), not torchrun's: one mechanism, so a
     # restart always starts every node afresh in a new allocation. --log-dir: each rank's error file
     # (TORCHELASTIC_ERROR_FILE), which the diagnosis reads as for SSH runs.
-    argv += [NS.q(w) for w in ("--max-restarts", "0")]
+    argv += [kit.q(w) for w in ("--max-restarts", "0")]
     argv += ["--log-dir", '"$CTL/errors"']
-    argv += [NS.q(w) for w in torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
+    argv += [kit.q(w) for w in torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
                                              spec.local_rank_arg)]
     lines += [" ".join(argv), *watch_end,
               "cddp_exit $cddp_rc" if watch is not None else "cddp_exit $?", ""]
@@ -297,13 +297,17 @@ def summary(p: SlurmPlan) -> str:
     head = render(p).split("\n", 3)[:3]
     command = next((line for line in p.node_script.splitlines() if " torch.distributed.run " in line), "")
     wrapped = " ".join(shell_word(w) for w in torchrun_start(s.python))
-    command = command.replace(wrapped, f"{NS.q(s.python)} -m torch.distributed.run")
+    command = command.replace(wrapped, f"{kit.q(s.python)} -m torch.distributed.run")
     env = tuple({**dict(s.env), **dict(p.spec.env)}.items())
-    out = [*head, "sbatch options: " + " ".join(line[len("#SBATCH "):] for line in p.batch_script.splitlines()
-                                                  if line.startswith("#SBATCH ")),
-           *(f"setup: {line}" for line in s.setup),
-           f"command (every node, through srun): {command}",
-           "env:" + ("" if env else " (none set by the inventory or -e)"), *(f"  export {k}={NS.q(v)}" for k, v in env)]
+    out = [
+        *head,
+        "sbatch options: "
+        + " ".join(line[len("#SBATCH ") :] for line in p.batch_script.splitlines() if line.startswith("#SBATCH ")),
+        *(f"setup: {line}" for line in s.setup),
+        f"command (every node, through srun): {command}",
+        "env:" + ("" if env else " (none set by the inventory or -e)"),
+        *(f"  export {k}={kit.q(v)}" for k, v in env),
+    ]
     if p.collect:
         out += ["collect: " + ", ".join(p.collect)]
     return "\n".join(out)
@@ -322,8 +326,8 @@ def probe_script(s: SlurmSettings, token: str) -> str:
     and the python and torch versions. Prints ``key value`` lines."""
     host = s  # its python and setup lines are every node's (nodescript.HostLike)
     lines = ["#!/usr/bin/env bash", 'echo "node ${SLURMD_NODENAME:-$(hostname)}"']
-    lines += NS.preamble(host, s.env, stdout_to=">&2",
-                         on_fail=lambda line: f"echo {NS.q('setup failed: ' + line)}; exit 0")
-    lines += [f"if [ -r {NS.q(token)} ]; then echo 'shared ok'; else echo 'shared missing'; fi",
-              f"{NS.q(s.python)} -c {NS.q(_PROBE_PY)} 2>&1 || echo 'python failed'", ""]
+    lines += kit.preamble(host, s.env, stdout_to=">&2",
+                         on_fail=lambda line: f"echo {kit.q('setup failed: ' + line)}; exit 0")
+    lines += [f"if [ -r {kit.q(token)} ]; then echo 'shared ok'; else echo 'shared missing'; fi",
+              f"{kit.q(s.python)} -c {kit.q(_PROBE_PY)} 2>&1 || echo 'python failed'", ""]
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from ... import nodeops
-from ... import plan as P
+from ... import plan as ssh_plan
 from ...artifacts import CollectResult, Progress, collect_nodes
 from ...errors import HostError, StdoutClosed
 from ...fleet import Fleet, as_host_error
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 @contextmanager
 def _reach(rec: RunRecord, connect: Callable[[Host], Transport], hosts: list[str] | None = None
-           ) -> Iterator[tuple[list[P.NodeLaunch], Fleet]]:
+           ) -> Iterator[tuple[list[ssh_plan.NodeLaunch], Fleet]]:
     """The run's nodes (or ``hosts``) and one fleet of connections to them for this command: at most
     the run's fanout at once, each opened when its first step needs it, all closed at the end."""
     nodes = nodes_of(rec, hosts)
@@ -101,7 +101,7 @@ _TEARDOWN = {"terminated": "ended by SIGTERM", "killed": "ended by SIGKILL after
              "clean": "nothing left to stop"}
 
 
-def stop(store: RunStore, run_id: str, grace: float = P.DEFAULT_GRACE, connect: Callable = default_connect,
+def stop(store: RunStore, run_id: str, grace: float = ssh_plan.DEFAULT_GRACE, connect: Callable = default_connect,
          progress: Progress | None = None) -> Stopped:
     """End the run's processes on every node (TERM, then KILL), mark it stopped, collect its logs.
 
@@ -184,7 +184,7 @@ def node_logs(store: RunStore, run_id: str, hosts: list[str] | None,
     rec = store.load(run_id)
     with _reach(rec, connect, hosts) as (nodes, fleet), \
             tempfile.TemporaryDirectory(prefix="clusterddp-logs-") as scratch:
-        def fetch(n: P.NodeLaunch, t: Transport) -> Path:
+        def fetch(n: ssh_plan.NodeLaunch, t: Transport) -> Path:
             h = n.host.name
             dest = Path(scratch) / f"{n.node_rank}.log" if store.read_only else store.log_path(run_id, h)
             with replacing(dest) if store.read_only else store.log_writer(run_id, h) as f:
@@ -225,7 +225,7 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
 
         closed = threading.Event()
 
-        def one(n: P.NodeLaunch, t: Transport) -> int | None:
+        def one(n: ssh_plan.NodeLaunch, t: Transport) -> int | None:
             name = n.host.name
 
             def out(data: bytes) -> None:
@@ -248,8 +248,8 @@ def follow(store: RunStore, run_id: str, on_output: Callable[[str, bytes], None]
 
 def stacks(store: RunStore, rec: RunRecord, wait: float) -> Taken:
     """`clusterddp stacks`: every node of the run asked at once (:func:`clusterddp.stacks.take`)."""
-    from ... import stacks as S
-    return S.take(rec, wait=wait)
+    from ... import stacks as stack_dumps
+    return stack_dumps.take(rec, wait=wait)
 
 
 def reach(rec: RunRecord, verb: str) -> nodeops.HostsReach:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from ... import inventory as inv_mod
-from ... import plan as P
+from ... import plan as ssh_plan
 from ... import stragglers, upload
 from ...artifacts import CollectResult, collect_nodes
 from ...errors import HostError, UsageError
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # leases are not needed by `up local`
 
 @dataclass(frozen=True)
 class Prepared:
-    plan: P.LaunchPlan
+    plan: ssh_plan.LaunchPlan
     store: RunStore
     source_dir: Path
     folder: upload.SourceFolder | None = None  # what the upload sends, as scanned when planning
@@ -84,9 +84,9 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     store = RunStore(runs_dir)
     resumes = None
     if resume is not None:
-        from ... import resume as R
+        from ... import resume as resuming
         where = inventory_arg if inventory_arg == inv_mod.LOCAL else str(Path(inventory_arg).resolve())
-        resumes = R.resolve(store, resume, inventory=where, script=spec.script, schedule=schedule)
+        resumes = resuming.resolve(store, resume, inventory=where, script=spec.script, schedule=schedule)
         from .. import name_of_record
         if resumes is not None and name_of_record(resumes) != "ssh":
             raise UsageError(f"--resume {resume}: run {resumes.run_id} ran on another backend "
@@ -98,14 +98,14 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     local: dict = {}
     if inventory_arg == inv_mod.LOCAL:
         local = dict(local_run_dir=os.getcwd(), local_control_dir=str(store.run_dir(run_id) / "node"))
-        if P.static_local(spec):  # its rendezvous needs a port, free now
+        if ssh_plan.static_local(spec):  # its rendezvous needs a port, free now
             spec = replace(spec, master_port=local_port(spec.master_port if spec.port_fixed else None))
     source_dir = script.resolve().parent
     # A script whose folder never names clusterddp cannot import clusterddp.train: its nodes need not
     # look for one (a python start on each node before torchrun; issue 24, section 7).
     folder = None if local else upload.scan(source_dir, store.root, secrets, inventory_keys=inventory_keys())
     lookup = folder is None or upload.mentions_clusterddp(folder)
-    plan = P.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
+    plan = ssh_plan.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
     from ...envs.nodes import locks  # a lock that is not one is refused before anything starts
     return Prepared(plan, store, source_dir, folder, notes, resumes, locks(inventory) or None)
 
@@ -133,23 +133,23 @@ def _spares_for_quarantined(inventory: inv_mod.Inventory) -> tuple[inv_mod.Inven
 def _environments(prep: Prepared, fleet: Fleet, events: base.Events) -> Prepared:
     """Each node's `packages:` environment made ready (:mod:`clusterddp.envs.nodes`: what it lacks sent,
     built in parallel), said; the run planned with each environment's python."""
-    from ...envs import nodes as E
+    from ...envs import nodes as env_nodes
     # read again for the hosts the run has now: a spare in place of a host down at the start has its own
     inv = prep.plan.inventory
-    plans = E.survey(fleet, inv.hosts, E.locks(inv))
+    plans = env_nodes.survey(fleet, inv.hosts, env_nodes.locks(inv))
     for p in plans.values():
         if not p.ready:
             events.warn(f"[clusterddp] {p.host.name}: {p.says()}")
     # the spares' too, now, beside the hosts' builds (after the survey has filled the wheel cache): a later
     # attempt that brings one in then neither waits for a build nor runs with the base python
-    spares = _Beside(lambda: E.spares_ready(inv.spares, inv.fanout, events.warn)) if inv.spares else None
-    made = E.ready(fleet, plans, on_wait=lambda s: events.warn(f"[clusterddp] {s}"))
-    events.warn(f"[clusterddp] {E.summary(made)}")
-    inv = E.apply(inv, made)
+    spares = _Beside(lambda: env_nodes.spares_ready(inv.spares, inv.fanout, events.warn)) if inv.spares else None
+    made = env_nodes.ready(fleet, plans, on_wait=lambda s: events.warn(f"[clusterddp] {s}"))
+    events.warn(f"[clusterddp] {env_nodes.summary(made)}")
+    inv = env_nodes.apply(inv, made)
     if spares is not None:
         inv = replace(inv, spares=cast(tuple[inv_mod.Host, ...], spares.result()))
     here = prep.plan.nodes[0] if prep.plan.local else None  # `up local`: the job runs in place, as planned
-    plan = P.build_plan(inv, prep.plan.spec, prep.plan.run_id, train_lookup=prep.plan.train_lookup,
+    plan = ssh_plan.build_plan(inv, prep.plan.spec, prep.plan.run_id, train_lookup=prep.plan.train_lookup,
                         local_run_dir=here.run_dir if here else None,
                         local_control_dir=here.control_dir if here else None)
     # the fleet's own host settings too: the preflight's probe (fleet.run) runs each host's python
@@ -178,7 +178,7 @@ def _spares_for_down(prep: Prepared, fleet: Fleet, failed: dict[str, Exception],
     nxt = attempts.next_hosts(inv.hosts, down, [s for s in spares if s.name in answered], None)
     if isinstance(nxt, str):
         return prep, fleet
-    plan = P.build_plan(inv.in_use(nxt.hosts, tuple(s for s in inv.spares if s.name not in nxt.in_)),
+    plan = ssh_plan.build_plan(inv.in_use(nxt.hosts, tuple(s for s in inv.spares if s.name not in nxt.in_)),
                         prep.plan.spec, prep.plan.run_id, train_lookup=prep.plan.train_lookup)
     for h, s in zip(nxt.out, nxt.in_, strict=True):
         events.warn(f"[clusterddp] {h} does not answer ({down[h]}): spare {s} runs in its place")
@@ -232,7 +232,7 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None,
         nodes=node_records(plan), resumed_from=resumed_from)
 
 
-def node_records(plan: P.LaunchPlan) -> list[NodeRecord]:
+def node_records(plan: ssh_plan.LaunchPlan) -> list[NodeRecord]:
     """The record's nodes for ``plan``, as they are before its job starts."""
     return [NodeRecord(host=n.host.name, address=n.host.address, node_rank=n.node_rank, nproc=n.nproc,
                        run_dir=n.run_dir, control_dir=n.control_dir, marker=n.marker, settings=n.host,
@@ -244,7 +244,7 @@ def node_states(sup: Supervisor) -> dict[str, tuple[NodeState, int | None, str |
     return {n.name: (n.state, n.exit_code, n.error) for n in sup.nodes}
 
 
-def preflight(plan: P.LaunchPlan, connect: Callable | None = None, fleet: Fleet | None = None) -> Fleet | None:
+def preflight(plan: ssh_plan.LaunchPlan, connect: Callable | None = None, fleet: Fleet | None = None) -> Fleet | None:
     """Before starting a job, the cheap checks that catch a job that would hang or fail at once.
 
     One short SSH command per host, in parallel: every host answers, python/torch/CUDA agree,
@@ -296,7 +296,7 @@ class _Beside:
         return self._value
 
 
-def port_fixed(plan: P.LaunchPlan) -> bool:
+def port_fixed(plan: ssh_plan.LaunchPlan) -> bool:
     """The master port was given (--master-port, or master.port in the inventory); otherwise the
     lease chooses a free one, from the inventory's (29500 by default)."""
     return plan.spec.port_fixed  # clusterddp.runspec.resolve
@@ -338,8 +338,9 @@ def take_lease(prep: Prepared, fleet: Fleet, *, wait: bool = False,
             break
     try:
         spec = replace(plan.spec, master_port=lease.port or plan.master_port)
-        new = P.build_plan(plan.inventory, spec, plan.run_id, grants=lease.grants, train_lookup=plan.train_lookup,
-                           attempt=plan.attempt)
+        new = ssh_plan.build_plan(
+            plan.inventory, spec, plan.run_id, grants=lease.grants, train_lookup=plan.train_lookup, attempt=plan.attempt
+        )
     except BaseException:
         lease.release()
         raise
@@ -350,7 +351,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             on_collect: Callable[[CollectResult], None] = lambda r: None,
             connect: Callable | None = None, fleet: Fleet | None = None,
             source_tar: Path | None = None, join_timeout: float = 0.0, may_go_on: bool = False,
-            on_detached: Callable[[Fleet, P.LaunchPlan], None] = lambda fleet, plan: None,
+            on_detached: Callable[[Fleet, ssh_plan.LaunchPlan], None] = lambda fleet, plan: None,
             on_warn: Callable[[str], None] = lambda line: None,
             on_straggler: Callable[[stragglers.Straggler], None] | None = None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
@@ -421,7 +422,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
         sup.close()
 
 
-def explain(fleet: Fleet, plan: P.LaunchPlan, store: RunStore) -> tuple[str, ...]:
+def explain(fleet: Fleet, plan: ssh_plan.LaunchPlan, store: RunStore) -> tuple[str, ...]:
     """Why the run failed (:mod:`clusterddp.postmortem`), recorded in run.json's ``failure``, as the
     summary's lines; when it cannot be worked out, a line saying why (the exit codes still say what
     they say)."""
@@ -434,7 +435,7 @@ def explain(fleet: Fleet, plan: P.LaunchPlan, store: RunStore) -> tuple[str, ...
     return tuple(failure.lines())
 
 
-def collect(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, on_collect: Callable[[CollectResult], None],
+def collect(fleet: Fleet, plan: ssh_plan.LaunchPlan, store: RunStore, on_collect: Callable[[CollectResult], None],
             sup: Supervisor | None = None, may_go_on: bool = False) -> list[CollectResult]:
     """Bring back every node's log and files, except from nodes ``sup`` saw lost: they are not
     tried (their link is gone), and the result says how to fetch them once they answer again
@@ -468,15 +469,15 @@ def resume_found(prep: Prepared, req: base.LaunchRequest, events: base.Events, c
     refused at every firing after, its previous run being the same)."""
     if prep.resumes is None:
         return prep, None
-    from ... import resume as R
+    from ... import resume as resuming
     try:
-        chosen = R.find(prep.store, prep.resumes, warn=events.warn, connect=connect)
+        chosen = resuming.find(prep.store, prep.resumes, warn=events.warn, connect=connect)
     except UsageError as e:
-        if req.resume != R.PREVIOUS:
+        if req.resume != resuming.PREVIOUS:
             raise
         events.warn(f"[clusterddp] {e.message}; this run starts from scratch")
         return replace(prep, resumes=None), None
-    return _without(prep, R.paths(chosen), prep.resumes.run_id, events), chosen
+    return _without(prep, resuming.paths(chosen), prep.resumes.run_id, events), chosen
 
 
 def _without(prep: Prepared, paths: set[str], run_id: str, events: base.Events) -> Prepared:
@@ -560,8 +561,8 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
     def first_record(self) -> RunRecord:
         resumed = None
         if self.chosen and self.prep.resumes is not None:
-            from ... import resume as R
-            resumed = R.record_of(self.prep.resumes.run_id, self.chosen)
+            from ... import resume as resuming
+            resumed = resuming.record_of(self.prep.resumes.run_id, self.chosen)
         return new_record(self.prep, self.req.inventory_arg, schedule=self.req.schedule, resumed_from=resumed)
 
     def give_back(self) -> None:
@@ -586,7 +587,7 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
     def execute(self) -> RunOutcome | None:
         req, events, store = self.req, self.events, self.prep.store
 
-        def arm(fleet: Fleet, plan: P.LaunchPlan) -> None:
+        def arm(fleet: Fleet, plan: ssh_plan.LaunchPlan) -> None:
             _arm_notify(fleet, plan, store, req, events)
         return execute(self.prep, events.output, on_collect=events.collected, detach=req.detach, fleet=self.fleet,
                        source_tar=self.packed.path if self.packed else None, join_timeout=req.join_timeout,
@@ -623,12 +624,12 @@ def _resume(prep: Prepared, req: base.LaunchRequest, events: base.Events, chosen
     Without it, the note that an earlier run of the script left one (:func:`clusterddp.resume.hint`)."""
     if prep.plan.local:
         return
-    from ... import resume as R
+    from ... import resume as resuming
     run_id = prep.plan.run_id
     if chosen and prep.resumes is not None:
         assert fleet is not None  # an SSH run's
         try:
-            R.send(fleet, prep.plan.nodes, prep.store, prep.resumes.run_id, chosen)
+            resuming.send(fleet, prep.plan.nodes, prep.store, prep.resumes.run_id, chosen)
         except BaseException as e:
             bad = e if isinstance(e, HostError) else None
             status = RunStatus.STOPPED if isinstance(e, KeyboardInterrupt) else RunStatus.FAILED
@@ -638,16 +639,18 @@ def _resume(prep: Prepared, req: base.LaunchRequest, events: base.Events, chosen
                 lease.release()
             fleet.close()
             raise
-        events.say(R.describe(prep.resumes.run_id, chosen, [n.host.name for n in prep.plan.nodes]))
+        events.say(resuming.describe(prep.resumes.run_id, chosen, [n.host.name for n in prep.plan.nodes]))
     elif req.resume is None:
-        note = R.hint(prep.store, inventory=str(Path(req.inventory_arg).resolve()), script=req.spec.script,
+        note = resuming.hint(prep.store, inventory=str(Path(req.inventory_arg).resolve()), script=req.spec.script,
                       args=req.spec.script_args, runs_dir_flag=req.runs_dir_flag, before=run_id,
                       inventory_arg=req.inventory_arg)
         if note:
             events.warn(note)
 
 
-def next_attempt_record(r: RunRecord, plan: P.LaunchPlan, entry: Attempt, lost: tuple[NodeRecord, ...]) -> RunRecord:
+def next_attempt_record(
+    r: RunRecord, plan: ssh_plan.LaunchPlan, entry: Attempt, lost: tuple[NodeRecord, ...]
+) -> RunRecord:
     """The record as a new attempt starts: its nodes and master, running again, the decision appended to
     ``attempts``, and the hosts it lost added to those every earlier attempt lost (``stop`` reaches each
     once it answers: none is forgotten when a later attempt loses another)."""
@@ -732,7 +735,7 @@ def _start_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
             return None
         # The hosts that stay start in fresh control folders (the old attempt's moved aside, on the node and here).
         kept = [n for n in old.nodes if n.host.name not in nxt.out]
-        moved = fleet.each(lambda h, t: t.run(P.retire_command(next(n for n in kept if n.host.name == h.name),
+        moved = fleet.each(lambda h, t: t.run(ssh_plan.retire_command(next(n for n in kept if n.host.name == h.name),
                                                                attempt + 1), timeout=60), [n.host for n in kept])
         for host, res in moved.items():
             if isinstance(res, Exception) or res.exit_code != 0:
@@ -784,7 +787,7 @@ def _lease_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
     from ...errors import LeaseBusy
     inv, run_id = prep.plan.inventory, prep.plan.run_id
     while True:
-        plan = P.build_plan(inv.in_use(nxt.hosts), req.spec, run_id, train_lookup=prep.plan.train_lookup,
+        plan = ssh_plan.build_plan(inv.in_use(nxt.hosts), req.spec, run_id, train_lookup=prep.plan.train_lookup,
                             attempt=attempt + 1)
         try:
             new, lease = take_lease(replace(prep, plan=plan, notes=()), fleet, on_note=events.say)
@@ -802,8 +805,14 @@ def _lease_next(prep: Prepared, req: base.LaunchRequest, events: base.Events, at
         return new, lease, nxt
 
 
-def _healthy_spares(old: P.LaunchPlan, req: base.LaunchRequest, events: base.Events, left: tuple[inv_mod.Host, ...],
-                    spares: list[inv_mod.Host], fleet: Fleet) -> list[inv_mod.Host]:
+def _healthy_spares(
+    old: ssh_plan.LaunchPlan,
+    req: base.LaunchRequest,
+    events: base.Events,
+    left: tuple[inv_mod.Host, ...],
+    spares: list[inv_mod.Host],
+    fleet: Fleet,
+) -> list[inv_mod.Host]:
     """The spares that pass the preflight beside the hosts left (reachable, the same versions, an
     interface to the master), in order; each that does not is said. A host left that fails ends the
     run (PreflightFailed): it would fail the next attempt too."""
@@ -811,7 +820,7 @@ def _healthy_spares(old: P.LaunchPlan, req: base.LaunchRequest, events: base.Eve
     if not spares:
         return []
     inv = old.inventory.in_use((*left, *spares))
-    plan = P.build_plan(inv, req.spec, old.run_id, train_lookup=old.train_lookup)
+    plan = ssh_plan.build_plan(inv, req.spec, old.run_id, train_lookup=old.train_lookup)
     report = run_checks(inv, full=False, master_port=plan.master_port, fleet=fleet,
                         env={n.host.name: n.env for n in plan.nodes}, check_port=False)
     failing = {h.host: h for h in report.hosts if h.status == FAIL}
@@ -822,7 +831,7 @@ def _healthy_spares(old: P.LaunchPlan, req: base.LaunchRequest, events: base.Eve
             problem = next((f.problem for f in failing[s.name].findings if f.status == FAIL), None)
             events.warn(f"[clusterddp] spare {s.name} is not used: {problem}")
     return [s for s in spares if s.name not in failing]
-def _arm_notify(fleet: Fleet, plan: P.LaunchPlan, store: RunStore, req: base.LaunchRequest,
+def _arm_notify(fleet: Fleet, plan: ssh_plan.LaunchPlan, store: RunStore, req: base.LaunchRequest,
                 events: base.Events) -> None:
     """A detached run with notification targets: node 0 tells its end (:func:`clusterddp.notify.arm`)."""
     if not req.notify:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from ... import nodeops
-from ... import plan as P
+from ... import plan as ssh_plan
 from ...errors import ClusterDDPError
 from ...fleet import Fleet, as_host_error
 from ...inventory import Host
@@ -83,7 +83,7 @@ def end(fleet: Fleet, host: Host, found: Iterable[Leftover], grace: float = GRAC
     are held): each with None when nothing of it is left there now, else what went wrong."""
     out: list[tuple[Leftover, str | None]] = []
     for x in found:
-        command = P.teardown_command(nodeops.launch_of(x.node), grace)  # by its marker: nothing else is touched
+        command = ssh_plan.teardown_command(nodeops.launch_of(x.node), grace)  # by its marker: nothing else is touched
         try:
             said = nodeops.last_line(fleet.transport(host).run(command, timeout=grace + 30).text)
         except Exception as e:  # noqa: BLE001 - this host's failure, said; the refusal stands

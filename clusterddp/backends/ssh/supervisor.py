@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ... import nodeops
-from ... import plan as P
+from ... import plan as ssh_plan
 from ...errors import HostError, NodeOutcome
 from ...fleet import Fleet, GroupResult, as_host_error
 from ...inventory import Host
@@ -63,7 +63,7 @@ START_DRAIN_S = 60.0
 
 @dataclass
 class Node:
-    launch: P.NodeLaunch
+    launch: ssh_plan.NodeLaunch
     state: NodeState = NodeState.PENDING
     exit_code: int | None = None
     error: str | None = None
@@ -120,7 +120,7 @@ class Supervisor:
     default it returns early when the run ends.
     """
 
-    plan: P.LaunchPlan
+    plan: ssh_plan.LaunchPlan
     on_output: Callable[[str, bytes], None]
     on_state: Callable[[str, NodeState, Node], None] = lambda host, state, node: None
     on_note: Callable[[str], None] = lambda line: None  # what a Ctrl-C while starting waits for
@@ -129,7 +129,7 @@ class Supervisor:
     source_tar: Path | None = None  # the script folder's tarball (jobs.pack), streamed to each node
     heartbeat_s: float = HEARTBEAT_S
     lost_after_s: float = LOST_AFTER_S
-    grace_s: float = P.DEFAULT_GRACE
+    grace_s: float = ssh_plan.DEFAULT_GRACE
     join_timeout_s: float = 0.0   # 0: no join deadline (see JOIN_TIMEOUT_S)
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], object] | None = None
@@ -194,7 +194,7 @@ class Supervisor:
             self._set(node, NodeState.STARTING)
             tar = self.source_tar if self.plan.upload else None
             script = n.launch_script.encode()
-            command, steps = P.start_node_command(n, tar is not None, self.plan.leased, len(script))
+            command, steps = ssh_plan.start_node_command(n, tar is not None, self.plan.leased, len(script))
             stdin = script if tar is None else (script, tar)
             self._check(node, t.run(command, stdin=stdin, timeout=600), steps)
             self._set(node, NodeState.RUNNING)
@@ -234,7 +234,7 @@ class Supervisor:
     def _check(self, node: Node, res: CommandResult, steps: tuple[str, ...]) -> None:
         if res.exit_code != 0:
             detail = res.stderr.decode("utf-8", "replace").strip() or f"exit {res.exit_code}"
-            raise HostError(node.name, f"{P.failed_step(steps, res.exit_code)}: {detail}")
+            raise HostError(node.name, f"{ssh_plan.failed_step(steps, res.exit_code)}: {detail}")
 
     # ---- watch ----
     def follow(self) -> RunOutcome:

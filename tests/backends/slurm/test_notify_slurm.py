@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from clusterddp.backends import load_inventory as load_named
-from clusterddp.backends.slurm import plan as SP
+from clusterddp.backends.slurm import plan as slurm_plan
 from clusterddp.runspec import RunSpec
 from helpers import cddp, eventually, job_pids, record, run_id_of
 from test_notify import TOKEN, Receiver
@@ -125,7 +125,7 @@ def test_a_detached_slurm_run_is_told_once_by_its_batch_script(slurm, tmp_path, 
         assert eventually(lambda run=run: not any(j for j in slurm.jobs()), 60), slurm.jobs()
         folder = tmp_path / "shared" / "runs" / run / ".clusterddp"
         assert not list(folder.rglob("notify.json"))  # the URL leaves the shared folder once told
-        log = (folder / SP.NOTIFY_LOG).read_text()
+        log = (folder / slurm_plan.NOTIFY_LOG).read_text()
         assert f"told webhook {slurm.bed.gateway} ({inv}: notify[0]) of " in log and TOKEN not in log, log
     assert len(told.posts) == 3 and not got.exists()  # once each; a command is the launcher's
     assert record(runs, stopped)["status"] == "stopped"
@@ -138,8 +138,8 @@ def test_only_a_batch_script_that_tells_carries_the_notifier(tmp_path):
     path.write_text(yaml.safe_dump({"name": "c", "slurm": {"nodes": 2, "shared_dir": "/s", "python": "py"}}))
     inv = load_named(str(path))
     spec = RunSpec(script="t.py", max_restarts=2)
-    plain = SP.build(inv, spec, "R", "/s").batch_script
-    told = SP.build(inv, spec, "R", "/s", notify=True).batch_script
+    plain = slurm_plan.build(inv, spec, "R", "/s").batch_script
+    told = slurm_plan.build(inv, spec, "R", "/s", notify=True).batch_script
     assert "notify" not in plain and "trap" not in plain and 'scontrol requeue "$SLURM_JOB_ID"\nfi' in plain
     assert "trap 'cddp_term=1' TERM" in told
     requeue, tell = told.index('scontrol requeue "$SLURM_JOB_ID" && exit "$rc"'), told.index('"$CTL/notify.py" ended')

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.backends.slurm import commands as P
+from clusterddp.backends.slurm import commands as slurm_commands
 from clusterddp.backends.slurm.login import LocalLogin, SSHLogin, open_login
 from clusterddp.backends.slurm.section import SlurmSettings
 from clusterddp.errors import SlurmError, UsageError
@@ -40,16 +40,32 @@ def settings(shared_dir: str) -> SlurmSettings:
 
 
 def test_the_login_commands_render_as_their_golden_file():
-    cmd = P.login_command(login_host(), ["sbatch", "--parsable", "/shared/runs/r 1/.clusterddp/job.sbatch"])
-    text = "\n\n".join([
-        "== login_command ==", cmd.text, "== its stdin ==", cmd.stdin.decode(),
-        "== home_command ==", P.home_command(),
-        "== file_read_command ==", P.file_read_command("/shared/runs/r'1/.clusterddp/nodes/node-1.log", 4096, 1 << 20),
-        "== small_files_command ==", P.small_files_command(["/s/a.exit_code", "/s/b c.exit_code"]),
-        "== slurm_stage_command ==", P.stage_command("/shared/runs/r 1", "/shared/runs/r 1/.clusterddp"),
-        "== remove_tree_command ==", P.remove_tree_command("/shared/.clusterddp-check/ab cd"),
-        "== node_step_command ==", " ".join(P.node_step_command("4242", "node-1", "echo 'it''s' $HOME", 62.5, 1000)),
-    ]) + "\n"
+    cmd = slurm_commands.login_command(
+        login_host(), ["sbatch", "--parsable", "/shared/runs/r 1/.clusterddp/job.sbatch"]
+    )
+    text = (
+        "\n\n".join(
+            [
+                "== login_command ==",
+                cmd.text,
+                "== its stdin ==",
+                cmd.stdin.decode(),
+                "== home_command ==",
+                slurm_commands.home_command(),
+                "== file_read_command ==",
+                slurm_commands.file_read_command("/shared/runs/r'1/.clusterddp/nodes/node-1.log", 4096, 1 << 20),
+                "== small_files_command ==",
+                slurm_commands.small_files_command(["/s/a.exit_code", "/s/b c.exit_code"]),
+                "== slurm_stage_command ==",
+                slurm_commands.stage_command("/shared/runs/r 1", "/shared/runs/r 1/.clusterddp"),
+                "== remove_tree_command ==",
+                slurm_commands.remove_tree_command("/shared/.clusterddp-check/ab cd"),
+                "== node_step_command ==",
+                " ".join(slurm_commands.node_step_command("4242", "node-1", "echo 'it''s' $HOME", 62.5, 1000)),
+            ]
+        )
+        + "\n"
+    )
     golden("slurm_login_commands.txt", text)
     # the env values never appear in the command text: they travel on stdin
     assert "it's.conf" not in cmd.text and "a $b" not in cmd.text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from clusterddp.backends.slurm import plan as SP
+from clusterddp.backends.slurm import plan as slurm_planner
 from clusterddp.runspec import RunSpec
 from helpers import cddp, job_script, parse_inventory
 from test_plan import HOSTILE, RUN_ID, golden
@@ -28,16 +28,20 @@ slurm:
 """
 
 
-def slurm_plan(**spec) -> SP.SlurmPlan:
+def slurm_plan(**spec) -> slurm_planner.SlurmPlan:
     inv = parse_inventory(INV, "c.yaml")
-    return SP.build(inv, RunSpec("train/t.py", HOSTILE, collect=("logs/*.txt",), env=(("E", "a b"),), **spec),
-                    RUN_ID, "/shared/cddp")
+    return slurm_planner.build(
+        inv,
+        RunSpec("train/t.py", HOSTILE, collect=("logs/*.txt",), env=(("E", "a b"),), **spec),
+        RUN_ID,
+        "/shared/cddp",
+    )
 
 
 def test_batch_and_node_scripts_match_golden_and_parse_as_bash():
     p = slurm_plan()
-    golden("slurm.txt", SP.render(p))
-    golden("slurm_restarts.txt", SP.render(slurm_plan(max_restarts=3, master_port=29999, gpus=1)))
+    golden("slurm.txt", slurm_planner.render(p))
+    golden("slurm_restarts.txt", slurm_planner.render(slurm_plan(max_restarts=3, master_port=29999, gpus=1)))
     for text in (p.batch_script, p.node_script):
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
     assert p.collect == ("checkpoints/**", "logs/*.txt")

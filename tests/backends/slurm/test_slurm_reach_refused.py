@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from clusterddp import prune as pr
-from clusterddp import top as T
+from clusterddp import prune as pruning
+from clusterddp import top as top_view
 from clusterddp.backends import for_record
 from clusterddp.record import RunStatus
 from helpers import cddp, parse_inventory
@@ -22,7 +22,7 @@ def test_top_of_a_slurm_job_not_started_yet_says_so_in_its_row(tmp_path, monkeyp
     login = _Slurm({}, nodelist="", state="PENDING")
     prep = recorded(tmp_path, monkeypatch, login)
     rec = prep.store.load(prep.plan.run_id)
-    with T.Watch([rec], reach=lambda r: for_record(r).reach(prep.store, r, "top"), clock=lambda: 0.0) as w:
+    with top_view.Watch([rec], reach=lambda r: for_record(r).reach(prep.store, r, "top"), clock=lambda: 0.0) as w:
         [run] = w.look().runs
     assert run.nodes == [] and run.error is not None
     assert run.error.startswith(f"top: run {rec.run_id} is a slurm run, and its slurm job 4242 has not started yet "
@@ -32,7 +32,7 @@ def test_top_of_a_slurm_job_not_started_yet_says_so_in_its_row(tmp_path, monkeyp
 
     from clusterddp.cli.top import table
     console = Console(width=400, record=True)
-    console.print(table(T.Snapshot(0.0, [run])))
+    console.print(table(top_view.Snapshot(0.0, [run])))
     row = next(ln for ln in console.export_text().splitlines() if ln.startswith(rec.run_id))
     assert "has not started yet (pending)" in row, row  # the row says why, where a node's last line goes
 
@@ -42,8 +42,8 @@ def test_prune_keeps_a_slurm_runs_folder_while_slurm_still_runs_its_job(tmp_path
     prep = recorded(tmp_path, monkeypatch, login)
     run_id = prep.plan.run_id
     prep.store.update(run_id, lambda r: replace(r, status=RunStatus.FAILED, ended_at="2020-01-01T00:00:00+00:00"))
-    sel = pr.select(prep.store, pr.Policy(keep=0))
-    [res] = pr.prune(prep.store, sel, reach=lambda r: for_record(r).reach(prep.store, r, "prune"))
+    sel = pruning.select(prep.store, pruning.Policy(keep=0))
+    [res] = pruning.prune(prep.store, sel, reach=lambda r: for_record(r).reach(prep.store, r, "prune"))
     assert not res.removed
     assert res.why_kept == (f"prune: run {run_id} is a slurm run, and its slurm job 4242 is still running: its "
                             f"folder is in use; hint: `clusterddp stop {run_id}` ends it; then prune again")

@@ -11,7 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from clusterddp.backends.slurm import plan as SP
+from clusterddp.backends.slurm import plan as slurm_plan
 from clusterddp.backends.slurm.job import copy_samples
 from clusterddp.metrics.samples import load_run
 from clusterddp.store import RunStore
@@ -22,7 +22,7 @@ RUN = "20261206-083000-5a11"
 
 def attempt(ctl: Path, restart: int, header: str) -> None:
     """One attempt of the node script on this node: its lines, then the sampler's file written anew."""
-    script = "\n".join([f"CTL={ctl}", *SP.keep_samples_lines()])
+    script = "\n".join([f"CTL={ctl}", *slurm_plan.keep_samples_lines()])
     subprocess.run(["bash", "-c", script], check=True, env={**os.environ, "SLURM_RESTART_COUNT": str(restart)})
     head = {"kind": "clusterddp-samples", "schema": 1, "host": header}
     first = {"t": 1.0, "dt": 1.0, "progress": restart + 1}
@@ -42,7 +42,7 @@ def test_each_attempt_s_samples_are_kept_and_come_back_as_ssh_s(tmp_path):
     attempt(ctl, 3, "fourth")
     assert '"third"' in (ctl.parent / "node-1@attempt-3" / "metrics.jsonl").read_text()
     (ctl / "idle.json").unlink()
-    script = "\n".join([f"CTL={ctl}", *SP.keep_samples_lines()])
+    script = "\n".join([f"CTL={ctl}", *slurm_plan.keep_samples_lines()])
     (ctl / "idle.json").write_text("{}")
     subprocess.run(["bash", "-c", script], check=True, env={**os.environ, "SLURM_RESTART_COUNT": "4"})
     assert not (ctl / "idle.json").exists()  # an earlier attempt's idle decision is not the new one's
@@ -66,6 +66,6 @@ def test_the_node_script_keeps_samples_only_when_the_sampler_runs():
     from clusterddp.runspec import RunSpec
     from helpers import parse_inventory
     inv = parse_inventory("slurm:\n  partition: p\n  nodes: 2\n  shared_dir: /s\n", "c.yaml")
-    on = SP.build(inv, RunSpec("t.py", max_restarts=2), RUN, "/s").node_script
-    off = SP.build(inv, RunSpec("t.py", max_restarts=2, metrics_interval=0), RUN, "/s").node_script
+    on = slurm_plan.build(inv, RunSpec("t.py", max_restarts=2), RUN, "/s").node_script
+    off = slurm_plan.build(inv, RunSpec("t.py", max_restarts=2, metrics_interval=0), RUN, "/s").node_script
     assert '"$CTL@attempt-$cddp_att"' in on and "@attempt-" not in off

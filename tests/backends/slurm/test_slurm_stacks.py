@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from clusterddp import stacks as S
+from clusterddp import stacks as stack_dumps
 from clusterddp.backends import for_record
 from clusterddp.backends.slurm import control as slurm_control
 from clusterddp.backends.slurm import job as slurm
@@ -97,7 +97,7 @@ def test_one_overlapping_step_per_node_runs_the_node_program_with_that_nodes_fol
     taken = for_record(rec).stacks(prep.store, rec, 2.0)  # through the backend seam, as the CLI asks
     # the record learnt the allocation (a detached run's first look), the job's nodes in its order
     assert prep.store.load(run_id).hosts == ["n1", "n2"]
-    limit = slurm_control.STEP_START_S + S.ANSWER_S + 2.0
+    limit = slurm_control.STEP_START_S + stack_dumps.ANSWER_S + 2.0
     for host in ("n1", "n2"):
         words, timeout = login.srun[host]
         assert words[:3] == ["timeout", "-k", "5"] and float(words[3]) == limit and timeout > limit

@@ -17,7 +17,7 @@ import pytest
 
 from clusterddp.backends import base
 from clusterddp.backends.slurm import job as slurm
-from clusterddp.backends.slurm import plan as SP
+from clusterddp.backends.slurm import plan as slurm_plan
 from clusterddp.backends.slurm.login import LocalLogin
 from clusterddp.errors import UsageError
 from clusterddp.node import stacks as node_stacks
@@ -40,7 +40,7 @@ def inv(tmp_path, nodes="2"):
 
 
 def test_node_sh_starts_the_watchdog_with_the_store_the_node_finds_and_exits_1_on_a_hang(tmp_path):
-    p = SP.build(inv(tmp_path), RunSpec("t.py", (), stall_timeout=20.0, progress_regex="^step "), "r1", "/s")
+    p = slurm_plan.build(inv(tmp_path), RunSpec("t.py", (), stall_timeout=20.0, progress_regex="^step "), "r1", "/s")
     subprocess.run(["bash", "-n"], input=p.node_script, text=True, check=True)
     lines = p.node_script.splitlines()
     at = lines.index("export MASTER_ADDR MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))")
@@ -52,7 +52,7 @@ def test_node_sh_starts_the_watchdog_with_the_store_the_node_finds_and_exits_1_o
     assert start < torchrun and lines[torchrun + 1] == "cddp_rc=$?" and lines[-1] == "cddp_exit $cddp_rc"
     # off by default: the node script is as before (its golden file)
     # (not "watch.py": the metrics sampler writes it beside itself for its line reader)
-    assert "CDDP_WATCH_PID" not in SP.build(inv(tmp_path), RunSpec("t.py", ()), "r1", "/s").node_script
+    assert "CDDP_WATCH_PID" not in slurm_plan.build(inv(tmp_path), RunSpec("t.py", ()), "r1", "/s").node_script
 
 
 def test_a_node_count_range_is_refused_with_a_stall_timeout(tmp_path):

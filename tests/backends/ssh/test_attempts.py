@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from clusterddp import plan as P
-from clusterddp.backends.ssh import attempts as A
+from clusterddp import plan as ssh_plan
+from clusterddp.backends.ssh import attempts as next_attempts
 from clusterddp.errors import InventoryError, RecordError, UsageError
 from clusterddp.inventory import parse
 from clusterddp.launch import parse_nodes
@@ -40,7 +40,7 @@ def test_spares_take_the_defaults_like_hosts_and_are_not_run_on(inv):
     s1, s2 = inv.spares
     assert (s1.user, s1.gpus, s1.workdir, s1.python) == ("me", 1, "/w", "/opt/py")
     assert s2.python == "python3"
-    plan = P.build_plan(inv, RunSpec("t.py"), "r1")
+    plan = ssh_plan.build_plan(inv, RunSpec("t.py"), "r1")
     assert [n.host.name for n in plan.nodes] == ["b", "a", "c"]  # no spare while every host is healthy
 
 
@@ -67,21 +67,21 @@ def test_hosts_chooses_among_hosts_only_and_exclude_leaves_spares_out_too(inv):
 
 
 def test_each_host_out_is_replaced_by_the_first_healthy_spare_after_the_hosts(inv):
-    nxt = A.next_hosts(inv.hosts, ["a"], list(inv.spares), None)
-    assert isinstance(nxt, A.Next)
+    nxt = next_attempts.next_hosts(inv.hosts, ["a"], list(inv.spares), None)
+    assert isinstance(nxt, next_attempts.Next)
     assert names(nxt.hosts) == ["b", "c", "s1"] and nxt.out == ("a",) and nxt.in_ == ("s1",)
     assert nxt.says() == "a out, s1 in"
     # the master b stays rank 0; the others keep their order, the spare last
-    plan = P.build_plan(inv.in_use(nxt.hosts), RunSpec("t.py"), "r1", attempt=2)
+    plan = ssh_plan.build_plan(inv.in_use(nxt.hosts), RunSpec("t.py"), "r1", attempt=2)
     assert [(n.host.name, n.node_rank) for n in plan.nodes] == [("b", 0), ("c", 1), ("s1", 2)]
 
 
 def test_a_lost_master_moves_rank_0_to_the_first_host_left(inv):
-    nxt = A.next_hosts(inv.hosts, ["b"], list(inv.spares[1:]), None)
-    assert isinstance(nxt, A.Next)
+    nxt = next_attempts.next_hosts(inv.hosts, ["b"], list(inv.spares[1:]), None)
+    assert isinstance(nxt, next_attempts.Next)
     new = inv.in_use(nxt.hosts)
     assert new.master.host == "a" and new.master.addr == "10.0.0.1"
-    plan = P.build_plan(new, RunSpec("t.py", max_restarts=1), "r1", attempt=2)
+    plan = ssh_plan.build_plan(new, RunSpec("t.py", max_restarts=1), "r1", attempt=2)
     assert [(n.host.name, n.node_rank) for n in plan.nodes] == [("a", 0), ("c", 1), ("s2", 2)]
     argv = plan.nodes[0].argv
     assert argv[argv.index("--rdzv-id") + 1] == "r1.attempt-2"  # an old torchrun coming back meets no one
@@ -89,27 +89,35 @@ def test_a_lost_master_moves_rank_0_to_the_first_host_left(inv):
 
 
 def test_without_enough_spares_the_run_goes_on_with_fewer_only_down_to_nodes_min(inv):
-    said = A.next_hosts(inv.hosts, ["a", "c"], list(inv.spares[:1]), None)
+    said = next_attempts.next_hosts(inv.hosts, ["a", "c"], list(inv.spares[:1]), None)
     assert said == "no healthy spare for c, and without --nodes MIN:MAX the run does not go on with fewer nodes"
-    nxt = A.next_hosts(inv.hosts, ["a", "c"], list(inv.spares[:1]), (2, 3))
-    assert isinstance(nxt, A.Next) and names(nxt.hosts) == ["b", "s1"]
+    nxt = next_attempts.next_hosts(inv.hosts, ["a", "c"], list(inv.spares[:1]), (2, 3))
+    assert isinstance(nxt, next_attempts.Next) and names(nxt.hosts) == ["b", "s1"]
     assert nxt.says() == "a out, c out, s1 in, going on with 2 nodes"
-    said = A.next_hosts(inv.hosts, ["a", "c"], [], (3, 3))
+    said = next_attempts.next_hosts(inv.hosts, ["a", "c"], [], (3, 3))
     assert isinstance(said, str) and "fewer than --nodes 3:3 allows" in said
 
 
 def test_candidates_skip_spares_used_already_and_quarantined(inv):
-    assert names(A.candidates(inv.spares, used=["s1"], quarantined=[])) == ["s2"]
-    assert names(A.candidates(inv.spares, used=[], quarantined=["s1", "s2"])) == []
+    assert names(next_attempts.candidates(inv.spares, used=["s1"], quarantined=[])) == ["s2"]
+    assert names(next_attempts.candidates(inv.spares, used=[], quarantined=["s1", "s2"])) == []
 
 
 def test_how_many_attempts_and_where_a_nodes_range_starts(inv):
-    assert A.allowed(0, None) == 0 and A.allowed(2, None) == 2 and A.allowed(0, (1, 3)) == 2
-    assert A.allowed(1, (1, 3)) == 1 and A.allowed(0, (1, 3), restarts=0) == 0 and A.allowed(3, None, 1) == 3
-    assert A.allowed(0, None, restarts=2) == 2
-    hosts, problem = A.start_hosts(inv.hosts, (1, 2))
+    assert (
+        next_attempts.allowed(0, None) == 0
+        and next_attempts.allowed(2, None) == 2
+        and next_attempts.allowed(0, (1, 3)) == 2
+    )
+    assert (
+        next_attempts.allowed(1, (1, 3)) == 1
+        and next_attempts.allowed(0, (1, 3), restarts=0) == 0
+        and next_attempts.allowed(3, None, 1) == 3
+    )
+    assert next_attempts.allowed(0, None, restarts=2) == 2
+    hosts, problem = next_attempts.start_hosts(inv.hosts, (1, 2))
     assert names(hosts) == ["a", "b"] and problem is None
-    _, problem = A.start_hosts(inv.hosts, (4, 5))
+    _, problem = next_attempts.start_hosts(inv.hosts, (4, 5))
     assert problem == "--nodes 4:5 needs at least 4 hosts, and the run has 3"
 
 
@@ -161,9 +169,9 @@ def test_damaged_attempts_are_a_located_error(bad, field):
 
 
 def test_retire_command_moves_the_old_attempts_control_folder_aside(inv):
-    node = P.build_plan(inv, RunSpec("t.py"), "r1").nodes[0]
+    node = ssh_plan.build_plan(inv, RunSpec("t.py"), "r1").nodes[0]
     ctl = "/w/runs/r1/.clusterddp/b"
-    assert P.retire_command(node, 2) == (f"if [ -d {ctl} ]; then rm -rf {ctl}@attempt-1 "
+    assert ssh_plan.retire_command(node, 2) == (f"if [ -d {ctl} ]; then rm -rf {ctl}@attempt-1 "
                                          f"&& mv {ctl} {ctl}@attempt-1; fi")
 
 
@@ -190,17 +198,21 @@ def test_each_attempt_adds_its_lost_hosts_to_every_earlier_attempts(inv):
 
     from clusterddp.backends.ssh.launch import next_attempt_record, node_records
     from clusterddp.record import NodeState
-    first = P.build_plan(inv, P.RunSpec("t.py"), "r1")
+    first = ssh_plan.build_plan(inv, ssh_plan.RunSpec("t.py"), "r1")
     rec = make_record("r1", nodes=tuple(node_records(first)))
     a = next(n for n in rec.nodes if n.host == "a")
     # attempt 1 loses a: attempt 2 runs on s1, b, c
     by = {h.name: h for h in (*inv.hosts, *inv.spares)}
-    second = P.build_plan(inv.in_use(tuple(by[h] for h in ("b", "c", "s1"))), P.RunSpec("t.py"), "r1", attempt=2)
+    second = ssh_plan.build_plan(
+        inv.in_use(tuple(by[h] for h in ("b", "c", "s1"))), ssh_plan.RunSpec("t.py"), "r1", attempt=2
+    )
     rec = next_attempt_record(rec, second, Attempt(2, "t2", ("a",), ("s1",), "a lost"),
                               (replace(a, state=NodeState.LOST),))
     assert [n.host for n in rec.lost] == ["a"] and [n.host for n in rec.nodes] == ["b", "c", "s1"]
     # attempt 2 loses c: a is still out there, and so is c now
-    third = P.build_plan(inv.in_use(tuple(by[h] for h in ("b", "s1", "s2"))), P.RunSpec("t.py"), "r1", attempt=3)
+    third = ssh_plan.build_plan(
+        inv.in_use(tuple(by[h] for h in ("b", "s1", "s2"))), ssh_plan.RunSpec("t.py"), "r1", attempt=3
+    )
     lost_c = replace(next(n for n in rec.nodes if n.host == "c"), state=NodeState.LOST)
     rec = next_attempt_record(rec, third, Attempt(3, "t3", ("c",), ("s2",), "c lost"), (lost_c,))
     assert [n.host for n in rec.lost] == ["a", "c"]

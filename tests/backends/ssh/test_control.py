@@ -153,7 +153,7 @@ def test_ctrl_c_after_the_start_before_the_watch_ends_the_jobs_and_records_the_s
 def test_logs_follow_ends_every_nodes_stream_once_its_output_pipe_closes(tmp_path):
     # `logs --follow | head -1` on a run of several nodes: once nobody reads, every node's stream ends at
     # once (its connection closed), not when that node's job ends: here, never (issue 40)
-    from clusterddp import plan as P
+    from clusterddp import plan as ssh_plan
     from clusterddp.backends.ssh import control
     from clusterddp.errors import StdoutClosed
     p = make_plan(tmp_path, {"a": "hang", "b": "hang"})
@@ -179,4 +179,4 @@ def test_logs_follow_ends_every_nodes_stream_once_its_output_pipe_closes(tmp_pat
         assert not t.is_alive(), "the other node's stream went on after the pipe closed"
         assert isinstance(got.get("ended"), StdoutClosed), got
     finally:
-        subprocess.run(["bash", "-c", "; ".join(P.teardown_command(n, 1) for n in p.nodes)])
+        subprocess.run(["bash", "-c", "; ".join(ssh_plan.teardown_command(n, 1) for n in p.nodes)])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from clusterddp import failure as F
+from clusterddp import failure as failures
 from clusterddp import policy
 from clusterddp.backends.ssh.supervisor import Supervisor
 from clusterddp.record import NodeState
@@ -22,7 +22,7 @@ RESTART = b"[clusterddp] torchrun restarts this node's ranks\n"
 def facts(host, rank, state, log, errors=()):
     report = {"joined": True, "reach": None, "errors": list(errors), "kernel_lines": [], "kernel_error": None,
               "nvidia_smi": None, "log": None}
-    return F.NodeFacts(host, rank, 1, state, None if state == "stopped" else 1, None, log, report)
+    return failures.NodeFacts(host, rank, 1, state, None if state == "stopped" else 1, None, log, report)
 
 
 def efile(exc, msg, t=1.8e9, rank=1):
@@ -37,7 +37,7 @@ def test_one_node_finished_while_another_restarts_is_the_root_cause_not_the_peer
     late = facts("node3", 1, "stopped", START + b"rank 1 resuming from epoch 0\n" + RESTART,
                  errors=[efile("RuntimeError", "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
                                                "Connection closed by peer [10.0.0.11]:1234")])
-    f = F.diagnose([early, late], first_failed="node1")
+    f = failures.diagnose([early, late], first_failed="node1")
     assert (f.host, f.kind) == ("node1", "diverged"), f
     head = f.summary.splitlines()[0]
     assert head == ("ranks resumed from different points: node1's ranks finished their work while node3's were "
@@ -52,12 +52,17 @@ def test_one_node_finished_while_another_restarts_is_the_root_cause_not_the_peer
 def test_a_finished_node_is_no_excuse_for_the_jobs_own_exception_nor_for_a_lost_node():
     early = facts("node1", 0, "failed", START + FINISHED)
     own = facts("node2", 1, "failed", START, errors=[efile("ValueError", "bad batch shape")])
-    assert F.diagnose([early, own], first_failed="node2").kind == "exception"
+    assert failures.diagnose([early, own], first_failed="node2").kind == "exception"
     lost = facts("node2", 1, "lost", START)
-    assert F.diverged([early, lost], {"node1": [], "node2": []}) is None
+    assert failures.diverged([early, lost], {"node1": [], "node2": []}) is None
     # an earlier attempt's finish, before the last "[clusterddp] node" line, does not count
-    assert F.diverged([facts("node1", 0, "failed", FINISHED + START), facts("node2", 1, "stopped", START + RESTART)],
-                      {"node1": [], "node2": []}) is None
+    assert (
+        failures.diverged(
+            [facts("node1", 0, "failed", FINISHED + START), facts("node2", 1, "stopped", START + RESTART)],
+            {"node1": [], "node2": []},
+        )
+        is None
+    )
 
 
 def _sup(names=("node1", "node3")) -> Supervisor:
@@ -98,8 +103,10 @@ def test_torchrun_started_by_clusterddp_says_when_it_restarts_its_ranks_and_not_
     assert r.returncode == 0, r.stderr
     assert r.stderr.count(RESTART_MARK) == 1 and FINISHED_MARK not in r.stderr, r.stderr
     assert "INFO" not in r.stderr and "will restart worker group" not in r.stderr  # torch's INFO lines stay hidden
-    assert F.finished(("[clusterddp] node 0/1\n" + FINISHED_MARK + "\n").encode())
-    assert F.finished(START + AGENT + b"Local worker group finished (WorkerState.SUCCEEDED). Waiting 300 seconds\n")
+    assert failures.finished(("[clusterddp] node 0/1\n" + FINISHED_MARK + "\n").encode())
+    assert failures.finished(
+        START + AGENT + b"Local worker group finished (WorkerState.SUCCEEDED). Waiting 300 seconds\n"
+    )
 
 
 def test_a_node_that_finished_alone_is_not_a_split():

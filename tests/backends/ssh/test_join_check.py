@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from clusterddp.backends.ssh.supervisor import NodeState, Supervisor
 from clusterddp.failure import not_joined
-from clusterddp.node import diagnose as D
+from clusterddp.node import diagnose as diagnose_module
 from test_supervisor import job_pids, make_plan
 
 M = ("10.0.0.11", 29511)
@@ -56,7 +56,7 @@ def busy_master():
 
 
 def test_the_probe_retries_a_connection_a_busy_master_dropped(monkeypatch):
-    real = D.connect_once
+    real = diagnose_module.connect_once
     tries: list[str] = []
     with busy_master() as (port, free):
         def once(addr, p):
@@ -64,13 +64,13 @@ def test_the_probe_retries_a_connection_a_busy_master_dropped(monkeypatch):
             if len(tries) == 1:
                 free()  # the master catches up after the first try gave up
             return tries[-1]
-        monkeypatch.setattr(D, "connect_once", once)
-        assert D.reach("127.0.0.1", port) == "ok"
+        monkeypatch.setattr(diagnose_module, "connect_once", once)
+        assert diagnose_module.reach("127.0.0.1", port) == "ok"
     assert tries == ["timed out", "ok"]
     with socket.socket() as s:  # nothing listens: refused at once, no retry
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    assert D.reach("127.0.0.1", closed) == "refused"
+    assert diagnose_module.reach("127.0.0.1", closed) == "refused"
 
 
 def test_the_join_check_names_the_blocked_node_not_the_master_whose_own_probe_timed_out(tmp_path):

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from clusterddp import plan as P
-from clusterddp.backends.ssh import leftovers as L
+from clusterddp import plan as ssh_plan
+from clusterddp.backends.ssh import leftovers as leftovers_module
 from clusterddp.fleet import Fleet
 from clusterddp.leases import Holding
 from clusterddp.nodescript import marker_word
@@ -41,41 +41,41 @@ def loads(*recs):
 @pytest.mark.parametrize("status", [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED])
 def test_a_lost_hosts_leftover_of_an_ended_run_of_ours_is_taken(status):
     rec = ended_with_lost(status=status)
-    (x,) = L.leftovers("node-b", [holding()], loads(rec), ME)
+    (x,) = leftovers_module.leftovers("node-b", [holding()], loads(rec), ME)
     assert (x.host, x.run, x.status, x.slots) == ("node-b", "r1", status, (0,))
     assert x.node.marker == "r1/b@attempt-1"  # the lost node's marker ends it, not the current nodes'
 
 
 def test_a_current_node_of_an_ended_run_is_a_leftover_too():
     rec = replace(make_record("r1", ("a", "b")), status=RunStatus.STOPPED)
-    (x,) = L.leftovers("b", [holding()], loads(rec), ME)
+    (x,) = leftovers_module.leftovers("b", [holding()], loads(rec), ME)
     assert x.node.marker == "r1/b"
 
 
 def test_a_running_run_is_never_taken():
     rec = replace(ended_with_lost(), status=RunStatus.RUNNING)  # its lost host may be in use again
-    assert L.leftovers("b", [holding()], loads(rec), ME) == []
+    assert leftovers_module.leftovers("b", [holding()], loads(rec), ME) == []
 
 
 def test_another_users_run_is_never_taken():
-    assert L.leftovers("b", [holding(user="bob@laptop")], loads(ended_with_lost()), ME) == []
+    assert leftovers_module.leftovers("b", [holding(user="bob@laptop")], loads(ended_with_lost()), ME) == []
 
 
 def test_a_run_with_no_record_here_is_never_taken():
-    assert L.leftovers("b", [holding(run="elsewhere")], loads(ended_with_lost()), ME) == []
+    assert leftovers_module.leftovers("b", [holding(run="elsewhere")], loads(ended_with_lost()), ME) == []
 
 
 def test_a_lease_being_taken_now_is_never_taken():
-    assert L.leftovers("b", [holding(state="starting")], loads(ended_with_lost()), ME) == []
+    assert leftovers_module.leftovers("b", [holding(state="starting")], loads(ended_with_lost()), ME) == []
 
 
 def test_a_host_that_is_not_one_of_the_runs_nodes_is_never_taken():
-    assert L.leftovers("d", [holding(host="d")], loads(ended_with_lost()), ME) == []
+    assert leftovers_module.leftovers("d", [holding(host="d")], loads(ended_with_lost()), ME) == []
 
 
 def test_only_the_leftovers_among_several_holders():
     mine, live = ended_with_lost("r1"), make_record("r2", ("b",))
-    found = L.leftovers("b", [holding("r2"), holding("r1", slots=(1,)), holding("r3", user="bob@x")],
+    found = leftovers_module.leftovers("b", [holding("r2"), holding("r1", slots=(1,)), holding("r3", user="bob@x")],
                         loads(mine, live), ME)
     assert [(x.run, x.slots) for x in found] == [("r1", (1,))]
 
@@ -85,7 +85,7 @@ def test_an_unreadable_record_is_none(tmp_path):
     store = RunStore(str(tmp_path / "runs"))
     (tmp_path / "runs" / "r9").mkdir(parents=True)
     (tmp_path / "runs" / "r9" / "run.json").write_text("{not json")
-    load = L.loader(store)
+    load = leftovers_module.loader(store)
     assert load("r9") is None and load("missing") is None
 
 
@@ -109,12 +109,12 @@ def test_end_tears_down_the_leftover_by_its_marker_and_says_how_it_went(said, ok
     rec = ended_with_lost()
     host = rec.nodes[0].settings
     node = _Node(said)
-    (x,) = L.leftovers(host.name, [holding()], loads(rec), ME)
-    ((got, problem),) = L.end(Fleet([host], connect=lambda h: node), host, [x])
+    (x,) = leftovers_module.leftovers(host.name, [holding()], loads(rec), ME)
+    ((got, problem),) = leftovers_module.end(Fleet([host], connect=lambda h: node), host, [x])
     assert got is x and (problem is None) == ok, problem
     (command,) = node.ran
     assert marker_word("r1/b@attempt-1") in command, command
-    line = L.taken(x, problem)
+    line = leftovers_module.taken(x, problem)
     if ok:
         assert line == (f"[clusterddp] {host.name}: slots 0 were held by run r1, which has ended (succeeded): "
                         "what was left of it there is ended; taking them")
@@ -129,8 +129,8 @@ def test_end_of_a_host_that_does_not_answer_is_a_problem_said():
 
     def down(h):
         raise HostError(h.name, "cannot connect: timed out")
-    (x,) = L.leftovers(host.name, [holding()], loads(rec), ME)
-    ((_, problem),) = L.end(Fleet([host], connect=down), host, [x])
+    (x,) = leftovers_module.leftovers(host.name, [holding()], loads(rec), ME)
+    ((_, problem),) = leftovers_module.end(Fleet([host], connect=down), host, [x])
     assert problem and "timed out" in problem
 
 
@@ -155,7 +155,7 @@ def seam(monkeypatch, tmp_path):
     store = RunStore(str(tmp_path / "runs"))
     store.create(ended_with_lost("r1"))  # lost b in attempt 1, then succeeded on a and c
     store.create(make_record("r2", ("a", "b")))  # running
-    plan = P.build_plan(parse(INV, "lab.yaml"), RunSpec("t.py"), "r3")
+    plan = ssh_plan.build_plan(parse(INV, "lab.yaml"), RunSpec("t.py"), "r3")
     prep = launch.Prepared(plan, store, tmp_path)
     st = {"refusals": [], "waits": [], "ended": [], "problem": None}
 
@@ -165,12 +165,12 @@ def seam(monkeypatch, tmp_path):
             raise LeaseBusy("the run does not fit", holders=st["refusals"].pop(0), run_id="r3", host="b")
         return leases.Lease("r3", fleet, grants={"a": (0,), "b": (0,)}, port=29500)
 
-    def end(fleet, host, found, grace=L.GRACE_S):
+    def end(fleet, host, found, grace=leftovers_module.GRACE_S):
         st["ended"] += [(host.name, x.run) for x in found]
         return [(x, st["problem"]) for x in found]
     monkeypatch.setattr(leases, "acquire", acquire)
     monkeypatch.setattr(leases, "launching_user", lambda: ME)
-    monkeypatch.setattr(L, "end", end)
+    monkeypatch.setattr(leftovers_module, "end", end)
 
     def take(wait=False):
         said: list[str] = []

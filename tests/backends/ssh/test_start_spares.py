@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from clusterddp.backends.ssh import attempts as A
+from clusterddp.backends.ssh import attempts as next_attempts
 from clusterddp.errors import HostError, HostErrorKind
 from helpers import cddp
 
@@ -22,8 +22,11 @@ def test_only_a_host_that_is_down_is_replaced_not_one_that_answers_wrongly():
         "f": HostError("f", "not an SSH server"),
         "g": RuntimeError("a bug"),
     }
-    assert A.down_hosts(failed) == {"a": "cannot connect: timed out after 3s", "b": "cannot connect: no route to host",
-                                    "c": "the connection was lost"}
+    assert next_attempts.down_hosts(failed) == {
+        "a": "cannot connect: timed out after 3s",
+        "b": "cannot connect: no route to host",
+        "c": "the connection was lost",
+    }
 
 
 def test_a_quarantined_hosts_spare_is_said_with_the_release_command_before_the_preflight(tmp_path):
