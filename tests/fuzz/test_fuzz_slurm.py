@@ -145,7 +145,7 @@ CTL = "/shared/run/.clusterddp"
                                 st.sampled_from(UNICODE_DIGITS + NUMBERS + ("1_0", " 7\n"))), min_size=1, max_size=4))
 def test_exit_code_files_give_the_number_their_ascii_digits_say(codes):
     hosts = [f"n{i}" for i in range(len(codes))]
-    files = {slurm.SP.exit_code_file(CTL, h): c for h, c in zip(hosts, codes, strict=True)}
+    files = {slurm.slurm_plan.exit_code_file(CTL, h): c for h, c in zip(hosts, codes, strict=True)}
     with case("node exit code files"):
         got = slurm.exit_codes(Login({}, files), CTL, hosts)
     for h, c in zip(hosts, codes, strict=True):

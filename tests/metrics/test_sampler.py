@@ -50,7 +50,7 @@ def test_the_metrics_regex_sees_only_a_lines_first_bytes_so_its_time_per_line_is
     p = parsed(r".*loss (?P<loss>[0-9.]+)")  # the leading .* dropped, as the watchdog drops it
     assert p.metrics_rx.pattern == r"loss (?P<loss>[0-9.]+)"
     p.feed(
-        b"loss 3.0\n" + b"x" * (sampler_module.W.MATCH_MOST + 10) + b" loss 9.0\n"
+        b"loss 3.0\n" + b"x" * (sampler_module.watcher.MATCH_MOST + 10) + b" loss 9.0\n"
     )  # the last line's number is past it
     assert p.take()[0] == {"loss": 3.0}
 
@@ -286,7 +286,7 @@ def test_a_node_without_a_store_or_torch_never_finds_the_run_idle(monkeypatch, c
 
 def test_the_samplers_stop_the_run_together_and_idle_json_names_the_decision(tmp_path, monkeypatch):
     ended = []
-    monkeypatch.setattr(sampler_module.W, "end_job", lambda marker, spare: ended.append(marker) or "")
+    monkeypatch.setattr(sampler_module.watcher, "end_job", lambda marker, spare: ended.append(marker) or "")
 
     def node(h: str, shared: _RunStore) -> float:
         ctl = tmp_path / h
