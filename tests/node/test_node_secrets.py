@@ -114,8 +114,12 @@ def test_env_values_stay_off_command_lines_and_control_files_are_private(bed, tm
     # errors/: torchrun's per-rank error files (which can quote a secret), private like the rest
     # stacks/: the stack hook and each python's dump file (`clusterddp stacks`), private too
     # flight/: where torch writes its flight recorder dumps (clusterddp.flight): the script's frames
-    assert {f.name: mode(f) for f in ctl.iterdir()} == {**dict.fromkeys(files, 0o600), "errors": 0o700,
-                                                        "stacks": 0o700, "flight": 0o700}
+    # sampler/, where/: the job's samplers' programs, their samples and logs (metrics*.json*, where.*,
+    # *.log), private too: every file 0600, every folder 0700, whatever a later feature adds
+    seen = {f.name: mode(f) for f in ctl.iterdir()}
+    assert {n: m for n, m in seen.items() if m != (0o700 if (ctl / n).is_dir() else 0o600)} == {}, seen
+    assert {**dict.fromkeys(files, 0o600), "errors": 0o700, "stacks": 0o700, "flight": 0o700,
+            "sampler": 0o700, "where": 0o700, "metrics.jsonl": 0o600, "where.jsonl": 0o600}.items() <= seen.items()
     # (what the job's own pythons add inside it, such as the hook's __pycache__, has the job's umask:
     # unreachable for others all the same, behind stacks/'s 0700)
     assert {mode(f) for f in (ctl / "stacks").rglob("*") if "__pycache__" not in f.parts} <= {0o600, 0o700}

