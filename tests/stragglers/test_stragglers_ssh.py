@@ -94,7 +94,7 @@ def end(bed, run_id: str, runs: Path, stop: Path) -> None:
     if record(runs, run_id)["status"] != "succeeded":  # torch 2.13's gloo abort at exit, and only that, passes
         why = gloo_exit_abort(runs, run_id)
         assert why is not None, cddp("logs", run_id, "--runs-dir", str(runs)).stdout
-        warnings.warn(why)
+        warnings.warn(why, stacklevel=2)
 
 
 def named(run_id: str, runs: Path, took: list) -> list:
