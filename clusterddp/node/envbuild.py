@@ -34,17 +34,21 @@ MAX_WHEEL = 16 << 30
 MAX_LISTED = 20000
 
 
-SAY = []  # type: list  # `build ... say` (a Slurm job's node): the answer said as a line for the node's log as well
+SAY = []  # type: list  # `build ... say` (a Slurm job's node): the answer said as a line for the node's log
 
 
 def reply(obj):
-    sys.stdout.write(MARK + json.dumps(obj, sort_keys=True) + "\n")
-    if SAY and "state" in obj:
+    if not SAY:
+        sys.stdout.write(MARK + json.dumps(obj, sort_keys=True) + "\n")
+    elif "state" in obj:
         sys.stdout.write("[clusterddp] environment {} {}{}{}\n".format(SAY[0], obj["state"], "" if obj.get(
             "seconds") is None else " in {} s".format(obj["seconds"]), "" if obj.get("waited") is None else
             " (after {} s waiting for another build of it)".format(obj["waited"])))
-    elif SAY:
-        sys.stdout.write("[clusterddp] environment {} not built: {}\n".format(SAY[0], obj.get("error")))
+    else:
+        err = obj.get("error")
+        if err == "disk":
+            err = "no room ({} bytes needed, {} free)".format(obj.get("needed"), obj.get("free"))
+        sys.stdout.write("[clusterddp] environment {} not built: {}\n".format(SAY[0], err))
     sys.stdout.flush()
 
 

@@ -64,7 +64,9 @@ def _fleet(login: Login, s: SlurmSettings, shared_dir: str) -> tuple[Fleet, Host
     """The login host as a one-host fleet whose host runs ``slurm.python`` after ``slurm.setup`` in the shared
     folder; the login's own connection is borrowed (closed by the login, not by this fleet)."""
     t, where = login.collect_host(shared_dir)
-    host = replace(where, name=login.name, python=s.python, setup=s.setup, env=(), workdir=shared_dir)
+    # transport "slurm": not this machine's `up local` (whose envs live in the cache), whatever the login is
+    host = replace(where, name=login.name, python=s.python, setup=s.setup, env=(), workdir=shared_dir,
+                   transport="slurm")
     return Fleet([host], connect=lambda h: t), host
 
 

@@ -90,8 +90,8 @@ def test_with_packages_a_first_step_makes_the_environment_ready_and_the_job_runs
     inv = parse_inventory(INV, "c.yaml")
     p = slurm_planner.build(inv, RunSpec("train/t.py", ("--x",)), RUN_ID, "/shared/cddp", env=ENV_STEP)
     head = p.node_script[:p.node_script.index("cddp_master=$1")]  # the rest is the golden slurm.txt's
-    golden("slurm_env.txt", f"== {slurm_planner.BATCH} ==\n{p.batch_script}\n== {slurm_planner.NODE_SCRIPT} (its head) ==\n"
-           f"{head}")
+    golden("slurm_env.txt", f"== {slurm_planner.BATCH} ==\n{p.batch_script}\n"
+                            f"== {slurm_planner.NODE_SCRIPT} (its head) ==\n{head}")
     for text in (p.batch_script, p.node_script):
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
     torchrun = next(x for x in p.node_script.splitlines() if "--rdzv-endpoint" in x)
