@@ -102,6 +102,13 @@ def test_the_jobs_environment_is_built_once_in_the_shared_folder_then_found_read
     shown = cddp("status", second, "--runs-dir", str(runs), env=env, check_rc=0).stdout
     assert f"environment {eid} (lock sha256 " in shown and "on node-1, node-2" in shown, shown
 
+    # check: the environment's id and state on the login host's row; the probe job runs its python
+    rep = json.loads(cddp("check", str(inv), "--json", env=env, check_rc=0, timeout=180).stdout)
+    found = {c["check"]: c for c in rep["hosts"][0]["checks"]}
+    assert found["env"]["status"] == "ok" and found["env"]["value"] == f"{eid[:12]} ready", found
+    assert found["env"]["note"] == f"environment {eid} ready in the shared folder"
+    assert {c["check"]: c["status"] for c in rep["hosts"][1]["checks"]}["torch"] == "ok"
+
     # slurm.envs_dir (node-local): the staged node program builds from the shared store into a folder of the
     # node's own; a node whose Python is not the planned one refuses, naming what differs
     ctl = shared / "runs" / second / ".clusterddp"
