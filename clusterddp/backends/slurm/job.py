@@ -593,6 +593,9 @@ def render(prep: Prepared, req: base.LaunchRequest, full: bool = True) -> str:
     """The dry-run text: the plan (:func:`plan.render`; not ``full``: :func:`plan.summary`), where it
     would be submitted, what it uploads and leaves out."""
     out = [f"run {prep.plan.run_id}", slurm_plan.render(prep.plan) if full else slurm_plan.summary(prep.plan)]
+    if prep.lock is not None:
+        out.append(f"packages: {prep.lock.path}: a first step of the job makes its environment ready on every node; "
+                   "its id and python are known once the login host is asked (`up`, `check`), not by --dry-run")
     if prep.login.host is not None:
         out.append(f"login host: {prep.login.name} over SSH (not contacted by --dry-run; ~ is the home there)")
     return "\n".join([*out, *scan(prep, req).described()])

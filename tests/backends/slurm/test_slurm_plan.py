@@ -128,3 +128,19 @@ def test_the_jobs_step_starts_only_after_the_environment_step_succeeded(tmp_path
     (tmp_path / "calls").unlink()
     rc, calls = _batch_with_srun(tmp_path, p, 3)
     assert rc == 3 and len(calls) == 1 and calls[0].endswith(" env"), calls
+
+
+def test_dry_run_with_packages_names_the_lock_and_refuses_one_that_is_not_one(tmp_path):
+    script = job_script(tmp_path, "t.py", "print(1)\n")
+    inv = tmp_path / "c.yaml"
+    inv.write_text(INV.replace("/shared/cddp", str(tmp_path / "shared")) + "  packages: lock.txt\n")
+    (tmp_path / "lock.txt").write_text("cddptiny==1.0\n")
+    env = {"SLURM_CONF": str(tmp_path / "nope.conf")}
+    r = cddp("up", str(inv), str(script), "--dry-run", "--runs-dir", str(tmp_path / "runs"), env=env, check_rc=0)
+    assert f"packages: {tmp_path / 'lock.txt'}: a first step of the job makes its environment ready" in r.stdout
+    (tmp_path / "lock.txt").write_text("cddptiny\n")
+    r = cddp("up", str(inv), str(script), "--dry-run", "--runs-dir", str(tmp_path / "runs"), env=env, check_rc=2)
+    assert f"{tmp_path / 'lock.txt'}:1: " in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = cddp("env", "build", str(inv), env=env, check_rc=2)
+    assert "`env` works on an inventory that lists its hosts, not a `slurm:` one" in r.stderr, r.stderr
+
