@@ -39,10 +39,12 @@ class RunSpec:
     metrics_regex: str | None = None             # --metrics-regex / metrics_regex: its named groups name numbers
     idle_policy: tuple[float, float, bool] | None = None  # idle_policy: (below %, seconds, stop); None: off
     port_fixed: bool = False                     # resolved: master_port was given (flag or master.port), not chosen
+    restarts: int = 0                            # resolved: new attempts after a failed one (an attached SSH run)
+    restarts_by: str = ""                        # resolved: what allows them, in the user's words ("--max-restarts 2")
     resolved: bool = False                       # resolve() made it: the values below the flags are filled in
 
 
-def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
+def resolve(asked: RunSpec, inventory: Inventory, nodes: tuple[int, int] | None = None) -> RunSpec:
     """The effective spec of a run of ``asked`` (the flags) on ``inventory``: every "flag over
     inventory" rule, here once (flag > host entry > inventory defaults > built-in; each tested by name in
     ``tests/runspec/test_resolve.py``). A resolved spec comes back as it is. Bad values are bad input
@@ -58,6 +60,9 @@ def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
     - ``metrics_interval``: --metrics-interval > the inventory's ``metrics_interval:`` > 5 s; 0 is off.
     - ``metrics_regex``: --metrics-regex > the inventory's ``metrics_regex:`` > none.
     - ``idle_policy``: the inventory's ``idle_policy:`` (no flag).
+    - ``restarts`` (new attempts of an attached SSH run after a failed one, :mod:`clusterddp.backends.ssh.attempts`):
+      --max-restarts > the inventory's ``restarts:`` > what ``nodes`` (--nodes MIN:MAX) lets the run lose,
+      MAX - MIN > none; ``restarts_by`` names the one that decided.
     """
     if asked.resolved:
         return asked
@@ -76,7 +81,8 @@ def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
     if asked.metrics_regex is not None and (why := metrics_regex_problem(asked.metrics_regex)) is not None:
         raise UsageError(f"--metrics-regex {asked.metrics_regex!r}: {why}",
                          "see docs/watching.md, \"Numbers from the job's output\"")
-    return replace(asked, resolved=True,
+    restarts, restarts_by = _restarts(asked.max_restarts, inventory.restarts, nodes)
+    return replace(asked, resolved=True, restarts=restarts, restarts_by=restarts_by,
                    metrics_interval=METRICS_INTERVAL if interval is None else interval,
                    metrics_regex=asked.metrics_regex if asked.metrics_regex is not None else inventory.metrics_regex,
                    idle_policy=asked.idle_policy if asked.idle_policy is not None else inventory.idle_policy,
@@ -87,6 +93,25 @@ def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
                    stall_timeout=stall or None,
                    progress_regex=asked.progress_regex if asked.progress_regex is not None
                    else inventory.progress_regex)
+
+
+def _restarts(flag: int, inventory: int | None, nodes: tuple[int, int] | None) -> tuple[int, str]:
+    """New attempts after a failed one, and what allows them: ``--max-restarts`` > ``restarts:`` > --nodes."""
+    if flag > 0:
+        return flag, f"--max-restarts {flag}"
+    if inventory is not None:
+        return inventory, f"restarts: {inventory} (the inventory's)"
+    if nodes is not None:
+        return nodes[1] - nodes[0], "--nodes {}:{}".format(*nodes)
+    return 0, ""
+
+
+def fanout_of(flag: int | None, inventory: Inventory) -> int:
+    """Hosts contacted at once: --fanout > the inventory's ``fanout:`` > built-in 32 (the inventory's default,
+    :data:`clusterddp.inventory.model.DEFAULT_FANOUT`). Not in :func:`resolve`: `up` has no --fanout; the
+    commands that have it (check, exec, leases) load their inventory through
+    :func:`clusterddp.backends.base.load_inventory`, which asks here."""
+    return flag or inventory.fanout
 
 
 def master_port_of(flag: int | None, inventory: Inventory) -> tuple[int, bool]:

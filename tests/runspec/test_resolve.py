@@ -7,7 +7,7 @@ import pytest
 
 from clusterddp import inventory
 from clusterddp.errors import UsageError
-from clusterddp.runspec import RunSpec, fixed_slots, master_port_of, nproc, resolve
+from clusterddp.runspec import RunSpec, fanout_of, fixed_slots, master_port_of, nproc, resolve
 
 BARE = "hosts:\n  - {name: a, address: 10.0.0.1}\n  - {name: b, address: 10.0.0.2}\n"
 FULL = """
@@ -141,6 +141,47 @@ def test_progress_regex_inventory_wins_over_builtin_any_line():
 def test_a_bad_progress_regex_flag_is_refused():
     with pytest.raises(UsageError, match="2 groups"):
         resolve(spec(progress_regex="(a)(b)"), inv())
+
+
+# ---- restarts (new attempts of an attached SSH run): --max-restarts > restarts: > --nodes MAX-MIN > none ----
+
+RESTARTS = "restarts: 1\n" + BARE
+
+
+def test_restarts_flag_wins_over_inventory():
+    s = resolve(spec(max_restarts=3), inv(RESTARTS), (1, 3))
+    assert (s.restarts, s.restarts_by) == (3, "--max-restarts 3")
+
+
+def test_restarts_inventory_wins_over_nodes_range():
+    s = resolve(spec(), inv(RESTARTS), (1, 4))
+    assert (s.restarts, s.restarts_by) == (1, "restarts: 1 (the inventory's)")
+    s = resolve(spec(), inv("restarts: 0\n" + BARE), (1, 3))  # 0 is the inventory's word, not its absence
+    assert (s.restarts, s.restarts_by) == (0, "restarts: 0 (the inventory's)")
+
+
+def test_restarts_nodes_range_wins_over_builtin_none():
+    s = resolve(spec(), inv(BARE), (1, 3))
+    assert (s.restarts, s.restarts_by) == (2, "--nodes 1:3")
+
+
+def test_restarts_builtin_is_none():
+    assert resolve(spec(), inv(BARE)).restarts == 0
+    assert resolve(spec(max_restarts=0), inv(BARE), None).restarts == 0
+
+
+# ---- fanout (check, exec, leases; not up): --fanout > the inventory's fanout: > built-in 32 ----
+
+def test_fanout_flag_wins_over_inventory():
+    assert fanout_of(3, inv("fanout: 8\n" + BARE)) == 3
+
+
+def test_fanout_inventory_wins_over_builtin():
+    assert fanout_of(None, inv("fanout: 8\n" + BARE)) == 8
+
+
+def test_fanout_builtin_is_32():
+    assert fanout_of(None, inv(BARE)) == 32
 
 
 # ---- once ----

@@ -63,7 +63,7 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     store (:func:`clusterddp.resume.resolve`)."""
     script = base.check_script(spec.script)
     inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
-    spec = resolve(spec, inventory)  # as `up` resolved it (a caller may give the flags alone)
+    spec = resolve(spec, inventory, nodes)  # as `up` resolved it (a caller may give the flags alone)
     secrets = (*upload.secret_files(inventory), *secrets)  # every host's, before --hosts narrows them
     if not inventory.hosts:
         raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
@@ -582,7 +582,7 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
                 events.say(line)
         _resume(self.prep, self.req, events, self.chosen, self.fleet, self.lease)
         events.hosts([n.host.name for n in plan.nodes])
-        self.may_go_on = attempts.allowed(self.req.spec.max_restarts, self.req.nodes, plan.inventory.restarts) > 0
+        self.may_go_on = self.req.spec.restarts > 0  # clusterddp.runspec.resolve
 
     def execute(self) -> RunOutcome | None:
         req, events, store = self.req, self.events, self.prep.store
@@ -667,7 +667,7 @@ def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, 
     which ends as it always did)."""
     from ... import policy
     from ...errors import ClusterDDPError
-    budget = attempts.allowed(req.spec.max_restarts, req.nodes, prep.plan.inventory.restarts)
+    budget = req.spec.restarts  # clusterddp.runspec.resolve: --max-restarts > restarts: > --nodes
     if budget == 0:
         return None
     rec = prep.store.load(prep.plan.run_id)
@@ -683,11 +683,8 @@ def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, 
         _ends(prep, events, attempt, decision.why)
         return None
     if attempt - 1 >= budget:
-        restarts = prep.plan.inventory.restarts
-        limit = (f"--max-restarts {req.spec.max_restarts}" if req.spec.max_restarts
-                 else f"restarts: {restarts} (the inventory's)" if restarts is not None
-                 else "--nodes {}:{}".format(*req.nodes or (0, 0)))
-        _ends(prep, events, attempt, policy.ends(decision.why, f"{limit} allows no more attempts"), decision.hosts)
+        _ends(prep, events, attempt, policy.ends(decision.why, f"{req.spec.restarts_by} allows no more attempts"),
+              decision.hosts)
         return None
     try:
         return _start_next(prep, req, events, attempt, rec, decision)

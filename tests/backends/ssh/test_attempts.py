@@ -103,18 +103,8 @@ def test_candidates_skip_spares_used_already_and_quarantined(inv):
     assert names(next_attempts.candidates(inv.spares, used=[], quarantined=["s1", "s2"])) == []
 
 
-def test_how_many_attempts_and_where_a_nodes_range_starts(inv):
-    assert (
-        next_attempts.allowed(0, None) == 0
-        and next_attempts.allowed(2, None) == 2
-        and next_attempts.allowed(0, (1, 3)) == 2
-    )
-    assert (
-        next_attempts.allowed(1, (1, 3)) == 1
-        and next_attempts.allowed(0, (1, 3), restarts=0) == 0
-        and next_attempts.allowed(3, None, 1) == 3
-    )
-    assert next_attempts.allowed(0, None, restarts=2) == 2
+def test_where_a_nodes_range_starts(inv):
+    # how many attempts: tests/runspec/test_resolve.py (runspec.resolve's restarts)
     hosts, problem = next_attempts.start_hosts(inv.hosts, (1, 2))
     assert names(hosts) == ["a", "b"] and problem is None
     _, problem = next_attempts.start_hosts(inv.hosts, (4, 5))
