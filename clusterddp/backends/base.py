@@ -23,7 +23,7 @@ from ..errors import NodeOutcome, RunFailed, UsageError
 from ..inventory import LOCAL, Inventory, NotifyTarget
 from ..nodeops import Reach
 from ..record import NodeRecord, NodeState, RunRecord, RunStatus
-from ..runspec import RunSpec, fanout_of
+from ..runspec import ResolvedSpec, RunSpec, fanout_of
 from ..store import RunStore, utcnow
 from ..upload import DEFAULT_MAX_UPLOAD
 
@@ -68,7 +68,7 @@ class LaunchRequest:
 
     inventory_arg: str                           # as given: a path, or `local`
     inventory: Inventory                         # loaded
-    spec: RunSpec
+    spec: ResolvedSpec                           # resolved against ``inventory`` (cli.up.request)
     runs_dir: str
     hosts: list[str] | None = None               # --hosts (names; their GPU choice in ``slots``)
     slots: dict[str, tuple[int, ...]] | None = None

@@ -12,6 +12,7 @@ from clusterddp.envs import nodes as env_nodes
 from clusterddp.errors import HostError, LockFileError
 from clusterddp.fleet import Fleet
 from clusterddp.runspec import RunSpec
+from helpers import resolved
 
 
 def _inventory(tmp_path, lock: str = "torch==2.13.0\n"):
@@ -25,7 +26,7 @@ def test_a_lock_that_is_not_one_stops_prepare(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _inventory(tmp_path, "torch>=2\n")
     with pytest.raises(LockFileError, match=r"req.txt:1: 'torch>=2' is not pinned"):
-        ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+        ssh_launch.prepare("inv.yaml", resolved(RunSpec("t.py"), "inv.yaml"), str(tmp_path / "runs"))
 
 
 class Said(base.Events):
@@ -42,7 +43,7 @@ class Said(base.Events):
 def test_the_run_is_planned_probed_and_recorded_with_each_environments_python(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _inventory(tmp_path)
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = ssh_launch.prepare("inv.yaml", resolved(RunSpec("t.py"), "inv.yaml"), str(tmp_path / "runs"))
     assert prep.locks is not None and set(prep.locks) == {"a", "b"}
     assert [n.host.python for n in prep.plan.nodes] == ["/opt/base/bin/python"] * 2
     lk = prep.locks["a"]
@@ -77,7 +78,7 @@ def test_run_json_keeps_each_nodes_environment_and_an_older_record_reads_without
     from clusterddp.record import NodeRecord
     monkeypatch.chdir(tmp_path)
     _inventory(tmp_path)
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = ssh_launch.prepare("inv.yaml", resolved(RunSpec("t.py"), "inv.yaml"), str(tmp_path / "runs"))
     [a, _] = ssh_launch.node_records(prep.plan)
     a = replace(a, settings=replace(a.settings, env_id="e" * 24, lock_sha256="f" * 64, python="/w/envs/e/bin/python"))
     data = a.to_json()
@@ -120,7 +121,7 @@ def test_a_run_that_lists_spares_builds_their_environments_as_it_starts(tmp_path
     attempt never waits for a build); a spare whose environment cannot be made is left out, said."""
     monkeypatch.chdir(tmp_path)
     _with_spares(tmp_path)
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = ssh_launch.prepare("inv.yaml", resolved(RunSpec("t.py"), "inv.yaml"), str(tmp_path / "runs"))
     lk = prep.locks["a"]
 
     def survey(fleet, hosts, by_host, cache=None):
@@ -170,7 +171,7 @@ def test_a_run_that_lists_spares_builds_their_environments_as_it_starts(tmp_path
 def test_a_spare_that_does_not_answer_as_the_run_starts_is_left_out_said(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _with_spares(tmp_path)
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = ssh_launch.prepare("inv.yaml", resolved(RunSpec("t.py"), "inv.yaml"), str(tmp_path / "runs"))
 
     class Opened:
         succeeded: dict = {}

@@ -21,7 +21,7 @@ from clusterddp.record import RunStatus
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from clusterddp.transport.local import LocalTransport
-from helpers import make_record
+from helpers import make_record, resolved
 from test_slurm_watch import inv
 
 IDLE = {"schema": 1, "host": "a", "time": 1.0, "below": 5, "seconds": 1800.0, "stop": True, "nnodes": 2,
@@ -86,7 +86,8 @@ def test_without_either_record_the_ordinary_diagnosis_follows_one_records_comman
 
 def test_the_slurm_diagnosis_reads_both_records_in_one_command_a_node(tmp_path, monkeypatch):
     (tmp_path / "t.py").write_text("pass\n")
-    prep = slurm.prepare(inv(tmp_path), RunSpec("t.py", ()), str(tmp_path / "runs"), tmp_path / "t.py")
+    i = inv(tmp_path)
+    prep = slurm.prepare(i, resolved(RunSpec("t.py", ()), i), str(tmp_path / "runs"), tmp_path / "t.py")
     store = RunStore(str(tmp_path / "runs"))
     rec = slurm.new_record(prep, "c.yaml")
     rec = replace(slurm.allocated(rec, slurm.JobInfo("7", "FAILED", "None", "main", ("n1", "n2"))),

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from clusterddp import inventory
 from clusterddp.errors import UsageError
-from clusterddp.runspec import RunSpec, fanout_of, fixed_slots, master_port_of, nproc, resolve
+from clusterddp.runspec import ResolvedSpec, RunSpec, fanout_of, fixed_slots, master_port_of, nproc, resolve
 
 BARE = "hosts:\n  - {name: a, address: 10.0.0.1}\n  - {name: b, address: 10.0.0.2}\n"
 FULL = """
@@ -186,10 +188,37 @@ def test_fanout_builtin_is_32():
 
 # ---- once ----
 
-def test_a_resolved_spec_comes_back_as_it_is():
+def test_a_spec_is_resolved_once_into_a_type_of_its_own():
     s = resolve(spec(), inv(BARE))
-    assert s.resolved and resolve(s, inv()) is s  # the port stays unfixed, the inventory is not read twice
-    assert not spec().resolved
+    assert isinstance(s, ResolvedSpec) and not isinstance(spec(), ResolvedSpec)
+    assert (s.master_port, s.port_fixed) == (29500, False)
+    # again, its chosen port would pass for a flag's (fixed): refused, not re-run nor passed through
+    with pytest.raises(TypeError, match="resolved once"):
+        resolve(s, inv())
+    # what only resolution knows is not a field of what the user asked
+    asked = {f.name for f in dataclasses.fields(RunSpec)}
+    assert {"port_fixed", "restarts", "restarts_by"} <= {f.name for f in dataclasses.fields(ResolvedSpec)} - asked
+    assert "resolved" not in asked
+
+
+def test_only_the_commands_that_read_the_inventory_resolve_a_runs_flags():
+    """`up`'s request and `schedule add` resolve the flags as they read the inventory; nothing that plans
+    from the spec (the SSH plan, the Slurm plan, a backend's prepare) resolves it again."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2] / "clusterddp"
+    callers = set()
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        named = any(isinstance(n, ast.ImportFrom) and (n.module or "").endswith("runspec")
+                    and any(a.name == "resolve" for a in n.names) for n in ast.walk(tree))
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call) and (
+                    (named and isinstance(n.func, ast.Name) and n.func.id == "resolve")
+                    or (isinstance(n.func, ast.Attribute) and n.func.attr == "resolve"
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id == "runspec")):
+                callers.add(path.relative_to(root).as_posix())
+    assert callers == {"cli/up.py", "cli/schedule.py"}  # (and runspec.master_port_of, for check)
 
 
 def test_the_flags_that_have_no_inventory_counterpart_pass_through():

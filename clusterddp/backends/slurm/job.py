@@ -31,7 +31,7 @@ from ...failure import Failure
 from ...inventory import Host, Inventory
 from ...node import notify as node_notify
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus
-from ...runspec import RunSpec
+from ...runspec import ResolvedSpec
 from ...store import RunStore, new_run_id, utcnow
 from ...transport import Transport
 from ...upload import SourceFolder
@@ -87,7 +87,7 @@ def checked(login: Login, args: list[str], timeout: float = 60) -> str:
     return r.text
 
 
-def prepare(inventory: Inventory, spec: RunSpec, runs_dir: str, script: Path, run_id: str | None = None,
+def prepare(inventory: Inventory, spec: ResolvedSpec, runs_dir: str, script: Path, run_id: str | None = None,
             *, contact: bool = False, notify: bool = False) -> Prepared:
     """Plan the run; nothing written. A remote login host is asked for its home (where ``~`` in
     slurm.shared_dir is) only with ``contact``; otherwise (--dry-run, `schedule add`) the path is shown as written.

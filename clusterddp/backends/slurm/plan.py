@@ -30,7 +30,7 @@ from ... import runspec
 from ...inventory import Inventory
 from ...node import notify as node_notify
 from ...nodescript import shell_word, store_wait, torchrun_entry, torchrun_start
-from ...runspec import RunSpec
+from ...runspec import ResolvedSpec, RunSpec
 from .section import SlurmSettings, settings_of
 
 BATCH = "job.sbatch"
@@ -48,7 +48,7 @@ _PORT_FROM_JOB = "$((20000 + SLURM_JOB_ID % 20000))"
 class SlurmPlan:
     run_id: str
     inventory: Inventory
-    spec: RunSpec
+    spec: ResolvedSpec
     settings: SlurmSettings
     run_dir: str                 # <shared_dir>/runs/<run_id>: the staged code; where the script runs
     control_dir: str
@@ -104,13 +104,12 @@ def procs(s: SlurmSettings, spec: RunSpec) -> int:
     return spec.gpus or s.gpus_per_node
 
 
-def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, notify: bool = False) -> SlurmPlan:
+def build(inventory: Inventory, spec: ResolvedSpec, run_id: str, shared_dir: str, notify: bool = False) -> SlurmPlan:
     """Plan a Slurm run; ``shared_dir`` is the inventory's, with ``~`` already expanded by the caller.
     ``notify``: the batch script tells the run's end (:func:`notify_lines`; `up --detach` with webhooks)."""
     s = settings_of(inventory)
     run_dir = posixpath.join(shared_dir, "runs", run_id)
     ctl = posixpath.join(run_dir, kit.CONTROL)
-    spec = runspec.resolve(spec, inventory)  # as it is when `up` resolved it (tests may give the flags alone)
     node = _node_script(s, spec, run_id, run_dir, ctl)
     batch = _batch_script(s, spec, run_id, ctl, notify)
     return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, spec.collect, notify)
@@ -194,7 +193,7 @@ def notify_lines(s: SlurmSettings) -> list[str]:
     ]
 
 
-def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
+def _node_script(s: SlurmSettings, spec: ResolvedSpec, run_id: str, run_dir: str, ctl: str) -> str:
     host = s  # its python and setup lines are every node's (nodescript.HostLike)
     env = tuple({**dict(s.env), **dict(spec.env)}.items())
     port = str(spec.master_port) if spec.port_fixed else _PORT_FROM_JOB

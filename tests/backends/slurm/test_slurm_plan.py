@@ -6,7 +6,7 @@ import subprocess
 
 from clusterddp.backends.slurm import plan as slurm_planner
 from clusterddp.runspec import RunSpec
-from helpers import cddp, job_script, parse_inventory
+from helpers import cddp, job_script, parse_inventory, resolved
 from test_plan import HOSTILE, RUN_ID, golden
 
 INV = """
@@ -32,7 +32,7 @@ def slurm_plan(**spec) -> slurm_planner.SlurmPlan:
     inv = parse_inventory(INV, "c.yaml")
     return slurm_planner.build(
         inv,
-        RunSpec("train/t.py", HOSTILE, collect=("logs/*.txt",), env=(("E", "a b"),), **spec),
+        resolved(RunSpec("train/t.py", HOSTILE, collect=("logs/*.txt",), env=(("E", "a b"),), **spec), inv),
         RUN_ID,
         "/shared/cddp",
     )
