@@ -8,6 +8,10 @@ cache removed before each run):
   by hand, uv     `scp` of the lock's wheels and the lock to every node, then on every node
                   `uv venv` + `uv pip install --offline --no-index --find-links`, all nodes in parallel
                   (uv already on the nodes: a hand-typer installed it once; its copy is not timed)
+  by hand, uv, then imported
+                  the same, then `env/bin/python -c 'import torch'` on every node: the check env build makes
+                  before it takes an environment (the first import of torch compiles its modules: 5-25 s
+                  on a loaded machine, which the job's first start pays otherwise)
   by hand, pip    the same copy, then `python -m venv` + `pip install --no-index --find-links`
   env build       `clusterddp env build INVENTORY` (wheels sent over its own connections, sha256-checked
                   on arrival, uv sent too, the environment built in a temporary folder, verified,
@@ -44,23 +48,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "envs"), str(REPO / "bench")]
 
 from _common import STOCK_BASHRC, interleave  # noqa: E402
+from envbed import TORCH_LOCK  # noqa: E402
 from testbed import TestBed, session_slot  # noqa: E402
 from tinywheel import make_wheel  # noqa: E402
 
 LOCKS = {
-    "torch": """\
-cddptiny==1.0
-filelock==4.3.2
-fsspec==2026.9.0
-jinja2==3.1.6
-markupsafe==3.0.4
-mpmath==1.3.0
-networkx==3.6.1
-setuptools==84.2.1
-sympy==1.14.0
-torch==2.13.0
-typing-extensions==4.16.0
-""",
+    "torch": TORCH_LOCK,
     "small": """\
 cddptiny==1.0
 numpy==2.3.5
@@ -138,11 +131,14 @@ def main() -> None:
             uv_bin.chmod(0o755)
             size = sum(w.stat().st_size for w in wheels)
             wipe()
-            print(f"the lock: {len(wheels)} wheels, {size / 2**20:.1f} MiB; uv {uv_wheel.stat().st_size / 2**20:.1f} MiB")
+            uv_size = uv_wheel.stat().st_size
+            print(f"the lock: {len(wheels)} wheels, {size / 2**20:.1f} MiB; uv {uv_size / 2**20:.1f} MiB")
             ssh = ["-i", str(bed.identity_file), "-o", f"UserKnownHostsFile={bed.known_hosts}",
                    "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
 
-            def by_hand(installer: str, hosts: int) -> None:
+            check = "import torch" if a.lock == "torch" else "import cddptiny, numpy"
+
+            def by_hand(installer: str, hosts: int, verify: bool = False) -> None:
                 def one(x) -> None:
                     w = workdir[x.name]
                     sh(["scp", "-q", *ssh, *map(str, wheels), str(lock), f"root@{x.address}:{w}/"])
@@ -153,6 +149,8 @@ def main() -> None:
                     else:
                         cmd = (f"cd {w} && {sys._base_executable} -m venv env && env/bin/pip install -q"  # type: ignore[attr-defined]
                                f" --no-index --no-cache-dir --find-links . -r requirements.txt")
+                    if verify:  # what env build does before it takes an environment: its modules imported
+                        cmd += f" && env/bin/python -c '{check}'"
                     sh(["ssh", *ssh, f"root@{x.address}", cmd])
                 with concurrent.futures.ThreadPoolExecutor(hosts) as pool:
                     list(pool.map(one, nodes[:hosts]))
@@ -176,7 +174,8 @@ def main() -> None:
                     print(f"| {k} | {sent} | {took:.1f} s |")
                 return
             by_hand("uv", a.nodes)  # the hand-typed commands warmed up too
-            tools = {"by hand, uv": lambda: by_hand("uv", a.nodes), "env build": lambda: env_build(a.nodes)}
+            tools = {"by hand, uv": lambda: by_hand("uv", a.nodes), "env build": lambda: env_build(a.nodes),
+                     "by hand, uv, then imported": lambda: by_hand("uv", a.nodes, verify=True)}
             if not a.no_pip:
                 tools["by hand, pip"] = lambda: by_hand("pip", a.nodes)
             print(f"{a.nodes} nodes, load {os.getloadavg()[0]:.1f}")
