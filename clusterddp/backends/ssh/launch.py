@@ -609,6 +609,7 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
             self.events.warn(unwatched)
 
     def after_end(self) -> None:
+        _strike_stragglers(self.prep, self.events)
         _end_lost(self.prep, self.events)
 
     def release(self) -> None:
@@ -858,10 +859,41 @@ def _set_aside(prep: Prepared, events: base.Events) -> None:
     inventory's ``quarantine:`` (clusterddp.quarantine), said in one line. Best effort: never the run's outcome."""
     from ... import quarantine
     try:
-        added = quarantine.after_run(prep.store.load(prep.plan.run_id), prep.plan.inventory.quarantine_s)
+        added = quarantine.after_run(prep.store.load(prep.plan.run_id), prep.plan.inventory.quarantine_s,
+                                     slow=_stragglers_named(prep))
     except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not hide the run's failure
         events.warn(f"quarantine: not updated: {problem}")
         return
+    _said_aside(added, events)
+
+
+def _stragglers_named(prep: Prepared) -> list[str]:
+    """With ``quarantine_stragglers: true``: the hosts the run's samples brought back name stragglers."""
+    if not prep.plan.inventory.quarantine_stragglers:
+        return []
+    return stragglers.hosts_named(prep.store.run_dir(prep.plan.run_id))
+
+
+def _strike_stragglers(prep: Prepared, events: base.Events) -> None:
+    """After an attached run that succeeded (a failed one counted them in :func:`_set_aside`), with
+    ``quarantine_stragglers: true``: a strike for each host named a straggler in it, said when that sets
+    it aside. Best effort: never the run's outcome."""
+    from ... import quarantine
+    if not prep.plan.inventory.quarantine_stragglers:
+        return
+    try:
+        rec = prep.store.load(prep.plan.run_id)
+        if rec.status is not RunStatus.SUCCEEDED:
+            return
+        added = quarantine.after_slow(rec, _stragglers_named(prep), prep.plan.inventory.quarantine_s)
+    except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not change how the run ended
+        events.warn(f"quarantine: not updated: {problem}")
+        return
+    _said_aside(added, events)
+
+
+def _said_aside(added: list, events: base.Events) -> None:
+    from ... import quarantine
     for e in added:
         events.warn(f"quarantine: {e.host} ({e.machine}) is set aside until {quarantine.stamp(e.until)}: {e.why}; "
                     f"runs refuse it until then (`clusterddp quarantine release {e.host}` lets it back)")
