@@ -318,8 +318,9 @@ def sampler_lines(python: str, args: dict) -> list[str]:
     ]
 
 
-WHERE = "where"  # in a node's control folder: the rank sampler's programs (node programs where and stacks)
+WHERE = "where"  # in a node's control folder: the rank sampler's programs (node programs where, stacks, watch)
 WHERE_SAMPLES = "where.jsonl"  # in a node's control folder: where each rank was, by sample (clusterddp.stragglers)
+WHERE_ARGS = {"interval": 2.0, "most": 1 << 20}  # the rank sampler's: seconds between samples, bytes kept
 
 
 def where_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
