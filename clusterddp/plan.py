@@ -43,6 +43,7 @@ from .nodescript import (
     MARKER,
     NPROC,
     STOP_TRAP,
+    WHERE_ARGS,
     exit_function,
     iface_lines,
     marker_word,
@@ -67,7 +68,6 @@ from .runspec import ResolvedSpec, RunSpec, sampler_args, watch_args
 from .runspec import nproc as runspec_nproc
 
 DEFAULT_GRACE = 10.0
-WHERE_ARGS = {"interval": 2.0, "most": 1 << 20}  # the rank sampler's: seconds between samples, bytes kept
 
 
 H = TypeVar("H", bound=RunNode, covariant=True)  # a frozen value: a NodeLaunch[Host] is a NodeLaunch[RunNode]

@@ -202,7 +202,7 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | Non
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
                      inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs, notify=_notify(inv.notify, path),
                      quarantine_s=DEFAULT_QUARANTINE_S if inv.quarantine is None else float(inv.quarantine),
-                     retry_job_failures=inv.retry_job_failures,
+                     retry_job_failures=inv.retry_job_failures, quarantine_stragglers=inv.quarantine_stragglers,
                      spares=spares, restarts=getattr(inv, "restarts", None), checkpoints=tuple(inv.checkpoints),
                      **_watchdog(inv))
 

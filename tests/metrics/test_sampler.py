@@ -127,6 +127,25 @@ def test_the_idle_policy_writes_idle_json_in_the_loop(tmp_path):
           counters=dict, samples=10)
     rec = json.loads((tmp_path / "idle.json").read_text())
     assert rec["below"] == 10 and rec["stop"] is False
+    # the run goes on (every sample still taken) and its sample file says when it was found idle
+    got = parse((tmp_path / "metrics.jsonl").read_bytes(), "a")
+    assert len(got.samples) == 10 and got.bad == 0
+    (found,) = got.idle
+    assert (found.below, found.seconds, found.stop, found.nnodes) == (10, 30, False, 1)
+    assert got.samples[0].t <= found.t <= got.samples[-1].t
+
+
+def test_thinning_keeps_the_event_lines(tmp_path):
+    w = sampler_module.Writer(str(tmp_path / "m.jsonl"), {"kind": "clusterddp-samples"}, 4096)
+    for i in range(2000):
+        if i == 7:
+            w.event((json.dumps({"event": "idle", "t": 7.0, "idle": {"below": 5, "seconds": 60, "stop": False,
+                                                                    "nnodes": 2, "decided_by": "a"}},
+                                sort_keys=True) + "\n").encode())
+        if w.due():
+            w.write((json.dumps({"t": float(i), "dt": 1.0, "progress": 1}, sort_keys=True) + "\n").encode())
+    got = parse((tmp_path / "m.jsonl").read_bytes(), "a")
+    assert w.stride >= 16 and [(e.t, e.decided_by) for e in got.idle] == [(7.0, "a")] and got.bad == 0
 
 
 def test_launch_sh_starts_the_sampler_unless_off_and_is_valid_bash(tmp_path):

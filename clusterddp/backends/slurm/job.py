@@ -350,6 +350,7 @@ def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_di
     for h in hosts:
         copy_log(login, store, run_id, h, slurm_plan.node_log(control_dir, h))
         copy_samples(t, store, run_id, h, slurm_plan.node_control(control_dir, h))
+        copy_where(t, store, run_id, h, slurm_plan.node_control(control_dir, h))
     # collect_command reads <control_dir>/node.log: the batch step's output (plan.BATCH_LOG)
     node = ssh_plan.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
     return collect_node(t, node, store, run_id, globs)
@@ -373,6 +374,19 @@ def copy_samples(t: Transport, store: RunStore, run_id: str, host: str, node_ctl
     files = split_answer(bytes(buf), host)
     if files and not store.read_only:
         save(store.run_dir(run_id), host, files)
+
+
+def copy_where(t: Transport, store: RunStore, run_id: str, host: str, node_ctl: str) -> None:
+    """The rank sampler's file of ``host`` (clusterddp.stragglers), from the shared folder where it is, bounded,
+    as an SSH node's comes back (``<run>/where/<host>/where.jsonl``); none: nothing."""
+    from ...nodescript import WHERE_SAMPLES
+    from ...stragglers import MOST_FILE, WHERE_DIR, fetch_command
+    try:
+        data = t.run(fetch_command(node_ctl), timeout=60).stdout[:MOST_FILE]
+    except Exception:  # noqa: BLE001 - the samples are best effort: the logs and the outcome stand without them
+        return
+    if data and not store.read_only:
+        store.write_evidence(run_id, WHERE_DIR, host, WHERE_SAMPLES, data)
 
 
 def copy_log(login: Login, store: RunStore, run_id: str, host: str, path: str) -> bool:

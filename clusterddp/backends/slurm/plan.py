@@ -298,6 +298,8 @@ def _node_script(s: SlurmSettings, spec: ResolvedSpec, run_id: str, run_dir: str
                   "export -n MASTER_ADDR MASTER_PORT"]
     else:
         lines += kit.sampler_lines(s.python, sampler) if sampler is not None else []
+    where_start, where_end = kit.where_lines(s.python, kit.WHERE_ARGS)  # the rank sampler (clusterddp.stragglers)
+    lines += where_start
     nproc = procs(s, spec)
     argv = [store_wait('"$cddp_store"'), *map(shell_word, torchrun_start(s.python))]
     argv += [kit.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
@@ -312,7 +314,7 @@ def _node_script(s: SlurmSettings, spec: ResolvedSpec, run_id: str, run_dir: str
     argv += ["--log-dir", '"$CTL/errors"']
     argv += [kit.q(w) for w in torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
                                              spec.local_rank_arg)]
-    lines += [" ".join(argv), *watch_end,
+    lines += [" ".join(argv), *where_end, *watch_end,
               "cddp_exit $cddp_rc" if watch is not None else "cddp_exit $?", ""]
     return "\n".join(lines)
 

@@ -23,6 +23,8 @@ from ...artifacts import CollectResult, collect_nodes
 from ...errors import HostError, UsageError
 from ...failure import Failure
 from ...fleet import Fleet
+from ...metrics.idle import NodeIdle, watch_every
+from ...metrics.idle import Watch as IdleWatch
 from ...mirror import Mirror, unprotected
 from ...record import Attempt, NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
 from ...runspec import ResolvedSpec
@@ -353,7 +355,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             source_tar: Path | None = None, join_timeout: float = 0.0, may_go_on: bool = False,
             on_detached: Callable[[Fleet, ssh_plan.LaunchPlan], None] = lambda fleet, plan: None,
             on_warn: Callable[[str], None] = lambda line: None,
-            on_straggler: Callable[[stragglers.Straggler], None] | None = None) -> RunOutcome | None:
+            on_straggler: Callable[[stragglers.Straggler], None] | None = None,
+            on_idle: Callable[[NodeIdle], None] | None = None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
     ``may_go_on``: a failed attempt may be followed by another on other hosts (what a lost node's
     collect error says). ``on_detached(fleet, plan)``: once a detached run's every node has started, before
@@ -364,7 +367,9 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C teardown.
     While it watches, :class:`~clusterddp.mirror.Mirror` brings rank 0's checkpoints back as they
     appear (``on_warn``: its problems, one line each; never the run's outcome); with ``on_straggler``,
-    :class:`~clusterddp.stragglers.Watch` tells each host the other ranks wait for, as it is named.
+    :class:`~clusterddp.stragglers.Watch` tells each host the other ranks wait for, as it is named; with
+    ``on_idle``, an idle policy without ``stop`` that finds the run idle is told
+    (:class:`~clusterddp.metrics.idle.Watch`).
     """
     plan, store = prep.plan, prep.store
     run_id = plan.run_id
@@ -387,6 +392,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             raise
         mirror = Mirror(fleet, plan, store, warn=on_warn)
         slow = stragglers.Watch(fleet, plan.nodes, on_straggler) if on_straggler is not None and not detach else None
+        idle = _idle_watch(fleet, plan, on_idle) if not detach else None
         try:
             store.update(run_id, lambda rec: rec.seen(node_states(sup)))
             if detach:
@@ -395,10 +401,14 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             mirror.start()
             if slow is not None:
                 slow.start()
+            if idle is not None:
+                idle.start()
         except KeyboardInterrupt:  # Ctrl-C once every node started, before they are watched: as while starting
             mirror.stop()
             if slow is not None:
                 slow.stop()
+            if idle is not None:
+                idle.stop(final=False)
             sup.teardown()
             finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
             raise
@@ -411,6 +421,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             mirror.stop()
             if slow is not None:
                 slow.stop()
+            if idle is not None:
+                idle.stop(final=not stopped)
         if stopped:
             outcome = sup.outcome  # what the Ctrl-C's teardown left of each node
         return lifecycle.end(
@@ -420,6 +432,15 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     finally:
         store.close_logs()
         sup.close()
+
+
+def _idle_watch(fleet: Fleet, plan: ssh_plan.LaunchPlan,
+                on_idle: Callable[[NodeIdle], None] | None) -> IdleWatch | None:
+    """The watch of an idle policy without ``stop`` (with one, the run's end tells it), when ``on_idle`` is given."""
+    policy = plan.spec.idle_policy
+    if on_idle is None or policy is None or policy[2]:
+        return None
+    return IdleWatch(fleet, plan.nodes, on_idle, watch_every(policy[1]))
 
 
 def explain(fleet: Fleet, plan: ssh_plan.LaunchPlan, store: RunStore) -> tuple[str, ...]:
@@ -592,7 +613,8 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
         return execute(self.prep, events.output, on_collect=events.collected, detach=req.detach, fleet=self.fleet,
                        source_tar=self.packed.path if self.packed else None, join_timeout=req.join_timeout,
                        may_go_on=self.may_go_on, on_detached=arm, on_warn=events.warn,
-                       on_straggler=lambda s: _tell_straggler(store, self.prep.plan.run_id, req, events, s))
+                       on_straggler=lambda s: _tell_straggler(store, self.prep.plan.run_id, req, events, s),
+                       on_idle=lambda found: _tell_idle(store, self.prep.plan.run_id, req, events, found))
 
     def after_failure(self) -> None:
         _set_aside(self.prep, self.events)
@@ -609,6 +631,7 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
             self.events.warn(unwatched)
 
     def after_end(self) -> None:
+        _strike_stragglers(self.prep, self.events)
         _end_lost(self.prep, self.events)
 
     def release(self) -> None:
@@ -850,15 +873,55 @@ def _tell_straggler(store: RunStore, run_id: str, req: base.LaunchRequest, event
         events.warn(line)
 
 
+def _tell_idle(store: RunStore, run_id: str, req: base.LaunchRequest, events: base.Events, found: NodeIdle) -> None:
+    """The run found idle by its idle policy without ``stop``, going on: said, and told to the targets whose
+    ``on`` lists ``idle``."""
+    from ... import notify
+    events.warn(notify.idle_text(run_id, found.to_json()))
+    for line in notify.tell_news(req.notify, store, run_id, notify.idle_event(run_id, found.to_json())):
+        events.warn(line)
+
+
 def _set_aside(prep: Prepared, events: base.Events) -> None:
     """After a failed run: a machine whose GPU failed, or lost twice in a row, is quarantined for the
     inventory's ``quarantine:`` (clusterddp.quarantine), said in one line. Best effort: never the run's outcome."""
     from ... import quarantine
     try:
-        added = quarantine.after_run(prep.store.load(prep.plan.run_id), prep.plan.inventory.quarantine_s)
+        added = quarantine.after_run(prep.store.load(prep.plan.run_id), prep.plan.inventory.quarantine_s,
+                                     slow=_stragglers_named(prep))
     except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not hide the run's failure
         events.warn(f"quarantine: not updated: {problem}")
         return
+    _said_aside(added, events)
+
+
+def _stragglers_named(prep: Prepared) -> list[str]:
+    """With ``quarantine_stragglers: true``: the hosts the run's samples brought back name stragglers."""
+    if not prep.plan.inventory.quarantine_stragglers:
+        return []
+    return stragglers.hosts_named(prep.store.run_dir(prep.plan.run_id))
+
+
+def _strike_stragglers(prep: Prepared, events: base.Events) -> None:
+    """After an attached run that succeeded (a failed one counted them in :func:`_set_aside`), with
+    ``quarantine_stragglers: true``: a strike for each host named a straggler in it, said when that sets
+    it aside. Best effort: never the run's outcome."""
+    from ... import quarantine
+    if not prep.plan.inventory.quarantine_stragglers:
+        return
+    try:
+        rec = prep.store.load(prep.plan.run_id)
+        if rec.status is not RunStatus.SUCCEEDED:
+            return
+        added = quarantine.after_slow(rec, _stragglers_named(prep), prep.plan.inventory.quarantine_s)
+    except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not change how the run ended
+        events.warn(f"quarantine: not updated: {problem}")
+        return
+    _said_aside(added, events)
+
+
+def _said_aside(added: list, events: base.Events) -> None:
+    from ... import quarantine
     for e in added:
         events.warn(f"quarantine: {e.host} ({e.machine}) is set aside until {quarantine.stamp(e.until)}: {e.why}; "
                     f"runs refuse it until then (`clusterddp quarantine release {e.host}` lets it back)")

@@ -50,7 +50,9 @@ def test_node_sh_starts_the_watchdog_with_the_store_the_node_finds_and_exits_1_o
     args = json.loads(shlex.split(lines[start])[3])
     assert (args["store"], args["nnodes"], args["timeout"], args["regex"]) == (None, 2, 20.0, "^step ")
     torchrun = next(i for i, ln in enumerate(lines) if " torch.distributed.run " in ln and not ln.startswith("#"))
-    assert start < torchrun and lines[torchrun + 1] == "cddp_rc=$?" and lines[-1] == "cddp_exit $cddp_rc"
+    # right after the job: the rank sampler ends (the job's $? kept), then the watchdog's end reads that $?
+    assert start < torchrun and "# the rank sampler ends" in lines[torchrun + 1], lines[torchrun + 1]
+    assert lines[torchrun + 2] == "cddp_rc=$?" and lines[-1] == "cddp_exit $cddp_rc"
     # off by default: the node script is as before (its golden file)
     # (not "watch.py": the metrics sampler writes it beside itself for its line reader)
     assert "CDDP_WATCH_PID" not in slurm_plan.build(i, resolved(RunSpec("t.py", ()), i), "r1", "/s").node_script
