@@ -9,6 +9,7 @@ environments at once. The node side is ``clusterddp/node/envbuild.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -92,11 +93,15 @@ def with_packages(inventory: Inventory, path: str | None) -> Inventory:
     """``up --packages FILE``: every host's lock, over the inventory's."""
     if path is None:
         return inventory
+    where = str(Path(path).expanduser().absolute())
+    settings = inventory.backend_settings
+    if inventory.backend != "ssh" and dataclasses.is_dataclass(settings) and not isinstance(settings, type) \
+            and any(f.name == "packages" for f in dataclasses.fields(settings)):  # a backend's own (`slurm.packages`)
+        return replace(inventory, backend_settings=replace(settings, packages=where))
     if inventory.backend != "ssh" or not inventory.hosts \
             or any(h.transport not in ("ssh", "local") for h in inventory.hosts):
-        raise UsageError("--packages: environments are built on SSH hosts and for `up local` only (not yet on Slurm)",
+        raise UsageError(f"--packages: environments are not built for a `{inventory.backend}:` inventory",
                          "leave --packages out, and give the job's `python:` a ready environment")
-    where = str(Path(path).expanduser().absolute())
     return replace(inventory, hosts=tuple(replace(h, packages=where) for h in inventory.hosts),
                    spares=tuple(replace(h, packages=where) for h in inventory.spares))
 
@@ -137,6 +142,12 @@ def _look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
         host, e = next(iter(looked.failed.items()))
         raise e if isinstance(e, HostError) else HostError(host, f"environment look: {e}")
     return {h.name: _facts(h.name, _answer(h.name, looked.succeeded[h.name], "environment look")) for h in hosts}
+
+
+def look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
+    """Each host's facts (what an environment's id is made of: :func:`env_id`) and what its envs folder
+    (:func:`root_of`) holds, checked; the first HostError raised. The Slurm backend asks its login host."""
+    return _look(fleet, hosts)
 
 
 def current(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.Lock]) -> set[str]:
@@ -253,14 +264,19 @@ def _disk(ans: dict) -> str:
     return ""
 
 
-def build(fleet: Fleet, plan: Plan, on_wait: Callable[[str], None] = lambda s: None) -> dict:
-    """Build ``plan``'s environment on its node (waiting for another run that builds it); its answer."""
+def build_request(plan: Plan) -> dict:
+    """The node program's ``build`` request for ``plan`` (the Slurm backend stages it for its job's nodes)."""
     assert plan.uv is not None
-    h = plan.host
-    args = {"root": plan.root, "id": plan.env_id, "lock": plan.lock.sha256,
+    return {"root": plan.root, "id": plan.env_id, "lock": plan.lock.sha256,
             "wheels": [[w.sha256, w.name] for w in plan.wheels], "uv": [plan.uv.sha256, plan.uv.name],
             "expect": [[p.name, p.version] for p in plan.lock.pins if _for(p, plan.wheels)],
             "imports": [["torch", p.version] for p in plan.lock.pins if p.key == "torch"]}
+
+
+def build(fleet: Fleet, plan: Plan, on_wait: Callable[[str], None] = lambda s: None) -> dict:
+    """Build ``plan``'s environment on its node (waiting for another run that builds it); its answer."""
+    h = plan.host
+    args = build_request(plan)
     res = fleet.transport(h).run(_command(h, "build", args), timeout=BUILD_TIMEOUT_S)
     ans = _answer(h.name, res, "environment build")
     if ans.get("error") == "disk":

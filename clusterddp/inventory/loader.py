@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -337,16 +337,14 @@ def _python_script(path: str) -> InventoryError:
 
 
 def load_named(arg: str, gpus: int | None = None, hosts: list[str] | None = None,
-               exclude: list[str] | None = None, fanout: int | None = None,
-               sections: Sections | None = None) -> Inventory:
+               exclude: list[str] | None = None, sections: Sections | None = None) -> Inventory:
     """The inventory a command line names, read the one way every command reads it: ``local`` (this
     machine, this Python, ``gpus`` processes or one per GPU) or a file (:func:`load`); narrowed to
-    ``hosts`` less ``exclude`` (:meth:`Inventory.narrow`), with ``fanout`` over the inventory's (the flag wins).
+    ``hosts`` less ``exclude`` (:meth:`Inventory.narrow`). (--fanout over it: :func:`clusterddp.runspec.fanout_of`.)
     ``sections``: the backends' inventory sections (:func:`parse`); the CLI passes the registry's."""
     import sys
     inv = local(gpus=gpus or "auto", python=sys.executable) if arg == LOCAL else load(arg, sections)
-    inv = inv.narrow(hosts, exclude)
-    return replace(inv, fanout=fanout) if fanout else inv
+    return inv.narrow(hosts, exclude)
 
 
 def local(gpus: int | str = "auto", python: str = "python3") -> Inventory:

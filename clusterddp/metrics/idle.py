@@ -5,29 +5,26 @@ The node side is ``clusterddp/node/sampler.py`` (:class:`~clusterddp.node.sample
 together, through the run's store). Each node that acted leaves ``idle.json`` in its control folder (the policy:
 ``below`` %, ``seconds``, ``stop``; ``decided_by``, ``nnodes``). :func:`read_command` prints it, bounded;
 :func:`parse_node` checks it and never raises (a node is not trusted); :func:`idle_of` makes the failure from
-the nodes that stopped: its summary says ``idle: every GPU below X% for T min``. ``clusterddp.hang.explain``
-(SSH) and the Slurm backend's diagnosis ask here when no stall watchdog ended the run.
+the nodes that stopped: its summary says ``idle: every GPU below X% for T min``. ``clusterddp.hang`` reads it
+in the same command as the node's hang.json (``records_command``), for SSH (``hang.explain``) and the Slurm
+backend's diagnosis, which ask here when no stall watchdog ended the run.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .. import plan as ssh_plan
 from ..failure import Failure, clip
-from ..fleet import Fleet
 from ..node.reply import ReplyError, loads
-from ..nodeops import each
 from ..nodescript import qpath
-from ..postmortem import askable
 from ..record import RunRecord
 
 IDLE = "idle.json"       # in a node's control folder: the sampler found the run idle
 IDLE_MOST = 16 << 10     # bytes of idle.json read (the sampler writes a couple of hundred)
-READ_TIMEOUT = 60.0
 KIND = "idle"
 
 
@@ -89,9 +86,3 @@ def idle_of(rec: RunRecord, idles: Mapping[str, NodeIdle]) -> Failure | None:
                    for h in rec.hosts if h != host)
     return Failure(host=host, kind=KIND, summary=clip(summary, 2000), others=others)
 
-
-def read(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], rec: RunRecord) -> dict[str, NodeIdle]:
-    """Every node's idle record, from the nodes that may answer (a node that does not is left out)."""
-    res = each(fleet, askable(nodes, rec),
-               lambda n, t: parse_node(n.host.name, t.run(read_command(n), timeout=READ_TIMEOUT).stdout))
-    return {h: v for h, v in res.succeeded.items() if v is not None}

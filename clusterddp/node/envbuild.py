@@ -34,8 +34,21 @@ MAX_WHEEL = 16 << 30
 MAX_LISTED = 20000
 
 
+SAY = []  # type: list  # `build ... say` (a Slurm job's node): the answer said as a line for the node's log
+
+
 def reply(obj):
-    sys.stdout.write(MARK + json.dumps(obj, sort_keys=True) + "\n")
+    if not SAY:
+        sys.stdout.write(MARK + json.dumps(obj, sort_keys=True) + "\n")
+    elif "state" in obj:
+        sys.stdout.write("[clusterddp] environment {} {}{}{}\n".format(SAY[0], obj["state"], "" if obj.get(
+            "seconds") is None else " in {} s".format(obj["seconds"]), "" if obj.get("waited") is None else
+            " (after {} s waiting for another build of it)".format(obj["waited"])))
+    else:
+        err = obj.get("error")
+        if err == "disk":
+            err = "no room ({} bytes needed, {} free)".format(obj.get("needed"), obj.get("free"))
+        sys.stdout.write("[clusterddp] environment {} not built: {}\n".format(SAY[0], err))
     sys.stdout.flush()
 
 
@@ -171,15 +184,15 @@ def unpacked_size(path):
         return sum(i.file_size for i in z.infolist())
 
 
-def uv_binary(root, sha, name):
-    """The uv binary from the store's uv wheel, unpacked once under ``.uv/<sha>/``."""
+def uv_binary(root, sha, name, store=None):
+    """The uv binary from the store's uv wheel (``store``: another envs folder's), unpacked once in ``.uv/<sha>/``."""
     import zipfile
     where = os.path.join(root, ".uv", sha)
     exe = os.path.join(where, "uv")
     if os.path.isfile(exe):
         return exe
     os.makedirs(where, mode=0o700, exist_ok=True)
-    with zipfile.ZipFile(os.path.join(root, "wheels", sha, name)) as z:
+    with zipfile.ZipFile(os.path.join(store or root, "wheels", sha, name)) as z:
         member = next(i for i in z.infolist() if re.fullmatch(r"[^/]+\.data/scripts/uv", i.filename))
         tmp = exe + ".tmp-{}".format(os.getpid())
         with z.open(member) as src, open(tmp, "wb") as dst:
@@ -241,6 +254,13 @@ def build(args):
     if not _ID_RE.fullmatch(env_id):
         reply({"error": "not an environment id"})
         return 2
+    # "store": the wheel store of another envs folder (a Slurm job's node-local build, from the shared one)
+    store = os.path.expanduser(args.get("store") or root)
+    differ = [k for k in ("python", "impl", "exe", "platform") if args.get("facts") and facts()[k] != args["facts"][k]]
+    if differ:  # "facts": what the launcher planned the id for (a Slurm job's node, from its login host's look)
+        reply({"error": "this node's Python is not the one environment {} was planned for: {}".format(env_id, "; ".join(
+            "{} {} here, {} planned".format(k, facts()[k], args["facts"][k]) for k in differ))})
+        return 2
     final = os.path.join(root, env_id)
     locks = os.path.join(root, ".locks")
     os.makedirs(locks, mode=0o700, exist_ok=True)
@@ -261,17 +281,17 @@ def build(args):
         if name.startswith(".tmp-" + env_id + "-") or name == env_id:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     wheels = [(sha, name) for sha, name in args["wheels"]]
-    held = store_wheels(root)
+    held = store_wheels(store)
     missing = [name for sha, name in wheels + [tuple(args["uv"])] if held.get(sha) != name]
     if missing:
         reply({"error": "the wheel store lacks " + ", ".join(missing[:5])})
         return 1
-    needed = sum(unpacked_size(os.path.join(root, "wheels", sha, name)) for sha, name in wheels) + (64 << 20)
+    needed = sum(unpacked_size(os.path.join(store, "wheels", sha, name)) for sha, name in wheels) + (64 << 20)
     free = free_bytes(root)
     if needed > free:
         reply({"error": "disk", "needed": needed, "free": free})
         return 3
-    uv = uv_binary(root, *args["uv"])
+    uv = uv_binary(root, args["uv"][0], args["uv"][1], store)
     tmp = os.path.join(root, ".tmp-{}-{}".format(env_id, os.getpid()))
     env = dict(os.environ, UV_CACHE_DIR=os.path.join(root, ".uv-cache"), UV_NO_CONFIG="1",
                UV_PYTHON_DOWNLOADS="never", UV_OFFLINE="1")
@@ -280,7 +300,7 @@ def build(args):
     code, said = _run([uv, "venv", "--quiet", "--relocatable", "--python", sys.executable, tmp], env)
     if code == 0:
         code, said = _run([uv, "pip", "install", "--quiet", "--python", os.path.join(tmp, "bin", "python"),
-                           "--no-index", "--no-deps"] + [os.path.join(root, "wheels", s, n) for s, n in wheels], env)
+                           "--no-index", "--no-deps"] + [os.path.join(store, "wheels", s, n) for s, n in wheels], env)
     if code != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         reply({"error": "uv failed (exit {}): {}".format(code, said)})
@@ -375,6 +395,8 @@ def main(argv):
     if verb == "receive":
         return receive(args)
     if verb == "build":
+        if argv[2:] == ["say"]:
+            SAY.append(args.get("id"))
         return build(args)
     if verb == "prune":
         return prune(args)

@@ -26,22 +26,21 @@ from ... import hang, postmortem, upload
 from ... import nodescript as node_script
 from ... import plan as ssh_plan
 from ...artifacts import CollectResult
+from ...envs.lock import Lock
 from ...errors import HostError, NodeOutcome, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
 from ...inventory import Host, Inventory
-from ...metrics.idle import READ_TIMEOUT as IDLE_TIMEOUT
-from ...metrics.idle import NodeIdle, idle_of
-from ...metrics.idle import parse_node as idle_parse
-from ...metrics.idle import read_command as idle_command
 from ...node import notify as node_notify
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus
-from ...runspec import RunSpec
+from ...runspec import ResolvedSpec
+from ...sizes import human_size
 from ...store import RunStore, new_run_id, utcnow
 from ...transport import Transport
 from ...upload import SourceFolder
 from .. import base, inventory_keys, lifecycle
 from ..base import RunOutcome
 from . import answers
+from . import envs as slurm_envs
 from . import plan as slurm_plan
 from .jobpart import NodeSettings, SlurmJob, job_of, with_job
 from .login import Login, open_login
@@ -64,6 +63,8 @@ class Prepared:
     store: RunStore
     source_dir: Path
     login: Login
+    lock: Lock | None = None    # `packages:` (slurm.packages or --packages), read as the run was planned
+    shared_dir: str = ""        # slurm.shared_dir, as the run's folder is under it
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def checked(login: Login, args: list[str], timeout: float = 60) -> str:
     return r.text
 
 
-def prepare(inventory: Inventory, spec: RunSpec, runs_dir: str, script: Path, run_id: str | None = None,
+def prepare(inventory: Inventory, spec: ResolvedSpec, runs_dir: str, script: Path, run_id: str | None = None,
             *, contact: bool = False, notify: bool = False) -> Prepared:
     """Plan the run; nothing written. A remote login host is asked for its home (where ``~`` in
     slurm.shared_dir is) only with ``contact``; otherwise (--dry-run, `schedule add`) the path is shown as written.
@@ -103,8 +104,25 @@ def prepare(inventory: Inventory, spec: RunSpec, runs_dir: str, script: Path, ru
         raise UsageError(f"{inventory.path}: slurm.shared_dir: {base!r} holds white space or a control character, "
                          "which #SBATCH lines cannot carry", "choose a folder whose path has none")
     store = RunStore(runs_dir)
+    lock = slurm_envs.read_lock(s)  # a lock that is not one is refused (file and line) before anything starts
     plan = slurm_plan.build(inventory, spec, run_id or new_run_id(), base, notify=notify)
-    return Prepared(plan, store, script.resolve().parent, login)
+    return Prepared(plan, store, script.resolve().parent, login, lock, base)
+
+
+def environment(prep: Prepared, say: Callable[[str], None]) -> Prepared:
+    """`packages:`: the job's environment planned from the login host's look (:mod:`.envs`), the wheels
+    the shared store lacks sent there, said; the run planned anew with its first step (the environment
+    made ready on every node) and the environment's python."""
+    if prep.lock is None:
+        return prep
+    plan, s = prep.plan, prep.plan.settings
+    env = slurm_envs.prepare(prep.login, s, prep.shared_dir, prep.lock)
+    say(f"[clusterddp] {env.says()}")
+    if env.plan.missing:
+        sent = slurm_envs.send(prep.login, s, prep.shared_dir, env)
+        say(f"[clusterddp] environment {env.step.env_id}: sent {human_size(sent)} of wheels to the shared folder")
+    return replace(prep, plan=slurm_plan.build(plan.inventory, plan.spec, plan.run_id, prep.shared_dir,
+                                               notify=plan.notify, env=env.step))
 
 
 def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> RunRecord:
@@ -114,7 +132,7 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
         master_port=plan.spec.master_port or 29500, collect=plan.collect,
         backend=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
                          nproc=slurm_plan.procs(plan.settings, plan.spec), login=prep.login.host,
-                         node=NodeSettings.of(plan.settings)).part())
+                         node=NodeSettings.of(plan.settings, plan.env)).part())
 
 
 def stage(prep: Prepared, folder: SourceFolder | None, notify_request: bytes | None = None) -> None:
@@ -124,6 +142,9 @@ def stage(prep: Prepared, folder: SourceFolder | None, notify_request: bytes | N
     URLs: a secret, so 0600 too, and never on a command line: it travels inside the staged stream)."""
     plan = prep.plan
     private = {slurm_plan.BATCH: plan.batch_script, slurm_plan.NODE_SCRIPT: plan.node_script}
+    if plan.env is not None:  # packages: the job's first step builds the environment with these
+        private[slurm_plan.ENV_PROGRAM] = node_script.node_source("envbuild")
+        private[slurm_plan.ENV_REQUEST] = plan.env.request
     if plan.notify and notify_request is not None:
         private[slurm_plan.NOTIFY_PROGRAM] = node_script.node_source("notify")
         private[node_notify.REQUEST] = notify_request.decode()
@@ -258,7 +279,8 @@ def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | No
     nodes = rec.nodes
     if info.hosts and not nodes:
         run_dir = job.run_dir
-        node = NodeSettings.of(settings) if settings else job.node or NodeSettings("python3", shared_dir=run_dir)
+        # the record's own (written as the run started: an environment's python and id) over the inventory's
+        node = job.node or (NodeSettings.of(settings) if settings else NodeSettings("python3", shared_dir=run_dir))
         nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=job.nproc, run_dir=run_dir,
                                  control_dir=posixpath.join(run_dir, node_script.CONTROL), marker=f"{rec.run_id}/{h}",
                                  settings=node.node(h), state=NodeState.RUNNING)
@@ -277,12 +299,11 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
     ctl = posixpath.join(run_dir, node_script.CONTROL)
     nodes = {n.host: ssh_plan.NodeLaunch(where, n.node_rank, n.nproc, run_dir, slurm_plan.node_control(ctl, n.host), "",
                                   (), (), "") for n in rec.nodes}
-    hangs = _hangs(t, nodes)
-    if hangs:  # the stall watchdog ended it: a hang, with every rank's stacks its nodes took
-        return hang.hang_of(rec, store, hangs)
-    idle = idle_of(rec, _idles(t, nodes))
-    if idle is not None:  # the idle policy ended it: that, not the signal its ranks got
-        return idle
+    # the stall watchdog ended it (a hang, with every rank's stacks its nodes took), or the idle policy
+    # did (that, not the signal its ranks got)
+    found = hang.failure_of(rec, store, _records(t, nodes))
+    if found is not None:
+        return found
     reports: dict[str, dict] = {}
     failed: dict[str, BaseException] = {}
     for n in rec.nodes:
@@ -297,31 +318,15 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
     return postmortem.explain_reports(rec, store, reports, failed)
 
 
-def _hangs(t: Transport, nodes: dict[str, ssh_plan.NodeLaunch]) -> dict[str, hang.NodeHang]:
-    """Each node's hang record (:mod:`clusterddp.hang`), read in its own control folder in the shared
-    folder; a node without one, or whose folder cannot be read, is left out."""
+def _records(t: Transport, nodes: dict[str, ssh_plan.NodeLaunch]) -> dict[str, hang.NodeRecords]:
+    """Each node's hang and idle records (:func:`clusterddp.hang.read_one`: one command a node), read in its
+    own control folder in the shared folder; a node whose folder cannot be read is left out."""
     out = {}
     for host, node in nodes.items():
         try:
-            got = hang.parse_node(host, t.run(hang.read_command(node), timeout=hang.READ_TIMEOUT).stdout)
-        except Exception:  # noqa: BLE001 - no hang record read there: told as the others are
+            out[host] = hang.read_one(t, host, node)
+        except Exception:  # noqa: BLE001 - no record read there: told as the others are
             continue
-        if got is not None:
-            out[host] = got
-    return out
-
-
-def _idles(t: Transport, nodes: dict[str, ssh_plan.NodeLaunch]) -> dict[str, NodeIdle]:
-    """Each node's idle record (:mod:`clusterddp.metrics.idle`), read in its own control folder in the
-    shared folder; a node without one, or whose folder cannot be read, is left out."""
-    out = {}
-    for host, node in nodes.items():
-        try:
-            got = idle_parse(host, t.run(idle_command(node), timeout=IDLE_TIMEOUT).stdout)
-        except Exception:  # noqa: BLE001 - no idle record read there
-            continue
-        if got is not None:
-            out[host] = got
     return out
 
 
@@ -549,6 +554,9 @@ def render(prep: Prepared, req: base.LaunchRequest, full: bool = True) -> str:
     """The dry-run text: the plan (:func:`plan.render`; not ``full``: :func:`plan.summary`), where it
     would be submitted, what it uploads and leaves out."""
     out = [f"run {prep.plan.run_id}", slurm_plan.render(prep.plan) if full else slurm_plan.summary(prep.plan)]
+    if prep.lock is not None:
+        out.append(f"packages: {prep.lock.path}: a first step of the job makes its environment ready on every node; "
+                   "its id and python are known once the login host is asked (`up`, `check`), not by --dry-run")
     if prep.login.host is not None:
         out.append(f"login host: {prep.login.name} over SSH (not contacted by --dry-run; ~ is the home there)")
     return "\n".join([*out, *scan(prep, req).described()])
@@ -588,6 +596,7 @@ class SlurmLaunch(lifecycle.Launch[Prepared]):
 
     def ready(self) -> None:
         self.folder = scan(self.prep, self.req)
+        self.prep = environment(self.prep, self.events.warn)
 
     def first_record(self) -> RunRecord:
         return new_record(self.prep, self.req.inventory_arg, schedule=self.req.schedule)

@@ -25,7 +25,7 @@ from ...failure import Failure
 from ...fleet import Fleet, GroupResult
 from ...mirror import Mirror, unprotected
 from ...record import Attempt, NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
-from ...runspec import RunSpec, resolve
+from ...runspec import ResolvedSpec
 from ...store import RunStore, new_run_id
 from ...transport import Transport
 from ...upload import DEFAULT_MAX_UPLOAD
@@ -51,17 +51,18 @@ class Prepared:
     connecting: Connecting | None = None  # the run's connections, opening beside the rest of `up`'s own work
 
 
-def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] | None = None,
+def prepare(inventory_arg: str, spec: ResolvedSpec, runs_dir: str, hosts: list[str] | None = None,
             run_id: str | None = None, exclude: list[str] | None = None,
             loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None,
             nodes: tuple[int, int] | None = None, secrets: tuple[upload.Secret, ...] = (),
             resume: str | None = None, schedule: str | None = None, contact: bool = False) -> Prepared:
-    """Validate input and plan the run (no network). Raises UsageError for bad input.
+    """Validate input and plan the run (no network). Raises UsageError for bad input. ``spec``: the
+    run's flags resolved against the inventory (:func:`clusterddp.runspec.resolve`, by the caller: once).
     ``contact`` (a run that starts, not a dry run): once the run's hosts are known (the inventory read and
     checked, narrowed), their connections start opening (:class:`Connecting`) beside the rest of this
     work and the upload's packing; no command is sent before the plan is built, and a refusal after
     that point closes them.
-    ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
+    ``loaded``: that inventory, when the caller has it (else it is read again here). ``slots``: a fixed choice of
     GPUs by host (``--hosts gpu-01:0,1``), over the inventory's. ``nodes``: ``--nodes MIN:MAX``
     (the run starts on the first MAX hosts). ``secrets``: files never uploaded
     (:func:`clusterddp.upload.secret_files`; the inventory's own are added here). ``resume``: ``--resume
@@ -69,7 +70,6 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     store (:func:`clusterddp.resume.resolve`)."""
     script = base.check_script(spec.script)
     inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
-    spec = resolve(spec, inventory)  # as `up` resolved it (a caller may give the flags alone)
     secrets = (*upload.secret_files(inventory), *secrets)  # every host's, before --hosts narrows them
     if not inventory.hosts:
         raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
@@ -97,7 +97,7 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
         raise
 
 
-def _planned(inventory_arg: str, inventory: inv_mod.Inventory, spec: RunSpec, runs_dir: str, script: Path,
+def _planned(inventory_arg: str, inventory: inv_mod.Inventory, spec: ResolvedSpec, runs_dir: str, script: Path,
              secrets: tuple[upload.Secret, ...], notes: tuple[str, ...], resume: str | None, schedule: str | None,
              run_id: str | None, connecting: Connecting | None) -> Prepared:
     """:func:`prepare`, once the run's hosts are known: the resumed run, the script folder, the plan, the locks."""
@@ -642,7 +642,7 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
                 events.say(line)
         _resume(self.prep, self.req, events, self.chosen, self.fleet, self.lease)
         events.hosts([n.host.name for n in plan.nodes])
-        self.may_go_on = attempts.allowed(self.req.spec.max_restarts, self.req.nodes, plan.inventory.restarts) > 0
+        self.may_go_on = self.req.spec.restarts > 0  # clusterddp.runspec.resolve
 
     def execute(self) -> RunOutcome | None:
         req, events, store = self.req, self.events, self.prep.store
@@ -727,7 +727,7 @@ def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, 
     which ends as it always did)."""
     from ... import policy
     from ...errors import ClusterDDPError
-    budget = attempts.allowed(req.spec.max_restarts, req.nodes, prep.plan.inventory.restarts)
+    budget = req.spec.restarts  # clusterddp.runspec.resolve: --max-restarts > restarts: > --nodes
     if budget == 0:
         return None
     rec = prep.store.load(prep.plan.run_id)
@@ -743,11 +743,8 @@ def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, 
         _ends(prep, events, attempt, decision.why)
         return None
     if attempt - 1 >= budget:
-        restarts = prep.plan.inventory.restarts
-        limit = (f"--max-restarts {req.spec.max_restarts}" if req.spec.max_restarts
-                 else f"restarts: {restarts} (the inventory's)" if restarts is not None
-                 else "--nodes {}:{}".format(*req.nodes or (0, 0)))
-        _ends(prep, events, attempt, policy.ends(decision.why, f"{limit} allows no more attempts"), decision.hosts)
+        _ends(prep, events, attempt, policy.ends(decision.why, f"{req.spec.restarts_by} allows no more attempts"),
+              decision.hosts)
         return None
     try:
         return _start_next(prep, req, events, attempt, rec, decision)

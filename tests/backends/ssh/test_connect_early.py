@@ -14,6 +14,7 @@ from clusterddp.backends.ssh import launch
 from clusterddp.errors import UsageError
 from clusterddp.runspec import RunSpec
 from clusterddp.transport import CommandResult
+from helpers import resolved
 
 INVENTORY = ("defaults: {user: me, gpus: 1, workdir: /w}\n"
              "master: {host: b}\n"
@@ -63,7 +64,8 @@ def test_the_connections_open_while_up_plans_and_packs(tmp_path, connects):
     inv = tmp_path / "inv.yaml"
     inv.write_text(INVENTORY)
     (tmp_path / "t.py").write_text("print(1)\n")
-    prep = launch.prepare(str(inv), RunSpec(str(tmp_path / "t.py")), str(tmp_path / "runs"), contact=True)
+    spec = resolved(RunSpec(str(tmp_path / "t.py")), inv)
+    prep = launch.prepare(str(inv), spec, str(tmp_path / "runs"), contact=True)
     # prepare has returned and the upload is still to pack: every host is being connected to already,
     # none of them answered yet (each is held), and not on this thread
     assert within(lambda: len(got) == 3), got
@@ -86,7 +88,7 @@ def test_a_dry_run_opens_none(tmp_path, connects):
     inv = tmp_path / "inv.yaml"
     inv.write_text(INVENTORY)
     (tmp_path / "t.py").write_text("print(1)\n")
-    prep = launch.prepare(str(inv), RunSpec(str(tmp_path / "t.py")), str(tmp_path / "runs"))
+    prep = launch.prepare(str(inv), resolved(RunSpec(str(tmp_path / "t.py")), inv), str(tmp_path / "runs"))
     assert prep.connecting is None and got == []
 
 
@@ -96,7 +98,8 @@ def test_a_refusal_after_the_hosts_are_known_leaves_no_connection_open(tmp_path,
     inv.write_text(INVENTORY)
     (tmp_path / "t.py").write_text("print(1)\n")
     with pytest.raises(UsageError, match="no run matches .nosuchrun."):  # refused after the connections started opening
-        launch.prepare(str(inv), RunSpec(str(tmp_path / "t.py")), str(tmp_path / "runs"), contact=True,
+        launch.prepare(str(inv), resolved(RunSpec(str(tmp_path / "t.py")), inv), str(tmp_path / "runs"),
+                       contact=True,
                        resume="nosuchrun")
     assert within(lambda: len(got) == 3), got
     go.set()  # they open only now, after the refusal: each is closed as it does
