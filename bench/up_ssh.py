@@ -37,7 +37,11 @@ first connection, the connections, preflight, lease, upload and start, and the n
 with ``--trace-runs N``, their medians too.
 
 ``--nodes N`` (default 2) and ``--nproc P`` (default 2) size the bed and the job: `--nodes 16 --nproc 1
---no-skip-check` for the start of `up` on 16 nodes against 16 hand-typed ssh commands.
+--no-skip-check` for the start of `up` on 16 nodes against 16 hand-typed ssh commands. Each command's
+side on this machine is also watched every 50 ms: its threads and TCP sockets at their most (the launcher
+against one ssh client a node), and its CPU a node: how the launcher's cost grows with the nodes.
+The trace's breakdown ends with the time from the launcher's exec to its first command on a node: the
+connections open beside its own work (issue 45), so that is what the job's start still waits for.
 
 What a skeptic would check, and why the figures here can differ from a quick check by hand: a
 hand-typed 2-node start loses 0.3-0.75 s at torchrun's store connect about every other time (the
@@ -128,6 +132,7 @@ class Bench:
         self.cpu: dict[str, list[tuple[float, float]]] = {}  # (this machine's side, the nodes' sshd sessions)
         self.machine: dict[str, list[float]] = {}  # every process's CPU while the command ran (/proc/stat)
         self.stagger: dict[str, list[float]] = {}  # how much later one node's first worker started than the other's
+        self.peaks: dict[str, list[tuple[int, int]]] = {}  # this machine's side: most threads, most TCP sockets
 
     def cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "clusterddp", *args]
@@ -172,8 +177,10 @@ class Bench:
         # (and so time this checkout's code as --before's)
         procs = [subprocess.Popen(c, env=env, cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   preexec_fn=pin) for c in cmds]
+        peaks = Peaks([p.pid for p in procs])
         errs = [p.communicate()[1] for p in procs]
         t1 = time.time()
+        self.peaks.setdefault(name, []).append(peaks.stop())
         self.machine.setdefault(name, []).append(machine_busy() - m0)
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         self.cpu.setdefault(name, []).append((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime,
@@ -192,6 +199,36 @@ class Bench:
         return t1 - t0
 
 
+class Peaks:
+    """The most threads and the most open TCP sockets that ``pids`` (this machine's side of a command: the
+    launcher, or the ssh clients) held together at any look, every 50 ms while they run."""
+
+    def __init__(self, pids: list[int]) -> None:
+        import threading
+        self.pids, self.threads, self.sockets = pids, 0, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.05):
+            threads = sockets = 0
+            for pid in self.pids:
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    threads += int(status.split("Threads:", 1)[1].split()[0])
+                    sockets += sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+                                   for fd in os.listdir(f"/proc/{pid}/fd"))
+                except (OSError, IndexError, ValueError):
+                    continue
+            self.threads, self.sockets = max(self.threads, threads), max(self.sockets, sockets)
+
+    def stop(self) -> tuple[int, int]:
+        self._done.set()
+        self._thread.join()
+        return self.threads, self.sockets
+
+
 def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None,
                 skip_check: bool = True) -> dict[str, float]:
     tools = {"hand-typed": lambda: b.timed("hand-typed", b.hand()),
@@ -202,14 +239,16 @@ def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None,
     if before is not None:  # another clusterddp (e.g. main's), in the same rounds
         old = b.root / "runs-before"
         tools["up (before)"] = lambda: b.timed("up (before)", [b.up(runs=old)], before)
-        tools["up --skip-check (before)"] = lambda: b.timed("up --skip-check (before)",
-                                                            [b.up("--skip-check", runs=old)], before)
+        if skip_check:
+            tools["up --skip-check (before)"] = lambda: b.timed("up --skip-check (before)",
+                                                                [b.up("--skip-check", runs=old)], before)
     for f in tools.values():  # warm up: page cache, sshd's first fork, bytecode
         f()
     b.phases.clear()
     b.cpu.clear()
     b.machine.clear()
     b.stagger.clear()
+    b.peaks.clear()
     times: dict[str, list[float]] = {k: [] for k in tools}
     loads = [os.getloadavg()[0]]
     for i in range(rounds):
@@ -252,6 +291,15 @@ def interleaved(b: Bench, rounds: int, code: Path | None, before: Path | None,
     for k in times:
         print(f"  {k}: {whole[k]:.2f} CPU-s (**{whole[k] / whole['hand-typed']:.3f}x**); "
               f"start stagger {statistics.median(b.stagger[k]) * 1000:.0f} ms")
+    # How this machine's side grows with the nodes: its threads and TCP sockets at their most (the launcher's
+    # own, against one ssh client a node for hand-typed), and its CPU a node.
+    n = len(b.bed.nodes)
+    print(f"\nthis machine's side, at its most (medians) and its CPU a node ({n} nodes):")
+    for k in times:
+        here = statistics.median(c[0] for c in b.cpu[k])
+        print(f"  {k}: {statistics.median(p[0] for p in b.peaks[k]):.0f} threads, "
+              f"{statistics.median(p[1] for p in b.peaks[k]):.0f} TCP sockets, {here / n * 1000:.0f} ms of CPU a node "
+              f"({here:.2f} CPU-s)")
     # A non-master torchrun whose first connect to the master's store is refused (the master's torchrun
     # still importing torch) tries again 0.3-0.75 s later: the job then starts that much later.
     late = {k: sum(p[0] > min(q[0] for q in b.phases[k]) + LATE_START for p in b.phases[k]) for k in times}
@@ -335,15 +383,17 @@ def phase_of(kind: str, command: str) -> str:
     return next((name for name, key in PHASES if key in command), "other")
 
 
-def trace(b: Bench, *extra: str) -> dict[str, float] | None:
-    """One traced `up`: every SSH command it sent, then the breakdown of its start up to the job's
-    first line (a worker's script starting), phase by phase; returns that breakdown."""
+def trace(b: Bench, *extra: str, code: Path | None = None) -> dict[str, float] | None:
+    """One traced `up` (of the clusterddp of checkout ``code``, if given): every SSH command it sent, then
+    the breakdown of its start up to the job's first line (a worker's script starting), phase by phase;
+    returns that breakdown."""
     shutil.rmtree(b.marks, ignore_errors=True)
     b.marks.mkdir()
     out = b.root / "trace.json"
-    print(f"\n`up {' '.join(extra)}` in-process, each SSH command (start, end, took, host, kind, command), "
-          "seconds from the tracer's start:")
-    env = {**b.env, "CDDP_BENCH_TRACE": str(out), "CDDP_BENCH_SPAWN": repr(time.time())}
+    print(f"\n`up {' '.join(extra)}`{f' of {code}' if code else ''} in-process, each SSH command (start, end, "
+          "took, host, kind, command), seconds from the tracer's start:")
+    env = {**b.env, "CDDP_BENCH_TRACE": str(out), "CDDP_BENCH_SPAWN": repr(time.time()),
+           **({"PYTHONPATH": str(code)} if code else {})}
     r = subprocess.run([sys.executable, "-c", TRACER, *b.up(*extra)[3:]], env=env, cwd=b.root, capture_output=True,
                        text=True)
     print(r.stderr)
@@ -371,6 +421,11 @@ def breakdown(tr: dict, marks: Path) -> dict[str, float]:
             ("its own work before the first connection (inventory, plan, tarball)", tr["imported"],
              spans["connect"][0])]
     rows += [(ph, *spans[ph]) for ph in ("connect", "preflight", "lease", "upload and start") if ph in spans]
+    # the connections open beside the launcher's own work since issue 45: the part of that work left once
+    # they are open is what the first command still waits for
+    sent = min((a for a, _z, _h, kind, cmd in log if phase_of(kind, cmd) not in ("connect", "python")),
+               default=spans["connect"][1])
+    rows.append(("exec to the first command sent to a node", spawn, sent))
     start_end = spans.get("upload and start", spans["connect"])[1]
     rows.append(("the node's start of the job (launch.sh, torchrun, the worker's python)", start_end, first))
     print(f"the start of `up`, before the job's first line ({first - spawn:.2f} s after the launcher's exec):")
@@ -502,10 +557,15 @@ def main() -> None:
             if args.rounds:
                 interleaved(b, args.rounds, args.code, args.before, not args.no_skip_check)
             if args.trace:
-                got: dict[str, list[dict[str, float]]] = {"up": [], "up --skip-check": []}
-                for _ in range(args.trace_runs):  # the first pays a cold page cache: look at the others too
-                    for k, extra in (("up", ()), ("up --skip-check", ("--skip-check",))):
-                        one = trace(b, *extra)
+                kinds: list[tuple[str, tuple[str, ...], Path | None]] = [("up", (), args.code)]
+                if not args.no_skip_check:
+                    kinds.append(("up --skip-check", ("--skip-check",), args.code))
+                if args.before:  # traced in the same rounds, alternating with this one's
+                    kinds += [(f"{k} (before)", extra, args.before) for k, extra, _ in kinds]
+                got: dict[str, list[dict[str, float]]] = {k: [] for k, _, _ in kinds}
+                for i in range(args.trace_runs):  # the first pays a cold page cache: look at the others too
+                    for k, extra, code in kinds if i % 2 == 0 else kinds[::-1]:
+                        one = trace(b, *extra, code=code)
                         if one is not None:
                             got[k].append(one)
                 for k, v in got.items():

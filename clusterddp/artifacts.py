@@ -11,9 +11,14 @@ again in a second command. So re-collecting a run whose artifacts are already wh
 re-downloads nothing. A file that changes while it is read (a running job still writing it) is
 not taken half-written: it is reported as skipped.
 
-A run's end asks no node whose log its follower already sent whole, when there are no globs to
-bring back (``streamed``): the local copy is then checked against the size and sha256 the follower
-reported instead.
+The samplers' files come back in the same answer (``samples``: the metrics sampler's metrics.jsonl
+of each attempt, :mod:`clusterddp.metrics.samples`, and the rank sampler's where.jsonl,
+:mod:`clusterddp.stragglers`; both in the control folder, which no glob reaches), so the end of a run,
+`collect` and `metrics` of a running run each cost one command a node.
+
+A run's end does not ask again for a log its follower already sent whole (``streamed``): the local
+copy is checked against the size and sha256 the follower reported instead, and the node is asked for
+its samples and globs alone.
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from . import nodeops, stragglers
+from . import nodeops
 from . import plan as ssh_plan
-from .errors import HostError
+from .errors import ClusterDDPError, HostError
 from .fleet import Fleet
-from .metrics.fetch import fetch_nodes as fetch_samples
+from .metrics.samples import save as save_samples
 from .node.collect import Receiver, StreamError, sha256_file
+from .nodescript import WHERE_SAMPLES
 from .store import RunStore
+from .stragglers import WHERE_DIR
 from .transport import Tail, Transport
 
 
@@ -82,25 +89,18 @@ def local_sizes(base: Path) -> dict[str, int]:
 def collect_nodes(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], store: RunStore, run_id: str,
                   globs: tuple[str, ...], progress: Progress | None = None,
                   streamed: Mapping[str, nodeops.Whole] | None = None) -> list[CollectResult]:
-    """:func:`collect_node` on every node through ``fleet``, in parallel; one result per node, in node
-    order, a node that cannot be reached included.
+    """:func:`collect_node` on every node through ``fleet``, in parallel, its samplers' files included:
+    one command a node; one result per node, in node order, a node that cannot be reached included.
 
-    ``streamed``: the whole logs the followers sent (:class:`nodeops.Whole`, by host). With no
-    ``globs``, a node whose local log is that (:func:`keep_streamed`) has nothing left to bring back
-    and is not asked: the end of a run costs no command on it."""
-    done = {n.host.name for n in nodes
-            if not globs and streamed and n.host.name in streamed
-            and keep_streamed(store.log_path(run_id, n.host.name), streamed[n.host.name])}
-    res = nodeops.each(fleet, [n for n in nodes if n.host.name not in done],
-                       lambda n, t: collect_node(t, n, store, run_id, globs, progress))
+    ``streamed``: the whole logs the followers sent (:class:`nodeops.Whole`, by host). A node whose
+    local log is that (:func:`keep_streamed`) is not asked for its log again."""
+    def one(n: ssh_plan.NodeLaunch, t: Transport) -> CollectResult:
+        name = n.host.name
+        log = not (streamed and name in streamed and keep_streamed(store.log_path(run_id, name), streamed[name]))
+        return collect_node(t, n, store, run_id, globs, progress, samples={".": name}, log=log)
+    res = nodeops.each(fleet, nodes, one)
     got = res.or_else(lambda h, e: CollectResult(h, error=_why(e)))
-    # the sampler's files (clusterddp.metrics) come back with the logs: in the control folder, which no glob reaches
-    fetch_samples(fleet, [n for n in nodes if n.host.name in res.succeeded or n.host.name in done],
-                  store.run_dir(run_id))
-    # the rank sampler's samples (clusterddp.stragglers) come back too: in the control folder, which no glob reaches
-    stragglers.fetch_nodes(fleet, [n for n in nodes if n.host.name in res.succeeded or n.host.name in done],
-                           store, run_id)
-    return [got.get(n.host.name) or CollectResult(n.host.name, unmatched=()) for n in nodes]
+    return [got[n.host.name] for n in nodes]
 
 
 def keep_streamed(path: Path, whole: nodeops.Whole) -> bool:
@@ -125,8 +125,11 @@ def _why(e: Exception) -> str:
 
 
 def collect_node(t: Transport, node: ssh_plan.NodeLaunch, store: RunStore, run_id: str, globs: tuple[str, ...],
-                 progress: Progress | None = None) -> CollectResult:
-    """Fetch the node's log and the files its run folder holds under ``globs``.
+                 progress: Progress | None = None, samples: Mapping[str, str] | None = None,
+                 log: bool = True) -> CollectResult:
+    """Fetch the node's log (unless not ``log``: the local copy is kept) and the files its run folder
+    holds under ``globs``, and in the same answer the samplers' files of each folder in ``samples``
+    ({folder, relative to the log's, ``.`` for its own: the host they are kept under}; :func:`keep_samples`).
 
     Nothing the node sends is trusted (see :class:`~clusterddp.node.collect.Receiver`): a bad
     entry is skipped and named in ``missing``, a bad answer ends that answer with an error
@@ -160,13 +163,19 @@ def collect_node(t: Transport, node: ssh_plan.NodeLaunch, store: RunStore, run_i
         have = local_sizes(store.artifacts_dir(run_id, name))
     except OSError as e:
         return CollectResult(name, error=f"{name}: cannot list the local copies: {e}")
-    try:  # the log goes to disk as it comes, replacing the local copy only once it came whole
-        with store.log_writer(run_id, name) as log:
-            rx = exchange({"log": True, "globs": list(globs), "have": have}, log)
-            if rx.log is None:
-                raise _KeepOldLog()
-    except _KeepOldLog:
-        pass
+    request = {"log": log, "globs": list(globs), "have": have, **({"samples": sorted(samples)} if samples else {})}
+    if not log:
+        rx = exchange(request)
+    else:
+        try:  # the log goes to disk as it comes, replacing the local copy only once it came whole
+            with store.log_writer(run_id, name) as out:
+                rx = exchange(request, out)
+                if rx.log is None:
+                    raise _KeepOldLog()
+        except _KeepOldLog:
+            pass
+    if samples:
+        errors.extend(keep_samples(store, run_id, rx, samples))
     fetched, whole, skipped, got = list(rx.fetched), list(rx.whole), list(rx.skipped), rx.bytes
     if rx.differ:  # same size, other content (a damaged copy): send them whatever their size
         again = exchange({"paths": rx.differ, "have": {}})
@@ -179,6 +188,23 @@ def collect_node(t: Transport, node: ssh_plan.NodeLaunch, store: RunStore, run_i
     unmatched = rx.unmatched
     return CollectResult(name, tuple(fetched), tuple(whole), tuple(skipped), "; ".join(errors) or None, got,
                          tuple(missing), None if unmatched is None else tuple(unmatched))
+
+
+def keep_samples(store: RunStore, run_id: str, rx: Receiver, samples: Mapping[str, str]) -> list[str]:
+    """The samplers' files ``rx`` received (whole, and bounded by it), kept under the host each folder of
+    ``samples`` names: ``<run>/metrics/<host>/`` (:func:`clusterddp.metrics.samples.save`) and
+    ``<run>/where/<host>/where.jsonl`` (:mod:`clusterddp.stragglers`; an empty one is not kept). What could
+    not be written here, by host. A read-only store keeps what it had."""
+    errors = []
+    for folder, host in ([] if store.read_only else samples.items()):
+        try:
+            if rx.samples.get(folder):
+                save_samples(store.run_dir(run_id), host, rx.samples[folder])
+            if rx.where.get(folder):
+                store.write_evidence(run_id, WHERE_DIR, host, WHERE_SAMPLES, rx.where[folder])
+        except (OSError, ClusterDDPError) as e:
+            errors.append(f"{host}: cannot keep its samples here: {e}")
+    return errors
 
 
 def matched_nowhere(results: Sequence[CollectResult]) -> tuple[tuple[str, ...], bool]:

@@ -23,7 +23,8 @@ ranks waiting for a CPU (runnable, not running) much more than the others', a CP
 something else (and its busiest process); otherwise where its ranks are in their
 own code while the others wait.
 
-:func:`stragglers_of` reads a run folder's samples (brought back with the logs: :func:`fetch_nodes`)
+:func:`stragglers_of` reads a run folder's samples (brought back with the logs, in the collect's answer:
+:func:`clusterddp.artifacts.keep_samples`)
 and gives ``clusterddp metrics RUN --json``'s ``stragglers`` list; ``top`` decides from the end of each
 node's file, and :class:`Watch` does so every :data:`WATCH_EVERY` seconds beside an attached run, to tell
 each newly named straggler (``notify``'s ``straggler`` event, and a warning line). Nothing here prints.
@@ -45,8 +46,6 @@ from .files import read_bounded
 from .fleet import Fleet
 from .node import where as node_where
 from .nodescript import WHERE_SAMPLES, qpath
-from .store import RunStore
-from .transport import Transport
 
 WINDOW = 20         # samples of a host a rank's wait share is taken over
 MIN_SAMPLES = 10    # known samples of a rank (w or c) needed to judge it
@@ -351,28 +350,6 @@ def hosts_named(run_dir: Path) -> list[str]:
     """The hosts named stragglers at any time of the run (its samples brought back), each once, in the order
     first named: what ``quarantine_stragglers: true`` counts toward quarantine."""
     return list(dict.fromkeys(s.host for s in decide(read_run(run_dir))))
-
-
-# ---- bringing the samples back ----
-
-def fetch_command(control_dir: str) -> str:
-    """The command that sends a node's where.jsonl (at most :data:`MOST_FILE` bytes; nothing when it has none)."""
-    return f"head -c {MOST_FILE} {qpath(control_dir)}/{WHERE_SAMPLES} 2>/dev/null; true"
-
-
-def fetch_node(t: Transport, node: ssh_plan.NodeLaunch, store: RunStore, run_id: str) -> int:
-    """One node's where.jsonl saved as ``<run>/where/<host>/where.jsonl``; its size (0: none, nothing saved)."""
-    data = t.run(fetch_command(node.control_dir), timeout=60).stdout[:MOST_FILE]
-    if data:
-        store.write_evidence(run_id, WHERE_DIR, node.host.name, WHERE_SAMPLES, data)
-    return len(data)
-
-
-def fetch_nodes(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], store: RunStore, run_id: str) -> dict[str, str]:
-    """:func:`fetch_node` on every node in parallel; what went wrong, by host. Best effort: a node that does
-    not answer keeps what was brought back before."""
-    res = nodeops.each(fleet, nodes, lambda n, t: fetch_node(t, n, store, run_id))
-    return {h: str(e) for h, e in res.failed.items()}
 
 
 # ---- an attached run, watched as it goes ----

@@ -176,7 +176,8 @@ class Backend(Protocol[PrepT]):
 
     def prepare(self, req: LaunchRequest, *, contact: bool = False) -> PrepT:
         """Validate the request and plan the run; no network unless ``contact`` (then only what the
-        plan needs: a Slurm login host's home)."""
+        plan needs, a Slurm login host's home, and the connections the run will use, which may start
+        opening beside the planning: no command is sent to a node before the plan is built)."""
         ...
 
     def render(self, prep: PrepT, req: LaunchRequest, *, full: bool = True) -> str:

@@ -6,7 +6,8 @@ mid-way included, keeps numbers only when finite (NaN, inf and 1e400 are dropped
 ``not_finite``), and bounds names, GPUs, ranks and metrics. It never raises. An event line (the idle policy
 found the run idle: :class:`IdleFound`) is kept apart from the samples.
 
-The files come back with the run (:func:`fetch_command`, :func:`save`): ``<run>/metrics/<host>/samples.jsonl``
+The files come back with the run, in the collect's answer (:func:`clusterddp.node.collect.send_samples`,
+:func:`clusterddp.artifacts.keep_samples`, :func:`save`): ``<run>/metrics/<host>/samples.jsonl``
 for the host's last attempt and ``attempt-<N>.jsonl`` for an earlier attempt N on the same host (a spare's
 samples are under its own name).
 """
@@ -20,14 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..nodescript import SAMPLES, qpath
-
 MOST = 8 << 20            # bytes of one sample file read (the sampler keeps it under 2 MiB)
 MAX_LINE = 64 << 10       # bytes of one line; longer lines are dropped
 MAX_GPUS = 64
 MAX_METRICS = 32
 MAX_RANKS = 256
-MARK = "CLUSTERDDP_SAMPLES"  # in fetch_command's answer: the line before each file
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
 HOST_FIELDS = ("cpu", "mem", "mem_total", "net_rx", "net_tx", "disk_r", "disk_w")
 GPU_FIELDS = ("util", "mem", "mem_total", "power", "temp", "sm_clock")
@@ -262,42 +260,9 @@ def load_run(run_dir: Path) -> list[NodeSamples]:
     return out
 
 
-def fetch_command(control_dir: str) -> str:
-    """A node's sample files, its last attempt's and earlier attempts' on the same host (their control folders
-    moved to ``<control>@attempt-N``), each after a ``CLUSTERDDP_SAMPLES <folder>`` line, at most MOST bytes."""
-    ctl = qpath(control_dir)
-    return (f"for f in {ctl}/{SAMPLES} {ctl}@attempt-*/{SAMPLES}; do [ -f \"$f\" ] || continue; "
-            f"d=${{f%/*}}; echo \"{MARK} ${{d##*/}}\"; head -c {MOST} \"$f\"; echo; done")
-
-
-def split_answer(data: bytes, host: str) -> dict[int | None, bytes]:
-    """:func:`fetch_command`'s answer: each file's bytes by attempt (None: the last). ``host``: the name of
-    the node's control folder (its host's name; ``node`` for `up local`). Untrusted: a marker line naming
-    no folder of ``host`` is skipped with what follows it."""
-    out: dict[int | None, bytes] = {}
-    current: int | None | bool = False  # False: no file being read
-    chunks: dict[int | None, list[bytes]] = {}
-    for line in data.split(b"\n"):
-        if line.startswith(MARK.encode() + b" "):
-            name = line[len(MARK) + 1:].decode("utf-8", "replace").strip()
-            if name == host:
-                current = None
-            elif name.startswith(host + "@attempt-") and name[len(host) + 9:].isdigit():
-                current = int(name[len(host) + 9:][:6])
-            else:
-                current = False
-            if current is not False:
-                chunks[current] = []
-            continue
-        if current is not False:
-            chunks[current].append(line)
-    for k, parts in chunks.items():
-        out[k] = b"\n".join(parts).rstrip(b"\n") + b"\n" if any(parts) else b""
-    return out
-
-
 def save(run_dir: Path, host: str, files: dict[int | None, bytes]) -> list[Path]:
-    """``files`` (from :func:`split_answer`) kept under ``run_dir/metrics/<host>/``, 0600 in 0700 folders."""
+    """``files`` (by attempt, None: the last; as the collect brought them) kept under ``run_dir/metrics/<host>/``,
+    0600 in 0700 folders."""
     from ..files import write_private
     if not NAME_OK.match(host):
         return []

@@ -6,6 +6,10 @@ request on stdin, {"globs": [...] or "paths": [...], "have": {path: size of the 
 "log": bool}, and answers on stdout with JSON header lines, some followed by raw bytes:
 
   {"log": n} + n bytes               the node log
+  {"samples": folder, "attempt": N or null, "size": n} + n bytes   a sampler's metrics.jsonl, and
+  {"where": folder, "size": n} + n bytes                           the rank sampler's where.jsonl: with
+                                     "samples": [folder, ...] in the request (``.``: the log's folder;
+                                     :func:`send_samples`), before the file list
   {"file": path, "size": n}          one line per file it will go through (regular files reached
                                      through no link, outside .clusterddp), in order
   {"files": count}                   the end of that list
@@ -67,6 +71,17 @@ MAX_SIZE = 1 << 50             # bytes of one file or of the log (1 PiB)
 MAX_NOTES = 100                # {"error"} lines in one answer
 MAX_TEXT = 1000                # characters of an error text the node sends
 HEX = frozenset("0123456789abcdef")
+
+# The samplers' files, sent with the log when asked ("samples"), so that the end of a run costs one command
+# a node. The bounds are the launcher's readers' (tests/node/test_node_collect.py holds them equal).
+SAMPLES_FILE = "metrics.jsonl"   # the metrics sampler's (nodescript.SAMPLES; clusterddp.metrics.samples)
+WHERE_FILE = "where.jsonl"       # the rank sampler's (nodescript.WHERE_SAMPLES; clusterddp.stragglers)
+SAMPLES_MOST = 8 << 20           # bytes of one metrics.jsonl sent (clusterddp.metrics.samples.MOST)
+SAMPLES_BUDGET = 4 * (SAMPLES_MOST + 4096)  # bytes of one folder's metrics.jsonl files together
+WHERE_MOST = 8 << 20             # bytes of a where.jsonl sent (clusterddp.node.where.PARSE_MOST)
+MAX_SAMPLE_FILES = 100           # metrics.jsonl files of one folder (its attempts')
+MAX_SAMPLE_FOLDERS = 1024        # folders asked for in one request (a Slurm job's nodes)
+MAX_ATTEMPT = 9999               # ``<folder>@attempt-N``: N at most (clusterddp.metrics.samples.ATTEMPT)
 
 
 def path_problem(p: object) -> str | None:
@@ -241,6 +256,82 @@ def _open_beneath(root: int, p: str):
     return os.fdopen(f, "rb")
 
 
+def folder_problem(name: object) -> str | None:
+    """Why ``name`` may not name a folder of samples (None: it may): ``.`` (the log's own folder) or a
+    relative, normalised path below it, without NUL, at most MAX_PATH bytes. Both ends check it."""
+    if name == ".":
+        return None
+    if not isinstance(name, str) or not name or "\0" in name or name.startswith("/"):
+        return "not a relative folder"
+    try:
+        if len(os.fsencode(name)) > MAX_PATH:
+            return "longer than %d bytes" % MAX_PATH
+    except UnicodeError:
+        return "not a file name"
+    if any(p in ("", ".", "..") for p in name.split("/")):
+        return "not normalised"
+    return None
+
+
+def _read_most(path: str, most: int) -> bytes | None:
+    """At most ``most`` bytes of the regular file at ``path`` (reached through no link at its end); None
+    when there is none. Read whole before it is announced: a sampler may still be writing it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            return f.read(most)
+    except OSError:
+        return None
+
+
+def _attempts(folder: str) -> list:
+    """The earlier attempts' folders beside ``folder`` (``<folder>@attempt-N``): (N, path), newest first."""
+    parent, base = os.path.split(folder.rstrip("/"))
+    out = {}  # type: dict
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return []
+    for name in names:
+        tail = name[len(base) + 9:]
+        if name.startswith(base + "@attempt-") and tail.isdigit() and len(tail) <= 4 and tail.isascii():
+            n = int(tail)
+            if 0 < n <= MAX_ATTEMPT and n not in out:
+                out[n] = os.path.join(parent, name)
+    return sorted(out.items(), reverse=True)
+
+
+def send_samples(log_dir: str, asked: list, emit: Callable[..., None], write: Callable[[bytes], object]) -> None:
+    """The samplers' files of each asked folder (:func:`folder_problem`; ``.``: ``log_dir`` itself):
+    ``{"samples": folder, "attempt": N or null, "size": n}`` + n bytes for its metrics.jsonl and each
+    earlier attempt's (newest first, within SAMPLES_BUDGET), ``{"where": folder, "size": n}`` + n bytes
+    for its where.jsonl. A file that is not there is not named."""
+    seen = set()
+    for name in asked[:MAX_SAMPLE_FOLDERS]:
+        if folder_problem(name) is not None or name in seen:
+            continue
+        seen.add(name)
+        folder = log_dir if name == "." else os.path.join(log_dir, name)
+        budget, files = SAMPLES_BUDGET, 0
+        for attempt, d in [(None, folder)] + _attempts(folder):
+            if budget <= 0 or files >= MAX_SAMPLE_FILES:
+                break
+            data = _read_most(os.path.join(d, SAMPLES_FILE), min(SAMPLES_MOST, budget))
+            if data is not None:
+                emit(samples=name, attempt=attempt, size=len(data))
+                write(data)
+                budget, files = budget - len(data), files + 1
+        data = _read_most(os.path.join(folder, WHERE_FILE), WHERE_MOST)
+        if data is not None:
+            emit(where=name, size=len(data))
+            write(data)
+
+
 def main(argv: list[str], stdin=None, stdout=None) -> int:
     """argv: the run folder, the node log. Request from ``stdin``, answer to ``stdout`` (binary);
     the process's own when not given."""
@@ -296,6 +387,8 @@ def main(argv: list[str], stdin=None, stdout=None) -> int:
                 send(f, size)
         except OSError:
             pass
+    if isinstance(req.get("samples"), list):  # the samplers' files: in the log's folder, or below it (Slurm)
+        send_samples(os.path.dirname(log_path), req["samples"], emit, out.write)
     os.chdir(run_dir)
     root = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
     files = {}  # type: dict
@@ -419,6 +512,7 @@ _LOG, _FILE, _FILES = frozenset({"log"}), frozenset({"file", "size"}), frozenset
 _LISTED = frozenset({"file", "size", "mtime"})  # a file line of a "list" answer
 _SEND, _HASH = frozenset({"path", "send"}), frozenset({"path", "sha256", "stable"})
 _FAILED, _NOTE, _TICK = frozenset({"path", "error"}), frozenset({"error"}), frozenset({"tick"})
+_SAMPLE, _WHERE = frozenset({"samples", "attempt", "size"}), frozenset({"where", "size"})
 
 
 class Receiver:
@@ -450,6 +544,14 @@ class Receiver:
         self.bytes = 0
         self.digests: dict[str, str] = {}  # the sha256 of each fetched file, as the node's and this copy's agree
         self.listing: dict[str, tuple[int, int]] = {}  # with mtimes (a "list"): path -> (size, mtime in ns)
+        # the samplers' files, by folder as asked: metrics.jsonl by attempt (None: the last), where.jsonl
+        self.samples: dict[str, dict[int | None, bytes]] = {}
+        self.where: dict[str, bytes] = {}
+        asked = request.get("samples") if request is not None else None
+        self._sample_folders = {f for f in asked if folder_problem(f) is None} if isinstance(asked, list) else set()
+        self._sample: tuple[str, int | None] | None = None  # the sample file being received: (folder, attempt)
+        self._sample_buf = bytearray()
+        self._sample_bytes: dict[str, int] = {}  # metrics.jsonl bytes received, by folder
         self._list_only = bool(request is not None and request.get("list"))
         self._mtimes = self._list_only or bool(request is not None and request.get("mtimes"))
         self.broken: str | None = None
@@ -542,7 +644,10 @@ class Receiver:
                 raise StreamError("expected the sha256 line of %s, got keys %s" % (_shown(self._hash_due),
                                                                                   sorted(keys)))
             self._hashed(rec)
-        elif keys == _LOG and self._stage == "start" and self.log is None and self._log is None:
+        elif keys in (_SAMPLE, _WHERE) and self._stage == "start" and self._sample_folders:
+            self._samples_header(rec, keys == _WHERE)
+        elif (keys == _LOG and self._stage == "start" and self.log is None and self._log is None
+              and not self.samples and not self.where):
             n = _size(rec, "log")
             self._log = 0
             self._sink, self._want = self._log_bytes, n
@@ -566,6 +671,45 @@ class Receiver:
                 self._lose(path, "cannot read it on the node: " + _text(rec, "error"))
         else:
             raise StreamError("unexpected header with keys %s %s" % (_shown(repr(sorted(keys))), self._where()))
+
+    def _samples_header(self, rec: dict, where: bool) -> None:
+        """A sampler's file, before the file list: bounded as the node bounds it, named once."""
+        folder = rec["where" if where else "samples"]
+        if not isinstance(folder, str) or folder not in self._sample_folders:
+            raise StreamError("samples of a folder not asked for: %s" % _shown(folder))
+        size = _size(rec, "size")
+        if where:
+            if folder in self.where:
+                raise StreamError("where.jsonl of %s sent twice" % _shown(folder))
+            if size > WHERE_MOST:
+                raise StreamError("where.jsonl of %s: %d bytes, over %d" % (_shown(folder), size, WHERE_MOST))
+            self.where[folder] = b""
+            self._sample = (folder, None)
+            self._sink, self._want = self._where_bytes, size
+        else:
+            attempt = rec["attempt"]
+            if attempt is not None and (type(attempt) is not int or not 0 < attempt <= MAX_ATTEMPT):  # noqa: E721
+                raise StreamError("attempt: %s is not an attempt (1 to %d)" % (_shown(repr(attempt)), MAX_ATTEMPT))
+            got = self.samples.setdefault(folder, {})
+            if attempt in got:
+                raise StreamError("the samples of %s (attempt %s) sent twice" % (_shown(folder), attempt))
+            total = self._sample_bytes.get(folder, 0) + size
+            if size > SAMPLES_MOST or total > SAMPLES_BUDGET or len(got) >= MAX_SAMPLE_FILES:
+                raise StreamError("the samples of %s: over %d bytes a file, %d together or %d files"
+                                  % (_shown(folder), SAMPLES_MOST, SAMPLES_BUDGET, MAX_SAMPLE_FILES))
+            self._sample_bytes[folder] = total
+            got[attempt] = b""
+            self._sample = (folder, attempt)
+            self._sink, self._want = self._sample_bytes_in, size
+        self._sample_buf = bytearray()
+        if not size:
+            self._payload_done()
+
+    def _sample_bytes_in(self, b: memoryview) -> None:
+        self._sample_buf += b
+
+    def _where_bytes(self, b: memoryview) -> None:
+        self._sample_buf += b
 
     def _where(self) -> str:
         return {"start": "at the start", "list": "in the file list", "files": "after the file list"}[self._stage]
@@ -677,6 +821,13 @@ class Receiver:
     def _payload_done(self) -> None:
         if self._log is not None:
             self.log, self._log = self._log, None
+        if self._sample is not None:  # kept only once whole: a file cut short is dropped (finish)
+            (folder, attempt), data = self._sample, bytes(self._sample_buf)
+            if self._sink == self._where_bytes:
+                self.where[folder] = data
+            else:
+                self.samples[folder][attempt] = data
+            self._sample, self._sample_buf = None, bytearray()
         self._sink = lambda b: None
 
     def _hashed(self, rec: dict) -> None:
@@ -752,6 +903,13 @@ class Receiver:
                 self._lose(path, ("its sha256 line never came; %s" if not self._want else
                                   "received %d of %d bytes; %%s" % (size - self._want, size)) % cause)
         self._hash_due = None
+        if self._sample is not None:  # a sampler's file cut short: not kept, as if not sent
+            folder, attempt = self._sample
+            if self._sink == self._where_bytes:
+                self.where.pop(folder, None)
+            else:
+                self.samples[folder].pop(attempt, None)
+            self._sample, self._sample_buf = None, bytearray()
         if self._log is not None:
             self.errors.append("the log was cut short (%d bytes received); %s" % (self._log, cause))
             self._log = None

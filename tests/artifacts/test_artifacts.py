@@ -7,8 +7,10 @@ verification rules quickly, including output cut into arbitrary pieces.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
+import shutil
 import sys
 import threading
 import time
@@ -352,19 +354,23 @@ def test_collect_glob_brings_back_other_files_after_the_fact_and_says_what_match
 
 
 class Counting(LocalTransport):
-    """The local transport, counting the commands sent through it."""
+    """The local transport, counting the commands sent through it (and what each was fed)."""
 
     sent: list = []
 
     def stream(self, command, on_data, **kw):
-        Counting.sent.append(command)
+        Counting.sent.append((self.name, command, kw.get("stdin")))
         return super().stream(command, on_data, **kw)
+
+    def run(self, command, **kw):
+        Counting.sent.append((self.name, command, kw.get("stdin")))
+        return super().run(command, **kw)
 
 
 def test_a_log_its_follower_sent_whole_is_not_fetched_again_unless_the_copy_differs(setup, node_dir):
-    # The end of a run without globs: the real follower (plan.follow_status_command) streams the log and
-    # says it sent it whole; the local copy it wrote is that, so no collect command goes to the node. A
-    # local copy damaged since (same size, one byte) is fetched again, and globs always ask the node.
+    # The end of a run: the real follower (plan.follow_status_command) streams the log and says it sent it
+    # whole; the local copy it wrote is that, so the collect (one command, for the samplers' files and any
+    # globs) does not ask for it again. A local copy damaged since (same size, one byte) is fetched again.
     node, store = setup
     (node_dir / ".clusterddp" / "pid").write_text("0\n")
     (node_dir / ".clusterddp" / "exit_code").write_text("0\n")
@@ -375,26 +381,66 @@ def test_a_log_its_follower_sent_whole_is_not_fetched_again_unless_the_copy_diff
     assert followed.whole == nodeops.Whole(15, hashlib.sha256(b"rank 0 says hi\n").hexdigest())
     streamed = {"local": followed.whole}
 
-    def collects() -> list:  # the collect commands (the metrics sampler's files are fetched by one of their own)
-        return [c for c in Counting.sent if "CLUSTERDDP_SAMPLES" not in c]
+    def collects() -> list:  # the collect commands that asked for the log (each asks for the samplers' files)
+        return [c for _, c, stdin in Counting.sent if json.loads(stdin)["log"]]
     Counting.sent = []
     with Fleet([node.host], connect=lambda h: Counting(h.name)) as fleet:
         [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
-        assert r == CollectResult("local", unmatched=()) and collects() == []
+        assert r == CollectResult("local", unmatched=()) and collects() == [] and len(Counting.sent) == 1
         assert matched_nowhere([r]) == ((), True)
         log.write_bytes(b"rank 0 says HI\n")
         [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
         assert r.ok and len(collects()) == 1 and log.read_bytes() == b"rank 0 says hi\n"
         [r] = collect_nodes(fleet, [node], store, RUN_ID, ("ckpt/deep/*",), streamed=streamed)
-        assert r.fetched == ("ckpt/deep/b.txt",) and len(collects()) == 2
+        assert r.fetched == ("ckpt/deep/b.txt",) and len(collects()) == 1 and len(Counting.sent) == 3
         log.unlink()  # no local copy at all: fetched
         [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
-        assert r.ok and len(collects()) == 3 and log.read_bytes() == b"rank 0 says hi\n"
+        assert r.ok and len(collects()) == 2 and log.read_bytes() == b"rank 0 says hi\n"
         # what the follower's shell said on stderr (a login shell's complaint), passed on after the log:
         # cut off, as the node's copy would have replaced it; a copy shorter than the log is fetched
         log.write_bytes(b"rank 0 says hi\nbash: warning: setlocale: LC_ALL: cannot change locale\n")
         [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
-        assert r.ok and len(collects()) == 3 and log.read_bytes() == b"rank 0 says hi\n"
+        assert r.ok and len(collects()) == 2 and log.read_bytes() == b"rank 0 says hi\n"
         log.write_bytes(b"rank 0 says")
         [r] = collect_nodes(fleet, [node], store, RUN_ID, (), streamed=streamed)
-        assert r.ok and len(collects()) == 4 and log.read_bytes() == b"rank 0 says hi\n"
+        assert r.ok and len(collects()) == 3 and log.read_bytes() == b"rank 0 says hi\n"
+    assert len(Counting.sent) == 6  # one command a collect, whatever it asked
+
+
+def test_the_end_of_a_run_costs_one_command_a_node_its_samplers_files_included(setup, node_dir):
+    # The SSH backend's end of a run (backends.ssh.launch.collect): each node's log (unless its follower sent it
+    # whole), its globs, and the samplers' files (metrics.jsonl of this attempt and an earlier one, where.jsonl),
+    # all in one command a node, kept where `metrics`, `report` and the stragglers read them.
+    from types import SimpleNamespace
+
+    from clusterddp.backends.ssh import launch as ssh_launch
+    from clusterddp.metrics.samples import load_run
+    from clusterddp.record import NodeState
+    from clusterddp.stragglers import WHERE_DIR
+    node, store = setup
+    ctl = node_dir / ".clusterddp"
+    head = b'{"schema": 1, "kind": "clusterddp-samples", "interval": 5.0}\n'
+    (ctl / "metrics.jsonl").write_bytes(head + b'{"t": 2.0, "dt": 5.0, "progress": 3}\n')
+    (node_dir / ".clusterddp@attempt-1").mkdir()
+    (node_dir / ".clusterddp@attempt-1" / "metrics.jsonl").write_bytes(head + b'{"t": 1.0, "dt": 5.0, "progress": 1}\n')
+    (ctl / "where.jsonl").write_bytes(b'{"t": 1.0, "ranks": {}}\n')
+    (ctl / "pid").write_text("0\n")
+    (ctl / "exit_code").write_text("0\n")
+    followed = nodeops.follow(LocalTransport("local"), node, lambda b: store.append_log(RUN_ID, "local", b))
+    store.close_logs()
+    for whole, globs in ((followed.whole, ()), (None, ()), (followed.whole, ("ckpt/deep/*",))):
+        sup = SimpleNamespace(nodes=[SimpleNamespace(name="local", state=NodeState.SUCCEEDED, whole=whole)])
+        Counting.sent = []
+        shutil.rmtree(store.run_dir(RUN_ID) / "metrics", ignore_errors=True)
+        shutil.rmtree(store.run_dir(RUN_ID) / WHERE_DIR, ignore_errors=True)
+        with Fleet([node.host], connect=lambda h: Counting(h.name)) as fleet:
+            plan = SimpleNamespace(nodes=[node], run_id=RUN_ID, collect=globs)
+            [r] = ssh_launch.collect(fleet, plan, store, lambda r: None, sup)
+        assert r.ok and [h for h, _, _ in Counting.sent] == ["local"], Counting.sent  # one command, whatever else
+        assert json.loads(Counting.sent[0][2])["log"] is (whole is None)
+        assert r.fetched == (("ckpt/deep/b.txt",) if globs else ())
+        assert [(n.key, [s.progress for s in n.samples]) for n in load_run(store.run_dir(RUN_ID))] == [
+            ("local@attempt-1", [1]), ("local", [3])]
+        where = store.run_dir(RUN_ID) / WHERE_DIR / "local" / "where.jsonl"
+        assert where.read_bytes() == b'{"t": 1.0, "ranks": {}}\n'
+        assert store.log_path(RUN_ID, "local").read_bytes() == b"rank 0 says hi\n"

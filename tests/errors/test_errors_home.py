@@ -14,7 +14,7 @@ PACKAGE = Path(clusterddp.__file__).resolve().parent
 ALLOWED = {("node/probe.py", "ProbeError"), ("node/collect.py", "StreamError"), ("node/collect.py", "_TooMany"),
            ("node/diagnose.py", "AnswerError"), ("node/top.py", "TopError"), ("node/envinfo.py", "EnvInfoError"),
            ("node/collective.py", "CollectiveReplyError"), ("node/collective.py", "_Stop"),
-           ("node/sampler.py", "Stop"), ("node/where.py", "Stop"),  # SIGTERM's way out of a node sampler's sleep
+           ("node/watch.py", "Stop"),  # SIGTERM's way out of a node sampler's sleep
            ("node/reply.py", "ReplyError"),  # beside the node programs, which import nothing of clusterddp
            ("artifacts.py", "_KeepOldLog"), ("backends/ssh/control.py", "_NoLog"), ("transport/ssh.py", "_TooMuch"),
            ("transport/ssh.py", "_NoGreeting"), ("mirror.py", "_Stopped"), ("mirror.py", "_NoRoom"),

@@ -33,6 +33,8 @@ MEMORY = 16 << 20     # bytes allocated at the peak of one case; the streams are
 
 FILES = {"ckpt/a.bin": bytes(range(256)) * 9, "ckpt/deep/b.txt": b'{"json": "lookalike"}\n' * 20,
          "ckpt/empty": b"", "train.log": b"step 1\n"}
+SAMPLES = {".clusterddp/metrics.jsonl": b'{"t": 2}\n' * 30, ".clusterddp@attempt-2/metrics.jsonl": b'{"t": 1}\n' * 7,
+           ".clusterddp/where.jsonl": b'{"w": 1}\n' * 11}
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +48,15 @@ def answers(tmp_path_factory) -> list[bytes]:
         (d / p).parent.mkdir(parents=True, exist_ok=True)
         (d / p).write_bytes(body)
     (d / "ckpt" / "link").symlink_to(d / "ckpt" / "a.bin")
+    for rel, body in SAMPLES.items():  # the samplers' files: this attempt's, an earlier one's, where.jsonl
+        (d / rel).parent.mkdir(exist_ok=True)
+        (d / rel).write_bytes(body)
     sizes = {p: len(b) for p, b in FILES.items()}
     out = []
     for req in ({"log": True, "globs": ["ckpt/**", "*.log"], "have": {}},
                 {"log": False, "globs": ["**"], "have": sizes},
-                {"paths": ["ckpt/deep/b.txt", "train.log"], "have": {}}):
+                {"paths": ["ckpt/deep/b.txt", "train.log"], "have": {}},
+                {"log": True, "globs": ["*.log"], "have": {}, "samples": ["."]}):
         buf, here = io.BytesIO(), os.getcwd()
         try:
             assert collect.main([str(d), str(d / ".clusterddp" / "node.log")], stdin=io.StringIO(json.dumps(req)),
@@ -82,8 +88,11 @@ headers = st.one_of(
     st.builds(lambda p, e: {"path": p, "error": e}, paths, json_values),
     st.builds(lambda e: {"error": e}, json_values),
     st.just({"tick": 1}),
+    st.builds(lambda f, a, n: {"samples": f, "attempt": a, "size": n}, st.sampled_from([".", "..", "x"]) | paths,
+              st.none() | sizes, sizes),
+    st.builds(lambda f, n: {"where": f, "size": n}, st.sampled_from([".", "/"]) | paths, sizes),
     st.dictionaries(st.sampled_from(["log", "file", "size", "files", "path", "send", "sha256", "stable", "error",
-                                     "tick", "extra"]), json_values, max_size=4),
+                                     "tick", "samples", "attempt", "where", "extra"]), json_values, max_size=4),
 )
 header_lines = headers.map(lambda h: json.dumps(h).encode() + b"\n") | st.sampled_from(
     [b"[1]\n", b"{not json\n", b'{"tick": NaN}\n', b"\xff\xfe\n", b"[" * 3000 + b"\n", b"{}\n", b"\n", b"x" * 70000,
@@ -123,8 +132,8 @@ def mutate(data: bytes, draw) -> bytes:
             rec = None
         if isinstance(rec, dict) and rec:
             key = draw(st.sampled_from(sorted(rec)))
-            rec[key] = draw(paths if key in ("path", "file") else sizes if key in ("log", "size", "files", "send")
-                            else json_values)
+            rec[key] = draw(paths if key in ("path", "file", "samples", "where")
+                            else sizes if key in ("log", "size", "files", "send", "attempt") else json_values)
             return data[:at] + json.dumps(rec).encode() + b"\n" + data[end:]
     line = draw(header_lines)
     if kind == "header":
@@ -159,7 +168,7 @@ def test_any_collect_answer_gives_files_or_a_stream_error_only(answers, scratch,
     for _ in range(data.draw(st.integers(1, 3))):
         stream = mutate(stream, data.draw)
     request = [{"globs": ["ckpt/**", "*.log"]}, {"globs": ["**"]}, {"paths": ["ckpt/deep/b.txt", "train.log"]},
-               None][data.draw(st.sampled_from([base, 3]))]
+               {"globs": ["*.log"], "samples": ["."]}, None][data.draw(st.sampled_from([base, 4]))]
     chunk = data.draw(st.sampled_from([1, 7, 4096, 1 << 20]))
     dest = scratch / "artifacts"
     shutil.rmtree(dest, ignore_errors=True)
@@ -194,6 +203,15 @@ def test_any_collect_answer_gives_files_or_a_stream_error_only(answers, scratch,
         if request is not None and "paths" in request:
             assert p in request["paths"], p
     assert "train.log" not in rx.whole  # the damaged copy is never called whole
+    # the samplers' files: only of a folder asked for, bounded; each kept one is whole (a rename of its folder
+    # or a change of its bytes keeps the framing: an answer from a node that has such a file)
+    assert set(rx.samples) | set(rx.where) <= set((request or {}).get("samples", []))
+    assert all(len(b) <= collect.SAMPLES_MOST for f in rx.samples.values() for b in f.values())
+    assert all(len(b) <= collect.WHERE_MOST for b in rx.where.values())
+    if rx.broken is None and stream == answers[base] and base == 3:
+        assert rx.samples == {".": {None: SAMPLES[".clusterddp/metrics.jsonl"],
+                                    2: SAMPLES[".clusterddp@attempt-2/metrics.jsonl"]}}
+        assert rx.where == {".": SAMPLES[".clusterddp/where.jsonl"]}
     assert all(isinstance(p, str) and isinstance(w, str) for p, w in rx.missing)
     if rx.broken is None and stream == answers[base]:
         assert not rx.missing and not rx.errors

@@ -1,10 +1,9 @@
-"""A node's sample file read back (untrusted: garbage, cut mid-line, huge, NaN/inf/1e400), the answer of the
-fetch command split by folder, the series and stragglers made of it, and what `metrics` prints and exports."""
+"""A node's sample file read back (untrusted: garbage, cut mid-line, huge, NaN/inf/1e400), the files brought
+back by the collect, the series and stragglers made of it, and what `metrics` prints and exports."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -91,24 +90,23 @@ def test_any_bytes_parse_without_raising_to_finite_samples_in_time_order(data):
     assert all(0 <= e.below <= 100 and 0 <= e.seconds < 1e9 and e.t >= 0 and e.nnodes >= 1 for e in got.idle)
 
 
-def test_the_fetch_answer_is_split_by_attempt_and_a_foreign_folder_is_ignored():
-    answer = (b"CLUSTERDDP_SAMPLES a\n" + HEADER + line(1.0) + b"\nCLUSTERDDP_SAMPLES a@attempt-1\n" + HEADER
-              + line(0.5) + b"\nCLUSTERDDP_SAMPLES ../../etc\n" + b"evil\n")
-    files = samples_module.split_answer(answer, "a")
-    assert set(files) == {None, 1}
-    assert (
-        samples_module.parse(files[None], "a").samples[0].t == 1.0
-        and samples_module.parse(files[1], "a", 1).key == "a@attempt-1"
-    )
+def test_the_collect_brings_the_last_attempts_file_and_earlier_ones(tmp_path, monkeypatch):
+    # the node's collect program (its samples part) and the launcher's receiver, in-process
+    import io
 
-
-def test_the_fetch_command_finds_the_last_attempts_file_and_earlier_ones(tmp_path):
+    from clusterddp.node import collect
     ctl = tmp_path / "run" / ".clusterddp" / "a"
     for d, t in ((ctl, 2.0), (tmp_path / "run" / ".clusterddp" / "a@attempt-1", 1.0)):
         d.mkdir(parents=True)
         (d / "metrics.jsonl").write_bytes(HEADER + line(t))
-    out = subprocess.run(["bash", "-c", samples_module.fetch_command(str(ctl))], capture_output=True, check=True).stdout
-    saved = samples_module.save(tmp_path / "local", "a", samples_module.split_answer(out, "a"))
+    (ctl / "node.log").write_bytes(b"")
+    out = io.BytesIO()
+    monkeypatch.chdir(tmp_path)
+    collect.main([str(tmp_path / "run"), str(ctl / "node.log")], io.StringIO(json.dumps({"samples": ["."]})), out)
+    rx = collect.Receiver(lambda p: tmp_path / "x" / p, request={"samples": ["."]})
+    rx.feed(out.getvalue())
+    rx.finish()
+    saved = samples_module.save(tmp_path / "local", "a", rx.samples["."])
     assert sorted(p.name for p in saved) == ["attempt-1.jsonl", "samples.jsonl"]
     loaded = samples_module.load_run(tmp_path / "local")
     assert [(n.key, n.samples[0].t) for n in loaded] == [("a@attempt-1", 1.0), ("a", 2.0)]

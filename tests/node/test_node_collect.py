@@ -411,3 +411,89 @@ def test_sha256_file_hashes_the_whole_file_or_its_first_bytes(tmp_path):
     assert collect.sha256_file(f) == hashlib.sha256(data).hexdigest()
     for n in (0, 1, 1 << 20, (1 << 20) + 1, len(data), len(data) + 5):
         assert collect.sha256_file(f, n) == hashlib.sha256(data[:n]).hexdigest(), n
+
+
+# ---- the samplers' files, in the same answer ----
+
+def test_the_samplers_files_come_with_the_log_and_files_in_one_answer(run_dir, tmp_path, monkeypatch):
+    # the log's folder's metrics.jsonl, its earlier attempts' (beside it, newest first), its where.jsonl;
+    # a link and a FIFO where a file should be are not followed or read
+    ctl = run_dir / CONTROL
+    (ctl / "metrics.jsonl").write_bytes(b"last\n")
+    (ctl / "where.jsonl").write_bytes(b"where\n")
+    for n, body in ((1, b"first\n"), (12, b"twelfth\n")):
+        (run_dir / f"{CONTROL}@attempt-{n}").mkdir()
+        (run_dir / f"{CONTROL}@attempt-{n}" / "metrics.jsonl").write_bytes(body)
+    (run_dir / f"{CONTROL}@attempt-3").mkdir()
+    (run_dir / f"{CONTROL}@attempt-3" / "metrics.jsonl").symlink_to(ctl / "node.log")
+    (run_dir / f"{CONTROL}@attempt-4").mkdir()
+    os.mkfifo(run_dir / f"{CONTROL}@attempt-4" / "metrics.jsonl")
+    (run_dir / f"{CONTROL}@attempt-x").mkdir()
+    request = {"log": True, "globs": ["ckpt/deep/*"], "have": {}, "samples": ["."]}
+    data = answer(run_dir, request)
+    assert [json.loads(h)["attempt"] for h in data.split(b"\n") if h.startswith(b'{"samples"')] == [None, 12, 1]
+    dest = tmp_path / "artifacts"
+    rx = Receiver(lambda rel: dest / rel, request=request, log_to=io.BytesIO())
+    rx.feed(data)
+    rx.finish()
+    assert rx.samples == {".": {None: b"last\n", 12: b"twelfth\n", 1: b"first\n"}} and rx.where == {".": b"where\n"}
+    assert rx.log == 15 and rx.fetched == ["ckpt/deep/b.txt"] and not rx.errors and not rx.missing
+    # bounded as the node's readers bound them: a file at SAMPLES_MOST, the folder's files within the budget
+    monkeypatch.setattr(collect, "SAMPLES_MOST", 4)
+    monkeypatch.setattr(collect, "SAMPLES_BUDGET", 6)
+    rx = Receiver(lambda rel: dest / rel, request=request, log_to=io.BytesIO())
+    rx.feed(answer(run_dir, request))
+    rx.finish()
+    assert rx.samples == {".": {None: b"last", 12: b"tw"}} and not rx.errors
+    # not asked: not sent
+    assert b'"samples"' not in answer(run_dir, {"log": True, "globs": [], "have": {}})
+
+
+def test_the_bounds_are_the_readers():
+    from clusterddp import nodescript
+    from clusterddp.metrics import samples
+    from clusterddp.node import where
+    assert (collect.SAMPLES_FILE, collect.WHERE_FILE) == (nodescript.SAMPLES, nodescript.WHERE_SAMPLES)
+    assert collect.SAMPLES_MOST == samples.MOST and collect.WHERE_MOST == where.PARSE_MOST
+    assert samples.ATTEMPT.match(f"attempt-{collect.MAX_ATTEMPT}.jsonl")
+    assert not samples.ATTEMPT.match(f"attempt-{collect.MAX_ATTEMPT + 1}.jsonl")
+
+
+def sample(folder: str, size: int, attempt: object = None) -> dict:
+    return {"samples": folder, "attempt": attempt, "size": size}
+
+
+@pytest.mark.parametrize("answer, words", [
+    (lines(sample("..", 1)) + b"x", "samples of a folder not asked for: .."),
+    (lines(sample("other", 1)) + b"x", "samples of a folder not asked for: other"),
+    (lines({"where": "/etc", "size": 1}) + b"x", "samples of a folder not asked for: /etc"),
+    (lines(sample(".", collect.SAMPLES_MOST + 1)), "over 8388608 bytes a file"),
+    (lines({"where": ".", "size": collect.WHERE_MOST + 1}), "where.jsonl of .: 8388609 bytes, over 8388608"),
+    (lines(sample(".", -1)), "size: -1 is not a size"),
+    (lines(sample(".", 1, True)) + b"x", "attempt: True is not an attempt"),
+    (lines(sample(".", 1, 0)) + b"x", "attempt: 0 is not an attempt"),
+    (lines(sample(".", 1, 10000)) + b"x", "attempt: 10000 is not an attempt"),
+    (lines(sample(".", 1, "1")) + b"x", "attempt: '1' is not an attempt"),
+    (lines(sample(".", 1, 2)) + b"x" + lines(sample(".", 1, 2)) + b"y", "the samples of . (attempt 2) sent twice"),
+    (lines({"where": ".", "size": 0}, {"where": ".", "size": 0}), "where.jsonl of . sent twice"),
+    (b"".join(lines(sample(".", collect.SAMPLES_MOST, n + 1)) + bytes(collect.SAMPLES_MOST) for n in range(5)),
+     "together"),
+    (lines(sample(".", 1)) + b"x" + lines({"log": 1}) + b"x", "unexpected header with keys ['log'] at the start"),
+    (lines({"file": "a.txt", "size": 3}, sample(".", 1)) + b"x", "unexpected header with keys"),
+])
+def test_a_bad_samples_header_ends_the_answer_and_keeps_nothing_of_it(tmp_path, answer, words):
+    rx = Receiver(lambda rel: tmp_path / rel, request={"globs": [], "samples": ["."]}, log_to=io.BytesIO())
+    raised = fed(rx, answer)
+    assert isinstance(raised, collect.StreamError) and words in str(raised), raised
+    rx.finish()
+    assert all(len(b) <= collect.SAMPLES_MOST for f in rx.samples.values() for b in f.values())
+
+
+def test_samples_not_asked_for_are_refused_and_one_cut_short_is_not_kept(tmp_path):
+    raised = fed(Receiver(lambda rel: tmp_path / rel, request={"globs": []}), lines(sample(".", 1)) + b"x")
+    assert isinstance(raised, collect.StreamError) and "unexpected header with keys" in str(raised)
+    rx = Receiver(lambda rel: tmp_path / rel, request={"globs": [], "samples": ["."]})
+    cut = lines(sample(".", 3)) + b"abc" + lines({"where": ".", "size": 0}, sample(".", 10, 1)) + b"12345"
+    assert fed(rx, cut) is None
+    rx.finish()  # the answer ended in attempt 1's file: the whole ones are kept, that one is not
+    assert rx.samples == {".": {None: b"abc"}} and rx.where == {".": b""}

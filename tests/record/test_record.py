@@ -234,7 +234,7 @@ def test_the_inventorys_fanout_is_recorded_and_bounds_every_control_command(tmp_
     control.node_logs(prep.store, rec.run_id, None, lambda h, source, f: None, connect=Node)
     control.follow(prep.store, rec.run_id, lambda h, b: None, None, {}, connect=Node)
     control.stop(prep.store, rec.run_id, grace=0, connect=Node)
-    assert len(limits) >= 7 and all(limit == 3 for limit in limits), limits  # collect also fetches the samples
+    assert len(limits) >= 5 and all(limit == 3 for limit in limits), limits  # (the collect brings the samples)
 
 
 def test_the_clusterddp_version_that_started_a_run_is_recorded_and_read_back(tmp_path):

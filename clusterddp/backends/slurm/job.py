@@ -344,49 +344,17 @@ def explain(login: Login, store: RunStore, run_id: str) -> tuple[str, ...]:
 def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_dir: str, hosts: tuple[str, ...],
             globs: tuple[str, ...]) -> CollectResult:
     """Every node's log, and the batch step's output and the collect globs from the shared run folder
-    (through the same node program as SSH runs, run where the folder is) into ``artifacts/shared/``."""
+    (through the same node program as SSH runs, run where the folder is) into ``artifacts/shared/``,
+    with every node's samplers' files (``nodes/<host>/`` and an earlier attempt's ``<host>@attempt-N/``,
+    :func:`SP.keep_samples_lines`) in the same answer: one command for the samples of every node."""
     from ...artifacts import collect_node
     t, host = login.collect_host(run_dir)
     for h in hosts:
         copy_log(login, store, run_id, h, slurm_plan.node_log(control_dir, h))
-        copy_samples(t, store, run_id, h, slurm_plan.node_control(control_dir, h))
-        copy_where(t, store, run_id, h, slurm_plan.node_control(control_dir, h))
     # collect_command reads <control_dir>/node.log: the batch step's output (plan.BATCH_LOG)
     node = ssh_plan.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
-    return collect_node(t, node, store, run_id, globs)
-
-
-def copy_samples(t: Transport, store: RunStore, run_id: str, host: str, node_ctl: str) -> None:
-    """The metrics sampler's files of ``host`` (clusterddp.metrics), its last attempt's and the earlier
-    attempts' it ran (``<host>@attempt-N/``: :func:`SP.keep_samples_lines`), from the shared folder where
-    it is, bounded, as an SSH node's come back; none: nothing."""
-    from ...metrics.fetch import ANSWER_MOST
-    from ...metrics.samples import fetch_command, save, split_answer
-    buf = bytearray()
-
-    def take(b: bytes) -> None:
-        if len(buf) < ANSWER_MOST:
-            buf.extend(b[:ANSWER_MOST - len(buf)])
-    try:
-        t.stream(fetch_command(node_ctl), take, timeout=60, stderr_to=bytearray())
-    except Exception:  # noqa: BLE001 - the samples are best effort: the logs and the outcome stand without them
-        return
-    files = split_answer(bytes(buf), host)
-    if files and not store.read_only:
-        save(store.run_dir(run_id), host, files)
-
-
-def copy_where(t: Transport, store: RunStore, run_id: str, host: str, node_ctl: str) -> None:
-    """The rank sampler's file of ``host`` (clusterddp.stragglers), from the shared folder where it is, bounded,
-    as an SSH node's comes back (``<run>/where/<host>/where.jsonl``); none: nothing."""
-    from ...nodescript import WHERE_SAMPLES
-    from ...stragglers import MOST_FILE, WHERE_DIR, fetch_command
-    try:
-        data = t.run(fetch_command(node_ctl), timeout=60).stdout[:MOST_FILE]
-    except Exception:  # noqa: BLE001 - the samples are best effort: the logs and the outcome stand without them
-        return
-    if data and not store.read_only:
-        store.write_evidence(run_id, WHERE_DIR, host, WHERE_SAMPLES, data)
+    samples = {posixpath.relpath(slurm_plan.node_control(control_dir, h), control_dir): h for h in hosts}
+    return collect_node(t, node, store, run_id, globs, samples=samples)
 
 
 def copy_log(login: Login, store: RunStore, run_id: str, host: str, path: str) -> bool:

@@ -84,7 +84,7 @@ ATTEMPT_FILE = "attempt"  # in a node's own folder: the attempt (1, 2, ...) whos
 def keep_samples_lines() -> list[str]:
     """A requeued job runs again in the same node folders: the sample file of the attempt this node ran
     before is moved aside to ``<host>@attempt-N/`` beside its folder, as an SSH host's earlier attempt's
-    control folder is (so :func:`clusterddp.metrics.samples.fetch_command` brings back both alike), N
+    control folder is (so the collect's :func:`clusterddp.node.collect.send_samples` brings back both alike), N
     from the ``attempt`` file that attempt left (a node need not have run every attempt)."""
     return [
         "# an earlier attempt's samples (a requeue) kept as <host>@attempt-N/ beside this node's folder",

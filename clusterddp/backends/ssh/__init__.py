@@ -35,7 +35,7 @@ class SSHBackend(lifecycle.Basic):
         return launch.prepare(req.inventory_arg, req.spec, req.runs_dir, req.hosts, exclude=req.exclude,
                               loaded=req.inventory, slots=req.slots, nodes=req.nodes,
                               secrets=upload.secret_files(req.inventory, req.notify, req.env_files),
-                              resume=req.resume, schedule=req.schedule)
+                              resume=req.resume, schedule=req.schedule, contact=contact)
 
     def render(self, prep: Prepared, req: base.LaunchRequest, *, full: bool = True) -> str:
         from ... import plan

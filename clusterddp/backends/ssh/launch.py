@@ -22,13 +22,14 @@ from ... import stragglers, upload
 from ...artifacts import CollectResult, collect_nodes
 from ...errors import HostError, UsageError
 from ...failure import Failure
-from ...fleet import Fleet
+from ...fleet import Fleet, GroupResult
 from ...metrics.idle import NodeIdle, watch_every
 from ...metrics.idle import Watch as IdleWatch
 from ...mirror import Mirror, unprotected
 from ...record import Attempt, NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
 from ...runspec import ResolvedSpec
 from ...store import RunStore, new_run_id
+from ...transport import Transport
 from ...upload import DEFAULT_MAX_UPLOAD
 from .. import base, inventory_keys, lifecycle
 from ..base import RunOutcome
@@ -49,15 +50,20 @@ class Prepared:
     notes: tuple[str, ...] = ()  # lines `up` says before anything starts (a spare in place of a quarantined host)
     resumes: RunRecord | None = None  # --resume RUN: that run, checked (clusterddp.resume)
     locks: dict | None = None  # `packages:`: each host's lock (clusterddp.envs), its environment built before the job
+    connecting: Connecting | None = None  # the run's connections, opening beside the rest of `up`'s own work
 
 
 def prepare(inventory_arg: str, spec: ResolvedSpec, runs_dir: str, hosts: list[str] | None = None,
             run_id: str | None = None, exclude: list[str] | None = None,
             loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None,
             nodes: tuple[int, int] | None = None, secrets: tuple[upload.Secret, ...] = (),
-            resume: str | None = None, schedule: str | None = None) -> Prepared:
+            resume: str | None = None, schedule: str | None = None, contact: bool = False) -> Prepared:
     """Validate input and plan the run (no network). Raises UsageError for bad input. ``spec``: the
     run's flags resolved against the inventory (:func:`clusterddp.runspec.resolve`, by the caller: once).
+    ``contact`` (a run that starts, not a dry run): once the run's hosts are known (the inventory read and
+    checked, narrowed), their connections start opening (:class:`Connecting`) beside the rest of this
+    work and the upload's packing; no command is sent before the plan is built, and a refusal after
+    that point closes them.
     ``loaded``: that inventory, when the caller has it (else it is read again here). ``slots``: a fixed choice of
     GPUs by host (``--hosts gpu-01:0,1``), over the inventory's. ``nodes``: ``--nodes MIN:MAX``
     (the run starts on the first MAX hosts). ``secrets``: files never uploaded
@@ -83,6 +89,20 @@ def prepare(inventory_arg: str, spec: ResolvedSpec, runs_dir: str, hosts: list[s
     if slots:
         inventory = replace(inventory, hosts=tuple(replace(h, slots=slots[h.name], gpus=len(slots[h.name]))
                                                    if h.name in slots else h for h in inventory.hosts))
+    connecting = Connecting(inventory) if contact and inventory_arg != inv_mod.LOCAL else None
+    try:
+        return _planned(inventory_arg, inventory, spec, runs_dir, script, secrets, notes, resume, schedule, run_id,
+                        connecting)
+    except BaseException:
+        if connecting is not None:
+            connecting.close()
+        raise
+
+
+def _planned(inventory_arg: str, inventory: inv_mod.Inventory, spec: ResolvedSpec, runs_dir: str, script: Path,
+             secrets: tuple[upload.Secret, ...], notes: tuple[str, ...], resume: str | None, schedule: str | None,
+             run_id: str | None, connecting: Connecting | None) -> Prepared:
+    """:func:`prepare`, once the run's hosts are known: the resumed run, the script folder, the plan, the locks."""
     store = RunStore(runs_dir)
     resumes = None
     if resume is not None:
@@ -109,7 +129,7 @@ def prepare(inventory_arg: str, spec: ResolvedSpec, runs_dir: str, hosts: list[s
     lookup = folder is None or upload.mentions_clusterddp(folder)
     plan = ssh_plan.build_plan(inventory, spec, run_id, **local, train_lookup=lookup)
     from ...envs.nodes import locks  # a lock that is not one is refused before anything starts
-    return Prepared(plan, store, source_dir, folder, notes, resumes, locks(inventory) or None)
+    return Prepared(plan, store, source_dir, folder, notes, resumes, locks(inventory) or None, connecting)
 
 
 def _spares_for_quarantined(inventory: inv_mod.Inventory) -> tuple[inv_mod.Inventory, tuple[str, ...]]:
@@ -274,15 +294,46 @@ def preflight(plan: ssh_plan.LaunchPlan, connect: Callable | None = None, fleet:
     return fleet
 
 
+class Connecting:
+    """The connections to an inventory's hosts (in node-rank order, as the plan's nodes), opening in a
+    thread of their own (:meth:`.Fleet.open`) from when the hosts are known: `up`'s own work that
+    follows (the script folder's scan, the plan, the locks, the upload's tarball) goes on meanwhile.
+    :meth:`result` waits for them; :meth:`close` closes them, at once or, while they still open, as
+    soon as they have (nothing is left open whatever the order)."""
+
+    def __init__(self, inventory: inv_mod.Inventory, connect: Callable | None = None) -> None:
+        self.fleet: Fleet = Fleet(inventory.ranked(), fanout=inventory.fanout,
+                                  **({"connect": connect} if connect else {}))
+        self._lock = threading.Lock()
+        self._closed = False
+        self._opening = _Beside(self._open, name="connect")
+
+    def _open(self) -> object:
+        opened = self.fleet.open()
+        with self._lock:
+            if self._closed:  # closed while opening: what opened is closed too
+                self.fleet.close()
+        return opened
+
+    def result(self) -> GroupResult[str, Transport]:
+        """Every host's connection, or why it could not be opened (:meth:`.Fleet.open`)."""
+        return cast("GroupResult[str, Transport]", self._opening.result())
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self.fleet.close()
+
+
 class _Beside:
     """``fn()`` run in a thread of its own, beside what the caller does meanwhile; :meth:`result`
     waits for it and returns its value or raises what it raised."""
 
-    def __init__(self, fn: Callable[[], object]) -> None:
+    def __init__(self, fn: Callable[[], object], name: str = "preflight") -> None:
         self._fn = fn
         self._value: object = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="preflight", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -530,27 +581,34 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
         self.chosen: list | None = None          # --resume: the checkpoints found
         self.packed: upload.Upload | None = None
         self.fleet: Fleet | None = None          # the run's connections (none for `local`)
+        self.connecting: Connecting | None = None  # they, while they open (ready)
         self.lease: Lease | None = None
         self.leased: str | None = None           # the lease, said once the run id is
         self.may_go_on = False                   # a failed attempt may be followed by another
 
     def ready(self) -> None:
         prep, req, events = self.prep, self.req, self.events
+        # Every connection at once, opening (since prepare, or from now) while this side packs the upload
+        # and finds what a resume needs: its own work and the nodes' handshakes overlap.
+        connecting = None if prep.plan.local else (prep.connecting or Connecting(prep.plan.inventory))
+        self.connecting = connecting
+        if connecting is not None:
+            self.fleet = connecting.fleet
         prep, self.chosen = resume_found(prep, req, events)
         self.packed = pack(prep, req.max_upload)
         if prep.plan.local and prep.locks:  # `up local --packages`: the same machinery, on this machine
             with Fleet(prep.plan.inventory.hosts) as here:
                 prep = _environments(prep, here, events)
-        if not prep.plan.local:
-            # Every connection at once (the lease asks every node at once too), then the preflight
-            # beside the lease: each is a command per node, and a run that passes (most) need not wait
+        if connecting is not None:
+            # The connections, then the preflight beside the lease (the lease asks every node at once
+            # too): each is a command per node, and a run that passes (most) need not wait
             # for one before the other. A lease taken for a run that then fails its preflight is given
             # back (give_back); a run that may wait in the queue is checked first, so it never waits in vain.
             for note in prep.notes:  # before anything starts (a quarantined host's spare)
                 events.warn(note)
-            fleet = self.fleet = Fleet([n.host for n in prep.plan.nodes], fanout=prep.plan.inventory.fanout)
+            fleet = connecting.fleet
             # a host that cannot be reached is reported by the preflight (or the lease), unless a spare stands in
-            opened = fleet.open()
+            opened = connecting.result()
             if opened.failed and prep.plan.inventory.spares:
                 prep, fleet = _spares_for_down(prep, fleet, opened.failed, events)
                 self.fleet = fleet
@@ -589,6 +647,8 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
     def give_back(self) -> None:
         if self.lease is not None:
             self.lease.release()
+        if self.connecting is not None:  # closed once opened, if they still are
+            self.connecting.close()
         if self.fleet is not None:
             self.fleet.close()
 

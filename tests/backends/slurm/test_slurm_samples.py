@@ -1,7 +1,7 @@
 """A requeued Slurm job runs again in the same node folders: each attempt's sample file is kept
 (``<host>@attempt-N/``, as an SSH host's earlier attempt's control folder) and comes back as SSH's do
 (``metrics/<host>/attempt-N.jsonl`` beside ``samples.jsonl``); an earlier attempt's idle.json is not the
-new one's. The node script's lines run for real in bash; the copy through a local transport, as the
+new one's. The node script's lines run for real in bash; the collect through the local login, as the
 login host's shared folder is read."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import subprocess
 from pathlib import Path
 
 from clusterddp.backends.slurm import plan as slurm_plan
-from clusterddp.backends.slurm.job import copy_samples
+from clusterddp.backends.slurm.job import collect
+from clusterddp.backends.slurm.login import LocalLogin
 from clusterddp.metrics.samples import load_run
 from clusterddp.store import RunStore
-from clusterddp.transport.local import LocalTransport
+from helpers import make_record
 
 RUN = "20261206-083000-5a11"
 
@@ -49,17 +50,39 @@ def test_each_attempt_s_samples_are_kept_and_come_back_as_ssh_s(tmp_path):
     (ctl / "metrics.jsonl").write_text('{"kind": "clusterddp-samples", "schema": 1}\n{"t": 1.0, "dt": 1.0, '
                                        '"progress": 5}\n')
 
+    (ctl / "where.jsonl").write_bytes(b'{"t": 1.0}\n')
     store = RunStore(tmp_path / "runs")
-    (tmp_path / "runs" / RUN).mkdir(parents=True)
-    copy_samples(LocalTransport("shared"), store, RUN, "node-1", str(ctl))
+    store.create(make_record(RUN, ("node-1", "node-2")))
+    # the collect of the job (job.collect, through the login host where the shared folder is): the batch
+    # step's output, every node's log, and the samplers' files of every node in the same one command
+    shared = ctl.parent.parent
+    (shared / "node.log").write_bytes(b"batch\n")
+    res = collect(CountingLogin(), store, RUN, str(shared.parent), str(shared), ("node-1", "node-2"), ())
+    assert res.ok and len(CountingLogin.sent) == 1, (res, CountingLogin.sent)
     kept = sorted(p.name for p in (tmp_path / "runs" / RUN / "metrics" / "node-1").iterdir())
     assert kept == ["attempt-1.jsonl", "attempt-2.jsonl", "attempt-3.jsonl", "attempt-4.jsonl", "samples.jsonl"]
     got = {n.key: [s.progress for s in n.samples] for n in load_run(tmp_path / "runs" / RUN)}
     assert got == {"node-1@attempt-1": [1], "node-1@attempt-2": [2], "node-1@attempt-3": [3],
                    "node-1@attempt-4": [4], "node-1": [5]}
+    assert (tmp_path / "runs" / RUN / "where" / "node-1" / "where.jsonl").read_bytes() == b'{"t": 1.0}\n'
     # a host whose folder holds no samples: nothing kept, no error
-    copy_samples(LocalTransport("shared"), store, RUN, "node-2", str(ctl.parent / "node-2"))
     assert not (tmp_path / "runs" / RUN / "metrics" / "node-2").exists()
+
+
+class CountingLogin(LocalLogin):
+    """The shared folder on this machine, counting the commands sent where it is."""
+
+    sent: list = []
+
+    def collect_host(self, run_dir):
+        t, host = super().collect_host(run_dir)
+        stream = t.stream
+
+        def counted(command, on_data, **kw):
+            CountingLogin.sent.append(command)
+            return stream(command, on_data, **kw)
+        t.stream = counted
+        return t, host
 
 
 def test_the_node_script_keeps_samples_only_when_the_sampler_runs():

@@ -102,21 +102,25 @@ def test_two_nodes_succeed_with_logs_and_checkpoints(bed, tmp_path):
 
 
 # `up` run in-process (python -c) with every command the SSH transport streams watched: what goes to the
-# nodes is the real thing. Counted: the collect node program asked for a node's log (the end of a run's
-# fetch; the checkpoint mirror's look, a collect program too, asks for a file list only). A finished `up`
-# ends with os._exit.
+# nodes is the real thing. Counted: the collect node program's runs (the end of a run's fetch, and the
+# checkpoint mirror's look, which asks for a file list only), and those that asked for a node's log.
+# A finished `up` ends with os._exit.
 WATCHED_UP = r"""
 import json, os, sys
 import clusterddp.transport.ssh as S
-sent = []
+sent, collects = [], []
 stream = S.SSHTransport.stream
 def counted(self, command, *a, **kw):
-    if "``collect``: the node program" in command and json.loads(kw.get("stdin") or b"{}").get("log"):
+    request = json.loads(kw.get("stdin") or b"{}") if "``collect``: the node program" in command else None
+    if request is not None and not request.get("list"):
+        collects.append(request)
+    if request is not None and request.get("log"):
         sent.append(command)
     return stream(self, command, *a, **kw)
 S.SSHTransport.stream = counted
 _exit = os._exit
 def told(code):
+    sys.__stderr__.write("COLLECTS %d\n" % len(collects))
     sys.__stderr__.write("LOG FETCHES %d\n" % len(sent))
     sys.__stderr__.flush()
     _exit(code)
@@ -129,16 +133,19 @@ main()
 
 def test_a_run_without_globs_ends_with_no_collect_and_the_nodes_logs_byte_for_byte(bed, tmp_path, job):
     # The followers sent each node's log whole (size and sha256 told with the exit code), so the end of
-    # a run with nothing else to bring back fetches no log again, and the local logs are the nodes' own,
-    # byte for byte. With a glob, every node is asked as before. A plain torch script (no helper).
+    # a run fetches no log again, and the local logs are the nodes' own, byte for byte. Each node is asked
+    # once (its samplers' files, and its globs if any: one collect command a node, the end of the run's
+    # only one). A plain torch script (no helper).
     runs = tmp_path / "runs"
-    for extra, fetches in (((), 0), (("--collect", "data.txt"), 2)):
+    for extra, fetches in (((), 0), (("--collect", "data.txt"), 0)):
         r = subprocess.run([sys.executable, "-c", WATCHED_UP, "up", str(inv(bed, tmp_path)), str(job / "probe.py"),
                             "--runs-dir", str(runs), *extra], capture_output=True, text=True, timeout=240,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert r.returncode == 0, r.stdout + r.stderr
-        assert f"LOG FETCHES {fetches}" in r.stderr.splitlines(), r.stderr
+        assert f"LOG FETCHES {fetches}" in r.stderr.splitlines() and "COLLECTS 2" in r.stderr.splitlines(), r.stderr
         rec = record(runs, run_id_of(r.stdout))
+        # the metrics sampler's files came in those commands (the rank sampler's too, where the run lasted a sample)
+        assert sorted(p.name for p in (runs / rec["run_id"] / "metrics").iterdir()) == ["node1", "node2"]
         for n in rec["nodes"]:
             node_log = (Path(n["control_dir"]) / "node.log").read_bytes()
             assert b"PROBE " in node_log
