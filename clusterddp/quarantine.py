@@ -35,6 +35,7 @@ from pathlib import Path
 from . import files
 from .errors import FileRefused, Quarantined, QuarantineError
 from .inventory import DEFAULT_QUARANTINE_S
+from .record import NodeState
 
 DEFAULT_S = DEFAULT_QUARANTINE_S  # the inventory's `quarantine:` when it gives none
 MOST_BYTES = 1 << 20
@@ -242,16 +243,25 @@ def after_run(rec, seconds: float = DEFAULT_S, q: Quarantine | None = None, now:
     return q.after(rec.run_id, lost, kept, seconds, now, now_out, again, {key[h]: h for h in slow if h in key})
 
 
-def after_slow(rec, slow: Iterable[str], seconds: float = DEFAULT_S, q: Quarantine | None = None,
-               now: float | None = None) -> list[Entry]:
-    """After an attached run that did not fail (``rec``: its record): :func:`strike_slow` for the hosts
-    named stragglers in it (``slow``: host names, with ``quarantine_stragglers: true``; hosts not in the
-    record are left out), nothing else changed. Returns the entries added (to be said)."""
+def forget(strikes: Sequence[Strike], finished: Iterable[str], run_id: str) -> list[Strike]:
+    """The strikes left once the machines of ``finished`` ran run ``run_id`` to its end: theirs from earlier
+    runs wiped (two losses count only one after the other); this run's own (an earlier attempt's) kept."""
+    finished = set(finished)
+    return [k for k in strikes if k.machine not in finished or k.run_id == run_id]
+
+
+def after_success(rec, slow: Iterable[str] = (), seconds: float = DEFAULT_S, q: Quarantine | None = None,
+                  now: float | None = None) -> list[Entry]:
+    """After an attached run that succeeded (``rec``: its record): each machine that ran it to the end
+    (its node succeeded) forgets its strike (:func:`forget`), but for the hosts named stragglers in it
+    (``slow``: host names, with ``quarantine_stragglers: true``; hosts not in the record are left out),
+    which :func:`strike_slow` counts. Returns the entries added (to be said)."""
     if rec.local:
         return []
     key = {n.host: machine(n.settings.address, n.settings.port) for n in rec.nodes}
     named = {key[h]: h for h in slow if h in key}
-    return (q or Quarantine()).after_slow(rec.run_id, named, seconds, now) if named else []
+    finished = {key[n.host] for n in rec.nodes if n.state is NodeState.SUCCEEDED} - set(named)
+    return (q or Quarantine()).after_success(rec.run_id, finished, named, seconds, now)
 
 
 def quarantined(hosts, q: Quarantine | None = None, now: float | None = None) -> dict[str, Entry]:
@@ -343,13 +353,16 @@ class Quarantine:
                 self._write(self._merged(entries, added, now), left)
             return added
 
-    def after_slow(self, run_id: str, slow: dict[str, str], seconds: float, now: float | None = None) -> list[Entry]:
-        """:func:`strike_slow` for run ``run_id``, its result written; the entries added."""
+    def after_success(self, run_id: str, finished: set[str], slow: dict[str, str], seconds: float,
+                      now: float | None = None) -> list[Entry]:
+        """:func:`forget` for ``finished`` and :func:`strike_slow` for ``slow`` after run ``run_id``, the
+        result written (only when it changes the file); the entries added."""
         with self._locked():
             now = time.time() if now is None else now
             entries, strikes = self._read()
+            left = forget(strikes, finished, run_id)
             aside = {e.machine for e in entries if e.run_id == run_id}  # set aside by this run already
-            added, left = strike_slow({m: h for m, h in slow.items() if m not in aside}, strikes, run_id, now, seconds)
+            added, left = strike_slow({m: h for m, h in slow.items() if m not in aside}, left, run_id, now, seconds)
             if added or left != strikes:
                 self._write(self._merged(entries, added, now), left)
             return added

@@ -188,21 +188,21 @@ def test_decide_counts_a_straggler_of_a_failed_run_and_does_not_wipe_its_strike_
     assert added == [] and left == [quarantines.Strike("m:22", "b", "r3", NOW)]
 
 
-def test_after_run_and_after_slow_map_the_stragglers_hosts_to_machines(tmp_path):
+def test_after_run_and_after_success_map_the_stragglers_hosts_to_machines(tmp_path):
     q = quarantines.Quarantine(tmp_path / "q.json")
     failed = make_record("r1", status=RunStatus.FAILED)
     assert quarantines.after_run(failed, q=q, slow=["b", "not-in-the-run"]) == []
     assert q.strikes() == [quarantines.Strike("10.0.0.2:22", "b", "r1", q.strikes()[0].at)]
-    [e] = quarantines.after_slow(make_record("r2", status=RunStatus.SUCCEEDED), ["b"], 60, q=q)
+    [e] = quarantines.after_success(make_record("r2", status=RunStatus.SUCCEEDED), ["b"], 60, q=q)
     assert (e.host, e.machine, e.run_id) == ("b", "10.0.0.2:22", "r2") and q.strikes() == []
     # the same run counted again after it set the machine aside: no new strike
-    assert quarantines.after_slow(make_record("r2"), ["b"], 60, q=q) == [] and q.strikes() == []
-    assert quarantines.after_slow(replace(make_record("r3"), local=True), ["a"], q=q) == []
-    assert quarantines.after_slow(make_record("r3"), [], q=q) == [] and q.strikes() == []
+    assert quarantines.after_success(make_record("r2"), ["b"], 60, q=q) == [] and q.strikes() == []
+    assert quarantines.after_success(replace(make_record("r3"), local=True), ["a"], q=q) == []
+    assert quarantines.after_success(make_record("r3"), [], q=q) == [] and q.strikes() == []
 
 
 def test_up_counts_the_stragglers_only_with_quarantine_stragglers_true(tmp_path, monkeypatch):
-    """The SSH launch's steps after a run (`_set_aside` after a failed one, `_strike_stragglers` after one
+    """The SSH launch's steps after a run (`_set_aside` after a failed one, `_after_success` after one
     that succeeded) read the stragglers from the samples brought back, with the inventory's option only."""
     from types import SimpleNamespace
 
@@ -223,7 +223,7 @@ def test_up_counts_the_stragglers_only_with_quarantine_stragglers_true(tmp_path,
                 for i in range(40)))
         inv = SimpleNamespace(quarantine_stragglers=on, quarantine_s=600.0)
         prep = SimpleNamespace(store=store, plan=SimpleNamespace(run_id=run_id, inventory=inv))
-        (ssh_launch._set_aside if status is RunStatus.FAILED else ssh_launch._strike_stragglers)(prep, events)
+        (ssh_launch._set_aside if status is RunStatus.FAILED else ssh_launch._after_success)(prep, events)
 
     q = quarantines.Quarantine()
     run("r0", RunStatus.SUCCEEDED, on=False)
@@ -235,3 +235,31 @@ def test_up_counts_the_stragglers_only_with_quarantine_stragglers_true(tmp_path,
     assert [(e.host, e.run_id) for e in q.entries()] == [("b", "r3")] and q.strikes() == []
     assert len(said) == 1 and said[0].startswith("quarantine: b (10.0.0.2:22) is set aside until ") and \
         "named a straggler in run r3" in said[0], said
+
+
+def test_a_run_the_machine_finishes_forgets_its_strike_so_two_losses_count_only_one_after_the_other(tmp_path):
+    """docs/machine-dies.md: lost in two attached runs in a row sets a machine aside; a run it finishes
+    between the two forgets the first loss. A strike of the same run (an earlier attempt's) is kept."""
+    q = quarantines.Quarantine(tmp_path / "q.json")
+    lost_b = make_record("r1", status=RunStatus.FAILED)
+    lost_b = replace(lost_b, nodes=(replace(lost_b.nodes[0], state=NodeState.SUCCEEDED),
+                                    replace(lost_b.nodes[1], state=NodeState.LOST)))
+    assert quarantines.after_run(lost_b, q=q) == [] and [k.run_id for k in q.strikes()] == ["r1"]
+    ok = make_record("r2", status=RunStatus.SUCCEEDED)
+    ok = replace(ok, nodes=tuple(replace(n, state=NodeState.SUCCEEDED) for n in ok.nodes))
+    assert quarantines.after_success(ok, q=q) == [] and q.strikes() == []  # b ran r2 to its end
+    again = replace(lost_b, run_id="r3")
+    assert quarantines.after_run(again, q=q) == [] and [k.run_id for k in q.strikes()] == ["r3"]  # a strike again
+    # only the machines whose node succeeded forget: b lost in r3 (its strike), then a run where b did not finish
+    partial = replace(ok, run_id="r4", nodes=(ok.nodes[0], replace(ok.nodes[1], state=NodeState.STOPPED)))
+    assert quarantines.after_success(partial, q=q) == [] and [k.run_id for k in q.strikes()] == ["r3"]
+    # a straggler of a successful run is not forgiven by finishing it: set aside after its strike from r3
+    [e] = quarantines.after_success(replace(ok, run_id="r5"), ["b"], 60, q=q)
+    assert (e.host, e.run_id) == ("b", "r5")
+
+
+def test_forget_wipes_only_the_finished_machines_strikes_from_earlier_runs():
+    strikes = [quarantines.Strike("m:22", "b", "r1", NOW), quarantines.Strike("n:22", "c", "r1", NOW),
+               quarantines.Strike("m:22", "b", "r2", NOW)]
+    assert quarantines.forget(strikes, {"m:22"}, "r2") == strikes[1:]
+    assert quarantines.forget(strikes, set(), "r2") == strikes

@@ -691,7 +691,7 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
             self.events.warn(unwatched)
 
     def after_end(self) -> None:
-        _strike_stragglers(self.prep, self.events)
+        _after_success(self.prep, self.events)
         _end_lost(self.prep, self.events)
 
     def release(self) -> None:
@@ -962,18 +962,16 @@ def _stragglers_named(prep: Prepared) -> list[str]:
     return stragglers.hosts_named(prep.store.run_dir(prep.plan.run_id))
 
 
-def _strike_stragglers(prep: Prepared, events: base.Events) -> None:
-    """After an attached run that succeeded (a failed one counted them in :func:`_set_aside`), with
-    ``quarantine_stragglers: true``: a strike for each host named a straggler in it, said when that sets
-    it aside. Best effort: never the run's outcome."""
+def _after_success(prep: Prepared, events: base.Events) -> None:
+    """After an attached run that succeeded (a failed one is counted in :func:`_set_aside`): each machine that
+    ran it to the end forgets its strike, and, with ``quarantine_stragglers: true``, each host named a
+    straggler in it takes one, said when that sets it aside. Best effort: never the run's outcome."""
     from ... import quarantine
-    if not prep.plan.inventory.quarantine_stragglers:
-        return
     try:
         rec = prep.store.load(prep.plan.run_id)
         if rec.status is not RunStatus.SUCCEEDED:
             return
-        added = quarantine.after_slow(rec, _stragglers_named(prep), prep.plan.inventory.quarantine_s)
+        added = quarantine.after_success(rec, _stragglers_named(prep), prep.plan.inventory.quarantine_s)
     except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not change how the run ended
         events.warn(f"quarantine: not updated: {problem}")
         return
