@@ -14,9 +14,9 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from ..errors import HostError, UsageError
+from ..errors import ClusterDDPError, HostError, UsageError
 from ..fleet import Fleet
 from ..inventory import Host, Inventory
 from ..node.reply import ReplyError, last_marked_json
@@ -190,30 +190,61 @@ def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.L
 
 def plans_of(hosts: list[Host], facts: dict[str, dict], by_host: dict[str, lock_module.Lock],
              cache: Path | None = None) -> dict[str, Plan]:
-    """:func:`survey` from each node's ``look`` (``facts``, already checked), however it was asked."""
-    plans: dict[str, Plan] = {}
+    """:func:`survey` from each node's ``look`` (``facts``, already checked), however it was asked; the first
+    error (a UsageError naming the package and hosts) raised."""
+    each = plans_each(hosts, facts, by_host, cache)
+    for got in each.values():
+        if isinstance(got, Exception):
+            raise got
+    return cast(dict[str, Plan], each)
+
+
+def plans_each(hosts: list[Host], facts: dict[str, dict], by_host: dict[str, lock_module.Lock],
+               cache: Path | None = None) -> dict[str, Plan | ClusterDDPError]:
+    """:func:`plans_of`, each host's plan or why its environment cannot be built (no wheel for its Python or
+    platform: a UsageError)."""
+    plans: dict[str, Plan | ClusterDDPError] = {}
     groups: dict[tuple[str, wheels_module.Target], list[Host]] = {}
     for h in hosts:
         f, lk = facts[h.name], by_host[h.name]
         eid = env_id(lk.sha256, f)
         python = f"{f['root']}/{eid}/bin/python"
-        plans[h.name] = Plan(h, lk, eid, f["root"], python, eid in f["envs"], uv_path=f.get("uv"))
+        plan = Plan(h, lk, eid, f["root"], python, eid in f["envs"], uv_path=f.get("uv"))
+        plans[h.name] = plan
         if eid not in f["envs"]:
             target = wheels_module.Target(".".join(f["python"].split(".")[:2]), f["tag"], f["platform"])
             if h.wheels == "index":  # the node fetches what it needs from its own index: nothing fetched here
-                plans[h.name] = replace(plans[h.name], platforms=tuple(wheels_module.platforms(target.platform)))
+                plans[h.name] = replace(plan, platforms=tuple(wheels_module.platforms(target.platform)))
             else:
                 groups.setdefault((lk.sha256, target), []).append(h)
     for (_, target), group in groups.items():
         lk = by_host[group[0].name]
-        wheels = wheels_module.fetch(lk, target, cache, hosts=tuple(h.name for h in group))
-        uv = None if all(plans[h.name].uv_path for h in group) else wheels_module.installer(target, cache)
+        mine = {h.name: cast(Plan, plans[h.name]) for h in group}
+        try:
+            wheels = wheels_module.fetch(lk, target, cache, hosts=tuple(h.name for h in group))
+            uv = None if all(p.uv_path for p in mine.values()) else wheels_module.installer(target, cache)
+        except ClusterDDPError as e:
+            plans.update({h.name: e for h in group})
+            continue
         for h in group:
             held = set(facts[h.name]["wheels"])
-            mine = None if plans[h.name].uv_path else uv
-            missing = tuple(w for w in (*wheels, *([mine] if mine else [])) if w.sha256 not in held)
-            plans[h.name] = replace(plans[h.name], wheels=wheels, missing=missing, uv=mine)
+            its = None if mine[h.name].uv_path else uv
+            missing = tuple(w for w in (*wheels, *([its] if its else [])) if w.sha256 not in held)
+            plans[h.name] = replace(mine[h.name], wheels=wheels, missing=missing, uv=its)
     return plans
+
+
+def looked(host: str, stdout: bytes) -> dict:
+    """The look's answer in ``host``'s output (the preflight's probe, which looked first: ``lookexec``),
+    checked. HostError when there is none or it is malformed."""
+    try:
+        data = last_marked_json(stdout, MARK)
+    except ReplyError as e:
+        raise HostError(host, f"environment look: a bad answer ({e})") from None
+    if not isinstance(data, dict):
+        raise HostError(host, "environment look: no answer",
+                        "check the host's `python:` (the base Python environments are built from: 3.8 or newer)")
+    return _facts(host, data)
 
 
 def holdings(fleet: Fleet, hosts: Iterable[Host]) -> dict[str, dict | Exception]:
@@ -388,10 +419,53 @@ def ready(fleet: Fleet, plans: dict[str, Plan], cache: Path | None = None,
         return Made(h.name, p.env_id, p.python, p.lock.sha256, sent, ans.get("state") == "built",
                     float(secs) if isinstance(secs, (int, float)) else None)
     done = fleet.each(one, todo)
+    for name, m in done.succeeded.items():
+        remember(plans[name].host, m.lock_sha256, cache)
     if done.failed:
         host, e = next(iter(done.failed.items()))
         raise e if isinstance(e, HostError) else HostError(host, f"environment: {e}")
     return done.succeeded
+
+
+def _memo(host: Host, lock_sha256: str, cache: Path) -> Path:
+    key = json.dumps([host.address, host.port, host.user, host.workdir, host.python, lock_sha256])
+    return cache / "ready" / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def remember(host: Host, lock_sha256: str, cache: Path | None = None) -> None:
+    """Note on this machine that ``host``'s environment of this lock was found or made ready (for
+    :func:`likely_ready`). Best effort: a cache that cannot be written only costs the next run a look."""
+    path = _memo(host, lock_sha256, cache or wheels_module.cache_dir())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:
+        pass
+
+
+def likely_ready(hosts: Iterable[Host], by_host: dict[str, lock_module.Lock], cache: Path | None = None) -> bool:
+    """Whether every host's environment of its lock was ready when this machine last looked (or made it): `up`
+    then looks at it in the preflight's own command (:func:`look_args`, one command per node, not two),
+    beside the lease. A guess only: a node found without it after all is built then, and checked again."""
+    cache = cache or wheels_module.cache_dir()
+    return all(_memo(h, by_host[h.name].sha256, cache).is_file() for h in hosts if h.name in by_host)
+
+
+def found_ready(env_looks: dict[str, dict], outs: dict[str, bytes]) -> dict[str, Made] | None:
+    """Every host's environment as the preflight's look found it (``env_looks``: each host's look, as
+    :func:`look_args` gave it; ``outs``: each host's output), when every one is complete; None when one is not
+    (or a look did not answer): it is then made ready as usual."""
+    made = {}
+    for name, args in env_looks.items():
+        try:
+            f = looked(name, outs.get(name, b""))
+        except HostError:
+            return None
+        eid = env_id(args["lock"], f)
+        if eid not in f["envs"]:
+            return None
+        made[name] = Made(name, eid, f"{f['root']}/{eid}/bin/python", args["lock"], 0, False)
+    return made
 
 
 def spares_ready(spares: Iterable[Host], fanout: int, warn: Callable[[str], None],

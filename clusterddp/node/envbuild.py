@@ -125,6 +125,22 @@ def usable_uv(root, version):
 
 
 def look(args):
+    reply(looked(args))
+    return 0
+
+
+def lookexec(args, rest):
+    """``look``, then ``rest`` (``-c <source> ARGS``: the preflight's probe, in the same command) run by the
+    environment's python when it is complete, else by this base python: one command per node, not two."""
+    out = looked(args)
+    reply(out)
+    python = sys.executable
+    if out.get("id") in out["envs"]:
+        python = os.path.join(out["root"], out["id"], "bin", "python")
+    os.execv(python, [python] + list(rest))
+
+
+def looked(args):
     root = os.path.expanduser(args["root"])
     os.makedirs(root, mode=0o700, exist_ok=True)
     envs = sorted(n for n in os.listdir(root) if _ID_RE.fullmatch(n) and complete(os.path.join(root, n)))
@@ -138,8 +154,7 @@ def look(args):
     if args.get("sizes"):  # `env list`
         out.update(sizes={i: tree_size(os.path.join(root, i)) for i in envs},
                    store=tree_size(os.path.join(root, "wheels")))
-    reply(out)
-    return 0
+    return out
 
 
 def _read_exact(stream, n, sink, digest):
@@ -617,6 +632,8 @@ def main(argv):
     verb, args = argv[0], json.loads(argv[1])
     if verb == "look":
         return look(args)
+    if verb == "lookexec":
+        return lookexec(args, argv[2:])
     if verb == "receive":
         return receive(args)
     if verb == "build":

@@ -96,6 +96,9 @@ def test_a_lock_that_is_not_one_or_names_no_wheel_is_refused_before_anything_sta
     assert complete(tmp_path, 0) == [] and complete(tmp_path, 1) == []
     r = cddp("check", str(inv), env=world["env"], check_rc=2, timeout=120)
     assert "requirements.txt:2: cddp-no-such-package" in r.stderr, r.stderr
+    for host in ("node1", "node2"):  # each host said, nothing built or sent
+        assert f"env  {host} environment " in r.stdout and " cannot be built: " in r.stdout, r.stdout
+    assert complete(tmp_path, 0) == [] and not (envs_of(tmp_path, 0) / "wheels").exists()
 
 
 def test_nodes_that_reach_an_index_install_from_it_and_this_machine_sends_no_wheel(bed, world, tmp_path):

@@ -375,3 +375,31 @@ def test_prune_removes_the_wheels_no_environment_left_was_built_from(tmp_path, c
     envbuild.prune({**args, "keep": [kept, "c" * 24], "keep_wheels": []})
     assert answer(capsys)["store"] == {"unknown": "c" * 24, "removed": []}
     assert len(envbuild.store_wheels(str(root))) == 3
+
+
+def test_the_probe_looks_at_the_environment_first_in_the_same_command_and_runs_with_its_python_once_ready(
+        tmp_path):
+    """`check` and `up`'s preflight with `packages:`: one command per host, which says what the node holds and
+    then probes the environment's python when it is complete (else the base python)."""
+    import subprocess
+    import sys
+    from dataclasses import replace
+
+    from clusterddp.check import probe_command
+    from clusterddp.node.probe import parse_reply
+    host = replace(local().hosts[0], transport="ssh", python=sys.executable, workdir=str(tmp_path))
+    lk = parse(b"cddptiny==1.0\n", "req.txt")
+
+    def probed() -> tuple[dict, dict]:
+        cmd = probe_command(host, "127.0.0.1", None, full=False, env_look=env_nodes.look_args(host, lk))
+        r = subprocess.run(["bash", "-c", cmd.text], input=cmd.stdin, capture_output=True, timeout=60)
+        return env_nodes.looked(host.name, r.stdout), parse_reply(r.stdout, r.stderr, r.returncode)
+    facts, probe = probed()
+    eid = env_nodes.env_id(lk.sha256, facts)
+    assert facts["envs"] == [] and facts["id"] == eid and probe["executable"] == sys.executable
+    python = tmp_path / "envs" / eid / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    (tmp_path / "envs" / eid / envbuild.COMPLETE).write_text("{}")
+    facts, probe = probed()
+    assert facts["envs"] == [eid] and probe["executable"] == str(python)
