@@ -108,9 +108,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_upload", ("--max-upload",), "text", "1G", "Refuse to upload the script's folder above this size "
            "(e.g. 500M, 4G); see .clusterddpignore for leaving files out.", metavar="SIZE",
            envvar="CLUSTERDDP_MAX_UPLOAD"),
-    Option("packages", ("--packages",), "text", None, "SSH runs and `up local`: build every node's Python "
-           "environment from this lock file (pinned requirements or pylock.toml), over the inventory's "
-           "packages:; the wheels are fetched here and sent to the nodes (docs/environments.md).", metavar="FILE"),
+    Option("packages", ("--packages",), "text", None, "Build every node's Python environment from this lock file "
+           "(pinned requirements or pylock.toml), over the inventory's packages: (SSH, Slurm and `up local` runs); "
+           "the wheels are fetched here and sent to the nodes (a Slurm job's: to the shared folder) "
+           "(docs/environments.md).", metavar="FILE"),
     Option("skip_check", ("--skip-check",), "bool", False, "Start without the preflight check (hosts answer, "
            "versions agree, master port free)."),
     Option("raw", ("--raw",), "bool", False, "Print the job's output bytes as they are (colours, control "

@@ -610,7 +610,9 @@ def _run_node(data: dict, path: str, where: str) -> RunNode:
         _name(var, ENV_NAME_RE, path, f"{where}.env", "an object keyed by variable names")
     return Node(name=name, address=r.get("address", str), python=r.get("python", str), workdir=r.get("workdir", str),
                 env=env, setup=r.get("setup", tuple[str, ...], default=()),
-                gpus=_count(r.get("gpus", int | str, default=1), r, "gpus"), connect_timeout=connect_timeout)
+                gpus=_count(r.get("gpus", int | str, default=1), r, "gpus"), connect_timeout=connect_timeout,
+                env_id=r.get("env_id", str | None, default=None), lock_sha256=r.get("lock_sha256", str | None,
+                                                                                   default=None))
 
 
 _MAX_TEXT = 20000  # characters of any text of a failure: the writer keeps far less

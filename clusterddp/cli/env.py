@@ -21,6 +21,9 @@ def _locked(inventory: str, packages: str | None, hosts: str | None) -> tuple[In
     from ..envs import nodes as env_nodes
     from ..errors import UsageError
     inv = env_nodes.with_packages(load_inventory(inventory, hosts), packages)
+    if inv.backend != "ssh":  # a Slurm job's nodes are reached through a job only: its first step builds
+        raise UsageError(f"{inv.path}: `env` works on an inventory that lists its hosts, not a `{inv.backend}:` one",
+                         "`clusterddp up` builds the environment in the job's first step (docs/environments.md)")
     by_host = env_nodes.locks(inv)
     if not by_host:
         raise UsageError(f"{inv.path}: no host has packages:", "add `packages: requirements.txt` to its defaults "

@@ -9,6 +9,7 @@ environments at once. The node side is ``clusterddp/node/envbuild.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -101,11 +102,15 @@ def with_packages(inventory: Inventory, path: str | None) -> Inventory:
     """``up --packages FILE``: every host's lock, over the inventory's."""
     if path is None:
         return inventory
+    where = str(Path(path).expanduser().absolute())
+    settings = inventory.backend_settings
+    if inventory.backend != "ssh" and dataclasses.is_dataclass(settings) and not isinstance(settings, type) \
+            and any(f.name == "packages" for f in dataclasses.fields(settings)):  # a backend's own (`slurm.packages`)
+        return replace(inventory, backend_settings=replace(settings, packages=where))
     if inventory.backend != "ssh" or not inventory.hosts \
             or any(h.transport not in ("ssh", "local") for h in inventory.hosts):
-        raise UsageError("--packages: environments are built on SSH hosts and for `up local` only (not yet on Slurm)",
+        raise UsageError(f"--packages: environments are not built for a `{inventory.backend}:` inventory",
                          "leave --packages out, and give the job's `python:` a ready environment")
-    where = str(Path(path).expanduser().absolute())
     return replace(inventory, hosts=tuple(replace(h, packages=where) for h in inventory.hosts),
                    spares=tuple(replace(h, packages=where) for h in inventory.spares))
 
@@ -159,6 +164,12 @@ def _look(fleet: Fleet, hosts: list[Host], by_host: dict[str, lock_module.Lock] 
         host, e = next(iter(looked.failed.items()))
         raise e if isinstance(e, HostError) else HostError(host, f"environment look: {e}")
     return {h.name: _facts(h.name, _answer(h.name, looked.succeeded[h.name], "environment look")) for h in hosts}
+
+
+def look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
+    """Each host's facts (what an environment's id is made of: :func:`env_id`) and what its envs folder
+    (:func:`root_of`) holds, checked; the first HostError raised. The Slurm backend asks its login host."""
+    return _look(fleet, hosts)
 
 
 def current(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.Lock]) -> set[str]:
@@ -338,7 +349,7 @@ def _disk(ans: dict) -> str:
 def build(fleet: Fleet, plan: Plan, on_wait: Callable[[str], None] = lambda s: None) -> dict:
     """Build ``plan``'s environment on its node (waiting for another run that builds it); its answer."""
     h = plan.host
-    res = fleet.transport(h).run(_command(h, "build", build_args(plan)), timeout=BUILD_TIMEOUT_S,
+    res = fleet.transport(h).run(_command(h, "build", build_request(plan)), timeout=BUILD_TIMEOUT_S,
                                  **({"stdin": build_stdin(plan)} if plan.index else {}))
     ans = _answer(h.name, res, "environment build")
     if ans.get("error") == "disk":
@@ -355,10 +366,11 @@ def build(fleet: Fleet, plan: Plan, on_wait: Callable[[str], None] = lambda s: N
     return ans
 
 
-def build_args(plan: Plan) -> dict:
-    """The node program's ``build`` of ``plan`` (on its command line: nothing secret; wheels: index's URL goes on
-    stdin, :func:`build_stdin`). Its uv: one it has (``path``), the wheel sent (``wheel``), or, wheels: index,
-    one fetched from its index (``index``: the platform tags it takes)."""
+def build_request(plan: Plan) -> dict:
+    """The node program's ``build`` request for ``plan`` (the Slurm backend stages it for its job's nodes). On a
+    command line: nothing secret in it (wheels: index's URL goes on stdin, :func:`build_stdin`). Its uv: one
+    the node has (``path``), the wheel sent (``wheel``), or, wheels: index, one fetched from its index
+    (``index``: the platform tags it takes)."""
     if plan.uv_path:
         uv: dict = {"path": plan.uv_path}
     elif plan.index:

@@ -34,8 +34,21 @@ MAX_WHEEL = 16 << 30
 MAX_LISTED = 20000
 
 
+SAY = []  # type: list  # `build ... say` (a Slurm job's node): the answer said as a line for the node's log
+
+
 def reply(obj):
-    sys.stdout.write(MARK + json.dumps(obj, sort_keys=True) + "\n")
+    if not SAY:
+        sys.stdout.write(MARK + json.dumps(obj, sort_keys=True) + "\n")
+    elif "state" in obj:
+        sys.stdout.write("[clusterddp] environment {} {}{}{}\n".format(SAY[0], obj["state"], "" if obj.get(
+            "seconds") is None else " in {} s".format(obj["seconds"]), "" if obj.get("waited") is None else
+            " (after {} s waiting for another build of it)".format(obj["waited"])))
+    else:
+        err = obj.get("error")
+        if err == "disk":
+            err = "no room ({} bytes needed, {} free)".format(obj.get("needed"), obj.get("free"))
+        sys.stdout.write("[clusterddp] environment {} not built: {}\n".format(SAY[0], err))
     sys.stdout.flush()
 
 
@@ -229,15 +242,15 @@ def unpacked_size(path):
         return sum(i.file_size for i in z.infolist())
 
 
-def uv_binary(root, sha, name):
-    """The uv binary from the store's uv wheel, unpacked once under ``.uv/<sha>/``."""
+def uv_binary(root, sha, name, store=None):
+    """The uv binary from the store's uv wheel (``store``: another envs folder's), unpacked once in ``.uv/<sha>/``."""
     import zipfile
     where = os.path.join(root, ".uv", sha)
     exe = os.path.join(where, "uv")
     if os.path.isfile(exe):
         return exe
     os.makedirs(where, mode=0o700, exist_ok=True)
-    with zipfile.ZipFile(os.path.join(root, "wheels", sha, name)) as z:
+    with zipfile.ZipFile(os.path.join(store or root, "wheels", sha, name)) as z:
         member = next(i for i in z.infolist() if re.fullmatch(r"[^/]+\.data/scripts/uv", i.filename))
         tmp = exe + ".tmp-{}".format(os.getpid())
         with z.open(member) as src, open(tmp, "wb") as dst:
@@ -395,6 +408,13 @@ def build(args, stream=None):
         except (ValueError, UnicodeDecodeError, OSError) as e:
             reply({"error": "a malformed stdin ({})".format(type(e).__name__)})
             return 2
+    # "store": the wheel store of another envs folder (a Slurm job's node-local build, from the shared one)
+    store = os.path.expanduser(args.get("store") or root)
+    differ = [k for k in ("python", "impl", "exe", "platform") if args.get("facts") and facts()[k] != args["facts"][k]]
+    if differ:  # "facts": what the launcher planned the id for (a Slurm job's node, from its login host's look)
+        reply({"error": "this node's Python is not the one environment {} was planned for: {}".format(env_id, "; ".join(
+            "{} {} here, {} planned".format(k, facts()[k], args["facts"][k]) for k in differ))})
+        return 2
     final = os.path.join(root, env_id)
     locks = os.path.join(root, ".locks")
     os.makedirs(locks, mode=0o700, exist_ok=True)
@@ -411,11 +431,15 @@ def build(args, stream=None):
     if complete(final):
         reply({"state": "ready", "waited": waited})
         return 0
-    store = store_lock(root, fcntl.LOCK_SH)  # `env prune` leaves the wheel store alone while a build runs
+    try:  # `env prune` leaves the wheel store alone while a build runs
+        held = store_lock(store, fcntl.LOCK_SH)
+    except OSError:  # a store this node cannot lock (another's, read-only): no prune of ours runs on it
+        held = None
     try:
-        return _build(args, root, env_id, final, index, waited)
+        return _build(args, root, store, env_id, final, index, waited)
     finally:
-        os.close(store)
+        if held is not None:
+            os.close(held)
 
 
 def store_lock(root, how):
@@ -431,19 +455,19 @@ def store_lock(root, how):
     return fd
 
 
-def _build(args, root, env_id, final, index, waited):
+def _build(args, root, store, env_id, final, index, waited):
     for name in os.listdir(root):  # what a build cut short left: no build of this id runs now (we hold its lock)
         if name.startswith(".tmp-" + env_id + "-") or name == env_id:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     wheels = [(sha, name) for sha, name in args["wheels"]]
     how = args["uv"]
-    held = store_wheels(root)
+    held = store_wheels(store)
     need = wheels + ([tuple(how["wheel"])] if "wheel" in how else [])
     missing = [name for sha, name in need if held.get(sha) != name]
     if missing:
         reply({"error": "the wheel store lacks " + ", ".join(missing[:5])})
         return 1
-    needed = sum(unpacked_size(os.path.join(root, "wheels", sha, name)) for sha, name in wheels) + (64 << 20)
+    needed = sum(unpacked_size(os.path.join(store, "wheels", sha, name)) for sha, name in wheels) + (64 << 20)
     free = free_bytes(root)
     if needed > free:
         reply({"error": "disk", "needed": needed, "free": free})
@@ -454,7 +478,7 @@ def _build(args, root, env_id, final, index, waited):
             uv = how["path"]
         elif "wheel" in how:
             uv_wheel = how["wheel"][0]
-            uv = uv_binary(root, *how["wheel"])
+            uv = uv_binary(root, how["wheel"][0], how["wheel"][1], store)
         elif index is not None:
             uv = usable_uv(root, args.get("uv_version"))
             if uv is None:
@@ -476,7 +500,7 @@ def _build(args, root, env_id, final, index, waited):
     code, said = _run([uv, "venv", "--quiet", "--relocatable", "--python", sys.executable, tmp], env)
     if code == 0 and index is None:
         code, said = _run([uv, "pip", "install", "--quiet", "--python", os.path.join(tmp, "bin", "python"),
-                           "--no-index", "--no-deps"] + [os.path.join(root, "wheels", s, n) for s, n in wheels], env)
+                           "--no-index", "--no-deps"] + [os.path.join(store, "wheels", s, n) for s, n in wheels], env)
     elif code == 0:
         # the URL in uv's environment, never on its command line; the lock beside the environment being built
         env.pop("UV_OFFLINE")
@@ -637,6 +661,8 @@ def main(argv):
     if verb == "receive":
         return receive(args)
     if verb == "build":
+        if argv[2:] == ["say"]:
+            SAY.append(args.get("id"))
         return build(args)
     if verb == "prune":
         return prune(args)

@@ -161,7 +161,7 @@ def test_a_node_with_glibc_takes_every_older_manylinux():
     assert wheels_module.platforms("macosx_14_0_arm64") == ["macosx_14_0_arm64"]
 
 
-def test_packages_flag_applies_to_every_host_up_local_too_and_is_refused_on_slurm(tmp_path, monkeypatch):
+def test_packages_flag_applies_to_every_host_up_local_too_and_to_a_backends_own_settings(tmp_path, monkeypatch):
     from dataclasses import replace
 
     from clusterddp.inventory.loader import local
@@ -170,9 +170,13 @@ def test_packages_flag_applies_to_every_host_up_local_too_and_is_refused_on_slur
     assert env_nodes.with_packages(inv, "req.txt").hosts[0].packages == str(tmp_path / "req.txt")
     monkeypatch.setenv("CLUSTERDDP_CACHE", str(tmp_path / "cache"))
     assert env_nodes.root_of(inv.hosts[0]) == str(tmp_path / "cache" / "envs")  # not the folder `up local` runs in
-    slurm = replace(inv, hosts=(), backend="slurm")  # a Slurm inventory: its hosts allocated by the job
-    with pytest.raises(UsageError, match="--packages: environments are built on SSH hosts and for `up local` only"):
-        env_nodes.with_packages(slurm, "req.txt")
+    other = replace(inv, hosts=(), backend="other")  # a backend whose settings take no lock
+    with pytest.raises(UsageError, match="--packages: environments are not built for a `other:` inventory"):
+        env_nodes.with_packages(other, "req.txt")
+    from helpers import parse_inventory
+    slurm = parse_inventory("slurm: {shared_dir: /s, packages: a.txt}\n", str(tmp_path / "c.yaml"))
+    assert slurm.backend_settings.packages == str(tmp_path / "a.txt")  # beside the inventory
+    assert env_nodes.with_packages(slurm, "req.txt").backend_settings.packages == str(tmp_path / "req.txt")
     assert env_nodes.with_packages(inv, None) is inv
 
 

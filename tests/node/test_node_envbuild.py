@@ -291,7 +291,7 @@ def _index_plan(tmp_path, uv_path: str | None = None) -> env_nodes.Plan:
 
 def test_a_build_from_the_nodes_index_gets_its_url_on_stdin_never_on_its_command_line(tmp_path):
     plan = _index_plan(tmp_path)
-    args = env_nodes.build_args(plan)
+    args = env_nodes.build_request(plan)
     command = env_nodes._command(plan.host, "build", args)
     assert "s3cret" not in command and "pypi.example.org" not in command
     assert args["uv"] == {"index": ["manylinux_2_17_x86_64"]} and args["wheels"] == [] and args["index"]
@@ -299,7 +299,7 @@ def test_a_build_from_the_nodes_index_gets_its_url_on_stdin_never_on_its_command
     [stdin] = env_nodes.build_stdin(plan)
     assert json.loads(stdin)["index_url"] == plan.host.index_url
     assert "s3cret" not in repr(plan.host)
-    assert env_nodes.build_args(_index_plan(tmp_path, "/opt/uv/uv"))["uv"] == {"path": "/opt/uv/uv"}
+    assert env_nodes.build_request(_index_plan(tmp_path, "/opt/uv/uv"))["uv"] == {"path": "/opt/uv/uv"}
     assert plan.says() == f"environment {ID} will be built from the node's index (0 B of wheels to send)"
 
 
@@ -329,7 +329,7 @@ def test_a_push_to_a_node_that_has_our_uv_sends_no_uv_wheel(tmp_path):
     plans = env_nodes.plans_of([host], {host.name: {**facts, "uv": "/usr/local/bin/uv"}}, {host.name: lk}, cache)
     p = plans[host.name]
     assert [x.name for x in p.missing] == [w.name] and p.uv is None
-    assert env_nodes.build_args(p)["uv"] == {"path": "/usr/local/bin/uv"}
+    assert env_nodes.build_request(p)["uv"] == {"path": "/usr/local/bin/uv"}
 
 
 def _built(root: Path, env: str, wheels: list[str] | None) -> None:

@@ -12,11 +12,15 @@ from __future__ import annotations
 import posixpath
 import re
 import secrets
+from dataclasses import replace
 
 from ...check import FAIL, OK, Finding, HostReport, Report
+from ...envs.lock import Lock
 from ...errors import HostError, SlurmAnswerError, UsageError
 from ...inventory import Inventory
+from ...sizes import human_size
 from . import answers
+from . import envs as slurm_envs
 from . import job as slurm
 from . import plan as slurm_plan
 from .login import Login, open_login
@@ -126,12 +130,31 @@ def _probe(login: Login, s: SlurmSettings, partition: str | None) -> tuple[str, 
     return node, found
 
 
+def _environment(login: Login, s: SlurmSettings, lock: Lock) -> tuple[Finding, SlurmSettings]:
+    """`packages:`: the job's environment as `up` would find it (:func:`.envs.prepare`: the login host's look,
+    the wheels fetched here; nothing sent), and the settings the probe then runs with (a ready environment's
+    python). A package with no wheel for the nodes' Python is a UsageError (exit 2), as for `up`."""
+    try:
+        env = slurm_envs.prepare(login, s, login.shared_dir(s), lock)
+    except HostError as e:
+        return Finding("env", FAIL, "no look", f"{s.python} on the login host {login.name}: {e.detail}",
+                       "the login host runs slurm.python (after slurm.setup) to learn the nodes' Python and "
+                       "platform: make it run there"), s
+    value = "ready" if env.plan.ready else f"to build ({human_size(env.plan.to_send)} to send)"
+    return (Finding("env", OK, f"{env.step.env_id[:12]} {value}", note=env.says()),
+            replace(s, python=env.step.python) if env.plan.ready else s)
+
+
 def run_slurm_checks(inv: Inventory) -> Report:
     s = settings_of(inv)
+    lock = slurm_envs.read_lock(s)  # a lock that is not one: exit 2, naming the file and line
     login = open_login(s.login)
     name, address = (login.host.name, login.host.address) if login.host else ("slurm", "local")
     try:
         found, partition = _login_findings(login, s)
+        if lock is not None and all(f.status != FAIL for f in found):
+            env, s = _environment(login, s, lock)
+            found.append(env)
         hosts = [HostReport(name, address, tuple(found))]
         if all(f.status != FAIL for f in found):
             node, probed = _probe(login, s, partition)
@@ -141,4 +164,4 @@ def run_slurm_checks(inv: Inventory) -> Report:
                                                     e.hint),))]
     finally:
         login.close()
-    return Report(tuple(hosts), CHECKS)
+    return Report(tuple(hosts), (*CHECKS, "env") if lock is not None else CHECKS)

@@ -26,6 +26,7 @@ from ... import hang, postmortem, upload
 from ... import nodescript as node_script
 from ... import plan as ssh_plan
 from ...artifacts import CollectResult
+from ...envs.lock import Lock
 from ...errors import HostError, NodeOutcome, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
 from ...inventory import Host, Inventory
@@ -36,12 +37,14 @@ from ...metrics.idle import read_command as idle_command
 from ...node import notify as node_notify
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus
 from ...runspec import RunSpec
+from ...sizes import human_size
 from ...store import RunStore, new_run_id, utcnow
 from ...transport import Transport
 from ...upload import SourceFolder
 from .. import base, inventory_keys, lifecycle
 from ..base import RunOutcome
 from . import answers
+from . import envs as slurm_envs
 from . import plan as slurm_plan
 from .jobpart import NodeSettings, SlurmJob, job_of, with_job
 from .login import Login, open_login
@@ -64,6 +67,8 @@ class Prepared:
     store: RunStore
     source_dir: Path
     login: Login
+    lock: Lock | None = None    # `packages:` (slurm.packages or --packages), read as the run was planned
+    shared_dir: str = ""        # slurm.shared_dir, as the run's folder is under it
 
 
 @dataclass(frozen=True)
@@ -103,8 +108,25 @@ def prepare(inventory: Inventory, spec: RunSpec, runs_dir: str, script: Path, ru
         raise UsageError(f"{inventory.path}: slurm.shared_dir: {base!r} holds white space or a control character, "
                          "which #SBATCH lines cannot carry", "choose a folder whose path has none")
     store = RunStore(runs_dir)
+    lock = slurm_envs.read_lock(s)  # a lock that is not one is refused (file and line) before anything starts
     plan = slurm_plan.build(inventory, spec, run_id or new_run_id(), base, notify=notify)
-    return Prepared(plan, store, script.resolve().parent, login)
+    return Prepared(plan, store, script.resolve().parent, login, lock, base)
+
+
+def environment(prep: Prepared, say: Callable[[str], None]) -> Prepared:
+    """`packages:`: the job's environment planned from the login host's look (:mod:`.envs`), the wheels
+    the shared store lacks sent there, said; the run planned anew with its first step (the environment
+    made ready on every node) and the environment's python."""
+    if prep.lock is None:
+        return prep
+    plan, s = prep.plan, prep.plan.settings
+    env = slurm_envs.prepare(prep.login, s, prep.shared_dir, prep.lock)
+    say(f"[clusterddp] {env.says()}")
+    if env.plan.missing:
+        sent = slurm_envs.send(prep.login, s, prep.shared_dir, env)
+        say(f"[clusterddp] environment {env.step.env_id}: sent {human_size(sent)} of wheels to the shared folder")
+    return replace(prep, plan=slurm_plan.build(plan.inventory, plan.spec, plan.run_id, prep.shared_dir,
+                                               notify=plan.notify, env=env.step))
 
 
 def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) -> RunRecord:
@@ -114,7 +136,7 @@ def new_record(prep: Prepared, inventory_arg: str, schedule: str | None = None) 
         master_port=plan.spec.master_port or 29500, collect=plan.collect,
         backend=SlurmJob(run_dir=plan.run_dir, partition=plan.settings.partition,
                          nproc=slurm_plan.procs(plan.settings, plan.spec), login=prep.login.host,
-                         node=NodeSettings.of(plan.settings)).part())
+                         node=NodeSettings.of(plan.settings, plan.env)).part())
 
 
 def stage(prep: Prepared, folder: SourceFolder | None, notify_request: bytes | None = None) -> None:
@@ -124,6 +146,9 @@ def stage(prep: Prepared, folder: SourceFolder | None, notify_request: bytes | N
     URLs: a secret, so 0600 too, and never on a command line: it travels inside the staged stream)."""
     plan = prep.plan
     private = {slurm_plan.BATCH: plan.batch_script, slurm_plan.NODE_SCRIPT: plan.node_script}
+    if plan.env is not None:  # packages: the job's first step builds the environment with these
+        private[slurm_plan.ENV_PROGRAM] = node_script.node_source("envbuild")
+        private[slurm_plan.ENV_REQUEST] = plan.env.request
     if plan.notify and notify_request is not None:
         private[slurm_plan.NOTIFY_PROGRAM] = node_script.node_source("notify")
         private[node_notify.REQUEST] = notify_request.decode()
@@ -258,7 +283,8 @@ def allocated(rec: RunRecord, info: JobInfo | None, settings: SlurmSettings | No
     nodes = rec.nodes
     if info.hosts and not nodes:
         run_dir = job.run_dir
-        node = NodeSettings.of(settings) if settings else job.node or NodeSettings("python3", shared_dir=run_dir)
+        # the record's own (written as the run started: an environment's python and id) over the inventory's
+        node = job.node or (NodeSettings.of(settings) if settings else NodeSettings("python3", shared_dir=run_dir))
         nodes = tuple(NodeRecord(host=h, address=h, node_rank=i, nproc=job.nproc, run_dir=run_dir,
                                  control_dir=posixpath.join(run_dir, node_script.CONTROL), marker=f"{rec.run_id}/{h}",
                                  settings=node.node(h), state=NodeState.RUNNING)
@@ -567,6 +593,9 @@ def render(prep: Prepared, req: base.LaunchRequest, full: bool = True) -> str:
     """The dry-run text: the plan (:func:`plan.render`; not ``full``: :func:`plan.summary`), where it
     would be submitted, what it uploads and leaves out."""
     out = [f"run {prep.plan.run_id}", slurm_plan.render(prep.plan) if full else slurm_plan.summary(prep.plan)]
+    if prep.lock is not None:
+        out.append(f"packages: {prep.lock.path}: a first step of the job makes its environment ready on every node; "
+                   "its id and python are known once the login host is asked (`up`, `check`), not by --dry-run")
     if prep.login.host is not None:
         out.append(f"login host: {prep.login.name} over SSH (not contacted by --dry-run; ~ is the home there)")
     return "\n".join([*out, *scan(prep, req).described()])
@@ -606,6 +635,7 @@ class SlurmLaunch(lifecycle.Launch[Prepared]):
 
     def ready(self) -> None:
         self.folder = scan(self.prep, self.req)
+        self.prep = environment(self.prep, self.events.warn)
 
     def first_record(self) -> RunRecord:
         return new_record(self.prep, self.req.inventory_arg, schedule=self.req.schedule)

@@ -16,6 +16,7 @@ from typing import Any
 from ...errors import RecordError
 from ...inventory import Node
 from ...record import BackendPart, RunRecord, host_json, part_count, part_env, part_host, part_object, part_reader
+from .plan import EnvStep
 from .section import KEY, SlurmSettings
 
 VERSION = 2
@@ -31,16 +32,21 @@ class NodeSettings:
     env: tuple[tuple[str, str], ...] = ()
     shared_dir: str = "~/clusterddp"
     gpus: int | str = 1
+    env_id: str | None = None       # `packages:`: the environment the job ran in (python is its python)
+    lock_sha256: str | None = None
 
     @classmethod
-    def of(cls, s: SlurmSettings) -> NodeSettings:
-        return cls(python=s.python, setup=s.setup, env=s.env, shared_dir=s.shared_dir, gpus=s.gpus_per_node)
+    def of(cls, s: SlurmSettings, env: EnvStep | None = None) -> NodeSettings:
+        """Every node's settings: ``s``'s, with ``env``'s python and id where the job runs in an environment."""
+        return cls(python=env.python if env else s.python, setup=s.setup, env=s.env, shared_dir=s.shared_dir,
+                   gpus=s.gpus_per_node, env_id=env.env_id if env else None,
+                   lock_sha256=env.lock_sha256 if env else None)
 
     def node(self, name: str) -> Node:
         """Node ``name``'s settings as a node record holds them (run.json's ``nodes[].settings``): a
         Node, reached through the job only, not an SSH host entry."""
         return Node(name=name, address=name, python=self.python, workdir=self.shared_dir, env=self.env,
-                    setup=self.setup, gpus=self.gpus)
+                    setup=self.setup, gpus=self.gpus, env_id=self.env_id, lock_sha256=self.lock_sha256)
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,9 @@ class SlurmJob:
         """The job as the record keeps it."""
         login = {"login": host_json(self.login)} if self.login is not None else {}
         node = {"node": {"python": self.node.python, "setup": list(self.node.setup), "env": dict(self.node.env),
-                         "shared_dir": self.node.shared_dir, "gpus": self.node.gpus}} if self.node is not None else {}
+                         "shared_dir": self.node.shared_dir, "gpus": self.node.gpus,
+                         **{k: v for k in ("env_id", "lock_sha256") if (v := getattr(self.node, k))}}
+                } if self.node is not None else {}
         return BackendPart(KEY, VERSION, {"run_dir": self.run_dir, "job_id": self.job_id, "partition": self.partition,
                                           "hosts": list(self.hosts), "nproc": self.nproc, **login, **node})
 
@@ -87,7 +95,9 @@ def _node(r: Any, version: int) -> NodeSettings:
     if gpus != "auto" and (isinstance(gpus, str) or gpus < 1):
         raise RecordError(n.path, n.field("gpus"), f"must be a count or \"auto\", not {gpus!r:.40}")
     return NodeSettings(python=n.get("python", str), setup=n.get("setup", tuple[str, ...], default=()),
-                        env=part_env(n, "env"), shared_dir=n.get("shared_dir", str), gpus=gpus)
+                        env=part_env(n, "env"), shared_dir=n.get("shared_dir", str), gpus=gpus,
+                        env_id=n.get("env_id", str | None, default=None),
+                        lock_sha256=n.get("lock_sha256", str | None, default=None))
 
 
 def job_of(rec: RunRecord) -> SlurmJob:

@@ -23,7 +23,7 @@ Nothing here touches the network, the clock or the filesystem.
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ... import nodescript as kit
 from ... import runspec
@@ -39,9 +39,23 @@ NODES = "nodes"  # <control>/nodes/<host>/: each node's own folder, apart from n
 BATCH_LOG = "node.log"  # the name collect reads as the log of the pseudo-host `shared`
 NOTIFY_PROGRAM = "notify.py"  # the node program `notify`, staged for a detached run with webhooks
 NOTIFY_LOG = "notify.log"  # what the batch script's notifier said: one line per target
+ENV_PROGRAM = "envbuild.py"  # the node program `envbuild`, staged for a run with `packages:`
+ENV_REQUEST = "env.json"  # its build request (the environment's id, the wheels, the lock's versions)
 # Without --master-port, each job's rendezvous port comes from its id: two jobs sharing a node
 # (Slurm may pack them) do not collide.
 _PORT_FROM_JOB = "$((20000 + SLURM_JOB_ID % 20000))"
+
+
+@dataclass(frozen=True)
+class EnvStep:
+    """`packages:`: the environment the job's first step makes ready on every node (built, or found ready),
+    as :mod:`.envs` planned it from the login host's look; the job's step then runs its python."""
+
+    env_id: str
+    root: str                    # where it lives: <shared_dir>/envs, or slurm.envs_dir on each node
+    python: str                  # <root>/<env_id>/bin/python
+    lock_sha256: str
+    request: str                 # the node program's build request (JSON), staged as env.json
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,7 @@ class SlurmPlan:
     node_script: str             # the text of node.sh
     collect: tuple[str, ...]
     notify: bool = False         # the batch script tells the run's end (a detached run with webhooks)
+    env: EnvStep | None = None   # `packages:`: the environment a first step makes ready on every node
 
     @property
     def batch_path(self) -> str:
@@ -104,19 +119,37 @@ def procs(s: SlurmSettings, spec: RunSpec) -> int:
     return spec.gpus or s.gpus_per_node
 
 
-def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, notify: bool = False) -> SlurmPlan:
+def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, notify: bool = False,
+          env: EnvStep | None = None) -> SlurmPlan:
     """Plan a Slurm run; ``shared_dir`` is the inventory's, with ``~`` already expanded by the caller.
-    ``notify``: the batch script tells the run's end (:func:`notify_lines`; `up --detach` with webhooks)."""
+    ``notify``: the batch script tells the run's end (:func:`notify_lines`; `up --detach` with webhooks).
+    ``env``: the job's environment (`packages:`), made ready by a first step (:func:`env_lines`)."""
     s = settings_of(inventory)
     run_dir = posixpath.join(shared_dir, "runs", run_id)
     ctl = posixpath.join(run_dir, kit.CONTROL)
     spec = runspec.resolve(spec, inventory)  # as it is when `up` resolved it (tests may give the flags alone)
-    node = _node_script(s, spec, run_id, run_dir, ctl)
-    batch = _batch_script(s, spec, run_id, ctl, notify)
-    return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, spec.collect, notify)
+    node = _node_script(s, spec, run_id, run_dir, ctl, env)
+    batch = _batch_script(s, spec, run_id, ctl, notify, env is not None)
+    return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, spec.collect, notify, env)
 
 
-def _batch_script(s: SlurmSettings, spec: RunSpec, run_id: str, ctl: str, notify: bool = False) -> str:
+def env_lines(s: SlurmSettings, ctl: str) -> list[str]:
+    """node.sh's part for the job's first step (`packages:`), after the setup lines: the node program
+    ``envbuild build`` (staged as envbuild.py, its request as env.json) with the base python, which
+    checks that this node's Python is the one the environment was planned for, then builds it or finds
+    it ready (another node or job building it: waited for, under its lock); its words in the node's log.
+    A failure is this node's exit code (the job's step then does not start)."""
+    program, request = kit.q(posixpath.join(ctl, ENV_PROGRAM)), kit.q(posixpath.join(ctl, ENV_REQUEST))
+    return [
+        'if [ "${2:-}" = env ]; then  # the first step: this node\'s environment (packages:), then nothing else',
+        f'  {kit.q(s.python)} -S {program} build "$(cat {request})" say || cddp_exit $?',
+        "  exit 0",
+        "fi",
+    ]
+
+
+def _batch_script(s: SlurmSettings, spec: RunSpec, run_id: str, ctl: str, notify: bool = False,
+                  env: bool = False) -> str:
     lo, hi = s.nodes
     opts = [f"--job-name=clusterddp-{run_id}", f"--nodes={lo}" if lo == hi else f"--nodes={lo}-{hi}",
             "--ntasks-per-node=1", f"--output={ctl}/{BATCH_LOG}", f"--chdir={ctl}"]
@@ -137,18 +170,30 @@ def _batch_script(s: SlurmSettings, spec: RunSpec, run_id: str, ctl: str, notify
     ]
     srun = ('srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 '
             '--ntasks="$SLURM_JOB_NUM_NODES" bash "$CTL/' + NODE_SCRIPT + '" "$cddp_master"')
+    step: list[str] = []
     if not notify:
-        lines += [srun, "rc=$?"]
+        step += [srun, "rc=$?"]
     else:
         lines += [
             "# `clusterddp stop` (scancel) and the time limit end the job with TERM, then SIGKILL KillWait",
             "# seconds later: TERM is noted (not this script's end), so that it tells the run's end at once.",
             "cddp_term=0",
             "trap 'cddp_term=1' TERM",
-            srun + " &",
-            "cddp_srun=$!",
-            'wait "$cddp_srun"; rc=$?',
         ]
+        step += [srun + " &", "cddp_srun=$!", 'wait "$cddp_srun"; rc=$?']
+    if env:  # packages: a first step makes the environment ready on every node; the job's step runs only then
+        lines += [
+            "# packages: the job's Python environment, made ready on every node by a step of its own first",
+            f'{srun} env; rc=$?',
+            'if [ "$rc" -ne 0 ]; then',
+            '  echo "[clusterddp] the environment step failed (exit $rc): the job\'s step does not start"',
+            *(["  cddp_srun="] if notify else []),
+            "else",
+            *("  " + line for line in step),
+            "fi",
+        ]
+    else:
+        lines += step
     if spec.max_restarts > 0:
         lines += [
             "# A failed attempt with restarts left goes back to the queue; the script resumes from its checkpoint.",
@@ -160,12 +205,12 @@ def _batch_script(s: SlurmSettings, spec: RunSpec, run_id: str, ctl: str, notify
             "fi",
         ]
     if notify:
-        lines += notify_lines(s)
+        lines += notify_lines(s, env)
     lines += ['exit "$rc"', ""]
     return "\n".join(lines)
 
 
-def notify_lines(s: SlurmSettings) -> list[str]:
+def notify_lines(s: SlurmSettings, env: bool = False) -> list[str]:
     """The batch script's end for a detached run with webhooks: the node program ``notify ended``
     (staged as ``notify.py``) tells the run's end from node 0's own folder (``nodes/<first host>/``:
     its errors, hang record and log, as an SSH node 0's control folder holds them), with srun's exit
@@ -174,7 +219,8 @@ def notify_lines(s: SlurmSettings) -> list[str]:
     kept) moved there first. After the host's setup lines (they may set a proxy), their output
     discarded; the notifier's lines in ``notify.log``; TERM ignored (inherited through exec). Bounded by
     the request's own bound, and by Slurm: after a TERM, what is left of KillWait before its SIGKILL.
-    Then srun is waited for, if TERM cut the wait for it short."""
+    Then srun is waited for, if TERM cut the wait for it short (``env``: if it started: the environment's step
+    may have failed first)."""
     n0 = f'"$CTL/{NODES}/$cddp_master"'
     setup = kit.preamble(s, (), stdout_to=">/dev/null 2>&1", on_fail=lambda line: "true")
     start = " ".join([kit.q(s.python), "-S", f'"$CTL/{NOTIFY_PROGRAM}"', "ended", n0, '"$rc"', '"$cddp_hosts"'])
@@ -190,11 +236,13 @@ def notify_lines(s: SlurmSettings) -> list[str]:
         f"    exec {start}",
         f'  ) >> "$CTL/{NOTIFY_LOG}" 2>&1 < /dev/null',
         "fi",
-        'if [ "$cddp_term" = 1 ]; then wait "$cddp_srun"; fi  # what TERM left of the step',
+        'if [ "$cddp_term" = 1 ]' + (' && [ -n "$cddp_srun" ]' if env else "")
+        + '; then wait "$cddp_srun"; fi  # what TERM left of the step',
     ]
 
 
-def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl: str) -> str:
+def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl: str,
+                 step: EnvStep | None = None) -> str:
     host = s  # its python and setup lines are every node's (nodescript.HostLike)
     env = tuple({**dict(s.env), **dict(spec.env)}.items())
     port = str(spec.master_port) if spec.port_fixed else _PORT_FROM_JOB
@@ -215,6 +263,9 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
         "CLUSTERDDP_HOST=\"$cddp_h\" CLUSTERDDP_NODE_RANK=\"$SLURM_NODEID\"",
     ]
     lines += kit.preamble(host, env, stdout_to="", on_fail=kit.setup_failed())
+    if step is not None:  # packages: the first step builds with the base python; the job runs the environment's
+        lines += env_lines(s, ctl)
+        s = replace(s, python=step.python)
     lines += [
         "cddp_master=$1",
         "# Slurm's NodeAddr for the master, resolved here: compute nodes' names need not resolve.",
@@ -296,8 +347,9 @@ def summary(p: SlurmPlan) -> str:
     s = p.settings
     head = render(p).split("\n", 3)[:3]
     command = next((line for line in p.node_script.splitlines() if " torch.distributed.run " in line), "")
-    wrapped = " ".join(shell_word(w) for w in torchrun_start(s.python))
-    command = command.replace(wrapped, f"{kit.q(s.python)} -m torch.distributed.run")
+    python = p.env.python if p.env else s.python
+    wrapped = " ".join(shell_word(w) for w in torchrun_start(python))
+    command = command.replace(wrapped, f"{kit.q(python)} -m torch.distributed.run")
     env = tuple({**dict(s.env), **dict(p.spec.env)}.items())
     out = [
         *head,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ...inventory import LOCAL, Host, Inventory, reserved_env, show
@@ -50,6 +51,8 @@ class SlurmSettings:
     python: str
     setup: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    packages: str | None = None     # `packages:`: the lock file (absolute) the job's environment is built from
+    envs_dir: str | None = None     # where environments live: None, <shared_dir>/envs (built once); else node-local
 
 
 def settings_of(inv: Inventory) -> SlurmSettings:
@@ -112,6 +115,13 @@ def _slurm_nodes(v: Any) -> Any:
     return v
 
 
+def _absolute(v: str) -> str:
+    if not v.startswith("/"):
+        raise ValueError(f"{show(v)} must be an absolute folder on each compute node's own disk, "
+                         "e.g. /local/scratch/clusterddp-envs (leave it out to build once in shared_dir)")
+    return v
+
+
 def _login(v: Any) -> Any:
     if v != LOCAL and not isinstance(v, dict):
         raise ValueError(f"must be `local` (Slurm's commands run on this machine) or a host entry reached "
@@ -156,6 +166,8 @@ SLURM_ENTRY = Model("_SlurmEntry", {
     "python": Field(Line(), "python3"),
     "setup": Field(ListOf(Str()), []),
     "env": Field(ENV, {}),
+    "packages": Field(Maybe(Line())),  # a lock file, relative to the inventory's folder (docs/environments.md)
+    "envs_dir": Field(Maybe(Line(_absolute, shape={"pattern": "^/"}))),
 })
 
 
@@ -176,7 +188,10 @@ def _read(entry: Any, at: Located) -> SlurmSettings:
         login=login, partition=entry.partition, nodes=(int(lo), int(hi or lo)), gpus_per_node=entry.gpus_per_node,
         request_gpus=entry.request_gpus, time=entry.time, account=entry.account, qos=entry.qos,
         constraint=entry.constraint, sbatch=tuple(entry.sbatch), shared_dir=entry.shared_dir, python=entry.python,
-        setup=tuple(entry.setup), env=tuple(entry.env.items()))
+        setup=tuple(entry.setup), env=tuple(entry.env.items()),
+        packages=None if entry.packages is None else str((Path(at.path).parent / Path(entry.packages).expanduser())
+                                                          .absolute()),
+        envs_dir=entry.envs_dir)
 
 
 def _trim(defs: dict[str, Any]) -> None:
@@ -200,6 +215,8 @@ DESCRIPTIONS = {
     "constraint": "Node features required (sbatch --constraint)",
     "sbatch": "Extra #SBATCH options, verbatim; each must be an option clusterddp does not set itself",
     "shared_dir": "A folder the login host and every compute node see: runs live in <shared_dir>/runs/<run_id>/",
+    "envs_dir": "With packages: an absolute folder on each compute node's own disk where the job's environment is "
+                "built on every node (default: built once in <shared_dir>/envs, which every node uses)",
 }
 
 SECTION = Section(

@@ -75,3 +75,29 @@ def test_check_through_a_remote_login_passes_and_a_login_host_it_cannot_reach_is
     r = cddp("up", str(inv(tmp_path, login=login_entry(slurm, known_hosts=str(tmp_path / "empty_known_hosts")))),
              str(tmp_path / "t.py"), "--runs-dir", str(tmp_path / "runs"), env=env, check_rc=1, timeout=60)
     assert "login1: host key of" in r.stderr and "is unknown" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_check_probes_a_ready_environment_with_its_python_and_the_base_one_otherwise(monkeypatch):
+    """`packages:`: the probe job looks at the environment's python once the environment is ready (what the
+    job will run), at slurm.python before (the environment is built by the job)."""
+    from clusterddp.backends.slurm import check as slurm_check
+    from clusterddp.backends.slurm import envs as slurm_envs
+    from clusterddp.backends.slurm.plan import EnvStep
+    from helpers import parse_inventory
+    s = slurm_check.settings_of(parse_inventory("slurm: {python: /base/python, shared_dir: /s}\n", "c.yaml"))
+
+    class Login:
+        name = "slurm"
+
+        def shared_dir(self, s):
+            return "/s"
+
+    for ready in (True, False):
+        plan = type("P", (), {"ready": ready, "to_send": 0 if ready else 2048})()
+        env = slurm_envs.SlurmEnv(EnvStep("ab" * 12, "/s/envs", "/s/envs/abab/bin/python", "f" * 64, "{}"),
+                                  plan, True)  # type: ignore[arg-type]
+        monkeypatch.setattr(slurm_envs, "prepare", lambda *a, env=env, **k: env)
+        finding, probed = slurm_check._environment(Login(), s, None)  # type: ignore[arg-type]
+        assert finding.status == "ok" and finding.note == env.says()
+        assert probed.python == ("/s/envs/abab/bin/python" if ready else "/base/python")
+        assert finding.value == ("abababababab ready" if ready else "abababababab to build (2.0 KiB to send)")
