@@ -32,12 +32,16 @@ def simple_index(folder: Path, wheels: list[Path]) -> Path:
     """``folder`` laid out as a PEP 503 simple index of ``wheels`` (``simple/<project>/index.html``, each link
     with its ``#sha256=``; the files under ``files/``), as a lab's index or mirror serves it."""
     import hashlib
+    import os
     import re
     import shutil
     (folder / "files").mkdir(parents=True, exist_ok=True)
     projects: dict[str, list[str]] = {}
     for w in wheels:
-        shutil.copy(w, folder / "files" / w.name)
+        try:  # torch's wheel is 200 MB: linked, not copied, where the filesystem lets it
+            os.link(w, folder / "files" / w.name)
+        except OSError:
+            shutil.copy(w, folder / "files" / w.name)
         sha = hashlib.sha256(w.read_bytes()).hexdigest()
         project = re.sub(r"[-_.]+", "-", w.name.split("-")[0]).lower()
         projects.setdefault(project, []).append(f'<a href="../../files/{w.name}#sha256={sha}">{w.name}</a><br>')
