@@ -172,15 +172,11 @@ def look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
     return _look(fleet, hosts)
 
 
-def current(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.Lock]) -> set[str]:
-    """The environment ids the hosts' locks give now (whether built or not): what `env prune` keeps."""
-    return kept_now(fleet, hosts, by_host)[0]
-
-
 def kept_now(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.Lock], cache: Path | None = None
              ) -> tuple[set[str], dict[str, list[str]]]:
-    """:func:`current`, and by host the wheels (sha256) its lock needs there as far as this machine's cache
-    knows (fetched for an earlier run: never fetched here): what `env prune` keeps of each wheel store."""
+    """What `env prune` keeps: the environment ids the hosts' locks give now (whether built or not), and by host
+    the wheels (sha256) its lock needs there as far as this machine's cache knows (fetched for an earlier run:
+    never fetched here)."""
     hosts = [h for h in hosts if h.name in by_host]
     ids, wheels = set(), {}
     for n, f in _look(fleet, hosts).items():
