@@ -336,3 +336,19 @@ def test_check_looks_at_each_environment_in_its_probes_own_command_and_builds_no
     other = _look_answer(lk.sha256, "b", False)[1]
     assert f"env  b environment {other} will be built (1000 B of wheels to send)" in out
     assert envs["a"]["state"] == "ready" and envs["b"]["state"] == "will be built" and envs["b"]["to_send"] == 1000
+
+
+def test_run_json_never_keeps_the_index_urls_credentials_and_reads_back_the_wheels_mode(tmp_path, monkeypatch):
+    from clusterddp.record import NodeRecord
+    monkeypatch.chdir(tmp_path)
+    _inventory(tmp_path)
+    (tmp_path / "inv.yaml").write_text(
+        "defaults: {packages: {file: req.txt, wheels: index, index_url: 'https://ci:s3cret@idx.example/simple'},"
+        " python: /opt/base/bin/python}\nhosts: [{name: a, address: 10.0.0.1}]\n")
+    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    [node] = ssh_launch.node_records(prep.plan)
+    assert node.settings.index_url is not None  # the run has it, to send the node on stdin
+    data = node.to_json()
+    assert "s3cret" not in __import__("json").dumps(data) and data["settings"]["wheels"] == "index"
+    back = NodeRecord.from_json(data, "run.json", "nodes[0]")
+    assert back.settings.wheels == "index" and back.settings.index_url is None
