@@ -31,22 +31,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "envs"), str(REPO / "bench")]
 
 from _common import STOCK_BASHRC, interleave  # noqa: E402
+from envbed import TORCH_LOCK  # noqa: E402
 from testbed import TestBed, session_slot  # noqa: E402
 from tinywheel import make_wheel  # noqa: E402
 
-LOCK = """\
-cddptiny==1.0
-filelock==4.3.2
-fsspec==2026.9.0
-jinja2==3.1.6
-markupsafe==3.0.4
-mpmath==1.3.0
-networkx==3.6.1
-setuptools==84.2.1
-sympy==1.14.0
-torch==2.13.0
-typing-extensions==4.16.0
-"""
 JOB = """import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(1)
@@ -66,7 +54,7 @@ def main() -> None:
     make_wheel(root / "wheels")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CLUSTERDDP_CACHE": a.cache or str(root / "cache"),
            "PIP_FIND_LINKS": " ".join(x for x in (os.environ.get("PIP_FIND_LINKS", ""), str(root / "wheels")) if x)}
-    (root / "requirements.txt").write_text(LOCK)
+    (root / "requirements.txt").write_text(TORCH_LOCK)
     (root / "job").mkdir()
     (root / "job" / "t.py").write_text(JOB)
     slot = session_slot()

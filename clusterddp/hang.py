@@ -5,8 +5,9 @@ The node side is ``clusterddp/node/watch.py`` (started by launch.sh, ``nodescrip
 the nodes agree is told there. It leaves, in each node's control folder, ``hang.json`` (its decision:
 when, how long without progress, who saw it first) and ``hang-stacks.txt`` (the ``stacks`` node
 program's reply, exactly what ``clusterddp stacks`` gets). :func:`explain` reads both from every node
-that may answer (one bounded command each, :func:`read_command`; :func:`parse_node` never raises: a
-node is not trusted) and, when a node has a hang.json, makes the hang the run's failure: the stacks
+that may answer, with the sampler's ``idle.json`` (:mod:`clusterddp.metrics.idle`) in the same bounded
+command (:func:`records_command`; :func:`parse_records` and :func:`parse_node` never raise: a node is not
+trusted) and, when a node has a hang.json, makes the hang the run's failure: the stacks
 go through :func:`clusterddp.stacks.take`'s own reading (replayed, :class:`_Replay`), are grouped
 (:func:`clusterddp.stacks.group`), saved under the run folder as ``clusterddp stacks`` saves them,
 and the odd rank(s) out are named first. Without a hang.json anywhere it is an ordinary failure
@@ -26,19 +27,20 @@ from . import stacks as stack_dumps
 from .errors import HostError
 from .failure import MAX_HANG_GROUPS, MAX_HANG_RANKS, MAX_NOTE, Failure, Hang, HangGroup, HangRank, clip
 from .fleet import Fleet
-from .metrics.idle import idle_of
-from .metrics.idle import read as read_idle
+from .metrics import idle as idle_records
+from .metrics.idle import NodeIdle, idle_of
 from .node import stacks as node_stacks
 from .node.reply import ReplyError, loads
 from .nodeops import each
 from .nodescript import HANG, qpath
 from .record import RunRecord
 from .store import RunStore
-from .transport import CommandResult
+from .transport import CommandResult, Transport
 
 HANG_MOST = 64 << 10                       # bytes of hang.json read (the watchdog writes a few hundred)
 STACKS_MOST = node_stacks.MOST_REPLY + 1   # the stacks program's own bound, and a byte to see it exceeded
 SEPARATOR = "CLUSTERDDP_HANG_STACKS"       # between hang.json and the stacks reply in read_command's answer
+IDLE_END = "CLUSTERDDP_IDLE_END"           # after idle.json, before read_command's answer, in records_command's
 READ_TIMEOUT = 60.0
 
 
@@ -47,6 +49,13 @@ def read_command(node: ssh_plan.NodeLaunch) -> str:
     its stacks reply; each bounded."""
     return (f"cd {qpath(node.control_dir)} 2>/dev/null || exit 0; [ -f {HANG} ] || exit 0; "
             f"head -c {HANG_MOST} {HANG}; echo; echo {SEPARATOR}; head -c {STACKS_MOST} hang-stacks.txt 2>/dev/null")
+
+
+def records_command(node: ssh_plan.NodeLaunch) -> str:
+    """One command for both records a failed run's diagnosis reads on a node: its idle.json
+    (:func:`clusterddp.metrics.idle.read_command`), an :data:`IDLE_END` line, then :func:`read_command`'s
+    answer (hang.json and its stacks). Each part in a subshell: one that finds nothing leaves the other be."""
+    return f"( {idle_records.read_command(node)} ); echo; echo {IDLE_END}; ( {read_command(node)} )"
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,23 @@ def parse_node(host: str, stdout: bytes) -> NodeHang | None:
     if timeout is None or silent is None or at is None:
         note = "hang.json lacks its timeout, silent_s or time"
     return NodeHang(host, timeout or 0.0, silent or 0.0, by, at or 0.0, rest if note is None else b"", note)
+
+
+@dataclass(frozen=True)
+class NodeRecords:
+    """What a node's stall watchdog and idle policy left (:func:`records_command`); None: nothing of it."""
+
+    hang: NodeHang | None
+    idle: NodeIdle | None
+
+
+def parse_records(host: str, stdout: bytes) -> NodeRecords:
+    """:func:`records_command`'s answer, each part read by its own parser; never raises. An answer
+    without the :data:`IDLE_END` line is read as :func:`read_command`'s alone."""
+    head, sep, rest = stdout.partition(b"\n" + IDLE_END.encode() + b"\n")
+    if not sep:
+        return NodeRecords(parse_node(host, stdout), None)
+    return NodeRecords(parse_node(host, rest), idle_records.parse_node(host, head))
 
 
 class _Replay:
@@ -161,19 +187,29 @@ def hang_of(rec: RunRecord, store: RunStore | None, hangs: Mapping[str, NodeHang
                    others=others, hang=hang)
 
 
-def read(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], rec: RunRecord) -> dict[str, NodeHang]:
-    """Every node's hang record, from the nodes that may answer (a node that does not is left out)."""
-    res = each(fleet, postmortem.askable(nodes, rec),
-               lambda n, t: parse_node(n.host.name, t.run(read_command(n), timeout=READ_TIMEOUT).stdout))
-    return {h: v for h, v in res.succeeded.items() if v is not None}
+def read_one(t: Transport, host: str, node: ssh_plan.NodeLaunch) -> NodeRecords:
+    """The hang and idle records of ``host`` (the run's name for it), in one command (:func:`records_command`)
+    in ``node``'s control folder, through ``t``."""
+    return parse_records(host, t.run(records_command(node), timeout=READ_TIMEOUT).stdout)
+
+
+def read(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], rec: RunRecord) -> dict[str, NodeRecords]:
+    """Every node's hang and idle records, from the nodes that may answer (a node that does not is left out)."""
+    return dict(each(fleet, postmortem.askable(nodes, rec), lambda n, t: read_one(t, n.host.name, n)).succeeded)
+
+
+def failure_of(rec: RunRecord, store: RunStore | None, records: Mapping[str, NodeRecords]) -> Failure | None:
+    """The run's failure from its nodes' records: a hang when a node's watchdog left its record, else the
+    idle policy when the nodes' samplers stopped it (:func:`clusterddp.metrics.idle.idle_of`), else None."""
+    hangs = {h: r.hang for h, r in records.items() if r.hang is not None}
+    if hangs:
+        return hang_of(rec, store, hangs)
+    return idle_of(rec, {h: r.idle for h, r in records.items() if r.idle is not None})
 
 
 def explain(fleet: Fleet, nodes: Sequence[ssh_plan.NodeLaunch], rec: RunRecord, store: RunStore) -> Failure:
     """Why the run failed: a hang when a node's watchdog left its record, the idle policy when the nodes'
-    samplers stopped it (:mod:`clusterddp.metrics.idle`), else the failed rank
-    (:func:`clusterddp.postmortem.explain`)."""
-    hangs = read(fleet, nodes, rec)
-    if not hangs:
-        idle = idle_of(rec, read_idle(fleet, nodes, rec))  # the idle policy ended it: that, not the signal
-        return idle if idle is not None else postmortem.explain(fleet, nodes, rec, store)
-    return hang_of(rec, store, hangs)
+    samplers stopped it (:mod:`clusterddp.metrics.idle`), both read in one command per node (:func:`read`),
+    else the failed rank (:func:`clusterddp.postmortem.explain`)."""
+    found = failure_of(rec, store, read(fleet, nodes, rec))
+    return found if found is not None else postmortem.explain(fleet, nodes, rec, store)

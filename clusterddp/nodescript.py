@@ -318,14 +318,15 @@ def sampler_lines(python: str, args: dict) -> list[str]:
     ]
 
 
-WHERE = "where"  # in a node's control folder: the rank sampler's programs (node programs where and stacks)
+WHERE = "where"  # in a node's control folder: the rank sampler's programs (node programs where, stacks, watch)
 WHERE_SAMPLES = "where.jsonl"  # in a node's control folder: where each rank was, by sample (clusterddp.stragglers)
+WHERE_ARGS = {"interval": 2.0, "most": 1 << 20}  # the rank sampler's: seconds between samples, bytes kept
 
 
 def where_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
     """The rank sampler (``clusterddp.stragglers``): the lines that start the node program ``where``
-    beside the job, in the background (``args``: its JSON argument; the node program ``stacks`` written
-    beside it), and the line right after the job that ends it and leaves ``$?`` the job's. A node where it
+    beside the job, in the background (``args``: its JSON argument; the node programs ``stacks`` and ``watch``
+    written beside it), and the line right after the job that ends it and leaves ``$?`` the job's. A node where it
     cannot be written runs the job anyway; its stderr goes to ``$CTL/where.log``."""
     d = f'"$CTL/{WHERE}"'
     start = [
@@ -336,6 +337,9 @@ def where_lines(python: str, args: dict) -> tuple[list[str], list[str]]:
         f"(umask 077 && cat > {d}/stacks.py) <<'CDDP_WHERE_STACKS' 2>/dev/null || true",
         node_source("stacks").rstrip("\n"),
         "CDDP_WHERE_STACKS",
+        f"(umask 077 && cat > {d}/watch.py) <<'CDDP_WHERE_WATCH' 2>/dev/null || true",
+        node_source("watch").rstrip("\n"),
+        "CDDP_WHERE_WATCH",
         f'{q(python)} -S {d}/where.py "$CTL" {q(json.dumps(args, sort_keys=True))} 2>>"$CTL/where.log" </dev/null &',
         "CDDP_WHERE_PID=$!",
     ]

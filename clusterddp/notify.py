@@ -52,6 +52,7 @@ MAX_URL_FILE = 4096       # bytes of a webhook file read
 MAX_SAID = 200            # characters of what a receiver or command said, in a message
 RUN_EVENTS = ("succeeded", "failed", "hang", "idle", "stopped", "interrupted")
 STRAGGLER = "straggler"   # a host the other ranks wait for, named during an attached run: only to on: [straggler]
+IDLE = "idle"             # the idle policy stopped the run (status failed), or, without stop, found it idle (news)
 TEST = "test"             # `clusterddp notify test`: sent to every target, whatever its `on`
 
 
@@ -120,11 +121,16 @@ def label(t: NotifyTarget) -> str:
 def wants(t: NotifyTarget, event: dict) -> bool:
     """Whether ``t`` is told of ``event``: its ``on`` names the event or the run's status (a hang, or
     an idle run its idle policy stopped, is a failure too, so ``on: [failed]`` hears of them); a test
-    event reaches every target. A straggler is told only to a target whose ``on`` names it (it is news
-    during a run, not its end)."""
-    if event["event"] == STRAGGLER:
-        return STRAGGLER in t.on
+    event reaches every target. A straggler, and a run found idle by an idle policy without ``stop``, is
+    told only to a target whose ``on`` names it (``straggler``, ``idle``: news during a run, not its end)."""
+    if _news(event):  # told during a run, not its end: only where `on` asks for it
+        return event["event"] in t.on
     return event["event"] == TEST or not t.on or event["event"] in t.on or event.get("status") in t.on
+
+
+def _news(event: dict) -> bool:
+    """Whether ``event`` is news during a run (a straggler; the run found idle, going on), not its end."""
+    return event["event"] == STRAGGLER or (event["event"] == IDLE and event.get("status") is None)
 
 
 # ---- events ----
@@ -224,10 +230,33 @@ def straggler_event(run_id: str, s: dict) -> dict:
     return ev
 
 
+def idle_text(run_id: str, found: dict) -> str:
+    """One line of a run found idle by its idle policy without ``stop`` (``found``: the node's idle.json, checked:
+    ``below``, ``seconds``, ``nnodes``, ``decided_by``)."""
+    from .metrics.idle import minutes
+    by = f" (found by {found['decided_by']})" if found.get("decided_by") else ""
+    return (f"clusterddp: run {run_id}: every GPU of the run ({found['nnodes']} node(s)) below {found['below']:g}% "
+            f"for {minutes(found['seconds'])}{by}; the run goes on (idle_policy without stop)")
+
+
+def idle_event(run_id: str, found: dict) -> dict:
+    """The event of a run found idle, going on (``on: [idle]``): its policy and the node that decided."""
+    ev = _base(IDLE, status=None, run_id=run_id, host=found.get("decided_by"), below=found["below"],
+               seconds=found["seconds"], nnodes=found["nnodes"], stop=False)
+    ev["text"] = idle_text(run_id, found)
+    return ev
+
+
 def tell_straggler(targets: Sequence[NotifyTarget], store: Any, run_id: str, s: dict) -> list[str]:
     """Tell the targets that want it (``on: [straggler]``) of straggler ``s``; the lines of the deliveries
     that failed, each also kept in the run folder's notify.log. Never raises."""
-    event = straggler_event(run_id, s)
+    return tell_news(targets, store, run_id, straggler_event(run_id, s))
+
+
+def tell_news(targets: Sequence[NotifyTarget], store: Any, run_id: str, event: dict) -> list[str]:
+    """Tell the targets that want it of ``event``, news during a run (:func:`straggler_event`,
+    :func:`idle_event`); the lines of the deliveries that failed, each also kept in the run folder's
+    notify.log. Never raises."""
     if not any(wants(t, event) for t in targets):
         return []
     lines = [d.line(event) for d in deliver(targets, event) if not d.ok]
@@ -313,7 +342,7 @@ def fill(command: str, event: dict) -> str:
     """``command`` (checked: :func:`~clusterddp.inventory.notify_command_problem`) with ``event``'s
     fields filled in its braces, each a word of a fixed alphabet or nothing (:func:`_safe`)."""
     safe = {k: _safe(event.get(k)) for k in ("event", "status", "run_id", "host", "schedule")}
-    safe["host"] = _safe(event.get("failed_host") if event["event"] != STRAGGLER else event.get("host"))
+    safe["host"] = _safe(event.get("host") if _news(event) else event.get("failed_host"))
     return command.format_map(safe)
 
 

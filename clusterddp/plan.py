@@ -43,6 +43,7 @@ from .nodescript import (
     MARKER,
     NPROC,
     STOP_TRAP,
+    WHERE_ARGS,
     exit_function,
     iface_lines,
     marker_word,
@@ -63,11 +64,10 @@ from .nodescript import (
     watch_lines,
     where_lines,
 )
-from .runspec import RunSpec, resolve, sampler_args, watch_args
+from .runspec import ResolvedSpec, RunSpec, sampler_args, watch_args
 from .runspec import nproc as runspec_nproc
 
 DEFAULT_GRACE = 10.0
-WHERE_ARGS = {"interval": 2.0, "most": 1 << 20}  # the rank sampler's: seconds between samples, bytes kept
 
 
 H = TypeVar("H", bound=RunNode, covariant=True)  # a frozen value: a NodeLaunch[Host] is a NodeLaunch[RunNode]
@@ -96,7 +96,7 @@ class LaunchPlan:
 
     run_id: str
     inventory: Inventory
-    spec: RunSpec
+    spec: ResolvedSpec
     nodes: tuple[NodeLaunch[Host], ...]
     master_addr: str
     master_port: int
@@ -128,7 +128,7 @@ def static_local(spec: RunSpec) -> bool:
     return spec.max_restarts == 0
 
 
-def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_dir: str | None = None,
+def build_plan(inventory: Inventory, spec: ResolvedSpec, run_id: str, *, local_run_dir: str | None = None,
                local_control_dir: str | None = None,
                grants: Mapping[str, tuple[int, ...]] | None = None, train_lookup: bool = True,
                attempt: int = 1) -> LaunchPlan:
@@ -141,7 +141,6 @@ def build_plan(inventory: Inventory, spec: RunSpec, run_id: str, *, local_run_di
     has an id of its own, so a lost host whose old torchrun comes back never joins the new attempt's."""
     local = local_run_dir is not None
     rdzv_id = run_id if attempt == 1 else f"{run_id}.attempt-{attempt}"
-    spec = resolve(spec, inventory)  # as it is when `up` resolved it (tests may give the flags alone)
     master_port = spec.master_port
     assert master_port is not None, "a resolved spec has its master port"
     nodes = []

@@ -2,7 +2,9 @@
 
 A machine whose GPU failed during a run (an Xid of the machine's kind: :mod:`clusterddp.policy`) is
 quarantined at once; one lost twice in a row (its link or power gone, a kernel panic: lost in an
-attached run, and lost again, or its GPU failing, in its next run within :data:`STRIKE_S`) too. It stays
+attached run, and lost again, or its GPU failing, in its next run within :data:`STRIKE_S`) too; with the
+inventory's ``quarantine_stragglers: true``, a host named a straggler in an attached run
+(:mod:`clusterddp.stragglers`) takes a strike as a lost one does (:func:`strike_slow`). It stays
 so for the inventory's ``quarantine:`` (default :data:`DEFAULT_S`, 2 h): later runs and schedules of
 any inventory naming that machine refuse it (exit 75), naming it and until when, and ``check`` and
 ``leases`` show it. ``clusterddp quarantine list/add/release`` manage the list by hand.
@@ -147,15 +149,20 @@ class Strike:
 
 def decide(lost: dict[str, str], kept: Iterable[str], strikes: Sequence[Strike], run_id: str, now: float,
            seconds: float, at_once: dict[str, tuple[str, str]] | None = None,
-           again: dict[str, tuple[str, str]] | None = None) -> tuple[list[Entry], list[Strike]]:
+           again: dict[str, tuple[str, str]] | None = None,
+           slow: dict[str, str] | None = None) -> tuple[list[Entry], list[Strike]]:
     """After run ``run_id``: ``lost`` maps each machine lost in it to its host name, ``kept`` are the
     run's other machines (they answered to the end: their strike, if any, is wiped), ``at_once`` maps each
     machine whose failure sets it aside at once (a GPU error) to (host, why), ``again`` each machine that
     failed for a reason that counts only as a second failure in a row to (host, why). A machine lost, or
     in ``again``, with a strike from an earlier run is set aside for ``seconds``, as is one in
     ``at_once``; one lost without gets a strike (one loss alone can be a passing network fault, which the
-    run already reports; two in a row is the machine). Returns the new entries and the strikes that remain."""
+    run already reports; two in a row is the machine). ``slow`` maps each machine named a straggler in the
+    run to its host (``quarantine_stragglers: true``): :func:`strike_slow`, unless it failed as above (one
+    strike a run); it is not ``kept`` then. Returns the new entries and the strikes that remain."""
     kept, at_once, again = set(kept), at_once or {}, again or {}
+    slow = {m: h for m, h in (slow or {}).items() if m not in lost and m not in at_once and m not in again}
+    kept -= set(slow)
     earlier = {k.machine: k for k in strikes if k.at + STRIKE_S > now and k.run_id != run_id}
     added, left = [], [k for k in earlier.values() if k.machine not in kept and k.machine not in lost
                        and k.machine not in at_once and k.machine not in again]
@@ -177,6 +184,35 @@ def decide(lost: dict[str, str], kept: Iterable[str], strikes: Sequence[Strike],
             continue
         why = f"lost in runs {before.run_id} and {run_id}, one after the other"
         added.append(Entry(m, host, now, now + seconds, _one_line(why), run_id))
+    more, left = strike_slow(slow, left, run_id, now, seconds)
+    return added + more, left
+
+
+def strike_slow(slow: dict[str, str], strikes: Sequence[Strike], run_id: str, now: float,
+                seconds: float) -> tuple[list[Entry], list[Strike]]:
+    """After run ``run_id``, in which each machine of ``slow`` (machine -> host) was named a straggler:
+    one with a strike from an earlier run (lost, or a straggler, within :data:`STRIKE_S`) is set aside for
+    ``seconds`` (its strike used up); one without gets a strike of this run (once, however often it is
+    counted). The other strikes stay as they are. Returns the new entries and the strikes that remain."""
+    earlier: dict[str, Strike] = {}
+    mine: set[str] = set()
+    left: list[Strike] = []
+    for k in strikes:
+        if k.machine not in slow:
+            left.append(k)
+        elif k.run_id == run_id:
+            mine.add(k.machine)
+            left.append(k)
+        elif k.at + STRIKE_S > now:
+            earlier[k.machine] = k
+    added = []
+    for m, host in slow.items():
+        if m in earlier:
+            why = (f"named a straggler in run {run_id} (the other ranks waited for it), after a strike in run "
+                   f"{earlier[m].run_id} (lost or a straggler there)")
+            added.append(Entry(m, host, now, now + seconds, _one_line(why), run_id))
+        elif m not in mine:
+            left.append(Strike(m, host, run_id, now))
     return added, left
 
 
@@ -185,11 +221,14 @@ def _one_line(text: str) -> str:
     return text if len(text) <= MOST_TEXT else text[:MOST_TEXT - 3] + "..."
 
 
-def after_run(rec, seconds: float = DEFAULT_S, q: Quarantine | None = None, now: float | None = None) -> list[Entry]:
-    """After an attached run ended (``rec``: its record, as it ended): update the strikes and set
+def after_run(rec, seconds: float = DEFAULT_S, q: Quarantine | None = None, now: float | None = None,
+              slow: Iterable[str] = ()) -> list[Entry]:
+    """After an attached run failed (``rec``: its record, as it ended): update the strikes and set
     aside each machine :func:`decide` says to, for ``seconds`` (the inventory's ``quarantine:``), from the
     machines' failures :func:`clusterddp.policy.machine_faults` finds (the SSH backend's runs: Slurm keeps
-    its own nodes' health). Returns the entries added (to be said)."""
+    its own nodes' health), and the hosts named stragglers in it (``slow``: host names, with the inventory's
+    ``quarantine_stragglers: true``; hosts not in the record are left out). Returns the entries added (to
+    be said)."""
     from .policy import machine_faults
     if rec.local:
         return []
@@ -200,7 +239,19 @@ def after_run(rec, seconds: float = DEFAULT_S, q: Quarantine | None = None, now:
     now_out = {key[h]: (h, f.why) for h, f in faults.items() if f.at_once}
     again = {key[h]: (h, f.why) for h, f in faults.items() if f.kind == "again"}
     kept = [key[n.host] for n in rec.nodes if n.host not in faults]
-    return q.after(rec.run_id, lost, kept, seconds, now, now_out, again)
+    return q.after(rec.run_id, lost, kept, seconds, now, now_out, again, {key[h]: h for h in slow if h in key})
+
+
+def after_slow(rec, slow: Iterable[str], seconds: float = DEFAULT_S, q: Quarantine | None = None,
+               now: float | None = None) -> list[Entry]:
+    """After an attached run that did not fail (``rec``: its record): :func:`strike_slow` for the hosts
+    named stragglers in it (``slow``: host names, with ``quarantine_stragglers: true``; hosts not in the
+    record are left out), nothing else changed. Returns the entries added (to be said)."""
+    if rec.local:
+        return []
+    key = {n.host: machine(n.settings.address, n.settings.port) for n in rec.nodes}
+    named = {key[h]: h for h in slow if h in key}
+    return (q or Quarantine()).after_slow(rec.run_id, named, seconds, now) if named else []
 
 
 def quarantined(hosts, q: Quarantine | None = None, now: float | None = None) -> dict[str, Entry]:
@@ -282,12 +333,23 @@ class Quarantine:
 
     def after(self, run_id: str, lost: dict[str, str], kept: Iterable[str], seconds: float,
               now: float | None = None, at_once: dict[str, tuple[str, str]] | None = None,
-              again: dict[str, tuple[str, str]] | None = None) -> list[Entry]:
+              again: dict[str, tuple[str, str]] | None = None, slow: dict[str, str] | None = None) -> list[Entry]:
         """:func:`decide` for run ``run_id``, its result written; the entries added."""
         with self._locked():
             now = time.time() if now is None else now
             entries, strikes = self._read()
-            added, left = decide(lost, kept, strikes, run_id, now, seconds, at_once, again)
+            added, left = decide(lost, kept, strikes, run_id, now, seconds, at_once, again, slow)
+            if added or left != strikes:
+                self._write(self._merged(entries, added, now), left)
+            return added
+
+    def after_slow(self, run_id: str, slow: dict[str, str], seconds: float, now: float | None = None) -> list[Entry]:
+        """:func:`strike_slow` for run ``run_id``, its result written; the entries added."""
+        with self._locked():
+            now = time.time() if now is None else now
+            entries, strikes = self._read()
+            aside = {e.machine for e in entries if e.run_id == run_id}  # set aside by this run already
+            added, left = strike_slow({m: h for m, h in slow.items() if m not in aside}, strikes, run_id, now, seconds)
             if added or left != strikes:
                 self._write(self._merged(entries, added, now), left)
             return added

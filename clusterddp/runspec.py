@@ -1,12 +1,12 @@
-"""The run spec: what the user asked of a run, which every backend reads (the SSH plan, the
-Slurm scripts, the schedule spec, the run record's request); :func:`resolve`, the one place its
-flags meet the inventory (flag > host entry > inventory defaults > built-in); and the stall
-watchdog's argument that follows from it on every backend. Pure: no network, clock or filesystem."""
+"""The run spec: what the user asked of a run (:class:`RunSpec`, the flags); :func:`resolve`, the one
+place its flags meet the inventory (flag > host entry > inventory defaults > built-in), once, giving the
+:class:`ResolvedSpec` every backend reads (the SSH plan, the Slurm scripts, the run record's request); and
+the stall watchdog's argument that follows from it on every backend. Pure: no network, clock or filesystem."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from . import noise
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What the user asked for on the command line; once resolved against the inventory
-    (:func:`resolve`; ``resolved``), what the run does: the effective values every backend reads."""
+    """What the user asked for on the command line (a schedule's spec keeps it as it was asked):
+    :func:`resolve` makes the :class:`ResolvedSpec` of it that a run reads."""
 
     script: str                                  # as given, relative to the launch directory or absolute
     script_args: tuple[str, ...] = ()
@@ -38,14 +38,25 @@ class RunSpec:
     metrics_interval: float | None = None       # --metrics-interval / metrics_interval: seconds (5); 0: off
     metrics_regex: str | None = None             # --metrics-regex / metrics_regex: its named groups name numbers
     idle_policy: tuple[float, float, bool] | None = None  # idle_policy: (below %, seconds, stop); None: off
-    port_fixed: bool = False                     # resolved: master_port was given (flag or master.port), not chosen
-    resolved: bool = False                       # resolve() made it: the values below the flags are filled in
 
 
-def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
+@dataclass(frozen=True)
+class ResolvedSpec(RunSpec):
+    """A run's spec resolved against its inventory, made only by :func:`resolve` (once: `up` and
+    `schedule add` resolve a run's flags as they read its inventory): the effective values every backend
+    reads (``master_port`` set, the inventory's values where no flag gave one), and what only a resolved
+    spec knows."""
+
+    port_fixed: bool = False                     # master_port was given (flag or master.port), not chosen
+    restarts: int = 0                            # new attempts after a failed one (an attached SSH run)
+    restarts_by: str = ""                        # what allows them, in the user's words ("--max-restarts 2")
+
+
+def resolve(asked: RunSpec, inventory: Inventory, nodes: tuple[int, int] | None = None) -> ResolvedSpec:
     """The effective spec of a run of ``asked`` (the flags) on ``inventory``: every "flag over
     inventory" rule, here once (flag > host entry > inventory defaults > built-in; each tested by name in
-    ``tests/runspec/test_resolve.py``). A resolved spec comes back as it is. Bad values are bad input
+    ``tests/runspec/test_resolve.py``). A :class:`ResolvedSpec` is refused (TypeError): it was resolved once
+    already, and its master port, given again as a flag, would pass for fixed. Bad values are bad input
     (:class:`~clusterddp.errors.UsageError`, exit 2). Per host, :func:`nproc` and :func:`fixed_slots`.
 
     - ``master_port``: --master-port > the inventory's ``master.port`` > built-in 29500 (the inventory's
@@ -58,9 +69,12 @@ def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
     - ``metrics_interval``: --metrics-interval > the inventory's ``metrics_interval:`` > 5 s; 0 is off.
     - ``metrics_regex``: --metrics-regex > the inventory's ``metrics_regex:`` > none.
     - ``idle_policy``: the inventory's ``idle_policy:`` (no flag).
+    - ``restarts`` (new attempts of an attached SSH run after a failed one, :mod:`clusterddp.backends.ssh.attempts`):
+      --max-restarts > the inventory's ``restarts:`` > what ``nodes`` (--nodes MIN:MAX) lets the run lose,
+      MAX - MIN > none; ``restarts_by`` names the one that decided.
     """
-    if asked.resolved:
-        return asked
+    if isinstance(asked, ResolvedSpec):
+        raise TypeError("a run's spec is resolved once (the caller that read its inventory did it)")
     stall = asked.stall_timeout if asked.stall_timeout is not None else inventory.stall_timeout
     if stall is not None and 0 < stall < 1:
         raise UsageError(f"--stall-timeout {stall:g}: under a second, any pause of the job would end it",
@@ -76,17 +90,38 @@ def resolve(asked: RunSpec, inventory: Inventory) -> RunSpec:
     if asked.metrics_regex is not None and (why := metrics_regex_problem(asked.metrics_regex)) is not None:
         raise UsageError(f"--metrics-regex {asked.metrics_regex!r}: {why}",
                          "see docs/watching.md, \"Numbers from the job's output\"")
-    return replace(asked, resolved=True,
-                   metrics_interval=METRICS_INTERVAL if interval is None else interval,
-                   metrics_regex=asked.metrics_regex if asked.metrics_regex is not None else inventory.metrics_regex,
-                   idle_policy=asked.idle_policy if asked.idle_policy is not None else inventory.idle_policy,
-                   master_port=asked.master_port if asked.master_port is not None else inventory.master.port,
-                   port_fixed=asked.master_port is not None or inventory.master.port_fixed,
-                   collect=tuple(dict.fromkeys((*inventory.collect, *asked.collect))),
-                   checkpoints=asked.checkpoints or inventory.checkpoints,
-                   stall_timeout=stall or None,
-                   progress_regex=asked.progress_regex if asked.progress_regex is not None
-                   else inventory.progress_regex)
+    restarts, restarts_by = _restarts(asked.max_restarts, inventory.restarts, nodes)
+    asked_values = {f.name: getattr(asked, f.name) for f in fields(RunSpec)}
+    asked_values.update(
+        metrics_interval=METRICS_INTERVAL if interval is None else interval,
+        metrics_regex=asked.metrics_regex if asked.metrics_regex is not None else inventory.metrics_regex,
+        idle_policy=asked.idle_policy if asked.idle_policy is not None else inventory.idle_policy,
+        master_port=asked.master_port if asked.master_port is not None else inventory.master.port,
+        collect=tuple(dict.fromkeys((*inventory.collect, *asked.collect))),
+        checkpoints=asked.checkpoints or inventory.checkpoints,
+        stall_timeout=stall or None,
+        progress_regex=asked.progress_regex if asked.progress_regex is not None else inventory.progress_regex)
+    return ResolvedSpec(**asked_values, port_fixed=asked.master_port is not None or inventory.master.port_fixed,
+                        restarts=restarts, restarts_by=restarts_by)
+
+
+def _restarts(flag: int, inventory: int | None, nodes: tuple[int, int] | None) -> tuple[int, str]:
+    """New attempts after a failed one, and what allows them: ``--max-restarts`` > ``restarts:`` > --nodes."""
+    if flag > 0:
+        return flag, f"--max-restarts {flag}"
+    if inventory is not None:
+        return inventory, f"restarts: {inventory} (the inventory's)"
+    if nodes is not None:
+        return nodes[1] - nodes[0], "--nodes {}:{}".format(*nodes)
+    return 0, ""
+
+
+def fanout_of(flag: int | None, inventory: Inventory) -> int:
+    """Hosts contacted at once: --fanout > the inventory's ``fanout:`` > built-in 32 (the inventory's default,
+    :data:`clusterddp.inventory.model.DEFAULT_FANOUT`). Not in :func:`resolve`: `up` has no --fanout; the
+    commands that have it (check, exec, leases) load their inventory through
+    :func:`clusterddp.backends.base.load_inventory`, which asks here."""
+    return flag or inventory.fanout
 
 
 def master_port_of(flag: int | None, inventory: Inventory) -> tuple[int, bool]:

@@ -347,6 +347,12 @@ def stragglers_of(run_dir: Path) -> list[dict]:
     return [s.to_json() for s in decide(read_run(run_dir))]
 
 
+def hosts_named(run_dir: Path) -> list[str]:
+    """The hosts named stragglers at any time of the run (its samples brought back), each once, in the order
+    first named: what ``quarantine_stragglers: true`` counts toward quarantine."""
+    return list(dict.fromkeys(s.host for s in decide(read_run(run_dir))))
+
+
 # ---- bringing the samples back ----
 
 def fetch_command(control_dir: str) -> str:

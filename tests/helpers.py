@@ -231,3 +231,14 @@ def load_inventory(path):
     """An inventory file read as the CLI reads it (:func:`parse_inventory`)."""
     from clusterddp import backends, inventory
     return inventory.load(path, backends.inventory_section)
+
+
+def resolved(spec, inventory, nodes=None):
+    """``spec`` (the flags) resolved once against ``inventory``, as `up` does it before anything plans the run
+    (:func:`clusterddp.runspec.resolve`): an Inventory, or the name of one (a path, or ``local``) read as `up`
+    reads it."""
+    from clusterddp.backends import base
+    from clusterddp.runspec import resolve
+    if not hasattr(inventory, "hosts"):
+        inventory = base.load_inventory(str(inventory), spec.gpus)
+    return resolve(spec, inventory, nodes)

@@ -30,7 +30,7 @@ from clusterddp.record import RunStatus
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore, new_run_id
 from clusterddp.transport import CommandResult
-from helpers import cddp, make_record, record, run_id_of
+from helpers import cddp, make_record, record, resolved, run_id_of
 
 # ---- the failure summary keeps the last 15 lines of a long log (mutation: the cap removed) ----
 
@@ -283,7 +283,7 @@ class _Node:
 def _plan(tmp_path: Path) -> ssh_plan.LaunchPlan:
     hosts = tuple(replace(inventory.local().hosts[0], name=name, workdir=str(tmp_path / name)) for name in "ab")
     inv = inventory.Inventory("t", "t", hosts, inventory.Master("a", "127.0.0.1", 29500))
-    return ssh_plan.build_plan(inv, RunSpec("t.py"), new_run_id())
+    return ssh_plan.build_plan(inv, resolved(RunSpec("t.py"), inv), new_run_id())
 
 
 def test_a_node_whose_heartbeats_fail_at_once_is_lost_within_the_tests_own_deadline(tmp_path):

@@ -23,7 +23,7 @@ from ..errors import NodeOutcome, RunFailed, UsageError
 from ..inventory import LOCAL, Inventory, NotifyTarget
 from ..nodeops import Reach
 from ..record import NodeRecord, NodeState, RunRecord, RunStatus
-from ..runspec import RunSpec
+from ..runspec import ResolvedSpec, RunSpec, fanout_of
 from ..store import RunStore, utcnow
 from ..upload import DEFAULT_MAX_UPLOAD
 
@@ -68,7 +68,7 @@ class LaunchRequest:
 
     inventory_arg: str                           # as given: a path, or `local`
     inventory: Inventory                         # loaded
-    spec: RunSpec
+    spec: ResolvedSpec                           # resolved against ``inventory`` (cli.up.request)
     runs_dir: str
     hosts: list[str] | None = None               # --hosts (names; their GPU choice in ``slots``)
     slots: dict[str, tuple[int, ...]] | None = None
@@ -278,10 +278,12 @@ def load_inventory(arg: str, gpus: int | None = None, hosts: list[str] | None = 
                    exclude: list[str] | None = None, fanout: int | None = None) -> Inventory:
     """The inventory a command names: a file, or ``local`` (this machine, with ``--gpus`` processes or
     one per GPU, run by this python); a backend's section of the file (``slurm:``) read by that
-    backend (the registry's sections). Narrowed and fanned out as :func:`clusterddp.inventory.load_named`."""
+    backend (the registry's sections). Narrowed as :func:`clusterddp.inventory.load_named`; ``fanout``
+    (--fanout) over the inventory's: :func:`clusterddp.runspec.fanout_of`."""
     from .. import inventory as inv_mod
     from . import inventory_section
-    return inv_mod.load_named(arg, gpus, hosts, exclude, fanout, sections=inventory_section)
+    inv = inv_mod.load_named(arg, gpus, hosts, exclude, sections=inventory_section)
+    return replace(inv, fanout=fanout_of(fanout, inv))
 
 
 DRY_RUN_ID = "RUN_ID"  # what a dry run shows for the run id: it records no run, so it has none

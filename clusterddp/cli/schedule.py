@@ -124,8 +124,10 @@ def add(
     loaded = load_inventory(inventory, gpus=gpus)
     # the same checks as `up`, through the inventory's backend; no network
     from ..launch import parse_nodes
-    request = LaunchRequest(inventory, loaded, run, runs_dir, hosts_, exclude=excluded,
-                            nodes=parse_nodes((up_options or {}).get("nodes")),
+    from ..runspec import resolve
+    nodes = parse_nodes((up_options or {}).get("nodes"))
+    request = LaunchRequest(inventory, loaded, resolve(run, loaded, nodes), runs_dir, hosts_, exclude=excluded,
+                            nodes=nodes,
                             resume=_resume((up_options or {}).get("resume")), schedule=name)
     backend = backends.for_inventory(loaded)
     prep = backend.prepare(request)

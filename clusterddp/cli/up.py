@@ -118,10 +118,11 @@ def request(inventory: str, script: str, script_args: list[str] | None, runs_dir
         from ..envs.nodes import with_packages
         loaded = with_packages(loaded, o["packages"])
     names, slots = host_slots(o["hosts"])
-    return LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=resolve(asked, loaded), runs_dir=runs_dir,
-                         hosts=names, slots=slots, exclude=host_list(o["exclude"], "--exclude"), max_upload=limit,
-                         detach=o["detach"], skip_check=o["skip_check"], join_timeout=o["join_timeout"],
-                         wait=o["wait"], schedule=schedule, nodes=parse_nodes(o["nodes"]),
+    nodes = parse_nodes(o["nodes"])
+    return LaunchRequest(inventory_arg=inventory, inventory=loaded, spec=resolve(asked, loaded, nodes),
+                         runs_dir=runs_dir, hosts=names, slots=slots, exclude=host_list(o["exclude"], "--exclude"),
+                         max_upload=limit, detach=o["detach"], skip_check=o["skip_check"],
+                         join_timeout=o["join_timeout"], wait=o["wait"], schedule=schedule, nodes=nodes,
                          env_files=tuple(e[1:] for e in o["env"] if e.startswith("@")), resume=o["resume"],
                          notify=notifier.targets_for(loaded.notify, o["notify"]))
 

@@ -613,6 +613,7 @@ INVENTORY = Model("SSHInventory", {
     "quarantine": Field(Maybe(Anything(quarantine_seconds, schema={"anyOf": [
         {"type": "string", "pattern": r"^(\s*[0-9]{1,9}\s*[smhd])+\s*$"},
         {"type": "number", "minimum": 60, "maximum": QUARANTINE_MOST_S}]}))),
+    "quarantine_stragglers": Field(Bool(), False),  # a straggler of an attached run counts as a strike
     "retry_job_failures": Field(Bool(), False),
     "hosts": Field(ListOf(HOST_ENTRY, min_length=1), REQUIRED),
     "spares": Field(ListOf(HOST_ENTRY), []),  # host entries used only to replace a host lost during a run

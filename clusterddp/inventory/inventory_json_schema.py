@@ -57,6 +57,9 @@ DESCRIPTIONS = {
     "quarantine": "How long a machine at fault is set aside (a GPU error at once; lost twice in a row): an age "
                   "such as 2h, 90m or 1d, or seconds, from 1m to 30d (default 2h); `clusterddp quarantine release` "
                   "lets it back",
+    "quarantine_stragglers": "true: a host named a straggler in an attached run (the host the other ranks waited "
+                             "for) counts a strike toward quarantine, as a lost host does: named (or lost) in two "
+                             "runs in a row, it is set aside for `quarantine:` (default false)",
     "retry_job_failures": "true: a failure of the job itself (a Python exception, an exit, OOM, a timeout) also "
                           "moves its host's part to a spare instead of ending the run (default false: it would "
                           "fail there too)",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -202,7 +202,7 @@ def _resolve(inv: Any, path: str, root: yaml.Node | None, lines: list[int] | Non
     return Inventory(path, inv.name or Path(path).stem, tuple(hosts), master, tuple(inv.collect),
                      inv.fanout or DEFAULT_FANOUT, keep_runs=inv.keep_runs, notify=_notify(inv.notify, path),
                      quarantine_s=DEFAULT_QUARANTINE_S if inv.quarantine is None else float(inv.quarantine),
-                     retry_job_failures=inv.retry_job_failures,
+                     retry_job_failures=inv.retry_job_failures, quarantine_stragglers=inv.quarantine_stragglers,
                      spares=spares, restarts=getattr(inv, "restarts", None), checkpoints=tuple(inv.checkpoints),
                      **_watchdog(inv))
 
@@ -338,16 +338,14 @@ def _python_script(path: str) -> InventoryError:
 
 
 def load_named(arg: str, gpus: int | None = None, hosts: list[str] | None = None,
-               exclude: list[str] | None = None, fanout: int | None = None,
-               sections: Sections | None = None) -> Inventory:
+               exclude: list[str] | None = None, sections: Sections | None = None) -> Inventory:
     """The inventory a command line names, read the one way every command reads it: ``local`` (this
     machine, this Python, ``gpus`` processes or one per GPU) or a file (:func:`load`); narrowed to
-    ``hosts`` less ``exclude`` (:meth:`Inventory.narrow`), with ``fanout`` over the inventory's (the flag wins).
+    ``hosts`` less ``exclude`` (:meth:`Inventory.narrow`). (--fanout over it: :func:`clusterddp.runspec.fanout_of`.)
     ``sections``: the backends' inventory sections (:func:`parse`); the CLI passes the registry's."""
     import sys
     inv = local(gpus=gpus or "auto", python=sys.executable) if arg == LOCAL else load(arg, sections)
-    inv = inv.narrow(hosts, exclude)
-    return replace(inv, fanout=fanout) if fanout else inv
+    return inv.narrow(hosts, exclude)
 
 
 def local(gpus: int | str = "auto", python: str = "python3") -> Inventory:

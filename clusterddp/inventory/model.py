@@ -251,6 +251,7 @@ class Inventory:
     notify: tuple[NotifyTarget, ...] = ()  # `notify:`: told when a run ends (clusterddp.notify)
     quarantine_s: float = DEFAULT_QUARANTINE_S  # `quarantine:`: how long a machine at fault is set aside
     retry_job_failures: bool = False     # `retry_job_failures:`: a failure of the job moves to a spare too
+    quarantine_stragglers: bool = False  # `quarantine_stragglers:`: a straggler of an attached run gets a strike
     # `spares:`: hosts that replace a host lost during a run (the SSH backend's attempt loop), in order
     spares: tuple[Host, ...] = ()
     restarts: int | None = None  # `restarts:`: new attempts after a machine's failure (--max-restarts wins)
@@ -285,7 +286,7 @@ class Inventory:
                          metrics_interval=self.metrics_interval, metrics_regex=self.metrics_regex,
                          idle_policy=self.idle_policy,
                          notify=self.notify, quarantine_s=self.quarantine_s,
-                         retry_job_failures=self.retry_job_failures,
+                         retry_job_failures=self.retry_job_failures, quarantine_stragglers=self.quarantine_stragglers,
                          spares=self.spares if spares is None else spares,
                          restarts=self.restarts, checkpoints=self.checkpoints)
 

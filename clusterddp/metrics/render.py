@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Sequence
 
+from .samples import IdleFound
 from .series import NodeSeries, Straggler, unit
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -69,7 +70,26 @@ def table(nodes: Sequence[NodeSeries], stragglers: Sequence[Straggler], running:
         out += [f"  note: {t}" for t in n.notes]
     for s in stragglers:
         out.append(f"straggler: {s.label}: {s.why}")
+    found = idle_found(nodes)
+    if found is not None:
+        out.append(f"idle: {idle_words(found)}")
     return "\n".join(out)
+
+
+def idle_found(nodes: Sequence[NodeSeries]) -> IdleFound | None:
+    """When the idle policy first found the run idle (each node's sampler says so; the earliest), or None."""
+    return min((e for n in nodes for e in n.idle), key=lambda e: e.t, default=None)
+
+
+def idle_words(e: IdleFound) -> str:
+    """``every GPU of the run below 10% for 30 min (found by node1) at 10:04:05; the run went on``."""
+    import time
+
+    from .idle import minutes
+    by = f", found by {e.decided_by}" if e.decided_by else ""
+    return (f"every GPU of the run ({e.nnodes} node(s)) below {e.below:g}% for {minutes(e.seconds)}{by}, at "
+            f"{time.strftime('%H:%M:%S', time.localtime(e.t))}; "
+            + ("the idle policy ended the run" if e.stop else "the run went on (idle_policy without stop)"))
 
 
 def to_json(run_id: str, nodes: Sequence[NodeSeries], stragglers: Sequence[Straggler], running: bool) -> dict:
@@ -78,7 +98,8 @@ def to_json(run_id: str, nodes: Sequence[NodeSeries], stragglers: Sequence[Strag
                               "series": {k: [[t, v] for t, v in pts] for k, pts in sorted(n.series.items())},
                               "throttled": {str(i): c for i, c in n.throttled.items()}, "notes": n.notes}
                       for n in nodes},
-            "stragglers": [s.to_json() for s in stragglers]}
+            "stragglers": [s.to_json() for s in stragglers],
+            "idle": [{"host": n.host, "node": n.key, **e.to_json()} for n in nodes for e in n.idle]}
 
 
 def _label(v: str) -> str:

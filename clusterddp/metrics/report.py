@@ -88,8 +88,12 @@ def charts_available() -> bool:
     return True
 
 
-def timeline(rec: RunRecord, run_dir: Path) -> list[tuple[str, str]]:
-    """The run's events, oldest first: (when, what)."""
+def timeline(rec: RunRecord, run_dir: Path, nodes: Sequence[NodeSeries] = ()) -> list[tuple[str, str]]:
+    """The run's events, oldest first: (when, what); ``nodes``' samples say when the idle policy found the run
+    idle."""
+    from datetime import datetime, timezone
+
+    from .render import idle_found, idle_words
     ev: list[tuple[str, str]] = [(rec.started_at, f"started on {', '.join(n.host for n in rec.nodes)}"
                                                   f" ({len(rec.nodes)} node(s))")]
     if rec.resumed_from is not None:
@@ -104,11 +108,14 @@ def timeline(rec: RunRecord, run_dir: Path) -> list[tuple[str, str]]:
         when = rec.ended_at or rec.updated_at or ""
         ev.append((when, f"stall: no progress for {f.hang.silent_s:.0f}s (stall timeout {f.hang.timeout:g}s)"
                          + (f", seen first on {f.hang.decided_by}" if f.hang.decided_by else "")))
+    found = idle_found(nodes)
+    if found is not None:
+        ev.append((datetime.fromtimestamp(found.t, timezone.utc).isoformat(timespec="seconds"),
+                   f"idle: {idle_words(found)}"))
     stacks = run_dir / "stacks"
     try:
         for host in sorted(p for p in stacks.iterdir() if p.is_dir()):
             for p in sorted(host.iterdir())[:20]:
-                from datetime import datetime, timezone
                 when = datetime.fromtimestamp(p.stat().st_mtime, timezone.utc).isoformat(timespec="seconds")
                 ev.append((when, f"stacks taken on {host.name}: {p.name}"))
     except OSError:
@@ -168,7 +175,7 @@ def render(rec: RunRecord, run_dir: Path, nodes: Sequence[NodeSeries], straggler
         for c in charts:
             out.append(f'<figure id="chart-{e(c.id)}">{_svg(c, by_key, t0)}</figure>')
     out.append("<h2>Timeline</h2><table id=\"timeline\"><tr><th>when (UTC)</th><th>what</th></tr>")
-    out += [f"<tr><td>{e(w)}</td><td>{e(what)}</td></tr>" for w, what in timeline(rec, run_dir)]
+    out += [f"<tr><td>{e(w)}</td><td>{e(what)}</td></tr>" for w, what in timeline(rec, run_dir, nodes)]
     out.append("</table>")
     notes = [t for n in nodes for t in n.notes]
     if notes:

@@ -3,7 +3,8 @@
 Everything in it came from a node and is untrusted: :func:`parse` reads at most :data:`MOST` bytes, takes
 each line that is a JSON object of the sampler's shape and drops the rest (counted: ``bad``), a line cut
 mid-way included, keeps numbers only when finite (NaN, inf and 1e400 are dropped and counted:
-``not_finite``), and bounds names, GPUs, ranks and metrics. It never raises.
+``not_finite``), and bounds names, GPUs, ranks and metrics. It never raises. An event line (the idle policy
+found the run idle: :class:`IdleFound`) is kept apart from the samples.
 
 The files come back with the run (:func:`fetch_command`, :func:`save`): ``<run>/metrics/<host>/samples.jsonl``
 for the host's last attempt and ``attempt-<N>.jsonl`` for an earlier attempt N on the same host (a spare's
@@ -53,6 +54,42 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class IdleFound:
+    """The sampler's event line when the idle policy found the run idle: when (node clock, epoch seconds),
+    the policy (``below`` %, ``seconds``, ``stop``), the run's nodes and the node that decided."""
+
+    t: float
+    below: float
+    seconds: float
+    stop: bool
+    nnodes: int
+    decided_by: str | None
+
+    def to_json(self) -> dict:
+        return {"at": self.t, "below": self.below, "seconds": self.seconds, "stop": self.stop,
+                "nnodes": self.nnodes, "decided_by": self.decided_by}
+
+
+MAX_EVENTS = 16  # event lines kept a file (the sampler writes one)
+
+
+def parse_idle(rec: dict) -> IdleFound | None:
+    """An event line's object (``{"event": "idle", "t": ..., "idle": {...}}``), checked; None when it is not one."""
+    d = rec.get("idle")
+    if rec.get("event") != "idle" or not isinstance(d, dict):
+        return None
+    count = _Count()
+    t, below, seconds = count.num(rec.get("t")), count.num(d.get("below")), count.num(d.get("seconds"))
+    nnodes, by = d.get("nnodes"), d.get("decided_by")
+    if t is None or t < 0 or below is None or not 0 <= below <= 100 or seconds is None or not 0 <= seconds < 1e9:
+        return None
+    if not (type(nnodes) is int and 1 <= nnodes < 1 << 20):
+        return None
+    by = by if isinstance(by, str) and NAME_OK.match(by) else None
+    return IdleFound(t, below, seconds, d.get("stop") is True, nnodes, by)
+
+
+@dataclass(frozen=True)
 class NodeSamples:
     """One host's samples of one attempt, and what was wrong with its file."""
 
@@ -63,6 +100,7 @@ class NodeSamples:
     bad: int = 0                   # lines that were not a sample (garbage, cut mid-way, too long)
     not_finite: int = 0            # numbers dropped for being NaN, inf or out of range
     cut: bool = False              # the file was longer than MOST: the rest was not read
+    idle: tuple[IdleFound, ...] = ()  # the idle policy found the run idle (its event line)
 
     @property
     def key(self) -> str:
@@ -155,8 +193,16 @@ def parse(data: bytes, host: str, attempt: int | None = None) -> NodeSamples:
     if not data.endswith(b"\n"):
         lines.pop()  # a line cut mid-way (a running sampler, a short read): not a sample yet
     count, samples, bad, interval = _Count(), [], 0, None
+    idle: list[IdleFound] = []
     for i, line in enumerate(lines):
         if not line.strip():
+            continue
+        if line.startswith(b'{"event": ') and len(line) <= MAX_LINE:
+            found = _event(line)
+            if found is None:
+                bad += 1
+            elif len(idle) < MAX_EVENTS:
+                idle.append(found)
             continue
         if i == 0 and b'"clusterddp-samples"' in line[:4096]:
             try:
@@ -174,7 +220,16 @@ def parse(data: bytes, host: str, attempt: int | None = None) -> NodeSamples:
     if not data.endswith(b"\n") and data:
         bad += 1
     samples.sort(key=lambda s: s.t)
-    return NodeSamples(host, attempt, tuple(samples), interval, bad, count.not_finite, cut)
+    return NodeSamples(host, attempt, tuple(samples), interval, bad, count.not_finite, cut,
+                       tuple(sorted(idle, key=lambda e: e.t)))
+
+
+def _event(line: bytes) -> IdleFound | None:
+    try:
+        rec = json.loads(line.decode("utf-8"), parse_constant=_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return parse_idle(rec) if isinstance(rec, dict) else None
 
 
 # ---- where they are kept ----

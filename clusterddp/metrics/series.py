@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .samples import NodeSamples
+from .samples import IdleFound, NodeSamples
 
 Point = tuple[float, float]
 
@@ -39,6 +39,7 @@ class NodeSeries:
     series: dict[str, list[Point]]
     throttled: dict[int, int]     # GPU -> samples with an active throttle reason (other than idle)
     notes: list[str]
+    idle: tuple[IdleFound, ...] = ()  # the idle policy found the run idle (this node's sampler said so)
 
     def latest(self) -> dict[str, float]:
         return {k: v[-1][1] for k, v in self.series.items() if v}
@@ -70,7 +71,7 @@ def series_of(node: NodeSamples) -> NodeSeries:
         for r, m in sorted(s.ranks.items()):
             for k, v in m.items():
                 add(f"r{r}.{k}", s.t, v)
-    return NodeSeries(node.key, node.host, node.attempt, out, throttled, node.notes())
+    return NodeSeries(node.key, node.host, node.attempt, out, throttled, node.notes(), node.idle)
 
 
 def unit(name: str) -> str:

@@ -28,8 +28,8 @@ PROGRAMS = ("probe", "collect", "follow", "worker", "top", "diagnose", "lease", 
 LAUNCHER_SIDE = ("reply",)
 # Node programs whose source is written beside another's on the node, which imports it (by name there, relatively
 # in-process): the sampler reads the job's log with the watchdog's reader; ``where`` takes the ranks' stacks with the
-# ``stacks`` program's code.
-NEIGHBOURS = {"sampler": ("watch",), "where": ("stacks",)}
+# ``stacks`` program's code; both keep their sample files bounded with ``watch``'s writer and stop with its loop.
+NEIGHBOURS = {"sampler": ("watch",), "where": ("stacks", "watch")}
 
 
 @functools.cache

@@ -24,7 +24,9 @@ Every ``interval`` seconds it takes one sample:
 It never grows past ``most`` bytes: when the next line would pass it, every other sample is dropped
 (the file rewritten whole, atomically) and from then on only every second (fourth, ...) sample is
 written, its counts covering the samples not written. So a day-long run keeps its whole course at a
-coarser grain. ``$CTL/metrics-now.json`` holds the latest sample (replaced whole every sample).
+coarser grain. ``$CTL/metrics-now.json`` holds the latest sample (replaced whole every sample). An event
+line (``{"event": "idle", "t": ..., "idle": {...}}``: the run found idle, below) is written whatever the
+stride, and thinning keeps it, so the report's timeline and ``metrics --json`` can say when.
 
 Idle policy (``idle``: {"below": %, "seconds": S, "stop": bool}; with ``nnodes`` > 1 also ``store``: [addr,
 port] or null for ``$MASTER_ADDR``/``$MASTER_PORT``): the run is idle when every GPU of every node has been below
@@ -329,41 +331,7 @@ def stop_wait(interval: float) -> float:
     return 2 * interval + SMI_TIMEOUT + 5
 
 
-class Writer:
-    """metrics.jsonl, kept under ``most`` bytes by thinning (see the module docstring)."""
-
-    def __init__(self, path: str, header: dict, most: int) -> None:
-        self.path, self.most = path, max(4096, int(most))
-        self.stride, self.pending = 1, 0
-        self.header = (json.dumps(header, sort_keys=True) + "\n").encode()
-        self.size = len(self.header)
-        watcher.write_private(path, self.header)
-
-    def due(self) -> bool:
-        """Whether this sample is written (every ``stride``-th)."""
-        self.pending += 1
-        return self.pending >= self.stride
-
-    def write(self, line: bytes) -> None:
-        self.pending = 0
-        if self.size + len(line) > self.most:
-            self.thin()
-        if self.size + len(line) > self.most:
-            return  # one line larger than what is left even thinned: dropped
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
-        self.size += len(line)
-
-    def thin(self) -> None:
-        with open(self.path, "rb") as f:
-            lines = f.read().splitlines(True)
-        kept = [self.header] + lines[1:][1::2]
-        data = b"".join(kept)
-        watcher.write_private(self.path, data)
-        self.size, self.stride = len(data), self.stride * 2
+Writer = watcher.Writer  # metrics.jsonl, kept under ``most`` bytes by thinning (see the module docstring)
 
 
 def sample_line(t: float, dt: float, host: dict, gpus, progress: int, values: dict, ranks: dict,
@@ -389,22 +357,9 @@ def main(argv: list) -> int:
     ctl = argv[0]
     args = json.loads(argv[1])
     args.update(ctl=ctl, marker=os.environ.get("CLUSTERDDP_JOB", ""), host=os.environ.get("CLUSTERDDP_HOST", ""))
-    signal.signal(signal.SIGTERM, _stop)  # launch.sh's kill at the job's end: one last sample, then out
+    signal.signal(signal.SIGTERM, watcher.on_sigterm)  # launch.sh's kill at the job's end: one last sample, then out
     run(args, os.getppid())
     return 0
-
-
-class Stop(Exception):
-    """SIGTERM: the job has ended."""
-
-
-STOPPING = [False, False]  # [SIGTERM came, the loop sleeps now]
-
-
-def _stop(signum, frame):
-    STOPPING[0] = True
-    if STOPPING[1]:
-        raise Stop()  # out of the sleep; otherwise the loop sees the flag after this sample
 
 
 def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, gpus_now=query_gpus, counters=host_counters,
@@ -428,18 +383,8 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, gpus_now=que
     before, last_t, progress, taken = counters(), clock(), 0, 0
     final = False
     while not final:
-        try:
-            STOPPING[1] = True
-            if not STOPPING[0]:
-                sleep(interval)
-        except Stop:
-            pass
-        finally:
-            STOPPING[1] = False
-        if STOPPING[0]:
-            final = True  # the job has ended: what it printed since the last sample, without a GPU query
-        if not final and parent is not None and (os.getppid() != parent
-                                                 or os.path.exists(os.path.join(ctl, "exit_code"))):
+        final = watcher.nap(interval, sleep)  # SIGTERM: the job has ended: what it printed since, without a GPU query
+        if not final and watcher.job_over(ctl, parent):
             return  # launch.sh has ended: so has the job
         if reader is not None:
             n, _ = reader.look(clock())
@@ -461,22 +406,35 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, gpus_now=que
             before, last_t, progress = now_counters, now, 0
         by = idle.feed(None if final else gpus, now) if idle is not None else None
         if idle is not None and by is not None:
-            on_idle(args, idle, by, interval, clock, sleep)
+            rec = idle_record(args, idle, by)
+            try:
+                out.event((json.dumps({"event": "idle", "t": round(rec["time"], 3), "idle": rec},
+                                      sort_keys=True) + "\n").encode())
+            except OSError:
+                pass
+            on_idle(args, idle, by, interval, clock, sleep, rec)
             idle = None
         if samples is not None and taken >= samples:
             return
 
 
-def on_idle(args: dict, idle: RunIdle, by: str, interval: float, clock=time.monotonic, sleep=time.sleep) -> None:
-    """Say it, write idle.json, and with ``stop`` end the job (once every node has seen it, or after
-    :func:`stop_wait`)."""
+def idle_record(args: dict, idle: RunIdle, by: str) -> dict:
+    """What idle.json holds: the policy, this node, when, how many nodes, who decided."""
+    pol = args["idle"]
+    return {"schema": SCHEMA, "host": args.get("host", ""), "time": time.time(), "below": pol["below"],
+            "seconds": pol["seconds"], "stop": bool(pol.get("stop")), "nnodes": idle.nnodes, "decided_by": by}
+
+
+def on_idle(args: dict, idle: RunIdle, by: str, interval: float, clock=time.monotonic, sleep=time.sleep,
+            rec=None) -> None:
+    """Say it, write idle.json (``rec``: :func:`idle_record`'s), and with ``stop`` end the job (once every
+    node has seen it, or after :func:`stop_wait`)."""
     pol = args["idle"]
     stop = bool(pol.get("stop"))
     where = "this node" if idle.nnodes == 1 else "the run (%d nodes)" % idle.nnodes
     watcher.say("idle: GPU utilisation below %g%% on every GPU of %s for %gs%s"
           % (float(pol["below"]), where, float(pol["seconds"]), "; ending the job (idle_policy stop)" if stop else ""))
-    rec = {"schema": SCHEMA, "host": args.get("host", ""), "time": time.time(), "below": pol["below"],
-           "seconds": pol["seconds"], "stop": stop, "nnodes": idle.nnodes, "decided_by": by}
+    rec = rec or idle_record(args, idle, by)
     try:
         watcher.write_private(os.path.join(args["ctl"], "idle.json"), json.dumps(rec).encode())
     except OSError:

@@ -35,7 +35,8 @@ SETTLE = 0.1                     # seconds a dump file must stay the same size t
 PY_SPY_TIMEOUT = 10.0
 
 
-def _read(path: str, most: int = 1 << 20) -> bytes:
+def read_head(path: str, most: int = 1 << 20) -> bytes:
+    """The first ``most`` bytes of ``path``; nothing when it cannot be read (the ``where`` program's reader too)."""
     try:
         with open(path, "rb") as f:
             return f.read(most)
@@ -45,7 +46,7 @@ def _read(path: str, most: int = 1 << 20) -> bytes:
 
 def _environ(pid: int) -> dict:
     env = {}
-    for entry in _read("/proc/%d/environ" % pid).split(b"\0"):
+    for entry in read_head("/proc/%d/environ" % pid).split(b"\0"):
         k, sep, v = entry.partition(b"=")
         if sep:
             env[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
@@ -54,14 +55,14 @@ def _environ(pid: int) -> dict:
 
 def _ppid(pid: int) -> int:
     try:
-        return int(_read("/proc/%d/stat" % pid).rsplit(b")", 1)[1].split()[1])
+        return int(read_head("/proc/%d/stat" % pid).rsplit(b")", 1)[1].split()[1])
     except (IndexError, ValueError):
         return 0
 
 
 def _catches(pid: int, sig: int) -> bool:
     """Whether process ``pid`` has a handler for ``sig`` (SigCgt in /proc/PID/status)."""
-    for line in _read("/proc/%d/status" % pid).split(b"\n"):
+    for line in read_head("/proc/%d/status" % pid).split(b"\n"):
         if line.startswith(b"SigCgt:"):
             try:
                 return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
@@ -82,7 +83,7 @@ def job_processes(marker: str) -> list:
     out = []
     for pid in sorted(found):
         env = found[pid]
-        cmd = _read("/proc/%d/cmdline" % pid).split(b"\0")
+        cmd = read_head("/proc/%d/cmdline" % pid).split(b"\0")
         if "RANK" in env:
             parent = found.get(_ppid(pid))
             if parent is not None and "RANK" in parent:
@@ -100,7 +101,7 @@ def _int(text) -> object:
 
 def _hooked(folder: str, pid: int, sig: int) -> object:
     """The main thread's id (hex) when ``pid`` is hooked: its file's header names it, it catches ``sig``."""
-    m = HEADER.match(_read(os.path.join(folder, "%d.txt" % pid), 200).decode("ascii", "replace"))
+    m = HEADER.match(read_head(os.path.join(folder, "%d.txt" % pid), 200).decode("ascii", "replace"))
     if m is None or int(m.group(1)) != pid or not _catches(pid, sig):
         return None
     return m.group(2)
@@ -226,7 +227,7 @@ def main(argv: list) -> int:
     ctl = args["ctl"]
     folder = os.path.join(ctl, "stacks")
     reply = {"time": time.time(), "host": os.uname()[1], "state": "running", "exit_code": None, "procs": []}
-    code = _read(os.path.join(ctl, "exit_code"), 16).strip()
+    code = read_head(os.path.join(ctl, "exit_code"), 16).strip()
     if not os.path.isdir(ctl):
         reply["state"] = "missing"
     else:

@@ -319,6 +319,87 @@ def write_private(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+# ---- shared with the samplers beside the job (``sampler``, ``where``: this file is written beside them) ----
+
+EVENT = b'{"event": '  # how an event line of a sample file starts (sorted keys: a sample's first key sorts before)
+
+
+class Writer:
+    """A sample file (``metrics.jsonl``, ``where.jsonl``: a header line, then one JSON line a sample) kept
+    under ``most`` bytes by thinning: when the next line would pass it, every other sample is dropped (the
+    file rewritten whole, atomically; an event line, which starts with :data:`EVENT`, is kept) and from then
+    on only every second (fourth, ...) sample is written (:meth:`due`). 0600."""
+
+    def __init__(self, path: str, header: dict, most: int) -> None:
+        self.path, self.most = path, max(4096, int(most))
+        self.stride, self.pending = 1, 0
+        self.header = (json.dumps(header, sort_keys=True) + "\n").encode()
+        self.size = len(self.header)
+        write_private(path, self.header)
+
+    def event(self, line: bytes) -> None:
+        """An event line (it starts with :data:`EVENT`): written now, and kept by :meth:`thin`."""
+        self.write(line, pending=self.pending)
+
+    def due(self) -> bool:
+        """Whether this sample is written (every ``stride``-th; :meth:`write` starts the count again)."""
+        self.pending += 1
+        return self.pending >= self.stride
+
+    def write(self, line: bytes, pending: int = 0) -> None:
+        self.pending = pending
+        if self.size + len(line) > self.most:
+            self.thin()
+        if self.size + len(line) > self.most:
+            return  # one line larger than what is left even thinned: dropped
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        self.size += len(line)
+
+    def thin(self) -> None:
+        with open(self.path, "rb") as f:
+            lines = f.read().splitlines(True)
+        kept = [self.header] + [ln for i, ln in enumerate(lines[1:]) if i % 2 or ln.startswith(EVENT)]
+        data = b"".join(kept)
+        write_private(self.path, data)
+        self.size, self.stride = len(data), self.stride * 2
+
+
+class Stop(Exception):
+    """SIGTERM: the job has ended."""
+
+
+STOPPING = [False, False]  # [SIGTERM came, the loop sleeps now]
+
+
+def on_sigterm(signum, frame):
+    """A sampler's SIGTERM handler (launch.sh's kill at the job's end): out of :func:`nap` at once."""
+    STOPPING[0] = True
+    if STOPPING[1]:
+        raise Stop()  # out of the sleep; otherwise the loop sees the flag after this sample
+
+
+def nap(interval: float, sleep=time.sleep) -> bool:
+    """Sleep ``interval`` seconds unless SIGTERM came (:func:`on_sigterm`); whether it came."""
+    try:
+        STOPPING[1] = True
+        if not STOPPING[0]:
+            sleep(interval)
+    except Stop:
+        pass
+    finally:
+        STOPPING[1] = False
+    return STOPPING[0]
+
+
+def job_over(ctl: str, parent) -> bool:
+    """Whether launch.sh (``parent``; None: none to outlive, in tests) has ended, or written the job's exit code."""
+    return parent is not None and (os.getppid() != parent or os.path.exists(os.path.join(ctl, "exit_code")))
+
+
 def say(text: str) -> None:
     """A line of ours in the job's log (stdout is node.log)."""
     try:

@@ -45,10 +45,16 @@ import subprocess
 import sys
 import time
 
+# The ranks' stacks are taken with the ``stacks`` program's code; the file kept bounded by the samplers' writer,
+# and the loop stopped, as the metrics sampler's (the ``watch`` program's). On the node both sources are written
+# beside this file (nodescript.where_lines); in-process (tests), they are this package's modules.
 if __package__:
     from . import stacks as stacks_module
-else:  # pragma: no cover - on the node: stacks.py is written beside this file
+    from . import watch as watcher
+else:  # pragma: no cover - on the node
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import watch as watcher  # type: ignore[no-redef]  # noqa: E402
+
     import stacks as stacks_module  # type: ignore[no-redef]  # noqa: E402
 
 SCHEMA = 1
@@ -104,11 +110,7 @@ def running_now(pid: int) -> bool:
 
 
 def _read(path: str, most: int = 1 << 16) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read(most)
-    except OSError:
-        return b""
+    return stacks_module.read_head(path, most)
 
 
 def marked(marker: str) -> list:
@@ -219,49 +221,7 @@ def gpu_others(job: set) -> object:
     return out
 
 
-class Writer:
-    """where.jsonl, kept under ``most`` bytes by thinning (see the module docstring)."""
-
-    def __init__(self, path: str, header: dict, most: int) -> None:
-        self.path, self.most = path, max(4096, int(most))
-        self.stride, self.pending = 1, 0
-        self.header = (json.dumps(header, sort_keys=True) + "\n").encode()
-        self.size = len(self.header)
-        _write_private(path, self.header)
-
-    def due(self) -> bool:
-        """Whether the next sample is taken (every ``stride``-th)."""
-        self.pending += 1
-        if self.pending >= self.stride:
-            self.pending = 0
-            return True
-        return False
-
-    def write(self, line: bytes) -> None:
-        if self.size + len(line) > self.most:
-            with open(self.path, "rb") as f:
-                lines = f.read().splitlines(True)
-            data = self.header + b"".join(lines[1:][1::2])
-            _write_private(self.path, data)
-            self.size, self.stride = len(data), self.stride * 2
-        if self.size + len(line) > self.most:
-            return
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
-        self.size += len(line)
-
-
-def _write_private(path: str, data: bytes) -> None:
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+Writer = watcher.Writer  # where.jsonl, kept under ``most`` bytes by thinning (see the module docstring)
 
 
 def look(folder: str, ranks: list, sig: int, wait: float) -> dict:
@@ -304,19 +264,6 @@ def sample_line(t: float, ranks: dict, cpu: dict, other_top, throttled, apps, cp
     return s
 
 
-class Stop(Exception):
-    """SIGTERM: the job has ended."""
-
-
-STOPPING = [False, False]  # [SIGTERM came, the loop sleeps now]
-
-
-def _stop(signum, frame):
-    STOPPING[0] = True
-    if STOPPING[1]:
-        raise Stop()  # out of the sleep at once: launch.sh's kill comes when the job has ended
-
-
 def main(argv: list) -> int:
     """``where CTL JSON``: the job's control folder and {"interval", "most"}; the job's marker and host
     from the environment (CLUSTERDDP_JOB, CLUSTERDDP_HOST). Runs until the job ends."""
@@ -325,7 +272,7 @@ def main(argv: list) -> int:
     args.update(ctl=ctl, marker=os.environ.get("CLUSTERDDP_JOB", ""), host=os.environ.get("CLUSTERDDP_HOST", ""))
     if not args["marker"]:
         return 0
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, watcher.on_sigterm)  # launch.sh's kill once the job has ended: out at once
     run(args, os.getppid())
     return 0
 
@@ -344,18 +291,9 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, samples=None
     others = {}  # type: dict
     taken = 0
     before_host, before_job, before_thr, before_t, before_delay = host_jiffies(), 0, None, clock(), None
-    while not STOPPING[0]:
-        try:
-            STOPPING[1] = True
-            if not STOPPING[0]:
-                sleep(interval)
-        except Stop:
-            pass
-        finally:
-            STOPPING[1] = False
-        if STOPPING[0] or (parent is not None and (os.getppid() != parent
-                                                   or os.path.exists(os.path.join(ctl, "exit_code")))):
-            return  # launch.sh has ended: so has the job
+    while True:
+        if watcher.nap(interval, sleep) or watcher.job_over(ctl, parent):
+            return  # launch.sh has ended (or killed this at the job's end): so has the job
         if not out.due():
             continue
         now = clock()
@@ -371,7 +309,10 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, samples=None
         top = None
         if total > 0 and taken > 0:
             jobd = max(0, job_j - before_job)
-            cpu = {"cpu": round(100.0 * busy / total, 1), "cpu_job": round(min(100.0, 100.0 * jobd / total), 1)}
+            # the job's share never above the host's: a process's jiffies and /proc/stat's are counted apart
+            # (read a few ms apart, and ticks charged differently), so on a busy host the two can cross
+            host_cpu = round(100.0 * busy / total, 1)
+            cpu = {"cpu": host_cpu, "cpu_job": round(min(100.0, host_cpu, 100.0 * jobd / total), 1)}
             cpu["cpu_other"] = round(max(0.0, cpu["cpu"] - cpu["cpu_job"]), 1)
             if cpu["cpu_other"] >= OTHER_NAMED:
                 top, others = busiest_other(others, job)

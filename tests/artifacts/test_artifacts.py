@@ -23,7 +23,7 @@ from clusterddp.fleet import Fleet
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from clusterddp.transport.local import LocalTransport
-from helpers import cddp, make_record
+from helpers import cddp, make_record, resolved
 
 RUN_ID = "20261129-120000-abcd"
 
@@ -44,7 +44,7 @@ def node_dir(tmp_path) -> Path:
 @pytest.fixture
 def setup(tmp_path, node_dir):
     inv = inventory.local(gpus=1, python=sys.executable)
-    node = ssh_plan.build_plan(inv, RunSpec("t.py"), RUN_ID, local_run_dir=str(node_dir),
+    node = ssh_plan.build_plan(inv, resolved(RunSpec("t.py"), inv), RUN_ID, local_run_dir=str(node_dir),
                         local_control_dir=str(node_dir / ".clusterddp")).nodes[0]
     store = RunStore(tmp_path / "runs")
     store.create(make_record(RUN_ID, ()))
@@ -232,7 +232,7 @@ def hostile_node(tmp_path: Path, node_dir: Path, answer: bytes, code: int = 0) -
     fake.write_text(f"#!/bin/sh\ncat {tmp_path / 'answer.bin'}\nexit {code}\n")
     fake.chmod(0o755)
     inv = inventory.local(gpus=1, python=str(fake))
-    return ssh_plan.build_plan(inv, RunSpec("t.py"), RUN_ID, local_run_dir=str(node_dir),
+    return ssh_plan.build_plan(inv, resolved(RunSpec("t.py"), inv), RUN_ID, local_run_dir=str(node_dir),
                         local_control_dir=str(node_dir / ".clusterddp")).nodes[0]
 
 

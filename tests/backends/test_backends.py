@@ -16,7 +16,7 @@ import pytest
 import clusterddp
 from clusterddp import backends
 from clusterddp.backends import base
-from helpers import parse_inventory
+from helpers import parse_inventory, resolved
 
 PACKAGE = Path(clusterddp.__file__).resolve().parent
 
@@ -115,7 +115,7 @@ def test_a_third_backend_is_a_folder_and_a_registry_line(pbs, tmp_path):
     with pytest.raises(InventoryError, match="not part of a `pbs:` inventory: PBS allocates the hosts"):
         parse_inventory("hosts: [{name: a}]\npbs: {}\n", "p.yaml")
     # --dry-run hides its env, asking the backend (cli/up.py names no backend's settings)
-    req = LaunchRequest(inventory_arg="p.yaml", inventory=inv, spec=RunSpec("t.py", env=(("A", "b"),)),
+    req = LaunchRequest(inventory_arg="p.yaml", inventory=inv, spec=resolved(RunSpec("t.py", env=(("A", "b"),)), inv),
                         runs_dir=str(tmp_path))
     assert secrets(req) == (("A", "b"), ("TOKEN", "s3cret"))
     # its part of the JSON Schema and of docs/inventory.md's field reference
@@ -143,7 +143,7 @@ def test_a_third_backends_inventory_in_the_scripts_folder_is_never_uploaded(pbs,
     (src / "pbs-lab.yaml").write_text("pbs:\n  queue: gpu\n  env: {TOKEN: s3cret}\n")
     monkeypatch.chdir(src)
     assert backends.inventory_keys() == ("hosts", "slurm", "pbs")
-    prep = jobs.prepare("inv.yml", RunSpec(script="t.py"), str(tmp_path / "runs"))
+    prep = jobs.prepare("inv.yml", resolved(RunSpec(script="t.py"), "inv.yml"), str(tmp_path / "runs"))
     assert prep.folder is not None
     assert dict(prep.folder.left_out) == {"inv.yml": "the inventory",
                                           "pbs-lab.yaml": upload.other_inventory(("hosts", "slurm", "pbs"))}

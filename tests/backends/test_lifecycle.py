@@ -19,7 +19,7 @@ from clusterddp.inventory import Inventory
 from clusterddp.record import NodeState, RunRecord, RunStatus
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
-from helpers import make_record
+from helpers import make_record, resolved
 
 RUN = "20261206-070000-0001"
 
@@ -158,7 +158,7 @@ def steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def launch(tmp_path: Any, steps: list[str], *, detach: bool = False, **fake: Any) -> Fake:
     inv = inventory.parse("hosts:\n  - {name: a, address: 10.0.0.1}\n", str(tmp_path / "inv.yaml"))
-    req = LaunchRequest(inventory_arg=str(tmp_path / "inv.yaml"), inventory=inv, spec=RunSpec("t.py"),
+    req = LaunchRequest(inventory_arg=str(tmp_path / "inv.yaml"), inventory=inv, spec=resolved(RunSpec("t.py"), inv),
                         runs_dir=str(tmp_path / "runs"), detach=detach)
     return Fake(Prep(Plan(RUN), SpyStore(tmp_path / "runs", steps)), req, Said(steps), **fake)
 

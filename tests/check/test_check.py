@@ -28,6 +28,7 @@ from clusterddp.nodescript import NodeCommand
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from clusterddp.transport import CommandResult
+from helpers import resolved
 
 INV = """
 defaults: {gpus: 2, python: /opt/py/bin/python, workdir: /data/cddp}
@@ -491,7 +492,7 @@ class ProbeTransport(FakeTransport):
 def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):
     from clusterddp.backends.ssh import launch as jobs
     i = inv()
-    p = plan.build_plan(i, RunSpec("t.py", env=(("FROM_CLI", "1"),)), "20261129-000000-test")
+    p = plan.build_plan(i, resolved(RunSpec("t.py", env=(("FROM_CLI", "1"),)), i), "20261129-000000-test")
     log, made = [], {}
 
     def connect_with(over):
@@ -519,7 +520,8 @@ def test_preflight_refuses_or_lends_its_connections_to_the_run(tmp_path):
     starts = {n.host.name: plan.start_node_command(n, False, False, len(n.launch_script.encode()))[0]
               + n.launch_script for n in p.nodes}  # + stdin
     assert sorted(h for h, cmd in log if cmd == starts[h]) == ["a", "b", "c"]
-    local = plan.build_plan(inventory.local(), RunSpec("t.py"), "x", local_run_dir=str(tmp_path),
+    here = inventory.local()
+    local = plan.build_plan(here, resolved(RunSpec("t.py"), here), "x", local_run_dir=str(tmp_path),
                             local_control_dir=str(tmp_path / "c"))
     assert jobs.preflight(local) is None  # `up local` pays nothing
 

@@ -17,27 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from envbed import Served, complete, envs_of, inventory, simple_index
+from envbed import TORCH_LOCK, Served, complete, envs_of, inventory, simple_index
 from helpers import cddp, cddp_popen, eventually, job_script, record, run_id_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.skipif(
     os.environ.get("CLUSTERDDP_TEST_TORCH_ENV") == "0", reason="left out by CLUSTERDDP_TEST_TORCH_ENV=0")]
-
-TORCH_LOCK = """\
-# pip-compile --output-file=requirements.txt requirements.in
-cddptiny==1.0
-filelock==4.3.2
-fsspec==2026.9.0
-jinja2==3.1.6
-markupsafe==3.0.4
-mpmath==1.3.0
-networkx==3.6.1
-setuptools==84.2.1
-sympy==1.14.0
-torch==2.13.0
-    # via -r requirements.in
-typing-extensions==4.16.0
-"""
 
 JOB = r'''
 import os, sys

@@ -3,6 +3,8 @@ node's environment is ready the run is planned, probed and recorded with each en
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from clusterddp import plan as ssh_plan
@@ -12,20 +14,43 @@ from clusterddp.envs import nodes as env_nodes
 from clusterddp.errors import HostError, LockFileError
 from clusterddp.fleet import Fleet
 from clusterddp.runspec import RunSpec
+from helpers import resolved
 
 
-def _inventory(tmp_path, lock: str = "torch==2.13.0\n"):
+def _prepare(tmp_path, monkeypatch, lock: str = "torch==2.13.0\n", spares: bool = False) -> ssh_launch.Prepared:
+    """`up`'s planning (no network) of hosts a and b (and, with ``spares``, spares s1 and s2) whose
+    `packages:` is ``lock``, from ``tmp_path``."""
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").write_text("print('hi')\n")
     (tmp_path / "req.txt").write_text(lock)
-    (tmp_path / "inv.yaml").write_text("defaults: {packages: req.txt, python: /opt/base/bin/python}\n"
-                                       "hosts: [{name: a, address: 10.0.0.1}, {name: b, address: 10.0.0.2}]\n")
+    (tmp_path / "inv.yaml").write_text(
+        "defaults: {packages: req.txt, python: /opt/base/bin/python}\n"
+        "hosts: [{name: a, address: 10.0.0.1}, {name: b, address: 10.0.0.2}]\n"
+        + ("spares: [{name: s1, address: 10.0.0.3}, {name: s2, address: 10.0.0.4}]\n" if spares else ""))
+    return ssh_launch.prepare("inv.yaml", resolved(RunSpec("t.py"), "inv.yaml"), str(tmp_path / "runs"))
+
+
+def _spare_fleet(succeeded: tuple[str, ...], failed: dict, hosts: list[str] | None = None) -> type:
+    """A Fleet for the spares' environments whose open() answers from ``succeeded`` and ``failed``
+    (host -> error); with ``hosts``, it checks it was made for those."""
+    class SpareFleet:
+        def __init__(self, given, fanout=None):
+            assert hosts is None or [h.name for h in given] == hosts
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return None
+
+        def open(self):
+            return SimpleNamespace(succeeded={h: object() for h in succeeded}, failed=failed)
+    return SpareFleet
 
 
 def test_a_lock_that_is_not_one_stops_prepare(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    _inventory(tmp_path, "torch>=2\n")
     with pytest.raises(LockFileError, match=r"req.txt:1: 'torch>=2' is not pinned"):
-        ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+        _prepare(tmp_path, monkeypatch, "torch>=2\n")
 
 
 class Said(base.Events):
@@ -40,9 +65,7 @@ class Said(base.Events):
 
 
 def test_the_run_is_planned_probed_and_recorded_with_each_environments_python(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    _inventory(tmp_path)
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = _prepare(tmp_path, monkeypatch)
     assert prep.locks is not None and set(prep.locks) == {"a", "b"}
     assert [n.host.python for n in prep.plan.nodes] == ["/opt/base/bin/python"] * 2
     lk = prep.locks["a"]
@@ -75,9 +98,7 @@ def test_run_json_keeps_each_nodes_environment_and_an_older_record_reads_without
     from dataclasses import replace
 
     from clusterddp.record import NodeRecord
-    monkeypatch.chdir(tmp_path)
-    _inventory(tmp_path)
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = _prepare(tmp_path, monkeypatch)
     [a, _] = ssh_launch.node_records(prep.plan)
     a = replace(a, settings=replace(a.settings, env_id="e" * 24, lock_sha256="f" * 64, python="/w/envs/e/bin/python"))
     data = a.to_json()
@@ -109,18 +130,10 @@ def test_runs_json_names_each_nodes_environment(tmp_path):
     assert rows["20261206-060000-0000"]["environments"] is None
 
 
-def _with_spares(tmp_path):
-    _inventory(tmp_path)
-    (tmp_path / "inv.yaml").write_text((tmp_path / "inv.yaml").read_text()
-                                       + "spares: [{name: s1, address: 10.0.0.3}, {name: s2, address: 10.0.0.4}]\n")
-
-
 def test_a_run_that_lists_spares_builds_their_environments_as_it_starts(tmp_path, monkeypatch):
     """A spare a later attempt brings in runs with its environment's python, built at the start (so that
     attempt never waits for a build); a spare whose environment cannot be made is left out, said."""
-    monkeypatch.chdir(tmp_path)
-    _with_spares(tmp_path)
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = _prepare(tmp_path, monkeypatch, spares=True)
     lk = prep.locks["a"]
 
     def survey(fleet, hosts, by_host, cache=None):
@@ -132,25 +145,9 @@ def test_a_run_that_lists_spares_builds_their_environments_as_it_starts(tmp_path
     def ready(fleet, plans, cache=None, on_wait=None):
         return {n: env_nodes.Made(n, p.env_id, p.python, lk.sha256, 1, True) for n, p in plans.items()}
 
-    class Opened:
-        succeeded = {"s1": object(), "s2": object()}
-        failed: dict = {}
-
-    class SpareFleet:
-        def __init__(self, hosts, fanout=None):
-            assert [h.name for h in hosts] == ["s1", "s2"]
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return None
-
-        def open(self):
-            return Opened()
     monkeypatch.setattr(env_nodes, "survey", survey)
     monkeypatch.setattr(env_nodes, "ready", ready)
-    monkeypatch.setattr(env_nodes, "Fleet", SpareFleet)
+    monkeypatch.setattr(env_nodes, "Fleet", _spare_fleet(("s1", "s2"), {}, ["s1", "s2"]))
     said = Said()
     got = ssh_launch._environments(prep, Fleet(prep.plan.inventory.hosts), said)
     spares = got.plan.inventory.spares
@@ -168,27 +165,9 @@ def test_a_run_that_lists_spares_builds_their_environments_as_it_starts(tmp_path
 
 
 def test_a_spare_that_does_not_answer_as_the_run_starts_is_left_out_said(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    _with_spares(tmp_path)
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
-
-    class Opened:
-        succeeded: dict = {}
-        failed = {"s1": OSError("connection refused"), "s2": OSError("no route to host")}
-
-    class SpareFleet:
-        def __init__(self, hosts, fanout=None):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return None
-
-        def open(self):
-            return Opened()
-    monkeypatch.setattr(env_nodes, "Fleet", SpareFleet)
+    prep = _prepare(tmp_path, monkeypatch, spares=True)
+    monkeypatch.setattr(env_nodes, "Fleet", _spare_fleet((), {"s1": OSError("connection refused"),
+                                                              "s2": OSError("no route to host")}))
     said: list[str] = []
     got = env_nodes.spares_ready(prep.plan.inventory.spares, 4, said.append)
     assert got == ()
@@ -208,10 +187,8 @@ def _look_answer(lock_sha: str, host: str, ready: bool) -> tuple[bytes, str]:
 def test_a_second_up_looks_at_environments_ready_last_time_in_the_preflights_own_command(tmp_path, monkeypatch):
     """The environments this machine found or made ready before: no look before the preflight; its probe
     (one command per node, beside the lease) looks at them first, and the run takes their pythons."""
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CLUSTERDDP_CACHE", str(tmp_path / "cache"))
-    _inventory(tmp_path)
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = _prepare(tmp_path, monkeypatch)
     lk = prep.locks["a"]
     assert ssh_launch._folded(prep, skip_check=False) is None  # never seen ready from here: looked at first
     env_nodes.remember(prep.plan.inventory.hosts[0], lk.sha256)
@@ -248,9 +225,7 @@ def test_a_second_up_looks_at_environments_ready_last_time_in_the_preflights_own
 
 def test_an_environment_gone_since_is_made_ready_and_the_preflight_runs_again_on_the_leases_slots(tmp_path,
                                                                                                     monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    _inventory(tmp_path)
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = _prepare(tmp_path, monkeypatch)
     lk = prep.locks["a"]
     looks = {h.name: env_nodes.look_args(h, lk) for h in prep.plan.inventory.hosts}
     outs = {"a": _look_answer(lk.sha256, "a", True)[0], "b": _look_answer(lk.sha256, "b", False)[0]}
@@ -310,8 +285,7 @@ def test_check_looks_at_each_environment_in_its_probes_own_command_and_builds_no
     from clusterddp import backends
     from clusterddp.cli import check as check_cli
     from clusterddp.inventory import load
-    monkeypatch.chdir(tmp_path)
-    _inventory(tmp_path)
+    _prepare(tmp_path, monkeypatch)
     inv = load("inv.yaml")
     lk = env_nodes.locks(inv)["a"]
     asked: list = []
@@ -340,12 +314,11 @@ def test_check_looks_at_each_environment_in_its_probes_own_command_and_builds_no
 
 def test_run_json_never_keeps_the_index_urls_credentials_and_reads_back_the_wheels_mode(tmp_path, monkeypatch):
     from clusterddp.record import NodeRecord
-    monkeypatch.chdir(tmp_path)
-    _inventory(tmp_path)
+    _prepare(tmp_path, monkeypatch)
     (tmp_path / "inv.yaml").write_text(
         "defaults: {packages: {file: req.txt, wheels: index, index_url: 'https://ci:s3cret@idx.example/simple'},"
         " python: /opt/base/bin/python}\nhosts: [{name: a, address: 10.0.0.1}]\n")
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = ssh_launch.prepare("inv.yaml", resolved(RunSpec("t.py"), "inv.yaml"), str(tmp_path / "runs"))
     [node] = ssh_launch.node_records(prep.plan)
     assert node.settings.index_url is not None  # the run has it, to send the node on stdin
     data = node.to_json()

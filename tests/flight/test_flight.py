@@ -24,7 +24,7 @@ from clusterddp.node import flight as node_flight
 from clusterddp.node.reply import ReplyError
 from clusterddp.record import RunRecord
 from clusterddp.runspec import RunSpec
-from helpers import REPO, cddp, make_record, record, run_id_of
+from helpers import REPO, cddp, make_record, record, resolved, run_id_of
 
 FIXTURES = REPO / "tests" / "fixtures" / "flight"
 
@@ -68,7 +68,7 @@ def test_launch_sh_has_the_lines_after_the_users_env(tmp_path):
     from clusterddp import plan as ssh_plan
     inv = inventory.parse("defaults: {env: {TORCH_NCCL_DUMP_ON_TIMEOUT: '0'}}\nhosts: [{name: a, address: 10.0.0.1}]\n",
                           "inv.yaml")
-    text = ssh_plan.build_plan(inv, RunSpec("train.py"), "r1").nodes[0].launch_script
+    text = ssh_plan.build_plan(inv, resolved(RunSpec("train.py"), inv), "r1").nodes[0].launch_script
     assert text.index("export TORCH_NCCL_DUMP_ON_TIMEOUT=0") < text.index(flight.ENV_LINES[1]) < text.index(
         "torch.distributed.run")
 

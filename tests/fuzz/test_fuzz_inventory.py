@@ -29,6 +29,7 @@ from clusterddp.errors import InventoryError
 from clusterddp.inventory import _inventory_yaml
 from clusterddp.runspec import RunSpec
 from fuzzing import CAMPAIGN, DEEP, S_PER_MIB, UNICODE_DIGITS, case, fuzz, hostile_bytes, hostile_text
+from helpers import resolved
 
 CASE_SECONDS = 3.0      # CPU of one parse: ~5 ms here; the alias bomb took 8 s before the strict reader
 # Address space allowed on top of what the process has (the bomb needed 1.2 GB), and the peak resident memory
@@ -194,7 +195,7 @@ def parse_or_refuse(text: str, path: str = "fuzz.yaml"):
     with case("inventory", InventoryError, located, size=len(text.encode("utf-8", "surrogatepass"))):
         inv = inventory.parse(text, path)
     if inv is not None:
-        p = plan.build_plan(inv, RunSpec("t.py", ("$NPROC",)), "20261130-000000-fuzz")
+        p = plan.build_plan(inv, resolved(RunSpec("t.py", ("$NPROC",)), inv), "20261130-000000-fuzz")
         plan.render(p)
         event("an inventory")
     took = time.process_time() - started

@@ -21,7 +21,7 @@ from clusterddp.plan import build_plan
 from clusterddp.record import RunRecord
 from clusterddp.runspec import RunSpec, watch_args
 from clusterddp.store import RunStore
-from helpers import make_record
+from helpers import make_record, resolved
 from test_stacks import STUCK, WAITING, dump, proc, reply
 
 
@@ -186,9 +186,10 @@ hosts:
 
 def test_launch_sh_starts_the_watchdog_only_with_a_stall_timeout_and_is_valid_bash():
     inv = inventory.parse(INV, "inv.yaml")
-    plain = build_plan(inv, RunSpec("t.py"), "r1").nodes[1].launch_script
+    plain = build_plan(inv, resolved(RunSpec("t.py"), inv), "r1").nodes[1].launch_script
     assert "CDDP_WATCH_PID" not in plain and "cddp_exit $?" in plain  # (the sampler writes watch.py for its reader)
-    script = build_plan(inv, RunSpec("t.py", stall_timeout=30.0, progress_regex=r"it (\d+)"), "r1").nodes[1]
+    spec = resolved(RunSpec("t.py", stall_timeout=30.0, progress_regex=r"it (\d+)"), inv)
+    script = build_plan(inv, spec, "r1").nodes[1]
     text = script.launch_script
     assert '"$CTL/watch"/watch.py "$CTL" ' in text and "cddp_exit $cddp_rc" in text
     assert '"store": ["10.0.0.1", 29500]' in text and '"timeout": 30.0' in text and '"nnodes": 2' in text

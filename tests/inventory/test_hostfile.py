@@ -16,7 +16,7 @@ from clusterddp.inventory import _hostfile
 from clusterddp.node import worker
 from clusterddp.nodescript import torchrun_entry, worker_command
 from clusterddp.runspec import RunSpec
-from helpers import REPO
+from helpers import REPO, resolved
 
 
 def load(tmp_path, text: str, name: str = "hostfile"):
@@ -144,8 +144,8 @@ def test_worker_command_puts_the_local_rank_before_the_users_arguments():
 
 def test_the_plan_renders_the_shim_quoted_and_only_when_asked(tmp_path):
     inv = load(tmp_path, "a slots=2\nb slots=2\n")
-    off = plan.build_plan(inv, RunSpec("t.py", ("$HOME",)), "r1")
-    on = plan.build_plan(inv, RunSpec("t.py", ("$HOME",), local_rank_arg="--local_rank"), "r1")
+    off = plan.build_plan(inv, resolved(RunSpec("t.py", ("$HOME",)), inv), "r1")
+    on = plan.build_plan(inv, resolved(RunSpec("t.py", ("$HOME",), local_rank_arg="--local_rank"), inv), "r1")
     assert "--no-python" not in off.nodes[0].launch_script
     assert off.nodes[0].argv[-2:] == ("t.py", "$HOME")
     assert on.nodes[1].argv[-3:] == ("--local_rank", "t.py", "$HOME") and "--no-python" in on.nodes[1].argv

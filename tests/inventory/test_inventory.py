@@ -339,13 +339,13 @@ def test_a_bad_fixed_choice_of_gpus_is_located(gpus, words):
 
 
 def test_every_command_reads_its_inventory_through_one_loader(tmp_path):
-    """load_named: `local` or a file, narrowed by --hosts/--exclude, --fanout over the inventory's;
-    the CLI's commands (up, schedule add, check, exec, leases, top) all call it."""
+    """load_named: `local` or a file, narrowed by --hosts/--exclude (--fanout over the inventory's through
+    backends.base.load_inventory: runspec.fanout_of); the CLI's commands (up, schedule add, check, exec,
+    leases, top) all call it."""
     p = tmp_path / "inv.yaml"
     p.write_text("fanout: 4\nhosts: [{name: a}, {name: b}, {name: c}]\n")
-    inv = inventory.load_named(str(p), hosts=["a", "b", "c"], exclude=["b"], fanout=2)
-    assert [h.name for h in inv.hosts] == ["a", "c"] and inv.fanout == 2
-    assert inventory.load_named(str(p)).fanout == 4
+    inv = inventory.load_named(str(p), hosts=["a", "b", "c"], exclude=["b"])
+    assert [h.name for h in inv.hosts] == ["a", "c"] and inv.fanout == 4
     local = inventory.load_named("local", gpus=2)
     assert local.hosts[0].transport == "local" and local.hosts[0].gpus == 2
     import inspect
@@ -353,6 +353,7 @@ def test_every_command_reads_its_inventory_through_one_loader(tmp_path):
     from clusterddp.backends import base
     from clusterddp.cli import check, common, exec_, leases, top
     assert base.load_inventory("local", 3).hosts[0].gpus == 3
+    assert base.load_inventory(str(p), fanout=2).fanout == 2 and base.load_inventory(str(p)).fanout == 4
     assert check.load_inventory is exec_.load_inventory is leases.load_inventory is common.load_inventory
     assert "from .common import load_inventory" in inspect.getsource(top)
 

@@ -139,7 +139,8 @@ FULL_SSH = {"name": "lab", "defaults": {"user": "me", "port": 22, "identity_file
             "master": {"host": "gpu-01", "addr": "10.0.0.1", "port": 29501}, "collect": ["checkpoints/**"],
             "fanout": 8, "keep_runs": 3, "stall_timeout": 60, "progress_regex": "step (\\d+)",
             "notify": [{"webhook": "https://h.example/x", "on": ["failed"], "timeout": 5}, {"command": "echo {event}"}],
-            "quarantine": "2h", "retry_job_failures": True, "restarts": 2, "spares": [{"name": "gpu-03"}],
+            "quarantine": "2h", "quarantine_stragglers": True, "retry_job_failures": True, "restarts": 2,
+            "spares": [{"name": "gpu-03"}],
             "hosts": [{**HOST, "gpus": [0, 1], "port": 2222}, {"name": "gpu-02", "gpus": "auto"}]}
 FULL_SLURM = {"name": "c", "collect": ["x/*"], "stall_timeout": 30, "notify": [{"command": "true"}],
               "slurm": {"login": {"name": "l1", "address": "1.2.3.4", "user": "u", "port": 22, "setup": ["x"]},

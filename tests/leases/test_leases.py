@@ -9,6 +9,7 @@ from clusterddp import inventory, leases
 from clusterddp.errors import LeaseBusy, UsageError
 from clusterddp.plan import build_plan
 from clusterddp.runspec import RunSpec
+from helpers import resolved
 
 INV = """
 master: {host: b}
@@ -20,7 +21,8 @@ hosts:
 
 
 def plan(**spec):
-    return build_plan(inventory.parse(INV, "inv.yaml"), RunSpec("t.py", **spec), "r1")
+    inv = inventory.parse(INV, "inv.yaml")
+    return build_plan(inv, resolved(RunSpec("t.py", **spec), inv), "r1")
 
 
 def test_nodes_are_asked_in_one_order_for_their_slots_and_the_master_for_its_port():

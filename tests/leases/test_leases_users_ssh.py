@@ -18,6 +18,7 @@ from clusterddp import inventory, leases
 from clusterddp import plan as ssh_plan
 from clusterddp.fleet import Fleet
 from clusterddp.runspec import RunSpec
+from helpers import resolved
 from testbed import session_slot
 
 pytestmark = pytest.mark.integration
@@ -74,8 +75,8 @@ def test_two_unix_users_with_umask_077_share_one_lease_folder(bed, second_user, 
         user_inv = _inventory(bed, tmp_path / "user.yaml", shared, user=name, identity_file=str(key),
                               python=shutil.which("python3", path="/usr/bin") or "/usr/bin/python3",
                               workdir=f"/home/{name}/clusterddp")
-        root_plan = ssh_plan.build_plan(root_inv, RunSpec("t.py", gpus=1), "run-root")
-        user_plan = ssh_plan.build_plan(user_inv, RunSpec("t.py", gpus=1), "run-user")
+        root_plan = ssh_plan.build_plan(root_inv, resolved(RunSpec("t.py", gpus=1), root_inv), "run-root")
+        user_plan = ssh_plan.build_plan(user_inv, resolved(RunSpec("t.py", gpus=1), user_inv), "run-user")
         with Fleet(root_inv.hosts) as rf, Fleet(user_inv.hosts) as uf:
             mine = leases.acquire(root_plan, rf, port_fixed=False, user="root@test")
             try:

@@ -1,7 +1,8 @@
 """The idle policy on the real Slurm bed (tests/slurmbed.py): 2 nodes x 1 torchrun process (gloo, CPU), a plain
 torch script, a stand-in ``nvidia-smi`` on the nodes' PATH (a setup line) at 0%. The samplers reach the run's
 store where torchrun's c10d rendezvous serves it (found on the node, as the stall watchdog's), agree that the
-run is idle, stop it, and the run's root cause is the idle policy's."""
+run is idle, stop it, and the run's root cause is the idle policy's. The rank sampler (clusterddp.stragglers) runs
+beside the job as on SSH nodes, and its files come back with the logs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import pytest
 import yaml
 
+from clusterddp.stragglers import read_run
 from helpers import cddp, run_id_of
 from test_metrics_ssh import JOB, SMI
 
@@ -44,3 +46,7 @@ def test_every_node_idle_stops_a_slurm_run_as_idle(slurm, tmp_path):
     listed = json.loads(cddp("runs", "--runs-dir", str(runs), "--json", check_rc=0).stdout)
     (row,) = [x for x in listed if x["run_id"] == run]
     assert row["failure"]["kind"] == "idle", row
+    # the rank sampler ran beside the job on each node too, and its file came back with the logs
+    hosts = read_run(runs / run)
+    assert len(hosts) == 2 and all((runs / run / "where" / h.host / "where.jsonl").read_bytes().startswith(
+        b'{"host": "' + h.host.encode()) for h in hosts), [h.host for h in hosts]

@@ -8,6 +8,10 @@ file the test writes.
   come back with the logs, `metrics --json` shows each node's loss series (the numbers the script printed,
   decreasing) and its GPUs, `report` writes a page with the loss lines.
 - A detached run still going: `metrics` asks its nodes and shows their latest values.
+- Every node at 0%, ``stop: false``, attached: the idle policy fires (said in the log), `up` says it and tells
+  it to the ``on: [idle]`` target while the run goes on; `metrics` of that attached run, still running, shows
+  the nodes' latest values; the run ends when the test says so and succeeds; `metrics --json` and the report's
+  timeline say when it was found idle.
 - Every node at 0%: the idle policy fires (said in the log, idle.json) and stops the run, whose outcome is the
   idle one (root cause, `status --json`'s failure kind, the notification's ``idle`` event).
 """
@@ -20,7 +24,7 @@ import stat
 
 import pytest
 
-from helpers import cddp, eventually, job_pids, run_id_of
+from helpers import cddp, cddp_popen, eventually, gloo_exit_abort, job_pids, run_id_of, wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +36,10 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 loss = 3.0
 for step in range(int(sys.argv[1])):
-    dist.all_reduce(torch.ones(1))
+    stop = torch.tensor([float(os.path.exists(os.environ.get("CDDP_STOP") or "/nonexistent"))])
+    dist.all_reduce(stop)  # every rank stops at the same step, once the test says so
+    if stop.item():
+        break
     loss *= 0.9
     if os.environ["LOCAL_RANK"] == "0":
         print("step %d loss %.4f" % (step, loss), flush=True)
@@ -108,7 +115,48 @@ def test_samples_metrics_report_and_the_idle_policy_on_real_nodes(bed, tmp_path)
     cddp("stop", going, "--runs-dir", str(runs), check_rc=0)
 
     (tmp_path / "util.node1").unlink()
-    util.write_text("0\n")  # every GPU of every node idle: the policy stops the run after 3 s of it
+    util.write_text("0\n")  # every GPU of every node idle
+    # without stop, attached: found idle after 3 s of it, said and told while the run goes on; `metrics` of the
+    # attached run, still running, shows each node's latest values and when it was found idle; it ends when told to
+    news, done = tmp_path / "news.json", tmp_path / "done"
+    inv_on = bed.write_inventory(tmp_path / "inv-on.yaml", defaults_extra={"setup": [f"export PATH={fake}:$PATH"]},
+                                 extra={"metrics_interval": 0.5, "idle_policy": {"below": 10, "minutes": 0.05},
+                                        "notify": [{"command": f"cat > {news}", "on": ["idle"]}]})
+    p = cddp_popen("up", str(inv_on), str(src / "train.py"), "--runs-dir", str(runs), "-e", f"CDDP_STOP={done}",
+                   "--", "100000", "0.2")
+    try:
+        went_on = wait_for_line(p, "run 20", timeout=120)[-1].split()[1]  # `run RUN_ID`, said once it is recorded
+        said = wait_for_line(p, "the run goes on (idle_policy without stop)", timeout=180)
+        assert p.poll() is None and "ending the job" not in "".join(said), said  # told while it goes on
+
+        def live() -> dict | None:
+            got = json.loads(cddp("metrics", went_on, "--runs-dir", str(runs), "--json", check_rc=0).stdout)
+            nodes = got["nodes"]
+            ok = got["running"] and set(nodes) == {"node1", "node2"} and all(
+                n["latest"].get("gpu0.util") == 0.0 for n in nodes.values()) and got["idle"]
+            return got if ok else None
+        got = eventually(live, 120, interval=2)
+        assert got and p.poll() is None, got
+        done.write_text("done")
+        rest, _ = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if p.returncode != 0:  # torch 2.13's gloo abort at exit, and only that, passes
+        assert p.returncode == 1 and gloo_exit_abort(runs, went_on) is not None, rest
+    out = "".join(said) + rest
+    assert "idle: GPU utilisation below 10% on every GPU of the run (2 nodes) for 3s\n" in out, out
+    assert out.count("the run goes on (idle_policy without stop)") == 1, out
+    ev = json.loads(news.read_text())
+    assert (ev["event"], ev["status"], ev["run_id"], ev["stop"]) == ("idle", None, went_on, False), ev
+    got = json.loads(cddp("metrics", went_on, "--runs-dir", str(runs), "--json", check_rc=0).stdout)
+    assert {e["host"] for e in got["idle"]} == {"node1", "node2"}, got["idle"]
+    assert not any(e["stop"] for e in got["idle"]), got["idle"]
+    cddp("report", went_on, "--runs-dir", str(runs), "-o", str(tmp_path / "on.html"), check_rc=0)
+    assert "the run went on (idle_policy without stop)" in (tmp_path / "on.html").read_text()
+
+    # with stop: the policy stops the run after 3 s of it
     r = cddp("up", str(inv), str(src / "train.py"), "--runs-dir", str(runs), "--notify", f"command:cat > {event}",
              "--", "600", "0.2", timeout=300)
     idle = run_id_of(r.stdout)

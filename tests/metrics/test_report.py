@@ -64,6 +64,23 @@ def test_a_run_without_samples_still_gets_its_outcome_and_timeline(tmp_path):
     assert page.count("<tr>") == 4  # header, start, the attempt, the end
 
 
+def test_the_timeline_says_when_the_idle_policy_found_the_run_idle(tmp_path):
+    from datetime import datetime
+
+    from test_samples import IDLE
+    at = datetime.fromisoformat("2026-11-29T10:05:00+00:00").timestamp()
+    idle_nodes = [series_of(samples_module.parse(HEADER + line(1000.0) + IDLE.replace(b"12.5", str(at).encode()),
+                                                 "a"))]
+    rows = report_module.timeline(make_record("R1", status=RunStatus.SUCCEEDED, ended_at="2026-11-29T10:30:00+00:00"),
+                                  tmp_path, idle_nodes)
+    assert rows[1][0] == "2026-11-29T10:05:00+00:00" and rows[1][1].startswith(
+        "idle: every GPU of the run (2 node(s)) below 5% for 30 min, found by b")
+    assert [w for w, _ in rows] == sorted(w for w, _ in rows) and rows[-1][1] == "ended: succeeded"
+    page = report_module.render(make_record("R1"), tmp_path, idle_nodes, [])
+    assert "the run went on (idle_policy without stop)" in page
+    assert "idle:" not in " ".join(w for _, w in report_module.timeline(make_record("R1"), tmp_path, nodes()))
+
+
 def _path_points(svg_group: str) -> int:
     d = re.search(r'<path[^>]* d="([^"]+)"', svg_group).group(1)
     return len(re.findall(r"[ML]", d))

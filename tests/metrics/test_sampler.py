@@ -17,6 +17,7 @@ from clusterddp.metrics.samples import parse
 from clusterddp.node import sampler as sampler_module
 from clusterddp.plan import build_plan
 from clusterddp.runspec import RunSpec, sampler_args
+from helpers import resolved
 
 SMI = ("0, 97, 30512, 81559, 312.45, 66, 1980, 0x0000000000000000\n"
        "1, [N/A], 1024, 81559, [N/A], 40, 1410, 0x0000000000000004\n"
@@ -126,12 +127,32 @@ def test_the_idle_policy_writes_idle_json_in_the_loop(tmp_path):
           counters=dict, samples=10)
     rec = json.loads((tmp_path / "idle.json").read_text())
     assert rec["below"] == 10 and rec["stop"] is False
+    # the run goes on (every sample still taken) and its sample file says when it was found idle
+    got = parse((tmp_path / "metrics.jsonl").read_bytes(), "a")
+    assert len(got.samples) == 10 and got.bad == 0
+    (found,) = got.idle
+    assert (found.below, found.seconds, found.stop, found.nnodes) == (10, 30, False, 1)
+    assert got.samples[0].t <= found.t <= got.samples[-1].t
+
+
+def test_thinning_keeps_the_event_lines(tmp_path):
+    w = sampler_module.Writer(str(tmp_path / "m.jsonl"), {"kind": "clusterddp-samples"}, 4096)
+    for i in range(2000):
+        if i == 7:
+            w.event((json.dumps({"event": "idle", "t": 7.0, "idle": {"below": 5, "seconds": 60, "stop": False,
+                                                                    "nnodes": 2, "decided_by": "a"}},
+                                sort_keys=True) + "\n").encode())
+        if w.due():
+            w.write((json.dumps({"t": float(i), "dt": 1.0, "progress": 1}, sort_keys=True) + "\n").encode())
+    got = parse((tmp_path / "m.jsonl").read_bytes(), "a")
+    assert w.stride >= 16 and [(e.t, e.decided_by) for e in got.idle] == [(7.0, "a")] and got.bad == 0
 
 
 def test_launch_sh_starts_the_sampler_unless_off_and_is_valid_bash(tmp_path):
     inv = inventory.parse("hosts:\n  - {name: a, address: 10.0.0.1}\n", "inv.yaml")
-    on = build_plan(inv, RunSpec("train.py", metrics_regex=r"loss (?P<loss>\S+)"), "R1").nodes[0].launch_script
-    off = build_plan(inv, RunSpec("train.py", metrics_interval=0), "R1").nodes[0].launch_script
+    on = build_plan(inv, resolved(RunSpec("train.py", metrics_regex=r"loss (?P<loss>\S+)"), inv),
+                    "R1").nodes[0].launch_script
+    off = build_plan(inv, resolved(RunSpec("train.py", metrics_interval=0), inv), "R1").nodes[0].launch_script
     assert "sampler.py" in on and '"regex": "loss (?P<loss>\\\\S+)"' in on
     assert "sampler.py" not in off
     for text in (on, off):
@@ -331,5 +352,5 @@ def test_a_run_wide_idle_policy_gives_the_sampler_the_run_store_and_its_python_s
     assert "store" not in sampler_args(RunSpec("t.py"), 2, "10.0.0.1", 29500)  # no idle policy: no store
     inv = inventory.parse("idle_policy: {below: 5, minutes: 1}\nhosts:\n  - {name: a, address: 10.0.0.1}\n"
                           "  - {name: b, address: 10.0.0.2}\n", "inv.yaml")
-    script = build_plan(inv, RunSpec("train.py"), "R1").nodes[1].launch_script
+    script = build_plan(inv, resolved(RunSpec("train.py"), inv), "R1").nodes[1].launch_script
     assert '"store": ["10.0.0.1", ' in script and " -S " not in script.split("sampler.py", 2)[1].rsplit("\n", 1)[0]

@@ -54,12 +54,30 @@ def test_a_huge_file_is_read_only_to_its_bound():
     )
 
 
+IDLE = (json.dumps({"event": "idle", "t": 12.5, "idle": {"below": 5, "seconds": 1800, "stop": False, "nnodes": 2,
+                                                         "decided_by": "b", "host": "a"}},
+                   sort_keys=True) + "\n").encode()
+
+
+def test_the_idle_event_line_is_read_apart_from_the_samples_and_a_bad_one_is_skipped():
+    bad = [b'{"event": "idle", "t": 1, "idle": {"below": 500, "seconds": 1, "nnodes": 1}}\n',
+           b'{"event": "idle", "t": 1, "idle": {"below": 5, "seconds": 1, "nnodes": true}}\n',
+           b'{"event": "idle", "t": NaN, "idle": {"below": 5, "seconds": 1, "nnodes": 1}}\n',
+           b'{"event": "other", "t": 1}\n']
+    got = samples_module.parse(HEADER + line(10.0) + IDLE + line(15.0) + b"".join(bad), "a")
+    assert [s.t for s in got.samples] == [10.0, 15.0] and got.bad == len(bad)
+    assert got.idle == (samples_module.IdleFound(12.5, 5.0, 1800.0, False, 2, "b"),)
+    odd = samples_module.parse(HEADER + IDLE.replace(b'"b"', b'"../x y"'), "a").idle
+    assert odd[0].decided_by is None  # a name that is not a host's is not kept
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=3000) | st.lists(st.sampled_from([
     HEADER, line(1.0), line(2.0, values={"loss": 1.5}), b'{"t": 1e400, "dt": 1, "progress": 1}\n',
     b'{"t": 1, "dt": 1, "progress": 1, "gpus": [{"index": 0, "util": "x"}, 7, {"index": -1}]}\n',
     b'{"t": 1, "dt": 1, "progress": 1, "ranks": {"0": {"loss": NaN}, "x": 1}, "m": []}\n',
-    b"\xff\xfe\n", b"{" * 5000 + b"\n", b"\n"]), max_size=30).map(b"".join))
+    b"\xff\xfe\n", b"{" * 5000 + b"\n", b"\n", IDLE, b'{"event": "idle", "t": 1e400, "idle": []}\n']),
+    max_size=30).map(b"".join))
 def test_any_bytes_parse_without_raising_to_finite_samples_in_time_order(data):
     got = samples_module.parse(data, "a")
     ts = [s.t for s in got.samples]
@@ -69,6 +87,8 @@ def test_any_bytes_parse_without_raising_to_finite_samples_in_time_order(data):
                 *(v for r in s.ranks.values() for v in r.values())]
         assert all(isinstance(v, float) and abs(v) < float("inf") for v in nums)
     assert got.bad >= 0 and got.not_finite >= 0
+    assert len(got.idle) <= samples_module.MAX_EVENTS
+    assert all(0 <= e.below <= 100 and 0 <= e.seconds < 1e9 and e.t >= 0 and e.nnodes >= 1 for e in got.idle)
 
 
 def test_the_fetch_answer_is_split_by_attempt_and_a_foreign_folder_is_ignored():
@@ -122,6 +142,20 @@ def test_metrics_prints_sparklines_and_exports_prometheus_and_csv():
     js = render_module.to_json("R1", nodes, [], True)
     assert js["nodes"]["a"]["series"]["m.loss"] == [[0.0, 3.0], [1.0, 2.0], [2.0, 1.0]]
     assert js["nodes"]["a"]["latest"]["m.loss"] == 1.0
+
+
+def test_metrics_json_and_table_say_when_the_run_was_found_idle():
+    on = series_of(samples_module.parse(HEADER + line(10.0) + IDLE, "a"))
+    off = series_of(samples_module.parse(HEADER + line(10.0), "b"))
+    j = render_module.to_json("R", [on, off], [], False)
+    assert j["idle"] == [{"host": "a", "node": "a", "at": 12.5, "below": 5.0, "seconds": 1800.0, "stop": False,
+                          "nnodes": 2, "decided_by": "b"}]
+    assert json.loads(json.dumps(j)) == j
+    text = render_module.table([on, off], [], False)
+    assert "\nidle: every GPU of the run (2 node(s)) below 5% for 30 min, found by b, at " in text
+    assert text.endswith("; the run went on (idle_policy without stop)")
+    assert render_module.to_json("R", [off], [], False)["idle"] == [] and "idle:" not in render_module.table(
+        [off], [], False)
 
 
 def test_a_sparkline_is_bounded_in_width_and_flat_for_a_constant():

@@ -17,6 +17,7 @@ from clusterddp import inventory, node, plan
 from clusterddp.check import probe_command
 from clusterddp.nodescript import q
 from clusterddp.runspec import RunSpec
+from helpers import resolved
 
 # The oldest Python each must parse on (see clusterddp/node/__init__.py).
 FLOOR = {"probe": (3, 5), "collect": (3, 8), "follow": (3, 8), "worker": (3, 8), "top": (3, 8), "diagnose": (3, 8),
@@ -99,7 +100,7 @@ def test_each_program_runs_alone(tmp_path):
 def test_plan_sends_the_whole_source_after_the_setup_lines():
     inv = inventory.parse("defaults: {python: /opt/py, setup: ['source ~/v/bin/activate']}\n"
                           "hosts: [{name: a, env: {K: v}}]\n", "inv.yaml")
-    n = plan.build_plan(inv, RunSpec("t.py"), "20261129-120000-abcd").nodes[0]
+    n = plan.build_plan(inv, resolved(RunSpec("t.py"), inv), "20261129-120000-abcd").nodes[0]
     setup = "{ source ~/v/bin/activate\n} >/dev/null 2>&1 || { true; }\n"
     assert plan.follow_command(n, 3) == setup + (f"/opt/py -S -c {q(node.source('follow'))} "
                                                  f"\"$HOME\"/clusterddp/runs/20261129-120000-abcd/.clusterddp/a 3 0.1")

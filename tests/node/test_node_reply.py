@@ -16,6 +16,7 @@ from clusterddp.node.reply import STATUS_MARK, ReplyError, parse_status
 from clusterddp.nodescript import MARKER
 from clusterddp.runspec import RunSpec
 from clusterddp.store import new_run_id
+from helpers import resolved
 
 
 @pytest.mark.parametrize("text, parsed", [
@@ -36,7 +37,7 @@ def test_the_status_command_run_by_a_shell_that_prints_a_banner_is_read(tmp_path
     base = inventory.local(python=sys.executable).hosts[0]
     inv = inventory.Inventory("t", "t", (replace(base, name="a", workdir=str(tmp_path)),),
                               inventory.Master("a", "127.0.0.1", 29500))
-    node = plan.build_plan(inv, RunSpec("t.py"), new_run_id()).nodes[0]
+    node = plan.build_plan(inv, resolved(RunSpec("t.py"), inv), new_run_id()).nodes[0]
     Path(node.control_dir).mkdir(parents=True)
     (Path(node.control_dir) / "exit_code").write_text("7\n")
 
@@ -116,7 +117,7 @@ def test_teardown_reads_its_word_after_a_login_banner(tmp_path):
     base = inventory.local(python=sys.executable).hosts[0]
     inv = inventory.Inventory("t", "t", (replace(base, name="a", workdir=str(tmp_path)),),
                               inventory.Master("a", "127.0.0.1", 29500))
-    node = plan.build_plan(inv, RunSpec("t.py"), new_run_id()).nodes[0]
+    node = plan.build_plan(inv, resolved(RunSpec("t.py"), inv), new_run_id()).nodes[0]
     Path(node.control_dir).mkdir(parents=True)
 
     class Bannered:

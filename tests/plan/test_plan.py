@@ -25,6 +25,7 @@ from clusterddp.mirror import seed_command
 from clusterddp.nodescript import NodeCommand, q, qpath, shell_word, torchrun_start, worker_command
 from clusterddp.plan import build_plan
 from clusterddp.runspec import RunSpec
+from helpers import resolved
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 RUN_ID = "20261129-120000-abcd"
@@ -75,7 +76,7 @@ def golden(name: str, text: str) -> None:
 
 def two_node_plan(**spec):
     inv = inventory.parse(INV, "inv.yaml")
-    return build_plan(inv, RunSpec("train/t.py", HOSTILE, collect=("logs/*.txt",), **spec), RUN_ID)
+    return build_plan(inv, resolved(RunSpec("train/t.py", HOSTILE, collect=("logs/*.txt",), **spec), inv), RUN_ID)
 
 
 def test_two_node_plan_matches_golden():
@@ -96,7 +97,7 @@ def test_the_summary_command_reads_as_torchrun_and_names_clusterddps_own_python(
 
 def test_local_plan_matches_golden():
     inv = inventory.local(gpus=2, python="/usr/bin/python3")
-    p = build_plan(inv, RunSpec("t.py", ("--epochs", "1")), RUN_ID, local_run_dir="/home/me/proj",
+    p = build_plan(inv, resolved(RunSpec("t.py", ("--epochs", "1")), inv), RUN_ID, local_run_dir="/home/me/proj",
                    local_control_dir="/home/me/proj/runs/x/node")
     golden("local.txt", plan.render(p))
 
@@ -118,18 +119,18 @@ def test_node_ranks_master_and_flags():
 def test_a_local_run_meets_on_a_static_rendezvous_unless_it_restarts():
     inv = inventory.local(gpus=2, python="/usr/bin/python3")
     where = dict(local_run_dir="/home/me/proj", local_control_dir="/home/me/proj/runs/x/node")
-    argv = list(build_plan(inv, RunSpec("t.py", (), master_port=40123), RUN_ID, **where).nodes[0].argv)
+    argv = list(build_plan(inv, resolved(RunSpec("t.py", (), master_port=40123), inv), RUN_ID, **where).nodes[0].argv)
     assert "--standalone" not in argv and "--rdzv-backend" not in argv
     assert argv[argv.index("--master-addr") + 1] == "127.0.0.1" and argv[argv.index("--master-port") + 1] == "40123"
     # A static store hands a restarted group the last attempt's keys (gloo's connectFullMesh then
     # fails once more): restarts keep c10d's rounds, on a port torchrun finds itself.
-    argv = list(build_plan(inv, RunSpec("t.py", (), max_restarts=1), RUN_ID, **where).nodes[0].argv)
+    argv = list(build_plan(inv, resolved(RunSpec("t.py", (), max_restarts=1), inv), RUN_ID, **where).nodes[0].argv)
     assert "--standalone" in argv and "--master-port" not in argv
 
 
 def test_the_master_is_node_rank_0_wherever_the_inventory_lists_it():
     inv = inventory.parse(INV + "master: {host: gpu-02}\n", "inv.yaml")
-    p = build_plan(inv, RunSpec("t.py", ()), RUN_ID)
+    p = build_plan(inv, resolved(RunSpec("t.py", ()), inv), RUN_ID)
     assert [(n.host.name, n.node_rank) for n in p.nodes] == [("gpu-02", 0), ("gpu-01", 1)]
     for n in p.nodes:
         argv = list(n.argv)
@@ -162,7 +163,8 @@ def test_only_the_nodes_that_do_not_serve_the_rendezvous_store_wait_for_it(tmp_p
         assert line(a).startswith(start) and line(b).startswith(f"CLUSTERDDP_STORE=10.0.0.11:29500 {start}")
         assert all(f"{node_script.TORCHRUN_VAR}=" in n.launch_script for n in p.nodes)
     inv = inventory.parse(INV, "inv.yaml")
-    local = build_plan(inv, RunSpec("t.py", ()), RUN_ID, local_run_dir=str(tmp_path), local_control_dir=str(tmp_path))
+    local = build_plan(inv, resolved(RunSpec("t.py", ()), inv), RUN_ID, local_run_dir=str(tmp_path),
+                       local_control_dir=str(tmp_path))
     assert "CLUSTERDDP_STORE=" not in local.nodes[0].launch_script
 
 def test_interface_detection_only_for_variables_the_inventory_leaves_unset():
@@ -179,7 +181,7 @@ def test_rendered_argv_survives_the_shell_byte_for_byte(tmp_path):
     fake.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
     fake.chmod(0o755)
     inv = inventory.parse(INV.replace("/opt/venv/bin/python", str(fake)), "inv.yaml")
-    node = build_plan(inv, RunSpec("t.py", HOSTILE), RUN_ID).nodes[0]
+    node = build_plan(inv, resolved(RunSpec("t.py", HOSTILE), inv), RUN_ID).nodes[0]
     # the torchrun line (the rank sampler's line starts with the same python)
     line = next(ln for ln in node.launch_script.splitlines() if ln.startswith(q(str(fake)) + " -c "))
     out = subprocess.run(["bash", "-c", line], capture_output=True, check=True, cwd=tmp_path).stdout
@@ -196,7 +198,7 @@ def test_only_clusterddps_own_words_expand_a_script_argument_nproc_stays_literal
     fake.chmod(0o755)
     inv = inventory.parse(INV.replace("/opt/venv/bin/python", str(fake)), "inv.yaml")
     user = ("$NPROC", "$LOCAL_ADDR", "${NPROC}")
-    node = build_plan(inv, RunSpec("t.py", user, max_restarts=1), RUN_ID).nodes[1]  # gpus: auto
+    node = build_plan(inv, resolved(RunSpec("t.py", user, max_restarts=1), inv), RUN_ID).nodes[1]  # gpus: auto
     line = next(ln for ln in node.launch_script.splitlines() if f" {q(str(fake))} -c " in ln)
     assert line.startswith("CLUSTERDDP_STORE=10.0.0.11:29500 ")  # node 1 waits for the master's store
     out = subprocess.run(["bash", "-c", f"NPROC=7 LOCAL_ADDR=10.9.9.9\n{line}"], capture_output=True, check=True,
@@ -205,7 +207,7 @@ def test_only_clusterddps_own_words_expand_a_script_argument_nproc_stays_literal
     assert argv[argv.index("--nproc-per-node") + 1] == "7" and argv[argv.index("--local-addr") + 1] == "10.9.9.9"
     assert argv[-len(user):] == list(user)
     # without restarts nothing of clusterddp's reads LOCAL_ADDR: a user's word must not make launch.sh probe it
-    plain = build_plan(inv, RunSpec("t.py", ("$LOCAL_ADDR",)), RUN_ID).nodes[0]
+    plain = build_plan(inv, resolved(RunSpec("t.py", ("$LOCAL_ADDR",)), inv), RUN_ID).nodes[0]
     assert "LOCAL_ADDR=" not in plain.launch_script and any(  # the torchrun line (the rank sampler's end after it)
         ln.endswith("t.py '$LOCAL_ADDR'") for ln in plain.launch_script.rstrip().splitlines()[-3:])
 
@@ -278,7 +280,7 @@ def node_commands() -> list[tuple[str, str | NodeCommand]]:
     sends to a node: a run's steps (supervisor, control, artifacts), check's and up's probe, exec
     (those two with the stdin that carries their env)."""
     inv = inventory.parse(CMD_INV, "cmd.yaml")
-    p = build_plan(inv, RunSpec("train/t.py", HOSTILE, env=(("RUN_ONLY", "-e's $value"),)), RUN_ID)
+    p = build_plan(inv, resolved(RunSpec("train/t.py", HOSTILE, env=(("RUN_ONLY", "-e's $value"),)), inv), RUN_ID)
     out = []
     for n in p.nodes:
         h = n.host.name
@@ -330,7 +332,8 @@ def node_commands() -> list[tuple[str, str | NodeCommand]]:
 
 def test_a_leased_plan_runs_one_process_per_slot_on_its_gpus_and_port():
     inv = inventory.parse(INV, "lab.yaml")
-    p = build_plan(inv, RunSpec("t.py", master_port=29517), RUN_ID, grants={"gpu-01": (1, 3), "gpu-02": (0,)})
+    p = build_plan(inv, resolved(RunSpec("t.py", master_port=29517), inv), RUN_ID,
+                   grants={"gpu-01": (1, 3), "gpu-02": (0,)})
     assert p.leased and p.master_port == 29517
     for n, want in zip(p.nodes, ("1,3", "0"), strict=True):
         assert dict(n.env)["CUDA_VISIBLE_DEVICES"] == want and n.nproc == len(want.split(","))
@@ -338,7 +341,7 @@ def test_a_leased_plan_runs_one_process_per_slot_on_its_gpus_and_port():
         assert f"--nproc-per-node {n.nproc} " in n.launch_script and "--master-port 29517 " in n.launch_script
         assert f"export CUDA_VISIBLE_DEVICES={want}" in n.launch_script or \
             f"export CUDA_VISIBLE_DEVICES='{want}'" in n.launch_script
-    assert not build_plan(inv, RunSpec("t.py"), RUN_ID).leased
+    assert not build_plan(inv, resolved(RunSpec("t.py"), inv), RUN_ID).leased
 
 
 def test_node_commands_match_golden():

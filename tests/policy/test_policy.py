@@ -292,6 +292,18 @@ def test_quarantine_in_the_inventory(tmp_path, given_, seconds):
     assert got.select(["a"]).quarantine_s == seconds
 
 
+def test_quarantine_stragglers_in_the_inventory_is_off_by_default_and_kept_by_select(tmp_path):
+    from clusterddp.errors import InventoryError
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  - {name: a}\n  - {name: b}\n")
+    assert load(str(inv)).quarantine_stragglers is False
+    inv.write_text("hosts:\n  - {name: a}\n  - {name: b}\nquarantine_stragglers: true\n")
+    assert load(str(inv)).quarantine_stragglers is True and load(str(inv)).select(["a"]).quarantine_stragglers
+    inv.write_text("hosts:\n  - {name: a}\nquarantine_stragglers: often\n")
+    with pytest.raises(InventoryError, match="quarantine_stragglers"):
+        load(str(inv))
+
+
 def test_a_bad_quarantine_is_a_located_error_exit_2(tmp_path):
     from clusterddp.errors import InventoryError
     inv = tmp_path / "inv.yaml"

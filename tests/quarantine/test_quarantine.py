@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clusterddp import quarantine as quarantines
-from clusterddp.record import NodeState
+from clusterddp.record import NodeState, RunStatus
 from helpers import cddp, make_record
 
 NOW = 1_800_000_000.0
@@ -152,3 +152,86 @@ def test_the_commands_add_list_and_release(tmp_path):
     (tmp_path / "state" / "clusterddp" / "quarantine.json").write_text("{not json")
     r = cddp("quarantine", "list", env=env, check_rc=2)
     assert "quarantine.json: damaged quarantine file" in r.stderr and "fix or remove" in r.stderr
+
+
+# ---- quarantine_stragglers: a straggler of an attached run counts as a strike ----
+
+def test_a_straggler_gets_a_strike_and_named_or_lost_again_in_the_next_run_is_set_aside():
+    added, strikes = quarantines.strike_slow({"m:22": "b"}, [], "r1", NOW, 7200)
+    assert added == [] and strikes == [quarantines.Strike("m:22", "b", "r1", NOW)]
+    # counted twice in the same run: still one strike
+    assert quarantines.strike_slow({"m:22": "b"}, strikes, "r1", NOW + 1, 7200) == ([], strikes)
+    # a straggler again in the next run: set aside, its strike used up; another machine's strike stays
+    other = quarantines.Strike("x:22", "c", "r0", NOW)
+    added, left = quarantines.strike_slow({"m:22": "b"}, [*strikes, other], "r2", NOW + 60, 7200)
+    assert left == [other] and [(e.machine, e.host, e.until, e.run_id) for e in added] == [
+        ("m:22", "b", NOW + 60 + 7200, "r2")]
+    assert "named a straggler in run r2" in added[0].why and "run r1" in added[0].why
+    # a strike older than STRIKE_S counts no more
+    late = NOW + quarantines.STRIKE_S + 1
+    assert quarantines.strike_slow({"m:22": "b"}, strikes, "r3", late, 7200) == (
+        [], [quarantines.Strike("m:22", "b", "r3", late)])
+    # lost in one run, a straggler in the next: two strikes in a row
+    _, lost = quarantines.decide({"m:22": "b"}, [], [], "r1", NOW, 7200)
+    assert len(quarantines.strike_slow({"m:22": "b"}, lost, "r2", NOW + 1, 7200)[0]) == 1
+
+
+def test_decide_counts_a_straggler_of_a_failed_run_and_does_not_wipe_its_strike_as_kept():
+    _, strikes = quarantines.strike_slow({"m:22": "b"}, [], "r1", NOW, 7200)
+    # the failed run r2 ran on m to the end (kept), but named it a straggler again: set aside
+    added, left = quarantines.decide({}, ["m:22", "k:22"], strikes, "r2", NOW + 1, 7200, slow={"m:22": "b"})
+    assert [e.machine for e in added] == ["m:22"] and left == []
+    # without the straggler, kept wipes the strike as before
+    assert quarantines.decide({}, ["m:22"], strikes, "r2", NOW + 1, 7200) == ([], [])
+    # lost and a straggler in one run: one strike, not two
+    added, left = quarantines.decide({"m:22": "b"}, [], [], "r3", NOW, 7200, slow={"m:22": "b"})
+    assert added == [] and left == [quarantines.Strike("m:22", "b", "r3", NOW)]
+
+
+def test_after_run_and_after_slow_map_the_stragglers_hosts_to_machines(tmp_path):
+    q = quarantines.Quarantine(tmp_path / "q.json")
+    failed = make_record("r1", status=RunStatus.FAILED)
+    assert quarantines.after_run(failed, q=q, slow=["b", "not-in-the-run"]) == []
+    assert q.strikes() == [quarantines.Strike("10.0.0.2:22", "b", "r1", q.strikes()[0].at)]
+    [e] = quarantines.after_slow(make_record("r2", status=RunStatus.SUCCEEDED), ["b"], 60, q=q)
+    assert (e.host, e.machine, e.run_id) == ("b", "10.0.0.2:22", "r2") and q.strikes() == []
+    # the same run counted again after it set the machine aside: no new strike
+    assert quarantines.after_slow(make_record("r2"), ["b"], 60, q=q) == [] and q.strikes() == []
+    assert quarantines.after_slow(replace(make_record("r3"), local=True), ["a"], q=q) == []
+    assert quarantines.after_slow(make_record("r3"), [], q=q) == [] and q.strikes() == []
+
+
+def test_up_counts_the_stragglers_only_with_quarantine_stragglers_true(tmp_path, monkeypatch):
+    """The SSH launch's steps after a run (`_set_aside` after a failed one, `_strike_stragglers` after one
+    that succeeded) read the stragglers from the samples brought back, with the inventory's option only."""
+    from types import SimpleNamespace
+
+    from clusterddp.backends.ssh import launch as ssh_launch
+    from clusterddp.store import RunStore
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    store = RunStore(tmp_path / "runs")
+    said: list[str] = []
+    events = SimpleNamespace(warn=said.append)
+
+    def run(run_id: str, status: RunStatus, on: bool) -> None:
+        store.create(make_record(run_id, status=status))
+        for name, state in (("a", "w"), ("b", "c")):  # b's rank is in its own code while a's waits: b is slow
+            d = store.run_dir(run_id) / "where" / name
+            d.mkdir(parents=True)
+            d.joinpath("where.jsonl").write_text("".join(
+                json.dumps({"t": 1000.0 + 2 * i, "ranks": {"0" if name == "a" else "1": [state, "f (t.py:1)"]}}) + "\n"
+                for i in range(40)))
+        inv = SimpleNamespace(quarantine_stragglers=on, quarantine_s=600.0)
+        prep = SimpleNamespace(store=store, plan=SimpleNamespace(run_id=run_id, inventory=inv))
+        (ssh_launch._set_aside if status is RunStatus.FAILED else ssh_launch._strike_stragglers)(prep, events)
+
+    q = quarantines.Quarantine()
+    run("r0", RunStatus.SUCCEEDED, on=False)
+    run("r1", RunStatus.FAILED, on=False)
+    assert q.strikes() == [] and said == []  # off by default: nothing counted
+    run("r2", RunStatus.SUCCEEDED, on=True)
+    assert [(k.host, k.run_id) for k in q.strikes()] == [("b", "r2")] and said == []
+    run("r3", RunStatus.FAILED, on=True)
+    assert [(e.host, e.run_id) for e in q.entries()] == [("b", "r3")] and q.strikes() == []
+    assert len(said) == 1 and said[0].startswith("quarantine: b (10.0.0.2:22) is set aside until ") and \
+        "named a straggler in run r3" in said[0], said

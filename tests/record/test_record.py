@@ -21,7 +21,7 @@ from clusterddp.record import NodeState, RecordError, RunRecord, RunStatus, from
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from clusterddp.transport import CommandResult
-from helpers import make_record
+from helpers import make_record, resolved
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 V0_SSH = FIXTURES / "run-v0-ssh-status.json"
@@ -202,7 +202,8 @@ def test_the_inventorys_fanout_is_recorded_and_bounds_every_control_command(tmp_
     (tmp_path / "t.py").write_text("print('hi')\n")
     (tmp_path / "inv.yaml").write_text("fanout: 3\nhosts:\n" + "".join(
         f"  - {{name: n{i}, address: n{i}.invalid}}\n" for i in range(5)))
-    prep = jobs.prepare(str(tmp_path / "inv.yaml"), RunSpec(str(tmp_path / "t.py")), str(tmp_path / "runs"))
+    spec = resolved(RunSpec(str(tmp_path / "t.py")), tmp_path / "inv.yaml")
+    prep = jobs.prepare(str(tmp_path / "inv.yaml"), spec, str(tmp_path / "runs"))
     rec = jobs.new_record(prep, str(tmp_path / "inv.yaml"))
     prep.store.create(rec)
     assert prep.store.load(rec.run_id).fanout == 3

@@ -22,7 +22,7 @@ from clusterddp.mirror import DEFAULT_GLOBS, INDEX_VERSION, Checkpoint, Held
 from clusterddp.record import ResumedFrom, RunRecord, RunStatus
 from clusterddp.store import RunStore
 from clusterddp.upload import SourceFolder
-from helpers import make_record
+from helpers import make_record, resolved
 
 INV = "/w/inv.yaml"
 DONE = RunStatus.SUCCEEDED
@@ -311,7 +311,7 @@ def test_a_node_that_does_not_take_the_checkpoint_ends_the_run_recorded_failed(t
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").write_text("print('hi')\n")
     (tmp_path / "inv.yaml").write_text("hosts: [{name: a, address: 10.0.0.1}, {name: b, address: 10.0.0.2}]\n")
-    prep = ssh_launch.prepare("inv.yaml", RunSpec("t.py"), str(tmp_path / "runs"))
+    prep = ssh_launch.prepare("inv.yaml", resolved(RunSpec("t.py"), "inv.yaml"), str(tmp_path / "runs"))
     old = prep.store.create(replace(make_record("20261206-100000-aaaa"), status=DONE))
     _put(prep.store, old.run_id, "a", "checkpoints/step-3.pt", b"three")
     chosen = resuming.find(prep.store, old, connect=_unreachable)

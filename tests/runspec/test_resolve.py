@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from clusterddp import inventory
 from clusterddp.errors import UsageError
-from clusterddp.runspec import RunSpec, fixed_slots, master_port_of, nproc, resolve
+from clusterddp.runspec import ResolvedSpec, RunSpec, fanout_of, fixed_slots, master_port_of, nproc, resolve
 
 BARE = "hosts:\n  - {name: a, address: 10.0.0.1}\n  - {name: b, address: 10.0.0.2}\n"
 FULL = """
@@ -143,12 +145,80 @@ def test_a_bad_progress_regex_flag_is_refused():
         resolve(spec(progress_regex="(a)(b)"), inv())
 
 
+# ---- restarts (new attempts of an attached SSH run): --max-restarts > restarts: > --nodes MAX-MIN > none ----
+
+RESTARTS = "restarts: 1\n" + BARE
+
+
+def test_restarts_flag_wins_over_inventory():
+    s = resolve(spec(max_restarts=3), inv(RESTARTS), (1, 3))
+    assert (s.restarts, s.restarts_by) == (3, "--max-restarts 3")
+
+
+def test_restarts_inventory_wins_over_nodes_range():
+    s = resolve(spec(), inv(RESTARTS), (1, 4))
+    assert (s.restarts, s.restarts_by) == (1, "restarts: 1 (the inventory's)")
+    s = resolve(spec(), inv("restarts: 0\n" + BARE), (1, 3))  # 0 is the inventory's word, not its absence
+    assert (s.restarts, s.restarts_by) == (0, "restarts: 0 (the inventory's)")
+
+
+def test_restarts_nodes_range_wins_over_builtin_none():
+    s = resolve(spec(), inv(BARE), (1, 3))
+    assert (s.restarts, s.restarts_by) == (2, "--nodes 1:3")
+
+
+def test_restarts_builtin_is_none():
+    assert resolve(spec(), inv(BARE)).restarts == 0
+    assert resolve(spec(max_restarts=0), inv(BARE), None).restarts == 0
+
+
+# ---- fanout (check, exec, leases; not up): --fanout > the inventory's fanout: > built-in 32 ----
+
+def test_fanout_flag_wins_over_inventory():
+    assert fanout_of(3, inv("fanout: 8\n" + BARE)) == 3
+
+
+def test_fanout_inventory_wins_over_builtin():
+    assert fanout_of(None, inv("fanout: 8\n" + BARE)) == 8
+
+
+def test_fanout_builtin_is_32():
+    assert fanout_of(None, inv(BARE)) == 32
+
+
 # ---- once ----
 
-def test_a_resolved_spec_comes_back_as_it_is():
+def test_a_spec_is_resolved_once_into_a_type_of_its_own():
     s = resolve(spec(), inv(BARE))
-    assert s.resolved and resolve(s, inv()) is s  # the port stays unfixed, the inventory is not read twice
-    assert not spec().resolved
+    assert isinstance(s, ResolvedSpec) and not isinstance(spec(), ResolvedSpec)
+    assert (s.master_port, s.port_fixed) == (29500, False)
+    # again, its chosen port would pass for a flag's (fixed): refused, not re-run nor passed through
+    with pytest.raises(TypeError, match="resolved once"):
+        resolve(s, inv())
+    # what only resolution knows is not a field of what the user asked
+    asked = {f.name for f in dataclasses.fields(RunSpec)}
+    assert {"port_fixed", "restarts", "restarts_by"} <= {f.name for f in dataclasses.fields(ResolvedSpec)} - asked
+    assert "resolved" not in asked
+
+
+def test_only_the_commands_that_read_the_inventory_resolve_a_runs_flags():
+    """`up`'s request and `schedule add` resolve the flags as they read the inventory; nothing that plans
+    from the spec (the SSH plan, the Slurm plan, a backend's prepare) resolves it again."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2] / "clusterddp"
+    callers = set()
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        named = any(isinstance(n, ast.ImportFrom) and (n.module or "").endswith("runspec")
+                    and any(a.name == "resolve" for a in n.names) for n in ast.walk(tree))
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call) and (
+                    (named and isinstance(n.func, ast.Name) and n.func.id == "resolve")
+                    or (isinstance(n.func, ast.Attribute) and n.func.attr == "resolve"
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id == "runspec")):
+                callers.add(path.relative_to(root).as_posix())
+    assert callers == {"cli/up.py", "cli/schedule.py"}  # (and runspec.master_port_of, for check)
 
 
 def test_the_flags_that_have_no_inventory_counterpart_pass_through():

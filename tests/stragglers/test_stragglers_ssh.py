@@ -9,6 +9,7 @@ rank is short of CPU, so a quota on one is not reliably what sets it apart withi
 `ip netns exec` has a /sys of its own without the cgroup files. The quota and run-queue whys are unit-tested
 (tests/stragglers/test_stragglers.py) and the counters they come from read on real processes
 (tests/node/test_node_where.py).
+- attached, with `quarantine_stragglers: true`: said, told to the targets that want it, and node2 struck.
 - every node doing the same extra work: nothing is named, though the samples cover longer than the first
   case took to name node2."""
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterddp.quarantine import Quarantine
 from clusterddp.stragglers import MIN_STREAK, WINDOW, read_run, stragglers_of
 from helpers import cddp, eventually, gloo_exit_abort, record, run_id_of
 
@@ -166,7 +168,8 @@ def test_an_attached_run_says_its_straggler_and_tells_the_targets_that_want_it(b
     (src / "ddp.py").write_text(JOB)
     told, deaf = tmp_path / "told.json", tmp_path / "deaf.json"
     inventory = bed.write_inventory(tmp_path / "inv.yaml", defaults_extra={"gpus": 1}, extra={"notify": [
-        {"command": f"cat > {told}", "on": ["straggler"]}, {"command": f"cat > {deaf}"}]})
+        {"command": f"cat > {told}", "on": ["straggler"]}, {"command": f"cat > {deaf}"}],
+        "quarantine_stragglers": True})
     runs = tmp_path / "runs"
     r = cddp("up", str(inventory), str(src / "ddp.py"), "--runs-dir", str(runs), "-e", "SLOW_HOSTS=node2",
              "-e", f"CDDP_STOP={tmp_path / 'never'}", "-e", "CDDP_SECONDS=120", timeout=480, check_rc=0)
@@ -179,4 +182,9 @@ def test_an_attached_run_says_its_straggler_and_tells_the_targets_that_want_it(b
     assert json.loads(deaf.read_text())["event"] == "succeeded"  # a target without `on`: the end only
     run_id = run_id_of(r.stdout)
     assert [(s["host"], s["ranks"]) for s in stragglers_of(runs / run_id)] == [("node2", [1])]
+    # quarantine_stragglers: true: node2 got a strike from this run (set aside by it, when `cddp` ran `up`
+    # again after torch's gloo abort at exit: the first run struck it), node1 nothing
+    q = Quarantine()  # this test's own $XDG_STATE_HOME (conftest), the launcher's too
+    struck = [(k.host, k.run_id) for k in q.strikes()] + [(e.host, e.run_id) for e in q.entries()]
+    assert ("node2", run_id) in struck and {h for h, _ in struck} == {"node2"}, struck
 

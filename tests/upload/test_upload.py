@@ -14,7 +14,7 @@ from clusterddp import backends, upload
 from clusterddp.backends.ssh import launch as jobs
 from clusterddp.errors import UsageError
 from clusterddp.runspec import RunSpec
-from helpers import REPO, cddp
+from helpers import REPO, cddp, resolved
 
 KEYS = backends.inventory_keys()  # every backend's inventory key, as `up` asks the registry
 OTHER = upload.other_inventory(KEYS)
@@ -158,7 +158,8 @@ def test_only_a_folder_whose_python_names_clusterddp_has_its_nodes_look_for_clus
 
     def lookup(**files):
         tree(src, files)
-        prep = jobs.prepare(str(tmp_path / "inv.yaml"), RunSpec(str(src / "t.py")), str(tmp_path / "runs"))
+        spec = resolved(RunSpec(str(src / "t.py")), tmp_path / "inv.yaml")
+        prep = jobs.prepare(str(tmp_path / "inv.yaml"), spec, str(tmp_path / "runs"))
         scripts = {n.launch_script.count("cddp_train=$(") for n in prep.plan.nodes}
         assert len(scripts) == 1 and prep.folder is not None
         return prep.plan.train_lookup, scripts.pop()
@@ -176,12 +177,13 @@ def test_a_job_with_its_own_pythonpath_has_clusterddp_train_looked_for_whatever_
     from clusterddp import inventory
     from clusterddp.plan import build_plan
     inv = inventory.parse("hosts:\n  - {name: a, address: 10.0.0.1}\n", "inv.yaml")
-    plain = build_plan(inv, RunSpec("t.py"), "r1", train_lookup=False)
+    plain = build_plan(inv, resolved(RunSpec("t.py"), inv), "r1", train_lookup=False)
     assert "cddp_train=$(" not in plain.nodes[0].launch_script
     assert "its clusterddp.train is not looked for" in plain.nodes[0].launch_script
-    own = build_plan(inv, RunSpec("t.py", env=(("PYTHONPATH", "/shared/lib"),)), "r1", train_lookup=False)
+    own = build_plan(inv, resolved(RunSpec("t.py", env=(("PYTHONPATH", "/shared/lib"),)), inv), "r1",
+                     train_lookup=False)
     assert "cddp_train=$(" in own.nodes[0].launch_script
-    assert "cddp_train=$(" in build_plan(inv, RunSpec("t.py"), "r1").nodes[0].launch_script
+    assert "cddp_train=$(" in build_plan(inv, resolved(RunSpec("t.py"), inv), "r1").nodes[0].launch_script
 
 
 # ---- issue 39, section 3: what the run names as secrets, and other inventories, never leave ----
@@ -252,7 +254,7 @@ def test_the_inventory_is_left_out_by_ssh_prepare_even_when_loaded_by_the_caller
     src = tmp_path / "proj"
     tree(src, {"t.py": "print(1)\n", "inv.yml": GOOD_INV})
     monkeypatch.chdir(src)
-    prep = jobs.prepare("inv.yml", RunSpec(script="t.py"), str(tmp_path / "runs"))
+    prep = jobs.prepare("inv.yml", resolved(RunSpec(script="t.py"), "inv.yml"), str(tmp_path / "runs"))
     assert prep.folder is not None and prep.folder.left_out == (("inv.yml", "the inventory"),)
     assert "upload: left out inv.yml: the inventory" in jobs.describe_upload(prep)
 

@@ -30,13 +30,9 @@ from ...envs.lock import Lock
 from ...errors import HostError, NodeOutcome, SlurmAnswerError, SlurmError, UsageError
 from ...failure import Failure
 from ...inventory import Host, Inventory
-from ...metrics.idle import READ_TIMEOUT as IDLE_TIMEOUT
-from ...metrics.idle import NodeIdle, idle_of
-from ...metrics.idle import parse_node as idle_parse
-from ...metrics.idle import read_command as idle_command
 from ...node import notify as node_notify
 from ...record import NodeRecord, NodeState, RunRecord, RunStatus
-from ...runspec import RunSpec
+from ...runspec import ResolvedSpec
 from ...sizes import human_size
 from ...store import RunStore, new_run_id, utcnow
 from ...transport import Transport
@@ -96,7 +92,7 @@ def checked(login: Login, args: list[str], timeout: float = 60) -> str:
     return r.text
 
 
-def prepare(inventory: Inventory, spec: RunSpec, runs_dir: str, script: Path, run_id: str | None = None,
+def prepare(inventory: Inventory, spec: ResolvedSpec, runs_dir: str, script: Path, run_id: str | None = None,
             *, contact: bool = False, notify: bool = False) -> Prepared:
     """Plan the run; nothing written. A remote login host is asked for its home (where ``~`` in
     slurm.shared_dir is) only with ``contact``; otherwise (--dry-run, `schedule add`) the path is shown as written.
@@ -303,12 +299,11 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
     ctl = posixpath.join(run_dir, node_script.CONTROL)
     nodes = {n.host: ssh_plan.NodeLaunch(where, n.node_rank, n.nproc, run_dir, slurm_plan.node_control(ctl, n.host), "",
                                   (), (), "") for n in rec.nodes}
-    hangs = _hangs(t, nodes)
-    if hangs:  # the stall watchdog ended it: a hang, with every rank's stacks its nodes took
-        return hang.hang_of(rec, store, hangs)
-    idle = idle_of(rec, _idles(t, nodes))
-    if idle is not None:  # the idle policy ended it: that, not the signal its ranks got
-        return idle
+    # the stall watchdog ended it (a hang, with every rank's stacks its nodes took), or the idle policy
+    # did (that, not the signal its ranks got)
+    found = hang.failure_of(rec, store, _records(t, nodes))
+    if found is not None:
+        return found
     reports: dict[str, dict] = {}
     failed: dict[str, BaseException] = {}
     for n in rec.nodes:
@@ -323,31 +318,15 @@ def diagnose(login: Login, store: RunStore, rec: RunRecord) -> Failure:
     return postmortem.explain_reports(rec, store, reports, failed)
 
 
-def _hangs(t: Transport, nodes: dict[str, ssh_plan.NodeLaunch]) -> dict[str, hang.NodeHang]:
-    """Each node's hang record (:mod:`clusterddp.hang`), read in its own control folder in the shared
-    folder; a node without one, or whose folder cannot be read, is left out."""
+def _records(t: Transport, nodes: dict[str, ssh_plan.NodeLaunch]) -> dict[str, hang.NodeRecords]:
+    """Each node's hang and idle records (:func:`clusterddp.hang.read_one`: one command a node), read in its
+    own control folder in the shared folder; a node whose folder cannot be read is left out."""
     out = {}
     for host, node in nodes.items():
         try:
-            got = hang.parse_node(host, t.run(hang.read_command(node), timeout=hang.READ_TIMEOUT).stdout)
-        except Exception:  # noqa: BLE001 - no hang record read there: told as the others are
+            out[host] = hang.read_one(t, host, node)
+        except Exception:  # noqa: BLE001 - no record read there: told as the others are
             continue
-        if got is not None:
-            out[host] = got
-    return out
-
-
-def _idles(t: Transport, nodes: dict[str, ssh_plan.NodeLaunch]) -> dict[str, NodeIdle]:
-    """Each node's idle record (:mod:`clusterddp.metrics.idle`), read in its own control folder in the
-    shared folder; a node without one, or whose folder cannot be read, is left out."""
-    out = {}
-    for host, node in nodes.items():
-        try:
-            got = idle_parse(host, t.run(idle_command(node), timeout=IDLE_TIMEOUT).stdout)
-        except Exception:  # noqa: BLE001 - no idle record read there
-            continue
-        if got is not None:
-            out[host] = got
     return out
 
 
@@ -371,6 +350,7 @@ def collect(login: Login, store: RunStore, run_id: str, run_dir: str, control_di
     for h in hosts:
         copy_log(login, store, run_id, h, slurm_plan.node_log(control_dir, h))
         copy_samples(t, store, run_id, h, slurm_plan.node_control(control_dir, h))
+        copy_where(t, store, run_id, h, slurm_plan.node_control(control_dir, h))
     # collect_command reads <control_dir>/node.log: the batch step's output (plan.BATCH_LOG)
     node = ssh_plan.NodeLaunch(host, 0, 1, run_dir, control_dir, "", (), (), "")
     return collect_node(t, node, store, run_id, globs)
@@ -394,6 +374,19 @@ def copy_samples(t: Transport, store: RunStore, run_id: str, host: str, node_ctl
     files = split_answer(bytes(buf), host)
     if files and not store.read_only:
         save(store.run_dir(run_id), host, files)
+
+
+def copy_where(t: Transport, store: RunStore, run_id: str, host: str, node_ctl: str) -> None:
+    """The rank sampler's file of ``host`` (clusterddp.stragglers), from the shared folder where it is, bounded,
+    as an SSH node's comes back (``<run>/where/<host>/where.jsonl``); none: nothing."""
+    from ...nodescript import WHERE_SAMPLES
+    from ...stragglers import MOST_FILE, WHERE_DIR, fetch_command
+    try:
+        data = t.run(fetch_command(node_ctl), timeout=60).stdout[:MOST_FILE]
+    except Exception:  # noqa: BLE001 - the samples are best effort: the logs and the outcome stand without them
+        return
+    if data and not store.read_only:
+        store.write_evidence(run_id, WHERE_DIR, host, WHERE_SAMPLES, data)
 
 
 def copy_log(login: Login, store: RunStore, run_id: str, host: str, path: str) -> bool:

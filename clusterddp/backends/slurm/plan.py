@@ -30,7 +30,7 @@ from ... import runspec
 from ...inventory import Inventory
 from ...node import notify as node_notify
 from ...nodescript import shell_word, store_wait, torchrun_entry, torchrun_start
-from ...runspec import RunSpec
+from ...runspec import ResolvedSpec, RunSpec
 from .section import SlurmSettings, settings_of
 
 BATCH = "job.sbatch"
@@ -62,7 +62,7 @@ class EnvStep:
 class SlurmPlan:
     run_id: str
     inventory: Inventory
-    spec: RunSpec
+    spec: ResolvedSpec
     settings: SlurmSettings
     run_dir: str                 # <shared_dir>/runs/<run_id>: the staged code; where the script runs
     control_dir: str
@@ -119,7 +119,7 @@ def procs(s: SlurmSettings, spec: RunSpec) -> int:
     return spec.gpus or s.gpus_per_node
 
 
-def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, notify: bool = False,
+def build(inventory: Inventory, spec: ResolvedSpec, run_id: str, shared_dir: str, notify: bool = False,
           env: EnvStep | None = None) -> SlurmPlan:
     """Plan a Slurm run; ``shared_dir`` is the inventory's, with ``~`` already expanded by the caller.
     ``notify``: the batch script tells the run's end (:func:`notify_lines`; `up --detach` with webhooks).
@@ -127,7 +127,6 @@ def build(inventory: Inventory, spec: RunSpec, run_id: str, shared_dir: str, not
     s = settings_of(inventory)
     run_dir = posixpath.join(shared_dir, "runs", run_id)
     ctl = posixpath.join(run_dir, kit.CONTROL)
-    spec = runspec.resolve(spec, inventory)  # as it is when `up` resolved it (tests may give the flags alone)
     node = _node_script(s, spec, run_id, run_dir, ctl, env)
     batch = _batch_script(s, spec, run_id, ctl, notify, env is not None)
     return SlurmPlan(run_id, inventory, spec, s, run_dir, ctl, batch, node, spec.collect, notify, env)
@@ -148,7 +147,7 @@ def env_lines(s: SlurmSettings, ctl: str) -> list[str]:
     ]
 
 
-def _batch_script(s: SlurmSettings, spec: RunSpec, run_id: str, ctl: str, notify: bool = False,
+def _batch_script(s: SlurmSettings, spec: ResolvedSpec, run_id: str, ctl: str, notify: bool = False,
                   env: bool = False) -> str:
     lo, hi = s.nodes
     opts = [f"--job-name=clusterddp-{run_id}", f"--nodes={lo}" if lo == hi else f"--nodes={lo}-{hi}",
@@ -241,7 +240,7 @@ def notify_lines(s: SlurmSettings, env: bool = False) -> list[str]:
     ]
 
 
-def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl: str,
+def _node_script(s: SlurmSettings, spec: ResolvedSpec, run_id: str, run_dir: str, ctl: str,
                  step: EnvStep | None = None) -> str:
     host = s  # its python and setup lines are every node's (nodescript.HostLike)
     env = tuple({**dict(s.env), **dict(spec.env)}.items())
@@ -299,6 +298,8 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
                   "export -n MASTER_ADDR MASTER_PORT"]
     else:
         lines += kit.sampler_lines(s.python, sampler) if sampler is not None else []
+    where_start, where_end = kit.where_lines(s.python, kit.WHERE_ARGS)  # the rank sampler (clusterddp.stragglers)
+    lines += where_start
     nproc = procs(s, spec)
     argv = [store_wait('"$cddp_store"'), *map(shell_word, torchrun_start(s.python))]
     argv += [kit.q(w) for w in ("--nnodes", str(lo) if lo == hi else f"{lo}:{hi}", "--nproc-per-node", str(nproc),
@@ -313,7 +314,7 @@ def _node_script(s: SlurmSettings, spec: RunSpec, run_id: str, run_dir: str, ctl
     argv += ["--log-dir", '"$CTL/errors"']
     argv += [kit.q(w) for w in torchrun_entry(s.python, posixpath.basename(spec.script), spec.script_args,
                                              spec.local_rank_arg)]
-    lines += [" ".join(argv), *watch_end,
+    lines += [" ".join(argv), *where_end, *watch_end,
               "cddp_exit $cddp_rc" if watch is not None else "cddp_exit $?", ""]
     return "\n".join(lines)
 

@@ -7,6 +7,8 @@ The rules, in the words docs/machine-dies.md uses:
 
 - New attempts: up to ``--max-restarts N`` (else the inventory's ``restarts: N``); with
   ``--nodes MIN:MAX`` and neither, up to MAX - MIN (each one goes on with a spare or a node fewer).
+  That number is the run spec's ``restarts``, resolved with every other option's precedence
+  (:func:`clusterddp.runspec.resolve`).
 - Each host out is replaced by the first healthy spare in ``spares:`` order that the run has not
   used yet and that is not quarantined; a host out never comes back in the same run.
 - Without enough spares, the run goes on with the hosts left only with ``--nodes MIN:MAX`` and
@@ -26,18 +28,6 @@ from dataclasses import dataclass
 
 from ...errors import HostError, HostErrorKind
 from ...inventory import Host
-
-
-def allowed(max_restarts: int, nodes: tuple[int, int] | None, restarts: int | None = None) -> int:
-    """How many attempts a run may make after its first: ``--max-restarts``, else the inventory's
-    ``restarts:``, else what ``--nodes`` lets it lose (MAX - MIN), else none."""
-    if max_restarts > 0:
-        return max_restarts
-    if restarts is not None:
-        return restarts
-    if nodes is not None:
-        return nodes[1] - nodes[0]
-    return 0
 
 
 def start_hosts(hosts: Sequence[Host], nodes: tuple[int, int] | None) -> tuple[tuple[Host, ...], str | None]:

@@ -23,9 +23,11 @@ from ...artifacts import CollectResult, collect_nodes
 from ...errors import HostError, UsageError
 from ...failure import Failure
 from ...fleet import Fleet
+from ...metrics.idle import NodeIdle, watch_every
+from ...metrics.idle import Watch as IdleWatch
 from ...mirror import Mirror, unprotected
 from ...record import Attempt, NodeRecord, NodeState, ResumedFrom, RunRecord, RunStatus
-from ...runspec import RunSpec, resolve
+from ...runspec import ResolvedSpec
 from ...store import RunStore, new_run_id
 from ...upload import DEFAULT_MAX_UPLOAD
 from .. import base, inventory_keys, lifecycle
@@ -49,13 +51,14 @@ class Prepared:
     locks: dict | None = None  # `packages:`: each host's lock (clusterddp.envs), its environment built before the job
 
 
-def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] | None = None,
+def prepare(inventory_arg: str, spec: ResolvedSpec, runs_dir: str, hosts: list[str] | None = None,
             run_id: str | None = None, exclude: list[str] | None = None,
             loaded: inv_mod.Inventory | None = None, slots: dict[str, tuple[int, ...]] | None = None,
             nodes: tuple[int, int] | None = None, secrets: tuple[upload.Secret, ...] = (),
             resume: str | None = None, schedule: str | None = None) -> Prepared:
-    """Validate input and plan the run (no network). Raises UsageError for bad input.
-    ``loaded``: the inventory, when the caller has already read it. ``slots``: a fixed choice of
+    """Validate input and plan the run (no network). Raises UsageError for bad input. ``spec``: the
+    run's flags resolved against the inventory (:func:`clusterddp.runspec.resolve`, by the caller: once).
+    ``loaded``: that inventory, when the caller has it (else it is read again here). ``slots``: a fixed choice of
     GPUs by host (``--hosts gpu-01:0,1``), over the inventory's. ``nodes``: ``--nodes MIN:MAX``
     (the run starts on the first MAX hosts). ``secrets``: files never uploaded
     (:func:`clusterddp.upload.secret_files`; the inventory's own are added here). ``resume``: ``--resume
@@ -63,7 +66,6 @@ def prepare(inventory_arg: str, spec: RunSpec, runs_dir: str, hosts: list[str] |
     store (:func:`clusterddp.resume.resolve`)."""
     script = base.check_script(spec.script)
     inventory = loaded or base.load_inventory(inventory_arg, spec.gpus)
-    spec = resolve(spec, inventory)  # as `up` resolved it (a caller may give the flags alone)
     secrets = (*upload.secret_files(inventory), *secrets)  # every host's, before --hosts narrows them
     if not inventory.hosts:
         raise UsageError(f"{inventory.path} lists no hosts, which this command runs on",
@@ -398,7 +400,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             source_tar: Path | None = None, join_timeout: float = 0.0, may_go_on: bool = False,
             on_detached: Callable[[Fleet, ssh_plan.LaunchPlan], None] = lambda fleet, plan: None,
             on_warn: Callable[[str], None] = lambda line: None,
-            on_straggler: Callable[[stragglers.Straggler], None] | None = None) -> RunOutcome | None:
+            on_straggler: Callable[[stragglers.Straggler], None] | None = None,
+            on_idle: Callable[[NodeIdle], None] | None = None) -> RunOutcome | None:
     """Start the run; unless ``detach``, watch it to the end, collect, and record the outcome.
     ``may_go_on``: a failed attempt may be followed by another on other hosts (what a lost node's
     collect error says). ``on_detached(fleet, plan)``: once a detached run's every node has started, before
@@ -409,7 +412,9 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     Raises RunFailed (exit 1) when the job failed, KeyboardInterrupt after a Ctrl-C teardown.
     While it watches, :class:`~clusterddp.mirror.Mirror` brings rank 0's checkpoints back as they
     appear (``on_warn``: its problems, one line each; never the run's outcome); with ``on_straggler``,
-    :class:`~clusterddp.stragglers.Watch` tells each host the other ranks wait for, as it is named.
+    :class:`~clusterddp.stragglers.Watch` tells each host the other ranks wait for, as it is named; with
+    ``on_idle``, an idle policy without ``stop`` that finds the run idle is told
+    (:class:`~clusterddp.metrics.idle.Watch`).
     """
     plan, store = prep.plan, prep.store
     run_id = plan.run_id
@@ -432,6 +437,7 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             raise
         mirror = Mirror(fleet, plan, store, warn=on_warn)
         slow = stragglers.Watch(fleet, plan.nodes, on_straggler) if on_straggler is not None and not detach else None
+        idle = _idle_watch(fleet, plan, on_idle) if not detach else None
         try:
             store.update(run_id, lambda rec: rec.seen(node_states(sup)))
             if detach:
@@ -440,10 +446,14 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             mirror.start()
             if slow is not None:
                 slow.start()
+            if idle is not None:
+                idle.start()
         except KeyboardInterrupt:  # Ctrl-C once every node started, before they are watched: as while starting
             mirror.stop()
             if slow is not None:
                 slow.stop()
+            if idle is not None:
+                idle.stop(final=False)
             sup.teardown()
             finish(store, run_id, sup, RunOutcome(RunStatus.STOPPED, sup.outcomes()))
             raise
@@ -456,6 +466,8 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
             mirror.stop()
             if slow is not None:
                 slow.stop()
+            if idle is not None:
+                idle.stop(final=not stopped)
         if stopped:
             outcome = sup.outcome  # what the Ctrl-C's teardown left of each node
         return lifecycle.end(
@@ -465,6 +477,15 @@ def execute(prep: Prepared, on_output: Callable[[str, bytes], None], *, detach: 
     finally:
         store.close_logs()
         sup.close()
+
+
+def _idle_watch(fleet: Fleet, plan: ssh_plan.LaunchPlan,
+                on_idle: Callable[[NodeIdle], None] | None) -> IdleWatch | None:
+    """The watch of an idle policy without ``stop`` (with one, the run's end tells it), when ``on_idle`` is given."""
+    policy = plan.spec.idle_policy
+    if on_idle is None or policy is None or policy[2]:
+        return None
+    return IdleWatch(fleet, plan.nodes, on_idle, watch_every(policy[1]))
 
 
 def explain(fleet: Fleet, plan: ssh_plan.LaunchPlan, store: RunStore) -> tuple[str, ...]:
@@ -632,7 +653,7 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
                 events.say(line)
         _resume(self.prep, self.req, events, self.chosen, self.fleet, self.lease)
         events.hosts([n.host.name for n in plan.nodes])
-        self.may_go_on = attempts.allowed(self.req.spec.max_restarts, self.req.nodes, plan.inventory.restarts) > 0
+        self.may_go_on = self.req.spec.restarts > 0  # clusterddp.runspec.resolve
 
     def execute(self) -> RunOutcome | None:
         req, events, store = self.req, self.events, self.prep.store
@@ -642,7 +663,8 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
         return execute(self.prep, events.output, on_collect=events.collected, detach=req.detach, fleet=self.fleet,
                        source_tar=self.packed.path if self.packed else None, join_timeout=req.join_timeout,
                        may_go_on=self.may_go_on, on_detached=arm, on_warn=events.warn,
-                       on_straggler=lambda s: _tell_straggler(store, self.prep.plan.run_id, req, events, s))
+                       on_straggler=lambda s: _tell_straggler(store, self.prep.plan.run_id, req, events, s),
+                       on_idle=lambda found: _tell_idle(store, self.prep.plan.run_id, req, events, found))
 
     def after_failure(self) -> None:
         _set_aside(self.prep, self.events)
@@ -659,6 +681,7 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
             self.events.warn(unwatched)
 
     def after_end(self) -> None:
+        _strike_stragglers(self.prep, self.events)
         _end_lost(self.prep, self.events)
 
     def release(self) -> None:
@@ -717,7 +740,7 @@ def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, 
     which ends as it always did)."""
     from ... import policy
     from ...errors import ClusterDDPError
-    budget = attempts.allowed(req.spec.max_restarts, req.nodes, prep.plan.inventory.restarts)
+    budget = req.spec.restarts  # clusterddp.runspec.resolve: --max-restarts > restarts: > --nodes
     if budget == 0:
         return None
     rec = prep.store.load(prep.plan.run_id)
@@ -733,11 +756,8 @@ def _next_attempt(prep: Prepared, req: base.LaunchRequest, events: base.Events, 
         _ends(prep, events, attempt, decision.why)
         return None
     if attempt - 1 >= budget:
-        restarts = prep.plan.inventory.restarts
-        limit = (f"--max-restarts {req.spec.max_restarts}" if req.spec.max_restarts
-                 else f"restarts: {restarts} (the inventory's)" if restarts is not None
-                 else "--nodes {}:{}".format(*req.nodes or (0, 0)))
-        _ends(prep, events, attempt, policy.ends(decision.why, f"{limit} allows no more attempts"), decision.hosts)
+        _ends(prep, events, attempt, policy.ends(decision.why, f"{req.spec.restarts_by} allows no more attempts"),
+              decision.hosts)
         return None
     try:
         return _start_next(prep, req, events, attempt, rec, decision)
@@ -903,15 +923,55 @@ def _tell_straggler(store: RunStore, run_id: str, req: base.LaunchRequest, event
         events.warn(line)
 
 
+def _tell_idle(store: RunStore, run_id: str, req: base.LaunchRequest, events: base.Events, found: NodeIdle) -> None:
+    """The run found idle by its idle policy without ``stop``, going on: said, and told to the targets whose
+    ``on`` lists ``idle``."""
+    from ... import notify
+    events.warn(notify.idle_text(run_id, found.to_json()))
+    for line in notify.tell_news(req.notify, store, run_id, notify.idle_event(run_id, found.to_json())):
+        events.warn(line)
+
+
 def _set_aside(prep: Prepared, events: base.Events) -> None:
     """After a failed run: a machine whose GPU failed, or lost twice in a row, is quarantined for the
     inventory's ``quarantine:`` (clusterddp.quarantine), said in one line. Best effort: never the run's outcome."""
     from ... import quarantine
     try:
-        added = quarantine.after_run(prep.store.load(prep.plan.run_id), prep.plan.inventory.quarantine_s)
+        added = quarantine.after_run(prep.store.load(prep.plan.run_id), prep.plan.inventory.quarantine_s,
+                                     slow=_stragglers_named(prep))
     except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not hide the run's failure
         events.warn(f"quarantine: not updated: {problem}")
         return
+    _said_aside(added, events)
+
+
+def _stragglers_named(prep: Prepared) -> list[str]:
+    """With ``quarantine_stragglers: true``: the hosts the run's samples brought back name stragglers."""
+    if not prep.plan.inventory.quarantine_stragglers:
+        return []
+    return stragglers.hosts_named(prep.store.run_dir(prep.plan.run_id))
+
+
+def _strike_stragglers(prep: Prepared, events: base.Events) -> None:
+    """After an attached run that succeeded (a failed one counted them in :func:`_set_aside`), with
+    ``quarantine_stragglers: true``: a strike for each host named a straggler in it, said when that sets
+    it aside. Best effort: never the run's outcome."""
+    from ... import quarantine
+    if not prep.plan.inventory.quarantine_stragglers:
+        return
+    try:
+        rec = prep.store.load(prep.plan.run_id)
+        if rec.status is not RunStatus.SUCCEEDED:
+            return
+        added = quarantine.after_slow(rec, _stragglers_named(prep), prep.plan.inventory.quarantine_s)
+    except Exception as problem:  # noqa: BLE001 - a damaged quarantine file must not change how the run ended
+        events.warn(f"quarantine: not updated: {problem}")
+        return
+    _said_aside(added, events)
+
+
+def _said_aside(added: list, events: base.Events) -> None:
+    from ... import quarantine
     for e in added:
         events.warn(f"quarantine: {e.host} ({e.machine}) is set aside until {quarantine.stamp(e.until)}: {e.why}; "
                     f"runs refuse it until then (`clusterddp quarantine release {e.host}` lets it back)")

@@ -17,7 +17,7 @@ import yaml
 from clusterddp.backends import load_inventory as load_named
 from clusterddp.backends.slurm import plan as slurm_plan
 from clusterddp.runspec import RunSpec
-from helpers import cddp, eventually, job_pids, record, run_id_of
+from helpers import cddp, eventually, job_pids, record, resolved, run_id_of
 from test_notify import TOKEN, Receiver
 
 pytestmark = pytest.mark.integration
@@ -138,8 +138,8 @@ def test_only_a_batch_script_that_tells_carries_the_notifier(tmp_path):
     path.write_text(yaml.safe_dump({"name": "c", "slurm": {"nodes": 2, "shared_dir": "/s", "python": "py"}}))
     inv = load_named(str(path))
     spec = RunSpec(script="t.py", max_restarts=2)
-    plain = slurm_plan.build(inv, spec, "R", "/s").batch_script
-    told = slurm_plan.build(inv, spec, "R", "/s", notify=True).batch_script
+    plain = slurm_plan.build(inv, resolved(spec, inv), "R", "/s").batch_script
+    told = slurm_plan.build(inv, resolved(spec, inv), "R", "/s", notify=True).batch_script
     assert "notify" not in plain and "trap" not in plain and 'scontrol requeue "$SLURM_JOB_ID"\nfi' in plain
     assert "trap 'cddp_term=1' TERM" in told
     requeue, tell = told.index('scontrol requeue "$SLURM_JOB_ID" && exit "$rc"'), told.index('"$CTL/notify.py" ended')

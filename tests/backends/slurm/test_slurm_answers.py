@@ -18,7 +18,7 @@ from clusterddp.errors import SlurmAnswerError
 from clusterddp.record import RunStatus
 from clusterddp.runspec import RunSpec
 from clusterddp.transport.base import CommandResult
-from helpers import parse_inventory
+from helpers import parse_inventory, resolved
 
 INV = """
 slurm:
@@ -103,7 +103,8 @@ def _inv(tmp_path, gpus: bool = False):
 
 def _prep(tmp_path, login: _Login) -> slurm.Prepared:
     (tmp_path / "t.py").write_text("pass\n")
-    prep = slurm.prepare(_inv(tmp_path), RunSpec("t.py", ()), str(tmp_path / "runs"), tmp_path / "t.py")
+    i = _inv(tmp_path)
+    prep = slurm.prepare(i, resolved(RunSpec("t.py", ()), i), str(tmp_path / "runs"), tmp_path / "t.py")
     prep = replace(prep, login=login)  # type: ignore[arg-type]
     prep.store.create(slurm.new_record(prep, "c.yaml"))
     return prep

@@ -21,7 +21,7 @@ from clusterddp.errors import HostError, HostErrorKind, SlurmError
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
 from clusterddp.transport.base import CommandResult
-from helpers import parse_inventory
+from helpers import parse_inventory, resolved
 
 INV = """
 slurm:
@@ -36,7 +36,7 @@ def _recorded(tmp_path, job_id: str | None = None) -> slurm.Prepared:
     if sbatch had answered); tests give it their stand-in login."""
     inv = parse_inventory(INV.format(shared=tmp_path / "shared"), "c.yaml")
     (tmp_path / "t.py").write_text("pass\n")
-    prep = slurm.prepare(inv, RunSpec("t.py", ()), str(tmp_path / "runs"), tmp_path / "t.py")
+    prep = slurm.prepare(inv, resolved(RunSpec("t.py", ()), inv), str(tmp_path / "runs"), tmp_path / "t.py")
     rec = slurm.new_record(prep, "c.yaml")
     prep.store.create(with_job(rec, replace(job_of(rec), job_id=job_id)))
     return prep

@@ -6,7 +6,7 @@ import subprocess
 
 from clusterddp.backends.slurm import plan as slurm_planner
 from clusterddp.runspec import RunSpec
-from helpers import cddp, job_script, parse_inventory
+from helpers import cddp, job_script, parse_inventory, resolved
 from test_plan import HOSTILE, RUN_ID, golden
 
 INV = """
@@ -32,7 +32,7 @@ def slurm_plan(**spec) -> slurm_planner.SlurmPlan:
     inv = parse_inventory(INV, "c.yaml")
     return slurm_planner.build(
         inv,
-        RunSpec("train/t.py", HOSTILE, collect=("logs/*.txt",), env=(("E", "a b"),), **spec),
+        resolved(RunSpec("train/t.py", HOSTILE, collect=("logs/*.txt",), env=(("E", "a b"),), **spec), inv),
         RUN_ID,
         "/shared/cddp",
     )
@@ -88,7 +88,7 @@ def test_with_packages_a_first_step_makes_the_environment_ready_and_the_job_runs
     base python builds, or finds ready, the environment); the job's step starts only when it succeeded, and
     its torchrun runs with the environment's python. Golden, and run by bash with srun replaced."""
     inv = parse_inventory(INV, "c.yaml")
-    p = slurm_planner.build(inv, RunSpec("train/t.py", ("--x",)), RUN_ID, "/shared/cddp", env=ENV_STEP)
+    p = slurm_planner.build(inv, resolved(RunSpec("train/t.py", ("--x",)), inv), RUN_ID, "/shared/cddp", env=ENV_STEP)
     head = p.node_script[:p.node_script.index("cddp_master=$1")]  # the rest is the golden slurm.txt's
     golden("slurm_env.txt", f"== {slurm_planner.BATCH} ==\n{p.batch_script}\n"
                             f"== {slurm_planner.NODE_SCRIPT} (its head) ==\n{head}")
@@ -100,7 +100,8 @@ def test_with_packages_a_first_step_makes_the_environment_ready_and_the_job_runs
     assert build.strip().startswith("/opt/venv/bin/python -S /shared/cddp/runs/") and "say" in build
     assert "python: " + ENV_STEP.python in slurm_planner.summary(p) or ENV_STEP.python in slurm_planner.summary(p)
     # notify: the end waits for the job's step only where it started
-    notified = slurm_planner.build(inv, RunSpec("train/t.py", ()), RUN_ID, "/shared/cddp", notify=True, env=ENV_STEP)
+    notified = slurm_planner.build(inv, resolved(RunSpec("train/t.py", ()), inv), RUN_ID, "/shared/cddp", notify=True,
+                                   env=ENV_STEP)
     subprocess.run(["bash", "-n"], input=notified.batch_script, text=True, check=True)
     assert '[ -n "$cddp_srun" ]' in notified.batch_script
 
@@ -122,7 +123,7 @@ def _batch_with_srun(tmp_path, p, env_rc: int) -> tuple[int, list[str]]:
 
 def test_the_jobs_step_starts_only_after_the_environment_step_succeeded(tmp_path):
     inv = parse_inventory(INV, "c.yaml")
-    p = slurm_planner.build(inv, RunSpec("train/t.py", ()), RUN_ID, "/shared/cddp", env=ENV_STEP)
+    p = slurm_planner.build(inv, resolved(RunSpec("train/t.py", ()), inv), RUN_ID, "/shared/cddp", env=ENV_STEP)
     rc, calls = _batch_with_srun(tmp_path, p, 0)
     assert rc == 0 and len(calls) == 2 and calls[0].endswith(" env") and not calls[1].endswith(" env"), calls
     (tmp_path / "calls").unlink()

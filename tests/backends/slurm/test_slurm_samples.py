@@ -64,8 +64,9 @@ def test_each_attempt_s_samples_are_kept_and_come_back_as_ssh_s(tmp_path):
 
 def test_the_node_script_keeps_samples_only_when_the_sampler_runs():
     from clusterddp.runspec import RunSpec
-    from helpers import parse_inventory
+    from helpers import parse_inventory, resolved
     inv = parse_inventory("slurm:\n  partition: p\n  nodes: 2\n  shared_dir: /s\n", "c.yaml")
-    on = slurm_plan.build(inv, RunSpec("t.py", max_restarts=2), RUN, "/s").node_script
-    off = slurm_plan.build(inv, RunSpec("t.py", max_restarts=2, metrics_interval=0), RUN, "/s").node_script
+    on = slurm_plan.build(inv, resolved(RunSpec("t.py", max_restarts=2), inv), RUN, "/s").node_script
+    off = slurm_plan.build(inv, resolved(RunSpec("t.py", max_restarts=2, metrics_interval=0), inv), RUN,
+                           "/s").node_script
     assert '"$CTL@attempt-$cddp_att"' in on and "@attempt-" not in off

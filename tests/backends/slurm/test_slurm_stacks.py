@@ -22,7 +22,7 @@ from clusterddp.errors import UsageError
 from clusterddp.node import stacks as node_stacks
 from clusterddp.runspec import RunSpec
 from clusterddp.transport.base import CommandResult
-from helpers import parse_inventory
+from helpers import parse_inventory, resolved
 
 INV = """
 slurm:
@@ -81,7 +81,7 @@ class _Slurm:
 def recorded(tmp_path, monkeypatch, login: _Slurm):
     inv = parse_inventory(INV.format(shared=tmp_path / "shared"), "c.yaml")
     (tmp_path / "train.py").write_text("pass\n")
-    prep = slurm.prepare(inv, RunSpec("train.py", ()), str(tmp_path / "runs"), tmp_path / "train.py")
+    prep = slurm.prepare(inv, resolved(RunSpec("train.py", ()), inv), str(tmp_path / "runs"), tmp_path / "train.py")
     rec = slurm.new_record(prep, "c.yaml")
     prep.store.create(with_job(rec, replace(job_of(rec), job_id="4242")))
     monkeypatch.setattr(slurm_control, "open_login", lambda recorded: login)
@@ -141,7 +141,7 @@ def test_the_record_keeps_the_nodes_settings_for_the_nodes_it_learns_later(tmp_p
     from clusterddp.record import BackendPart
     inv = parse_inventory(INV.format(shared=tmp_path / "shared"), "c.yaml")
     (tmp_path / "train.py").write_text("pass\n")
-    prep = slurm.prepare(inv, RunSpec("train.py", ()), str(tmp_path / "runs"), tmp_path / "train.py")
+    prep = slurm.prepare(inv, resolved(RunSpec("train.py", ()), inv), str(tmp_path / "runs"), tmp_path / "train.py")
     job = job_of(slurm.new_record(prep, "c.yaml"))
     assert job.node is not None
     assert (job.node.python, job.node.setup) == ("/opt/py/bin/python3", ("module load python",))

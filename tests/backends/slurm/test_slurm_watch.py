@@ -24,7 +24,7 @@ from clusterddp.node import stacks as node_stacks
 from clusterddp.record import RunStatus
 from clusterddp.runspec import RunSpec
 from clusterddp.store import RunStore
-from helpers import parse_inventory
+from helpers import parse_inventory, resolved
 
 INV = """
 slurm:
@@ -40,7 +40,8 @@ def inv(tmp_path, nodes="2"):
 
 
 def test_node_sh_starts_the_watchdog_with_the_store_the_node_finds_and_exits_1_on_a_hang(tmp_path):
-    p = slurm_plan.build(inv(tmp_path), RunSpec("t.py", (), stall_timeout=20.0, progress_regex="^step "), "r1", "/s")
+    i = inv(tmp_path)
+    p = slurm_plan.build(i, resolved(RunSpec("t.py", (), stall_timeout=20.0, progress_regex="^step "), i), "r1", "/s")
     subprocess.run(["bash", "-n"], input=p.node_script, text=True, check=True)
     lines = p.node_script.splitlines()
     at = lines.index("export MASTER_ADDR MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))")
@@ -49,16 +50,19 @@ def test_node_sh_starts_the_watchdog_with_the_store_the_node_finds_and_exits_1_o
     args = json.loads(shlex.split(lines[start])[3])
     assert (args["store"], args["nnodes"], args["timeout"], args["regex"]) == (None, 2, 20.0, "^step ")
     torchrun = next(i for i, ln in enumerate(lines) if " torch.distributed.run " in ln and not ln.startswith("#"))
-    assert start < torchrun and lines[torchrun + 1] == "cddp_rc=$?" and lines[-1] == "cddp_exit $cddp_rc"
+    # right after the job: the rank sampler ends (the job's $? kept), then the watchdog's end reads that $?
+    assert start < torchrun and "# the rank sampler ends" in lines[torchrun + 1], lines[torchrun + 1]
+    assert lines[torchrun + 2] == "cddp_rc=$?" and lines[-1] == "cddp_exit $cddp_rc"
     # off by default: the node script is as before (its golden file)
     # (not "watch.py": the metrics sampler writes it beside itself for its line reader)
-    assert "CDDP_WATCH_PID" not in slurm_plan.build(inv(tmp_path), RunSpec("t.py", ()), "r1", "/s").node_script
+    assert "CDDP_WATCH_PID" not in slurm_plan.build(i, resolved(RunSpec("t.py", ()), i), "r1", "/s").node_script
 
 
 def test_a_node_count_range_is_refused_with_a_stall_timeout(tmp_path):
     (tmp_path / "t.py").write_text("pass\n")
-    spec = RunSpec(str(tmp_path / "t.py"), (), stall_timeout=20.0)
-    req = base.LaunchRequest(inventory_arg="c.yaml", inventory=inv(tmp_path, '"2:4"'), spec=spec,
+    i = inv(tmp_path, '"2:4"')
+    spec = resolved(RunSpec(str(tmp_path / "t.py"), (), stall_timeout=20.0), i)
+    req = base.LaunchRequest(inventory_arg="c.yaml", inventory=i, spec=spec,
                              runs_dir=str(tmp_path / "runs"))
     with pytest.raises(UsageError, match=r"--stall-timeout: slurm.nodes is a range \(2-4\)"):
         slurm.prepare_request(req)
@@ -80,7 +84,8 @@ def _proc(pid: int, rank: int, where: tuple[str, int]) -> dict:
 def test_a_hang_the_nodes_watchdogs_left_in_the_shared_folder_is_the_runs_failure(tmp_path):
     i = inv(tmp_path)
     (tmp_path / "t.py").write_text("pass\n")
-    prep = slurm.prepare(i, RunSpec("t.py", (), stall_timeout=20.0), str(tmp_path / "runs"), tmp_path / "t.py")
+    spec = resolved(RunSpec("t.py", (), stall_timeout=20.0), i)
+    prep = slurm.prepare(i, spec, str(tmp_path / "runs"), tmp_path / "t.py")
     rec = slurm.new_record(prep, "c.yaml")
     store = RunStore(str(tmp_path / "runs"))
     info = slurm.JobInfo("7", "FAILED", "None", "main", ("n1", "n2"))

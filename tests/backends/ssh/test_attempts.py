@@ -14,7 +14,7 @@ from clusterddp.inventory import parse
 from clusterddp.launch import parse_nodes
 from clusterddp.record import Attempt, RunRecord
 from clusterddp.runspec import RunSpec
-from helpers import make_record
+from helpers import make_record, resolved
 
 INV = """\
 defaults: {user: me, gpus: 1, workdir: /w}
@@ -40,7 +40,7 @@ def test_spares_take_the_defaults_like_hosts_and_are_not_run_on(inv):
     s1, s2 = inv.spares
     assert (s1.user, s1.gpus, s1.workdir, s1.python) == ("me", 1, "/w", "/opt/py")
     assert s2.python == "python3"
-    plan = ssh_plan.build_plan(inv, RunSpec("t.py"), "r1")
+    plan = ssh_plan.build_plan(inv, resolved(RunSpec("t.py"), inv), "r1")
     assert [n.host.name for n in plan.nodes] == ["b", "a", "c"]  # no spare while every host is healthy
 
 
@@ -72,7 +72,7 @@ def test_each_host_out_is_replaced_by_the_first_healthy_spare_after_the_hosts(in
     assert names(nxt.hosts) == ["b", "c", "s1"] and nxt.out == ("a",) and nxt.in_ == ("s1",)
     assert nxt.says() == "a out, s1 in"
     # the master b stays rank 0; the others keep their order, the spare last
-    plan = ssh_plan.build_plan(inv.in_use(nxt.hosts), RunSpec("t.py"), "r1", attempt=2)
+    plan = ssh_plan.build_plan(inv.in_use(nxt.hosts), resolved(RunSpec("t.py"), inv), "r1", attempt=2)
     assert [(n.host.name, n.node_rank) for n in plan.nodes] == [("b", 0), ("c", 1), ("s1", 2)]
 
 
@@ -81,7 +81,7 @@ def test_a_lost_master_moves_rank_0_to_the_first_host_left(inv):
     assert isinstance(nxt, next_attempts.Next)
     new = inv.in_use(nxt.hosts)
     assert new.master.host == "a" and new.master.addr == "10.0.0.1"
-    plan = ssh_plan.build_plan(new, RunSpec("t.py", max_restarts=1), "r1", attempt=2)
+    plan = ssh_plan.build_plan(new, resolved(RunSpec("t.py", max_restarts=1), new), "r1", attempt=2)
     assert [(n.host.name, n.node_rank) for n in plan.nodes] == [("a", 0), ("c", 1), ("s2", 2)]
     argv = plan.nodes[0].argv
     assert argv[argv.index("--rdzv-id") + 1] == "r1.attempt-2"  # an old torchrun coming back meets no one
@@ -103,18 +103,8 @@ def test_candidates_skip_spares_used_already_and_quarantined(inv):
     assert names(next_attempts.candidates(inv.spares, used=[], quarantined=["s1", "s2"])) == []
 
 
-def test_how_many_attempts_and_where_a_nodes_range_starts(inv):
-    assert (
-        next_attempts.allowed(0, None) == 0
-        and next_attempts.allowed(2, None) == 2
-        and next_attempts.allowed(0, (1, 3)) == 2
-    )
-    assert (
-        next_attempts.allowed(1, (1, 3)) == 1
-        and next_attempts.allowed(0, (1, 3), restarts=0) == 0
-        and next_attempts.allowed(3, None, 1) == 3
-    )
-    assert next_attempts.allowed(0, None, restarts=2) == 2
+def test_where_a_nodes_range_starts(inv):
+    # how many attempts: tests/runspec/test_resolve.py (runspec.resolve's restarts)
     hosts, problem = next_attempts.start_hosts(inv.hosts, (1, 2))
     assert names(hosts) == ["a", "b"] and problem is None
     _, problem = next_attempts.start_hosts(inv.hosts, (4, 5))
@@ -169,7 +159,7 @@ def test_damaged_attempts_are_a_located_error(bad, field):
 
 
 def test_retire_command_moves_the_old_attempts_control_folder_aside(inv):
-    node = ssh_plan.build_plan(inv, RunSpec("t.py"), "r1").nodes[0]
+    node = ssh_plan.build_plan(inv, resolved(RunSpec("t.py"), inv), "r1").nodes[0]
     ctl = "/w/runs/r1/.clusterddp/b"
     assert ssh_plan.retire_command(node, 2) == (f"if [ -d {ctl} ]; then rm -rf {ctl}@attempt-1 "
                                          f"&& mv {ctl} {ctl}@attempt-1; fi")
@@ -198,20 +188,20 @@ def test_each_attempt_adds_its_lost_hosts_to_every_earlier_attempts(inv):
 
     from clusterddp.backends.ssh.launch import next_attempt_record, node_records
     from clusterddp.record import NodeState
-    first = ssh_plan.build_plan(inv, ssh_plan.RunSpec("t.py"), "r1")
+    first = ssh_plan.build_plan(inv, resolved(ssh_plan.RunSpec("t.py"), inv), "r1")
     rec = make_record("r1", nodes=tuple(node_records(first)))
     a = next(n for n in rec.nodes if n.host == "a")
     # attempt 1 loses a: attempt 2 runs on s1, b, c
     by = {h.name: h for h in (*inv.hosts, *inv.spares)}
     second = ssh_plan.build_plan(
-        inv.in_use(tuple(by[h] for h in ("b", "c", "s1"))), ssh_plan.RunSpec("t.py"), "r1", attempt=2
+        inv.in_use(tuple(by[h] for h in ("b", "c", "s1"))), first.spec, "r1", attempt=2
     )
     rec = next_attempt_record(rec, second, Attempt(2, "t2", ("a",), ("s1",), "a lost"),
                               (replace(a, state=NodeState.LOST),))
     assert [n.host for n in rec.lost] == ["a"] and [n.host for n in rec.nodes] == ["b", "c", "s1"]
     # attempt 2 loses c: a is still out there, and so is c now
     third = ssh_plan.build_plan(
-        inv.in_use(tuple(by[h] for h in ("b", "s1", "s2"))), ssh_plan.RunSpec("t.py"), "r1", attempt=3
+        inv.in_use(tuple(by[h] for h in ("b", "s1", "s2"))), first.spec, "r1", attempt=3
     )
     lost_c = replace(next(n for n in rec.nodes if n.host == "c"), state=NodeState.LOST)
     rec = next_attempt_record(rec, third, Attempt(3, "t3", ("c",), ("s2",), "c lost"), (lost_c,))

@@ -16,7 +16,7 @@ from clusterddp.nodescript import marker_word
 from clusterddp.record import NodeState, RunStatus
 from clusterddp.runspec import RunSpec
 from clusterddp.transport.base import CommandResult
-from helpers import make_record
+from helpers import make_record, resolved
 
 ME = "ann@laptop"
 
@@ -155,7 +155,7 @@ def seam(monkeypatch, tmp_path):
     store = RunStore(str(tmp_path / "runs"))
     store.create(ended_with_lost("r1"))  # lost b in attempt 1, then succeeded on a and c
     store.create(make_record("r2", ("a", "b")))  # running
-    plan = ssh_plan.build_plan(parse(INV, "lab.yaml"), RunSpec("t.py"), "r3")
+    plan = ssh_plan.build_plan(parse(INV, "lab.yaml"), resolved(RunSpec("t.py"), parse(INV, "lab.yaml")), "r3")
     prep = launch.Prepared(plan, store, tmp_path)
     st = {"refusals": [], "waits": [], "ended": [], "problem": None}
 

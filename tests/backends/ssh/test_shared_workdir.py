@@ -23,7 +23,7 @@ from clusterddp import inventory, plan
 from clusterddp.node import probe
 from clusterddp.runspec import RunSpec
 from clusterddp.store import new_run_id
-from helpers import REPO, cddp, eventually, job_pids, job_script, record, run_id_of
+from helpers import REPO, cddp, eventually, job_pids, job_script, record, resolved, run_id_of
 
 # ---- the node commands, with real bash and tar ----
 
@@ -35,7 +35,7 @@ def shared_plan(workdir: Path) -> plan.LaunchPlan:
     base = inventory.local(python=sys.executable).hosts[0]
     hosts = tuple(replace(base, name=n, workdir=str(workdir)) for n in ("a", "b"))
     inv = inventory.Inventory("t", "t", hosts, inventory.Master("a", "127.0.0.1", 29500))
-    return plan.build_plan(inv, RunSpec("t.py"), new_run_id())
+    return plan.build_plan(inv, resolved(RunSpec("t.py"), inv), new_run_id())
 
 
 def bash(command: str, env: dict | None = None) -> subprocess.CompletedProcess:

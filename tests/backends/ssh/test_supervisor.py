@@ -31,7 +31,7 @@ from clusterddp.nodescript import MARKER
 from clusterddp.runspec import RunSpec
 from clusterddp.store import new_run_id
 from clusterddp.transport import CommandResult, connect
-from helpers import eventually
+from helpers import eventually, resolved
 
 FAKE_PY = """#!/bin/bash
 # Stand-in for torchrun (`python -c "$cddp_torchrun" torch.distributed.run ...`): behaves as $MODE says.
@@ -59,7 +59,7 @@ def make_plan(tmp_path: Path, modes: dict[str, str]) -> plan.LaunchPlan:
     inv = inventory.Inventory("t", "t", hosts, inventory.Master(hosts[0].name, "127.0.0.1", 29500))
     # A fresh run id: teardown ends processes by their run marker machine-wide, so a fixed id
     # would let another test session on this machine end this one's jobs (and the reverse).
-    return plan.build_plan(inv, RunSpec("t.py"), new_run_id())
+    return plan.build_plan(inv, resolved(RunSpec("t.py"), inv), new_run_id())
 
 
 def job_pids(p: plan.LaunchPlan) -> list[str]:
@@ -194,7 +194,7 @@ def test_up_local_runs_without_heartbeats_and_is_never_lost_for_lack_of_them(tmp
     py.chmod(0o755)
     host = replace(inventory.local(python=str(py)).hosts[0], env=(("MODE", "slow"),))
     inv = inventory.Inventory("local", "local", (host,), inventory.Master(host.name, "127.0.0.1", 29500))
-    p = plan.build_plan(inv, RunSpec("t.py"), new_run_id(), local_run_dir=str(tmp_path),
+    p = plan.build_plan(inv, resolved(RunSpec("t.py"), inv), new_run_id(), local_run_dir=str(tmp_path),
                         local_control_dir=str(tmp_path / "ctl"))
     assert p.local
     counted: list[_Counting] = []
