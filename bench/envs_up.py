@@ -10,7 +10,10 @@ sent to both nodes), then times, interleaved round by round, a 1-step gloo job:
 
 Goal (issue 42): packages: <= 1.02x python: venv.
 
-    python bench/envs_up.py [--rounds 5] [--cache DIR]
+  packages: (DIR) with --before DIR: the same, with the clusterddp of another checkout (e.g. the commit before a
+                  change: `git worktree add /tmp/before <commit>`), interleaved in the same rounds
+
+    python bench/envs_up.py [--rounds 5] [--cache DIR] [--before DIR]
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cache", help="the launcher's wheel cache (default: a fresh one)")
+    ap.add_argument("--before", help="a checkout whose clusterddp runs a third variant, packages: (DIR)")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-envs-"))
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "base")], check=True)
@@ -69,11 +73,15 @@ def main() -> None:
         env_python = built.stdout.split(": ", 2)[2].split(" (sent")[0]
         plain = inventory("plain.yaml", python=env_python)
 
-        def up(inv: Path) -> None:
+        def up(inv: Path, before: str | None = None) -> None:
             subprocess.run([sys.executable, "-m", "clusterddp", "up", str(inv), str(root / "job" / "t.py"),
-                            "--runs-dir", str(root / "runs"), "--gpus", "1", "-q"], env=env, check=True,
+                            "--runs-dir", str(root / "runs"), "--gpus", "1", "-q"],
+                           env={**env, "PYTHONPATH": before} if before else env, check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        interleave({"python: venv": lambda: up(plain), "packages:": lambda: up(locked)}, a.rounds)
+        variants = {"python: venv": lambda: up(plain), "packages:": lambda: up(locked)}
+        if a.before:
+            variants[f"packages: ({a.before})"] = lambda: up(locked, a.before)
+        interleave(variants, a.rounds)
     subprocess.run(["rm", "-rf", str(root)], check=False)
 
 

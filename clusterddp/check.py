@@ -419,16 +419,21 @@ def evaluate(inventory: Inventory, results: Iterable[HostResult], *, full: bool 
 
 def run_checks(inventory: Inventory, *, full: bool = True, master_port: int | None = None,
                fleet: Fleet | None = None, env: dict[str, tuple[tuple[str, str], ...]] | None = None,
-               timeout: float = PROBE_TIMEOUT_S, check_port: bool = True) -> Report:
+               timeout: float = PROBE_TIMEOUT_S, check_port: bool = True, env_looks: dict[str, dict] | None = None,
+               on_stdout: Callable[[str, bytes], None] | None = None) -> Report:
     """Probe every host of ``inventory`` once, in parallel, and evaluate. ``env`` (by host) replaces
     the inventory's env in the probe, as a run's ``-e`` would. Uses ``fleet``'s connections if given
     (they stay open for the caller); otherwise opens and closes its own. ``check_port`` False: the
-    master port is not probed (`up` chooses a free one with its lease)."""
+    master port is not probed (`up` chooses a free one with its lease). ``env_looks`` (by host: the
+    `packages:` environment's look, :func:`clusterddp.envs.nodes.look_args`): that host's probe looks at its
+    environment first, in the same command, and runs with its python when it is ready; ``on_stdout(host,
+    bytes)`` is given each host's output (the look's answer is in it)."""
     port, port_fixed = master_port_of(master_port, inventory)
 
     def command(h: Host) -> NodeCommand:  # the env goes on stdin, off the command line
         probe_port = port if check_port and h.name == inventory.master.host else None
-        return probe_command(h, inventory.master.addr, probe_port, full=full, env=(env or {}).get(h.name))
+        return probe_command(h, inventory.master.addr, probe_port, full=full, env=(env or {}).get(h.name),
+                             env_look=(env_looks or {}).get(h.name))
     own = fleet is None
     fleet = fleet or Fleet(inventory.hosts, fanout=inventory.fanout)
     try:
@@ -436,6 +441,9 @@ def run_checks(inventory: Inventory, *, full: bool = True, master_port: int | No
     finally:
         if own:
             fleet.close()
+    for r in results:
+        if on_stdout is not None and r.result is not None:
+            on_stdout(r.host, r.result.stdout)
     return evaluate(inventory, results, full=full, master_port=port, check_port=check_port, port_fixed=port_fixed)
 
 
@@ -493,7 +501,7 @@ def reach_command(host: Host, address: str, port: int, seconds: float) -> str:
 # ---- the node side: the probe, and a receiver's reach (moved from plan.py) ----
 
 def probe_command(host: Host, master_addr: str, master_port: int | None, *, full: bool = True,
-                  env: tuple[tuple[str, str], ...] | None = None) -> NodeCommand:
+                  env: tuple[tuple[str, str], ...] | None = None, env_look: dict | None = None) -> NodeCommand:
     """One command that reports what the preflight checks need about ``host``, as one JSON line.
 
     It runs the host's setup lines and exports its env first (read from its stdin), as launch.sh does, then its
@@ -505,6 +513,9 @@ def probe_command(host: Host, master_addr: str, master_port: int | None, *, full
     env = host.env if env is None else env
     lines = preamble(host, env, stdout_to=">&2", env_on_stdin=True,
                       on_fail=lambda line: f"echo {q(node_probe.setup_failed_reply(line))}; exit 0")
-    lines += [IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})",
-              "exec " + python_command(host.python, "probe", [q(json.dumps(args)), '"$IFACE"'], site=True)]
+    probe = python_command(host.python, "probe", [q(json.dumps(args)), '"$IFACE"'], site=True)
+    if env_look is not None:  # `packages:`: its environment looked at first; the probe runs with its python once ready
+        probe = python_command(host.python, "envbuild", ["lookexec", q(json.dumps(env_look))]) + probe[len(
+            q(host.python)):]
+    lines += [IFACE_FN, f"IFACE=$(cddp_iface {q(master_addr)})", "exec " + probe]
     return NodeCommand("\n".join(lines), env_stdin(env))

@@ -538,6 +538,9 @@ def _host_json(host: Host) -> dict[str, Any]:
     for key in ("slots", "lease_dir", "identity_from", "packages", "env_id", "lock_sha256"):
         if settings[key] is None:
             del settings[key]
+    settings.pop("index_url", None)  # a secret (its credentials): never recorded
+    if settings.get("wheels") == "push":
+        del settings["wheels"]
     return settings
 
 

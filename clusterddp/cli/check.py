@@ -5,12 +5,23 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ..errors import UsageError
-from .common import EXCLUDE, EXIT_FAILED, FANOUT, HOSTS, RUNS_DIR, handle_errors, is_tty, load_inventory, visible
+from .common import (
+    EXCLUDE,
+    EXIT_FAILED,
+    FANOUT,
+    HOSTS,
+    RUNS_DIR,
+    err,
+    handle_errors,
+    is_tty,
+    load_inventory,
+    visible,
+)
 
 if TYPE_CHECKING:
     from ..check import Report
@@ -65,8 +76,7 @@ def check(
         ok = show(run_collective(inv, master_port=master_port, join_s=join_timeout), time.monotonic() - started,
                   as_json)
         raise typer.Exit(0 if ok else EXIT_FAILED)
-    inv, envs = _environments(inv, as_json)
-    report = backend.check(inv, master_port=master_port)
+    report, envs = _checked(inv, backend, master_port, as_json)
     reach = notify_reach(inv) if backend.detached_notify and inv.notify else []
     took = time.monotonic() - started
     from ..quarantine import quarantined, stamp
@@ -89,6 +99,54 @@ def check(
         print(visible(f"     fix: `clusterddp quarantine release {h}` once the machine is mended, or --exclude {h}"))
     if not ok or aside:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _checked(inv: Inventory, backend: Any, master_port: int | None, quiet: bool) -> tuple[Report, dict]:
+    """The checks. With `packages:` on SSH hosts, each host's environment is looked at in the same command as
+    its probe (which then checks a ready environment's python; one not built yet, the base python) and said,
+    before the checks: ready, will be built (the bytes to send), or cannot be built (why); nothing is built.
+    A lock that is not one exits 2 before any check; a package with no wheel for a host, once every host is
+    said. The JSON report's ``environments``."""
+    from ..envs import nodes as env_nodes
+    from ..errors import HostError
+    by_host = env_nodes.locks(inv)
+    if not by_host or backend.name != "ssh":
+        inv, envs = _environments(inv, quiet)
+        return backend.check(inv, master_port=master_port), envs
+    from ..check import run_checks
+    outs: dict[str, bytes] = {}
+    report = run_checks(inv, full=True, master_port=master_port, on_stdout=outs.__setitem__,
+                        env_looks={h.name: env_nodes.look_args(h, by_host[h.name]) for h in inv.hosts
+                                   if h.name in by_host})
+    hosts = [h for h in inv.hosts if h.name in by_host]
+    facts, said, envs = {}, {}, {}
+    for h in hosts:
+        try:
+            facts[h.name] = env_nodes.looked(h.name, outs.get(h.name, b""))
+        except HostError as e:  # the checks say why it did not answer
+            said[h.name] = f"environment not looked at: {str(e).splitlines()[0]}"
+            envs[h.name] = {"state": "unknown", "error": str(e)}
+    refused = None
+    for name, p in env_nodes.plans_each([h for h in hosts if h.name in facts], facts, by_host).items():
+        if isinstance(p, Exception):
+            refused = refused or p
+            eid = env_nodes.env_id(by_host[name].sha256, facts[name])
+            said[name] = f"environment {eid} cannot be built: {str(p).splitlines()[0]}"
+            envs[name] = {"env_id": eid, "state": "cannot be built", "error": str(p)}
+        else:
+            said[name] = p.says()
+            envs[name] = {"env_id": p.env_id, "ready": p.ready, "to_send": p.to_send,
+                          "state": "ready" if p.ready else "will be built"}
+    if not quiet or refused:
+        for h in hosts:
+            line = visible(f"env  {h.name} {said[h.name]}")
+            if quiet:  # --json: stdout is the report's
+                err(line)
+            else:
+                print(line)
+    if refused is not None:
+        raise refused
+    return report, envs
 
 
 def _environments(inv: Inventory, quiet: bool) -> tuple[Inventory, dict]:

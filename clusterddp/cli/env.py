@@ -86,7 +86,8 @@ def prune_(
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
 ) -> None:
     """Remove the environments on each host that no run recorded in --runs-dir used and that the inventory's
-    lock does not give now; never one a process runs from, or one being built."""
+    lock does not give now; never one a process runs from, or one being built. Then the wheels of each host's
+    wheel store that no environment left there was built from (never while a build runs there)."""
     from ..envs import nodes as env_nodes
     from ..fleet import Fleet
     from ..sizes import human_size
@@ -94,8 +95,8 @@ def prune_(
     inv = load_inventory(inventory, hosts)
     keep = env_nodes.recorded(RunStore(runs_dir, read_only=True))
     with Fleet(inv.hosts, fanout=inv.fanout) as fleet:
-        keep |= env_nodes.current(fleet, inv.hosts, env_nodes.locks(inv))
-        done = env_nodes.prune(fleet, inv.hosts, keep, dry_run)
+        now, wheels = env_nodes.kept_now(fleet, inv.hosts, env_nodes.locks(inv))
+        done = env_nodes.prune(fleet, inv.hosts, keep | now, dry_run, wheels)
     word = "would remove" if dry_run else "removed"
     failed = False
     for host, d in done.items():
@@ -109,5 +110,16 @@ def prune_(
             print(visible(f"{host}: kept environment {env_id} ({why})"))
         if not d["removed"] and not d["kept"]:
             print(visible(f"{host}: no environment"))
+        store = d["store"]
+        if store.get("busy"):
+            print(visible(f"{host}: wheel store left as it is (a build or a transfer runs there now)"))
+        elif store.get("unknown"):
+            print(visible(f"{host}: wheel store left as it is (environment {store['unknown']} was built by an older "
+                          "clusterddp and does not list its wheels)"))
+        elif store["removed"]:
+            total = human_size(sum(n for _, n in store["removed"]))
+            print(visible(f"{host}: {word} {len(store['removed'])} wheel(s) from the wheel store ({total}): "
+                          + ", ".join(f for f, _ in store["removed"][:5]) + (" ..." if len(store["removed"]) > 5
+                                                                            else "")))
     if failed:
         raise typer.Exit(1)

@@ -15,9 +15,9 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from ..errors import HostError, UsageError
+from ..errors import ClusterDDPError, HostError, UsageError
 from ..fleet import Fleet
 from ..inventory import Host, Inventory
 from ..node.reply import ReplyError, last_marked_json
@@ -44,15 +44,24 @@ class Plan:
     ready: bool
     wheels: tuple[wheels_module.Wheel, ...] = ()   # the lock's wheels for this node (empty when ready)
     missing: tuple[wheels_module.Wheel, ...] = ()  # those its store lacks (the installer's included)
-    uv: wheels_module.Wheel | None = None
+    uv: wheels_module.Wheel | None = None          # the installer's wheel (None: the node has a uv, or its index)
+    uv_path: str | None = None                     # a uv of ours the node has already (its store, or PATH)
+    platforms: tuple[str, ...] = ()                # wheels: index: the platform tags the node takes (its uv wheel's)
 
     @property
     def to_send(self) -> int:
         return sum(w.size for w in self.missing)
 
+    @property
+    def index(self) -> bool:
+        """The node installs from its own index (`packages: {wheels: index}`): nothing is sent."""
+        return self.host.wheels == "index"
+
     def says(self) -> str:
         if self.ready:
             return f"environment {self.env_id} ready"
+        if self.index:
+            return f"environment {self.env_id} will be built from the node's index (0 B of wheels to send)"
         return f"environment {self.env_id} will be built ({human_size(self.to_send)} of wheels to send)"
 
 
@@ -128,15 +137,28 @@ def _facts(host: str, data: dict) -> dict:
     for key in ("python", "impl", "tag", "exe", "platform", "root"):
         if not isinstance(data.get(key), str) or len(data[key]) > 4096:
             raise HostError(host, f"environment look: a bad answer ({key})")
+    uv = data.get("uv")
+    if uv is not None and (not isinstance(uv, str) or not uv.startswith("/") or len(uv) > 4096):
+        raise HostError(host, "environment look: a bad answer (uv)")
     for key in ("envs", "wheels"):
         if not isinstance(data.get(key), list) or not all(isinstance(x, str) for x in data[key]):
             raise HostError(host, f"environment look: a bad answer ({key})")
     return data
 
 
-def _look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
+def look_args(host: Host, lock: lock_module.Lock | None) -> dict:
+    """The node program's ``look`` for ``host``: with its lock, the node says its environment's id and, when
+    that is not built, a uv of ours it has already (:data:`.wheels.UV_VERSION`)."""
+    args: dict = {"root": root_of(host)}
+    if lock is not None:
+        args.update(lock=lock.sha256, uv=wheels_module.UV_VERSION)
+    return args
+
+
+def _look(fleet: Fleet, hosts: list[Host], by_host: dict[str, lock_module.Lock] | None = None) -> dict[str, dict]:
     """Each host's facts and holdings (the node program's ``look``); the first HostError raised."""
-    looked = fleet.each(lambda h, t: t.run(_command(h, "look", {"root": root_of(h)}),
+    by_host = by_host or {}
+    looked = fleet.each(lambda h, t: t.run(_command(h, "look", look_args(h, by_host.get(h.name))),
                                            timeout=LOOK_TIMEOUT_S), hosts)
     if looked.failed:
         host, e = next(iter(looked.failed.items()))
@@ -150,10 +172,18 @@ def look(fleet: Fleet, hosts: list[Host]) -> dict[str, dict]:
     return _look(fleet, hosts)
 
 
-def current(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.Lock]) -> set[str]:
-    """The environment ids the hosts' locks give now (whether built or not): what `env prune` keeps."""
+def kept_now(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.Lock], cache: Path | None = None
+             ) -> tuple[set[str], dict[str, list[str]]]:
+    """What `env prune` keeps: the environment ids the hosts' locks give now (whether built or not), and by host
+    the wheels (sha256) its lock needs there as far as this machine's cache knows (fetched for an earlier run:
+    never fetched here)."""
     hosts = [h for h in hosts if h.name in by_host]
-    return {env_id(by_host[n].sha256, f) for n, f in _look(fleet, hosts).items()}
+    ids, wheels = set(), {}
+    for n, f in _look(fleet, hosts).items():
+        ids.add(env_id(by_host[n].sha256, f))
+        target = wheels_module.Target(".".join(f["python"].split(".")[:2]), f["tag"], f["platform"])
+        wheels[n] = [w.sha256 for w in wheels_module.known(by_host[n], target, cache) or ()]
+    return ids, wheels
 
 
 def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.Lock], cache: Path | None = None
@@ -162,26 +192,66 @@ def survey(fleet: Fleet, hosts: Iterable[Host], by_host: dict[str, lock_module.L
     HostError for a host that does not answer; UsageError (exit 2) naming host and package for a lock
     with no wheel for a host's Python or platform."""
     hosts = [h for h in hosts if h.name in by_host]
-    facts = _look(fleet, hosts)
-    plans: dict[str, Plan] = {}
+    return plans_of(hosts, _look(fleet, hosts, by_host), by_host, cache)
+
+
+def plans_of(hosts: list[Host], facts: dict[str, dict], by_host: dict[str, lock_module.Lock],
+             cache: Path | None = None) -> dict[str, Plan]:
+    """:func:`survey` from each node's ``look`` (``facts``, already checked), however it was asked; the first
+    error (a UsageError naming the package and hosts) raised."""
+    each = plans_each(hosts, facts, by_host, cache)
+    for got in each.values():
+        if isinstance(got, Exception):
+            raise got
+    return cast(dict[str, Plan], each)
+
+
+def plans_each(hosts: list[Host], facts: dict[str, dict], by_host: dict[str, lock_module.Lock],
+               cache: Path | None = None) -> dict[str, Plan | ClusterDDPError]:
+    """:func:`plans_of`, each host's plan or why its environment cannot be built (no wheel for its Python or
+    platform: a UsageError)."""
+    plans: dict[str, Plan | ClusterDDPError] = {}
     groups: dict[tuple[str, wheels_module.Target], list[Host]] = {}
     for h in hosts:
         f, lk = facts[h.name], by_host[h.name]
         eid = env_id(lk.sha256, f)
         python = f"{f['root']}/{eid}/bin/python"
-        plans[h.name] = Plan(h, lk, eid, f["root"], python, eid in f["envs"])
+        plan = Plan(h, lk, eid, f["root"], python, eid in f["envs"], uv_path=f.get("uv"))
+        plans[h.name] = plan
         if eid not in f["envs"]:
             target = wheels_module.Target(".".join(f["python"].split(".")[:2]), f["tag"], f["platform"])
-            groups.setdefault((lk.sha256, target), []).append(h)
+            if h.wheels == "index":  # the node fetches what it needs from its own index: nothing fetched here
+                plans[h.name] = replace(plan, platforms=tuple(wheels_module.platforms(target.platform)))
+            else:
+                groups.setdefault((lk.sha256, target), []).append(h)
     for (_, target), group in groups.items():
         lk = by_host[group[0].name]
-        wheels = wheels_module.fetch(lk, target, cache, hosts=tuple(h.name for h in group))
-        uv = wheels_module.installer(target, cache)
+        mine = {h.name: cast(Plan, plans[h.name]) for h in group}
+        try:
+            wheels = wheels_module.fetch(lk, target, cache, hosts=tuple(h.name for h in group))
+            uv = None if all(p.uv_path for p in mine.values()) else wheels_module.installer(target, cache)
+        except ClusterDDPError as e:
+            plans.update({h.name: e for h in group})
+            continue
         for h in group:
             held = set(facts[h.name]["wheels"])
-            missing = tuple(w for w in (*wheels, uv) if w.sha256 not in held)
-            plans[h.name] = replace(plans[h.name], wheels=wheels, missing=missing, uv=uv)
+            its = None if mine[h.name].uv_path else uv
+            missing = tuple(w for w in (*wheels, *([its] if its else [])) if w.sha256 not in held)
+            plans[h.name] = replace(mine[h.name], wheels=wheels, missing=missing, uv=its)
     return plans
+
+
+def looked(host: str, stdout: bytes) -> dict:
+    """The look's answer in ``host``'s output (the preflight's probe, which looked first: ``lookexec``),
+    checked. HostError when there is none or it is malformed."""
+    try:
+        data = last_marked_json(stdout, MARK)
+    except ReplyError as e:
+        raise HostError(host, f"environment look: a bad answer ({e})") from None
+    if not isinstance(data, dict):
+        raise HostError(host, "environment look: no answer",
+                        "check the host's `python:` (the base Python environments are built from: 3.8 or newer)")
+    return _facts(host, data)
 
 
 def holdings(fleet: Fleet, hosts: Iterable[Host]) -> dict[str, dict | Exception]:
@@ -198,17 +268,25 @@ def holdings(fleet: Fleet, hosts: Iterable[Host]) -> dict[str, dict | Exception]
     return {h.name: got.succeeded.get(h.name) or got.failed[h.name] for h in hosts}
 
 
-def prune(fleet: Fleet, hosts: Iterable[Host], keep: set[str], dry_run: bool = False
-          ) -> dict[str, dict | Exception]:
+def prune(fleet: Fleet, hosts: Iterable[Host], keep: set[str], dry_run: bool = False,
+          keep_wheels: dict[str, list[str]] | None = None) -> dict[str, dict | Exception]:
     """`env prune`: on each host, the environments not in ``keep`` removed (or, ``dry_run``, named), never
-    one a process runs from or one being built; each host's answer (``removed``: [id, bytes], ``kept``:
-    [id, why]) or why not."""
+    one a process runs from or one being built; then the wheel store's wheels that no environment left there
+    was built from, but those of ``keep_wheels`` (by host) and our uv's, never while a build runs there. Each
+    host's answer (``removed``: [id, bytes], ``kept``: [id, why], ``store``: {``removed``: [file, bytes],
+    ``busy`` or ``unknown``}) or why not."""
     def one(h: Host, t: Any) -> dict:
-        res = t.run(_command(h, "prune", {"root": root_of(h), "keep": sorted(keep), "dry": dry_run}),
+        res = t.run(_command(h, "prune", {"root": root_of(h), "keep": sorted(keep), "dry": dry_run, "store": True,
+                                          "uv_version": wheels_module.UV_VERSION,
+                                          "keep_wheels": (keep_wheels or {}).get(h.name, [])}),
                     timeout=BUILD_TIMEOUT_S)
         data = _answer(h.name, res, "environment prune")
+        store = data.get("store")
         ok = all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
                  for k in ("removed", "kept") for x in data.get(k) or [[""] * 2])
+        ok = ok and isinstance(store, dict) and isinstance(store.get("removed"), list) and all(
+            isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], int)
+            for x in store["removed"]) and (store.get("unknown") is None or isinstance(store["unknown"], str))
         if not ok or not isinstance(data.get("removed"), list) or not isinstance(data.get("kept"), list):
             raise HostError(h.name, "environment prune: a bad answer")
         return data
@@ -264,20 +342,11 @@ def _disk(ans: dict) -> str:
     return ""
 
 
-def build_request(plan: Plan) -> dict:
-    """The node program's ``build`` request for ``plan`` (the Slurm backend stages it for its job's nodes)."""
-    assert plan.uv is not None
-    return {"root": plan.root, "id": plan.env_id, "lock": plan.lock.sha256,
-            "wheels": [[w.sha256, w.name] for w in plan.wheels], "uv": [plan.uv.sha256, plan.uv.name],
-            "expect": [[p.name, p.version] for p in plan.lock.pins if _for(p, plan.wheels)],
-            "imports": [["torch", p.version] for p in plan.lock.pins if p.key == "torch"]}
-
-
 def build(fleet: Fleet, plan: Plan, on_wait: Callable[[str], None] = lambda s: None) -> dict:
     """Build ``plan``'s environment on its node (waiting for another run that builds it); its answer."""
     h = plan.host
-    args = build_request(plan)
-    res = fleet.transport(h).run(_command(h, "build", args), timeout=BUILD_TIMEOUT_S)
+    res = fleet.transport(h).run(_command(h, "build", build_request(plan)), timeout=BUILD_TIMEOUT_S,
+                                 **({"stdin": build_stdin(plan)} if plan.index else {}))
     ans = _answer(h.name, res, "environment build")
     if ans.get("error") == "disk":
         raise HostError(h.name, f"no room to build environment {plan.env_id} in {plan.root}{_disk(ans)}",
@@ -291,6 +360,35 @@ def build(fleet: Fleet, plan: Plan, on_wait: Callable[[str], None] = lambda s: N
         on_wait(f"{h.name}: waited {waited:.1f} s for another run building environment {plan.env_id}, "
                 f"then {then}")
     return ans
+
+
+def build_request(plan: Plan) -> dict:
+    """The node program's ``build`` request for ``plan`` (the Slurm backend stages it for its job's nodes). On a
+    command line: nothing secret in it (wheels: index's URL goes on stdin, :func:`build_stdin`). Its uv: one
+    the node has (``path``), the wheel sent (``wheel``), or, wheels: index, one fetched from its index
+    (``index``: the platform tags it takes)."""
+    if plan.uv_path:
+        uv: dict = {"path": plan.uv_path}
+    elif plan.index:
+        uv = {"index": list(plan.platforms)}
+    else:
+        assert plan.uv is not None
+        uv = {"wheel": [plan.uv.sha256, plan.uv.name]}
+    pins = plan.lock.pins
+    if plan.index:  # no wheels fetched here to say which pins apply: a pin with a marker is checked if installed
+        expect = [[p.name, p.version] for p in pins if not p.marker]
+        maybe = [[p.name, p.version] for p in pins if p.marker]
+    else:
+        expect, maybe = [[p.name, p.version] for p in pins if _for(p, plan.wheels)], []
+    return {"root": plan.root, "id": plan.env_id, "lock": plan.lock.sha256, "index": plan.index,
+            "wheels": [[w.sha256, w.name] for w in plan.wheels], "uv": uv, "uv_version": wheels_module.UV_VERSION,
+            "hashed": plan.index and plan.lock.hashed, "expect": expect, "maybe": maybe,
+            "imports": [["torch", p.version] for p in pins if p.key == "torch"]}
+
+
+def build_stdin(plan: Plan) -> tuple[bytes]:
+    """wheels: index: what ``build`` reads on stdin: the index URL (a secret: never on a command line) and the lock."""
+    return (json.dumps({"index_url": plan.host.index_url, "requirements": plan.lock.requirements()}).encode(),)
 
 
 def _for(pin: lock_module.Pin, wheels: tuple[wheels_module.Wheel, ...]) -> bool:
@@ -329,10 +427,53 @@ def ready(fleet: Fleet, plans: dict[str, Plan], cache: Path | None = None,
         return Made(h.name, p.env_id, p.python, p.lock.sha256, sent, ans.get("state") == "built",
                     float(secs) if isinstance(secs, (int, float)) else None)
     done = fleet.each(one, todo)
+    for name, m in done.succeeded.items():
+        remember(plans[name].host, m.lock_sha256, cache)
     if done.failed:
         host, e = next(iter(done.failed.items()))
         raise e if isinstance(e, HostError) else HostError(host, f"environment: {e}")
     return done.succeeded
+
+
+def _memo(host: Host, lock_sha256: str, cache: Path) -> Path:
+    key = json.dumps([host.address, host.port, host.user, host.workdir, host.python, lock_sha256])
+    return cache / "ready" / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def remember(host: Host, lock_sha256: str, cache: Path | None = None) -> None:
+    """Note on this machine that ``host``'s environment of this lock was found or made ready (for
+    :func:`likely_ready`). Best effort: a cache that cannot be written only costs the next run a look."""
+    path = _memo(host, lock_sha256, cache or wheels_module.cache_dir())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:
+        pass
+
+
+def likely_ready(hosts: Iterable[Host], by_host: dict[str, lock_module.Lock], cache: Path | None = None) -> bool:
+    """Whether every host's environment of its lock was ready when this machine last looked (or made it): `up`
+    then looks at it in the preflight's own command (:func:`look_args`, one command per node, not two),
+    beside the lease. A guess only: a node found without it after all is built then, and checked again."""
+    cache = cache or wheels_module.cache_dir()
+    return all(_memo(h, by_host[h.name].sha256, cache).is_file() for h in hosts if h.name in by_host)
+
+
+def found_ready(env_looks: dict[str, dict], outs: dict[str, bytes]) -> dict[str, Made] | None:
+    """Every host's environment as the preflight's look found it (``env_looks``: each host's look, as
+    :func:`look_args` gave it; ``outs``: each host's output), when every one is complete; None when one is not
+    (or a look did not answer): it is then made ready as usual."""
+    made = {}
+    for name, args in env_looks.items():
+        try:
+            f = looked(name, outs.get(name, b""))
+        except HostError:
+            return None
+        eid = env_id(args["lock"], f)
+        if eid not in f["envs"]:
+            return None
+        made[name] = Made(name, eid, f"{f['root']}/{eid}/bin/python", args["lock"], 0, False)
+    return made
 
 
 def spares_ready(spares: Iterable[Host], fanout: int, warn: Callable[[str], None],

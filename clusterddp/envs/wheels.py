@@ -79,6 +79,12 @@ def fetch(lock: Lock, target: Target, cache: Path | None = None, *, hosts: tuple
     return wheels
 
 
+def known(lock: Lock, target: Target, cache: Path | None = None) -> tuple[Wheel, ...] | None:
+    """The wheels ``lock`` needs on ``target`` if this machine's cache has them already (None: not fetched yet)."""
+    cache = cache or cache_dir()
+    return _known(cache / "locks" / f"{lock.sha256}-{target.key}.json", cache)
+
+
 def installer(target: Target, cache: Path | None = None,
               pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> Wheel:
     """The uv wheel for ``target``'s platform (the nodes' installer), from the cache or fetched."""

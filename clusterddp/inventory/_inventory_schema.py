@@ -469,6 +469,63 @@ GPUS = Anything(_gpus, schema={"anyOf": [
     {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_GPUS - 1}, "minItems": 1,
      "uniqueItems": True}]})
 
+def packages_value(v: Any) -> dict[str, Any]:
+    """`packages:` as ``{file, wheels, index_url}``: a lock file's name (``packages: FILE``, the wheels pushed),
+    or ``{file: FILE, wheels: push|index, index_url: URL}``; ``index`` (the nodes install from an index they
+    reach themselves) needs ``index_url``, an http(s) URL (credentials in it are a secret: never said here)."""
+    if isinstance(v, str):
+        v = {"file": v}
+    if not isinstance(v, dict):
+        raise ValueError("must be a lock file's name, or {file: FILE, wheels: push|index, index_url: URL}")
+    extra = sorted(str(k)[:40] for k in v if k not in ("file", "wheels", "index_url"))
+    if extra:
+        raise ValueError(f"unknown key {extra[0]!r}: packages takes file, wheels, index_url")
+    file, wheels, url = v.get("file"), v.get("wheels", "push"), v.get("index_url")
+    if not isinstance(file, str) or not file.strip() or control_problem(file):
+        raise ValueError("file: give the lock file's name (one line of text)")
+    if wheels not in ("push", "index"):
+        raise ValueError("wheels: must be 'push' (this machine sends the wheels) or 'index' (the nodes fetch "
+                         "them from index_url)")
+    if url is not None:
+        if not isinstance(url, str):
+            raise ValueError("index_url: must be an http(s) URL")
+        said = index_url_problem(url)
+        if said:
+            raise ValueError(f"index_url: {said}")
+    if wheels == "index" and url is None:
+        raise ValueError("wheels: index needs index_url: the simple index the nodes install from")
+    if wheels == "push" and url is not None:
+        raise ValueError("index_url is used with wheels: index only (push sends the wheels from this machine)")
+    return {"file": file, "wheels": wheels, "index_url": url}
+
+
+def index_url_problem(url: str) -> str | None:
+    """What is wrong with an index URL (None: nothing): an http(s) URL with a host, one line, no spaces, at most
+    2,000 characters. The words never quote the URL (it may hold credentials)."""
+    from urllib.parse import urlsplit
+    if len(url) > 2000 or not url.isprintable() or any(c.isspace() for c in url):
+        return "must be one http(s) URL of at most 2000 characters, without spaces or control characters"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host, e.g. https://pypi.example.org/simple"
+    return None
+
+
+PACKAGES = Anything(packages_value, schema={"anyOf": [
+    {"type": "string"},
+    {"type": "object", "additionalProperties": False, "required": ["file"], "properties": {
+        "file": {"type": "string", "description": "The lock file, relative to the inventory's folder"},
+        "wheels": {"enum": ["push", "index"], "default": "push",
+                   "description": "push: this machine fetches every wheel and sends each node those it lacks; "
+                                  "index: the nodes install from index_url themselves (nothing sent)"},
+        "index_url": {"type": "string", "pattern": "^https?://",
+                      "description": "wheels: index: the PEP 503 simple index the nodes reach (credentials in it "
+                                     "are a secret: never printed, never on a command line)"}}}]})
+
 SETTINGS = Model("_Settings", {
     "user": Field(Maybe(Line())),
     "port": Field(Maybe(PORT)),
@@ -483,7 +540,7 @@ SETTINGS = Model("_Settings", {
     "connect_timeout": Field(Maybe(Number(gt=0, le=3600, seconds=True))),
     "keepalive": Field(Maybe(Number(ge=0, le=3600, seconds=True))),
     "lease_dir": Field(Maybe(Line())),
-    "packages": Field(Maybe(Line())),  # a lock file, relative to the inventory's folder (docs/environments.md)
+    "packages": Field(Maybe(PACKAGES)),  # a lock file, relative to the inventory's folder (docs/environments.md)
 })
 
 HOST_ENTRY = SETTINGS.extend("_HostEntry", {

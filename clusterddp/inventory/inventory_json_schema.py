@@ -92,7 +92,10 @@ DESCRIPTIONS = {
     "python": "The node's Python with torch; it runs torchrun, torch.distributed.run (default python3). With "
               "packages: the base Python the job's environment is built from",
     "packages": "A lock file (pinned requirements, or pylock.toml), relative to the inventory's folder: every node "
-                "gets an environment built from it, and the job runs in it (docs/environments.md)",
+                "gets an environment built from it, and the job runs in it (docs/environments.md). Or {file: FILE, "
+                "wheels: push|index, index_url: URL}: push (the default) sends the nodes the wheels from this "
+                "machine; index: each node installs from index_url, a PEP 503 simple index it reaches itself "
+                "(credentials in the URL are a secret: never printed, recorded or put on a command line)",
     "workdir": "A run lives in <workdir>/runs/<run_id>/ on the node (default ~/clusterddp)",
     "env": "Environment variables for the job on the node, values verbatim",
     "setup": "Shell lines run on the node before torchrun (e.g. source ~/venv/bin/activate)",
@@ -193,6 +196,8 @@ def _kind(s: dict[str, Any]) -> str:
         for one, many in (("a whole number", "whole numbers"), ("a number", "numbers")):
             what = many + what[len(one):] if what.startswith(one) else what
         return f"a list of {what}" + (" (at least one)" if s.get("minItems") else "")
+    if t == "object" and s.get("properties"):  # a small block of its own keys (packages: {file, wheels, ...})
+        return "a mapping of " + ", ".join(f"`{k}`" for k in s["properties"])
     if t == "object":
         return "a mapping of variable names to values"
     if t in ("integer", "number"):

@@ -125,6 +125,10 @@ class Host:
     packages: str | None = None  # `packages:`: the lock file (absolute) its job's environment is built from
     env_id: str | None = None  # the id of the environment its job ran in (set once it is ready: python is its python)
     lock_sha256: str | None = None  # the sha256 of the lock that environment was built from
+    wheels: str = "push"  # `packages: {wheels: push|index}`: this machine sends the wheels, or the node's index
+    # `packages: {index_url: URL}`: the index the node installs from (wheels: index); a secret (credentials): not in
+    # a repr, never recorded in run.json, sent to the node on stdin only
+    index_url: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

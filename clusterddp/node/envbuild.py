@@ -107,18 +107,67 @@ def store_wheels(root):
     return out
 
 
+def env_id(lock_sha256, f):
+    """An environment's id, as the launcher makes it (``clusterddp.envs.nodes.env_id``: a test holds the two equal)."""
+    text = "\n".join([lock_sha256, f["python"], f["impl"], f["exe"], f["platform"]])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def uv_version(path):
+    """The version a ``uv`` binary says it is (``uv 0.13.9 (...)``), or None."""
+    try:
+        r = subprocess.run([path, "--version"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.match(r"uv (\S+)", r.stdout.decode("ascii", "replace"))
+    return m.group(1) if r.returncode == 0 and m else None
+
+
+def usable_uv(root, version):
+    """A uv of ``version`` this node has already: one unpacked in its store (``.uv/*/uv``), else one on PATH."""
+    found = []
+    try:
+        found = sorted(os.path.join(root, ".uv", d, "uv") for d in os.listdir(os.path.join(root, ".uv")))
+    except OSError:
+        pass
+    on_path = [os.path.join(d, "uv") for d in os.environ.get("PATH", "").split(os.pathsep) if d.startswith("/")]
+    for path in found + on_path:
+        if os.path.isfile(path) and os.access(path, os.X_OK) and uv_version(path) == version:
+            return os.path.abspath(path)
+    return None
+
+
 def look(args):
+    reply(looked(args))
+    return 0
+
+
+def lookexec(args, rest):
+    """``look``, then ``rest`` (``-c <source> ARGS``: the preflight's probe, in the same command) run by the
+    environment's python when it is complete, else by this base python: one command per node, not two."""
+    out = looked(args)
+    reply(out)
+    python = sys.executable
+    if out.get("id") in out["envs"]:
+        python = os.path.join(out["root"], out["id"], "bin", "python")
+    os.execv(python, [python] + list(rest))
+
+
+def looked(args):
     root = os.path.expanduser(args["root"])
     os.makedirs(root, mode=0o700, exist_ok=True)
     envs = sorted(n for n in os.listdir(root) if _ID_RE.fullmatch(n) and complete(os.path.join(root, n)))
     out = facts()
     out.update(root=os.path.abspath(root), free=free_bytes(root), envs=envs[:MAX_LISTED],
                wheels=sorted(store_wheels(root)))
+    if args.get("lock"):  # the id of the lock's environment here; a uv of ours already here, only if one is to be built
+        out["id"] = env_id(args["lock"], out)
+        if args.get("uv") and out["id"] not in envs:
+            out["uv"] = usable_uv(out["root"], args["uv"])
     if args.get("sizes"):  # `env list`
         out.update(sizes={i: tree_size(os.path.join(root, i)) for i in envs},
                    store=tree_size(os.path.join(root, "wheels")))
-    reply(out)
-    return 0
+    return out
 
 
 def _read_exact(stream, n, sink, digest):
@@ -138,6 +187,15 @@ def receive(args, stream=None):
     top = os.path.join(root, "wheels")
     os.makedirs(top, mode=0o700, exist_ok=True)
     stream = stream or sys.stdin.buffer
+    import fcntl
+    fd = store_lock(root, fcntl.LOCK_SH)  # `env prune` waits for what is being stored
+    try:
+        return _receive(top, stream)
+    finally:
+        os.close(fd)
+
+
+def _receive(top, stream):
     ok, bad = [], []
     while True:
         head = stream.readline(400)
@@ -217,6 +275,13 @@ for name, version in want["expect"]:
         continue
     if got != version and public(got) != public(version):
         bad.append("{} is {}, not {}".format(name, got, version))
+for name, version in want.get("maybe", []):  # a pin whose marker may leave it out here: checked if installed
+    try:
+        got = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        continue
+    if got != version and public(got) != public(version):
+        bad.append("{} is {}, not {}".format(name, got, version))
 for module, version in want["imports"]:
     try:
         m = importlib.import_module(module)
@@ -247,13 +312,102 @@ def tree_size(path):
     return total
 
 
-def build(args):
+MAX_GIVEN = 8 << 20  # what `build` reads on stdin: the index URL and the lock's requirements
+
+
+def given(stream=None):
+    """``build``'s stdin, wheels: index: ``{"index_url": ..., "requirements": ...}`` (off the command line:
+    the URL may hold credentials)."""
+    stream = stream or sys.stdin.buffer
+    data = json.loads(stream.read(MAX_GIVEN).decode("utf-8"))
+    if not isinstance(data.get("index_url"), str) or not isinstance(data.get("requirements"), str):
+        raise ValueError("stdin: no index_url and requirements")
+    return data
+
+
+def scrub(text, url):
+    """``text`` without the index URL's credentials (uv may quote the URL in its errors)."""
+    from urllib.parse import unquote, urlsplit
+    parts = urlsplit(url)
+    secrets = [url, parts.netloc] if parts.username or parts.password else [url]
+    for word in (parts.password, unquote(parts.password or "")):
+        if word:
+            secrets.append(word)
+    for word in sorted(set(secrets), key=len, reverse=True):
+        text = text.replace(word, "****")
+    return text
+
+
+def _opener_for(url):
+    """``url`` without its credentials, and the headers that carry them (HTTP basic)."""
+    import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, {}
+    bare = urlunsplit((parts.scheme, parts.hostname + (":%d" % parts.port if parts.port else ""), parts.path,
+                       parts.query, ""))
+    pair = "{}:{}".format(unquote(parts.username or ""), unquote(parts.password or ""))
+    return bare, {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode("ascii")}
+
+
+def _get(url, headers, limit):
+    from urllib.request import Request, urlopen
+    with urlopen(Request(url, headers=headers), timeout=120) as r:
+        return r.read(limit)
+
+
+def uv_from_index(root, index_url, version, platforms):
+    """The uv wheel of ``version`` for one of ``platforms`` fetched from the node's own index (PEP 503 page
+    ``<index>/uv/``), sha256-checked against the link's ``#sha256=`` before it enters the store: (sha, name)."""
+    import html
+    from urllib.parse import unquote, urljoin, urlsplit
+    base, headers = _opener_for(index_url)
+    page = base.rstrip("/") + "/uv/"
+    text = _get(page, dict(headers, Accept="text/html"), 8 << 20).decode("utf-8", "replace")
+    best = None
+    for href in re.findall(r'href\s*=\s*["\']([^"\']+)["\']', text):
+        link = urljoin(page, html.unescape(href))
+        where, _, frag = link.partition("#")
+        name = unquote(where.rsplit("/", 1)[-1])
+        m = re.fullmatch(r"uv-" + re.escape(version) + r"-py3-none-([A-Za-z0-9_.]+)\.whl", name)
+        sha = re.fullmatch(r"sha256=([0-9a-f]{64})", frag)
+        if not m or not sha:
+            continue
+        ranks = [platforms.index(t) for t in m.group(1).split(".") if t in platforms]
+        if ranks and (best is None or min(ranks) < best[0]):
+            best = (min(ranks), where, name, sha.group(1))
+    if best is None:
+        raise ValueError("the index has no uv {} wheel (with a sha256) for this node's platform".format(version))
+    _, where, name, sha = best
+    # the credentials go only to the index's own host (a file elsewhere, a CDN, gets none)
+    same = urlsplit(where).netloc.rsplit("@", 1)[-1] == urlsplit(base).netloc
+    top = os.path.join(root, "wheels")
+    os.makedirs(os.path.join(top, sha), mode=0o700, exist_ok=True)
+    tmp = os.path.join(top, ".tmp-{}-{}".format(os.getpid(), sha[:12]))
+    data = _get(where, headers if same else {}, MAX_WHEEL)
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise ValueError("the index's uv wheel {} does not match its sha256".format(name))
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, os.path.join(top, sha, name))
+    return sha, name
+
+
+def build(args, stream=None):
     import fcntl
     root = os.path.expanduser(args["root"])
     env_id = args["id"]
     if not _ID_RE.fullmatch(env_id):
         reply({"error": "not an environment id"})
         return 2
+    index = None
+    if args.get("index"):  # wheels: index: the URL and the lock on stdin, read before any wait
+        try:
+            index = given(stream)
+        except (ValueError, UnicodeDecodeError, OSError) as e:
+            reply({"error": "a malformed stdin ({})".format(type(e).__name__)})
+            return 2
     # "store": the wheel store of another envs folder (a Slurm job's node-local build, from the shared one)
     store = os.path.expanduser(args.get("store") or root)
     differ = [k for k in ("python", "impl", "exe", "platform") if args.get("facts") and facts()[k] != args["facts"][k]]
@@ -277,12 +431,39 @@ def build(args):
     if complete(final):
         reply({"state": "ready", "waited": waited})
         return 0
+    try:  # `env prune` leaves the wheel store alone while a build runs
+        held = store_lock(store, fcntl.LOCK_SH)
+    except OSError:  # a store this node cannot lock (another's, read-only): no prune of ours runs on it
+        held = None
+    try:
+        return _build(args, root, store, env_id, final, index, waited)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def store_lock(root, how):
+    """The wheel store's lock (``.locks/.store``): shared by builds and receives, exclusive for `env prune`."""
+    import fcntl
+    os.makedirs(os.path.join(root, ".locks"), mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(root, ".locks", ".store"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, how)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _build(args, root, store, env_id, final, index, waited):
     for name in os.listdir(root):  # what a build cut short left: no build of this id runs now (we hold its lock)
         if name.startswith(".tmp-" + env_id + "-") or name == env_id:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     wheels = [(sha, name) for sha, name in args["wheels"]]
+    how = args["uv"]
     held = store_wheels(store)
-    missing = [name for sha, name in wheels + [tuple(args["uv"])] if held.get(sha) != name]
+    need = wheels + ([tuple(how["wheel"])] if "wheel" in how else [])
+    missing = [name for sha, name in need if held.get(sha) != name]
     if missing:
         reply({"error": "the wheel store lacks " + ", ".join(missing[:5])})
         return 1
@@ -291,21 +472,51 @@ def build(args):
     if needed > free:
         reply({"error": "disk", "needed": needed, "free": free})
         return 3
-    uv = uv_binary(root, args["uv"][0], args["uv"][1], store)
+    uv_wheel = None
+    try:
+        if "path" in how and uv_version(how["path"]) == args.get("uv_version"):
+            uv = how["path"]
+        elif "wheel" in how:
+            uv_wheel = how["wheel"][0]
+            uv = uv_binary(root, how["wheel"][0], how["wheel"][1], store)
+        elif index is not None:
+            uv = usable_uv(root, args.get("uv_version"))
+            if uv is None:
+                uv_wheel, name = uv_from_index(root, index["index_url"], args.get("uv_version"), how["index"])
+                uv = uv_binary(root, uv_wheel, name)
+        else:
+            reply({"error": "no uv {} here any more: build again".format(args.get("uv_version"))})
+            return 1
+    except (OSError, ValueError, StopIteration) as e:
+        said = str(e) if index is None else scrub(str(e), index["index_url"])
+        reply({"error": "no uv: {}".format(said)})
+        return 1
     tmp = os.path.join(root, ".tmp-{}-{}".format(env_id, os.getpid()))
     env = dict(os.environ, UV_CACHE_DIR=os.path.join(root, ".uv-cache"), UV_NO_CONFIG="1",
                UV_PYTHON_DOWNLOADS="never", UV_OFFLINE="1")
-    env.pop("VIRTUAL_ENV", None)
+    for key in ("VIRTUAL_ENV", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INDEX", "UV_FIND_LINKS"):
+        env.pop(key, None)
     started = time.time()
     code, said = _run([uv, "venv", "--quiet", "--relocatable", "--python", sys.executable, tmp], env)
-    if code == 0:
+    if code == 0 and index is None:
         code, said = _run([uv, "pip", "install", "--quiet", "--python", os.path.join(tmp, "bin", "python"),
                            "--no-index", "--no-deps"] + [os.path.join(store, "wheels", s, n) for s, n in wheels], env)
+    elif code == 0:
+        # the URL in uv's environment, never on its command line; the lock beside the environment being built
+        env.pop("UV_OFFLINE")
+        env["UV_DEFAULT_INDEX"] = index["index_url"]
+        reqs = os.path.join(tmp, ".clusterddp-lock.txt")
+        with open(reqs, "w") as f:
+            f.write(index["requirements"])
+        code, said = _run([uv, "pip", "install", "--quiet", "--python", os.path.join(tmp, "bin", "python"),
+                           "--no-deps", "--no-build"] + (["--require-hashes"] if args.get("hashed") else [])
+                          + ["-r", reqs], env)
+        said = scrub(said, index["index_url"])
     if code != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         reply({"error": "uv failed (exit {}): {}".format(code, said)})
         return 1
-    want = json.dumps({"expect": args["expect"], "imports": args["imports"]})
+    want = json.dumps({"expect": args["expect"], "maybe": args.get("maybe") or [], "imports": args["imports"]})
     r = subprocess.run([os.path.join(tmp, "bin", "python"), "-c", VERIFY, want], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE)
     try:
@@ -317,7 +528,9 @@ def build(args):
         reply({"error": "the built environment does not match the lock: " + "; ".join(problems[:5])})
         return 1
     with open(os.path.join(tmp, COMPLETE), "w") as f:
-        json.dump({"id": env_id, "lock": args.get("lock"), "python": facts(), "built_s": time.time() - started}, f)
+        # the store's wheels it was built from (and its uv's): what `env prune` keeps of the store for it
+        json.dump({"id": env_id, "lock": args.get("lock"), "python": facts(), "built_s": time.time() - started,
+                   "wheels": [sha for sha, _ in wheels] + ([uv_wheel] if uv_wheel else [])}, f)
         f.flush()
         os.fsync(f.fileno())
     os.rename(tmp, final)
@@ -384,14 +597,67 @@ def prune(args):
             removed.append([name, size])
         finally:
             os.close(fd)
-    reply({"removed": removed, "kept": kept})
+    out = {"removed": removed, "kept": kept}
+    if args.get("store"):
+        out["store"] = prune_store(root, {n for n, _ in removed}, args)
+    reply(out)
     return 0
+
+
+def prune_store(root, removed, args):
+    """The wheel store's wheels that no environment left here was built from removed (or, dry, named), under
+    the store's lock (never while a build or a receive runs: then nothing, said); the uv wheel of the
+    launcher's uv version and the wheels ``keep_wheels`` names (the lock's now) stay. Kept whole when an
+    environment does not say its wheels (built by an older clusterddp)."""
+    import fcntl
+    try:
+        fd = store_lock(root, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return {"busy": True, "removed": []}
+    try:
+        needed = set(args.get("keep_wheels") or [])
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            if not _ID_RE.fullmatch(name) or name in removed or not complete(path):
+                continue
+            try:
+                with open(os.path.join(path, COMPLETE)) as f:
+                    listed = json.load(f).get("wheels")
+            except (OSError, ValueError, AttributeError):
+                listed = None
+            if not isinstance(listed, list):
+                return {"unknown": name, "removed": []}
+            needed.update(str(x) for x in listed)
+        uv = "uv-{}-".format(args.get("uv_version") or "")
+        top = os.path.join(root, "wheels")
+        gone = []
+        for sha, file in sorted(store_wheels(root).items()):
+            if sha in needed or (args.get("uv_version") and file.startswith(uv)):
+                continue
+            where = os.path.join(top, sha)
+            gone.append([file, tree_size(where)])
+            if not args.get("dry"):
+                aside = os.path.join(top, ".tmp-prune{}-{}".format(os.getpid(), sha[:12]))
+                os.rename(where, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+        if not args.get("dry"):  # what a receive cut short left (none runs now: we hold the store's lock)
+            for name in os.listdir(top) if os.path.isdir(top) else []:
+                if name.startswith(".tmp-"):
+                    try:
+                        os.unlink(os.path.join(top, name))
+                    except OSError:
+                        shutil.rmtree(os.path.join(top, name), ignore_errors=True)
+        return {"removed": gone}
+    finally:
+        os.close(fd)
 
 
 def main(argv):
     verb, args = argv[0], json.loads(argv[1])
     if verb == "look":
         return look(args)
+    if verb == "lookexec":
+        return lookexec(args, argv[2:])
     if verb == "receive":
         return receive(args)
     if verb == "build":

@@ -8,6 +8,7 @@ runs a plain torch job in the environment.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -60,19 +61,23 @@ def test_env_build_sends_once_builds_once_and_a_changed_lock_builds_anew(bed, wo
     busy = subprocess.Popen([str(python), "-c", "import time; time.sleep(300)"])
     try:
         runs = ["--runs-dir", str(tmp_path / "runs")]
-        r = cddp("env", "prune", str(inv), *runs, "--dry-run", check_rc=0, timeout=120)
+        r = cddp("env", "prune", str(inv), *runs, "--dry-run", env=world["env"], check_rc=0, timeout=120)
         assert f"node1: would remove environment {second}" in r.stdout and complete(tmp_path, 0) == sorted(
             [first, second]), r.stdout
-        r = cddp("env", "prune", str(inv), *runs, check_rc=0, timeout=120)
+        r = cddp("env", "prune", str(inv), *runs, env=world["env"], check_rc=0, timeout=120)
         assert f"node1: kept environment {first} (in use)" in r.stdout, r.stdout
         assert f"node1: removed environment {second}" in r.stdout and f"node2: removed environment {first}" in r.stdout
         assert complete(tmp_path, 0) == [first] and complete(tmp_path, 1) == []
     finally:
         busy.kill()
         busy.wait()
-    r = cddp("env", "prune", str(inv), *runs, check_rc=0, timeout=120)
+    r = cddp("env", "prune", str(inv), *runs, env=world["env"], check_rc=0, timeout=120)
     assert f"node1: removed environment {first}" in r.stdout and complete(tmp_path, 0) == []
     assert not [p for p in envs_of(tmp_path, 0).iterdir() if p.name.startswith(".tmp-")]
+    # and the wheel store: the 1.0 wheel no environment left was built from goes; the lock's now (1.1) and uv stay
+    assert "node1: removed 1 wheel(s) from the wheel store" in r.stdout and "cddptiny-1.0-py3" in r.stdout, r.stdout
+    held = sorted(p.name for p in (envs_of(tmp_path, 0) / "wheels").glob("*/*.whl"))
+    assert len(held) == 2 and held[0] == new_wheel.name and held[1].startswith("uv-"), held
 
 
 def test_a_lock_that_is_not_one_or_names_no_wheel_is_refused_before_anything_starts(bed, world, tmp_path):
@@ -91,3 +96,50 @@ def test_a_lock_that_is_not_one_or_names_no_wheel_is_refused_before_anything_sta
     assert complete(tmp_path, 0) == [] and complete(tmp_path, 1) == []
     r = cddp("check", str(inv), env=world["env"], check_rc=2, timeout=120)
     assert "requirements.txt:2: cddp-no-such-package" in r.stderr, r.stderr
+    for host in ("node1", "node2"):  # each host said, nothing built or sent
+        assert f"env  {host} environment " in r.stdout and " cannot be built: " in r.stdout, r.stdout
+    assert complete(tmp_path, 0) == [] and not (envs_of(tmp_path, 0) / "wheels").exists()
+
+
+def test_nodes_that_reach_an_index_install_from_it_and_this_machine_sends_no_wheel(bed, world, tmp_path):
+    """`packages: {wheels: index}`: each node installs from the index it reaches (here one served on the bed's
+    bridge), its uv too; the launcher fetches and sends nothing, and the URL's credentials are never said."""
+    import yaml
+
+    from clusterddp.envs import wheels as wheels_module
+    from clusterddp.node.envbuild import platform_tag
+    from envbed import Served, simple_index
+    cache = tmp_path / "launcher-cache"  # this run's own: it must stay empty of wheels
+    # the index's uv: the wheel the launcher would send (fetched once into the shared cache), served there instead
+    target = wheels_module.Target("3", "cp3", platform_tag())
+    shared = Path(world["env"]["CLUSTERDDP_CACHE"])
+    uv = wheels_module.installer(target, shared)
+    uv_path = uv.path(shared)
+    index = simple_index(tmp_path / "index", [world["root"] / "wheels" / "cddptiny-1.0-py3-none-any.whl", uv_path])
+    with Served(index, bed.gateway) as served:
+        inv = inventory(bed, world, tmp_path, "cddptiny==1.0\n")
+        doc = yaml.safe_load(inv.read_text())
+        url = f"http://lab:s3cr%2Fet@{bed.gateway}:{served.port}/simple"
+        doc["defaults"]["packages"] = {"file": "requirements.txt", "wheels": "index", "index_url": url}
+        inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+        env = {**world["env"], "CLUSTERDDP_CACHE": str(cache)}
+        r = cddp("env", "build", str(inv), env=env, check_rc=0, timeout=240)
+        assert "built on node1, node2; sent 0 B" in r.stdout, r.stdout + r.stderr
+        assert r.stderr.count("will be built from the node's index (0 B of wheels to send)") == 2, r.stderr
+        assert not (cache / "wheels").exists() or not list((cache / "wheels").iterdir())  # nothing fetched here
+        [eid] = complete(tmp_path, 0)
+        assert complete(tmp_path, 1) == [eid]
+        python = envs_of(tmp_path, 1) / eid / "bin" / "python"
+        out = subprocess.run([str(python), "-c", "import cddptiny; print(cddptiny.__version__)"],
+                             capture_output=True, text=True, check=True).stdout
+        assert out.strip() == "1.0"
+        log = served.requests()
+        assert log.count("GET /files/cddptiny-1.0-py3-none-any.whl") == 2 and log.count(f"GET /files/{uv.name}") == 2
+
+        # a package the index lacks: that node's error, naming it; the credentials said nowhere
+        (tmp_path / "requirements.txt").write_text("cddptiny==1.0\ncddp-not-there==1.0\n")
+        bad = cddp("env", "build", str(inv), env=env, check_rc=1, timeout=240)
+        assert "cddp-not-there" in bad.stderr and "not built" in bad.stderr, bad.stderr
+        for said in (r.stdout, r.stderr, bad.stdout, bad.stderr):
+            assert "s3cr" not in said and "lab:" not in said
+        assert "GET /files/" + uv.name not in served.requests()[len(log):]  # the uv got once is used again

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 
-from envbed import TORCH_LOCK, complete, envs_of, inventory
+from envbed import TORCH_LOCK, Served, complete, envs_of, inventory, simple_index
 from helpers import cddp, cddp_popen, eventually, job_script, record, run_id_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.skipif(
@@ -59,9 +60,44 @@ def _kill_builders(root: Path) -> int:
 
 
 
+def _index_for_node2(world, tmp_path: Path, inv: Path) -> Served:
+    """node2 in `wheels: index` mode: a simple index of the lock's wheels (and uv), fetched once here as a lab's
+    mirror would hold them, served on the bed's bridge; node1 stays `push`."""
+    import yaml
+
+    from clusterddp.envs import lock as lock_module
+    from clusterddp.envs import wheels as wheels_module
+    from clusterddp.node.envbuild import platform_tag
+    cache = Path(world["env"]["CLUSTERDDP_CACHE"])
+    v = sys.version_info
+    target = wheels_module.Target(f"{v[0]}.{v[1]}", f"cp{v[0]}{v[1]}", platform_tag())  # the bare venv's
+    saved = os.environ.get("PIP_FIND_LINKS")
+    os.environ["PIP_FIND_LINKS"] = world["env"]["PIP_FIND_LINKS"]
+    try:
+        wheels = wheels_module.fetch(lock_module.read(tmp_path / "requirements.txt"), target, cache)
+        uv = wheels_module.installer(target, cache)
+    finally:
+        if saved is None:
+            os.environ.pop("PIP_FIND_LINKS")
+        else:
+            os.environ["PIP_FIND_LINKS"] = saved
+    served = Served(simple_index(tmp_path / "index", [w.path(cache) for w in (*wheels, uv)]), world["gateway"])
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"][1]["packages"] = {"file": "requirements.txt", "wheels": "index",
+                                   "index_url": f"http://{world['gateway']}:{served.port}/simple"}
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return served
+
+
 def test_torch_environment_runs_the_job_again_without_installing_and_survives_a_killed_build(bed, world, tmp_path):
+    """node1 gets its wheels pushed; node2 installs from an index it reaches (`wheels: index`): nothing sent."""
     script = job_script(tmp_path, "job.py", JOB)
     inv = inventory(bed, world, tmp_path, TORCH_LOCK)
+    with _index_for_node2({**world, "gateway": bed.gateway}, tmp_path, inv) as served:
+        _torch_runs(inv, script, tmp_path, world, served)
+
+
+def _torch_runs(inv: Path, script: Path, tmp_path: Path, world: dict, served: Served) -> None:
     runs = tmp_path / "runs"
     args = ("up", str(inv), str(script), "--runs-dir", str(runs), "--gpus", "1")
 
@@ -94,6 +130,9 @@ def test_torch_environment_runs_the_job_again_without_installing_and_survives_a_
         assert n["settings"]["env_id"] == eid and n["settings"]["python"].endswith(f"envs/{eid}/bin/python")
         assert len(n["settings"]["lock_sha256"]) == 64
     assert f"environment {eid}" in r.stderr, r.stderr
+    assert f"node2: environment {eid} will be built from the node's index (0 B of wheels to send)" in r.stderr
+    assert "node1: environment" in r.stderr and "MiB of wheels to send" in r.stderr, r.stderr
+    assert "GET /files/torch-" in served.requests()  # node2's torch came from the index
 
     # the same lock again: nothing sent, nothing installed
     r = cddp(*args, env=world["env"], check_rc=0, timeout=300)

@@ -173,3 +173,155 @@ def test_a_spare_that_does_not_answer_as_the_run_starts_is_left_out_said(tmp_pat
     assert got == ()
     assert said == ["[clusterddp] spare s1 is not used: its environment cannot be built (connection refused)",
                     "[clusterddp] spare s2 is not used: its environment cannot be built (no route to host)"]
+
+
+def _look_answer(lock_sha: str, host: str, ready: bool) -> tuple[bytes, str]:
+    facts = {"python": "3.11.2", "impl": "cpython", "tag": "cp311", "exe": "/usr/bin/python3.11",
+             "platform": "manylinux_2_36_x86_64", "root": f"/w/{host}/envs", "wheels": []}
+    eid = env_nodes.env_id(lock_sha, facts)
+    facts["envs"] = [eid] if ready else []
+    return (b"login banner\n" + (env_nodes.MARK + __import__("json").dumps(facts)).encode()
+            + b"\nCLUSTERDDP_PROBE {}\n"), eid
+
+
+def test_a_second_up_looks_at_environments_ready_last_time_in_the_preflights_own_command(tmp_path, monkeypatch):
+    """The environments this machine found or made ready before: no look before the preflight; its probe
+    (one command per node, beside the lease) looks at them first, and the run takes their pythons."""
+    monkeypatch.setenv("CLUSTERDDP_CACHE", str(tmp_path / "cache"))
+    prep = _prepare(tmp_path, monkeypatch)
+    lk = prep.locks["a"]
+    assert ssh_launch._folded(prep, skip_check=False) is None  # never seen ready from here: looked at first
+    env_nodes.remember(prep.plan.inventory.hosts[0], lk.sha256)
+    assert ssh_launch._folded(prep, skip_check=False) is None  # b was not
+    env_nodes.remember(prep.plan.inventory.hosts[1], lk.sha256)
+    looks = ssh_launch._folded(prep, skip_check=False)
+    assert looks == {h: env_nodes.look_args(prep.plan.inventory.hosts[i], lk) for i, h in enumerate("ab")}
+    assert ssh_launch._folded(prep, skip_check=True) is None  # no preflight to look in
+
+    asked: list = []
+
+    class Report:
+        ok = True
+
+    def run_checks(inv, **kw):
+        asked.append(kw["env_looks"])
+        for h in "ab":
+            kw["on_stdout"](h, _look_answer(lk.sha256, h, True)[0])
+        return Report()
+    import clusterddp.check
+    monkeypatch.setattr(clusterddp.check, "run_checks", run_checks)
+    monkeypatch.setattr(env_nodes, "survey", lambda *a, **k: pytest.fail("a look of its own"))
+    fleet = Fleet(prep.plan.inventory.hosts)
+    outs: dict[str, bytes] = {}
+    assert ssh_launch.preflight(prep.plan, fleet=fleet, env_looks=looks, outs=outs) is fleet
+    assert asked == [looks] and set(outs) == {"a", "b"}
+    said = Said()
+    got = ssh_launch._environments_found(prep, fleet, said, looks, outs, None)
+    eid = _look_answer(lk.sha256, "a", True)[1]
+    assert [n.host.python for n in got.plan.nodes] == [f"/w/{h}/envs/{eid}/bin/python" for h in "ab"]
+    assert [r.settings.env_id for r in ssh_launch.node_records(got.plan)] == [eid] * 2
+    assert said.lines == [f"[clusterddp] environment {eid}: ready on 2 node(s); nothing sent"]
+
+
+def test_an_environment_gone_since_is_made_ready_and_the_preflight_runs_again_on_the_leases_slots(tmp_path,
+                                                                                                    monkeypatch):
+    prep = _prepare(tmp_path, monkeypatch)
+    lk = prep.locks["a"]
+    looks = {h.name: env_nodes.look_args(h, lk) for h in prep.plan.inventory.hosts}
+    outs = {"a": _look_answer(lk.sha256, "a", True)[0], "b": _look_answer(lk.sha256, "b", False)[0]}
+
+    class Report:
+        ok = False  # b's probe ran with the base python: no torch
+
+    import clusterddp.check
+    monkeypatch.setattr(clusterddp.check, "run_checks", lambda inv, **kw: Report())
+    fleet = Fleet(prep.plan.inventory.hosts)
+    assert ssh_launch.preflight(prep.plan, fleet=fleet, env_looks=looks, outs=dict(outs)) is fleet  # its verdict waits
+
+    def survey(fleet, hosts, by_host, cache=None):
+        return {h.name: env_nodes.Plan(h, lk, "e" * 24, f"/w/{h.name}/envs", f"/w/{h.name}/envs/e/bin/python",
+                                       h.name == "a") for h in hosts}
+
+    def ready(fleet, plans, cache=None, on_wait=None):
+        return {n: env_nodes.Made(n, p.env_id, p.python, lk.sha256, 0 if p.ready else 5, not p.ready)
+                for n, p in plans.items()}
+    checked: list = []
+    monkeypatch.setattr(env_nodes, "survey", survey)
+    monkeypatch.setattr(env_nodes, "ready", ready)
+    monkeypatch.setattr(ssh_launch, "preflight", lambda plan, fleet=None: checked.append(plan))
+
+    class Lease:
+        grants = {"a": (1,), "b": (0,)}
+    got = ssh_launch._environments_found(prep, fleet, Said(), looks, outs, Lease())  # type: ignore[arg-type]
+    assert [n.host.python for n in got.plan.nodes] == ["/w/a/envs/e/bin/python", "/w/b/envs/e/bin/python"]
+    assert checked == [got.plan]  # checked again, on the environments' pythons
+    assert [dict(n.env).get("CUDA_VISIBLE_DEVICES") for n in got.plan.nodes] == ["1", "0"]
+
+
+def test_a_made_ready_environment_is_remembered_for_the_next_up(tmp_path):
+    from clusterddp.inventory.loader import local
+    host = local().hosts[0]
+    assert not env_nodes.likely_ready([host], {host.name: _lock()}, tmp_path)
+    plan = env_nodes.Plan(host, _lock(), "e" * 24, "/w/envs", "/w/envs/e/bin/python", True)
+
+    class NoFleet:
+        def each(self, fn, hosts):
+            class Done:
+                succeeded = {h.name: fn(h, None) for h in hosts}
+                failed: dict = {}
+            return Done()
+    env_nodes.ready(NoFleet(), {host.name: plan}, tmp_path)  # type: ignore[arg-type]
+    assert env_nodes.likely_ready([host], {host.name: _lock()}, tmp_path)
+    other = __import__("dataclasses").replace(host, python="/opt/other/python")
+    assert not env_nodes.likely_ready([other], {host.name: _lock()}, tmp_path)
+
+
+def _lock():
+    from clusterddp.envs.lock import parse
+    return parse(b"cddptiny==1.0\n", "req.txt")
+
+
+def test_check_looks_at_each_environment_in_its_probes_own_command_and_builds_nothing(tmp_path, monkeypatch, capsys):
+    from clusterddp import backends
+    from clusterddp.cli import check as check_cli
+    from clusterddp.inventory import load
+    _prepare(tmp_path, monkeypatch)
+    inv = load("inv.yaml")
+    lk = env_nodes.locks(inv)["a"]
+    asked: list = []
+
+    def run_checks(inv, **kw):
+        asked.append(sorted(kw["env_looks"]))
+        for h in "ab":
+            kw["on_stdout"](h, _look_answer(lk.sha256, h, h == "a")[0])
+        return "the report"
+    import clusterddp.check
+    monkeypatch.setattr(clusterddp.check, "run_checks", run_checks)
+    monkeypatch.setattr(env_nodes, "_look", lambda *a, **k: pytest.fail("a look of its own"))
+    monkeypatch.setattr(env_nodes, "ready", lambda *a, **k: pytest.fail("built"))
+    monkeypatch.setattr(env_nodes.wheels_module, "fetch", lambda lock, target, cache=None, hosts=(): ())
+    monkeypatch.setattr(env_nodes.wheels_module, "installer", lambda target, cache=None: env_nodes.wheels_module.Wheel(
+        "f" * 64, "uv-0.13.9-py3-none-any.whl", 1000))
+    report, envs = check_cli._checked(inv, backends.for_inventory(inv), None, False)
+    eid = _look_answer(lk.sha256, "a", True)[1]
+    assert report == "the report" and asked == [["a", "b"]]
+    out = capsys.readouterr().out
+    assert f"env  a environment {eid} ready" in out
+    other = _look_answer(lk.sha256, "b", False)[1]
+    assert f"env  b environment {other} will be built (1000 B of wheels to send)" in out
+    assert envs["a"]["state"] == "ready" and envs["b"]["state"] == "will be built" and envs["b"]["to_send"] == 1000
+
+
+def test_run_json_never_keeps_the_index_urls_credentials_and_reads_back_the_wheels_mode(tmp_path, monkeypatch):
+    from clusterddp.record import NodeRecord
+    _prepare(tmp_path, monkeypatch)
+    (tmp_path / "inv.yaml").write_text(
+        "defaults: {packages: {file: req.txt, wheels: index, index_url: 'https://ci:s3cret@idx.example/simple'},"
+        " python: /opt/base/bin/python}\nhosts: [{name: a, address: 10.0.0.1}]\n")
+    prep = ssh_launch.prepare("inv.yaml", resolved(RunSpec("t.py"), "inv.yaml"), str(tmp_path / "runs"))
+    [node] = ssh_launch.node_records(prep.plan)
+    assert node.settings.index_url is not None  # the run has it, to send the node on stdin
+    data = node.to_json()
+    assert "s3cret" not in __import__("json").dumps(data) and data["settings"]["wheels"] == "index"
+    back = NodeRecord.from_json(data, "run.json", "nodes[0]")
+    assert back.settings.wheels == "index" and back.settings.index_url is None

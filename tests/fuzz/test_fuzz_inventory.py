@@ -338,3 +338,25 @@ def test_check_flags_give_a_check_or_exit_2(work, checks_recorded, inv_text, hos
             assert {h.name for h in inv.hosts} <= {n.strip() for n in hosts.split(",")}
         assert master_port == (None if port is None else int(port))
         assert fanout is None or inv.fanout == int(fanout)
+
+
+_PACKAGES = st.one_of(
+    st.text(max_size=40), st.integers(), st.none(), st.lists(st.text(max_size=5), max_size=3),
+    st.dictionaries(st.sampled_from(["file", "wheels", "index_url", "x", "wheel"]),
+                    st.one_of(st.sampled_from(["req.txt", "push", "index", "https://u:pw@idx.example/simple",
+                                               "ftp://idx", "http://", "http://h:99999/s", "http://h/a b"]),
+                              st.text(max_size=30), st.integers(), st.none()), max_size=4))
+
+
+@fuzz(100)
+@given(_PACKAGES)
+def test_packages_give_a_lock_and_how_its_wheels_come_or_a_located_error_that_never_says_the_url(value):
+    """`packages:` (a file's name, or {file, wheels, index_url}) in a real inventory: a host whose wheels
+    come by push or from a valid index URL, or exit 2 naming defaults.packages, never quoting the URL
+    (credentials)."""
+    text = yaml.safe_dump({"defaults": {"packages": value}, "hosts": [{"name": "a", "address": "10.0.0.1"}]})
+    with case("packages", InventoryError, lambda e: "defaults.packages" in str(e) and "pw@" not in str(e)):
+        [h] = inventory.parse(text, "inv.yaml").hosts
+        assert (h.wheels, h.index_url is not None) in (("push", False), ("index", True)), h
+        assert h.packages is None or h.packages.startswith("/")  # beside the inventory, absolute
+        assert h.index_url is None or h.index_url.startswith(("http://", "https://"))

@@ -270,3 +270,31 @@ def test_any_probe_reply_gives_facts_or_a_probe_error_and_check_never_trips(flee
                 print_report(report, 0.1)
             assert "\x1b" not in shown.getvalue()
     event("facts" if f is not None else "probe error")
+
+
+GOOD_LOOK = {"python": "3.11.2", "impl": "cpython", "tag": "cp311", "exe": "/usr/bin/python3.11",
+             "platform": "manylinux_2_36_x86_64", "root": "/w/envs", "envs": [], "wheels": [], "free": 10}
+
+
+@fuzz(40)
+@given(data=st.data())
+def test_any_environment_look_in_a_probes_output_gives_facts_or_a_host_error(data):
+    """The `packages:` look as `check` and `up`'s preflight read it from the probe's own output (untrusted):
+    its facts, checked (a uv of ours is an absolute path), or a HostError naming the host; whether every
+    environment is ready is then True/False, never a traceback."""
+    from clusterddp.envs import nodes as env_nodes
+    from clusterddp.errors import HostError
+    look = dict(GOOD_LOOK)
+    keys = st.sampled_from(sorted(GOOD_LOOK) + ["uv", "id", "extra"])
+    for k, v in data.draw(st.lists(st.tuples(keys, json_values), max_size=4)):
+        look[k] = v
+    out = b"motd\n" + (env_nodes.MARK + json.dumps(look)).encode() + b"\n" + probe.MARK.encode() + b"{}\n"
+    if data.draw(st.booleans()):
+        out = mutate(out, data.draw)
+    with case("environment look", HostError, lambda e: str(e).startswith("a:")), bounded():
+        f = env_nodes.looked("a", out)
+        assert f["uv"] is None or f["uv"].startswith("/") if "uv" in f else True
+        assert all(isinstance(x, str) for x in f["envs"])
+    with case("environment found ready"), bounded():
+        made = env_nodes.found_ready({"a": {"root": "/w/envs", "lock": "d" * 64}}, {"a": out})
+        assert made is None or made["a"].python.endswith("/bin/python")

@@ -72,7 +72,7 @@ def test_only_a_complete_environment_is_listed_and_the_next_build_removes_what_a
     assert got["envs"] == ["a" * 24] and got["root"] == str(root)
     assert got["python"].count(".") == 2 and got["platform"]
     code = envbuild.build({"root": str(root), "id": ID, "wheels": [["b" * 64, "x-1-py3-none-any.whl"]],
-                           "uv": ["c" * 64, "uv-1-py3-none-any.whl"], "expect": [], "imports": []})
+                           "uv": {"wheel": ["c" * 64, "uv-1-py3-none-any.whl"]}, "expect": [], "imports": []})
     assert code == 1 and "the wheel store lacks x-1-py3-none-any.whl" in answer(capsys)["error"]
     assert not (root / f".tmp-{ID}-4242").exists() and done.exists()
 
@@ -86,7 +86,7 @@ def test_a_node_without_room_answers_with_the_bytes_needed(tmp_path, capsys, mon
         (root / "wheels" / sha256(x) / x.name).write_bytes(x.read_bytes())
     monkeypatch.setattr(envbuild, "free_bytes", lambda path: 1000)
     code = envbuild.build({"root": str(root), "id": ID, "wheels": [[sha256(w), w.name]],
-                           "uv": [sha256(uv), uv.name], "expect": [], "imports": []})
+                           "uv": {"wheel": [sha256(uv), uv.name]}, "expect": [], "imports": []})
     got = answer(capsys)
     assert code == 3 and got["error"] == "disk" and got["free"] == 1000 and got["needed"] > (64 << 20)
     assert not any(p.name.startswith(".tmp-") for p in root.iterdir())
@@ -172,7 +172,7 @@ def test_a_second_build_of_one_id_waits_for_the_first_and_then_takes_what_it_bui
     fcntl.flock(fd, fcntl.LOCK_EX)  # the first build, still going
     got: list[int] = []
     second = threading.Thread(target=lambda: got.append(envbuild.build(
-        {"root": str(root), "id": ID, "wheels": [], "uv": ["c" * 64, "uv-1-py3-none-any.whl"], "expect": [],
+        {"root": str(root), "id": ID, "wheels": [], "uv": {"wheel": ["c" * 64, "uv-1-py3-none-any.whl"]}, "expect": [],
          "imports": []})))
     second.start()
     assert eventually(lambda: "another run builds this environment: waiting" in capsys.readouterr().err)
@@ -185,3 +185,221 @@ def test_a_second_build_of_one_id_waits_for_the_first_and_then_takes_what_it_bui
     assert got == [0]
     said = answer(capsys)
     assert said["state"] == "ready" and isinstance(said["waited"], float)  # the launcher says it waited
+
+
+# ---- wheels: index, a uv the node has already, the wheel store pruned ----
+
+def _fake_uv(folder: Path, version: str = wheels_module.UV_VERSION) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    uv = folder / "uv"
+    uv.write_text(f"#!/bin/sh\necho 'uv {version} (fake)'\n")
+    uv.chmod(0o755)
+    return uv
+
+
+def test_a_look_with_the_lock_gives_the_launchers_id_and_a_uv_of_our_version_the_node_has(tmp_path, capsys,
+                                                                                           monkeypatch):
+    root = tmp_path / "envs"
+    monkeypatch.setenv("PATH", f"{_fake_uv(tmp_path / 'old', '0.1.0').parent}:{_fake_uv(tmp_path / 'bin').parent}")
+    envbuild.look({"root": str(root), "lock": "d" * 64, "uv": wheels_module.UV_VERSION})
+    got = answer(capsys)
+    assert got["id"] == env_nodes.env_id("d" * 64, got)  # the node's id is the launcher's
+    assert got["uv"] == str(tmp_path / "bin" / "uv")       # not the one of another version, first on PATH
+    stored = _fake_uv(root / ".uv" / ("e" * 64))           # one unpacked in the store comes first
+    envbuild.look({"root": str(root), "lock": "d" * 64, "uv": wheels_module.UV_VERSION})
+    assert answer(capsys)["uv"] == str(stored)
+    (root / got["id"]).mkdir()
+    (root / got["id"] / envbuild.COMPLETE).write_text("{}")
+    envbuild.look({"root": str(root), "lock": "d" * 64, "uv": wheels_module.UV_VERSION})
+    assert "uv" not in answer(capsys)  # its environment is ready: no uv is looked for
+
+
+def _served(tmp_path, files: dict[str, bytes]):
+    """``files`` served over HTTP on 127.0.0.1; each request's path and Authorization header recorded."""
+    import http.server
+    import threading
+    seen: list[tuple[str, str | None]] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            seen.append((self.path, self.headers.get("Authorization")))
+            body = files.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            if body is not None:
+                self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def _uv_wheel(tmp_path: Path) -> bytes:
+    import zipfile
+    out = tmp_path / "uvwheel.whl"
+    with zipfile.ZipFile(out, "w") as z:
+        v = wheels_module.UV_VERSION
+        z.writestr(f"uv-{v}.data/scripts/uv", f"#!/bin/sh\necho 'uv {v}'\n")
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_node_without_uv_takes_it_from_its_index_checked_and_the_credentials_go_only_to_the_index(
+        tmp_path, damaged):
+    import base64
+    import hashlib
+    data = _uv_wheel(tmp_path)
+    sha = hashlib.sha256(b"other" if damaged else data).hexdigest()
+    v = wheels_module.UV_VERSION
+    name = f"uv-{v}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    page = (f'<a href="../../files/uv-{v}-py3-none-macosx_11_0_arm64.whl#sha256={"1" * 64}">mac</a>'
+            f'<a href="../../files/{name}#sha256={sha}">{name}</a>').encode()
+    server, seen = _served(tmp_path, {"/simple/uv/": page, f"/files/{name}": data})
+    try:
+        url = f"http://someone:s%40cret@127.0.0.1:{server.server_address[1]}/simple"
+        root = tmp_path / "envs"
+        if damaged:
+            with pytest.raises(ValueError, match="does not match its sha256"):
+                envbuild.uv_from_index(str(root), url, v, wheels_module.platforms("manylinux_2_36_x86_64"))
+            assert envbuild.store_wheels(str(root)) == {}
+            return
+        got = envbuild.uv_from_index(str(root), url, v, wheels_module.platforms("manylinux_2_36_x86_64"))
+    finally:
+        server.shutdown()
+    assert got == (sha, name) and envbuild.store_wheels(str(root)) == {sha: name}
+    auth = "Basic " + base64.b64encode(b"someone:s@cret").decode()
+    assert seen == [("/simple/uv/", auth), (f"/files/{name}", auth)]
+    assert envbuild.uv_version(envbuild.uv_binary(str(root), sha, name)) == v
+
+
+def test_what_uv_says_of_the_index_never_holds_its_credentials():
+    url = "https://me:t%2Fk3n@pypi.example.org/simple"
+    said = envbuild.scrub(f"failed to fetch {url}/torch/ as me:t%2Fk3n (t/k3n) from me:t%2Fk3n@pypi.example.org", url)
+    assert "k3n" not in said and "pypi.example.org" not in said.split("****")[-1], said
+    assert envbuild.scrub("plain words", "https://pypi.example.org/simple") == "plain words"
+
+
+def _index_plan(tmp_path, uv_path: str | None = None) -> env_nodes.Plan:
+    from dataclasses import replace
+    host = replace(local().hosts[0], wheels="index", index_url="https://me:s3cret@pypi.example.org/simple")
+    lk = parse(b"cddptiny==1.0\nfoo==2.0 ; sys_platform == 'win32'\n", "req.txt")
+    return env_nodes.Plan(host, lk, ID, "/x/envs", "/x/envs/id/bin/python", False, uv_path=uv_path,
+                          platforms=("manylinux_2_17_x86_64",))
+
+
+def test_a_build_from_the_nodes_index_gets_its_url_on_stdin_never_on_its_command_line(tmp_path):
+    plan = _index_plan(tmp_path)
+    args = env_nodes.build_request(plan)
+    command = env_nodes._command(plan.host, "build", args)
+    assert "s3cret" not in command and "pypi.example.org" not in command
+    assert args["uv"] == {"index": ["manylinux_2_17_x86_64"]} and args["wheels"] == [] and args["index"]
+    assert args["expect"] == [["cddptiny", "1.0"]] and args["maybe"] == [["foo", "2.0"]]  # a marker's: if installed
+    [stdin] = env_nodes.build_stdin(plan)
+    assert json.loads(stdin)["index_url"] == plan.host.index_url
+    assert "s3cret" not in repr(plan.host)
+    assert env_nodes.build_request(_index_plan(tmp_path, "/opt/uv/uv"))["uv"] == {"path": "/opt/uv/uv"}
+    assert plan.says() == f"environment {ID} will be built from the node's index (0 B of wheels to send)"
+
+
+def test_a_build_from_the_index_refuses_a_malformed_stdin(tmp_path, capsys):
+    code = envbuild.build({"root": str(tmp_path), "id": ID, "index": True, "wheels": [], "uv": {"index": []},
+                           "expect": [], "imports": []}, io.BytesIO(b"not json"))
+    assert code == 2 and answer(capsys)["error"] == "a malformed stdin (JSONDecodeError)"
+
+
+def test_a_push_to_a_node_that_has_our_uv_sends_no_uv_wheel(tmp_path):
+    cache = tmp_path / "cache"
+    w = make_wheel(tmp_path / "src")
+    uvw = make_wheel(tmp_path / "src", name="uv", version=wheels_module.UV_VERSION)
+    lk = parse(b"cddptiny==1.0\n", "req.txt")
+    target = wheels_module.Target("3.11", "cp311", "manylinux_2_36_x86_64")
+    for x, index in ((w, f"{lk.sha256}-{target.key}.json"),
+                     (uvw, f"uv-{wheels_module.UV_VERSION}-{target.platform}.json")):
+        (cache / "wheels" / sha256(x)).mkdir(parents=True)
+        (cache / "wheels" / sha256(x) / x.name).write_bytes(x.read_bytes())
+        (cache / "locks").mkdir(exist_ok=True)
+        (cache / "locks" / index).write_text(json.dumps([[sha256(x), x.name, x.stat().st_size]]))
+    host = local().hosts[0]
+    facts = {"python": "3.11.2", "impl": "cpython", "tag": "cp311", "exe": "/usr/bin/python3.11",
+             "platform": target.platform, "root": "/x/envs", "envs": [], "wheels": []}
+    plans = env_nodes.plans_of([host], {host.name: facts}, {host.name: lk}, cache)
+    assert [x.name for x in plans[host.name].missing] == [w.name, uvw.name]  # no uv there: ours is sent
+    plans = env_nodes.plans_of([host], {host.name: {**facts, "uv": "/usr/local/bin/uv"}}, {host.name: lk}, cache)
+    p = plans[host.name]
+    assert [x.name for x in p.missing] == [w.name] and p.uv is None
+    assert env_nodes.build_request(p)["uv"] == {"path": "/usr/local/bin/uv"}
+
+
+def _built(root: Path, env: str, wheels: list[str] | None) -> None:
+    (root / env).mkdir(parents=True)
+    (root / env / envbuild.COMPLETE).write_text(json.dumps({"id": env} | ({} if wheels is None else
+                                                                          {"wheels": wheels})))
+
+
+def _stored(root: Path, sha: str, name: str) -> None:
+    (root / "wheels" / sha).mkdir(parents=True)
+    (root / "wheels" / sha / name).write_bytes(b"x" * 10)
+
+
+def test_prune_removes_the_wheels_no_environment_left_was_built_from(tmp_path, capsys):
+    import fcntl
+    root = tmp_path / "envs"
+    kept, gone = "a" * 24, "b" * 24
+    _built(root, kept, ["1" * 64])
+    _built(root, gone, ["2" * 64])
+    _stored(root, "1" * 64, "keep-1-py3-none-any.whl")
+    _stored(root, "2" * 64, "gone-1-py3-none-any.whl")
+    _stored(root, "3" * 64, f"uv-{wheels_module.UV_VERSION}-py3-none-any.whl")
+    _stored(root, "4" * 64, "now-1-py3-none-any.whl")
+    (root / "wheels" / ".tmp-999-abc").write_bytes(b"cut short")
+    args = {"root": str(root), "keep": [kept], "store": True, "uv_version": wheels_module.UV_VERSION,
+            "keep_wheels": ["4" * 64]}
+    fd = envbuild.store_lock(str(root), fcntl.LOCK_SH)  # a build runs: the store is left whole
+    try:
+        envbuild.prune({**args, "dry": True})
+        assert answer(capsys)["store"] == {"busy": True, "removed": []}
+    finally:
+        os.close(fd)
+    envbuild.prune({**args, "dry": True})
+    assert answer(capsys)["store"] == {"removed": [["gone-1-py3-none-any.whl", 10]]}
+    assert len(envbuild.store_wheels(str(root))) == 4
+    envbuild.prune(args)
+    got = answer(capsys)
+    assert got["removed"] == [[gone, len(json.dumps({"id": gone, "wheels": ["2" * 64]}))]]
+    assert got["store"] == {"removed": [["gone-1-py3-none-any.whl", 10]]}
+    assert sorted(envbuild.store_wheels(str(root))) == ["1" * 64, "3" * 64, "4" * 64]
+    assert sorted(os.listdir(root / "wheels")) == ["1" * 64, "3" * 64, "4" * 64]  # the cut receive's file too
+    _built(root, "c" * 24, None)  # built by an older clusterddp: its wheels unknown, the store is kept whole
+    envbuild.prune({**args, "keep": [kept, "c" * 24], "keep_wheels": []})
+    assert answer(capsys)["store"] == {"unknown": "c" * 24, "removed": []}
+    assert len(envbuild.store_wheels(str(root))) == 3
+
+
+def test_the_probe_looks_at_the_environment_first_in_the_same_command_and_runs_with_its_python_once_ready(
+        tmp_path):
+    """`check` and `up`'s preflight with `packages:`: one command per host, which says what the node holds and
+    then probes the environment's python when it is complete (else the base python)."""
+    import subprocess
+    import sys
+    from dataclasses import replace
+
+    from clusterddp.check import probe_command
+    from clusterddp.node.probe import parse_reply
+    host = replace(local().hosts[0], transport="ssh", python=sys.executable, workdir=str(tmp_path))
+    lk = parse(b"cddptiny==1.0\n", "req.txt")
+
+    def probed() -> tuple[dict, dict]:
+        cmd = probe_command(host, "127.0.0.1", None, full=False, env_look=env_nodes.look_args(host, lk))
+        r = subprocess.run(["bash", "-c", cmd.text], input=cmd.stdin, capture_output=True, timeout=60)
+        return env_nodes.looked(host.name, r.stdout), parse_reply(r.stdout, r.stderr, r.returncode)
+    facts, probe = probed()
+    eid = env_nodes.env_id(lk.sha256, facts)
+    assert facts["envs"] == [] and facts["id"] == eid and probe["executable"] == sys.executable
+    python = tmp_path / "envs" / eid / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    (tmp_path / "envs" / eid / envbuild.COMPLETE).write_text("{}")
+    facts, probe = probed()
+    assert facts["envs"] == [eid] and probe["executable"] == str(python)

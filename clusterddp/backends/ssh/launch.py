@@ -152,9 +152,10 @@ def _spares_for_quarantined(inventory: inv_mod.Inventory) -> tuple[inv_mod.Inven
     return inventory.in_use(nxt.hosts, spares), notes
 
 
-def _environments(prep: Prepared, fleet: Fleet, events: base.Events) -> Prepared:
+def _environments(prep: Prepared, fleet: Fleet, events: base.Events,
+                  grants: dict[str, tuple[int, ...]] | None = None) -> Prepared:
     """Each node's `packages:` environment made ready (:mod:`clusterddp.envs.nodes`: what it lacks sent,
-    built in parallel), said; the run planned with each environment's python."""
+    built in parallel), said; the run planned with each environment's python (on ``grants``, a lease's slots)."""
     from ...envs import nodes as env_nodes
     # read again for the hosts the run has now: a spare in place of a host down at the start has its own
     inv = prep.plan.inventory
@@ -173,8 +174,42 @@ def _environments(prep: Prepared, fleet: Fleet, events: base.Events) -> Prepared
     here = prep.plan.nodes[0] if prep.plan.local else None  # `up local`: the job runs in place, as planned
     plan = ssh_plan.build_plan(inv, prep.plan.spec, prep.plan.run_id, train_lookup=prep.plan.train_lookup,
                         local_run_dir=here.run_dir if here else None,
-                        local_control_dir=here.control_dir if here else None)
+                        local_control_dir=here.control_dir if here else None, grants=grants)
     # the fleet's own host settings too: the preflight's probe (fleet.run) runs each host's python
+    fleet.hosts = tuple(n.host for n in plan.nodes)
+    return replace(prep, plan=plan)
+
+
+def _folded(prep: Prepared, skip_check: bool) -> dict[str, dict] | None:
+    """`packages:` environments that were ready when this machine last looked (and a run with no spares to
+    make ready, that runs its preflight): each host's look, for the preflight's own command (one command per
+    node, beside the lease, not a look before both); None: they are made ready first, as usual."""
+    from ...envs import nodes as env_nodes
+    inv = prep.plan.inventory
+    if not prep.locks or skip_check or prep.plan.local or inv.spares:
+        return None
+    by_host = env_nodes.locks(inv)
+    if not by_host or not env_nodes.likely_ready(inv.hosts, by_host):
+        return None
+    return {h.name: env_nodes.look_args(h, by_host[h.name]) for h in inv.hosts if h.name in by_host}
+
+
+def _environments_found(prep: Prepared, fleet: Fleet, events: base.Events, looks: dict[str, dict],
+                        outs: dict[str, bytes], lease: Lease | None) -> Prepared:
+    """After a preflight that looked at the environments too (:func:`_folded`): the run planned with each
+    environment's python when all were ready; else they are made ready now (the lease is held) and the
+    preflight runs again, on their pythons."""
+    from ...envs import nodes as env_nodes
+    grants = lease.grants if lease is not None else None
+    made = env_nodes.found_ready(looks, outs)
+    if made is None:
+        prep = _environments(prep, fleet, events, grants)
+        preflight(prep.plan, fleet=fleet)
+        return prep
+    events.warn(f"[clusterddp] {env_nodes.summary(made)}")
+    plan = prep.plan
+    plan = ssh_plan.build_plan(env_nodes.apply(plan.inventory, made), plan.spec, plan.run_id, grants=grants,
+                               train_lookup=plan.train_lookup, attempt=plan.attempt)
     fleet.hosts = tuple(n.host for n in plan.nodes)
     return replace(prep, plan=plan)
 
@@ -266,7 +301,8 @@ def node_states(sup: Supervisor) -> dict[str, tuple[NodeState, int | None, str |
     return {n.name: (n.state, n.exit_code, n.error) for n in sup.nodes}
 
 
-def preflight(plan: ssh_plan.LaunchPlan, connect: Callable | None = None, fleet: Fleet | None = None) -> Fleet | None:
+def preflight(plan: ssh_plan.LaunchPlan, connect: Callable | None = None, fleet: Fleet | None = None,
+              env_looks: dict[str, dict] | None = None, outs: dict[str, bytes] | None = None) -> Fleet | None:
     """Before starting a job, the cheap checks that catch a job that would hang or fail at once.
 
     One short SSH command per host, in parallel: every host answers, python/torch/CUDA agree,
@@ -274,7 +310,9 @@ def preflight(plan: ssh_plan.LaunchPlan, connect: Callable | None = None, fleet:
     :class:`~clusterddp.errors.PreflightFailed` (exit 1) naming each problem; otherwise returns
     the open connections, for :func:`execute` to reuse. ``fleet``: connections to use (the caller
     keeps them, open, whatever happens); else a fleet of its own, closed when it raises. Local runs
-    need none of it: None.
+    need none of it: None. ``env_looks`` (:func:`_folded`): each host's `packages:` environment looked at in
+    the same command, its output put in ``outs``; when one is not ready the verdict waits (nothing raised):
+    the caller makes it ready and runs the preflight again.
     """
     if plan.local:
         return None
@@ -283,9 +321,11 @@ def preflight(plan: ssh_plan.LaunchPlan, connect: Callable | None = None, fleet:
     fleet = fleet or Fleet(plan.inventory.hosts, fanout=plan.inventory.fanout,
                            **({"connect": connect} if connect else {}))
     try:
+        seen = {} if outs is None else outs
         report = run_checks(plan.inventory, full=False, master_port=plan.master_port, fleet=fleet,
-                            env={n.host.name: n.env for n in plan.nodes}, check_port=port_fixed(plan))
-        if not report.ok:
+                            env={n.host.name: n.env for n in plan.nodes}, check_port=port_fixed(plan),
+                            env_looks=env_looks, on_stdout=seen.__setitem__ if env_looks else None)
+        if not report.ok and not (env_looks and _unready(env_looks, seen)):
             raise preflight_failed(report, plan.inventory.path)
     except BaseException:
         if own:
@@ -323,6 +363,11 @@ class Connecting:
         with self._lock:
             self._closed = True
             self.fleet.close()
+
+
+def _unready(env_looks: dict[str, dict], outs: dict[str, bytes]) -> bool:
+    from ...envs import nodes as env_nodes
+    return env_nodes.found_ready(env_looks, outs) is None
 
 
 class _Beside:
@@ -612,10 +657,13 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
             if opened.failed and prep.plan.inventory.spares:
                 prep, fleet = _spares_for_down(prep, fleet, opened.failed, events)
                 self.fleet = fleet
-            if prep.locks:  # before the preflight, which then checks torch in each node's environment
+            looks = _folded(prep, req.skip_check)  # environments ready last time: looked at in the preflight
+            if prep.locks and looks is None:  # before the preflight, which then checks torch in each node's environment
                 prep = _environments(prep, fleet, events)
             planned = prep.plan
-            checked = None if req.skip_check else _Beside(lambda: preflight(planned, fleet=fleet))
+            outs: dict[str, bytes] = {}  # each host's preflight output (with looks: the environment's look too)
+            checked = None if req.skip_check else _Beside(lambda: preflight(planned, fleet=fleet, env_looks=looks,
+                                                                            outs=outs))
             if checked is not None and req.wait:
                 checked.result()
             run_id = prep.plan.run_id  # a waiting run is not recorded yet: its queue lines name it
@@ -631,6 +679,8 @@ class SSHLaunch(lifecycle.Launch[Prepared]):
                 raise
             if checked is not None:
                 checked.result()
+            if looks is not None:
+                prep = _environments_found(prep, fleet, events, looks, outs, self.lease)
             if self.lease is not None:  # said once the run id is (begin)
                 self.leased = ("leased: " + ", ".join(f"{h} GPUs {','.join(map(str, s))}"
                                                       for h, s in self.lease.grants.items())
