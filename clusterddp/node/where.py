@@ -224,14 +224,34 @@ def gpu_others(job: set) -> object:
 Writer = watcher.Writer  # where.jsonl, kept under ``most`` bytes by thinning (see the module docstring)
 
 
-def look(folder: str, ranks: list, sig: int, wait: float) -> dict:
-    """Every rank's place now: rank -> [state, where]. Dump files past :data:`DUMP_MOST` are cut back."""
+def threads_of(pid: int) -> object:
+    """The ids of ``pid``'s threads now (``/proc/PID/task``), a frozenset; None once it is gone."""
+    try:
+        return frozenset(os.listdir("/proc/%d/task" % pid))
+    except OSError:
+        return None
+
+
+def steady(ranks: list, before: dict) -> tuple:
+    """The pids of ``ranks`` safe to signal now, and every rank's threads (``before`` for the next look).
+    faulthandler's all-thread dump reads each thread's state without the GIL: a thread created or ending
+    meanwhile can crash the rank (SIGSEGV, seen as a rank set up DDP under load). So a rank is signalled
+    only when it has the very threads it had at the previous look: not while it starts (torch's import,
+    the process group, DDP's set-up make and end threads), nor while its threads come and go."""
+    now = dict((p["pid"], threads_of(p["pid"])) for p in ranks)
+    return set(pid for pid, t in now.items() if t is not None and before.get(pid) == t), now
+
+
+def look(folder: str, ranks: list, sig: int, wait: float, safe: "set | None" = None) -> dict:
+    """Every rank's place now: rank -> [state, where] (``?`` for a rank not in ``safe``, a set of pids: not
+    signalled; None: every rank is). Dump files past :data:`DUMP_MOST` are cut back."""
     lock = stacks_module.locked(folder)
     try:
         running = dict((p["pid"], running_now(p["pid"])) for p in ranks)  # before the signal wakes it
-        stacks_module.take(folder, ranks, sig, wait, py_spy=False)
-        out = {}
-        for p in ranks:
+        asked = [p for p in ranks if safe is None or p["pid"] in safe]
+        stacks_module.take(folder, asked, sig, wait, py_spy=False)
+        out = dict((str(p["rank"]), ["?", ""]) for p in ranks)
+        for p in asked:
             threads = stacks_module.parse_dump(p["dump"])
             want = int(p["main"], 16) if p.get("main") else None
             frames = next((fr for tid, _, fr in threads if tid == want), threads[0][2] if threads else [])
@@ -288,7 +308,7 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, samples=None
                   "started": round(time.time(), 3)}, args.get("most") or MOST)
     ncpu = os.cpu_count() or 1
     job, ranks, scanned, apps_at = set(), [], 0.0, None  # type: set, list, float, object
-    others = {}  # type: dict
+    others, thread_counts = {}, {}  # type: dict, dict
     taken = 0
     before_host, before_job, before_thr, before_t, before_delay = host_jiffies(), 0, None, clock(), None
     while True:
@@ -301,7 +321,8 @@ def run(args: dict, parent, clock=time.monotonic, sleep=time.sleep, samples=None
             scanned = now
             job = set(marked(args["marker"]))
             ranks = [p for p in stacks_module.job_processes(args["marker"]) if p["role"] == "rank"][:MAX_RANKS]
-        places = look(folder, ranks, sig, DUMP_WAIT) if ranks else {}
+        safe, thread_counts = steady(ranks, thread_counts)
+        places = look(folder, ranks, sig, DUMP_WAIT, safe) if ranks else {}
         host = host_jiffies()
         job_j = sum(cpu_jiffies(p) for p in job)
         busy, total = host[0] - before_host[0], host[1] - before_host[1]

@@ -208,3 +208,55 @@ def test_sigterm_ends_the_sampler_at_once_even_in_its_sleep(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+CHURN = """
+import threading, time, sys
+print("ready", flush=True)
+if sys.argv[1] == "churn":  # threads made and ended all the time, as a rank starting its process group
+    while True:
+        ts = [threading.Thread(target=time.sleep, args=(0.01,)) for _ in range(4)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+threading.Event().wait()
+"""
+
+
+def test_only_a_rank_whose_threads_did_not_change_since_the_last_look_is_signalled(tmp_path):
+    """faulthandler's all-thread dump can crash a rank whose threads come and go meanwhile (a SIGSEGV seen
+    in CI as a rank set up DDP): `steady` lets `look` signal a rank only when its thread count is unchanged
+    since the previous look (the same thread ids: a count can stay while threads come and go); the others
+    are '?', never signalled."""
+    procs = {k: subprocess.Popen([sys.executable, "-c", CHURN, k], stdout=subprocess.PIPE, text=True)
+             for k in ("churn", "still")}
+    try:
+        for p in procs.values():
+            assert p.stdout.readline().strip() == "ready"
+        pids = {k: p.pid for k, p in procs.items()}
+        ranks = [{"pid": pids["churn"], "rank": 0}, {"pid": pids["still"], "rank": 1}]
+        safe, counts = where_module.steady(ranks, {})
+        assert safe == set() and len(counts[pids["still"]]) == 1  # a first look: nobody yet
+        signalled: list = []
+        for _ in range(5):  # the churning one is caught with another count in almost every look
+            time.sleep(0.05)
+            safe, counts = where_module.steady(ranks, counts)
+            signalled.append(safe)
+        assert all(pids["still"] in s for s in signalled)
+        assert not any(pids["churn"] in s for s in signalled), signalled
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        was = {gone.pid: frozenset({"1"})}
+        assert where_module.steady([{"pid": gone.pid, "rank": 2}], was) == (set(), {gone.pid: None})
+        # look leaves a rank out of `safe` unsignalled: '?', and nothing is sent to it (it has no hook here)
+        sent: list = []
+        real_kill = os.kill
+        try:
+            os.kill = lambda pid, sig: sent.append(pid)  # type: ignore[assignment]
+            out = where_module.look(str(tmp_path), ranks, signal.SIGUSR2, 0.1, safe={pids["still"]})
+        finally:
+            os.kill = real_kill  # type: ignore[assignment]
+        assert out["0"] == ["?", ""] and pids["churn"] not in sent
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

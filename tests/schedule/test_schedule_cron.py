@@ -335,10 +335,13 @@ def test_cron_daemon_runs_a_schedule_with_hostile_words_byte_for_byte(crontab, t
         cddp("schedule", "remove", "every-minute", check_rc=0)  # no second run next minute
         done = eventually(lambda: store.last_run("every-minute")["status"] != "running", timeout=90, interval=0.25)
         rec = store.load(run["run_id"])
-        log = (work / "runs" / "schedules" / "every-minute.log").read_text()
+        log_file = work / "runs" / "schedules" / "every-minute.log"
+        # the outcome is recorded before the end-of-run collect (issue 40); the log's last line follows it
+        said = eventually(lambda: f"run {run['run_id']} succeeded" in log_file.read_text(), timeout=90, interval=0.25)
+        log = log_file.read_text()
         assert done and rec.status == "succeeded", f"{rec}\n{log}"
         assert rec.schedule == "every-minute" and rec.launch_dir == str(work)
-        assert f"run {run['run_id']} succeeded" in log
+        assert said, log
         argv, env = seen(work)
         assert argv == [w.encode() for w in HOSTILE]
         assert env == {k: v.encode() for k, v in HOSTILE_ENV}
