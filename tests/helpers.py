@@ -242,3 +242,23 @@ def resolved(spec, inventory, nodes=None):
     if not hasattr(inventory, "hosts"):
         inventory = base.load_inventory(str(inventory), spec.gpus)
     return resolve(spec, inventory, nodes)
+
+
+class ScriptedNode:
+    """A node at the transport seam for unit tests: answers the commands it is sent with ``answers`` in
+    order (an exception in the list is raised instead), keeping the commands; once they are used up,
+    ``after`` (None: an IndexError, as a test that asks more than it scripted should see)."""
+
+    def __init__(self, answers: list, after: bytes | None = None) -> None:
+        self.answers, self.commands, self.after = answers, [], after
+
+    def run(self, command: str, *, timeout=None, stdin=None):
+        from clusterddp.transport import CommandResult
+        self.commands.append(command)
+        a = self.answers.pop(0) if self.answers or self.after is None else self.after
+        if isinstance(a, Exception):
+            raise a
+        return CommandResult(0, a, b"")
+
+    def close(self) -> None:
+        pass

@@ -16,7 +16,7 @@ from clusterddp import notify as notifier
 from clusterddp import policy
 from clusterddp.metrics import idle as idle_module
 from clusterddp.record import RunRecord, RunStatus
-from helpers import make_record
+from helpers import ScriptedNode, make_record
 
 RUN = "20261206-080000-id1e"
 
@@ -78,22 +78,9 @@ def test_any_idle_json_gives_none_or_a_bounded_record(data):
 
 # ---- idle_policy without stop: the run goes on, found idle and told once ----
 
-class Node:
-    """A node at the transport seam: answers the commands it is sent, in order."""
-
-    def __init__(self, answers: list) -> None:
-        self.answers, self.commands = answers, []
-
-    def run(self, command: str, *, timeout=None, stdin=None):
-        from clusterddp.transport import CommandResult
-        self.commands.append(command)
-        a = self.answers.pop(0) if self.answers else b""
-        if isinstance(a, Exception):
-            raise a
-        return CommandResult(0, a, b"")
-
-    def close(self) -> None:
-        pass
+def Node(answers: list) -> ScriptedNode:
+    """A node at the transport seam: answers the commands it is sent, in order, then nothing."""
+    return ScriptedNode(answers, after=b"")
 
 
 def test_an_attached_run_found_idle_without_stop_is_told_once_then_never_asked_again():

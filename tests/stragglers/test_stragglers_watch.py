@@ -8,8 +8,7 @@ import json
 from clusterddp import stragglers as stragglers_module
 from clusterddp.fleet import Fleet
 from clusterddp.nodeops import nodes_of
-from clusterddp.transport import CommandResult
-from helpers import make_record
+from helpers import ScriptedNode, make_record
 
 
 def tail(rank: int, state: str, n: int = 30) -> bytes:
@@ -18,19 +17,7 @@ def tail(rank: int, state: str, n: int = 30) -> bytes:
                     for i in range(n))
 
 
-class Node:
-    def __init__(self, answers: list) -> None:
-        self.answers, self.commands = answers, []
-
-    def run(self, command: str, *, timeout=None, stdin=None) -> CommandResult:
-        self.commands.append(command)
-        a = self.answers.pop(0)
-        if isinstance(a, Exception):
-            raise a
-        return CommandResult(0, a, b"")
-
-    def close(self) -> None:
-        pass
+Node = ScriptedNode
 
 
 def test_each_newly_named_host_is_told_once_and_again_after_it_recovered():
