@@ -21,7 +21,10 @@ table, a JSON file and, if matplotlib is installed, a plot.
 
 Rounds alternate who goes first. Besides the wall times it reports the load average during each host
 count's rounds and this machine's CPU (user + system of every process the command started: the
-launcher, or pdsh and its ssh clients) per run and per host, with the median of the per-round ratios.
+launcher, or pdsh and its ssh clients) per run and per host, with the median of the per-round ratios;
+and the nodes' side (every session their sshd reaped during the run: the server's half of each
+handshake, the login shell, the command), with the least wall time that CPU allows on this bed, where
+the nodes and this machine share the same cores.
 128 hosts take about 4 minutes here with --no-sequential (the one-after-another runs would take longer
 than all the rest).
 
@@ -77,6 +80,19 @@ with ThreadPoolExecutor(32) as pool:
 
 
 CPU: dict[str, list[float]] = {}  # the CPU seconds (user + system) of each tool's runs on this machine's side
+NODE_CPU: dict[str, list[float]] = {}  # and on the nodes' side: their sshd's sessions (handshake, login shell, `true`)
+SSHD_PIDS: list[int] = []  # each node's listening sshd (set once the bed is up)
+REAPED_S = 0.3  # a node's sshd reaps a session a moment after the client has gone
+
+
+def nodes_cpu() -> float:
+    """CPU seconds of every SSH session the nodes' sshd have reaped so far (cutime + cstime): each
+    connection's key exchange and authentication on the node's side, its login shell and command."""
+    total = 0
+    for pid in SSHD_PIDS:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[13]) + int(fields[14])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu() -> float:
@@ -86,12 +102,15 @@ def children_cpu() -> float:
 
 def timed(cmd: list[str], env: dict | None = None, shell: bool = False, cpu: str | None = None) -> float:
     """The wall time of ``cmd``; its CPU (the launcher's side: every process it started) kept under ``cpu``."""
+    n0 = nodes_cpu() if cpu is not None else 0.0
     c0, t0 = children_cpu(), time.perf_counter()
     r = subprocess.run(cmd if not shell else " ".join(cmd), shell=shell, env=env, stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True)
     took = time.perf_counter() - t0
     if cpu is not None:
         CPU.setdefault(cpu, []).append(children_cpu() - c0)
+        time.sleep(REAPED_S)
+        NODE_CPU.setdefault(cpu, []).append(nodes_cpu() - n0)
     if r.returncode != 0:
         raise SystemExit(f"benchmark command failed (exit {r.returncode}): {cmd if not shell else cmd}\n{r.stderr}")
     return took
@@ -119,6 +138,7 @@ def main() -> None:
     results: dict[int, dict[str, list[float]]] = {}
     loads: dict[int, list[float]] = {}
     with bed:
+        SSHD_PIDS[:] = [int((bed.root / x.name / "sshd.pid").read_text()) for x in bed.nodes]
         ssh_opts = (f"-i {bed.identity_file} -o UserKnownHostsFile={bed.known_hosts} "
                     "-o StrictHostKeyChecking=yes -o BatchMode=yes")
         pdsh_env = {**os.environ, "PDSH_SSH_ARGS_APPEND": ssh_opts}
@@ -143,8 +163,8 @@ def main() -> None:
                                                        env=pdsh_env, cpu=f"pdsh {n}"),
                 "paramiko pool": lambda nodes=nodes: timed([sys.executable, "-c", PARAMIKO_POOL, str(bed.identity_file),
                                                             str(bed.known_hosts), *(x.address for x in nodes)]),
-                "mux floor": lambda addrs=addrs: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"],
-                                                       env=mux_env),
+                "mux floor": lambda addrs=addrs, n=n: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"],
+                                                            env=mux_env, cpu=f"mux floor {n}"),
             }
             if not args.no_sequential:
                 tools["sequential"] = lambda inv=inv: timed([*py, str(inv), "--fanout", "1", "--", "true"])
@@ -152,8 +172,9 @@ def main() -> None:
                 tools["ssh loop"] = lambda loop=loop: timed(["bash", "-c", loop])
             for f in tools.values():  # warm up: page cache, sshd's first fork, known_hosts
                 f()
-            CPU.pop(f"clusterddp {n}", None)
-            CPU.pop(f"pdsh {n}", None)
+            for k in ("clusterddp", "pdsh", "mux floor"):
+                CPU.pop(f"{k} {n}", None)
+                NODE_CPU.pop(f"{k} {n}", None)
             times: dict[str, list[float]] = {k: [] for k in tools}
             loads.setdefault(n, []).append(os.getloadavg()[0])
             for i in range(args.rounds):
@@ -181,6 +202,22 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
         per = statistics.median(a / b for a, b in zip(t["clusterddp"], t["pdsh"], strict=True))
         print(f"| {n} | {statistics.median(loads[n]):.1f} | {ours:.2f} s | {ours / n * 1000:.1f} ms | {theirs:.2f} s | "
               f"{theirs / n * 1000:.1f} ms | {per:.2f} |")
+    print("\nthe nodes' side (their sshd's sessions: each connection's handshake, login shell and command; "
+          "medians), and what the CPU alone allows: on this bed the nodes and this machine share its cores, so a "
+          "command that keeps them busy takes at least (here + nodes) / cores; on real machines each node's part "
+          "runs on that node")
+    print("| hosts | clusterddp: here + nodes | pdsh: here + nodes | mux floor: here + nodes | CPU ratio vs pdsh "
+          "| the CPU's least wall time: clusterddp / pdsh | its measured wall |")
+    print("|---|---|---|---|---|---|---|")
+    cores = os.cpu_count() or 1
+    for n in results:
+        here = {k: statistics.median(CPU[f"{k} {n}"]) for k in ("clusterddp", "pdsh", "mux floor")}
+        there = {k: statistics.median(NODE_CPU[f"{k} {n}"]) for k in ("clusterddp", "pdsh", "mux floor")}
+        total = {k: here[k] + there[k] for k in here}
+        print(f"| {n} | {here['clusterddp']:.2f} + {there['clusterddp']:.2f} s | {here['pdsh']:.2f} + "
+              f"{there['pdsh']:.2f} s | {here['mux floor']:.2f} + {there['mux floor']:.2f} s | "
+              f"{total['clusterddp'] / total['pdsh']:.2f} | {total['clusterddp'] / cores:.2f} / "
+              f"{total['pdsh'] / cores:.2f} s | {med[n]['clusterddp']:.2f} / {med[n]['pdsh']:.2f} s |")
     print()
     load = os.getloadavg()
     lines = [f"nodes' ~/.bashrc: {args.node_bashrc}; cores: {os.cpu_count()}, "
@@ -198,7 +235,7 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results-exec.json").write_text(json.dumps(
         {"node_bashrc": args.node_bashrc, "cores": os.cpu_count(), "load_before": load_before, "load": load,
-         "rounds": args.rounds, "loads": {str(n): v for n, v in loads.items()}, "cpu": CPU,
+         "rounds": args.rounds, "loads": {str(n): v for n, v in loads.items()}, "cpu": CPU, "node_cpu": NODE_CPU,
          "seconds": {str(n): t for n, t in results.items()}}, indent=1))
     try:
         import matplotlib

@@ -43,9 +43,13 @@ RESERVED_ENV = {
 }
 
 
+# What a job may set among clusterddp's names: a setting of the job's own pythons (docs/script-environment.md).
+JOB_SETTINGS = frozenset({"CLUSTERDDP_QUICK_EXIT"})
+
+
 def reserved_env(name: str) -> str | None:
     """Why a job may not set ``name`` and what to do instead, or None when it may."""
-    if name.startswith("CLUSTERDDP_"):
+    if name.startswith("CLUSTERDDP_") and name not in JOB_SETTINGS:
         return _RESERVED_HINT["clusterddp"]
     owner = RESERVED_ENV.get(name)
     return _RESERVED_HINT[owner] if owner else None

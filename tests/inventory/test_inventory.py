@@ -277,9 +277,10 @@ def test_reserved_env_names_are_refused_where_they_are_set(where, key, words):
 
 def test_torchrun_settings_that_are_not_clusterddps_stay_allowed():
     env = dict(parse("hosts: [{name: a, env: {NCCL_SOCKET_IFNAME: eth1, OMP_NUM_THREADS: 4, CUDA_VISIBLE_DEVICES: "
-                     "'0,1', TORCHELASTIC_ERROR_FILE: /tmp/e, PET_LOG_DIR: /tmp/l}}]").hosts[0].env)
+                     "'0,1', TORCHELASTIC_ERROR_FILE: /tmp/e, PET_LOG_DIR: /tmp/l, CLUSTERDDP_QUICK_EXIT: 0}}]"
+                     ).hosts[0].env)
     assert set(env) == {"NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_ERROR_FILE",
-                        "PET_LOG_DIR"}
+                        "PET_LOG_DIR", "CLUSTERDDP_QUICK_EXIT"}  # the job's quick exit turned off (stackhook)
 
 
 def test_messages_quote_user_text_short_and_escaped():
