@@ -112,6 +112,35 @@ def test_runs_land_in_dot_runs_else_CLUSTERDDP_RUNS_DIR_and_the_flag_beats_both(
     assert listed({"CLUSTERDDP_RUNS_DIR": str(env_dir)}, "--runs-dir", str(flag_dir)) == [flag_id]
 
 
+# A plain script whose rank leaves an object with a __del__ and a file it never closed in reference cycles.
+CYCLES = r'''
+import os
+class Cycle:
+    def __del__(self):
+        os.write(1, b"rank %s finalized\\n" % os.environ["RANK"].encode())
+c = Cycle(); c.me = c
+h = Cycle.__new__(type("Holder", (), {})); h.me = h
+h.f = open("out-%s.txt" % os.environ["RANK"], "w"); h.f.write("rank %s's bytes" % os.environ["RANK"])
+print("rank %s done" % os.environ["RANK"], flush=True)
+'''
+
+
+def test_a_jobs_pythons_end_without_the_last_collections_unless_the_job_says_so(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "cycles.py").write_text(CYCLES)
+
+    def up_local(*extra) -> str:
+        return cddp("up", "local", "cycles.py", "--gpus", "2", *extra, cwd=work, check_rc=0, timeout=120).stdout
+    out = up_local()
+    assert "[local] rank 0 done" in out and "[local] rank 1 done" in out
+    assert "finalized" not in out  # the quick exit (docs/script-environment.md#at-exit)
+    # (`up local` runs in the current folder) every byte kept, though the file sat in a cycle, never closed
+    assert [(work / f"out-{r}.txt").read_text() for r in (0, 1)] == ["rank 0's bytes", "rank 1's bytes"]
+    out = up_local("-e", "CLUSTERDDP_QUICK_EXIT=0")
+    assert "[local] rank 0 finalized" in out and "[local] rank 1 finalized" in out
+
+
 # ---------------------------------------------------------------- on the test bed
 
 GRACE = 4.0
