@@ -67,6 +67,7 @@ import argparse
 import compileall
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -358,6 +359,7 @@ def show():
     import json
     with open(os.environ["CDDP_BENCH_TRACE"], "w") as f:
         json.dump({"t0": time.time() - (time.monotonic() - T0), "imported": IMPORTED - T0, "spawn": SPAWN - T0,
+                   "end": time.monotonic() - T0,
                    "log": [(a, b, h, k, c[:4000]) for a, b, h, k, c in log]}, f)
 atexit.register(show)
 _exit = os._exit
@@ -435,6 +437,28 @@ def breakdown(tr: dict, marks: Path) -> dict[str, float]:
         print(f"| {what} | {a - spawn:.3f} s | {z - spawn:.3f} s | {z - a:.3f} s |")
     out = {what: z - a for what, a, z in rows}
     out["before the job's first line"] = first - spawn
+    out.update(the_end(tr, marks, spans))
+    return out
+
+
+def the_end(tr: dict, marks: Path, spans: dict[str, list[float]]) -> dict[str, float]:
+    """Where `up`'s wall time after the job's last line went: the ranks' and torchrun's exit (to launch.sh's
+    ``exit_code``, whose time the nodes' shared disk keeps), the follower seeing it, the collect, the rest."""
+    last = max(float(f.read_text().split()[1]) for f in marks.iterdir()) - tr["t0"]  # a worker's script ends
+    ctls = {m.group(1) for *_x, cmd in tr["log"] for m in [re.search(r"mkdir -p (\S+/\.clusterddp/[^/\s]+)", cmd)]
+            if m}
+    exited = max((Path(c) / "exit_code").stat().st_mtime for c in ctls) - tr["t0"]
+    rows = [("the ranks' exit and torchrun's, to launch.sh's exit_code", last, exited),
+            ("the follower sees it, the exit status read", exited, spans["follow"][1]),
+            ("collect", *spans.get("collect", [spans["follow"][1]] * 2)),
+            ("the rest, to the launcher's exit", spans.get("collect", spans["follow"])[1], tr["end"])]
+    print(f"the end of `up`, after the job's last line ({tr['end'] - last:.2f} s to the launcher's exit):")
+    print("| phase | took |")
+    print("|---|---|")
+    for what, a, z in rows:
+        print(f"| {what} | {z - a:.3f} s |")
+    out = {what: z - a for what, a, z in rows}
+    out["after the job's last line"] = tr["end"] - last
     return out
 
 
