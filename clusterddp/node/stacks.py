@@ -6,8 +6,10 @@ teardown finds them). A rank is one whose environment has ``RANK`` and whose par
 data loader's worker, forked from a rank, has its rank's environment too); the agent is the
 ``torch.distributed.run`` process. Each one hooked by ``stackhook`` (its dump file's header names it
 and ``/proc/PID/status`` shows it catches the signal: the signal's default action would end it, so an
-unhooked process is never signalled) is sent the signal, all at once; each dump is read from where
-its file ended before, once it has stopped growing, within ``wait`` seconds. A process not hooked
+unhooked process is never signalled) is sent the signal, all at once, once its threads have stayed the
+same between two looks (:func:`calm`: a dump taken while a thread starts or ends can crash it; one whose
+threads keep changing is not signalled, and says so); each dump is read from where its file ended
+before, once it has stopped growing, within ``wait`` seconds. A process not hooked
 (started by an older clusterddp, or by ``python -E``/``-I``, which ignore ``PYTHONPATH``) is dumped
 by ``py-spy dump`` where the node has py-spy and ptrace rights, written in faulthandler's format;
 otherwise its entry says why there is none. One line: :data:`MARK` and a JSON object.
@@ -32,6 +34,8 @@ MOST_DUMP = 256 * 1024           # bytes of one process's dump sent
 MOST_PROCS = 256                 # processes of one node's job reported
 MOST_REPLY = MOST_PROCS * (MOST_DUMP + 4096) + 65536
 SETTLE = 0.1                     # seconds a dump file must stay the same size to be whole
+CALM_LOOK = 0.05                 # seconds between two looks at a process's threads (calm)
+CALM_MOST = 3.0                  # seconds at most that take waits for a process's threads to stay the same
 PY_SPY_TIMEOUT = 10.0
 
 
@@ -114,14 +118,52 @@ def _size(path: str) -> int:
         return -1
 
 
-def take(folder: str, procs: list, sig: int, wait: float, py_spy: bool = True) -> None:
+def threads_of(pid: int) -> object:
+    """The ids of ``pid``'s threads now (``/proc/PID/task``), a frozenset; None once it is gone."""
+    try:
+        return frozenset(os.listdir("/proc/%d/task" % pid))
+    except OSError:
+        return None
+
+
+def calm(pids: list, most: float = CALM_MOST, look: float = CALM_LOOK) -> set:
+    """Those of ``pids`` whose threads stayed the same between two looks ``look`` s apart, looking again
+    (up to ``most`` s) at those whose threads changed. faulthandler's all-thread dump reads each thread's
+    state without the GIL: a thread made or ending meanwhile can crash the process (SIGSEGV, seen as a rank
+    set up DDP under load), so only a calm process is signalled. A process gone is not in the answer."""
+    before = dict((pid, threads_of(pid)) for pid in pids)
+    waiting = set(pid for pid, t in before.items() if t is not None)
+    found = set()
+    deadline = time.monotonic() + most
+    while waiting and time.monotonic() < deadline:
+        time.sleep(look)
+        for pid in sorted(waiting):
+            now = threads_of(pid)
+            if now is None or now == before[pid]:
+                waiting.discard(pid)
+                if now is not None:
+                    found.add(pid)
+            else:
+                before[pid] = now
+    return found
+
+
+def take(folder: str, procs: list, sig: int, wait: float, py_spy: bool = True, settle: bool = True) -> None:
     """Signal every hooked process of ``procs`` at once, then read each one's dump (set in place:
-    ``how``, ``main``, ``dump``, ``note``); with ``py_spy``, py-spy's dump of those not hooked."""
+    ``how``, ``main``, ``dump``, ``note``); with ``py_spy``, py-spy's dump of those not hooked, and of
+    those whose threads never stayed the same (:func:`calm`, with ``settle``; a caller that has looked at
+    their threads itself, as the rank sampler does across its samples, passes False), which are not signalled."""
     pending = {}
     for p in procs:
         p["main"] = _hooked(folder, p["pid"], sig)
         p["how"], p["dump"], p["note"] = "none", "", ""
+    hooked = [p["pid"] for p in procs if p["main"] is not None]
+    quiet = calm(hooked, min(CALM_MOST, wait / 3)) if settle else set(hooked)
+    for p in procs:
         if p["main"] is None:
+            continue
+        if p["pid"] not in quiet:
+            p["main"], p["busy"] = None, True  # py-spy's turn, if the node has it (it reads, it does not signal)
             continue
         path = os.path.join(folder, "%d.txt" % p["pid"])
         before = _size(path)
@@ -150,8 +192,13 @@ def take(folder: str, procs: list, sig: int, wait: float, py_spy: bool = True) -
         else:
             p["note"] = "no dump within %gs (the process is stopped or not running Python)" % wait
     for p in procs:
+        busy = p.pop("busy", False)
         if py_spy and p["main"] is None and not p["note"]:
-            _py_spy(p)
+            _py_spy(p, busy)
+        if busy and p["how"] == "none":
+            p["note"] = ("not signalled: its threads kept starting or ending for %gs (faulthandler's dump meanwhile "
+                         "can crash a process); ask again" % min(CALM_MOST, wait / 3)
+                         + ("; " + p["note"] if p["note"] else ""))
 
 
 def _dump_of(path: str, start: int) -> str:
@@ -164,25 +211,26 @@ def _dump_of(path: str, start: int) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _py_spy(p: dict) -> None:
-    """A process not hooked: its stacks from py-spy, where the node has it, as faulthandler writes them."""
+def _py_spy(p: dict, busy: bool = False) -> None:
+    """A process not hooked (or, ``busy``, one not signalled: its threads kept changing): its stacks from
+    py-spy, where the node has it, as faulthandler writes them."""
     import shutil
     import subprocess
     exe = shutil.which("py-spy") or shutil.which(os.path.join(os.path.dirname(sys.executable), "py-spy"))
-    why = "not hooked (started by an older clusterddp, by python -E/-I, or with PYTHONPATH replaced)"
+    why = "" if busy else "not hooked (started by an older clusterddp, by python -E/-I, or with PYTHONPATH replaced); "
     if exe is None:
-        p["note"] = why + "; py-spy is not installed on this node"
+        p["note"] = why + "py-spy is not installed on this node"
         return
     try:
         r = subprocess.run([exe, "dump", "--json", "--pid", str(p["pid"])], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=PY_SPY_TIMEOUT)
         threads = json.loads(r.stdout.decode("utf-8", "replace")) if r.returncode == 0 else None
     except (OSError, ValueError, subprocess.TimeoutExpired) as e:
-        p["note"] = why + "; py-spy failed: %s" % e
+        p["note"] = why + "py-spy failed: %s" % e
         return
     if not isinstance(threads, list):
         err = r.stderr.decode("utf-8", "replace").strip().splitlines()
-        p["note"] = why + "; py-spy failed (ptrace rights?): %s" % (err[-1][:300] if err else "exit %d" % r.returncode)
+        p["note"] = why + "py-spy failed (ptrace rights?): %s" % (err[-1][:300] if err else "exit %d" % r.returncode)
         return
     p["how"], p["dump"], p["main"] = ("py-spy",) + _as_faulthandler(threads, p["pid"])
 

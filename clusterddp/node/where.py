@@ -224,12 +224,7 @@ def gpu_others(job: set) -> object:
 Writer = watcher.Writer  # where.jsonl, kept under ``most`` bytes by thinning (see the module docstring)
 
 
-def threads_of(pid: int) -> object:
-    """The ids of ``pid``'s threads now (``/proc/PID/task``), a frozenset; None once it is gone."""
-    try:
-        return frozenset(os.listdir("/proc/%d/task" % pid))
-    except OSError:
-        return None
+threads_of = stacks_module.threads_of  # the ids of a process's threads now (None once it is gone)
 
 
 def steady(ranks: list, before: dict) -> tuple:
@@ -249,7 +244,7 @@ def look(folder: str, ranks: list, sig: int, wait: float, safe: "set | None" = N
     try:
         running = dict((p["pid"], running_now(p["pid"])) for p in ranks)  # before the signal wakes it
         asked = [p for p in ranks if safe is None or p["pid"] in safe]
-        stacks_module.take(folder, asked, sig, wait, py_spy=False)
+        stacks_module.take(folder, asked, sig, wait, py_spy=False, settle=False)  # steady() looked already
         out = dict((str(p["rank"]), ["?", ""]) for p in ranks)
         for p in asked:
             threads = stacks_module.parse_dump(p["dump"])

@@ -109,6 +109,45 @@ def test_a_process_not_hooked_is_never_signalled(tmp_path, capsys, procs, monkey
     assert procs[0].poll() is None
 
 
+# A rank whose threads start and end all the time (as while torch sets up a process group and DDP).
+CHURN = """
+import threading, time
+print("ready", flush=True)
+while True:
+    t = threading.Thread(target=time.sleep, args=(0.001,)); t.start(); t.join()
+"""
+
+
+def test_a_process_whose_threads_keep_changing_is_not_signalled(tmp_path, capsys, procs, monkeypatch):
+    ctl = hook_folder(tmp_path)
+    marker = f"test-stacks-churn-{os.getpid()}/n1"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"CLUSTERDDP_JOB": marker, "RANK": "0", "LOCAL_RANK": "0", "CLUSTERDDP_STACKS": str(ctl / "stacks"),
+                "PYTHONPATH": str(ctl / "stacks" / "hook")})
+    p = subprocess.Popen([sys.executable, "-c", CHURN], env=env, stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    procs.append(p)
+    assert p.stdout.readline() == "ready\n"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no py-spy here, nor beside the python
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python3"))
+    dump = ctl / "stacks" / f"{p.pid}.txt"
+    header = dump.read_text()
+    (r,) = ask(capsys, ctl, marker, wait=1.5)["procs"]
+    assert r["how"] == "none" and r["note"].startswith("not signalled: its threads kept starting or ending for 0.5s")
+    assert r["note"].endswith("; py-spy is not installed on this node")
+    assert dump.read_text() == header and p.poll() is None  # no dump was asked for; it runs on
+
+
+def test_calm_names_the_processes_whose_threads_stay_the_same(procs):
+    still = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    churn = subprocess.Popen([sys.executable, "-c", CHURN], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    procs += [still, churn]
+    assert still.stdout.readline() == churn.stdout.readline() == "ready\n"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert node_stacks.calm([still.pid, churn.pid, int(gone.stdout)], most=0.5) == {still.pid}
+
+
 def test_the_hook_runs_the_sitecustomize_it_shadows(tmp_path):
     ctl = hook_folder(tmp_path)
     other = tmp_path / "other"
