@@ -430,12 +430,8 @@ def breakdown(tr: dict, marks: Path) -> dict[str, float]:
     rows.append(("exec to the first command sent to a node", spawn, sent))
     start_end = spans.get("upload and start", spans["connect"])[1]
     rows.append(("the node's start of the job (launch.sh, torchrun, the worker's python)", start_end, first))
-    print(f"the start of `up`, before the job's first line ({first - spawn:.2f} s after the launcher's exec):")
-    print("| phase | from | to | took |")
-    print("|---|---|---|---|")
-    for what, a, z in rows:
-        print(f"| {what} | {a - spawn:.3f} s | {z - spawn:.3f} s | {z - a:.3f} s |")
-    out = {what: z - a for what, a, z in rows}
+    out = phases(f"the start of `up`, before the job's first line ({first - spawn:.2f} s after the launcher's exec):",
+                 rows, spawn)
     out["before the job's first line"] = first - spawn
     out.update(the_end(tr, marks, spans))
     return out
@@ -452,14 +448,21 @@ def the_end(tr: dict, marks: Path, spans: dict[str, list[float]]) -> dict[str, f
             ("the follower sees it, the exit status read", exited, spans["follow"][1]),
             ("collect", *spans.get("collect", [spans["follow"][1]] * 2)),
             ("the rest, to the launcher's exit", spans.get("collect", spans["follow"])[1], tr["end"])]
-    print(f"the end of `up`, after the job's last line ({tr['end'] - last:.2f} s to the launcher's exit):")
-    print("| phase | took |")
-    print("|---|---|")
-    for what, a, z in rows:
-        print(f"| {what} | {z - a:.3f} s |")
-    out = {what: z - a for what, a, z in rows}
+    out = phases(f"the end of `up`, after the job's last line ({tr['end'] - last:.2f} s to the launcher's exit):", rows)
     out["after the job's last line"] = tr["end"] - last
     return out
+
+
+def phases(title: str, rows: list[tuple[str, float, float]], origin: float | None = None) -> dict[str, float]:
+    """Print ``rows`` (what, from, to) as a Markdown table under ``title``, with when each began and ended
+    from ``origin`` if given; return how long each took."""
+    print(title)
+    print("| phase | from | to | took |" if origin is not None else "| phase | took |")
+    print("|---|---|---|---|" if origin is not None else "|---|---|")
+    for what, a, z in rows:
+        print(f"| {what} | {a - origin:.3f} s | {z - origin:.3f} s | {z - a:.3f} s |" if origin is not None
+              else f"| {what} | {z - a:.3f} s |")
+    return {what: z - a for what, a, z in rows}
 
 
 # ---- --floor: what the launcher's start costs before it can send anything ----
