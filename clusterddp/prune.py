@@ -315,6 +315,9 @@ def _node_record(n: NodeLaunch) -> NodeRecord:
     return NodeRecord(n.host.name, n.host.address, n.node_rank, n.nproc, n.run_dir, n.control_dir, n.marker, n.host)
 
 
+IN_USE_WHY = "in use: its `up` or a `collect` still works on it (a later prune removes it)"
+
+
 def prune(store: RunStore, selection: Selection, dry_run: bool = False,
           connect: Callable = default_connect, reach: Callable[[RunRecord], Reach] | None = None) -> list[RunResult]:
     """Remove (``dry_run``: only look at) every run of ``selection``: node folders, then, once they
@@ -322,14 +325,38 @@ def prune(store: RunStore, selection: Selection, dry_run: bool = False,
 
     ``reach(rec)``: how the run's backend reaches its nodes (the CLI and keep_runs pass the
     backend's :meth:`~clusterddp.backends.base.Backend.reach`); a run it refuses keeps its folders
-    and record, with the backend's words as why. Without it, the recorded hosts through ``connect``."""
+    and record, with the backend's words as why. Without it, the recorded hosts through ``connect``.
+
+    A run whose in-use lock another process holds (:meth:`.RunStore.hold`: the `up` that ran it has not
+    exited, or a `collect` brings it back) is left whole, said as :data:`IN_USE_WHY`; the others' locks are
+    held until their removal is over, so no `collect` starts on a run being removed."""
     refused: dict[str, str] = {}
+    held = []
+    try:
+        for rec in selection.remove:
+            try:
+                lock = store.hold(rec.run_id, exclusive=True)
+            except UsageError as e:  # its folder cannot be written here: nor removed
+                refused[rec.run_id] = str(e).replace("\n", "; ")
+                continue
+            if lock is None:
+                refused[rec.run_id] = IN_USE_WHY
+            else:
+                held.append(lock)
+        return _prune(store, selection, dry_run, connect, reach, refused)
+    finally:
+        for lock in held:
+            lock.close()
+
+
+def _prune(store: RunStore, selection: Selection, dry_run: bool, connect: Callable,
+           reach: Callable[[RunRecord], Reach] | None, refused: dict[str, str]) -> list[RunResult]:
     connect_of: dict[RunNode, Callable] = {}
     reaches: list[Reach] = []
     reached: dict[str, RunRecord] = {}  # run id -> its record with its nodes as its backend reaches them
     try:
         for rec in selection.remove:
-            if reach is None or rec.local:
+            if reach is None or rec.local or rec.run_id in refused:
                 continue
             try:
                 reaches.append(reach(rec))

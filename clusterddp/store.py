@@ -40,6 +40,7 @@ DB_TIMEOUT = 30.0      # seconds a write waits for another launcher's write to r
 LOCK_TIMEOUT = 60.0    # seconds `update` waits for another process's read-change-write of one run.json
 MAX_RECORD_BYTES = 16 << 20  # a run.json is a few KiB; anything near this is not one
 DIR_MODE, FILE_MODE = 0o700, 0o600
+IN_USE = ".in-use.lock"  # in a run folder: who works on the run holds it (RunStore.hold)
 
 # Printed on stderr by logging's last-resort handler (message only) unless the caller configures logging.
 log = logging.getLogger("clusterddp")
@@ -393,6 +394,29 @@ class RunStore:
                 con.execute("ROLLBACK")
             raise
         return record
+
+    def hold(self, run_id: str, exclusive: bool = False) -> BinaryIO | None:
+        """The run's in-use lock (``.in-use.lock`` in its folder), taken without waiting: shared by the
+        commands that work on a run that has ended (an `up` from its record's first write to its exit, which
+        takes in its end-of-run collect; a `collect`), ``exclusive`` by `prune` before it removes anything,
+        so that neither pulls the run's folders from under the other. Returns the open lock file (closing it
+        lets go), or None when another process holds it the other way."""
+        import fcntl
+        path = self.run_dir(run_id) / IN_USE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        except OSError as e:
+            raise self._cannot_write(e, path) from None
+        f = os.fdopen(fd, "r+b")
+        try:
+            fcntl.flock(f, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return None
+        except OSError as e:
+            f.close()
+            raise self._cannot_write(e, path) from None
+        return f
 
     def _open_lock(self, run_id: str) -> tuple[Any, Path]:
         path = self.run_dir(run_id) / ".run.json.lock"

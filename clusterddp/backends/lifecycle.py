@@ -67,7 +67,8 @@ class Launch(ABC, Generic[PrepT]):
         5. The words of the end: for a detached run, how to follow, look at and stop it, then
            :meth:`after_detach`; for an attached one, ``run RUN_ID succeeded in Ns``, then
            :meth:`after_end` (also after the last failed attempt).
-        6. :meth:`release`, whatever happened.
+        6. :meth:`release`, whatever happened. From the record's first write to here the run's in-use lock
+           is held (:meth:`.RunStore.hold`): a `prune` in another process leaves the run alone meanwhile.
         7. keep_runs, after a run that ended (succeeded, failed or detached; not after a refusal or a
            Ctrl-C), then the failure is raised.
 
@@ -75,10 +76,12 @@ class Launch(ABC, Generic[PrepT]):
         KeyboardInterrupt after a Ctrl-C, and what a step raises."""
         outcome: RunOutcome | None = None
         failure: RunFailed | None = None
+        held = None  # the run's in-use lock, from its record's first write to the end (no prune meanwhile)
         try:
             try:
                 self.ready()
                 self.prep.store.create(self.first_record())
+                held = self.prep.store.hold(self.run_id)
             except BaseException:
                 self.give_back()
                 raise
@@ -99,6 +102,8 @@ class Launch(ABC, Generic[PrepT]):
                     self.after_end()
         finally:
             self.release()
+            if held is not None:
+                held.close()
         from . import reach  # each run pruned is reached by the backend that ran it
         kept = base.keep_runs(self.req.inventory, self.req.runs_dir, lambda store, rec: reach(store, rec, "prune"))
         if kept is not None:

@@ -88,7 +88,12 @@ def collect(run: str = RUN, runs_dir: str = RUNS_DIR, glob: list[str] | None = G
     run_id = store.resolve(run)
     rec = store.load(run_id)
     store.check_writable(run_id, index=False)  # collect writes the run folder only, not runs.db
-    with _progress() as progress:
+    held = store.hold(run_id)  # no prune removes the run's folders while they are collected
+    if held is None:
+        raise UsageError(f"run {run_id} is being pruned by another clusterddp command",
+                         "a run that `prune` (or keep_runs) removes cannot be collected; "
+                         "`clusterddp runs` lists what is left")
+    with held, _progress() as progress:
         results = backends.for_record(rec).collect(store, run_id, progress=progress,
                                                    globs=tuple(glob) if glob else None)
     print(f"run {run_id}: collected into {store.run_dir(run_id) / 'artifacts'}")

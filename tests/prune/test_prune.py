@@ -18,7 +18,7 @@ from clusterddp.nodescript import MARKER
 from clusterddp.prune import prune_command, prune_target_problem
 from clusterddp.record import RunStatus
 from clusterddp.store import RunStore
-from helpers import cddp, eventually
+from helpers import cddp, cddp_popen, eventually, run_id_of, wait_for_line
 from helpers import make_record as rec
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
@@ -157,6 +157,71 @@ def test_a_run_recorded_running_meanwhile_is_not_removed(tmp_path):
     [res] = pruning.prune(store, sel)
     assert not res.removed and "running" in (res.why_kept or "")
     assert store.load("r1").status is RunStatus.RUNNING
+
+
+def test_a_run_in_use_is_left_whole_and_pruned_once_let_go(tmp_path):
+    store = _store_with(tmp_path, [("r1", 3, RunStatus.SUCCEEDED), ("r2", 2, RunStatus.SUCCEEDED)], local=True)
+    store = _store_with(tmp_path, [("r3", 1, RunStatus.FAILED)])  # on a host: its node folder is not asked for
+    sel = pruning.select(store, pruning.Policy(keep=0), NOW)
+    asked: list[str] = []
+
+    def connect(host):
+        asked.append(host.name)
+        raise AssertionError("a run in use is not reached")
+    collecting, ending = store.hold("r2"), store.hold("r3")  # a `collect` of r2; the `up` of r3, not exited
+    assert collecting is not None and ending is not None
+    try:
+        results = {r.run_id: r for r in pruning.prune(store, sel, connect=connect)}
+    finally:
+        collecting.close()
+        ending.close()
+    assert results["r1"].removed and not results["r2"].removed and not results["r3"].removed
+    assert results["r2"].why_kept == results["r3"].why_kept == pruning.IN_USE_WHY
+    assert asked == [] and store.load("r2") and store.load("r3")
+    again = {r.run_id: r for r in pruning.prune(store, pruning.select(store, pruning.Policy(keep=1), NOW))}
+    assert again["r2"].removed and "r3" not in again
+
+
+def test_a_run_being_pruned_is_not_collected_and_one_being_collected_is_not_pruned(tmp_path):
+    store = _store_with(tmp_path, [("r1", 3, RunStatus.SUCCEEDED)], local=True)
+    pruning_it = store.hold("r1", exclusive=True)
+    assert pruning_it is not None and store.hold("r1") is None  # exclusive: no one else
+    r = cddp("collect", "r1", "--runs-dir", str(store.root), check_rc=2)
+    assert "run r1 is being pruned by another clusterddp command" in r.stderr and "Traceback" not in r.stderr
+    pruning_it.close()
+    one, two = store.hold("r1"), store.hold("r1")  # shared: two collects at once
+    assert one is not None and two is not None and store.hold("r1", exclusive=True) is None
+    one.close()
+    two.close()
+    assert store.hold("r1", exclusive=True) is not None
+
+
+WAITS = """import os, time
+print("ready", flush=True)
+while not os.path.exists("go"):
+    time.sleep(0.05)
+"""
+
+
+def test_an_up_holds_its_run_from_its_record_until_it_exits(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "waits.py").write_text(WAITS)
+    p = cddp_popen("up", "local", "waits.py", "--gpus", "1", cwd=work)
+    try:
+        lines = wait_for_line(p, "ready")
+        run_id = run_id_of("".join(lines))
+        store = RunStore(work / "runs")
+        assert store.hold(run_id, exclusive=True) is None  # a prune now leaves it whole
+        (work / "go").write_text("")
+        assert p.wait(timeout=120) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    held = store.hold(run_id, exclusive=True)  # let go at its exit
+    assert held is not None
+    held.close()
 
 
 def test_the_command_says_what_to_give_and_a_dry_run_removes_nothing(tmp_path):

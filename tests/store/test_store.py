@@ -286,9 +286,13 @@ def test_everything_the_store_writes_is_private_whatever_the_umask(tmp_path):
         con = sqlite3.connect(tmp_path / "runs" / "runs.db")  # an open reader keeps -wal and -shm there
         con.execute("SELECT count(*) FROM runs").fetchall()
         s.update("20261129-100000-aaaa", lambda r: replace(r, status=RunStatus.SUCCEEDED))
+        held = s.hold("20261129-100000-aaaa")  # the in-use lock (an up, a collect)
+        assert held is not None
+        held.close()
         run = tmp_path / "runs" / "20261129-100000-aaaa"
         files = {p: _mode(p) for p in [tmp_path / "runs" / f"runs.db{x}" for x in ("", "-wal", "-shm")]
-                 + [run / "run.json", run / ".run.json.lock", run / "logs" / "a.log", run / "logs" / "b.log"]}
+                 + [run / "run.json", run / ".run.json.lock", run / ".in-use.lock", run / "logs" / "a.log",
+                    run / "logs" / "b.log"]}
         con.close()
         assert files == {p: 0o600 for p in files}, {str(p): oct(m) for p, m in files.items()}
         dirs = {p: _mode(p) for p in (tmp_path / "runs", run, run / "logs")}
