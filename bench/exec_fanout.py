@@ -100,15 +100,19 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def timed(cmd: list[str], env: dict | None = None, shell: bool = False, cpu: str | None = None) -> float:
-    """The wall time of ``cmd``; its CPU (the launcher's side: every process it started) kept under ``cpu``."""
-    n0 = nodes_cpu() if cpu is not None else 0.0
+def timed(cmd: list[str], env: dict | None = None, shell: bool = False, cpu: str | None = None,
+          nodes: bool = True) -> float:
+    """The wall time of ``cmd``; its CPU (the launcher's side: every process it started) kept under ``cpu``,
+    and, with ``nodes``, the nodes' side too."""
+    nodes = nodes and cpu is not None
+    n0 = nodes_cpu() if nodes else 0.0
     c0, t0 = children_cpu(), time.perf_counter()
     r = subprocess.run(cmd if not shell else " ".join(cmd), shell=shell, env=env, stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True)
     took = time.perf_counter() - t0
     if cpu is not None:
         CPU.setdefault(cpu, []).append(children_cpu() - c0)
+    if nodes:
         time.sleep(REAPED_S)
         NODE_CPU.setdefault(cpu, []).append(nodes_cpu() - n0)
     if r.returncode != 0:
@@ -164,7 +168,7 @@ def main() -> None:
                 "paramiko pool": lambda nodes=nodes: timed([sys.executable, "-c", PARAMIKO_POOL, str(bed.identity_file),
                                                             str(bed.known_hosts), *(x.address for x in nodes)]),
                 "mux floor": lambda addrs=addrs, n=n: timed(["pdsh", "-R", "ssh", "-l", "root", "-w", addrs, "true"],
-                                                            env=mux_env, cpu=f"mux floor {n}"),
+                                                            env=mux_env, cpu=f"mux floor {n}", nodes=False),
             }
             if not args.no_sequential:
                 tools["sequential"] = lambda inv=inv: timed([*py, str(inv), "--fanout", "1", "--", "true"])
@@ -174,7 +178,7 @@ def main() -> None:
                 f()
             for k in ("clusterddp", "pdsh", "mux floor"):
                 CPU.pop(f"{k} {n}", None)
-                NODE_CPU.pop(f"{k} {n}", None)
+                NODE_CPU.pop(f"{k} {n}", None)  # (none for the mux floor: its sessions are its masters')
             times: dict[str, list[float]] = {k: [] for k in tools}
             loads.setdefault(n, []).append(os.getloadavg()[0])
             for i in range(args.rounds):
@@ -212,7 +216,6 @@ def report(results: dict[int, dict[str, list[float]]], args: argparse.Namespace,
     cores = os.cpu_count() or 1
     for n in results:
         here = {k: statistics.median(CPU[f"{k} {n}"]) for k in ("clusterddp", "pdsh", "mux floor")}
-        # (the mux floor's sessions belong to its master connections, reaped only when those close: not seen)
         there = {k: statistics.median(NODE_CPU[f"{k} {n}"]) for k in ("clusterddp", "pdsh")}
         total = {k: here[k] + there[k] for k in there}
         print(f"| {n} | {here['clusterddp']:.2f} + {there['clusterddp']:.2f} s | {here['pdsh']:.2f} + "

@@ -126,25 +126,28 @@ def threads_of(pid: int) -> object:
         return None
 
 
+def steady(pids: list, before: dict) -> tuple:
+    """Those of ``pids`` whose threads now are the very threads ``before`` (pid -> :func:`threads_of`) holds,
+    and every pid's threads now (``before`` for the next look). faulthandler's all-thread dump reads each
+    thread's state without the GIL: a thread made or ending meanwhile can crash the process (SIGSEGV, seen
+    as a rank set up DDP under load), so only a process steady since the previous look is signalled."""
+    now = dict((pid, threads_of(pid)) for pid in pids)
+    return set(pid for pid, t in now.items() if t is not None and before.get(pid) == t), now
+
+
 def calm(pids: list, most: float = CALM_MOST, look: float = CALM_LOOK) -> set:
-    """Those of ``pids`` whose threads stayed the same between two looks ``look`` s apart, looking again
-    (up to ``most`` s) at those whose threads changed. faulthandler's all-thread dump reads each thread's
-    state without the GIL: a thread made or ending meanwhile can crash the process (SIGSEGV, seen as a rank
-    set up DDP under load), so only a calm process is signalled. A process gone is not in the answer."""
-    before = dict((pid, threads_of(pid)) for pid in pids)
+    """Those of ``pids`` found :func:`steady` between two looks ``look`` s apart, looking again (up to
+    ``most`` s) at those whose threads changed. A process gone is not in the answer."""
+    _, before = steady(pids, {})
     waiting = set(pid for pid, t in before.items() if t is not None)
-    found = set()
+    found = set()  # type: set
     deadline = time.monotonic() + most
     while waiting and time.monotonic() < deadline:
         time.sleep(look)
-        for pid in sorted(waiting):
-            now = threads_of(pid)
-            if now is None or now == before[pid]:
-                waiting.discard(pid)
-                if now is not None:
-                    found.add(pid)
-            else:
-                before[pid] = now
+        safe, now = steady(sorted(waiting), before)
+        found |= safe
+        waiting -= safe | set(pid for pid, t in now.items() if t is None)
+        before.update(now)
     return found
 
 
@@ -158,12 +161,11 @@ def take(folder: str, procs: list, sig: int, wait: float, py_spy: bool = True, s
         p["main"] = _hooked(folder, p["pid"], sig)
         p["how"], p["dump"], p["note"] = "none", "", ""
     hooked = [p["pid"] for p in procs if p["main"] is not None]
-    quiet = calm(hooked, min(CALM_MOST, wait / 3)) if settle else set(hooked)
+    busy = set(hooked) - calm(hooked, min(CALM_MOST, wait / 3)) if settle else set()
     for p in procs:
+        if p["pid"] in busy:
+            p["main"] = None  # py-spy's turn, if the node has it (it reads, it does not signal)
         if p["main"] is None:
-            continue
-        if p["pid"] not in quiet:
-            p["main"], p["busy"] = None, True  # py-spy's turn, if the node has it (it reads, it does not signal)
             continue
         path = os.path.join(folder, "%d.txt" % p["pid"])
         before = _size(path)
@@ -192,10 +194,9 @@ def take(folder: str, procs: list, sig: int, wait: float, py_spy: bool = True, s
         else:
             p["note"] = "no dump within %gs (the process is stopped or not running Python)" % wait
     for p in procs:
-        busy = p.pop("busy", False)
         if py_spy and p["main"] is None and not p["note"]:
-            _py_spy(p, busy)
-        if busy and p["how"] == "none":
+            _py_spy(p, p["pid"] in busy)
+        if p["pid"] in busy and p["how"] == "none":
             p["note"] = ("not signalled: its threads kept starting or ending for %gs (faulthandler's dump meanwhile "
                          "can crash a process); ask again" % min(CALM_MOST, wait / 3)
                          + ("; " + p["note"] if p["note"] else ""))

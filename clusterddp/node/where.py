@@ -224,17 +224,11 @@ def gpu_others(job: set) -> object:
 Writer = watcher.Writer  # where.jsonl, kept under ``most`` bytes by thinning (see the module docstring)
 
 
-threads_of = stacks_module.threads_of  # the ids of a process's threads now (None once it is gone)
-
-
 def steady(ranks: list, before: dict) -> tuple:
-    """The pids of ``ranks`` safe to signal now, and every rank's threads (``before`` for the next look).
-    faulthandler's all-thread dump reads each thread's state without the GIL: a thread created or ending
-    meanwhile can crash the rank (SIGSEGV, seen as a rank set up DDP under load). So a rank is signalled
-    only when it has the very threads it had at the previous look: not while it starts (torch's import,
-    the process group, DDP's set-up make and end threads), nor while its threads come and go."""
-    now = dict((p["pid"], threads_of(p["pid"])) for p in ranks)
-    return set(pid for pid, t in now.items() if t is not None and before.get(pid) == t), now
+    """The pids of ``ranks`` safe to signal now (:func:`stacks.steady`: the very threads they had at the
+    previous look, so not while a rank starts: torch's import, the process group and DDP's set-up make and
+    end threads), and every rank's threads (``before`` for the next look)."""
+    return stacks_module.steady([p["pid"] for p in ranks], before)
 
 
 def look(folder: str, ranks: list, sig: int, wait: float, safe: "set | None" = None) -> dict:
